@@ -1,0 +1,66 @@
+# The C-level core: errors, per-(device, thread) handles, streams and array
+# views. Other Cython code cimports this; nothing here calls back into Python
+# on the hot path except to raise.
+from libc.stdint cimport int64_t
+from cygemm.cudart cimport cudaError_t, cudaStream_t, cudaDataType
+from cygemm.cublas cimport cublasHandle_t, cublasStatus_t
+from cygemm.cublaslt cimport cublasLtHandle_t
+
+
+# Re-take the GIL only to raise: the checks stay cheap on the hot path.
+cdef int check_cuda(cudaError_t status, const char* call) except -1 nogil
+cdef int check_cublas(cublasStatus_t status, const char* call) except -1 nogil
+
+
+ctypedef struct StreamWorkspace:
+    cudaStream_t stream
+    void* ptr
+
+
+# One per (device, thread). Owned by a Python object in a thread-local dict;
+# the pointer stays valid for the life of the thread.
+ctypedef struct GemmContext:
+    int device
+    cublasHandle_t blas
+    cublasLtHandle_t lt
+    # cuBLAS handle's current stream and the workspace bound with it.
+    bint bound
+    cudaStream_t bound_stream
+    void* bound_workspace
+    # One workspace per stream, shared by cuBLAS and cuBLASLt calls on that
+    # stream (work on one stream is serial, across streams it is not).
+    StreamWorkspace* workspaces
+    int n_workspaces
+    int cap_workspaces
+    size_t workspace_bytes
+
+
+cdef GemmContext* current_context() except NULL
+# Set the handle's stream (only when it changes) and rebind the workspace,
+# since cublasSetStream resets it. Allocates a workspace the first time a
+# stream is seen, in relaxed capture mode so that an open capture survives.
+cdef int bind_stream(GemmContext* ctx, cudaStream_t stream) except -1 nogil
+# The workspace that belongs to `stream` (allocated on first use).
+cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL nogil
+
+
+# A strided (batch, rows, cols) device array; strides in elements. 2-D arrays
+# have batch 1 and batch_stride 0, which is also how an operand is broadcast.
+ctypedef struct MatrixView:
+    char* ptr
+    int64_t batch
+    int64_t rows
+    int64_t cols
+    int64_t batch_stride
+    int64_t row_stride
+    int64_t col_stride
+    cudaDataType dtype
+    int itemsize
+
+
+# Python boundary helpers, used by the other modules of the package.
+cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1
+cdef int stream_from_object(object stream, cudaStream_t* out) except -1
+cdef int check_device(const MatrixView* view, str name, int device) except -1
+cdef object dtype_name(cudaDataType dtype)
+cdef object empty_array(tuple shape, cudaDataType dtype)

@@ -1,0 +1,381 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Errors, handles, streams and array views: the core every cygemm module uses."""
+import threading
+
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
+from libc.stdlib cimport realloc, free
+
+from cygemm.cudart cimport *
+from cygemm.cublas cimport *
+from cygemm.cublaslt cimport cublasLtCreate, cublasLtDestroy, cublasLtGetVersion
+
+try:
+    import cupy as _cupy
+    _cupy_ndarray = _cupy.ndarray
+except ImportError:  # cupy is needed only for allocating forms and stream=None
+    _cupy = None
+    _cupy_ndarray = None
+
+# cuBLAS recommends 32 MiB of workspace on Hopper; smaller chips use less.
+cdef enum:
+    WORKSPACE_BYTES = 32 * 1024 * 1024
+
+
+# ---------------------------------------------------------------- errors
+
+class CygemmError(RuntimeError):
+    """A CUDA, cuBLAS or cuBLASLt call failed."""
+
+
+class CudaError(CygemmError):
+    def __init__(self, int status, str call):
+        self.status = status
+        self.call = call
+        self.name = cudaGetErrorName(<cudaError_t>status).decode()
+        super().__init__(f"{call} failed with {self.name} ({status}): "
+                         f"{cudaGetErrorString(<cudaError_t>status).decode()}")
+
+    def __reduce__(self):
+        return (type(self), (self.status, self.call))
+
+
+class CublasError(CygemmError):
+    def __init__(self, int status, str call):
+        self.status = status
+        self.call = call
+        self.name = cublasGetStatusName(<cublasStatus_t>status).decode()
+        super().__init__(f"{call} failed with {self.name} ({status}): "
+                         f"{cublasGetStatusString(<cublasStatus_t>status).decode()}")
+
+    def __reduce__(self):
+        return (type(self), (self.status, self.call))
+
+
+cdef int check_cuda(cudaError_t status, const char* call) except -1 nogil:
+    if status == cudaSuccess:
+        return 0
+    with gil:
+        cudaGetLastError()  # clear the sticky-free error so the next call starts clean
+        raise CudaError(<int>status, call.decode())
+
+
+cdef int check_cublas(cublasStatus_t status, const char* call) except -1 nogil:
+    if status == CUBLAS_STATUS_SUCCESS:
+        return 0
+    with gil:
+        raise CublasError(<int>status, call.decode())
+
+
+# ---------------------------------------------------------------- handles
+
+cdef class _Context:
+    """Owns one GemmContext: the handles and workspaces of a (device, thread)."""
+    cdef GemmContext ctx
+
+    def __cinit__(self, int device):
+        self.ctx.device = device
+        self.ctx.workspace_bytes = WORKSPACE_BYTES
+        cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
+        # Creating handles may allocate: allowed even while another stream of
+        # this thread is being captured.
+        check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode")
+        try:
+            check_cublas(cublasCreate(&self.ctx.blas), "cublasCreate")
+            check_cublas(cublasLtCreate(&self.ctx.lt), "cublasLtCreate")
+        finally:
+            cudaThreadExchangeStreamCaptureMode(&mode)
+
+    def __dealloc__(self):
+        # Errors are ignored: at interpreter exit the driver may be gone.
+        cdef int i
+        for i in range(self.ctx.n_workspaces):
+            cudaFree(self.ctx.workspaces[i].ptr)
+        free(self.ctx.workspaces)
+        if self.ctx.lt != NULL:
+            cublasLtDestroy(self.ctx.lt)
+        if self.ctx.blas != NULL:
+            cublasDestroy(self.ctx.blas)
+
+    @property
+    def device(self):
+        return self.ctx.device
+
+    @property
+    def n_workspaces(self):
+        return self.ctx.n_workspaces
+
+
+cdef object _tls = threading.local()
+cdef int _device_count = -1
+
+
+def device_count():
+    """Number of visible CUDA devices (cached); raises CudaError without a driver."""
+    global _device_count
+    cdef int n = 0
+    if _device_count < 0:
+        check_cuda(cudaGetDeviceCount(&n), "cudaGetDeviceCount")
+        _device_count = n
+    return _device_count
+
+
+cdef GemmContext* current_context() except NULL:
+    cdef int device = 0
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice")
+    try:
+        contexts = _tls.contexts
+    except AttributeError:
+        contexts = _tls.contexts = {}
+    cdef _Context owner = contexts.get(device)
+    if owner is None:
+        device_count()
+        owner = _Context(device)
+        contexts[device] = owner
+    return &owner.ctx
+
+
+def context_info():
+    """(device, number of stream workspaces) of this thread's context: for tests."""
+    cdef GemmContext* ctx = current_context()
+    return ctx.device, ctx.n_workspaces
+
+
+cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL nogil:
+    cdef int i
+    for i in range(ctx.n_workspaces):
+        if ctx.workspaces[i].stream == stream:
+            return ctx.workspaces[i].ptr
+    cdef StreamWorkspace* grown
+    if ctx.n_workspaces == ctx.cap_workspaces:
+        grown = <StreamWorkspace*>realloc(ctx.workspaces, (2 * ctx.cap_workspaces + 4) * sizeof(StreamWorkspace))
+        if grown == NULL:
+            with gil:
+                raise MemoryError()
+        ctx.workspaces = grown
+        ctx.cap_workspaces = 2 * ctx.cap_workspaces + 4
+    cdef void* ptr = NULL
+    cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
+    check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode")
+    cdef cudaError_t err = cudaMalloc(&ptr, ctx.workspace_bytes)
+    cudaThreadExchangeStreamCaptureMode(&mode)
+    check_cuda(err, "cudaMalloc(workspace)")
+    ctx.workspaces[ctx.n_workspaces].stream = stream
+    ctx.workspaces[ctx.n_workspaces].ptr = ptr
+    ctx.n_workspaces += 1
+    return ptr
+
+
+cdef int bind_stream(GemmContext* ctx, cudaStream_t stream) except -1 nogil:
+    if ctx.bound and ctx.bound_stream == stream:
+        return 0
+    cdef void* ws = stream_workspace(ctx, stream)
+    ctx.bound = False
+    check_cublas(cublasSetStream(ctx.blas, stream), "cublasSetStream")
+    check_cublas(cublasSetWorkspace(ctx.blas, ws, ctx.workspace_bytes), "cublasSetWorkspace")
+    ctx.bound_stream = stream
+    ctx.bound_workspace = ws
+    ctx.bound = True
+    return 0
+
+
+# ---------------------------------------------------------------- streams
+
+cdef int stream_from_object(object stream, cudaStream_t* out) except -1:
+    if stream is None:
+        out[0] = <cudaStream_t><uintptr_t>(_cupy.cuda.get_current_stream().ptr if _cupy is not None else 0)
+    elif type(stream) is int:
+        if stream < 0:
+            raise ValueError(f"stream: expected a cudaStream_t handle (int >= 0), got {stream}")
+        out[0] = <cudaStream_t><uintptr_t>stream
+    elif hasattr(stream, "ptr"):                 # cupy.cuda.Stream / ExternalStream
+        out[0] = <cudaStream_t><uintptr_t>stream.ptr
+    elif hasattr(stream, "__cuda_stream__"):     # CUDA stream protocol (cuda.core, numba)
+        out[0] = <cudaStream_t><uintptr_t>stream.__cuda_stream__()[1]
+    elif hasattr(stream, "cuda_stream"):         # torch.cuda.Stream
+        out[0] = <cudaStream_t><uintptr_t>stream.cuda_stream
+    else:
+        raise TypeError("stream: expected None, a cupy.cuda.Stream, an object with "
+                        f"__cuda_stream__, or an int cudaStream_t; got {type(stream).__name__}")
+    return 0
+
+
+def stream_pointer(stream=None):
+    """The raw cudaStream_t (int) that `stream` denotes, as cygemm resolves it."""
+    cdef cudaStream_t s
+    stream_from_object(stream, &s)
+    return <uintptr_t>s
+
+
+# ---------------------------------------------------------------- arrays
+
+cdef extern from *:
+    """
+    /* DLPack v0.x ABI, enough to read a tensor's description. */
+    typedef struct { int32_t device_type; int32_t device_id; } cg_DLDevice;
+    typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } cg_DLDataType;
+    typedef struct {
+        void* data; cg_DLDevice device; int32_t ndim; cg_DLDataType dtype;
+        int64_t* shape; int64_t* strides; uint64_t byte_offset;
+    } cg_DLTensor;
+    """
+    ctypedef struct cg_DLDevice:
+        int32_t device_type
+        int32_t device_id
+    ctypedef struct cg_DLDataType:
+        uint8_t code
+        uint8_t bits
+        uint16_t lanes
+    ctypedef struct cg_DLTensor:
+        void* data
+        cg_DLDevice device
+        int32_t ndim
+        cg_DLDataType dtype
+        int64_t* shape
+        int64_t* strides
+        uint64_t byte_offset
+
+cdef enum:
+    DL_FLOAT = 2
+    DL_BFLOAT = 4
+    DL_CUDA = 2
+
+_DTYPES = {"<f4": (CUDA_R_32F, 4), "<f2": (CUDA_R_16F, 2)}
+
+
+cdef object dtype_name(cudaDataType dtype):
+    if dtype == CUDA_R_32F:
+        return "float32"
+    if dtype == CUDA_R_16F:
+        return "float16"
+    if dtype == CUDA_R_16BF:
+        return "bfloat16"
+    return f"cudaDataType {<int>dtype}"
+
+
+cdef int _fill_view(MatrixView* view, str name, int min_ndim, int max_ndim, uintptr_t ptr,
+                    tuple shape, object strides, int itemsize) except -1:
+    cdef int ndim = len(shape)
+    if ndim < min_ndim or ndim > max_ndim:
+        want = f"{min_ndim}-D" if min_ndim == max_ndim else f"{min_ndim}-D or {max_ndim}-D"
+        raise ValueError(f"{name}: expected a {want} array, got {ndim}-D with shape {shape}")
+    cdef int64_t st[3]
+    cdef int i
+    cdef int64_t expect = itemsize
+    if strides is None:                       # C-contiguous
+        for i in range(ndim - 1, -1, -1):
+            st[i] = expect
+            expect *= <int64_t>shape[i]
+    else:
+        for i in range(ndim):
+            st[i] = strides[i]
+    for i in range(ndim):
+        if st[i] % itemsize:
+            raise ValueError(f"{name}: stride {st[i]} bytes on axis {i} is not a multiple "
+                             f"of the element size ({itemsize} bytes)")
+    view.ptr = <char*>ptr
+    view.itemsize = itemsize
+    view.rows = shape[ndim - 2]
+    view.cols = shape[ndim - 1]
+    view.row_stride = st[ndim - 2] // itemsize
+    view.col_stride = st[ndim - 1] // itemsize
+    if ndim == 3:
+        view.batch = shape[0]
+        view.batch_stride = st[0] // itemsize
+    else:
+        view.batch = 1
+        view.batch_stride = 0
+    return 0
+
+
+cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1:
+    """Read pointer, shape, strides and dtype of a device array, once, without touching the GPU."""
+    cdef object dt
+    if _cupy_ndarray is not None and type(x) is _cupy_ndarray:    # fast path: no dict built
+        dt = _DTYPES.get(x.dtype.str)
+        if dt is None:
+            raise TypeError(f"{name}: expected float32 or float16, got {x.dtype}")
+        view.dtype = <cudaDataType>(<int>dt[0])
+        return _fill_view(view, name, min_ndim, max_ndim, x.data.ptr, x.shape, x.strides, dt[1])
+    cdef object cai
+    try:
+        cai = x.__cuda_array_interface__
+    except AttributeError:
+        cai = None
+    except (TypeError, BufferError, RuntimeError):  # e.g. torch bfloat16: use DLPack
+        cai = None
+    if cai is not None:
+        dt = _DTYPES.get(cai["typestr"])
+        if dt is None:
+            raise TypeError(f"{name}: expected float32 ('<f4') or float16 ('<f2'), "
+                            f"got typestr {cai['typestr']!r}")
+        view.dtype = <cudaDataType>(<int>dt[0])
+        return _fill_view(view, name, min_ndim, max_ndim, cai["data"][0], tuple(cai["shape"]),
+                          cai.get("strides"), dt[1])
+    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+        return _view_from_dlpack(x, view, name, min_ndim, max_ndim)
+    raise TypeError(f"{name}: expected a CUDA device array (__cuda_array_interface__ or DLPack "
+                    f"on a CUDA device), got {type(x).__module__}.{type(x).__name__}")
+
+
+cdef int _view_from_dlpack(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1:
+    dev = x.__dlpack_device__()
+    if int(dev[0]) != DL_CUDA:
+        raise TypeError(f"{name}: expected an array on a CUDA device, got DLPack device type {dev[0]}")
+    # The capsule keeps its own reference; x outlives this call, so the memory does too.
+    capsule = x.__dlpack__(stream=-1)
+    if not PyCapsule_IsValid(capsule, b"dltensor"):
+        raise TypeError(f"{name}: __dlpack__ returned no 'dltensor' capsule")
+    cdef cg_DLTensor* t = <cg_DLTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
+    cdef int itemsize
+    if t.dtype.lanes == 1 and t.dtype.bits == 16 and t.dtype.code == DL_BFLOAT:
+        view.dtype = CUDA_R_16BF
+    elif t.dtype.lanes == 1 and t.dtype.bits == 16 and t.dtype.code == DL_FLOAT:
+        view.dtype = CUDA_R_16F
+    elif t.dtype.lanes == 1 and t.dtype.bits == 32 and t.dtype.code == DL_FLOAT:
+        view.dtype = CUDA_R_32F
+    else:
+        raise TypeError(f"{name}: expected float32, float16 or bfloat16, got DLPack dtype "
+                        f"(code={t.dtype.code}, bits={t.dtype.bits}, lanes={t.dtype.lanes})")
+    itemsize = t.dtype.bits // 8
+    shape = tuple([t.shape[i] for i in range(t.ndim)])
+    strides = None if t.strides == NULL else tuple([t.strides[i] * itemsize for i in range(t.ndim)])
+    return _fill_view(view, name, min_ndim, max_ndim, <uintptr_t>t.data + t.byte_offset,
+                      shape, strides, itemsize)
+
+
+def describe_array(x, str name="x"):
+    """How cygemm reads `x`: dict of ptr, batch, rows, cols, strides (elements), dtype."""
+    cdef MatrixView v
+    view_from_object(x, &v, name, 2, 3)
+    return dict(ptr=<uintptr_t>v.ptr, batch=v.batch, rows=v.rows, cols=v.cols,
+                batch_stride=v.batch_stride, row_stride=v.row_stride, col_stride=v.col_stride,
+                dtype=dtype_name(v.dtype))
+
+
+cdef int check_device(const MatrixView* view, str name, int device) except -1:
+    """With several GPUs, refuse an array that lives on another device than the call."""
+    if device_count() < 2:
+        return 0
+    cdef cudaPointerAttributes attr
+    check_cuda(cudaPointerGetAttributes(&attr, view.ptr), "cudaPointerGetAttributes")
+    if attr.type != cudaMemoryTypeDevice and attr.type != cudaMemoryTypeManaged:
+        raise ValueError(f"{name}: expected device memory, got a pointer of memory type {<int>attr.type}")
+    if attr.type == cudaMemoryTypeDevice and attr.device != device:
+        raise ValueError(f"{name}: the array is on device {attr.device} but the call runs on "
+                         f"device {device} (make that device current)")
+    return 0
+
+
+cdef object empty_array(tuple shape, cudaDataType dtype):
+    if _cupy is None:
+        raise RuntimeError("out=None needs CuPy to allocate the result; pass out= instead")
+    return _cupy.empty(shape, dtype=dtype_name(dtype))
+
+
+def versions():
+    """Versions of what cygemm was built with and runs on (no GPU needed for the first two)."""
+    cdef int rt = 0, drv = 0
+    cudaRuntimeGetVersion(&rt)
+    cudaDriverGetVersion(&drv)
+    return {"cuda_runtime": rt, "cuda_driver": drv, "cublasLt": cublasLtGetVersion()}

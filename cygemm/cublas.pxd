@@ -1,0 +1,66 @@
+# cuBLAS (cublas_v2.h) as cygemm uses it: handles, streams, workspace, GemmEx.
+# Every function is nogil and returns cublasStatus_t; check it with
+# cygemm._core.check_cublas.
+from libc.stdint cimport int64_t
+from cygemm.cudart cimport cudaStream_t, cudaDataType
+
+cdef extern from "cublas_v2.h" nogil:
+    ctypedef void* cublasHandle_t 'cublasHandle_t'
+
+    ctypedef enum cublasStatus_t:
+        CUBLAS_STATUS_SUCCESS
+        CUBLAS_STATUS_NOT_INITIALIZED
+        CUBLAS_STATUS_ALLOC_FAILED
+        CUBLAS_STATUS_INVALID_VALUE
+        CUBLAS_STATUS_ARCH_MISMATCH
+        CUBLAS_STATUS_MAPPING_ERROR
+        CUBLAS_STATUS_EXECUTION_FAILED
+        CUBLAS_STATUS_INTERNAL_ERROR
+        CUBLAS_STATUS_NOT_SUPPORTED
+        CUBLAS_STATUS_LICENSE_ERROR
+
+    ctypedef enum cublasOperation_t:
+        CUBLAS_OP_N
+        CUBLAS_OP_T
+        CUBLAS_OP_C
+
+    ctypedef enum cublasComputeType_t:
+        CUBLAS_COMPUTE_16F
+        CUBLAS_COMPUTE_32F
+        CUBLAS_COMPUTE_32F_PEDANTIC
+        CUBLAS_COMPUTE_32F_FAST_16F
+        CUBLAS_COMPUTE_32F_FAST_16BF
+        CUBLAS_COMPUTE_32F_FAST_TF32
+        CUBLAS_COMPUTE_64F
+
+    ctypedef enum cublasGemmAlgo_t:
+        CUBLAS_GEMM_DEFAULT
+
+    ctypedef enum cublasMath_t:
+        CUBLAS_DEFAULT_MATH
+        CUBLAS_TF32_TENSOR_OP_MATH
+
+    cublasStatus_t cublasCreate(cublasHandle_t* handle)
+    cublasStatus_t cublasDestroy(cublasHandle_t handle)
+    cublasStatus_t cublasGetVersion(cublasHandle_t handle, int* version)
+    cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream)
+    cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void* workspace, size_t bytes)
+    cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode)
+    const char* cublasGetStatusName(cublasStatus_t status)
+    const char* cublasGetStatusString(cublasStatus_t status)
+
+    cublasStatus_t cublasGemmEx(
+        cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+        int m, int n, int k, const void* alpha,
+        const void* A, cudaDataType Atype, int lda,
+        const void* B, cudaDataType Btype, int ldb,
+        const void* beta, void* C, cudaDataType Ctype, int ldc,
+        cublasComputeType_t computeType, cublasGemmAlgo_t algo)
+
+    cublasStatus_t cublasGemmStridedBatchedEx(
+        cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+        int m, int n, int k, const void* alpha,
+        const void* A, cudaDataType Atype, int lda, long long strideA,
+        const void* B, cudaDataType Btype, int ldb, long long strideB,
+        const void* beta, void* C, cudaDataType Ctype, int ldc, long long strideC,
+        int batchCount, cublasComputeType_t computeType, cublasGemmAlgo_t algo)

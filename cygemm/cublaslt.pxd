@@ -1,0 +1,106 @@
+# cuBLASLt (cublasLt.h) as cygemm uses it: matmul descriptors, layouts,
+# preferences, heuristics and the epilogues of a dense layer.
+# Every function is nogil and returns cublasStatus_t.
+from libc.stdint cimport uint64_t
+from cygemm.cudart cimport cudaStream_t, cudaDataType
+from cygemm.cublas cimport cublasStatus_t, cublasComputeType_t
+
+cdef extern from "cublasLt.h" nogil:
+    ctypedef void* cublasLtHandle_t 'cublasLtHandle_t'
+    ctypedef void* cublasLtMatmulDesc_t 'cublasLtMatmulDesc_t'
+    ctypedef void* cublasLtMatrixLayout_t 'cublasLtMatrixLayout_t'
+    ctypedef void* cublasLtMatmulPreference_t 'cublasLtMatmulPreference_t'
+
+    ctypedef struct cublasLtMatmulAlgo_t:
+        uint64_t data[8]
+
+    ctypedef struct cublasLtMatmulHeuristicResult_t:
+        cublasLtMatmulAlgo_t algo
+        size_t workspaceSize
+        cublasStatus_t state
+        float wavesCount
+
+    ctypedef enum cublasLtMatmulDescAttributes_t:
+        CUBLASLT_MATMUL_DESC_COMPUTE_TYPE
+        CUBLASLT_MATMUL_DESC_SCALE_TYPE
+        CUBLASLT_MATMUL_DESC_TRANSA
+        CUBLASLT_MATMUL_DESC_TRANSB
+        CUBLASLT_MATMUL_DESC_EPILOGUE
+        CUBLASLT_MATMUL_DESC_BIAS_POINTER
+        CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE
+        CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER
+        CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD
+        CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE
+
+    ctypedef enum cublasLtMatrixLayoutAttribute_t:
+        CUBLASLT_MATRIX_LAYOUT_TYPE
+        CUBLASLT_MATRIX_LAYOUT_ORDER
+        CUBLASLT_MATRIX_LAYOUT_ROWS
+        CUBLASLT_MATRIX_LAYOUT_COLS
+        CUBLASLT_MATRIX_LAYOUT_LD
+        CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT
+        CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET
+
+    ctypedef enum cublasLtMatmulPreferenceAttributes_t:
+        CUBLASLT_MATMUL_PREF_SEARCH_MODE
+        CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES
+
+    ctypedef enum cublasLtEpilogue_t:
+        CUBLASLT_EPILOGUE_DEFAULT
+        CUBLASLT_EPILOGUE_RELU
+        CUBLASLT_EPILOGUE_RELU_AUX
+        CUBLASLT_EPILOGUE_BIAS
+        CUBLASLT_EPILOGUE_RELU_BIAS
+        CUBLASLT_EPILOGUE_RELU_AUX_BIAS
+        CUBLASLT_EPILOGUE_DRELU
+        CUBLASLT_EPILOGUE_DRELU_BGRAD
+        CUBLASLT_EPILOGUE_GELU
+        CUBLASLT_EPILOGUE_GELU_AUX
+        CUBLASLT_EPILOGUE_GELU_BIAS
+        CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+        CUBLASLT_EPILOGUE_DGELU
+        CUBLASLT_EPILOGUE_DGELU_BGRAD
+        CUBLASLT_EPILOGUE_BGRADA
+        CUBLASLT_EPILOGUE_BGRADB
+
+    cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle)
+    cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle)
+    size_t cublasLtGetVersion()
+
+    cublasStatus_t cublasLtMatmulDescCreate(
+        cublasLtMatmulDesc_t* desc, cublasComputeType_t computeType, cudaDataType scaleType)
+    cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc)
+    cublasStatus_t cublasLtMatmulDescSetAttribute(
+        cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const void* buf, size_t size)
+
+    cublasStatus_t cublasLtMatrixLayoutCreate(
+        cublasLtMatrixLayout_t* layout, cudaDataType type, uint64_t rows, uint64_t cols, long long ld)
+    cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout)
+    cublasStatus_t cublasLtMatrixLayoutSetAttribute(
+        cublasLtMatrixLayout_t layout, cublasLtMatrixLayoutAttribute_t attr, const void* buf, size_t size)
+
+    cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref)
+    cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref)
+    cublasStatus_t cublasLtMatmulPreferenceSetAttribute(
+        cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr,
+        const void* buf, size_t size)
+
+    cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
+        cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+        cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
+        cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+        cublasLtMatmulPreference_t pref, int requestedAlgoCount,
+        cublasLtMatmulHeuristicResult_t* results, int* returnAlgoCount)
+
+    cublasStatus_t cublasLtMatmul(
+        cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+        const void* alpha, const void* A, cublasLtMatrixLayout_t Adesc,
+        const void* B, cublasLtMatrixLayout_t Bdesc,
+        const void* beta, const void* C, cublasLtMatrixLayout_t Cdesc,
+        void* D, cublasLtMatrixLayout_t Ddesc,
+        const cublasLtMatmulAlgo_t* algo, void* workspace, size_t workspaceSizeInBytes,
+        cudaStream_t stream)

@@ -1,0 +1,66 @@
+# The CUDA runtime as cygemm uses it (cuda_runtime_api.h, library_types.h).
+# Only what the library calls; every function is nogil and returns its status.
+from libc.stdint cimport int64_t
+
+cdef extern from "cuda_runtime_api.h" nogil:
+    ctypedef int cudaError_t
+    ctypedef void* cudaStream_t 'cudaStream_t'
+    ctypedef void* cudaEvent_t 'cudaEvent_t'
+    ctypedef void* cudaGraph_t 'cudaGraph_t'
+    ctypedef void* cudaGraphExec_t 'cudaGraphExec_t'
+
+    cdef enum cudaStreamCaptureStatus:   # a C enum, no typedef
+        cudaStreamCaptureStatusNone
+        cudaStreamCaptureStatusActive
+        cudaStreamCaptureStatusInvalidated
+
+    cdef enum cudaStreamCaptureMode:   # a C enum, no typedef
+        cudaStreamCaptureModeGlobal
+        cudaStreamCaptureModeThreadLocal
+        cudaStreamCaptureModeRelaxed
+
+    cdef enum cudaMemoryType:   # a C enum, no typedef
+        cudaMemoryTypeUnregistered
+        cudaMemoryTypeHost
+        cudaMemoryTypeDevice
+        cudaMemoryTypeManaged
+
+    cdef struct cudaPointerAttributes:   # a C struct, no typedef
+        cudaMemoryType type
+        int device
+        void* devicePointer
+        void* hostPointer
+
+    const char* cudaGetErrorName(cudaError_t error)
+    const char* cudaGetErrorString(cudaError_t error)
+    cudaError_t cudaGetLastError()
+    cudaError_t cudaGetDevice(int* device)
+    cudaError_t cudaSetDevice(int device)
+    cudaError_t cudaGetDeviceCount(int* count)
+    cudaError_t cudaRuntimeGetVersion(int* version)
+    cudaError_t cudaDriverGetVersion(int* version)
+    cudaError_t cudaMalloc(void** ptr, size_t size)
+    cudaError_t cudaFree(void* ptr)
+    cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr)
+    cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status)
+    cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode)
+    cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph)
+    cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode)
+    cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags)
+    cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream)
+    cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
+    cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+    cudaError_t cudaGraphGetNodes(cudaGraph_t graph, void** nodes, size_t* num_nodes)
+
+    enum: cudaSuccess
+    enum: cudaErrorStreamCaptureUnsupported
+    enum: cudaErrorNoDevice
+    enum: cudaErrorInsufficientDriver
+
+
+cdef extern from "library_types.h" nogil:
+    ctypedef enum cudaDataType 'cudaDataType':
+        CUDA_R_16F
+        CUDA_R_16BF
+        CUDA_R_32F
+        CUDA_R_64F

@@ -1,0 +1,64 @@
+# Row-major GEMM over cuBLAS: the operand-swap mapping and the nogil C API.
+from libc.stdint cimport int64_t
+from cygemm.cudart cimport cudaStream_t, cudaDataType
+from cygemm.cublas cimport cublasOperation_t, cublasComputeType_t
+from cygemm._core cimport GemmContext, MatrixView
+
+
+# The arguments of one column-major cuBLAS call: D(m x n) = op(a) @ op(b).
+ctypedef struct ColMajorGemm:
+    cublasOperation_t opa
+    cublasOperation_t opb
+    int64_t m
+    int64_t n
+    int64_t k
+    const void* a
+    int64_t lda
+    int64_t stride_a
+    const void* b
+    int64_t ldb
+    int64_t stride_b
+    void* c
+    int64_t ldc
+    int64_t stride_c
+    int64_t batch
+    bint strided_batched
+
+
+cdef enum MapResult:
+    MAP_OK = 0
+    MAP_BAD_A = 1
+    MAP_BAD_B = 2
+    MAP_BAD_OUT = 3
+
+
+# The one place where row-major views become cuBLAS arguments.
+cdef MapResult map_rowmajor_gemm(const MatrixView* a, const MatrixView* b, const MatrixView* c,
+                                 bint trans_a, bint trans_b, ColMajorGemm* g) noexcept nogil
+
+cdef int gemm_colmajor(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
+                       cudaDataType dtype, cublasComputeType_t compute,
+                       const float* alpha, const float* beta) except -1 nogil
+
+# cimport API. Row-major (C-order) matrices given by pointer and leading
+# dimension (elements between rows): C(m x n) = alpha op(A) op(B) + beta C,
+# op(A) m x k, op(B) k x n. The caller guarantees valid, device-resident
+# pointers of `dtype` and lda/ldb/ldc >= the stored row length.
+cdef int gemm_rowmajor(GemmContext* ctx, cudaStream_t stream,
+                       cudaDataType dtype, cublasComputeType_t compute,
+                       bint trans_a, bint trans_b, int64_t m, int64_t n, int64_t k,
+                       float alpha, const void* A, int64_t lda,
+                       const void* B, int64_t ldb,
+                       float beta, void* C, int64_t ldc) except -1 nogil
+
+# The same over `batch` matrices at element strides stride_a/b/c (0 broadcasts).
+cdef int gemm_rowmajor_strided_batched(GemmContext* ctx, cudaStream_t stream,
+                                       cudaDataType dtype, cublasComputeType_t compute,
+                                       bint trans_a, bint trans_b, int64_t m, int64_t n, int64_t k,
+                                       float alpha, const void* A, int64_t lda, int64_t stride_a,
+                                       const void* B, int64_t ldb, int64_t stride_b,
+                                       float beta, void* C, int64_t ldc, int64_t stride_c,
+                                       int64_t batch) except -1 nogil
+
+# "tf32" / "fp32" for a dtype -> compute type; raises ValueError on an unknown name.
+cdef cublasComputeType_t compute_type_for(cudaDataType dtype, str math) except *

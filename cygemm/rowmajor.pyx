@@ -1,0 +1,262 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Row-major GEMM and strided-batched GemmEx over cuBLAS, by operand swap: no copies."""
+from libc.stdint cimport int64_t, uintptr_t
+
+from cygemm.cudart cimport cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF
+from cygemm.cublas cimport *
+from cygemm._core cimport (GemmContext, MatrixView, check_cublas, current_context, bind_stream,
+                           view_from_object, stream_from_object, check_device, dtype_name,
+                           empty_array)
+
+cdef int64_t INT32_MAX = 2147483647
+
+
+# ------------------------------------------------------------ the mapping
+
+cdef int _colmajor_operand(const MatrixView* v, bint want_t, cublasOperation_t* op,
+                           int64_t* ld) noexcept nogil:
+    """How cuBLAS reads X (want_t False) or X^T (want_t True) from view X.
+
+    A row-major view (unit column stride) is, to column-major cuBLAS, X^T with
+    ld = row stride; a column-major view is X itself with ld = column stride.
+    Returns 1 for the first, 0 for the second, -1 if neither fits. Axes of
+    length <= 1 have no meaningful stride, so they fit either way.
+    """
+    cdef int64_t r = v.rows, c = v.cols, s0 = v.row_stride, s1 = v.col_stride
+    cdef bint view_t
+    if (s1 == 1 or c <= 1) and (r <= 1 or c == 0 or s0 >= c):
+        view_t = True
+        ld[0] = s0 if (r > 1 and c > 0) else (c if c > 1 else 1)
+    elif (s0 == 1 or r <= 1) and (c <= 1 or r == 0 or s1 >= r):
+        view_t = False
+        ld[0] = s1 if (c > 1 and r > 0) else (r if r > 1 else 1)
+    else:
+        return -1
+    op[0] = CUBLAS_OP_T if want_t != view_t else CUBLAS_OP_N
+    return 1 if view_t else 0
+
+
+cdef MapResult map_rowmajor_gemm(const MatrixView* a, const MatrixView* b, const MatrixView* c,
+                                 bint trans_a, bint trans_b, ColMajorGemm* g) noexcept nogil:
+    # A row-major out is, to cuBLAS, D = C^T = op(B)^T op(A)^T (the swap);
+    # a column-major out is D = C = op(A) op(B). Either way no operand moves.
+    cdef cublasOperation_t unused
+    cdef int out_t = _colmajor_operand(c, False, &unused, &g.ldc)
+    if out_t < 0:
+        return MAP_BAD_OUT
+    cdef const MatrixView* first
+    cdef const MatrixView* second
+    cdef bint first_t, second_t
+    if out_t:
+        first, first_t, second, second_t = b, not trans_b, a, not trans_a
+        g.m, g.n = c.cols, c.rows
+    else:
+        first, first_t, second, second_t = a, trans_a, b, trans_b
+        g.m, g.n = c.rows, c.cols
+    if _colmajor_operand(first, first_t, &g.opa, &g.lda) < 0:
+        return MAP_BAD_B if out_t else MAP_BAD_A
+    if _colmajor_operand(second, second_t, &g.opb, &g.ldb) < 0:
+        return MAP_BAD_A if out_t else MAP_BAD_B
+    g.k = a.rows if trans_a else a.cols
+    g.a, g.stride_a = first.ptr, first.batch_stride
+    g.b, g.stride_b = second.ptr, second.batch_stride
+    g.c, g.stride_c = c.ptr, c.batch_stride
+    g.batch = c.batch
+    return MAP_OK
+
+
+# ------------------------------------------------------------ the C API
+
+cdef int gemm_colmajor(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
+                       cudaDataType dtype, cublasComputeType_t compute,
+                       const float* alpha, const float* beta) except -1 nogil:
+    bind_stream(ctx, stream)
+    if g.strided_batched:
+        return check_cublas(cublasGemmStridedBatchedEx(
+            ctx.blas, g.opa, g.opb, <int>g.m, <int>g.n, <int>g.k, alpha,
+            g.a, dtype, <int>g.lda, g.stride_a, g.b, dtype, <int>g.ldb, g.stride_b,
+            beta, g.c, dtype, <int>g.ldc, g.stride_c, <int>g.batch,
+            compute, CUBLAS_GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
+    return check_cublas(cublasGemmEx(
+        ctx.blas, g.opa, g.opb, <int>g.m, <int>g.n, <int>g.k, alpha,
+        g.a, dtype, <int>g.lda, g.b, dtype, <int>g.ldb,
+        beta, g.c, dtype, <int>g.ldc, compute, CUBLAS_GEMM_DEFAULT), "cublasGemmEx")
+
+
+cdef inline void _rowmajor_view(MatrixView* v, const void* ptr, int64_t rows, int64_t cols,
+                                int64_t ld, int64_t stride, int64_t batch) noexcept nogil:
+    v.ptr = <char*>ptr
+    v.rows, v.cols = rows, cols
+    v.row_stride, v.col_stride = ld, 1
+    v.batch, v.batch_stride = batch, stride
+
+
+cdef int gemm_rowmajor_strided_batched(GemmContext* ctx, cudaStream_t stream,
+                                       cudaDataType dtype, cublasComputeType_t compute,
+                                       bint trans_a, bint trans_b, int64_t m, int64_t n, int64_t k,
+                                       float alpha, const void* A, int64_t lda, int64_t stride_a,
+                                       const void* B, int64_t ldb, int64_t stride_b,
+                                       float beta, void* C, int64_t ldc, int64_t stride_c,
+                                       int64_t batch) except -1 nogil:
+    cdef MatrixView a, b, c
+    cdef ColMajorGemm g
+    _rowmajor_view(&a, A, k if trans_a else m, m if trans_a else k, lda, stride_a, batch)
+    _rowmajor_view(&b, B, n if trans_b else k, k if trans_b else n, ldb, stride_b, batch)
+    _rowmajor_view(&c, C, m, n, ldc, stride_c, batch)
+    map_rowmajor_gemm(&a, &b, &c, trans_a, trans_b, &g)   # row-major views always map
+    g.strided_batched = True
+    return gemm_colmajor(ctx, stream, &g, dtype, compute, &alpha, &beta)
+
+
+cdef int gemm_rowmajor(GemmContext* ctx, cudaStream_t stream,
+                       cudaDataType dtype, cublasComputeType_t compute,
+                       bint trans_a, bint trans_b, int64_t m, int64_t n, int64_t k,
+                       float alpha, const void* A, int64_t lda,
+                       const void* B, int64_t ldb,
+                       float beta, void* C, int64_t ldc) except -1 nogil:
+    cdef MatrixView a, b, c
+    cdef ColMajorGemm g
+    _rowmajor_view(&a, A, k if trans_a else m, m if trans_a else k, lda, 0, 1)
+    _rowmajor_view(&b, B, n if trans_b else k, k if trans_b else n, ldb, 0, 1)
+    _rowmajor_view(&c, C, m, n, ldc, 0, 1)
+    map_rowmajor_gemm(&a, &b, &c, trans_a, trans_b, &g)
+    g.strided_batched = False
+    return gemm_colmajor(ctx, stream, &g, dtype, compute, &alpha, &beta)
+
+
+cdef cublasComputeType_t compute_type_for(cudaDataType dtype, str math) except *:
+    if math == "tf32":
+        # TF32 applies to float32 inputs only; half types accumulate in fp32 either way.
+        return CUBLAS_COMPUTE_32F_FAST_TF32 if dtype == CUDA_R_32F else CUBLAS_COMPUTE_32F
+    if math == "fp32":
+        return CUBLAS_COMPUTE_32F
+    raise ValueError(f"math: expected 'tf32' or 'fp32', got {math!r}")
+
+
+# ------------------------------------------------------------ Python surface
+
+_BAD = {MAP_BAD_A: "A", MAP_BAD_B: "B", MAP_BAD_OUT: "out"}
+
+
+cdef str _shape_str(const MatrixView* v, bint batched):
+    if batched:
+        return f"({v.batch}, {v.rows}, {v.cols})"
+    return f"({v.rows}, {v.cols})"
+
+
+cdef int _prepare(object A, object B, object out, bint trans_a, bint trans_b, bint batched,
+                  double beta, MatrixView* a_, MatrixView* b_, MatrixView* c,
+                  ColMajorGemm* g) except -1:
+    """Validate everything and map to cuBLAS (out=None: a row-major result). No GPU state."""
+    cdef MatrixView a, b
+    cdef int min_nd = 2
+    cdef int max_nd = 3 if batched else 2
+    view_from_object(A, &a, "A", min_nd, max_nd)
+    view_from_object(B, &b, "B", min_nd, max_nd)
+    if a.dtype != b.dtype:
+        raise TypeError(f"B: expected the dtype of A ({dtype_name(a.dtype)}), got {dtype_name(b.dtype)}")
+    cdef int64_t M = a.cols if trans_a else a.rows
+    cdef int64_t K = a.rows if trans_a else a.cols
+    cdef int64_t K2 = b.cols if trans_b else b.rows
+    cdef int64_t N = b.rows if trans_b else b.cols
+    if K != K2:
+        raise ValueError(f"B: op(A) is {M}x{K} (trans_a={bool(trans_a)}) so op(B) must have {K} rows, "
+                         f"got {K2}x{N} (trans_b={bool(trans_b)})")
+    cdef int64_t batch = 1
+    if batched:
+        if a.batch != 1 and b.batch != 1 and a.batch != b.batch:
+            raise ValueError(f"B: batch {b.batch} does not match A's batch {a.batch} (nor is either 1)")
+        batch = a.batch if a.batch != 1 else b.batch
+        if a.batch == 1:
+            a.batch_stride = 0      # one matrix broadcast over the batch
+        if b.batch == 1:
+            b.batch_stride = 0
+        a.batch = b.batch = batch
+    if out is None:
+        if beta != 0.0:
+            raise ValueError(f"beta: a nonzero beta ({beta}) needs an existing out=, got out=None")
+        c.ptr = NULL
+        c.rows, c.cols, c.row_stride, c.col_stride = M, N, N, 1
+        c.batch, c.batch_stride, c.dtype, c.itemsize = batch, M * N, a.dtype, a.itemsize
+    else:
+        view_from_object(out, c, "out", max_nd, max_nd)
+        if c.dtype != a.dtype:
+            raise TypeError(f"out: expected dtype {dtype_name(a.dtype)}, got {dtype_name(c.dtype)}")
+        if c.rows != M or c.cols != N or c.batch != batch:
+            want = f"({batch}, {M}, {N})" if batched else f"({M}, {N})"
+            raise ValueError(f"out: expected shape {want}, got {_shape_str(c, batched)}")
+    cdef MapResult r = map_rowmajor_gemm(&a, &b, c, trans_a, trans_b, g)
+    if r != MAP_OK:
+        raise ValueError(f"{_BAD[r]}: layout cuBLAS cannot express: one of the last two axes "
+                         "must have unit stride and the other a stride >= its length "
+                         "(make it contiguous with cupy.ascontiguousarray)")
+    if batch > 1 and out is not None and c.batch_stride < (g.ldc * (g.n - 1) + g.m):
+        raise ValueError(f"out: batch stride {c.batch_stride} elements makes the batch's "
+                         "matrices overlap")
+    if max(g.m, g.n, g.k, g.lda, g.ldb, g.ldc, batch) > INT32_MAX:
+        raise ValueError("A, B, out: dimensions and leading dimensions must be < 2**31 for "
+                         f"cuBLAS, got m={g.m} n={g.n} k={g.k} lda={g.lda} ldb={g.ldb} "
+                         f"ldc={g.ldc} batch={batch}")
+    g.strided_batched = batched
+    a_[0], b_[0] = a, b
+    return 0
+
+
+cdef object _run(object A, object B, object out, bint trans_a, bint trans_b, object alpha,
+                 object beta, str math, object stream, bint batched):
+    cdef MatrixView a, b, c
+    cdef ColMajorGemm g
+    cdef float alpha_f = alpha, beta_f = beta
+    cdef cudaStream_t s
+    _prepare(A, B, out, trans_a, trans_b, batched, beta_f, &a, &b, &c, &g)
+    cdef cublasComputeType_t compute = compute_type_for(c.dtype, math)
+    stream_from_object(stream, &s)
+    if out is None:
+        out = empty_array(((c.batch,) if batched else ()) + (c.rows, c.cols), c.dtype)
+        g.c = <void*><uintptr_t>out.data.ptr
+    if g.m == 0 or g.n == 0 or g.batch == 0:
+        return out
+    cdef GemmContext* ctx = current_context()
+    check_device(&a, "A", ctx.device)
+    check_device(&b, "B", ctx.device)
+    check_device(&c, "out", ctx.device)
+    with nogil:
+        gemm_colmajor(ctx, s, &g, c.dtype, compute, &alpha_f, &beta_f)
+    return out
+
+
+def gemm(A, B, out=None, *, bint trans_a=False, bint trans_b=False, alpha=1.0, beta=0.0,
+         str math="tf32", stream=None):
+    """out = alpha * op(A) @ op(B) + beta * out for row-major 2-D device arrays.
+
+    float32 (math "tf32": CUBLAS_COMPUTE_32F_FAST_TF32, or "fp32": strict),
+    float16 and bfloat16 (fp32 accumulation). Slices and transposed views are
+    read in place. `stream`: None (CuPy's current stream), a Stream, or an int
+    cudaStream_t. Returns `out` (allocated with CuPy when None).
+    """
+    return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, False)
+
+
+def gemm_strided_batched(A, B, out=None, *, bint trans_a=False, bint trans_b=False, alpha=1.0,
+                         beta=0.0, str math="tf32", stream=None):
+    """out[i] = alpha * op(A[i]) @ op(B[i]) + beta * out[i] via cublasGemmStridedBatchedEx.
+
+    A and B are (batch, rows, cols) arrays with any batch stride, 0 included;
+    a 2-D operand or one of batch 1 is broadcast over the batch.
+    """
+    return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, True)
+
+
+_OPS = {CUBLAS_OP_N: "N", CUBLAS_OP_T: "T"}
+
+
+def describe_gemm(A, B, out, *, bint trans_a=False, bint trans_b=False, bint batched=False):
+    """The cuBLAS arguments cygemm would pass for this call, as a dict. Launches nothing."""
+    cdef MatrixView a, b, c
+    cdef ColMajorGemm g
+    _prepare(A, B, out, trans_a, trans_b, batched, 0.0, &a, &b, &c, &g)
+    return dict(opa=_OPS[g.opa], opb=_OPS[g.opb], m=g.m, n=g.n, k=g.k,
+                a=<uintptr_t>g.a, lda=g.lda, stride_a=g.stride_a,
+                b=<uintptr_t>g.b, ldb=g.ldb, stride_b=g.stride_b,
+                c=<uintptr_t>g.c, ldc=g.ldc, stride_c=g.stride_c,
+                batch=g.batch, strided_batched=bool(g.strided_batched))

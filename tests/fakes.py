@@ -1,0 +1,18 @@
+"""Objects that look like device arrays (__cuda_array_interface__) but point into host
+memory or nowhere: for CPU tests of validation and of the cuBLAS argument mapping."""
+import numpy as np
+
+BASE = 0x7F00_0000_0000  # a fake device address for the start of a host buffer
+
+
+class FakeDeviceArray:
+    def __init__(self, shape, typestr="<f4", strides=None, ptr=BASE):
+        self.__cuda_array_interface__ = {
+            "shape": tuple(shape), "typestr": typestr, "strides": strides,
+            "data": (ptr, False), "version": 3}
+
+
+def fake_view(buf, view):
+    """A FakeDeviceArray describing `view`, a NumPy view into `buf`, at BASE + its byte offset."""
+    offset = view.__array_interface__["data"][0] - buf.__array_interface__["data"][0]
+    return FakeDeviceArray(view.shape, view.dtype.str, view.strides, BASE + offset)

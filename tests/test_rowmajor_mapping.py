@@ -1,0 +1,124 @@
+"""CPU: the row-major -> column-major cuBLAS mapping, checked against a NumPy model of
+what cuBLAS does with the arguments cygemm would pass. No GPU is touched."""
+import itertools
+
+import numpy as np
+import pytest
+
+import cygemm.rowmajor as cg
+from fakes import BASE, fake_view
+
+ITEM = 4  # float32
+
+
+def cublas_gemm_model(mem, d, batched=False):
+    """Column-major GemmEx / GemmStridedBatchedEx on flat memory `mem`, as cuBLAS defines it."""
+    def load(ptr, ld, rows, cols, stride, i):
+        start = (ptr - BASE) // ITEM + i * stride
+        idx = start + np.arange(rows)[:, None] + ld * np.arange(cols)[None, :]
+        return mem[idx].astype(np.float64)
+
+    m, n, k = d["m"], d["n"], d["k"]
+    for i in range(d["batch"] if batched else 1):
+        a = load(d["a"], d["lda"], *((m, k) if d["opa"] == "N" else (k, m)), d["stride_a"], i)
+        b = load(d["b"], d["ldb"], *((k, n) if d["opb"] == "N" else (n, k)), d["stride_b"], i)
+        a = a if d["opa"] == "N" else a.T
+        b = b if d["opb"] == "N" else b.T
+        start = (d["c"] - BASE) // ITEM + i * d["stride_c"]
+        idx = start + np.arange(m)[:, None] + d["ldc"] * np.arange(n)[None, :]
+        mem[idx] = a @ b
+
+
+def layouts(rows, cols, rng, buf, cursor):
+    """Views of logical shape (rows, cols) in every layout cuBLAS can read, carved from buf."""
+    def carve(size):
+        start = cursor[0]
+        cursor[0] += size + 3          # a gap, so that views never touch
+        return buf[start:start + size]
+
+    out = {}
+    out["C"] = carve(rows * cols).reshape(rows, cols)
+    out["F"] = carve(rows * cols).reshape(cols, rows).T
+    out["C-padded"] = carve(rows * (cols + 5)).reshape(rows, cols + 5)[:, 2:cols + 2]
+    out["F-padded"] = carve(cols * (rows + 4)).reshape(cols, rows + 4)[:, 1:rows + 1].T
+    for v in out.values():
+        v[...] = rng.standard_normal(v.shape)
+    return out
+
+
+SIZES = [(1, 1, 1), (1, 7, 3), (7, 1, 5), (5, 6, 1), (7, 5, 9), (33, 17, 8)]
+
+
+@pytest.mark.parametrize("m,k,n", SIZES)
+@pytest.mark.parametrize("trans_a,trans_b", list(itertools.product([False, True], repeat=2)))
+def test_mapping_matches_numpy_for_every_layout(m, k, n, trans_a, trans_b):
+    rng = np.random.default_rng(hash((m, k, n, trans_a, trans_b)) % 2**32)
+    buf = np.zeros(200_000, np.float32)
+    cursor = [0]
+    a_shape = (k, m) if trans_a else (m, k)
+    b_shape = (n, k) if trans_b else (k, n)
+    A = layouts(*a_shape, rng, buf, cursor)
+    B = layouts(*b_shape, rng, buf, cursor)
+    C = layouts(m, n, rng, buf, cursor)
+    for (la, a), (lb, b), (lc, c) in itertools.product(A.items(), B.items(), C.items()):
+        c[...] = np.nan
+        d = cg.describe_gemm(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c),
+                             trans_a=trans_a, trans_b=trans_b)
+        before = buf.copy()
+        cublas_gemm_model(buf, d)
+        opa = a.T if trans_a else a
+        opb = b.T if trans_b else b
+        ref = opa.astype(np.float64) @ opb.astype(np.float64)
+        np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5,
+                                   err_msg=f"A {la}, B {lb}, out {lc}: {d}")
+        # Nothing outside `out` was written.
+        mask = np.ones(buf.shape, bool)
+        mask[_indices(buf, c)] = False
+        np.testing.assert_array_equal(buf[mask], before[mask])
+
+
+def _indices(buf, view):
+    start = (view.__array_interface__["data"][0] - buf.__array_interface__["data"][0]) // ITEM
+    s0, s1 = (s // ITEM for s in view.strides)
+    return (start + s0 * np.arange(view.shape[0])[:, None] + s1 * np.arange(view.shape[1])[None, :]).ravel()
+
+
+def test_no_transposes_is_the_textbook_swap():
+    buf = np.zeros(10_000, np.float32)
+    a = buf[:6].reshape(2, 3)
+    b = buf[100:112].reshape(3, 4)
+    c = buf[200:208].reshape(2, 4)
+    d = cg.describe_gemm(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c))
+    # C^T = B^T A^T: cuBLAS gets (N, N, n=4, m=2, k=3, B, ldb=4, A, lda=3, C, ldc=4).
+    assert (d["opa"], d["opb"], d["m"], d["n"], d["k"]) == ("N", "N", 4, 2, 3)
+    assert (d["a"], d["lda"], d["b"], d["ldb"], d["c"], d["ldc"]) == (
+        BASE + 400, 4, BASE, 3, BASE + 800, 4)
+
+
+@pytest.mark.parametrize("bcast", ["none", "A-stride0", "B-2d", "A-batch1"])
+@pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, False), (False, True), (True, True)])
+def test_batched_mapping_matches_numpy(bcast, trans_a, trans_b):
+    rng = np.random.default_rng(7)
+    batch, m, k, n = 3, 5, 4, 6
+    buf = rng.standard_normal(50_000).astype(np.float32)
+    a_shape = (k, m) if trans_a else (m, k)
+    b_shape = (n, k) if trans_b else (k, n)
+    A = buf[:batch * 40].reshape(batch, 40)[:, :a_shape[0] * a_shape[1]].reshape(batch, *a_shape)
+    B = buf[1000:1000 + batch * b_shape[0] * b_shape[1]].reshape(batch, *b_shape)
+    if bcast == "A-stride0":
+        A = np.broadcast_to(A[0], (batch, *a_shape))
+    elif bcast == "B-2d":
+        B = B[0]
+    elif bcast == "A-batch1":
+        A = A[:1]
+    C = buf[5000:5000 + batch * 50].reshape(batch, 50)[:, 3:3 + m * n].reshape(batch, m, n)
+    C[...] = np.nan
+    d = cg.describe_gemm(fake_view(buf, A), fake_view(buf, B), fake_view(buf, C),
+                         trans_a=trans_a, trans_b=trans_b, batched=True)
+    assert d["strided_batched"] and d["batch"] == batch
+    cublas_gemm_model(buf, d, batched=True)
+    A3 = np.broadcast_to(A, (batch, *a_shape))
+    B3 = np.broadcast_to(B, (batch, *b_shape))
+    opa = np.swapaxes(A3, 1, 2) if trans_a else A3
+    opb = np.swapaxes(B3, 1, 2) if trans_b else B3
+    np.testing.assert_allclose(C, opa.astype(np.float64) @ opb, rtol=1e-5, atol=1e-5)
