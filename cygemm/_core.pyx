@@ -136,9 +136,10 @@ cdef GemmContext* current_context() except NULL:
 
 
 def context_info():
-    """(device, number of stream workspaces) of this thread's context: for tests."""
+    """This thread's context on the current device: device, handle addresses, workspaces."""
     cdef GemmContext* ctx = current_context()
-    return ctx.device, ctx.n_workspaces
+    return dict(device=ctx.device, blas=<uintptr_t>ctx.blas, lt=<uintptr_t>ctx.lt,
+                workspaces=ctx.n_workspaces, workspace_bytes=ctx.workspace_bytes)
 
 
 cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL nogil:
@@ -321,7 +322,8 @@ cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, in
 cdef int _view_from_dlpack(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1:
     dev = x.__dlpack_device__()
     if int(dev[0]) != DL_CUDA:
-        raise TypeError(f"{name}: expected an array on a CUDA device, got DLPack device type {dev[0]}")
+        raise TypeError(f"{name}: expected an array on a CUDA device, got "
+                        f"{type(x).__module__}.{type(x).__name__} on DLPack device type {dev[0]}")
     # The capsule keeps its own reference; x outlives this call, so the memory does too.
     capsule = x.__dlpack__(stream=-1)
     if not PyCapsule_IsValid(capsule, b"dltensor"):

@@ -1,0 +1,110 @@
+"""cygemm.gemm / gemm_strided_batched against cp.matmul and the C++ cuBLAS floor, in one run.
+
+    python benchmarks/bench_gemm.py [--out DIR]
+
+Prints a Markdown table and writes DIR/bench_gemm.json and DIR/bench_gemm.md.
+"""
+import os
+
+os.environ.setdefault("CUPY_TF32", "1")   # cp.matmul's float32 rows use TF32, like cygemm's default
+
+import argparse
+import json
+import sys
+import tempfile
+
+import cupy as cp
+import numpy as np
+
+import cygemm
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import build_floor, environment, gpu_ms, host_us_per_call, run_floor  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def rand(shape):
+    return cp.asarray(np.random.default_rng(0).standard_normal(shape, dtype=np.float32))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    rows = []
+
+    exe = build_floor(os.path.join(HERE, "cublas_floor.cu"), os.path.join(tempfile.mkdtemp(), "cublas_floor"))
+    floor = {(r["case"], r.get("math")): r for r in run_floor(exe)}
+
+    s = cp.cuda.Stream(non_blocking=True)
+    sync = s.synchronize
+
+    # Host time per call at 64^3.
+    A, B, C = rand((64, 64)), rand((64, 64)), rand((64, 64))
+    for math in ("tf32", "fp32"):
+        raw = floor[("host_per_call_64", math)]["us"]
+        with s:
+            med, lo, hi = host_us_per_call(lambda: cygemm.gemm(A, B, C, math=math), sync)
+        rows.append(dict(case=f"64^3 host us/call ({math})", contender="cygemm.gemm (stream=None)", value=med, lo=lo, hi=hi, unit="us", floor=raw))
+        ptr = s.ptr
+        med, lo, hi = host_us_per_call(lambda: cygemm.gemm(A, B, C, math=math, stream=ptr), sync)
+        rows.append(dict(case=f"64^3 host us/call ({math})", contender="cygemm.gemm (stream=int)", value=med, lo=lo, hi=hi, unit="us", floor=raw))
+        rows.append(dict(case=f"64^3 host us/call ({math})", contender="C++ cublasGemmEx", value=raw, unit="us", floor=raw))
+    with s:
+        med, lo, hi = host_us_per_call(lambda: cp.matmul(A, B, out=C), sync)
+    rows.append(dict(case="64^3 host us/call (tf32)", contender="cp.matmul(out=) CUPY_TF32=1", value=med, lo=lo, hi=hi, unit="us"))
+
+    # 8192^3 TF32 throughput.
+    n = 8192
+    A, B, C = rand((n, n)), rand((n, n)), rand((n, n))
+    flops = 2.0 * n ** 3
+    med, lo, hi = gpu_ms(cp, lambda: cygemm.gemm(A, B, C, stream=s), s)
+    rows.append(dict(case="8192^3 TF32 ms", contender="cygemm.gemm", value=med, lo=lo, hi=hi, unit="ms", tflops=flops / med / 1e9))
+    with s:
+        med, lo, hi = gpu_ms(cp, lambda: cp.matmul(A, B, out=C), s)
+    rows.append(dict(case="8192^3 TF32 ms", contender="cp.matmul CUPY_TF32=1", value=med, lo=lo, hi=hi, unit="ms", tflops=flops / med / 1e9))
+    raw = floor[("square_8192_tf32", None)]["ms"]
+    rows.append(dict(case="8192^3 TF32 ms", contender="C++ cublasGemmEx", value=raw, unit="ms", tflops=flops / raw / 1e9))
+    del A, B, C
+
+    # 16384 batched 64^3 TF32.
+    batch = 16384
+    A, B, C = rand((batch, 64, 64)), rand((batch, 64, 64)), rand((batch, 64, 64))
+    med, lo, hi = gpu_ms(cp, lambda: cygemm.gemm_strided_batched(A, B, C, stream=s), s, reps=50)
+    rows.append(dict(case="16384 x 64^3 batched TF32 ms", contender="cygemm.gemm_strided_batched", value=med, lo=lo, hi=hi, unit="ms"))
+    with s:
+        med, lo, hi = gpu_ms(cp, lambda: cp.matmul(A, B, out=C), s, reps=50)
+    rows.append(dict(case="16384 x 64^3 batched TF32 ms", contender="cp.matmul (3-D) CUPY_TF32=1", value=med, lo=lo, hi=hi, unit="ms"))
+    rows.append(dict(case="16384 x 64^3 batched TF32 ms", contender="C++ cublasGemmStridedBatchedEx",
+                     value=floor[("batched_16384x64_tf32", None)]["ms"], unit="ms"))
+
+    env = environment(cp)
+    with open(os.path.join(args.out, "bench_gemm.json"), "w") as f:
+        json.dump({"environment": env, "rows": rows}, f, indent=1)
+    md = render(env, rows)
+    with open(os.path.join(args.out, "bench_gemm.md"), "w") as f:
+        f.write(md)
+    print(md)
+
+
+def render(env, rows):
+    lines = [f"GPU {env['gpu']}, driver {env['driver']}, CUDA runtime {env['cuda_runtime']}, "
+             f"cuBLASLt {env['cublasLt']}, CuPy {env['cupy']}, {env['date']}, clocks {env['clocks_sm_mem_mhz']}", "",
+             "| case | contender | median | min | max | note |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        note = ""
+        if "tflops" in r:
+            note = f"{r['tflops']:.1f} TFLOP/s"
+        elif r.get("floor") and "C++" not in r["contender"]:
+            note = f"{r['value'] - r['floor']:+.2f} us vs C++"
+        fmt = (lambda v: f"{v:.2f}") if r["unit"] == "us" else (lambda v: f"{v:.4f}")
+        lo = fmt(r["lo"]) if "lo" in r else ""
+        hi = fmt(r["hi"]) if "hi" in r else ""
+        lines.append(f"| {r['case']} | {r['contender']} | {fmt(r['value'])} | {lo} | {hi} | {note} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

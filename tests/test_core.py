@@ -1,0 +1,86 @@
+"""CPU: errors, array views and stream resolution of the C core."""
+import pickle
+
+import numpy as np
+import pytest
+
+import cygemm
+from cygemm import _core
+from fakes import BASE, FakeDeviceArray
+
+
+def test_cublas_error_names_status_and_call_and_pickles():
+    err = cygemm.CublasError(7, "cublasGemmEx")   # 7 = CUBLAS_STATUS_INVALID_VALUE
+    assert err.name == "CUBLAS_STATUS_INVALID_VALUE"
+    assert "cublasGemmEx" in str(err) and "CUBLAS_STATUS_INVALID_VALUE" in str(err)
+    again = pickle.loads(pickle.dumps(err))
+    assert (type(again), again.status, again.call, str(again)) == (type(err), 7, "cublasGemmEx", str(err))
+    assert isinstance(err, cygemm.CygemmError) and isinstance(err, RuntimeError)
+
+
+def test_cuda_error_names_status_and_call_and_pickles():
+    err = cygemm.CudaError(2, "cudaMalloc")        # 2 = cudaErrorMemoryAllocation
+    assert err.name == "cudaErrorMemoryAllocation" and "cudaMalloc" in str(err)
+    again = pickle.loads(pickle.dumps(err))
+    assert (again.status, again.call, again.name) == (2, "cudaMalloc", err.name)
+
+
+def test_describe_array_reads_cai_in_elements():
+    x = FakeDeviceArray((3, 4, 5), "<f2", strides=(80, 20, 2), ptr=BASE + 64)
+    d = _core.describe_array(x)
+    assert d == dict(ptr=BASE + 64, batch=3, rows=4, cols=5, batch_stride=40,
+                     row_stride=10, col_stride=1, dtype="float16")
+
+
+def test_describe_array_c_contiguous_when_strides_missing():
+    d = _core.describe_array(FakeDeviceArray((6, 7)))
+    assert (d["batch"], d["row_stride"], d["col_stride"], d["batch_stride"]) == (1, 7, 1, 0)
+
+
+@pytest.mark.parametrize("bad,exc,words", [
+    (np.ones((2, 2), np.float32), TypeError, ["x:", "numpy.ndarray"]),
+    ([[1.0]], TypeError, ["x:", "list"]),
+    (FakeDeviceArray((2, 2), "<f8"), TypeError, ["x:", "<f8"]),
+    (FakeDeviceArray((4,)), ValueError, ["x:", "1-D"]),
+    (FakeDeviceArray((2, 2, 2, 2)), ValueError, ["x:", "4-D"]),
+    (FakeDeviceArray((2, 2), strides=(8, 2)), ValueError, ["x:", "multiple"]),
+])
+def test_describe_array_rejects_with_named_argument(bad, exc, words):
+    with pytest.raises(exc) as info:
+        _core.describe_array(bad, "x")
+    for w in words:
+        assert w in str(info.value)
+
+
+def test_stream_resolution_without_touching_the_gpu():
+    class CudaStreamProtocol:
+        def __cuda_stream__(self):
+            return (0, 1234)
+
+    class HasPtr:
+        ptr = 5678
+
+    assert cygemm.stream_pointer(99) == 99
+    assert cygemm.stream_pointer(CudaStreamProtocol()) == 1234
+    assert cygemm.stream_pointer(HasPtr()) == 5678
+    with pytest.raises(TypeError, match="stream:"):
+        cygemm.stream_pointer("default")
+    with pytest.raises(ValueError, match="stream:"):
+        cygemm.stream_pointer(-1)
+
+
+@pytest.mark.nogpu
+def test_gemm_without_gpu_raises_cuda_error_naming_the_call():
+    a = FakeDeviceArray((4, 4))
+    with pytest.raises(cygemm.CudaError) as info:
+        cygemm.gemm(a, a, FakeDeviceArray((4, 4)), stream=0)
+    assert info.value.call in ("cudaGetDevice", "cudaGetDeviceCount", "cublasCreate")
+    assert info.value.name.startswith("cuda")
+
+
+def test_get_include_lists_pxd_and_headers():
+    import os
+    dirs = cygemm.get_include()
+    assert any(os.path.exists(os.path.join(d, "cygemm", "rowmajor.pxd")) for d in dirs)
+    assert any(os.path.exists(os.path.join(d, "cublas_v2.h")) for d in dirs)
+    assert any(os.path.exists(os.path.join(d, "cuda_runtime_api.h")) for d in dirs)
