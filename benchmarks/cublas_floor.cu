@@ -11,10 +11,10 @@
 #include <random>
 #include <vector>
 
-#define CUDA_CHECK(x) do { cudaError_t e = (x); if (e != cudaSuccess) { \
-    fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorName(e)); exit(1); } } while (0)
-#define CUBLAS_CHECK(x) do { cublasStatus_t s = (x); if (s != CUBLAS_STATUS_SUCCESS) { \
-    fprintf(stderr, "%s failed: %s\n", #x, cublasGetStatusName(s)); exit(1); } } while (0)
+#define CUDA_CHECK(x) do { cudaError_t err_ = (x); if (err_ != cudaSuccess) { \
+    fprintf(stderr, "%s failed: %s\n", #x, cudaGetErrorName(err_)); exit(1); } } while (0)
+#define CUBLAS_CHECK(x) do { cublasStatus_t st_ = (x); if (st_ != CUBLAS_STATUS_SUCCESS) { \
+    fprintf(stderr, "%s failed: %s\n", #x, cublasGetStatusName(st_)); exit(1); } } while (0)
 
 static float* random_device(size_t n) {
     std::vector<float> h(n);

@@ -307,6 +307,9 @@ cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, in
         cai = None
     if cai is not None:
         dt = _DTYPES.get(cai["typestr"])
+        if dt is None and hasattr(x, "__dlpack__"):
+            # CAI has no bfloat16 typestr (torch says '<V2'); DLPack names it.
+            return _view_from_dlpack(x, view, name, min_ndim, max_ndim)
         if dt is None:
             raise TypeError(f"{name}: expected float32 ('<f4') or float16 ('<f2'), "
                             f"got typestr {cai['typestr']!r}")

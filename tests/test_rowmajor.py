@@ -181,7 +181,7 @@ def test_two_threads_have_their_own_handles_and_right_results():
         t.join()
     assert not errors, errors
     assert set(contexts) == {0, 1}
-    assert contexts[0]["blas"] != contexts[1]["blas"] and contexts[0]["lt"] != contexts[1]["lt"]
+    assert contexts[0]["blas"] != contexts[1]["blas"]
     # Created once per thread and reused: the main thread's handle is stable across calls.
     first = cygemm._core.context_info()
     cygemm.gemm(rand(cp, (8, 8)), rand(cp, (8, 8)))
