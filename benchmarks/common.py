@@ -67,12 +67,10 @@ def build_floor(src, exe):
     """Compile the C++ cuBLAS floor program with the toolkit and cuBLAS cygemm was built with."""
     from cygemm import _build_config as cfg
     nvcc = os.path.join(os.path.dirname(cfg.CUDA_INCLUDE), "bin", "nvcc")
-    libs = [os.path.join(cfg.CUBLAS_LIB, n) for n in sorted(os.listdir(cfg.CUBLAS_LIB))
-            if n.startswith("libcublas.so") or n.startswith("libcublasLt.so")]
-    libs = [min((l for l in libs if os.path.basename(l).startswith(p)), key=len)
-            for p in ("libcublas.so", "libcublasLt.so")]
-    cmd = [nvcc, "-O2", "-std=c++17", src, "-o", exe, f"-I{cfg.CUBLAS_INCLUDE}", *libs,
-           f"-Xlinker=-rpath={cfg.CUBLAS_LIB}"]
+    names = sorted(os.listdir(cfg.CUBLAS_LIB), key=len)
+    libs = [f"-l:{next(n for n in names if n.startswith(p))}" for p in ("libcublas.so", "libcublasLt.so")]
+    cmd = [nvcc, "-O2", "-std=c++17", src, "-o", exe, f"-I{cfg.CUBLAS_INCLUDE}", f"-L{cfg.CUBLAS_LIB}",
+           *libs, f"-Xlinker=-rpath={cfg.CUBLAS_LIB}"]
     subprocess.run(cmd, check=True)
     return exe
 
