@@ -133,8 +133,10 @@ class BuildExt(build_ext):
 
 
 def extension(name, extra_sources=()):
+    # nvcc objects are C++: their runtime support comes from libstdc++.
+    cxx = ["-lstdc++"] if any(s.endswith(".cu") for s in extra_sources) else []
     return Extension(f"cygemm.{name}", [f"cygemm/{name}.pyx", *extra_sources],
-                     include_dirs=INCLUDE_DIRS, extra_link_args=LINK_ARGS,
+                     include_dirs=INCLUDE_DIRS, extra_link_args=LINK_ARGS + cxx,
                      extra_compile_args=["-O2", "-Wno-unused-function"])
 
 

@@ -11,10 +11,11 @@ except ImportError as exc:  # cuBLAS not on the rpath: load it from the pip whee
 
 from cygemm._core import CygemmError, CudaError, CublasError, device_count, stream_pointer, versions
 from cygemm.rowmajor import gemm, gemm_strided_batched
+from cygemm import gemm_ops, graph
 
 __version__ = "0.1.0"
 
-__all__ = ["gemm", "gemm_strided_batched", "CygemmError", "CudaError", "CublasError",
+__all__ = ["gemm", "gemm_strided_batched", "gemm_ops", "graph", "CygemmError", "CudaError", "CublasError",
            "device_count", "stream_pointer", "versions", "get_include"]
 
 

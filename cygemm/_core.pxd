@@ -61,6 +61,7 @@ ctypedef struct MatrixView:
 # Python boundary helpers, used by the other modules of the package.
 cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1
 cdef int stream_from_object(object stream, cudaStream_t* out) except -1
+cdef bint stream_is_capturing(cudaStream_t stream) except -1 nogil
 cdef int check_device(const MatrixView* view, str name, int device) except -1
 cdef object dtype_name(cudaDataType dtype)
 cdef object empty_array(tuple shape, cudaDataType dtype)

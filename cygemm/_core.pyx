@@ -135,6 +135,23 @@ cdef GemmContext* current_context() except NULL:
     return &owner.ctx
 
 
+_keepalive_providers = []
+
+
+def register_graph_keepalive(provider):
+    """provider() -> objects a captured graph may use (e.g. cached workspaces)."""
+    _keepalive_providers.append(provider)
+
+
+def graph_keepalive():
+    """What a graph captured now must keep alive: this thread's handles and workspaces,
+    and whatever registered providers return."""
+    objs = list(getattr(_tls, "contexts", {}).values())
+    for provider in _keepalive_providers:
+        objs.extend(provider())
+    return objs
+
+
 def context_info():
     """This thread's context on the current device: device, handle addresses, workspaces."""
     cdef GemmContext* ctx = current_context()
@@ -199,6 +216,19 @@ cdef int stream_from_object(object stream, cudaStream_t* out) except -1:
         raise TypeError("stream: expected None, a cupy.cuda.Stream, an object with "
                         f"__cuda_stream__, or an int cudaStream_t; got {type(stream).__name__}")
     return 0
+
+
+cdef bint stream_is_capturing(cudaStream_t stream) except -1 nogil:
+    cdef cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone
+    check_cuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing")
+    return status != cudaStreamCaptureStatusNone
+
+
+def is_capturing(stream=None):
+    """Whether `stream` (as cygemm resolves it) is being captured into a CUDA graph."""
+    cdef cudaStream_t s
+    stream_from_object(stream, &s)
+    return stream_is_capturing(s)
 
 
 def stream_pointer(stream=None):
@@ -276,6 +306,11 @@ cdef int _fill_view(MatrixView* view, str name, int min_ndim, int max_ndim, uint
                              f"of the element size ({itemsize} bytes)")
     view.ptr = <char*>ptr
     view.itemsize = itemsize
+    if ndim == 1:                             # a vector is one row
+        view.rows, view.cols = 1, shape[0]
+        view.row_stride, view.col_stride = shape[0], st[0] // itemsize
+        view.batch, view.batch_stride = 1, 0
+        return 0
     view.rows = shape[ndim - 2]
     view.cols = shape[ndim - 1]
     view.row_stride = st[ndim - 2] // itemsize

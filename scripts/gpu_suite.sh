@@ -20,7 +20,9 @@ python3 -m pytest -q -rs -p no:cacheprovider tests 2>&1 | tee "$OUT_DIR/tests.lo
 status=${PIPESTATUS[0]}
 if [ "${2:-}" != "--quick" ]; then
     echo "== benchmarks"
-    python3 benchmarks/bench_gemm.py --out "$OUT_DIR" > "$OUT_DIR/bench.log" 2>&1 || { tail -30 "$OUT_DIR/bench.log"; status=1; }
-    cat "$OUT_DIR/bench_gemm.md" 2>/dev/null
+    for b in gemm fused; do
+        python3 benchmarks/bench_$b.py --out "$OUT_DIR" > "$OUT_DIR/bench_$b.log" 2>&1 || { tail -30 "$OUT_DIR/bench_$b.log"; status=1; }
+        cat "$OUT_DIR/bench_$b.md" 2>/dev/null
+    done
 fi
 exit $status

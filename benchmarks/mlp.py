@@ -1,0 +1,51 @@
+"""A 3-layer MLP training step (forward, MSE loss gradient, backward, SGD) on cygemm's
+*_into API, allocation-free so that it can be captured whole into a CUDA graph.
+Used by the benchmarks and by tests/test_graph.py."""
+import cupy as cp
+import numpy as np
+
+from cygemm.gemm_ops import backward_into, ensure_workspaces, forward_into
+
+
+class MLP:
+    def __init__(self, sizes=(64, 256, 256, 10), batch=64, act="relu", lr=1e-2, seed=0, math="tf32"):
+        rng = np.random.default_rng(seed)
+        self.act, self.lr, self.math, self.batch = act, lr, math, batch
+        f32 = lambda a: cp.asarray(a.astype(np.float32))
+        self.W = [f32(rng.standard_normal((i, o)) / np.sqrt(i)) for i, o in zip(sizes[:-1], sizes[1:])]
+        self.b = [f32(0.1 * rng.standard_normal(o)) for o in sizes[1:]]
+        self.x = cp.empty((batch, sizes[0]), cp.float32)
+        self.target = cp.empty((batch, sizes[-1]), cp.float32)
+        self.Y = [cp.empty((batch, o), cp.float32) for o in sizes[1:]]
+        self.Z = [cp.empty((batch, o), cp.float32) for o in sizes[1:]]
+        self.gY = [cp.empty((batch, o), cp.float32) for o in sizes[1:]]
+        self.gW = [cp.empty_like(w) for w in self.W]
+        self.gb = [cp.empty_like(b) for b in self.b]
+        self.ws = [ensure_workspaces(batch, o) for o in sizes[1:]]
+
+    def acts(self):
+        return [self.act] * (len(self.W) - 1) + ["none"]
+
+    def step(self, stream):
+        """One SGD step on (self.x, self.target); enqueues only, allocates nothing."""
+        acts = self.acts()
+        inp = self.x
+        for W, b, Y, Z, act, ws in zip(self.W, self.b, self.Y, self.Z, acts, self.ws):
+            forward_into(inp, W, Y, b, act=act, save_z=act != "none", z_out=Z if act != "none" else None,
+                         lt_workspace=ws.lt_ws, math=self.math, stream=stream)
+            inp = Y
+        with stream:
+            # d(mean squared error)/dY = 2 (Y - target) / size, in place: no allocation.
+            cp.subtract(self.Y[-1], self.target, out=self.gY[-1])
+            self.gY[-1] *= 2.0 / self.Y[-1].size
+        for i in reversed(range(len(self.W))):
+            inp = self.x if i == 0 else self.Y[i - 1]
+            backward_into(inp, self.W[i], self.gY[i], self.Z[i] if acts[i] != "none" else None, act=acts[i],
+                          gA_out=self.gY[i - 1] if i > 0 else None, gB_out=self.gW[i], gBias_out=self.gb[i],
+                          work_dZ=self.ws[i].dZ, lt_workspace=self.ws[i].lt_ws, math=self.math, stream=stream)
+        with stream:
+            for W, gW, b, gb in zip(self.W, self.gW, self.b, self.gb):
+                gW *= self.lr
+                W -= gW
+                gb *= self.lr
+                b -= gb

@@ -1,0 +1,438 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""A dense layer fused: Y = act(A @ B + bias) and its backward, through cuBLASLt
+epilogues where they apply and cygemm's kernels where they do not.
+
+Under the row-major swap cuBLASLt computes D = Y^T (N x M, column-major), so its
+bias (length = rows of D = N) runs along the last axis of Y, as a layer wants.
+Epilogues need a column-major D, which is why Y must be row-major here.
+"""
+import threading
+
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
+
+from cygemm.cudart cimport *
+from cygemm.cublas cimport *
+from cygemm.cublaslt cimport *
+from cygemm.kernels cimport *
+from cygemm._core cimport (GemmContext, MatrixView, check_cuda, check_cublas, current_context,
+                           stream_workspace, view_from_object, stream_from_object, stream_is_capturing,
+                           check_device, dtype_name)
+from cygemm.rowmajor cimport ColMajorGemm, MapResult, MAP_OK, map_rowmajor_gemm, gemm_colmajor, compute_type_for
+
+ACTIVATIONS = {
+    "none": CYGEMM_ACT_NONE, "identity": CYGEMM_ACT_NONE, "relu": CYGEMM_ACT_RELU,
+    "leaky_relu": CYGEMM_ACT_LEAKY_RELU, "gelu": CYGEMM_ACT_GELU, "gelu_erf": CYGEMM_ACT_GELU_ERF,
+    "sigmoid": CYGEMM_ACT_SIGMOID, "tanh": CYGEMM_ACT_TANH, "silu": CYGEMM_ACT_SILU,
+}
+
+
+def parse_activation(act):
+    """Activation name (case-insensitive) -> kernel code; ValueError lists the valid names."""
+    try:
+        return ACTIVATIONS[act.lower()]
+    except (KeyError, AttributeError):
+        raise ValueError(f"act: expected one of {sorted(ACTIVATIONS)}, got {act!r}") from None
+
+
+cdef float _slope(object leaky_slope) except? -1:
+    cdef double s = leaky_slope
+    if not (s == s) or s in (float("inf"), float("-inf")) or s < 0:
+        raise ValueError(f"leaky_slope: expected a finite number >= 0, got {leaky_slope!r}")
+    return <float>s
+
+
+# ---------------------------------------------------------------- cuBLASLt plans
+
+ctypedef struct LtPlanData:
+    cublasLtMatmulDesc_t desc
+    cublasLtMatrixLayout_t la
+    cublasLtMatrixLayout_t lb
+    cublasLtMatrixLayout_t lc
+    cublasLtMatmulPreference_t pref
+    cublasLtMatmulAlgo_t algo
+    size_t workspace_needed
+    bint usable
+
+
+cdef class LtPlan:
+    """Descriptors, layouts and the chosen algorithm of one cuBLASLt problem."""
+    cdef LtPlanData d
+
+    def __dealloc__(self):
+        if self.d.pref != NULL:
+            cublasLtMatmulPreferenceDestroy(self.d.pref)
+        if self.d.lc != NULL:
+            cublasLtMatrixLayoutDestroy(self.d.lc)
+        if self.d.lb != NULL:
+            cublasLtMatrixLayoutDestroy(self.d.lb)
+        if self.d.la != NULL:
+            cublasLtMatrixLayoutDestroy(self.d.la)
+        if self.d.desc != NULL:
+            cublasLtMatmulDescDestroy(self.d.desc)
+
+    @property
+    def usable(self):
+        return bool(self.d.usable)
+
+
+cdef object _tls = threading.local()
+
+
+cdef dict _plans():
+    try:
+        return _tls.plans
+    except AttributeError:
+        _tls.plans = {}
+        return _tls.plans
+
+
+def clear_plan_cache():
+    """Drop this thread's cached cuBLASLt plans (they are rebuilt on the next call)."""
+    _plans().clear()
+
+
+def plan_cache_size():
+    return len(_plans())
+
+
+cdef inline uint32_t _alignment(const void* p) noexcept nogil:
+    cdef uintptr_t v = <uintptr_t>p
+    if v == 0:
+        return 256
+    cdef uintptr_t a = v & (~v + 1)
+    return <uint32_t>(a if a < 256 else 256)
+
+
+cdef int _set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const void* buf,
+                   size_t size) except -1 nogil:
+    return check_cublas(cublasLtMatmulDescSetAttribute(desc, attr, buf, size), "cublasLtMatmulDescSetAttribute")
+
+
+cdef LtPlan _get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
+                      cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
+                      int64_t aux_ld, size_t ws_bytes):
+    """The cached plan for this problem, made (heuristic query included) on a miss."""
+    cdef uint32_t al_a = _alignment(g.a), al_b = _alignment(g.b), al_c = _alignment(g.c)
+    # The key holds everything that changes the algorithm's validity, alignment
+    # included, so a plan chosen for aligned pointers never runs on unaligned ones.
+    key = (ctx.device, <int>dtype, <int>compute, <int>epi, <int>g.opa, <int>g.opb, g.m, g.n, g.k,
+           g.lda, g.ldb, g.ldc, aux_ld, al_a, al_b, al_c, _alignment(bias), _alignment(aux), ws_bytes)
+    plans = _plans()
+    cdef LtPlan plan = plans.get(key)
+    if plan is not None:
+        return plan
+    plan = LtPlan()
+    cdef LtPlanData* d = &plan.d
+    check_cublas(cublasLtMatmulDescCreate(&d.desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate")
+    cdef int32_t opa = g.opa, opb = g.opb
+    cdef uint32_t epi32 = epi
+    _set_desc(d.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa))
+    _set_desc(d.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb))
+    _set_desc(d.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi32, sizeof(epi32))
+    if bias != NULL:
+        _set_desc(d.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias))
+    if aux != NULL:
+        _set_desc(d.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux))
+        _set_desc(d.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld))
+    check_cublas(cublasLtMatrixLayoutCreate(&d.la, dtype, g.m if g.opa == CUBLAS_OP_N else g.k,
+                                            g.k if g.opa == CUBLAS_OP_N else g.m, g.lda),
+                 "cublasLtMatrixLayoutCreate(A)")
+    check_cublas(cublasLtMatrixLayoutCreate(&d.lb, dtype, g.k if g.opb == CUBLAS_OP_N else g.n,
+                                            g.n if g.opb == CUBLAS_OP_N else g.k, g.ldb),
+                 "cublasLtMatrixLayoutCreate(B)")
+    check_cublas(cublasLtMatrixLayoutCreate(&d.lc, dtype, g.m, g.n, g.ldc), "cublasLtMatrixLayoutCreate(D)")
+    check_cublas(cublasLtMatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate")
+    cdef uint64_t ws64 = ws_bytes
+    check_cublas(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                      &ws64, sizeof(ws64)), "cublasLtMatmulPreferenceSetAttribute")
+    for attr, al in ((CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a),
+                     (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b),
+                     (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c),
+                     (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c)):
+        _set_pref_u32(d.pref, attr, al)
+    cdef cublasLtMatmulHeuristicResult_t result
+    cdef int found = 0
+    cdef cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.desc, d.la, d.lb, d.lc, d.lc, d.pref,
+                                                            1, &result, &found)
+    d.usable = st == CUBLAS_STATUS_SUCCESS and found > 0 and result.state == CUBLAS_STATUS_SUCCESS
+    if d.usable:
+        d.algo = result.algo
+        d.workspace_needed = result.workspaceSize
+    elif stream_is_capturing(stream):
+        # Some CUDA versions refuse heuristics during capture: use the fallback
+        # now, but do not remember a verdict that may be the capture's fault.
+        return plan
+    plans[key] = plan
+    return plan
+
+
+cdef int _set_pref_u32(cublasLtMatmulPreference_t pref, int attr, uint32_t value) except -1:
+    return check_cublas(cublasLtMatmulPreferenceSetAttribute(
+        pref, <cublasLtMatmulPreferenceAttributes_t>attr, &value, sizeof(value)),
+        "cublasLtMatmulPreferenceSetAttribute")
+
+
+cdef cublasStatus_t _lt_run(GemmContext* ctx, cudaStream_t stream, LtPlanData* d, const ColMajorGemm* g,
+                            const void* bias, void* aux, void* ws, size_t ws_bytes,
+                            const float* alpha, const float* beta) noexcept nogil:
+    # Pointers change between calls that share a plan; setting them is a host-side copy.
+    cdef cublasStatus_t st
+    if bias != NULL:
+        st = cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias))
+        if st != CUBLAS_STATUS_SUCCESS:
+            return st
+    if aux != NULL:
+        st = cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux))
+        if st != CUBLAS_STATUS_SUCCESS:
+            return st
+    return cublasLtMatmul(ctx.lt, d.desc, alpha, g.a, d.la, g.b, d.lb, beta, g.c, d.lc, g.c, d.lc,
+                          &d.algo, ws, ws_bytes, stream)
+
+
+# ---------------------------------------------------------------- validation helpers
+
+cdef int _matrix(object x, MatrixView* v, str name, int64_t rows, int64_t cols, cudaDataType dtype,
+                 bint row_major) except -1:
+    view_from_object(x, v, name, 2, 2)
+    if v.rows != rows or v.cols != cols:
+        raise ValueError(f"{name}: expected shape ({rows}, {cols}), got ({v.rows}, {v.cols})")
+    if v.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype_name(dtype)}, got {dtype_name(v.dtype)}")
+    if row_major and not ((v.col_stride == 1 or cols <= 1) and (v.row_stride >= cols or rows <= 1)):
+        raise ValueError(f"{name}: expected a row-major array (unit stride along the last axis, rows "
+                         f"not overlapping), got element strides ({v.row_stride}, {v.col_stride})")
+    return 0
+
+
+cdef int _vector(object x, MatrixView* v, str name, int64_t n, cudaDataType dtype) except -1:
+    view_from_object(x, v, name, 1, 2)
+    if v.rows != 1 or v.cols != n:
+        raise ValueError(f"{name}: expected shape ({n},) or (1, {n}), got ({v.rows}, {v.cols})")
+    if v.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {dtype_name(dtype)}, got {dtype_name(v.dtype)}")
+    if v.col_stride != 1 and n > 1:
+        raise ValueError(f"{name}: expected a contiguous vector, got element stride {v.col_stride}")
+    return 0
+
+
+cdef int _workspace(object ws, void** ptr, size_t* nbytes, GemmContext* ctx, cudaStream_t stream) except -1:
+    """The caller's lt_workspace (any device array) or this stream's own workspace."""
+    if ws is None:
+        ptr[0] = stream_workspace(ctx, stream)
+        nbytes[0] = ctx.workspace_bytes
+        return 0
+    try:
+        cai = ws.__cuda_array_interface__
+    except AttributeError:
+        raise TypeError(f"lt_workspace: expected a device array, got {type(ws).__name__}") from None
+    ptr[0] = <void*><uintptr_t>cai["data"][0]
+    nbytes[0] = ws.nbytes
+    return 0
+
+
+cdef int _check_lt_workspace(object ws) except -1:
+    if ws is not None and not hasattr(ws, "__cuda_array_interface__"):
+        raise TypeError(f"lt_workspace: expected a device array, got {type(ws).__name__}")
+    return 0
+
+
+cdef int _map(MatrixView* a, bint ta, MatrixView* b, bint tb, MatrixView* c, str names,
+              ColMajorGemm* g) except -1:
+    """Map c = op(a) op(b) by the one row-major mapping; a layout it cannot take is the caller's error."""
+    cdef MapResult r = map_rowmajor_gemm(a, b, c, ta, tb, g)
+    if r != MAP_OK:
+        raise ValueError(f"{names.split(',')[r - 1].strip()}: layout cuBLAS cannot express (one of the "
+                         "two axes must have unit stride)")
+    g.strided_batched = False
+    return 0
+
+
+cdef int _gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
+               cublasComputeType_t compute, float beta) except -1:
+    cdef float alpha = 1.0
+    with nogil:
+        gemm_colmajor(ctx, stream, g, dtype, compute, &alpha, &beta)
+    return 0
+
+
+# ---------------------------------------------------------------- forward
+
+def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky_slope=0.01,
+                 bint save_z=False, z_out=None, lt_workspace=None, str math="tf32", stream=None):
+    """out = act(A @ B + bias), and z_out = A @ B + bias with save_z. Allocates nothing.
+
+    A (M, K), B (K, N) (a transposed view is read in place), out and z_out
+    row-major (M, N), bias (N,) or (1, N); bias=None or with_bias=False: no bias.
+    """
+    cdef MatrixView a, b, y, z, bv
+    cdef cygemm_act_t code = parse_activation(act)
+    cdef float slope = _slope(leaky_slope)
+    view_from_object(A, &a, "A", 2, 2)
+    view_from_object(B, &b, "B", 2, 2)
+    if b.dtype != a.dtype:
+        raise TypeError(f"B: expected the dtype of A ({dtype_name(a.dtype)}), got {dtype_name(b.dtype)}")
+    cdef int64_t M = a.rows, K = a.cols, N = b.cols
+    if b.rows != K:
+        raise ValueError(f"B: A is ({M}, {K}) so B must have {K} rows, got ({b.rows}, {b.cols})")
+    _matrix(out, &y, "out", M, N, a.dtype, True)
+    cdef bint use_bias = with_bias and bias is not None
+    if use_bias:
+        _vector(bias, &bv, "bias", N, a.dtype)
+    if save_z:
+        if z_out is None:
+            raise ValueError("z_out: save_z=True needs z_out (forward_into never allocates), got None")
+        _matrix(z_out, &z, "z_out", M, N, a.dtype, True)
+    elif z_out is not None:
+        raise ValueError("z_out: given but save_z=False; pass save_z=True to write it")
+    cdef cublasComputeType_t compute = compute_type_for(a.dtype, math)
+    _check_lt_workspace(lt_workspace)
+    cdef cudaStream_t s
+    stream_from_object(stream, &s)
+    cdef ColMajorGemm g
+    _map(&a, False, &b, False, &y, "A, B, out", &g)
+    if M == 0 or N == 0:
+        return out
+    cdef GemmContext* ctx = current_context()
+    check_device(&a, "A", ctx.device)
+    check_device(&b, "B", ctx.device)
+    check_device(&y, "out", ctx.device)
+    cdef void* ws
+    cdef size_t ws_bytes
+    _workspace(lt_workspace, &ws, &ws_bytes, ctx, s)
+    cdef const void* bias_ptr = bv.ptr if use_bias else NULL
+    cdef void* z_ptr = z.ptr if save_z else NULL
+    cdef int64_t z_ld = z.row_stride if save_z else 0
+
+    # Route: an epilogue does the whole layer when it can; else a bias epilogue
+    # (or none) writes Z and one kernel applies the activation.
+    cdef cublasLtEpilogue_t epi
+    cdef void* aux = NULL
+    cdef int64_t aux_ld = 0
+    cdef bint post_kernel = False
+    cdef MatrixView* target = &y
+    if not save_z and code in (CYGEMM_ACT_NONE, CYGEMM_ACT_RELU, CYGEMM_ACT_GELU):
+        if code == CYGEMM_ACT_RELU:
+            epi = CUBLASLT_EPILOGUE_RELU_BIAS if use_bias else CUBLASLT_EPILOGUE_RELU
+        elif code == CYGEMM_ACT_GELU:
+            epi = CUBLASLT_EPILOGUE_GELU_BIAS if use_bias else CUBLASLT_EPILOGUE_GELU
+        else:
+            epi = CUBLASLT_EPILOGUE_BIAS if use_bias else CUBLASLT_EPILOGUE_DEFAULT
+    elif save_z and code == CYGEMM_ACT_GELU and z_ld % 8 == 0 and _alignment(z_ptr) >= 16:
+        # GELU's aux output is Z itself (ld a multiple of 8): one GEMM writes both.
+        epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS if use_bias else CUBLASLT_EPILOGUE_GELU_AUX
+        aux, aux_ld = z_ptr, z_ld
+    else:
+        # RELU's aux is a bit-mask, not Z, and other activations have no epilogue.
+        epi = CUBLASLT_EPILOGUE_BIAS if use_bias else CUBLASLT_EPILOGUE_DEFAULT
+        post_kernel = True
+        if save_z:
+            target = &z
+            g.c, g.ldc = z.ptr, z.row_stride
+    cdef float alpha = 1.0, beta = 0.0
+    cdef LtPlan plan = None
+    cdef cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED
+    if K > 0:
+        plan = _get_plan(ctx, s, &g, a.dtype, compute, epi, bias_ptr, aux, aux_ld, ws_bytes)
+    if plan is not None and plan.d.usable:
+        with nogil:
+            st = _lt_run(ctx, s, &plan.d, &g, bias_ptr, aux, ws, ws_bytes, &alpha, &beta)
+        if st != CUBLAS_STATUS_SUCCESS:
+            if stream_is_capturing(s):
+                check_cublas(st, "cublasLtMatmul")
+            plan.d.usable = False   # remember, and take the fallback from now on
+    if st == CUBLAS_STATUS_SUCCESS:
+        if post_kernel:
+            with nogil:
+                check_cuda(cygemm_bias_act_forward(a.dtype, M, N, target.ptr, target.row_stride, NULL,
+                                                   y.ptr, y.row_stride, NULL, 0, code, slope, s),
+                           "cygemm_bias_act_forward")
+        return out
+    # Fallback, always correct: plain cuBLAS GEMM into Z (or Y), then bias + activation.
+    target = &z if save_z else &y
+    g.c, g.ldc = target.ptr, target.row_stride
+    _gemm(ctx, s, &g, a.dtype, compute, 0.0)
+    with nogil:
+        check_cuda(cygemm_bias_act_forward(a.dtype, M, N, target.ptr, target.row_stride, bias_ptr,
+                                           y.ptr, y.row_stride, z_ptr, z_ld, code, slope, s),
+                   "cygemm_bias_act_forward")
+    return out
+
+
+# ---------------------------------------------------------------- backward
+
+def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0.01, gA_out=None,
+                  gB_out=None, gBias_out=None, work_dZ=None, lt_workspace=None, str math="tf32",
+                  stream=None, bint accumulate=False):
+    """Gradients of out = act(A @ B + bias) given gY = dL/dout and Z = A @ B + bias.
+
+    dZ = gY * act'(Z) (into work_dZ), gBias = dZ.sum(0), gA = dZ @ B.T, gB = A.T @ dZ;
+    an output left None is skipped. accumulate=True adds into the grads (beta = 1).
+    Z may be None when act is "none". Allocates nothing.
+    """
+    cdef MatrixView a, b, gy, zv, ga, gb, gbias, dz
+    cdef cygemm_act_t code = parse_activation(act)
+    cdef float slope = _slope(leaky_slope)
+    view_from_object(A, &a, "A", 2, 2)
+    view_from_object(B, &b, "B", 2, 2)
+    if b.dtype != a.dtype:
+        raise TypeError(f"B: expected the dtype of A ({dtype_name(a.dtype)}), got {dtype_name(b.dtype)}")
+    cdef int64_t M = a.rows, K = a.cols, N = b.cols
+    if b.rows != K:
+        raise ValueError(f"B: A is ({M}, {K}) so B must have {K} rows, got ({b.rows}, {b.cols})")
+    _matrix(gY, &gy, "gY", M, N, a.dtype, True)
+    if code != CYGEMM_ACT_NONE:
+        if Z is None:
+            raise ValueError(f"Z: act={act!r} needs the pre-activation Z, got None")
+        _matrix(Z, &zv, "Z", M, N, a.dtype, True)
+    cdef bint want_ga = gA_out is not None, want_gb = gB_out is not None
+    cdef bint want_gbias = with_bias and gBias_out is not None
+    if want_ga:
+        _matrix(gA_out, &ga, "gA_out", M, K, a.dtype, False)
+    if want_gb:
+        _matrix(gB_out, &gb, "gB_out", K, N, a.dtype, False)
+    if want_gbias:
+        _vector(gBias_out, &gbias, "gBias_out", N, a.dtype)
+    cdef bint need_dz = code != CYGEMM_ACT_NONE and (want_ga or want_gb)
+    if need_dz:
+        if work_dZ is None:
+            raise ValueError(f"work_dZ: act={act!r} with gA_out/gB_out needs a ({M}, {N}) work_dZ "
+                             "(backward_into never allocates; see ensure_workspaces), got None")
+        _matrix(work_dZ, &dz, "work_dZ", M, N, a.dtype, True)
+    cdef MatrixView* dZ = &dz if need_dz else &gy
+    cdef ColMajorGemm g_a, g_b
+    if want_ga:
+        _map(dZ, False, &b, True, &ga, "work_dZ, B, gA_out", &g_a)      # gA = dZ @ B^T
+    if want_gb:
+        _map(&a, True, dZ, False, &gb, "A, work_dZ, gB_out", &g_b)      # gB = A^T @ dZ
+    cdef cublasComputeType_t compute = compute_type_for(a.dtype, math)
+    _check_lt_workspace(lt_workspace)
+    cdef cudaStream_t s
+    stream_from_object(stream, &s)
+    cdef float beta = 1.0 if accumulate else 0.0
+    cdef GemmContext* ctx = current_context()
+    check_device(&a, "A", ctx.device)
+    check_device(&b, "B", ctx.device)
+    check_device(&gy, "gY", ctx.device)
+    cdef float* scratch = NULL
+    cdef int64_t scratch_floats
+    if want_gbias or need_dz:
+        if want_gbias:
+            scratch_floats = cygemm_act_backward_scratch_floats(M, N)
+            if <size_t>scratch_floats * 4 > ctx.workspace_bytes:
+                raise ValueError(f"gBias_out: N={N} needs {scratch_floats * 4} bytes of scratch, more than "
+                                 f"the stream workspace ({ctx.workspace_bytes})")
+            # Scratch lives in the stream's workspace: the GEMMs that follow on
+            # this stream use it only after the reduction has finished.
+            scratch = <float*>stream_workspace(ctx, s)
+        with nogil:
+            check_cuda(cygemm_act_backward(a.dtype, M, N, gy.ptr, gy.row_stride,
+                                           zv.ptr if code != CYGEMM_ACT_NONE else NULL,
+                                           zv.row_stride if code != CYGEMM_ACT_NONE else 0,
+                                           dz.ptr if need_dz else NULL, dz.row_stride if need_dz else 0,
+                                           gbias.ptr if want_gbias else NULL, beta, scratch, code, slope, s),
+                       "cygemm_act_backward")
+    if want_ga and M > 0 and K > 0:
+        _gemm(ctx, s, &g_a, a.dtype, compute, beta)
+    if want_gb and K > 0 and N > 0:
+        _gemm(ctx, s, &g_b, a.dtype, compute, beta)
+    return (gA_out, gB_out, gBias_out)

@@ -1,0 +1,92 @@
+# cython: language_level=3
+"""Capture a stream into a CUDA graph, instantiate it and launch it, through the
+CUDA runtime directly: the same on every CuPy version, old ones included.
+
+    with cygemm.graph.capture(stream) as g:
+        cygemm.gemm_ops.forward_into(A, B, Y, bias, act="relu", stream=stream)
+    g.launch(stream)
+"""
+from libc.stdint cimport uintptr_t
+
+from cygemm.cudart cimport *
+from cygemm._core cimport check_cuda, stream_from_object
+
+from cygemm import _core
+
+_MODES = {"global": cudaStreamCaptureModeGlobal, "thread_local": cudaStreamCaptureModeThreadLocal,
+          "relaxed": cudaStreamCaptureModeRelaxed}
+
+
+cdef class Graph:
+    """An instantiated CUDA graph. It holds references to the handles and workspaces
+    that its cuBLAS calls use, so that they outlive it (clear_ws_cache included)."""
+    cdef cudaGraph_t graph
+    cdef cudaGraphExec_t exec_
+    cdef readonly list keepalive
+
+    def __cinit__(self):
+        self.keepalive = []
+
+    def launch(self, stream=None):
+        """Enqueue one replay of the graph on `stream`."""
+        if self.exec_ == NULL:
+            raise RuntimeError("graph: nothing captured yet (use it after the capture block)")
+        cdef cudaStream_t s
+        stream_from_object(stream, &s)
+        with nogil:
+            check_cuda(cudaGraphLaunch(self.exec_, s), "cudaGraphLaunch")
+
+    def keep(self, *objects):
+        """Hold references to buffers the graph reads or writes, for as long as it lives."""
+        self.keepalive.extend(objects)
+
+    @property
+    def num_nodes(self):
+        cdef size_t n = 0
+        if self.graph != NULL:
+            check_cuda(cudaGraphGetNodes(self.graph, NULL, &n), "cudaGraphGetNodes")
+        return n
+
+    def __dealloc__(self):
+        if self.exec_ != NULL:
+            cudaGraphExecDestroy(self.exec_)
+        if self.graph != NULL:
+            cudaGraphDestroy(self.graph)
+
+
+class capture:
+    """Context manager: capture work enqueued on `stream` and instantiate it as a Graph.
+
+    mode: "thread_local" (default: other threads may keep allocating), "global" or "relaxed".
+    The stream must not be the legacy default stream (capture is illegal there).
+    """
+
+    def __init__(self, stream=None, mode="thread_local"):
+        if mode not in _MODES:
+            raise ValueError(f"mode: expected one of {sorted(_MODES)}, got {mode!r}")
+        cdef cudaStream_t s
+        stream_from_object(stream, &s)
+        if <uintptr_t>s == 0 or <uintptr_t>s == 1:
+            raise ValueError("stream: capture needs a created stream, got the legacy default stream")
+        self.stream = <uintptr_t>s
+        self.mode = mode
+        self.graph = Graph()
+
+    def __enter__(self):
+        cdef cudaStream_t s = <cudaStream_t><uintptr_t>self.stream
+        check_cuda(cudaStreamBeginCapture(s, <cudaStreamCaptureMode>(<int>_MODES[self.mode])),
+                   "cudaStreamBeginCapture")
+        return self.graph
+
+    def __exit__(self, exc_type, exc, tb):
+        cdef cudaStream_t s = <cudaStream_t><uintptr_t>self.stream
+        cdef cudaGraph_t graph = NULL
+        cdef cudaError_t err = cudaStreamEndCapture(s, &graph)
+        cdef Graph g = self.graph
+        g.graph = graph
+        if exc_type is not None:
+            return False          # the original error matters more than the capture's
+        check_cuda(err, "cudaStreamEndCapture")
+        check_cuda(cudaGraphInstantiate(&g.exec_, graph, 0), "cudaGraphInstantiate")
+        g.keepalive.extend(_core.graph_keepalive())
+        return False

@@ -1,0 +1,245 @@
+// cygemm's own kernels: bias + activation forward for what cuBLASLt epilogues
+// lack, and the backward's dZ = gY * act'(Z) fused with the bias-gradient column
+// sum. Memory-bound: each element is read once and written once, 16-byte
+// accesses where the layout allows, float math for every storage type.
+#include "cygemm/kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+namespace {
+
+constexpr int kVec = 4;              // columns per thread
+constexpr int kColThreads = 32;      // threads across columns in a block
+constexpr int kRowThreads = 8;       // threads across rows in a block
+constexpr int kColsPerBlock = kColThreads * kVec;
+
+__device__ __forceinline__ float to_f(float x) { return x; }
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T> __device__ __forceinline__ T from_f(float x);
+template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float sigmoidf(float z) { return 1.f / (1.f + __expf(-z)); }
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluC = 0.044715f;
+constexpr float kInvSqrt2 = 0.7071067811865476f;
+constexpr float kInvSqrt2Pi = 0.3989422804014327f;
+
+__device__ __forceinline__ float act_f(cygemm_act_t act, float z, float slope) {
+    switch (act) {
+    case CYGEMM_ACT_RELU: return z > 0.f ? z : 0.f;
+    case CYGEMM_ACT_LEAKY_RELU: return z > 0.f ? z : slope * z;
+    case CYGEMM_ACT_GELU: return 0.5f * z * (1.f + tanhf(kSqrt2OverPi * (z + kGeluC * z * z * z)));
+    case CYGEMM_ACT_GELU_ERF: return 0.5f * z * (1.f + erff(z * kInvSqrt2));
+    case CYGEMM_ACT_SIGMOID: return sigmoidf(z);
+    case CYGEMM_ACT_TANH: return tanhf(z);
+    case CYGEMM_ACT_SILU: return z * sigmoidf(z);
+    default: return z;
+    }
+}
+
+__device__ __forceinline__ float act_grad(cygemm_act_t act, float z, float slope) {
+    switch (act) {
+    case CYGEMM_ACT_RELU: return z > 0.f ? 1.f : 0.f;
+    case CYGEMM_ACT_LEAKY_RELU: return z > 0.f ? 1.f : slope;
+    case CYGEMM_ACT_GELU: {
+        float u = kSqrt2OverPi * (z + kGeluC * z * z * z);
+        float t = tanhf(u);
+        return 0.5f * (1.f + t) + 0.5f * z * (1.f - t * t) * kSqrt2OverPi * (1.f + 3.f * kGeluC * z * z);
+    }
+    case CYGEMM_ACT_GELU_ERF:
+        return 0.5f * (1.f + erff(z * kInvSqrt2)) + z * kInvSqrt2Pi * __expf(-0.5f * z * z);
+    case CYGEMM_ACT_SIGMOID: { float s = sigmoidf(z); return s * (1.f - s); }
+    case CYGEMM_ACT_TANH: { float t = tanhf(z); return 1.f - t * t; }
+    case CYGEMM_ACT_SILU: { float s = sigmoidf(z); return s * (1.f + z * (1.f - s)); }
+    default: return 1.f;
+    }
+}
+
+// Load / store kVec consecutive elements; VEC: one 16-byte access (float only).
+template <typename T, bool VEC>
+__device__ __forceinline__ void load4(const T* p, int64_t col, int64_t n, float v[kVec]) {
+    if (VEC) {
+        float4 q = *reinterpret_cast<const float4*>(p);
+        v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+    } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) v[i] = col + i < n ? to_f(p[i]) : 0.f;
+    }
+}
+
+template <typename T, bool VEC>
+__device__ __forceinline__ void store4(T* p, int64_t col, int64_t n, const float v[kVec]) {
+    if (VEC) {
+        *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) if (col + i < n) p[i] = from_f<T>(v[i]);
+    }
+}
+
+template <typename T, bool VEC>
+__global__ void bias_act_forward_kernel(int64_t m, int64_t n, const T* x, int64_t ldx, const T* bias,
+                                        T* y, int64_t ldy, T* z, int64_t ldz, cygemm_act_t act, float slope) {
+    const int64_t col = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
+    if (col >= n) return;
+    float b[kVec] = {0.f, 0.f, 0.f, 0.f};
+    if (bias) load4<T, VEC>(bias + col, col, n, b);
+    for (int64_t row = blockIdx.y; row < m; row += gridDim.y) {
+        float v[kVec];
+        load4<T, VEC>(x + row * ldx + col, col, n, v);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) v[i] += b[i];
+        if (z) store4<T, VEC>(z + row * ldz + col, col, n, v);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) v[i] = act_f(act, v[i], slope);
+        store4<T, VEC>(y + row * ldy + col, col, n, v);
+    }
+}
+
+// Block (kColThreads x kRowThreads) covers kColsPerBlock columns of one chunk of rows.
+template <typename T, bool VEC>
+__global__ void act_backward_kernel(int64_t m, int64_t n, int64_t rows_per_chunk,
+                                    const T* gy, int64_t ldgy, const T* z, int64_t ldz, T* dz, int64_t lddz,
+                                    float* partial, cygemm_act_t act, float slope) {
+    __shared__ float sums[kRowThreads][kColsPerBlock];
+    const int64_t col = int64_t(blockIdx.x) * kColsPerBlock + threadIdx.x * kVec;
+    const int64_t row0 = int64_t(blockIdx.y) * rows_per_chunk;
+    const int64_t row1 = min(m, row0 + rows_per_chunk);
+    float acc[kVec] = {0.f, 0.f, 0.f, 0.f};
+    if (col < n) {
+        for (int64_t row = row0 + threadIdx.y; row < row1; row += kRowThreads) {
+            float g[kVec], zz[kVec];
+            load4<T, VEC>(gy + row * ldgy + col, col, n, g);
+            if (act != CYGEMM_ACT_NONE) {
+                load4<T, VEC>(z + row * ldz + col, col, n, zz);
+#pragma unroll
+                for (int i = 0; i < kVec; ++i) g[i] *= act_grad(act, zz[i], slope);
+            }
+            if (dz) store4<T, VEC>(dz + row * lddz + col, col, n, g);
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) acc[i] += g[i];
+        }
+    }
+    if (!partial) return;
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) sums[threadIdx.y][threadIdx.x * kVec + i] = acc[i];
+    __syncthreads();
+    // Fixed-order sum over the block's rows: the result does not depend on timing.
+    for (int c = threadIdx.y * kColThreads + threadIdx.x; c < kColsPerBlock; c += kColThreads * kRowThreads) {
+        const int64_t gc = int64_t(blockIdx.x) * kColsPerBlock + c;
+        if (gc >= n) continue;
+        float s = 0.f;
+#pragma unroll
+        for (int r = 0; r < kRowThreads; ++r) s += sums[r][c];
+        partial[int64_t(blockIdx.y) * n + gc] = s;
+    }
+}
+
+template <typename T>
+__global__ void column_sum_kernel(int64_t n, int64_t chunks, const float* partial, T* dbias, float beta) {
+    const int64_t col = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (col >= n) return;
+    float s = 0.f;
+    for (int64_t c = 0; c < chunks; ++c) s += partial[c * n + col];
+    dbias[col] = from_f<T>(beta != 0.f ? s + beta * to_f(dbias[col]) : s);
+}
+
+bool aligned16(const void* p) { return p == nullptr || (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+int64_t chunk_rows(int64_t m, int64_t n) {
+    // Enough blocks to fill the chip (~1k), chunks a multiple of the block's rows.
+    const int64_t col_blocks = (n + kColsPerBlock - 1) / kColsPerBlock;
+    int64_t chunks = std::max<int64_t>(1, std::min<int64_t>((1024 + col_blocks - 1) / col_blocks,
+                                                            (m + kRowThreads - 1) / kRowThreads));
+    int64_t rows = (m + chunks - 1) / chunks;
+    rows = (rows + kRowThreads - 1) / kRowThreads * kRowThreads;
+    return std::max<int64_t>(rows, kRowThreads);
+}
+
+template <typename T>
+cudaError_t forward(int64_t m, int64_t n, const void* x, int64_t ldx, const void* bias, void* y, int64_t ldy,
+                    void* z, int64_t ldz, cygemm_act_t act, float slope, cudaStream_t stream) {
+    if (m == 0 || n == 0) return cudaSuccess;
+    dim3 block(256);
+    dim3 grid(unsigned((n + 256 * kVec - 1) / (256 * kVec)), unsigned(std::min<int64_t>(m, 65535)));
+    const bool vec = sizeof(T) == 4 && n % kVec == 0 && ldx % kVec == 0 && ldy % kVec == 0 &&
+                     (z == nullptr || ldz % kVec == 0) && aligned16(x) && aligned16(y) && aligned16(z) &&
+                     aligned16(bias);
+    auto args = [&](auto kernel) {
+        kernel<<<grid, block, 0, stream>>>(m, n, static_cast<const T*>(x), ldx, static_cast<const T*>(bias),
+                                           static_cast<T*>(y), ldy, static_cast<T*>(z), ldz, act, slope);
+    };
+    if (vec) args(bias_act_forward_kernel<T, true>); else args(bias_act_forward_kernel<T, false>);
+    return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t backward(int64_t m, int64_t n, const void* gy, int64_t ldgy, const void* z, int64_t ldz,
+                     void* dz, int64_t lddz, void* dbias, float beta, float* scratch, cygemm_act_t act,
+                     float slope, cudaStream_t stream) {
+    if (n == 0) return cudaSuccess;
+    const int64_t rows = chunk_rows(m, n);
+    const int64_t chunks = m == 0 ? 0 : (m + rows - 1) / rows;
+    if (chunks > 0) {
+        dim3 block(kColThreads, kRowThreads);
+        dim3 grid(unsigned((n + kColsPerBlock - 1) / kColsPerBlock), unsigned(chunks));
+        const bool vec = sizeof(T) == 4 && n % kVec == 0 && ldgy % kVec == 0 && ldz % kVec == 0 &&
+                         lddz % kVec == 0 && aligned16(gy) && aligned16(z) && aligned16(dz);
+        float* partial = dbias ? scratch : nullptr;
+        auto args = [&](auto kernel) {
+            kernel<<<grid, block, 0, stream>>>(m, n, rows, static_cast<const T*>(gy), ldgy, static_cast<const T*>(z),
+                                               ldz, static_cast<T*>(dz), lddz, partial, act, slope);
+        };
+        if (vec) args(act_backward_kernel<T, true>); else args(act_backward_kernel<T, false>);
+        cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+    }
+    if (dbias) {
+        column_sum_kernel<T><<<unsigned((n + 255) / 256), 256, 0, stream>>>(n, chunks, scratch,
+                                                                            static_cast<T*>(dbias), beta);
+        return cudaGetLastError();
+    }
+    return cudaSuccess;
+}
+
+}  // namespace
+
+extern "C" cudaError_t cygemm_bias_act_forward(cudaDataType dtype, int64_t m, int64_t n, const void* x, int64_t ldx,
+                                               const void* bias, void* y, int64_t ldy, void* z, int64_t ldz,
+                                               cygemm_act_t act, float slope, cudaStream_t stream) {
+    switch (dtype) {
+    case CUDA_R_32F: return forward<float>(m, n, x, ldx, bias, y, ldy, z, ldz, act, slope, stream);
+    case CUDA_R_16F: return forward<__half>(m, n, x, ldx, bias, y, ldy, z, ldz, act, slope, stream);
+    case CUDA_R_16BF: return forward<__nv_bfloat16>(m, n, x, ldx, bias, y, ldy, z, ldz, act, slope, stream);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+extern "C" int64_t cygemm_act_backward_scratch_floats(int64_t m, int64_t n) {
+    if (m == 0 || n == 0) return 0;
+    const int64_t rows = chunk_rows(m, n);
+    return (m + rows - 1) / rows * n;
+}
+
+extern "C" cudaError_t cygemm_act_backward(cudaDataType dtype, int64_t m, int64_t n, const void* gy, int64_t ldgy,
+                                           const void* z, int64_t ldz, void* dz, int64_t lddz, void* dbias,
+                                           float beta_bias, float* scratch, cygemm_act_t act, float slope,
+                                           cudaStream_t stream) {
+    switch (dtype) {
+    case CUDA_R_32F:
+        return backward<float>(m, n, gy, ldgy, z, ldz, dz, lddz, dbias, beta_bias, scratch, act, slope, stream);
+    case CUDA_R_16F:
+        return backward<__half>(m, n, gy, ldgy, z, ldz, dz, lddz, dbias, beta_bias, scratch, act, slope, stream);
+    case CUDA_R_16BF:
+        return backward<__nv_bfloat16>(m, n, gy, ldgy, z, ldz, dz, lddz, dbias, beta_bias, scratch, act, slope,
+                                       stream);
+    default: return cudaErrorInvalidValue;
+    }
+}

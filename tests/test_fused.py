@@ -1,0 +1,240 @@
+"""GPU: fused forward/backward for every activation against float64 NumPy (and PyTorch
+autograd where installed), fresh random inputs, NaN-poisoned outputs."""
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from cygemm import gemm_ops
+from cygemm.gemm_ops import backward_into, forward_into
+from gpu_util import f64, poisoned, rand, rel_err
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy")
+
+ACTS = ["none", "relu", "leaky_relu", "gelu", "gelu_erf", "sigmoid", "tanh", "silu"]
+SLOPE = 0.07
+_erf = np.vectorize(math.erf)
+
+
+def act_ref(act, z):
+    if act == "none":
+        return z
+    if act == "relu":
+        return np.maximum(z, 0)
+    if act == "leaky_relu":
+        return np.where(z > 0, z, SLOPE * z)
+    if act == "gelu":
+        return 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))
+    if act == "gelu_erf":
+        return 0.5 * z * (1 + _erf(z / np.sqrt(2)))
+    if act == "sigmoid":
+        return 1 / (1 + np.exp(-z))
+    if act == "tanh":
+        return np.tanh(z)
+    if act == "silu":
+        return z / (1 + np.exp(-z))
+    raise AssertionError(act)
+
+
+def act_grad_ref(act, z):
+    if act == "none":
+        return np.ones_like(z)
+    if act == "relu":
+        return (z > 0).astype(z.dtype)
+    if act == "leaky_relu":
+        return np.where(z > 0, 1.0, SLOPE)
+    if act == "gelu":
+        u = np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)
+        t = np.tanh(u)
+        return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * z * z)
+    if act == "gelu_erf":
+        return 0.5 * (1 + _erf(z / np.sqrt(2))) + z * np.exp(-0.5 * z * z) / np.sqrt(2 * np.pi)
+    if act == "sigmoid":
+        s = 1 / (1 + np.exp(-z))
+        return s * (1 - s)
+    if act == "tanh":
+        return 1 - np.tanh(z) ** 2
+    if act == "silu":
+        s = 1 / (1 + np.exp(-z))
+        return s * (1 + z * (1 - s))
+    raise AssertionError(act)
+
+
+def bound(math_mode, k):
+    return 1e-5 * max(1, np.sqrt(k / 64)) if math_mode == "fp32" else 3e-3
+
+
+SHAPES = [(1, 7, 33), (7, 1, 1000), (33, 1000, 7), (1000, 33, 1), (64, 64, 64), (256, 128, 520)]
+
+
+@pytest.mark.parametrize("M,K,N", SHAPES)
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("with_bias,save_z", list(itertools.product([False, True], repeat=2)))
+def test_forward_matches_float64(M, K, N, act, with_bias, save_z):
+    math_mode = "fp32" if (M + K + N) % 2 else "tf32"     # both maths over the shapes
+    A, B, bias = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (N,))
+    Y = poisoned(cp, (M, N))
+    Z = poisoned(cp, (M, N)) if save_z else None
+    forward_into(A, B, Y, bias if with_bias else None, act=act, leaky_slope=SLOPE, save_z=save_z, z_out=Z,
+                 math=math_mode)
+    z = f64(cp, A) @ f64(cp, B) + (f64(cp, bias) if with_bias else 0)
+    tol = bound(math_mode, K)
+    assert rel_err(Y.get(), act_ref(act, z)) < tol * 4
+    if save_z:
+        assert rel_err(Z.get(), z) < tol
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_forward_bias_as_row_and_transposed_weight(act):
+    M, K, N = 48, 96, 80
+    A, W, bias = rand(cp, (M, K)), rand(cp, (N, K)), rand(cp, (1, N))
+    Y, Z = poisoned(cp, (M, N)), poisoned(cp, (M, N))
+    forward_into(A, W.T, Y, bias, act=act, leaky_slope=SLOPE, save_z=True, z_out=Z, math="fp32")
+    z = f64(cp, A) @ f64(cp, W).T + f64(cp, bias)
+    assert rel_err(Z.get(), z) < 1e-5
+    assert rel_err(Y.get(), act_ref(act, z)) < 4e-5
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 7, 33), (33, 1000, 7), (1000, 33, 1), (256, 128, 520)])
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("want", ["all", "no-gA", "no-gB", "bias-only", "no-bias"])
+def test_backward_matches_float64(M, K, N, act, want):
+    A, B, gY, Z = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (M, N)), rand(cp, (M, N))
+    gA = poisoned(cp, (M, K)) if want not in ("no-gA", "bias-only") else None
+    gB = poisoned(cp, (K, N)) if want not in ("no-gB", "bias-only") else None
+    gBias = poisoned(cp, (N,)) if want != "no-bias" else None
+    dZ = poisoned(cp, (M, N))
+    res = backward_into(A, B, gY, Z, act=act, leaky_slope=SLOPE, gA_out=gA, gB_out=gB, gBias_out=gBias,
+                        work_dZ=dZ, math="fp32")
+    assert res == (gA, gB, gBias)
+    dz = f64(cp, gY) * act_grad_ref(act, f64(cp, Z))
+    if gA is not None:
+        assert rel_err(gA.get(), dz @ f64(cp, B).T) < 2e-5
+    if gB is not None:
+        assert rel_err(gB.get(), f64(cp, A).T @ dz) < 2e-5 * max(1, np.sqrt(M / 64))
+    if gBias is not None:
+        assert rel_err(gBias.get(), dz.sum(axis=0)) < 2e-5 * max(1, np.sqrt(M / 64))
+
+
+def test_backward_accumulates_into_grads():
+    M, K, N = 40, 30, 20
+    A, B, gY, Z = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (M, N)), rand(cp, (M, N))
+    gA0, gB0, gb0 = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (N,))
+    gA, gB, gb = gA0.copy(), gB0.copy(), gb0.copy()
+    backward_into(A, B, gY, Z, act="silu", gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=cp.empty((M, N), cp.float32),
+                  math="fp32", accumulate=True)
+    dz = f64(cp, gY) * act_grad_ref("silu", f64(cp, Z))
+    assert rel_err(gA.get(), f64(cp, gA0) + dz @ f64(cp, B).T) < 2e-5
+    assert rel_err(gB.get(), f64(cp, gB0) + f64(cp, A).T @ dz) < 2e-5
+    assert rel_err(gb.get(), f64(cp, gb0) + dz.sum(0)) < 2e-5
+
+
+def test_backward_bias_gradient_is_deterministic():
+    M, N = 4099, 515
+    gY, Z = rand(cp, (M, N)), rand(cp, (M, N))
+    A, B = rand(cp, (M, 8)), rand(cp, (8, N))
+    outs = []
+    for _ in range(5):
+        gb = poisoned(cp, (N,))
+        backward_into(A, B, gY, Z, act="gelu", gBias_out=gb)
+        outs.append(gb.get())
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "tanh", "silu", "leaky_relu"])
+def test_against_torch_autograd(act):
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as Fn
+    M, K, N = 96, 160, 72
+    A, B, bias, gY = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (N,)), rand(cp, (M, N))
+    Y, Z = poisoned(cp, (M, N)), poisoned(cp, (M, N))
+    forward_into(A, B, Y, bias, act=act, leaky_slope=SLOPE, save_z=True, z_out=Z, math="fp32")
+    gA, gB, gb = poisoned(cp, (M, K)), poisoned(cp, (K, N)), poisoned(cp, (N,))
+    backward_into(A, B, gY, Z, act=act, leaky_slope=SLOPE, gA_out=gA, gB_out=gB, gBias_out=gb,
+                  work_dZ=cp.empty((M, N), cp.float32), math="fp32")
+    t = lambda x: torch.as_tensor(cp.asnumpy(x), dtype=torch.float64).requires_grad_()
+    tA, tB, tb = t(A), t(B), t(bias)
+    fn = {"relu": torch.relu, "gelu": lambda z: Fn.gelu(z, approximate="tanh"), "tanh": torch.tanh,
+          "silu": Fn.silu, "leaky_relu": lambda z: Fn.leaky_relu(z, SLOPE)}[act]
+    ty = fn(tA @ tB + tb)
+    ty.backward(torch.as_tensor(cp.asnumpy(gY), dtype=torch.float64))
+    assert rel_err(Y.get(), ty.detach().numpy()) < 4e-5
+    for ours, theirs in ((gA, tA.grad), (gB, tB.grad), (gb, tb.grad)):
+        assert rel_err(ours.get(), theirs.numpy()) < 3e-5
+
+
+@pytest.mark.parametrize("dtype", ["float16"])
+@pytest.mark.parametrize("act", ["relu", "gelu", "silu"])
+def test_half_precision_forward_backward(dtype, act):
+    M, K, N = 64, 96, 40
+    A, B, bias, gY = (rand(cp, s, dtype) for s in ((M, K), (K, N), (N,), (M, N)))
+    Y, Z = poisoned(cp, (M, N), dtype), poisoned(cp, (M, N), dtype)
+    forward_into(A, B, Y, bias, act=act, save_z=True, z_out=Z)
+    z = f64(cp, A) @ f64(cp, B) + f64(cp, bias)
+    assert rel_err(Y.get(), act_ref(act, z)) < 1e-2
+    gA, gB, gb = poisoned(cp, (M, K), dtype), poisoned(cp, (K, N), dtype), poisoned(cp, (N,), dtype)
+    backward_into(A, B, gY, Z, act=act, gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=cp.empty((M, N), dtype))
+    dz = f64(cp, gY) * act_grad_ref(act, f64(cp, Z))
+    assert rel_err(gA.get(), dz @ f64(cp, B).T) < 1e-2
+    assert rel_err(gb.get(), dz.sum(0)) < 1e-2
+
+
+def test_unaligned_pointers_take_a_correct_path():
+    M, K, N = 64, 64, 64
+    base = rand(cp, (M * K + 1,))
+    A = base[1:].reshape(M, K)              # 4-byte aligned only
+    B, bias = rand(cp, (K, N)), rand(cp, (N + 1,))[1:]
+    Y = poisoned(cp, (M * N + 3,))[3:].reshape(M, N)
+    forward_into(A, B, Y, bias, act="relu", math="fp32")
+    z = f64(cp, A) @ f64(cp, B) + f64(cp, bias)
+    assert rel_err(Y.get(), np.maximum(z, 0)) < 1e-5
+
+
+def test_allocating_forms():
+    M, K, N = 50, 40, 30
+    A, B, bias = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (N,))
+    Y, Z = gemm_ops.forward(A, B, bias, act="tanh", save_z=True, math="fp32")
+    z = f64(cp, A) @ f64(cp, B) + f64(cp, bias)
+    assert rel_err(Z.get(), z) < 1e-5 and rel_err(Y.get(), np.tanh(z)) < 2e-5
+    gY = rand(cp, (M, N))
+    gA, gB, gb = gemm_ops.backward(A, B, gY, Z, act="tanh", math="fp32")
+    dz = f64(cp, gY) * (1 - np.tanh(z) ** 2)
+    assert rel_err(gA.get(), dz @ f64(cp, B).T) < 2e-5 and rel_err(gb.get(), dz.sum(0)) < 2e-5
+
+
+def test_into_functions_allocate_nothing():
+    M, K, N = 128, 64, 96
+    A, B, bias, gY = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (N,)), rand(cp, (M, N))
+    Y, Z, gA, gB, gb = (cp.empty(s, cp.float32) for s in ((M, N), (M, N), (M, K), (K, N), (N,)))
+    ws = gemm_ops.ensure_workspaces(M, N)
+    s = cp.cuda.Stream(non_blocking=True)
+    pool = cp.get_default_memory_pool()
+
+    def run():
+        for act in ("relu", "gelu", "silu"):
+            forward_into(A, B, Y, bias, act=act, save_z=True, z_out=Z, lt_workspace=ws.lt_ws, stream=s)
+            backward_into(A, B, gY, Z, act=act, gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=ws.dZ,
+                          lt_workspace=ws.lt_ws, stream=s)
+    run()
+    s.synchronize()
+    used, total = pool.used_bytes(), pool.total_bytes()
+    for _ in range(100):
+        run()
+    s.synchronize()
+    assert (pool.used_bytes(), pool.total_bytes()) == (used, total)
+
+
+def test_workspace_cache_keys_and_clear():
+    gemm_ops.clear_ws_cache()
+    w1 = gemm_ops.ensure_workspaces(10, 20)
+    assert gemm_ops.ensure_workspaces(10, 20) is w1
+    w2 = gemm_ops.ensure_workspaces(10, 20, dtype=np.float16)
+    w3 = gemm_ops.ensure_workspaces(10, 20, lt_bytes=1 << 20)
+    assert w2 is not w1 and w3 is not w1 and w2.dZ.dtype == np.float16 and w3.lt_ws.nbytes == 1 << 20
+    assert w1.dZ.shape == (10, 20) and w1.lt_ws.nbytes == 4 << 20
+    assert len(gemm_ops.ws_cache_keys()) == 3
+    gemm_ops.clear_ws_cache()
+    assert gemm_ops.ws_cache_keys() == [] and gemm_ops.ensure_workspaces(10, 20) is not w1

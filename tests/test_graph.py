@@ -1,0 +1,133 @@
+"""GPU: capturing cygemm calls into CUDA graphs and replaying them."""
+import gc
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import cygemm
+from cygemm import gemm_ops
+from cygemm.gemm_ops import backward_into, forward_into
+from gpu_util import f64, rand, rel_err
+
+pytestmark = pytest.mark.gpu
+cp = pytest.importorskip("cupy")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+
+
+def test_capture_forward_backward_replays_match_eager():
+    M, K, N = 96, 80, 72
+    s = cp.cuda.Stream(non_blocking=True)
+    A, B, bias, gY = (cp.empty(sh, cp.float32) for sh in ((M, K), (K, N), (N,), (M, N)))
+    Y, Z, gA, gB, gb = (cp.empty(sh, cp.float32) for sh in ((M, N), (M, N), (M, K), (K, N), (N,)))
+    ws = gemm_ops.ensure_workspaces(M, N)
+
+    def step():
+        forward_into(A, B, Y, bias, act="gelu", save_z=True, z_out=Z, lt_workspace=ws.lt_ws, stream=s)
+        backward_into(A, B, gY, Z, act="gelu", gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=ws.dZ,
+                      lt_workspace=ws.lt_ws, stream=s)
+
+    def load_inputs():
+        for x in (A, B, bias, gY):
+            x[...] = rand(cp, x.shape)
+        cp.cuda.Device().synchronize()
+
+    load_inputs()
+    step()                       # warm: plans and workspaces exist before capture
+    s.synchronize()
+    with cygemm.graph.capture(s) as g:
+        step()
+    assert g.num_nodes >= 4
+    for _ in range(5):
+        load_inputs()
+        g.launch(s)
+        s.synchronize()
+        graph_out = [x.copy() for x in (Y, Z, gA, gB, gb)]
+        for x in (Y, Z, gA, gB, gb):
+            x[...] = cp.nan
+        step()
+        s.synchronize()
+        for got, eager in zip(graph_out, (Y, Z, gA, gB, gb)):
+            np.testing.assert_array_equal(got.get(), eager.get())
+        z = f64(cp, A) @ f64(cp, B) + f64(cp, bias)
+        assert rel_err(graph_out[1].get(), z) < 3e-3
+
+
+def test_plain_gemm_captures_without_warmup_on_a_new_stream():
+    s = cp.cuda.Stream(non_blocking=True)      # never used by cygemm before: workspace made in capture
+    A, B, C = rand(cp, (64, 48)), rand(cp, (48, 32)), cp.empty((64, 32), cp.float32)
+    cp.cuda.Device().synchronize()
+    with cygemm.graph.capture(s) as g:
+        cygemm.gemm(A, B, C, math="fp32", stream=s)
+    C[...] = cp.nan
+    g.launch(s)
+    s.synchronize()
+    assert rel_err(C.get(), f64(cp, A) @ f64(cp, B)) < 1e-5
+
+
+def test_allocating_calls_refuse_during_capture_and_capture_survives():
+    s = cp.cuda.Stream(non_blocking=True)
+    A, B, C = rand(cp, (32, 32)), rand(cp, (32, 32)), cp.empty((32, 32), cp.float32)
+    cp.cuda.Device().synchronize()
+    with cygemm.graph.capture(s) as g:
+        with pytest.raises(RuntimeError, match="captur"):
+            gemm_ops.forward(A, B, stream=s)
+        with pytest.raises(RuntimeError, match="captur"):
+            gemm_ops.ensure_workspaces(1234, 5, stream=s)
+        cygemm.gemm(A, B, C, math="fp32", stream=s)
+    C[...] = cp.nan
+    g.launch(s)
+    s.synchronize()
+    assert rel_err(C.get(), f64(cp, A) @ f64(cp, B)) < 1e-5
+
+
+def test_clear_ws_cache_does_not_break_a_live_graph():
+    M, K, N = 64, 64, 64
+    s = cp.cuda.Stream(non_blocking=True)
+    A, B, gY, Z = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (M, N)), rand(cp, (M, N))
+    gA = cp.empty((M, K), cp.float32)
+    ws = gemm_ops.ensure_workspaces(M, N)
+    backward_into(A, B, gY, Z, act="relu", gA_out=gA, work_dZ=ws.dZ, stream=s)
+    s.synchronize()
+    with cygemm.graph.capture(s) as g:
+        backward_into(A, B, gY, Z, act="relu", gA_out=gA, work_dZ=ws.dZ, stream=s)
+    del ws
+    gemm_ops.clear_ws_cache()
+    gc.collect()
+    junk = [cp.full((M, N), cp.nan, cp.float32) for _ in range(8)]   # would reuse freed memory
+    gA[...] = cp.nan
+    g.launch(s)
+    s.synchronize()
+    ref = (f64(cp, gY) * (f64(cp, Z) > 0)) @ f64(cp, B).T
+    assert rel_err(gA.get(), ref) < 3e-3
+    del junk
+
+
+def test_mlp_training_step_captured_whole_matches_eager():
+    from mlp import MLP
+    s = cp.cuda.Stream(non_blocking=True)
+    rng = np.random.default_rng()
+    xs = [rng.standard_normal((64, 64)).astype(np.float32) for _ in range(4)]
+    ts = [rng.standard_normal((64, 10)).astype(np.float32) for _ in range(4)]
+    eager, graphed = MLP(seed=1, math="fp32"), MLP(seed=1, math="fp32")
+    for m in (eager, graphed):
+        m.x[...] = cp.asarray(xs[0])
+        m.target[...] = cp.asarray(ts[0])
+    graphed.step(s)          # warm-up step, mirrored on the eager model
+    eager.step(s)
+    s.synchronize()
+    with cygemm.graph.capture(s) as g:
+        graphed.step(s)
+    for x, t in zip(xs, ts):
+        for m in (eager, graphed):
+            m.x[...] = cp.asarray(x)
+            m.target[...] = cp.asarray(t)
+        cp.cuda.Device().synchronize()
+        g.launch(s)
+        eager.step(s)
+        s.synchronize()
+        for w_e, w_g in zip(eager.W + eager.b, graphed.W + graphed.b):
+            np.testing.assert_array_equal(w_e.get(), w_g.get())
+    loss_before = float(((eager.Y[-1] - eager.target) ** 2).mean())
+    assert np.isfinite(loss_before)
