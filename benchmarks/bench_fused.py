@@ -2,7 +2,7 @@
 
     python benchmarks/bench_fused.py [--out DIR]
 
-Writes DIR/bench_fused.json and DIR/bench_fused.md and prints the table.
+Writes DIR/bench_fused.json and prints the table.
 """
 import os
 
@@ -144,8 +144,6 @@ def main():
     with open(os.path.join(args.out, "bench_fused.json"), "w") as f:
         json.dump({"environment": env, "rows": rows}, f, indent=1)
     md = render(env, rows)
-    with open(os.path.join(args.out, "bench_fused.md"), "w") as f:
-        f.write(md)
     print(md)
 
 

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_gemm.py [--out DIR]
 
-Prints a Markdown table and writes DIR/bench_gemm.json and DIR/bench_gemm.md.
+Prints a Markdown table and writes DIR/bench_gemm.json.
 """
 import os
 
@@ -84,8 +84,6 @@ def main():
     with open(os.path.join(args.out, "bench_gemm.json"), "w") as f:
         json.dump({"environment": env, "rows": rows}, f, indent=1)
     md = render(env, rows)
-    with open(os.path.join(args.out, "bench_gemm.md"), "w") as f:
-        f.write(md)
     print(md)
 
 

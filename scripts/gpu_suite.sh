@@ -22,7 +22,7 @@ if [ "${2:-}" != "--quick" ]; then
     echo "== benchmarks"
     for b in gemm fused; do
         python3 benchmarks/bench_$b.py --out "$OUT_DIR" > "$OUT_DIR/bench_$b.log" 2>&1 || { tail -30 "$OUT_DIR/bench_$b.log"; status=1; }
-        cat "$OUT_DIR/bench_$b.md" 2>/dev/null
+        sed -n "/^GPU /,\$p" "$OUT_DIR/bench_$b.log"
     done
 fi
 exit $status
