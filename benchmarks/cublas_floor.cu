@@ -1,6 +1,7 @@
 // The floor: cuBLAS called directly from C++, no Python. cygemm's overhead is
 // measured against this program in the same run (benchmarks/bench_gemm.py).
 // Prints one JSON object per line.
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -110,5 +111,53 @@ int main() {
         printf("{\"case\": \"batched_16384x64_tf32\", \"ms\": %.4f}\n", ms);
         cudaFree(A); cudaFree(B); cudaFree(C);
     }
+    // cuBLASLt RELU_BIAS with the heuristic's first algorithm, chosen once before timing.
+    cublasLtHandle_t lt;
+    CUBLAS_CHECK(cublasLtCreate(&lt));
+    auto lt_case = [&](int m, int n, int k, bool host) {
+        float *A = random_device((size_t)m * k), *B = random_device((size_t)k * n), *D = random_device((size_t)m * n);
+        float* bias = random_device(m);
+        cublasLtMatmulDesc_t desc;
+        CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F_FAST_TF32, CUDA_R_32F));
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_RELU_BIAS;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+        cublasLtMatrixLayout_t la, lb, ld;
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, m, k, m));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, k, n, k));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld, CUDA_R_32F, m, n, m));
+        cublasLtMatmulPreference_t pref;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        uint64_t wsb = ws_bytes;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof(wsb)));
+        cublasLtMatmulHeuristicResult_t res;
+        int found = 0;
+        CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &res, &found));
+        if (!found) { fprintf(stderr, "no Lt algorithm\n"); exit(1); }
+        auto call = [&] {
+            CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, A, la, B, lb, &beta, D, ld, D, ld, &res.algo, ws, ws_bytes, s));
+        };
+        if (host) {
+            for (int i = 0; i < 200; ++i) call();
+            CUDA_CHECK(cudaStreamSynchronize(s));
+            std::vector<double> per_call;
+            for (int r = 0; r < 7; ++r) {
+                auto t0 = std::chrono::steady_clock::now();
+                for (int i = 0; i < 5000; ++i) call();
+                CUDA_CHECK(cudaStreamSynchronize(s));
+                auto t1 = std::chrono::steady_clock::now();
+                per_call.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 5000);
+            }
+            printf("{\"case\": \"lt_relu_bias_host_per_call_64\", \"us\": %.3f}\n", median(per_call));
+        } else {
+            printf("{\"case\": \"lt_relu_bias_%dx%dx%d\", \"ms\": %.4f}\n", m, n, k, time_ms(call, 20));
+        }
+        cublasLtMatmulPreferenceDestroy(pref);
+        cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(ld);
+        cublasLtMatmulDescDestroy(desc);
+        cudaFree(A); cudaFree(B); cudaFree(D); cudaFree(bias);
+    };
+    lt_case(64, 64, 64, true);
+    lt_case(8192, 8192, 1024, false);
     return 0;
 }

@@ -17,7 +17,6 @@ class MLP:
         self.x = cp.empty((batch, sizes[0]), cp.float32)
         self.target = cp.empty((batch, sizes[-1]), cp.float32)
         self.Y = [cp.empty((batch, o), cp.float32) for o in sizes[1:]]
-        self.Z = [cp.empty((batch, o), cp.float32) for o in sizes[1:]]
         self.gY = [cp.empty((batch, o), cp.float32) for o in sizes[1:]]
         self.gW = [cp.empty_like(w) for w in self.W]
         self.gb = [cp.empty_like(b) for b in self.b]
@@ -30,9 +29,9 @@ class MLP:
         """One SGD step on (self.x, self.target); enqueues only, allocates nothing."""
         acts = self.acts()
         inp = self.x
-        for W, b, Y, Z, act, ws in zip(self.W, self.b, self.Y, self.Z, acts, self.ws):
-            forward_into(inp, W, Y, b, act=act, save_z=act != "none", z_out=Z if act != "none" else None,
-                         lt_workspace=ws.lt_ws, math=self.math, stream=stream)
+        for W, b, Y, act, ws in zip(self.W, self.b, self.Y, acts, self.ws):
+            # relu's derivative is read from Y in the backward: no need to save Z.
+            forward_into(inp, W, Y, b, act=act, lt_workspace=ws.lt_ws, math=self.math, stream=stream)
             inp = Y
         with stream:
             # d(mean squared error)/dY = 2 (Y - target) / size, in place: no allocation.
@@ -40,7 +39,7 @@ class MLP:
             self.gY[-1] *= 2.0 / self.Y[-1].size
         for i in reversed(range(len(self.W))):
             inp = self.x if i == 0 else self.Y[i - 1]
-            backward_into(inp, self.W[i], self.gY[i], self.Z[i] if acts[i] != "none" else None, act=acts[i],
+            backward_into(inp, self.W[i], self.gY[i], None, y=self.Y[i], act=acts[i],
                           gA_out=self.gY[i - 1] if i > 0 else None, gB_out=self.gW[i], gBias_out=self.gb[i],
                           work_dZ=self.ws[i].dZ, lt_workspace=self.ws[i].lt_ws, math=self.math, stream=stream)
         with stream:

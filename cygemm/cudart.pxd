@@ -51,6 +51,11 @@ cdef extern from "cuda_runtime_api.h" nogil:
     cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
     cudaError_t cudaGraphDestroy(cudaGraph_t graph)
     cudaError_t cudaGraphGetNodes(cudaGraph_t graph, void** nodes, size_t* num_nodes)
+    cudaError_t cudaEventCreate(cudaEvent_t* event)
+    cudaError_t cudaEventDestroy(cudaEvent_t event)
+    cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
+    cudaError_t cudaEventSynchronize(cudaEvent_t event)
+    cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end)
 
     enum: cudaSuccess
     enum: cudaErrorStreamCaptureUnsupported

@@ -52,6 +52,8 @@ ctypedef struct LtPlanData:
     cublasLtMatmulAlgo_t algo
     size_t workspace_needed
     bint usable
+    bint capture_ok     # cleared if cuBLASLt refused this algorithm inside a capture
+    float tuned_ms      # autotuned time of the chosen algorithm (0: heuristic's first pick)
 
 
 cdef class LtPlan:
@@ -73,6 +75,10 @@ cdef class LtPlan:
     @property
     def usable(self):
         return bool(self.d.usable)
+
+    @property
+    def tuned_ms(self):
+        return self.d.tuned_ms
 
 
 cdef object _tls = threading.local()
@@ -108,9 +114,16 @@ cdef int _set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t att
     return check_cublas(cublasLtMatmulDescSetAttribute(desc, attr, buf, size), "cublasLtMatmulDescSetAttribute")
 
 
-cdef LtPlan _get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
+import os as _os
+# Problems of at least this many multiply-adds time the heuristic's candidates once.
+cdef double AUTOTUNE_MIN_MACS = float(_os.environ.get("CYGEMM_AUTOTUNE_MIN_MACS", 2.0 ** 32))
+cdef enum:
+    MAX_CANDIDATES = 8
+
+
+cdef LtPlan _get_plan(GemmContext* ctx, cudaStream_t stream, ColMajorGemm* g, cudaDataType dtype,
                       cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
-                      int64_t aux_ld, size_t ws_bytes):
+                      int64_t aux_ld, void* ws, size_t ws_bytes):
     """The cached plan for this problem, made (heuristic query included) on a miss."""
     cdef uint32_t al_a = _alignment(g.a), al_b = _alignment(g.b), al_c = _alignment(g.c)
     # The key holds everything that changes the algorithm's validity, alignment
@@ -123,6 +136,7 @@ cdef LtPlan _get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm*
         return plan
     plan = LtPlan()
     cdef LtPlanData* d = &plan.d
+    d.capture_ok = True
     check_cublas(cublasLtMatmulDescCreate(&d.desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate")
     cdef int32_t opa = g.opa, opb = g.opb
     cdef uint32_t epi32 = epi
@@ -150,20 +164,78 @@ cdef LtPlan _get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm*
                      (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c),
                      (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c)):
         _set_pref_u32(d.pref, attr, al)
-    cdef cublasLtMatmulHeuristicResult_t result
+    cdef cublasLtMatmulHeuristicResult_t results[MAX_CANDIDATES]
     cdef int found = 0
+    cdef bint capturing = stream_is_capturing(stream)
     cdef cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.desc, d.la, d.lb, d.lc, d.lc, d.pref,
-                                                            1, &result, &found)
-    d.usable = st == CUBLAS_STATUS_SUCCESS and found > 0 and result.state == CUBLAS_STATUS_SUCCESS
+                                                            MAX_CANDIDATES, results, &found)
+    d.usable = st == CUBLAS_STATUS_SUCCESS and found > 0 and results[0].state == CUBLAS_STATUS_SUCCESS
     if d.usable:
-        d.algo = result.algo
-        d.workspace_needed = result.workspaceSize
-    elif stream_is_capturing(stream):
+        d.algo = results[0].algo
+        d.workspace_needed = results[0].workspaceSize
+        if not capturing and found > 1 and <double>g.m * g.n * g.k >= AUTOTUNE_MIN_MACS:
+            _autotune(ctx, stream, d, g, bias, aux, ws, ws_bytes, results, found)
+    elif capturing:
         # Some CUDA versions refuse heuristics during capture: use the fallback
         # now, but do not remember a verdict that may be the capture's fault.
         return plan
     plans[key] = plan
     return plan
+
+
+cdef int _autotune(GemmContext* ctx, cudaStream_t stream, LtPlanData* d, const ColMajorGemm* g,
+                   const void* bias, void* aux, void* ws, size_t ws_bytes,
+                   cublasLtMatmulHeuristicResult_t* results, int found) except -1:
+    """Time the heuristic's candidates on the call's own buffers and keep the fastest.
+
+    The heuristic's first pick is not always the fastest (measured: GELU epilogues at
+    8192x8192x1024). Runs once per plan of a large problem, never during capture;
+    it waits for the stream. CYGEMM_AUTOTUNE_MIN_MACS sets the size threshold.
+    """
+    cdef cudaEvent_t start = NULL, end = NULL
+    cdef float alpha = 1.0, beta = 0.0, ms = 0.0, best = -1.0
+    cdef int i, r, best_i = 0
+    cdef cublasStatus_t st
+    check_cuda(cudaEventCreate(&start), "cudaEventCreate")
+    check_cuda(cudaEventCreate(&end), "cudaEventCreate")
+    try:
+        for i in range(found):
+            if results[i].state != CUBLAS_STATUS_SUCCESS or results[i].workspaceSize > ws_bytes:
+                continue
+            d.algo = results[i].algo
+            with nogil:
+                st = _lt_run(ctx, stream, d, g, bias, aux, ws, ws_bytes, &alpha, &beta)   # warm-up
+                if st == CUBLAS_STATUS_SUCCESS:
+                    cudaEventRecord(start, stream)
+                    for r in range(3):
+                        st = _lt_run(ctx, stream, d, g, bias, aux, ws, ws_bytes, &alpha, &beta)
+                    cudaEventRecord(end, stream)
+            if st != CUBLAS_STATUS_SUCCESS:
+                continue
+            check_cuda(cudaEventSynchronize(end), "cudaEventSynchronize")
+            check_cuda(cudaEventElapsedTime(&ms, start, end), "cudaEventElapsedTime")
+            if best < 0 or ms < best:
+                best = ms
+                d.workspace_needed = results[i].workspaceSize
+                best_i = i
+        if best >= 0:
+            d.algo = results[best_i].algo
+            d.tuned_ms = best / 3
+        else:
+            d.algo = results[0].algo
+    finally:
+        cudaEventDestroy(start)
+        cudaEventDestroy(end)
+    return 0
+
+
+cdef int _check_capture_alive(cudaStream_t stream) except -1:
+    cdef cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone
+    check_cuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing")
+    if status == cudaStreamCaptureStatusInvalidated:
+        raise RuntimeError("cublasLtMatmul invalidated the stream's capture; call forward_into once "
+                           "before capturing, or capture with mode='relaxed'")
+    return 0
 
 
 cdef int _set_pref_u32(cublasLtMatmulPreference_t pref, int attr, uint32_t value) except -1:
@@ -332,14 +404,21 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
     cdef LtPlan plan = None
     cdef cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED
     if K > 0:
-        plan = _get_plan(ctx, s, &g, a.dtype, compute, epi, bias_ptr, aux, aux_ld, ws_bytes)
+        plan = _get_plan(ctx, s, &g, a.dtype, compute, epi, bias_ptr, aux, aux_ld, ws, ws_bytes)
+    cdef bint capturing = False
     if plan is not None and plan.d.usable:
+        capturing = not plan.d.capture_ok and stream_is_capturing(s)
+    if plan is not None and plan.d.usable and not capturing:
         with nogil:
             st = _lt_run(ctx, s, &plan.d, &g, bias_ptr, aux, ws, ws_bytes, &alpha, &beta)
         if st != CUBLAS_STATUS_SUCCESS:
+            # A refused call enqueues nothing: take the fallback below. Inside a
+            # capture, remember that this algorithm does not capture.
             if stream_is_capturing(s):
-                check_cublas(st, "cublasLtMatmul")
-            plan.d.usable = False   # remember, and take the fallback from now on
+                _check_capture_alive(s)
+                plan.d.capture_ok = False
+            else:
+                plan.d.usable = False
     if st == CUBLAS_STATUS_SUCCESS:
         if post_kernel:
             with nogil:
@@ -362,12 +441,14 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
 
 def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0.01, gA_out=None,
                   gB_out=None, gBias_out=None, work_dZ=None, lt_workspace=None, str math="tf32",
-                  stream=None, bint accumulate=False):
+                  stream=None, bint accumulate=False, y=None):
     """Gradients of out = act(A @ B + bias) given gY = dL/dout and Z = A @ B + bias.
 
     dZ = gY * act'(Z) (into work_dZ), gBias = dZ.sum(0), gA = dZ @ B.T, gB = A.T @ dZ;
     an output left None is skipped. accumulate=True adds into the grads (beta = 1).
-    Z may be None when act is "none". Allocates nothing.
+    Z may be None when act is "none", or when the forward's output is passed as `y`
+    and act is relu, leaky_relu (slope > 0), sigmoid or tanh, whose derivative the
+    output determines: then the forward need not save Z. Allocates nothing.
     """
     cdef MatrixView a, b, gy, zv, ga, gb, gbias, dz
     cdef cygemm_act_t code = parse_activation(act)
@@ -380,10 +461,19 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
     if b.rows != K:
         raise ValueError(f"B: A is ({M}, {K}) so B must have {K} rows, got ({b.rows}, {b.cols})")
     _matrix(gY, &gy, "gY", M, N, a.dtype, True)
+    cdef bint from_output = False
     if code != CYGEMM_ACT_NONE:
-        if Z is None:
-            raise ValueError(f"Z: act={act!r} needs the pre-activation Z, got None")
-        _matrix(Z, &zv, "Z", M, N, a.dtype, True)
+        if Z is not None:
+            _matrix(Z, &zv, "Z", M, N, a.dtype, True)
+        elif y is not None:
+            if code not in (CYGEMM_ACT_RELU, CYGEMM_ACT_LEAKY_RELU, CYGEMM_ACT_SIGMOID, CYGEMM_ACT_TANH) or (
+                    code == CYGEMM_ACT_LEAKY_RELU and slope <= 0):
+                raise ValueError(f"y: act={act!r} cannot be differentiated from its output; pass Z")
+            _matrix(y, &zv, "y", M, N, a.dtype, True)
+            from_output = True
+        else:
+            raise ValueError(f"Z: act={act!r} needs the pre-activation Z (or, for relu, leaky_relu, "
+                             "sigmoid and tanh, the output y), got None")
     cdef bint want_ga = gA_out is not None, want_gb = gB_out is not None
     cdef bint want_gbias = with_bias and gBias_out is not None
     if want_ga:
@@ -429,7 +519,8 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
                                            zv.ptr if code != CYGEMM_ACT_NONE else NULL,
                                            zv.row_stride if code != CYGEMM_ACT_NONE else 0,
                                            dz.ptr if need_dz else NULL, dz.row_stride if need_dz else 0,
-                                           gbias.ptr if want_gbias else NULL, beta, scratch, code, slope, s),
+                                           gbias.ptr if want_gbias else NULL, beta, scratch, code, slope,
+                                           from_output, s),
                        "cygemm_act_backward")
     if want_ga and M > 0 and K > 0:
         _gemm(ctx, s, &g_a, a.dtype, compute, beta)

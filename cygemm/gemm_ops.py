@@ -74,10 +74,9 @@ def _shape(x):
 
 
 def empty_2d(rows, cols, dtype=np.float32, stream=None):
-    """An uninitialised (rows, cols) CuPy array, allocated for `stream`."""
+    """An uninitialised (rows, cols) CuPy array (from CuPy's pool, on its current stream)."""
     import cupy as cp
-    with cp.cuda.ExternalStream(get_stream_ptr(stream)):
-        return cp.empty((rows, cols), dtype=dtype)
+    return cp.empty((rows, cols), dtype=dtype)
 
 
 def empty_like_2d(x, stream=None):
@@ -149,8 +148,7 @@ def ensure_workspaces(M, N, lt_bytes=4 << 20, dtype=np.float32, stream=None) -> 
         ws = _ws_cache.get(key)
         if ws is None:
             _refuse_if_capturing(stream, "ensure_workspaces")
-            with cp.cuda.ExternalStream(get_stream_ptr(stream)):
-                ws = GemmWorkspaces(cp.empty((M, N), dtype), cp.empty(lt_bytes, cp.uint8))
+            ws = GemmWorkspaces(cp.empty((M, N), dtype), cp.empty(lt_bytes, cp.uint8))
             _ws_cache[key] = ws
         return ws
 
@@ -181,7 +179,7 @@ def forward(A, B, bias=None, *, with_bias=True, act="none", leaky_slope=0.01, sa
 
 
 def backward(A, B, gY, Z, *, with_bias=True, act="none", leaky_slope=0.01, need_gA=True, need_gB=True,
-             lt_workspace=None, math="tf32", stream=None, work_dZ: Optional[object] = None):
+             lt_workspace=None, math="tf32", stream=None, work_dZ: Optional[object] = None, y=None):
     """(gA, gB, gBias): allocated gradients (None where not needed or without bias)."""
     a, b = as_tensor_2d(A), as_tensor_2d(B)
     _refuse_if_capturing(stream, "backward()")
@@ -191,5 +189,5 @@ def backward(A, B, gY, Z, *, with_bias=True, act="none", leaky_slope=0.01, need_
     if work_dZ is None and parse_activation(act) != 0 and (need_gA or need_gB):
         work_dZ = ensure_workspaces(a.rows, b.cols, 0, a.dtype, stream).dZ
     backward_into(A, B, gY, Z, with_bias=with_bias, act=act, leaky_slope=leaky_slope, gA_out=gA, gB_out=gB,
-                  gBias_out=gBias, work_dZ=work_dZ, lt_workspace=lt_workspace, math=math, stream=stream)
+                  gBias_out=gBias, work_dZ=work_dZ, lt_workspace=lt_workspace, math=math, stream=stream, y=y)
     return gA, gB, gBias

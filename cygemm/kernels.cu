@@ -62,6 +62,17 @@ __device__ __forceinline__ float act_grad(cygemm_act_t act, float z, float slope
     }
 }
 
+// act'(z) written in terms of y = act(z), for the activations where y determines it.
+__device__ __forceinline__ float act_grad_from_output(cygemm_act_t act, float y, float slope) {
+    switch (act) {
+    case CYGEMM_ACT_RELU: return y > 0.f ? 1.f : 0.f;
+    case CYGEMM_ACT_LEAKY_RELU: return y > 0.f ? 1.f : slope;
+    case CYGEMM_ACT_SIGMOID: return y * (1.f - y);
+    case CYGEMM_ACT_TANH: return 1.f - y * y;
+    default: return 1.f;
+    }
+}
+
 // Load / store kVec consecutive elements; VEC: one 16-byte access (float only).
 template <typename T, bool VEC>
 __device__ __forceinline__ void load4(const T* p, int64_t col, int64_t n, float v[kVec]) {
@@ -107,7 +118,7 @@ __global__ void bias_act_forward_kernel(int64_t m, int64_t n, const T* x, int64_
 template <typename T, bool VEC>
 __global__ void act_backward_kernel(int64_t m, int64_t n, int64_t rows_per_chunk,
                                     const T* gy, int64_t ldgy, const T* z, int64_t ldz, T* dz, int64_t lddz,
-                                    float* partial, cygemm_act_t act, float slope) {
+                                    float* partial, cygemm_act_t act, float slope, bool from_output) {
     __shared__ float sums[kRowThreads][kColsPerBlock];
     const int64_t col = int64_t(blockIdx.x) * kColsPerBlock + threadIdx.x * kVec;
     const int64_t row0 = int64_t(blockIdx.y) * rows_per_chunk;
@@ -120,7 +131,8 @@ __global__ void act_backward_kernel(int64_t m, int64_t n, int64_t rows_per_chunk
             if (act != CYGEMM_ACT_NONE) {
                 load4<T, VEC>(z + row * ldz + col, col, n, zz);
 #pragma unroll
-                for (int i = 0; i < kVec; ++i) g[i] *= act_grad(act, zz[i], slope);
+                for (int i = 0; i < kVec; ++i)
+                    g[i] *= from_output ? act_grad_from_output(act, zz[i], slope) : act_grad(act, zz[i], slope);
             }
             if (dz) store4<T, VEC>(dz + row * lddz + col, col, n, g);
 #pragma unroll
@@ -183,7 +195,7 @@ cudaError_t forward(int64_t m, int64_t n, const void* x, int64_t ldx, const void
 template <typename T>
 cudaError_t backward(int64_t m, int64_t n, const void* gy, int64_t ldgy, const void* z, int64_t ldz,
                      void* dz, int64_t lddz, void* dbias, float beta, float* scratch, cygemm_act_t act,
-                     float slope, cudaStream_t stream) {
+                     float slope, bool from_output, cudaStream_t stream) {
     if (n == 0) return cudaSuccess;
     const int64_t rows = chunk_rows(m, n);
     const int64_t chunks = m == 0 ? 0 : (m + rows - 1) / rows;
@@ -195,7 +207,7 @@ cudaError_t backward(int64_t m, int64_t n, const void* gy, int64_t ldgy, const v
         float* partial = dbias ? scratch : nullptr;
         auto args = [&](auto kernel) {
             kernel<<<grid, block, 0, stream>>>(m, n, rows, static_cast<const T*>(gy), ldgy, static_cast<const T*>(z),
-                                               ldz, static_cast<T*>(dz), lddz, partial, act, slope);
+                                               ldz, static_cast<T*>(dz), lddz, partial, act, slope, from_output);
         };
         if (vec) args(act_backward_kernel<T, true>); else args(act_backward_kernel<T, false>);
         cudaError_t err = cudaGetLastError();
@@ -231,15 +243,15 @@ extern "C" int64_t cygemm_act_backward_scratch_floats(int64_t m, int64_t n) {
 extern "C" cudaError_t cygemm_act_backward(cudaDataType dtype, int64_t m, int64_t n, const void* gy, int64_t ldgy,
                                            const void* z, int64_t ldz, void* dz, int64_t lddz, void* dbias,
                                            float beta_bias, float* scratch, cygemm_act_t act, float slope,
-                                           cudaStream_t stream) {
+                                           int z_is_output, cudaStream_t stream) {
     switch (dtype) {
     case CUDA_R_32F:
-        return backward<float>(m, n, gy, ldgy, z, ldz, dz, lddz, dbias, beta_bias, scratch, act, slope, stream);
+        return backward<float>(m, n, gy, ldgy, z, ldz, dz, lddz, dbias, beta_bias, scratch, act, slope, z_is_output != 0, stream);
     case CUDA_R_16F:
-        return backward<__half>(m, n, gy, ldgy, z, ldz, dz, lddz, dbias, beta_bias, scratch, act, slope, stream);
+        return backward<__half>(m, n, gy, ldgy, z, ldz, dz, lddz, dbias, beta_bias, scratch, act, slope, z_is_output != 0, stream);
     case CUDA_R_16BF:
         return backward<__nv_bfloat16>(m, n, gy, ldgy, z, ldz, dz, lddz, dbias, beta_bias, scratch, act, slope,
-                                       stream);
+                                       z_is_output != 0, stream);
     default: return cudaErrorInvalidValue;
     }
 }

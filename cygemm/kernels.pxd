@@ -25,4 +25,4 @@ cdef extern from "cygemm/kernels.h" nogil:
         cudaDataType dtype, int64_t m, int64_t n,
         const void* gy, int64_t ldgy, const void* z, int64_t ldz,
         void* dz, int64_t lddz, void* dbias, float beta_bias,
-        float* scratch, cygemm_act_t act, float slope, cudaStream_t stream)
+        float* scratch, cygemm_act_t act, float slope, int z_is_output, cudaStream_t stream)

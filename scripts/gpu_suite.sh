@@ -21,7 +21,7 @@ status=${PIPESTATUS[0]}
 if [ "${2:-}" != "--quick" ]; then
     echo "== benchmarks"
     for b in gemm fused; do
-        python3 benchmarks/bench_$b.py --out "$OUT_DIR" > "$OUT_DIR/bench_$b.log" 2>&1 || { tail -30 "$OUT_DIR/bench_$b.log"; status=1; }
+        CUBLASLT_LOG_LEVEL=1 python3 benchmarks/bench_$b.py --out "$OUT_DIR" > "$OUT_DIR/bench_$b.log" 2>&1 || { tail -30 "$OUT_DIR/bench_$b.log"; status=1; }
         sed -n "/^GPU /,\$p" "$OUT_DIR/bench_$b.log"
     done
 fi

@@ -238,3 +238,21 @@ def test_workspace_cache_keys_and_clear():
     assert len(gemm_ops.ws_cache_keys()) == 3
     gemm_ops.clear_ws_cache()
     assert gemm_ops.ws_cache_keys() == [] and gemm_ops.ensure_workspaces(10, 20) is not w1
+
+
+@pytest.mark.parametrize("act", ["relu", "leaky_relu", "sigmoid", "tanh"])
+def test_backward_from_output_equals_backward_from_z(act):
+    M, K, N = 120, 72, 88
+    A, B, bias, gY = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (N,)), rand(cp, (M, N))
+    Y, Z = poisoned(cp, (M, N)), poisoned(cp, (M, N))
+    forward_into(A, B, Y, bias, act=act, leaky_slope=SLOPE, save_z=True, z_out=Z, math="fp32")
+    grads = []
+    for kw in ({"Z": Z}, {"Z": None, "y": Y}):
+        g = [poisoned(cp, s) for s in ((M, K), (K, N), (N,))]
+        z = kw.pop("Z")
+        backward_into(A, B, gY, z, act=act, leaky_slope=SLOPE, gA_out=g[0], gB_out=g[1], gBias_out=g[2],
+                      work_dZ=cp.empty((M, N), cp.float32), math="fp32", **kw)
+        grads.append(g)
+    dz = f64(cp, gY) * act_grad_ref(act, f64(cp, Z))
+    for ours, ref in zip(grads[1], (dz @ f64(cp, B).T, f64(cp, A).T @ dz, dz.sum(0))):
+        assert rel_err(ours.get(), ref) < 1e-4

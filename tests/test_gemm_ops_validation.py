@@ -100,6 +100,9 @@ BACKWARD_CASES = [
     ((A, B, Y, None), {"gB_out": F((K, N), strides=(16, 8))}, ValueError, "gB_out:"),
     ((A, B, Y, None), {"gBias_out": F((N - 1,))}, ValueError, "gBias_out:"),
     ((A, B, Y, None), {"act": "elu"}, ValueError, "act:"),
+    ((A, B, Y, None), {"act": "gelu", "y": Y}, ValueError, "y:"),
+    ((A, B, Y, None), {"act": "leaky_relu", "leaky_slope": 0.0, "y": Y}, ValueError, "y:"),
+    ((A, B, Y, None), {"act": "relu", "y": F((M, N + 2))}, ValueError, "y:"),
 ]
 
 

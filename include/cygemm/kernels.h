@@ -39,12 +39,14 @@ int64_t cygemm_act_backward_scratch_floats(int64_t m, int64_t n);
 /* One pass: dz = gy * act'(z) (dz may be NULL when only the bias gradient is
  * wanted) and, when dbias != NULL, dbias[j] = sum_i dz[i, j] (or, with beta_bias
  * = 1, added to dbias). Deterministic: partial column sums go to `scratch`
- * (cygemm_act_backward_scratch_floats floats) and are reduced in a fixed order. */
+ * (cygemm_act_backward_scratch_floats floats) and are reduced in a fixed order.
+ * z_is_output: `z` holds the forward's output y = act(z) instead, which fixes
+ * act'(z) for none, relu, leaky_relu (slope > 0), sigmoid and tanh. */
 cudaError_t cygemm_act_backward(
     cudaDataType dtype, int64_t m, int64_t n,
     const void* gy, int64_t ldgy, const void* z, int64_t ldz,
     void* dz, int64_t lddz, void* dbias, float beta_bias,
-    float* scratch, cygemm_act_t act, float slope, cudaStream_t stream);
+    float* scratch, cygemm_act_t act, float slope, int z_is_output, cudaStream_t stream);
 
 #ifdef __cplusplus
 }
