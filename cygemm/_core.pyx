@@ -272,6 +272,9 @@ cdef enum:
     DL_CUDA = 2
 
 _DTYPES = {"<f4": (CUDA_R_32F, 4), "<f2": (CUDA_R_16F, 2)}
+_F32, _F16 = _DTYPES["<f4"], _DTYPES["<f2"]
+import numpy as _np
+_NP_F32, _NP_F16 = _np.dtype("float32"), _np.dtype("float16")
 
 
 cdef object dtype_name(cudaDataType dtype):
@@ -328,7 +331,9 @@ cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, in
     """Read pointer, shape, strides and dtype of a device array, once, without touching the GPU."""
     cdef object dt
     if _cupy_ndarray is not None and type(x) is _cupy_ndarray:    # fast path: no dict built
-        dt = _DTYPES.get(x.dtype.str)
+        dt_obj = x.dtype
+        # NumPy's builtin dtypes are singletons: identity beats building dtype.str.
+        dt = _F32 if dt_obj is _NP_F32 else (_F16 if dt_obj is _NP_F16 else _DTYPES.get(dt_obj.str))
         if dt is None:
             raise TypeError(f"{name}: expected float32 or float16, got {x.dtype}")
         view.dtype = <cudaDataType>(<int>dt[0])

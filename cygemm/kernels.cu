@@ -96,7 +96,7 @@ __device__ __forceinline__ void store4(T* p, int64_t col, int64_t n, const float
 }
 
 template <typename T, bool VEC>
-__global__ void bias_act_forward_kernel(int64_t m, int64_t n, const T* x, int64_t ldx, const T* bias,
+__global__ void bias_act_forward_kernel(int64_t m, int64_t n, const T* x, int64_t ldx, const T* __restrict__ bias,
                                         T* y, int64_t ldy, T* z, int64_t ldz, cygemm_act_t act, float slope) {
     const int64_t col = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
     if (col >= n) return;
@@ -117,7 +117,8 @@ __global__ void bias_act_forward_kernel(int64_t m, int64_t n, const T* x, int64_
 // Block (kColThreads x kRowThreads) covers kColsPerBlock columns of one chunk of rows.
 template <typename T, bool VEC>
 __global__ void act_backward_kernel(int64_t m, int64_t n, int64_t rows_per_chunk,
-                                    const T* gy, int64_t ldgy, const T* z, int64_t ldz, T* dz, int64_t lddz,
+                                    const T* __restrict__ gy, int64_t ldgy, const T* __restrict__ z, int64_t ldz,
+                                    T* __restrict__ dz, int64_t lddz,
                                     float* partial, cygemm_act_t act, float slope, bool from_output) {
     __shared__ float sums[kRowThreads][kColsPerBlock];
     const int64_t col = int64_t(blockIdx.x) * kColsPerBlock + threadIdx.x * kVec;
@@ -125,6 +126,8 @@ __global__ void act_backward_kernel(int64_t m, int64_t n, int64_t rows_per_chunk
     const int64_t row1 = min(m, row0 + rows_per_chunk);
     float acc[kVec] = {0.f, 0.f, 0.f, 0.f};
     if (col < n) {
+        // Unrolled so that several rows' loads are in flight at once (memory-bound).
+#pragma unroll 4
         for (int64_t row = row0 + threadIdx.y; row < row1; row += kRowThreads) {
             float g[kVec], zz[kVec];
             load4<T, VEC>(gy + row * ldgy + col, col, n, g);
