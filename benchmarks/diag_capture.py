@@ -23,10 +23,10 @@ if "torchmm" in v:
 if "graph100" in v:
     A = cp.ones((64, 64), cp.float32); Y = cp.empty((64, 64), cp.float32)
     cygemm.gemm(A, A, Y, stream=s); s.synchronize()
-    with cygemm.graph.capture(s) as g0:
+    with cygemm.graph.capture(s) as g:   # rebound by the next capture: destroyed inside it
         for _ in range(100):
             cygemm.gemm(A, A, Y, stream=s)
-    g0.launch(s); s.synchronize()
+    g.launch(s); s.synchronize()
 if "host64" in v:
     from cygemm.gemm_ops import forward_into
     A = cp.ones((64, 64), cp.float32); Y = cp.empty((64, 64), cp.float32); b = cp.ones(64, cp.float32)

@@ -87,8 +87,11 @@ cdef class _Context:
             cudaThreadExchangeStreamCaptureMode(&mode)
 
     def __dealloc__(self):
-        # Errors are ignored: at interpreter exit the driver may be gone.
+        # Errors are ignored: at interpreter exit the driver may be gone. Relaxed
+        # mode, so that a capture open on this thread is not invalidated.
         cdef int i
+        cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
+        cudaThreadExchangeStreamCaptureMode(&mode)
         for i in range(self.ctx.n_workspaces):
             cudaFree(self.ctx.workspaces[i].ptr)
         free(self.ctx.workspaces)
@@ -96,6 +99,7 @@ cdef class _Context:
             cublasLtDestroy(self.ctx.lt)
         if self.ctx.blas != NULL:
             cublasDestroy(self.ctx.blas)
+        cudaThreadExchangeStreamCaptureMode(&mode)
 
     @property
     def device(self):

@@ -48,10 +48,16 @@ cdef class Graph:
         return n
 
     def __dealloc__(self):
+        # A graph is often dropped inside the next capture (`with capture(s) as g`
+        # rebinds g); destroying it there is an "unsafe" call that would
+        # invalidate that capture, unless this thread is in relaxed mode.
+        cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
+        cudaThreadExchangeStreamCaptureMode(&mode)
         if self.exec_ != NULL:
             cudaGraphExecDestroy(self.exec_)
         if self.graph != NULL:
             cudaGraphDestroy(self.graph)
+        cudaThreadExchangeStreamCaptureMode(&mode)
 
 
 class capture:

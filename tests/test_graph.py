@@ -66,6 +66,23 @@ def test_plain_gemm_captures_without_warmup_on_a_new_stream():
     assert rel_err(C.get(), f64(cp, A) @ f64(cp, B)) < 1e-5
 
 
+def test_a_graph_dropped_inside_the_next_capture_does_not_break_it():
+    M, K, N = 64, 64, 64
+    s = cp.cuda.Stream(non_blocking=True)
+    A, B, bias = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (N,))
+    Y = cp.empty((M, N), cp.float32)
+    forward_into(A, B, Y, bias, act="relu", stream=s)
+    s.synchronize()
+    with cygemm.graph.capture(s) as g:
+        cygemm.gemm(A, B, Y, stream=s)
+    with cygemm.graph.capture(s) as g:      # rebinding g destroys the first graph mid-capture
+        forward_into(A, B, Y, bias, act="relu", stream=s)
+    Y[...] = cp.nan
+    g.launch(s)
+    s.synchronize()
+    assert rel_err(Y.get(), np.maximum(f64(cp, A) @ f64(cp, B) + f64(cp, bias), 0)) < 3e-3
+
+
 def test_allocating_calls_refuse_during_capture_and_capture_survives():
     s = cp.cuda.Stream(non_blocking=True)
     A, B, C = rand(cp, (32, 32)), rand(cp, (32, 32)), cp.empty((32, 32), cp.float32)
