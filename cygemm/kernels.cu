@@ -95,6 +95,8 @@ __device__ __forceinline__ void store4(T* p, int64_t col, int64_t n, const float
     }
 }
 
+constexpr int kFwdRows = 4;          // rows per thread in the forward: their loads go out together
+
 template <typename T, bool VEC>
 __global__ void bias_act_forward_kernel(int64_t m, int64_t n, const T* x, int64_t ldx, const T* __restrict__ bias,
                                         T* y, int64_t ldy, T* z, int64_t ldz, cygemm_act_t act, float slope) {
@@ -102,15 +104,22 @@ __global__ void bias_act_forward_kernel(int64_t m, int64_t n, const T* x, int64_
     if (col >= n) return;
     float b[kVec] = {0.f, 0.f, 0.f, 0.f};
     if (bias) load4<T, VEC>(bias + col, col, n, b);
-    for (int64_t row = blockIdx.y; row < m; row += gridDim.y) {
-        float v[kVec];
-        load4<T, VEC>(x + row * ldx + col, col, n, v);
+    // x may alias y or z: each thread loads its rows before it stores them.
+    for (int64_t row0 = int64_t(blockIdx.y) * kFwdRows; row0 < m; row0 += int64_t(gridDim.y) * kFwdRows) {
+        float v[kFwdRows][kVec];
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) v[i] += b[i];
-        if (z) store4<T, VEC>(z + row * ldz + col, col, n, v);
+        for (int r = 0; r < kFwdRows; ++r)
+            if (row0 + r < m) load4<T, VEC>(x + (row0 + r) * ldx + col, col, n, v[r]);
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) v[i] = act_f(act, v[i], slope);
-        store4<T, VEC>(y + row * ldy + col, col, n, v);
+        for (int r = 0; r < kFwdRows; ++r) {
+            if (row0 + r >= m) break;
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) v[r][i] += b[i];
+            if (z) store4<T, VEC>(z + (row0 + r) * ldz + col, col, n, v[r]);
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) v[r][i] = act_f(act, v[r][i], slope);
+            store4<T, VEC>(y + (row0 + r) * ldy + col, col, n, v[r]);
+        }
     }
 }
 
@@ -183,7 +192,8 @@ cudaError_t forward(int64_t m, int64_t n, const void* x, int64_t ldx, const void
                     void* z, int64_t ldz, cygemm_act_t act, float slope, cudaStream_t stream) {
     if (m == 0 || n == 0) return cudaSuccess;
     dim3 block(256);
-    dim3 grid(unsigned((n + 256 * kVec - 1) / (256 * kVec)), unsigned(std::min<int64_t>(m, 65535)));
+    dim3 grid(unsigned((n + 256 * kVec - 1) / (256 * kVec)),
+              unsigned(std::min<int64_t>((m + kFwdRows - 1) / kFwdRows, 65535)));
     const bool vec = sizeof(T) == 4 && n % kVec == 0 && ldx % kVec == 0 && ldy % kVec == 0 &&
                      (z == nullptr || ldz % kVec == 0) && aligned16(x) && aligned16(y) && aligned16(z) &&
                      aligned16(bias);
