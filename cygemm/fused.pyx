@@ -84,7 +84,7 @@ cdef class LtPlan:
 cdef object _tls = threading.local()
 
 
-cdef dict _plans():
+cpdef dict _plans():
     try:
         return _tls.plans
     except AttributeError:

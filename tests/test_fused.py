@@ -256,3 +256,33 @@ def test_backward_from_output_equals_backward_from_z(act):
     dz = f64(cp, gY) * act_grad_ref(act, f64(cp, Z))
     for ours, ref in zip(grads[1], (dz @ f64(cp, B).T, f64(cp, A).T @ dz, dz.sum(0))):
         assert rel_err(ours.get(), ref) < 1e-4
+
+
+def test_large_problem_paths_autotune_and_gelu_route_in_a_subprocess():
+    """The paths taken only above CYGEMM_AUTOTUNE_MIN_MACS (autotuned plans, GELU + save_z
+    through BIAS + kernel), forced on small shapes by lowering the threshold."""
+    import subprocess
+    import sys
+    import textwrap
+    code = textwrap.dedent("""
+        import numpy as np, cupy as cp
+        from cygemm.gemm_ops import forward_into
+        from cygemm import fused
+        rng = np.random.default_rng()
+        M, K, N = 96, 64, 80
+        a, b, bias = (rng.standard_normal(s).astype(np.float32) for s in ((M, K), (K, N), (N,)))
+        for act in ("gelu", "relu", "silu"):
+            Y, Z = cp.full((M, N), cp.nan, cp.float32), cp.full((M, N), cp.nan, cp.float32)
+            forward_into(cp.asarray(a), cp.asarray(b), Y, cp.asarray(bias), act=act, save_z=True, z_out=Z,
+                         math="fp32")
+            z = a.astype(np.float64) @ b + bias
+            ez = np.linalg.norm(Z.get() - z) / np.linalg.norm(z)
+            assert ez < 1e-5, (act, ez)
+            assert not np.isnan(Y.get()).any(), act
+        tuned = [p.tuned_ms for p in fused._plans().values()]
+        assert tuned and all(t > 0 for t in tuned), tuned
+        print("OK", len(tuned))
+    """)
+    env = dict(__import__("os").environ, CYGEMM_AUTOTUNE_MIN_MACS="1")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0 and p.stdout.startswith("OK"), p.stdout + p.stderr[-2000:]
