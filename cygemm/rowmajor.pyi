@@ -1,0 +1,9 @@
+from typing import Any, Optional
+
+def gemm(A: Any, B: Any, out: Optional[Any] = None, *, trans_a: bool = False, trans_b: bool = False,
+         alpha: float = 1.0, beta: float = 0.0, math: str = "tf32", stream: Any = None) -> Any: ...
+def gemm_strided_batched(A: Any, B: Any, out: Optional[Any] = None, *, trans_a: bool = False,
+                         trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0, math: str = "tf32",
+                         stream: Any = None) -> Any: ...
+def describe_gemm(A: Any, B: Any, out: Any, *, trans_a: bool = False, trans_b: bool = False,
+                  batched: bool = False) -> dict: ...
