@@ -20,7 +20,7 @@ from cygemm import gemm_ops
 from cygemm.gemm_ops import backward_into, forward_into
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import build_floor, environment, gpu_ms, host_us_per_call, run_floor  # noqa: E402
+from common import build_floor, environment, gpu_ms, interleaved_host_us, run_floor  # noqa: E402
 from mlp import MLP  # noqa: E402
 
 try:
@@ -42,7 +42,7 @@ def main():
     import tempfile
     here = os.path.dirname(os.path.abspath(__file__))
     exe = build_floor(os.path.join(here, "cublas_floor.cu"), os.path.join(tempfile.mkdtemp(), "cublas_floor"))
-    floor = {r["case"]: r for r in run_floor(exe)}
+    floor = {(r["case"], r.get("math")): r for r in run_floor(exe)}
 
     def add(case, contender, t, unit="ms", **kw):
         med, lo, hi = t if isinstance(t, tuple) else (t, t, t)
@@ -64,7 +64,7 @@ def main():
                                             stream=s), s)
         add(case, f"cygemm forward_into {act}+bias save_z", t, ratio_plain=t[0] / plain[0])
 
-    add(case, "C++ cuBLASLt RELU_BIAS (floor)", floor["lt_relu_bias_8192x8192x1024"]["ms"])
+    add(case, "C++ cuBLASLt RELU_BIAS (floor)", floor[("lt_relu_bias_8192x8192x1024", None)]["ms"])
 
     def cupy_fwd():
         cp.matmul(A, B, out=Z)
@@ -107,17 +107,23 @@ def main():
     Y, Z = cp.empty((m, m), cp.float32), cp.empty((m, m), cp.float32)
     ptr = s.ptr
     case = "fwd 64^3 host us/call"
-    add(case, "C++ cuBLASLt RELU_BIAS (floor)", floor["lt_relu_bias_host_per_call_64"]["us"], "us")
-    add(case, "cygemm.gemm (plain)", host_us_per_call(lambda: cygemm.gemm(A, B, Y, stream=ptr), s.synchronize), "us")
-    add(case, "cygemm forward_into relu+bias", host_us_per_call(
-        lambda: forward_into(A, B, Y, bias, act="relu", stream=ptr), s.synchronize), "us")
-    with s:
-        add(case, "CuPy unfused relu", host_us_per_call(cupy_fwd_small(A, B, bias, Y, Z), s.synchronize), "us")
+    s.use()
+    ours = {"cygemm.gemm (plain)": lambda: cygemm.gemm(A, B, Y, stream=ptr),
+            "cygemm forward_into relu+bias": lambda: forward_into(A, B, Y, bias, act="relu", stream=ptr),
+            "CuPy unfused relu": cupy_fwd_small(A, B, bias, Y, Z)}
     if torch is not None:
         tA, tB, tb = (torch.as_tensor(x, device="cuda") for x in (A, B, bias))
-        with torch.cuda.stream(torch.cuda.ExternalStream(s.ptr)):
-            add(case, "torch._addmm_activation relu", host_us_per_call(
-                lambda: torch._addmm_activation(tb, tA, tB), s.synchronize), "us")
+        torch_stream = torch.cuda.ExternalStream(s.ptr)
+        torch.cuda.set_stream(torch_stream)
+        ours["torch._addmm_activation relu"] = lambda: torch._addmm_activation(tb, tA, tB)
+    floors, mine = interleaved_host_us(exe, ours, s.synchronize)
+    cp.cuda.Stream.null.use()
+    raw = floors[("lt_relu_bias_host_per_call_64", None)]
+    add(case, "C++ cuBLASLt RELU_BIAS (floor)", (float(np.median(raw)), min(raw), max(raw)), "us")
+    for name, per_round in mine.items():
+        add(case, name, (float(np.median(per_round)), min(per_round), max(per_round)), "us")
+    if torch is not None:
+        torch.cuda.set_stream(torch.cuda.default_stream())
 
     # ---- a GEMM replayed from a CUDA graph: time per GEMM
     reps = 100

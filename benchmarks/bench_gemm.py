@@ -19,7 +19,7 @@ import numpy as np
 import cygemm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import build_floor, environment, gpu_ms, host_us_per_call, run_floor  # noqa: E402
+from common import build_floor, environment, gpu_ms, interleaved_host_us, run_floor  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -41,20 +41,27 @@ def main():
     s = cp.cuda.Stream(non_blocking=True)
     sync = s.synchronize
 
-    # Host time per call at 64^3.
+    # Host time per call at 64^3, interleaved with the C++ floor (same moments).
     A, B, C = rand((64, 64)), rand((64, 64)), rand((64, 64))
+    ptr = s.ptr
+    s.use()      # CuPy's current stream for the stream=None and cp.matmul rows
+    ours = {}
     for math in ("tf32", "fp32"):
-        raw = floor[("host_per_call_64", math)]["us"]
-        with s:
-            med, lo, hi = host_us_per_call(lambda: cygemm.gemm(A, B, C, math=math), sync)
-        rows.append(dict(case=f"64^3 host us/call ({math})", contender="cygemm.gemm (stream=None)", value=med, lo=lo, hi=hi, unit="us", floor=raw))
-        ptr = s.ptr
-        med, lo, hi = host_us_per_call(lambda: cygemm.gemm(A, B, C, math=math, stream=ptr), sync)
-        rows.append(dict(case=f"64^3 host us/call ({math})", contender="cygemm.gemm (stream=int)", value=med, lo=lo, hi=hi, unit="us", floor=raw))
-        rows.append(dict(case=f"64^3 host us/call ({math})", contender="C++ cublasGemmEx", value=raw, unit="us", floor=raw))
-    with s:
-        med, lo, hi = host_us_per_call(lambda: cp.matmul(A, B, out=C), sync)
-    rows.append(dict(case="64^3 host us/call (tf32)", contender="cp.matmul(out=) CUPY_TF32=1", value=med, lo=lo, hi=hi, unit="us"))
+        ours[("cygemm.gemm (stream=None)", math)] = lambda m=math: cygemm.gemm(A, B, C, math=m)
+        ours[("cygemm.gemm (stream=int)", math)] = lambda m=math: cygemm.gemm(A, B, C, math=m, stream=ptr)
+    ours[("cp.matmul(out=) CUPY_TF32=1", "tf32")] = lambda: cp.matmul(A, B, out=C)
+    floors, mine = interleaved_host_us(exe, ours, sync)
+    cp.cuda.Stream.null.use()
+    for math in ("tf32", "fp32"):
+        raw = floors[("host_per_call_64", math)]
+        raw_med = float(np.median(raw))
+        case = f"64^3 host us/call ({math})"
+        for (name, m), per_round in mine.items():
+            if m == math:
+                rows.append(dict(case=case, contender=name, value=float(np.median(per_round)),
+                                 lo=min(per_round), hi=max(per_round), unit="us", floor=raw_med))
+        rows.append(dict(case=case, contender="C++ cublasGemmEx", value=raw_med, lo=min(raw), hi=max(raw),
+                         unit="us", floor=raw_med))
 
     # 8192^3 TF32 throughput.
     n = 8192

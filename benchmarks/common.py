@@ -48,6 +48,19 @@ def host_us_per_call(fn, sync, calls=5000, reps=7, warmup=300):
     return statistics.median(per), min(per), max(per)
 
 
+def interleaved_host_us(exe, ours, sync, rounds=5):
+    """Host us/call of the C++ floor (program `exe`, argument "host") and of each of `ours`
+    (name -> fn), measured in alternating rounds so that both see the same machine state.
+    Returns {floor case: [per-round us]}, {name: [per-round us]}."""
+    floors, mine = {}, {name: [] for name in ours}
+    for _ in range(rounds):
+        for r in run_floor(exe, "host"):
+            floors.setdefault((r["case"], r.get("math")), []).append(r["us"])
+        for name, fn in ours.items():
+            mine[name].append(host_us_per_call(fn, sync, calls=3000, reps=3)[0])
+    return floors, mine
+
+
 def gpu_ms(cp, fn, stream, reps=20, warmup=3):
     """CUDA-event time of fn() on `stream`; median (min, max) of reps after warm-up."""
     for _ in range(warmup):
@@ -75,6 +88,6 @@ def build_floor(src, exe):
     return exe
 
 
-def run_floor(exe):
-    out = subprocess.run([exe], capture_output=True, text=True, check=True).stdout
+def run_floor(exe, *args):
+    out = subprocess.run([exe, *args], capture_output=True, text=True, check=True).stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]

@@ -13,9 +13,11 @@ from cygemm.cublaslt cimport cublasLtCreate, cublasLtDestroy, cublasLtGetVersion
 try:
     import cupy as _cupy
     _cupy_ndarray = _cupy.ndarray
+    _current_stream = _cupy.cuda.get_current_stream
 except ImportError:  # cupy is needed only for allocating forms and stream=None
     _cupy = None
     _cupy_ndarray = None
+    _current_stream = None
 
 # cuBLAS recommends 32 MiB of workspace on Hopper; smaller chips use less.
 cdef enum:
@@ -205,7 +207,7 @@ cdef int bind_stream(GemmContext* ctx, cudaStream_t stream) except -1 nogil:
 
 cdef int stream_from_object(object stream, cudaStream_t* out) except -1:
     if stream is None:
-        out[0] = <cudaStream_t><uintptr_t>(_cupy.cuda.get_current_stream().ptr if _cupy is not None else 0)
+        out[0] = <cudaStream_t><uintptr_t>(_current_stream().ptr if _current_stream is not None else 0)
     elif type(stream) is int:
         if stream < 0:
             raise ValueError(f"stream: expected a cudaStream_t handle (int >= 0), got {stream}")
@@ -404,7 +406,7 @@ def describe_array(x, str name="x"):
 
 cdef int check_device(const MatrixView* view, str name, int device) except -1:
     """With several GPUs, refuse an array that lives on another device than the call."""
-    if device_count() < 2:
+    if _device_count < 2:      # set when the first context was made, before any check
         return 0
     cdef cudaPointerAttributes attr
     check_cuda(cudaPointerGetAttributes(&attr, view.ptr), "cudaPointerGetAttributes")
