@@ -286,3 +286,13 @@ def test_large_problem_paths_autotune_and_gelu_route_in_a_subprocess():
     env = dict(__import__("os").environ, CYGEMM_AUTOTUNE_MIN_MACS="1")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0 and p.stdout.startswith("OK"), p.stdout + p.stderr[-2000:]
+
+
+@pytest.mark.parametrize("act", ["relu", "silu", "none"])
+def test_forward_k_zero_is_act_of_bias(act):
+    M, N = 9, 13
+    A, B, bias = cp.empty((M, 0), cp.float32), cp.empty((0, N), cp.float32), rand(cp, (N,))
+    Y, Z = poisoned(cp, (M, N)), poisoned(cp, (M, N))
+    forward_into(A, B, Y, bias, act=act, save_z=True, z_out=Z)
+    z = np.broadcast_to(f64(cp, bias), (M, N))
+    assert rel_err(Z.get(), z) < 1e-6 and rel_err(Y.get(), act_ref(act, z)) < 1e-5
