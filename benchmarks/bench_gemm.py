@@ -51,6 +51,15 @@ def main():
         ours[("cygemm.gemm (stream=int)", math)] = lambda m=math: cygemm.gemm(A, B, C, math=m, stream=ptr)
     ours[("cp.matmul(out=) CUPY_TF32=1", "tf32")] = lambda: cp.matmul(A, B, out=C)
     floors, mine = interleaved_host_us(exe, ours, sync)
+    # Where cygemm's own host time goes (pure Python/Cython work, nothing launched).
+    import timeit
+    from cygemm import _core, rowmajor
+    parts = {"resolve stream=None": lambda: cygemm.stream_pointer(None),
+             "read one CuPy array": lambda: _core.describe_array(A),
+             "validate + map 3 arrays (describe_gemm)": lambda: rowmajor.describe_gemm(A, B, C)}
+    for name, fn in parts.items():
+        us = min(timeit.repeat(fn, number=20000, repeat=5)) / 20000 * 1e6
+        rows.append(dict(case="cygemm host overhead parts", contender=name, value=us, unit="us"))
     cp.cuda.Stream.null.use()
     for math in ("tf32", "fp32"):
         raw = floors[("host_per_call_64", math)]
