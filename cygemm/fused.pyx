@@ -9,6 +9,7 @@ Epilogues need a column-major D, which is why Y must be row-major here.
 import threading
 
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
+from libc.string cimport memcmp, memset
 
 from cygemm.cudart cimport *
 from cygemm.cublas cimport *
@@ -95,6 +96,65 @@ cpdef dict _plans():
 def clear_plan_cache():
     """Drop this thread's cached cuBLASLt plans (they are rebuilt on the next call)."""
     _plans().clear()
+    _tls.recent = _Recent()
+
+
+# The plan key as a C struct: a repeated call finds its plan among the last few by
+# memcmp, without building the dict key (measured ~0.5 us of the small-call cost).
+ctypedef struct PlanKey:
+    int device
+    int dtype
+    int compute
+    int epi
+    int opa
+    int opb
+    int64_t m
+    int64_t n
+    int64_t k
+    int64_t lda
+    int64_t ldb
+    int64_t ldc
+    int64_t aux_ld
+    uint32_t al_a
+    uint32_t al_b
+    uint32_t al_c
+    uint32_t al_bias
+    uint32_t al_aux
+    size_t ws_bytes
+
+cdef enum:
+    RECENT_PLANS = 16
+
+
+cdef class _Recent:
+    cdef PlanKey keys[RECENT_PLANS]
+    cdef list plans
+    cdef int next_slot
+
+    def __cinit__(self):
+        memset(self.keys, 0, sizeof(self.keys))
+        self.plans = [None] * RECENT_PLANS
+        self.next_slot = 0
+
+    cdef LtPlan find(self, const PlanKey* key):
+        cdef int i
+        for i in range(RECENT_PLANS):
+            if memcmp(&self.keys[i], key, sizeof(PlanKey)) == 0 and self.plans[i] is not None:
+                return self.plans[i]
+        return None
+
+    cdef void remember(self, const PlanKey* key, LtPlan plan):
+        self.keys[self.next_slot] = key[0]
+        self.plans[self.next_slot] = plan
+        self.next_slot = (self.next_slot + 1) % RECENT_PLANS
+
+
+cdef _Recent _recent():
+    try:
+        return _tls.recent
+    except AttributeError:
+        _tls.recent = _Recent()
+        return _tls.recent
 
 
 def plan_cache_size():
@@ -128,11 +188,22 @@ cdef LtPlan _get_plan(GemmContext* ctx, cudaStream_t stream, ColMajorGemm* g, cu
     cdef uint32_t al_a = _alignment(g.a), al_b = _alignment(g.b), al_c = _alignment(g.c)
     # The key holds everything that changes the algorithm's validity, alignment
     # included, so a plan chosen for aligned pointers never runs on unaligned ones.
-    key = (ctx.device, <int>dtype, <int>compute, <int>epi, <int>g.opa, <int>g.opb, g.m, g.n, g.k,
-           g.lda, g.ldb, g.ldc, aux_ld, al_a, al_b, al_c, _alignment(bias), _alignment(aux), ws_bytes)
-    plans = _plans()
-    cdef LtPlan plan = plans.get(key)
+    cdef PlanKey k
+    memset(&k, 0, sizeof(k))            # padding too: keys are compared with memcmp
+    k.device, k.dtype, k.compute, k.epi, k.opa, k.opb = ctx.device, dtype, compute, epi, g.opa, g.opb
+    k.m, k.n, k.k, k.lda, k.ldb, k.ldc, k.aux_ld = g.m, g.n, g.k, g.lda, g.ldb, g.ldc, aux_ld
+    k.al_a, k.al_b, k.al_c, k.al_bias, k.al_aux = al_a, al_b, al_c, _alignment(bias), _alignment(aux)
+    k.ws_bytes = ws_bytes
+    cdef _Recent recent = _recent()
+    cdef LtPlan plan = recent.find(&k)
     if plan is not None:
+        return plan
+    key = (k.device, k.dtype, k.compute, k.epi, k.opa, k.opb, k.m, k.n, k.k, k.lda, k.ldb, k.ldc,
+           k.aux_ld, k.al_a, k.al_b, k.al_c, k.al_bias, k.al_aux, k.ws_bytes)
+    plans = _plans()
+    plan = plans.get(key)
+    if plan is not None:
+        recent.remember(&k, plan)
         return plan
     plan = LtPlan()
     cdef LtPlanData* d = &plan.d
@@ -180,6 +251,7 @@ cdef LtPlan _get_plan(GemmContext* ctx, cudaStream_t stream, ColMajorGemm* g, cu
         # now, but do not remember a verdict that may be the capture's fault.
         return plan
     plans[key] = plan
+    recent.remember(&k, plan)
     return plan
 
 

@@ -296,3 +296,20 @@ def test_forward_k_zero_is_act_of_bias(act):
     forward_into(A, B, Y, bias, act=act, save_z=True, z_out=Z)
     z = np.broadcast_to(f64(cp, bias), (M, N))
     assert rel_err(Z.get(), z) < 1e-6 and rel_err(Y.get(), act_ref(act, z)) < 1e-5
+
+
+def test_plan_cache_reuses_plans_across_alternating_layers_and_clears():
+    from cygemm import fused
+    fused.clear_plan_cache()
+    layers = [(rand(cp, (32, 48)), rand(cp, (48, 40)), rand(cp, (40,)), cp.empty((32, 40), cp.float32)),
+              (rand(cp, (32, 40)), rand(cp, (40, 24)), rand(cp, (24,)), cp.empty((32, 24), cp.float32)),
+              (rand(cp, (32, 24)), rand(cp, (24, 8)), rand(cp, (8,)), cp.empty((32, 8), cp.float32))]
+    for _ in range(10):
+        for A, B, b, Y in layers:
+            Y[...] = cp.nan
+            forward_into(A, B, Y, b, act="relu", math="fp32")
+            ref = np.maximum(f64(cp, A) @ f64(cp, B) + f64(cp, b), 0)
+            assert rel_err(Y.get(), ref) < 1e-5
+    assert fused.plan_cache_size() == 3
+    fused.clear_plan_cache()
+    assert fused.plan_cache_size() == 0
