@@ -348,6 +348,17 @@ cdef int _matrix(object x, MatrixView* v, str name, int64_t rows, int64_t cols, 
     return 0
 
 
+cdef int _layer_operands(object A, object B, MatrixView* a, MatrixView* b) except -1:
+    """A layer's A (M, K) and B (K, N): 2-D, one dtype, inner dimensions that agree."""
+    view_from_object(A, a, "A", 2, 2)
+    view_from_object(B, b, "B", 2, 2)
+    if b.dtype != a.dtype:
+        raise TypeError(f"B: expected the dtype of A ({dtype_name(a.dtype)}), got {dtype_name(b.dtype)}")
+    if b.rows != a.cols:
+        raise ValueError(f"B: A is ({a.rows}, {a.cols}) so B must have {a.cols} rows, got ({b.rows}, {b.cols})")
+    return 0
+
+
 cdef int _vector(object x, MatrixView* v, str name, int64_t n, cudaDataType dtype) except -1:
     view_from_object(x, v, name, 1, 2)
     if v.rows != 1 or v.cols != n:
@@ -411,13 +422,8 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
     cdef MatrixView a, b, y, z, bv
     cdef cygemm_act_t code = parse_activation(act)
     cdef float slope = _slope(leaky_slope)
-    view_from_object(A, &a, "A", 2, 2)
-    view_from_object(B, &b, "B", 2, 2)
-    if b.dtype != a.dtype:
-        raise TypeError(f"B: expected the dtype of A ({dtype_name(a.dtype)}), got {dtype_name(b.dtype)}")
+    _layer_operands(A, B, &a, &b)
     cdef int64_t M = a.rows, K = a.cols, N = b.cols
-    if b.rows != K:
-        raise ValueError(f"B: A is ({M}, {K}) so B must have {K} rows, got ({b.rows}, {b.cols})")
     _matrix(out, &y, "out", M, N, a.dtype, True)
     cdef bint use_bias = with_bias and bias is not None
     if use_bias:
@@ -528,13 +534,8 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
     cdef MatrixView a, b, gy, zv, ga, gb, gbias, dz
     cdef cygemm_act_t code = parse_activation(act)
     cdef float slope = _slope(leaky_slope)
-    view_from_object(A, &a, "A", 2, 2)
-    view_from_object(B, &b, "B", 2, 2)
-    if b.dtype != a.dtype:
-        raise TypeError(f"B: expected the dtype of A ({dtype_name(a.dtype)}), got {dtype_name(b.dtype)}")
+    _layer_operands(A, B, &a, &b)
     cdef int64_t M = a.rows, K = a.cols, N = b.cols
-    if b.rows != K:
-        raise ValueError(f"B: A is ({M}, {K}) so B must have {K} rows, got ({b.rows}, {b.cols})")
     _matrix(gY, &gy, "gY", M, N, a.dtype, True)
     cdef bint from_output = False
     if code != CYGEMM_ACT_NONE:
