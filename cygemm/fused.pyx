@@ -569,7 +569,11 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
     if want_ga:
         _map(dZ, False, &b, True, &ga, "work_dZ, B, gA_out", &g_a)      # gA = dZ @ B^T
     if want_gb:
-        _map(&a, True, dZ, False, &gb, "A, work_dZ, gB_out", &g_b)      # gB = A^T @ dZ
+        # gB = A^T @ dZ. Under the swap cuBLAS computes gB^T (N x K) = dZ^T A, whose first
+        # operand is dZ^T (N x M): its row sums over M are the bias gradient, i.e. the
+        # BGRADA epilogue (BGRADB for a column-major gB_out). Not used: our kernel's pass
+        # already yields the bias gradient for every activation, accumulate included.
+        _map(&a, True, dZ, False, &gb, "A, work_dZ, gB_out", &g_b)
     cdef cublasComputeType_t compute = compute_type_for(a.dtype, math)
     _check_lt_workspace(lt_workspace)
     cdef cudaStream_t s
