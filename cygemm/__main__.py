@@ -16,7 +16,9 @@ def main():
         print(f"No CUDA GPU here ({type(exc).__name__}: {exc}).")
         print("The extension built and imported; the GPU self-check is skipped.")
         return 0
-    print(f"GPU: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()} ({n} device(s)), CuPy {cp.__version__}")
+    name = cp.cuda.runtime.getDeviceProperties(0)["name"]
+    name = name.decode() if isinstance(name, bytes) else name
+    print(f"GPU: {name} ({n} device(s)), CuPy {cp.__version__}")
     rng = np.random.default_rng()
     ok = True
     for dtype, math, bound in [("float32", "tf32", 2e-3), ("float32", "fp32", 1e-5), ("float16", "tf32", 1e-2)]:
