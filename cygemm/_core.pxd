@@ -63,5 +63,13 @@ cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, in
 cdef int stream_from_object(object stream, cudaStream_t* out) except -1
 cdef bint stream_is_capturing(cudaStream_t stream) except -1 nogil
 cdef int check_device(const MatrixView* view, str name, int device) except -1
+# With several GPUs, refuse a stream that belongs to another device than the call's.
+cdef int check_stream_device(cudaStream_t stream, int device) except -1
+# Refuse an output whose memory overlaps another array the call reads or writes
+# (cuBLAS and our kernels assume it does not). Exact for two 2-D views with the
+# same leading dimension (column blocks of one buffer do not overlap), conservative
+# (address ranges) otherwise. Empty views overlap nothing.
+cdef int check_no_overlap(const MatrixView* out, str out_name, const MatrixView* other,
+                          str other_name) except -1
 cdef object dtype_name(cudaDataType dtype)
 cdef object empty_array(tuple shape, cudaDataType dtype)

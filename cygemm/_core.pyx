@@ -418,6 +418,91 @@ cdef int check_device(const MatrixView* view, str name, int device) except -1:
     return 0
 
 
+cdef int check_stream_device(cudaStream_t stream, int device) except -1:
+    if _device_count < 2:
+        return 0
+    cdef int stream_device = device
+    check_cuda(cudaStreamGetDevice(stream, &stream_device), "cudaStreamGetDevice")
+    if stream_device != device:
+        raise ValueError(f"stream: the stream belongs to device {stream_device} but the call runs on "
+                         f"device {device} (make that device current)")
+    return 0
+
+
+cdef inline bint _empty(const MatrixView* v) noexcept nogil:
+    return v.rows == 0 or v.cols == 0 or v.batch == 0
+
+
+cdef void _byte_range(const MatrixView* v, int64_t* lo, int64_t* hi) noexcept nogil:
+    """[lo, hi): the bytes a non-empty view can touch."""
+    cdef int64_t start = <int64_t><uintptr_t>v.ptr, span
+    lo[0] = start
+    hi[0] = start + v.itemsize
+    cdef int64_t sizes[3]
+    cdef int64_t strides[3]
+    sizes[0], sizes[1], sizes[2] = v.batch, v.rows, v.cols
+    strides[0], strides[1], strides[2] = v.batch_stride, v.row_stride, v.col_stride
+    for i in range(3):
+        span = (sizes[i] - 1) * strides[i] * v.itemsize
+        if span < 0:
+            lo[0] += span
+        else:
+            hi[0] += span
+
+
+cdef bint _blocks_overlap(const MatrixView* x, const MatrixView* y) noexcept nogil:
+    """Whether two views with overlapping byte ranges share an element. Exact for two
+    2-D views of one leading dimension ld (blocks of an ld-wide grid); True otherwise."""
+    cdef int64_t ld, xr, xc, yr, yc, ox, oy, base
+    if x.batch != 1 or y.batch != 1 or x.itemsize != y.itemsize:
+        return True
+    cdef bint row_major = x.col_stride == 1 and y.col_stride == 1 and x.row_stride == y.row_stride
+    cdef bint col_major = x.row_stride == 1 and y.row_stride == 1 and x.col_stride == y.col_stride
+    if not (row_major or col_major):
+        return True
+    ld = x.row_stride if row_major else x.col_stride
+    # Lines (rows when row-major) and positions along a line of each view.
+    if row_major:
+        xr = x.rows
+        xc = x.cols
+        yr = y.rows
+        yc = y.cols
+    else:
+        xr = x.cols
+        xc = x.rows
+        yr = y.cols
+        yc = y.rows
+    if ld <= 0 or xc > ld or yc > ld:
+        return True
+    base = min(<int64_t><uintptr_t>x.ptr, <int64_t><uintptr_t>y.ptr)
+    ox = <int64_t><uintptr_t>x.ptr - base
+    oy = <int64_t><uintptr_t>y.ptr - base
+    if ox % x.itemsize or oy % x.itemsize:
+        return True
+    ox //= x.itemsize
+    oy //= x.itemsize
+    if ox % ld + xc > ld or oy % ld + yc > ld:     # a block that wraps past the line's end
+        return True
+    return (ox // ld < oy // ld + yr and oy // ld < ox // ld + xr and
+            ox % ld < oy % ld + yc and oy % ld < ox % ld + xc)
+
+
+cdef int check_no_overlap(const MatrixView* out, str out_name, const MatrixView* other,
+                          str other_name) except -1:
+    if _empty(out) or _empty(other):
+        return 0
+    cdef int64_t lo1, hi1, lo2, hi2
+    _byte_range(out, &lo1, &hi1)
+    _byte_range(other, &lo2, &hi2)
+    if hi1 <= lo2 or hi2 <= lo1:
+        return 0
+    if not _blocks_overlap(out, other):
+        return 0
+    raise ValueError(f"{out_name}: its memory overlaps {other_name} (bytes "
+                     f"[{lo1:#x}, {hi1:#x}) and [{lo2:#x}, {hi2:#x})); cuBLAS and cygemm's kernels "
+                     f"need outputs that share no memory with the other arguments")
+
+
 cdef object empty_array(tuple shape, cudaDataType dtype):
     if _cupy is None:
         raise RuntimeError("out=None needs CuPy to allocate the result; pass out= instead")

@@ -64,3 +64,20 @@ cdef extern from "cublas_v2.h" nogil:
         const void* B, cudaDataType Btype, int ldb, long long strideB,
         const void* beta, void* C, cudaDataType Ctype, int ldc, long long strideC,
         int batchCount, cublasComputeType_t computeType, cublasGemmAlgo_t algo)
+
+    # The 64-bit integer API (cuBLAS >= 12): used when a size or stride passes 2**31 - 1.
+    cublasStatus_t cublasGemmEx_64(
+        cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+        int64_t m, int64_t n, int64_t k, const void* alpha,
+        const void* A, cudaDataType Atype, int64_t lda,
+        const void* B, cudaDataType Btype, int64_t ldb,
+        const void* beta, void* C, cudaDataType Ctype, int64_t ldc,
+        cublasComputeType_t computeType, cublasGemmAlgo_t algo)
+
+    cublasStatus_t cublasGemmStridedBatchedEx_64(
+        cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+        int64_t m, int64_t n, int64_t k, const void* alpha,
+        const void* A, cudaDataType Atype, int64_t lda, long long strideA,
+        const void* B, cudaDataType Btype, int64_t ldb, long long strideB,
+        const void* beta, void* C, cudaDataType Ctype, int64_t ldc, long long strideC,
+        int64_t batchCount, cublasComputeType_t computeType, cublasGemmAlgo_t algo)

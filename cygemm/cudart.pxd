@@ -42,6 +42,7 @@ cdef extern from "cuda_runtime_api.h" nogil:
     cudaError_t cudaMalloc(void** ptr, size_t size)
     cudaError_t cudaFree(void* ptr)
     cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr)
+    cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device)
     cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status)
     cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode)
     cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph)

@@ -17,7 +17,7 @@ from cygemm.cublaslt cimport *
 from cygemm.kernels cimport *
 from cygemm._core cimport (GemmContext, MatrixView, check_cuda, check_cublas, current_context,
                            stream_workspace, view_from_object, stream_from_object, stream_is_capturing,
-                           check_device, dtype_name)
+                           check_device, check_stream_device, check_no_overlap, dtype_name)
 from cygemm.rowmajor cimport ColMajorGemm, MapResult, MAP_OK, map_rowmajor_gemm, gemm_colmajor, compute_type_for
 
 ACTIVATIONS = {
@@ -376,10 +376,7 @@ cdef int _workspace(object ws, void** ptr, size_t* nbytes, GemmContext* ctx, cud
         ptr[0] = stream_workspace(ctx, stream)
         nbytes[0] = ctx.workspace_bytes
         return 0
-    try:
-        cai = ws.__cuda_array_interface__
-    except AttributeError:
-        raise TypeError(f"lt_workspace: expected a device array, got {type(ws).__name__}") from None
+    cai = ws.__cuda_array_interface__       # checked by _check_lt_workspace before
     ptr[0] = <void*><uintptr_t>cai["data"][0]
     nbytes[0] = ws.nbytes
     return 0
@@ -434,18 +431,29 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
         _matrix(z_out, &z, "z_out", M, N, a.dtype, True)
     elif z_out is not None:
         raise ValueError("z_out: given but save_z=False; pass save_z=True to write it")
+    cdef ColMajorGemm g
+    _map(&a, False, &b, False, &y, "A, B, out", &g)
+    check_no_overlap(&y, "out", &a, "A")
+    check_no_overlap(&y, "out", &b, "B")
+    if use_bias:
+        check_no_overlap(&y, "out", &bv, "bias")
+    if save_z:
+        check_no_overlap(&z, "z_out", &a, "A")
+        check_no_overlap(&z, "z_out", &b, "B")
+        check_no_overlap(&z, "z_out", &y, "out")
+        if use_bias:
+            check_no_overlap(&z, "z_out", &bv, "bias")
     cdef cublasComputeType_t compute = compute_type_for(a.dtype, math)
     _check_lt_workspace(lt_workspace)
     cdef cudaStream_t s
     stream_from_object(stream, &s)
-    cdef ColMajorGemm g
-    _map(&a, False, &b, False, &y, "A, B, out", &g)
     if M == 0 or N == 0:
         return out
     cdef GemmContext* ctx = current_context()
     check_device(&a, "A", ctx.device)
     check_device(&b, "B", ctx.device)
     check_device(&y, "out", ctx.device)
+    check_stream_device(s, ctx.device)
     cdef void* ws
     cdef size_t ws_bytes
     _workspace(lt_workspace, &ws, &ws_bytes, ctx, s)
@@ -574,6 +582,23 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
         # BGRADA epilogue (BGRADB for a column-major gB_out). Not used: our kernel's pass
         # already yields the bias gradient for every activation, accumulate included.
         _map(&a, True, dZ, False, &gb, "A, work_dZ, gB_out", &g_b)
+    # No output may share memory with an input or with another output.
+    cdef MatrixView* views[8]
+    names = ["A", "B", "gY", "Z" if Z is not None else "y", None, None, None, None]
+    views[0], views[1], views[2], views[3] = &a, &b, &gy, &zv
+    cdef int n_in = 4 if code != CYGEMM_ACT_NONE else 3, n, i, j
+    n = n_in
+    if want_ga:
+        views[n], names[n], n = &ga, "gA_out", n + 1
+    if want_gb:
+        views[n], names[n], n = &gb, "gB_out", n + 1
+    if want_gbias:
+        views[n], names[n], n = &gbias, "gBias_out", n + 1
+    if need_dz:
+        views[n], names[n], n = &dz, "work_dZ", n + 1
+    for i in range(n_in, n):
+        for j in range(i):
+            check_no_overlap(views[i], names[i], views[j], names[j])
     cdef cublasComputeType_t compute = compute_type_for(a.dtype, math)
     _check_lt_workspace(lt_workspace)
     cdef cudaStream_t s
@@ -583,6 +608,7 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
     check_device(&a, "A", ctx.device)
     check_device(&b, "B", ctx.device)
     check_device(&gy, "gY", ctx.device)
+    check_stream_device(s, ctx.device)
     cdef float* scratch = NULL
     cdef int64_t scratch_floats
     if want_gbias or need_dz:

@@ -51,21 +51,22 @@ class TensorDesc(NamedTuple):
     dtype: str
 
 
-def as_tensor_2d(x) -> TensorDesc:
-    """Describe a row-major 2-D device array (unit stride along its last axis)."""
-    d = _core.describe_array(x, "x")
+def as_tensor_2d(x, name="x") -> TensorDesc:
+    """Describe a row-major 2-D device array (unit stride along its last axis);
+    errors name the argument as `name`."""
+    d = _core.describe_array(x, name)
     if d["batch"] != 1 or len(_shape(x)) != 2:
-        raise ValueError(f"x: expected a 2-D array, got shape {_shape(x)}")
+        raise ValueError(f"{name}: expected a 2-D array, got shape {_shape(x)}")
     if d["col_stride"] != 1 and d["cols"] > 1:
-        raise ValueError(f"x: expected unit stride along the last axis, got {d['col_stride']} elements")
+        raise ValueError(f"{name}: expected unit stride along the last axis, got {d['col_stride']} elements")
     return TensorDesc(d["ptr"], d["rows"], d["cols"], d["row_stride"], d["dtype"])
 
 
-def assert_f32_2d(x) -> Tuple[int, int]:
+def assert_f32_2d(x, name="x") -> Tuple[int, int]:
     """(rows, cols) of a row-major 2-D float32 device array; TypeError/ValueError otherwise."""
-    d = as_tensor_2d(x)
+    d = as_tensor_2d(x, name)
     if d.dtype != "float32":
-        raise TypeError(f"x: expected float32, got {d.dtype}")
+        raise TypeError(f"{name}: expected float32, got {d.dtype}")
     return d.rows, d.cols
 
 
@@ -169,7 +170,7 @@ def ws_cache_keys():
 def forward(A, B, bias=None, *, with_bias=True, act="none", leaky_slope=0.01, save_z=False,
             lt_workspace=None, math="tf32", stream=None):
     """(Y, Z): Y = act(A @ B + bias), Z = A @ B + bias when save_z (else None). Allocates Y, Z."""
-    a, b = as_tensor_2d(A), as_tensor_2d(B)
+    a, b = as_tensor_2d(A, "A"), as_tensor_2d(B, "B")
     _refuse_if_capturing(stream, "forward()")
     Y = empty_2d(a.rows, b.cols, a.dtype, stream)
     Z = empty_2d(a.rows, b.cols, a.dtype, stream) if save_z else None
@@ -181,7 +182,7 @@ def forward(A, B, bias=None, *, with_bias=True, act="none", leaky_slope=0.01, sa
 def backward(A, B, gY, Z, *, with_bias=True, act="none", leaky_slope=0.01, need_gA=True, need_gB=True,
              lt_workspace=None, math="tf32", stream=None, work_dZ: Optional[object] = None, y=None):
     """(gA, gB, gBias): allocated gradients (None where not needed or without bias)."""
-    a, b = as_tensor_2d(A), as_tensor_2d(B)
+    a, b = as_tensor_2d(A, "A"), as_tensor_2d(B, "B")
     _refuse_if_capturing(stream, "backward()")
     gA = empty_2d(a.rows, a.cols, a.dtype, stream) if need_gA else None
     gB = empty_2d(b.rows, b.cols, b.dtype, stream) if need_gB else None

@@ -5,8 +5,8 @@ from libc.stdint cimport int64_t, uintptr_t
 from cygemm.cudart cimport cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF
 from cygemm.cublas cimport *
 from cygemm._core cimport (GemmContext, MatrixView, check_cublas, current_context, bind_stream,
-                           view_from_object, stream_from_object, check_device, dtype_name,
-                           empty_array)
+                           view_from_object, stream_from_object, check_device, check_stream_device,
+                           check_no_overlap, stream_is_capturing, dtype_name, empty_array)
 
 cdef int64_t INT32_MAX = 2147483647
 
@@ -71,12 +71,27 @@ cdef int gemm_colmajor(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm
                        cudaDataType dtype, cublasComputeType_t compute,
                        const float* alpha, const float* beta) except -1 nogil:
     bind_stream(ctx, stream)
+    # Past 2**31 - 1 in any size or leading dimension take cuBLAS's 64-bit API;
+    # below it the 32-bit one, whose kernels and heuristics are the tuned ones.
+    cdef bint wide = (g.m > INT32_MAX or g.n > INT32_MAX or g.k > INT32_MAX or g.lda > INT32_MAX
+                      or g.ldb > INT32_MAX or g.ldc > INT32_MAX or g.batch > INT32_MAX)
+    if g.strided_batched and wide:
+        return check_cublas(cublasGemmStridedBatchedEx_64(
+            ctx.blas, g.opa, g.opb, g.m, g.n, g.k, alpha,
+            g.a, dtype, g.lda, g.stride_a, g.b, dtype, g.ldb, g.stride_b,
+            beta, g.c, dtype, g.ldc, g.stride_c, g.batch,
+            compute, CUBLAS_GEMM_DEFAULT), "cublasGemmStridedBatchedEx_64")
     if g.strided_batched:
         return check_cublas(cublasGemmStridedBatchedEx(
             ctx.blas, g.opa, g.opb, <int>g.m, <int>g.n, <int>g.k, alpha,
             g.a, dtype, <int>g.lda, g.stride_a, g.b, dtype, <int>g.ldb, g.stride_b,
             beta, g.c, dtype, <int>g.ldc, g.stride_c, <int>g.batch,
             compute, CUBLAS_GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
+    if wide:
+        return check_cublas(cublasGemmEx_64(
+            ctx.blas, g.opa, g.opb, g.m, g.n, g.k, alpha,
+            g.a, dtype, g.lda, g.b, dtype, g.ldb,
+            beta, g.c, dtype, g.ldc, compute, CUBLAS_GEMM_DEFAULT), "cublasGemmEx_64")
     return check_cublas(cublasGemmEx(
         ctx.blas, g.opa, g.opb, <int>g.m, <int>g.n, <int>g.k, alpha,
         g.a, dtype, <int>g.lda, g.b, dtype, <int>g.ldb,
@@ -193,10 +208,6 @@ cdef int _prepare(object A, object B, object out, bint trans_a, bint trans_b, bi
     if batch > 1 and out is not None and c.batch_stride < (g.ldc * (g.n - 1) + g.m):
         raise ValueError(f"out: batch stride {c.batch_stride} elements makes the batch's "
                          "matrices overlap")
-    if max(g.m, g.n, g.k, g.lda, g.ldb, g.ldc, batch) > INT32_MAX:
-        raise ValueError("A, B, out: dimensions and leading dimensions must be < 2**31 for "
-                         f"cuBLAS, got m={g.m} n={g.n} k={g.k} lda={g.lda} ldb={g.ldb} "
-                         f"ldc={g.ldc} batch={batch}")
     g.strided_batched = batched
     a_[0], b_[0] = a, b
     return 0
@@ -209,9 +220,15 @@ cdef object _run(object A, object B, object out, bint trans_a, bint trans_b, obj
     cdef float alpha_f = alpha, beta_f = beta
     cdef cudaStream_t s
     _prepare(A, B, out, trans_a, trans_b, batched, beta_f, &a, &b, &c, &g)
+    if out is not None:
+        check_no_overlap(&c, "out", &a, "A")
+        check_no_overlap(&c, "out", &b, "B")
     cdef cublasComputeType_t compute = compute_type_for(c.dtype, math)
     stream_from_object(stream, &s)
     if out is None:
+        if stream_is_capturing(s):
+            raise RuntimeError("out: out=None would allocate device memory while the stream is being "
+                               "captured; pass out= (allocated before the capture)")
         out = empty_array(((c.batch,) if batched else ()) + (c.rows, c.cols), c.dtype)
         g.c = <void*><uintptr_t>out.data.ptr
     if g.m == 0 or g.n == 0 or g.batch == 0:
@@ -220,6 +237,7 @@ cdef object _run(object A, object B, object out, bint trans_a, bint trans_b, obj
     check_device(&a, "A", ctx.device)
     check_device(&b, "B", ctx.device)
     check_device(&c, "out", ctx.device)
+    check_stream_device(s, ctx.device)
     with nogil:
         gemm_colmajor(ctx, s, &g, c.dtype, compute, &alpha_f, &beta_f)
     return out
@@ -259,4 +277,5 @@ def describe_gemm(A, B, out, *, bint trans_a=False, bint trans_b=False, bint bat
                 a=<uintptr_t>g.a, lda=g.lda, stride_a=g.stride_a,
                 b=<uintptr_t>g.b, ldb=g.ldb, stride_b=g.stride_b,
                 c=<uintptr_t>g.c, ldc=g.ldc, stride_c=g.stride_c,
-                batch=g.batch, strided_batched=bool(g.strided_batched))
+                batch=g.batch, strided_batched=bool(g.strided_batched),
+                int64_api=max(g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch) > INT32_MAX)

@@ -73,7 +73,7 @@ def test_stream_resolution_without_touching_the_gpu():
 def test_gemm_without_gpu_raises_cuda_error_naming_the_call():
     a = FakeDeviceArray((4, 4))
     with pytest.raises(cygemm.CudaError) as info:
-        cygemm.gemm(a, a, FakeDeviceArray((4, 4)), stream=0)
+        cygemm.gemm(a, a, FakeDeviceArray((4, 4), ptr=a.__cuda_array_interface__["data"][0] + 4096), stream=0)
     assert info.value.call in ("cudaGetDevice", "cudaGetDeviceCount", "cublasCreate")
     assert info.value.name.startswith("cuda")
 

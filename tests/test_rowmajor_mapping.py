@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import cygemm.rowmajor as cg
-from fakes import BASE, fake_view
+from fakes import BASE, FakeDeviceArray as F, fake_view
 
 ITEM = 4  # float32
 
@@ -122,3 +122,11 @@ def test_batched_mapping_matches_numpy(bcast, trans_a, trans_b):
     opa = np.swapaxes(A3, 1, 2) if trans_a else A3
     opb = np.swapaxes(B3, 1, 2) if trans_b else B3
     np.testing.assert_allclose(C, opa.astype(np.float64) @ opb, rtol=1e-5, atol=1e-5)
+
+
+def test_sizes_past_int32_take_the_64bit_api():
+    n = 2**31 + 5
+    d = cg.describe_gemm(F((n, 1)), F((1, 2)), F((n, 2), ptr=BASE + 2**40))
+    assert (d["m"], d["n"], d["k"], d["ldc"]) == (2, n, 1, 2) and d["int64_api"]
+    small = cg.describe_gemm(F((64, 64)), F((64, 64)), F((64, 64), ptr=BASE + 2**20))
+    assert not small["int64_api"]

@@ -1,0 +1,453 @@
+"""The bad-input table: every public function, each mistake -> the exception, raised
+before anything is launched, whose message names the argument.
+
+Each case runs twice:
+- on the CPU (CI) with fake device arrays whose pointers are never dereferenced,
+  where the check needs no GPU;
+- on the GPU with real CuPy arrays: outputs are poisoned with NaN first and must
+  still be all NaN afterwards (nothing was written), and a correct call on the
+  same thread must still work (the library stays usable).
+"""
+import math
+
+import numpy as np
+import pytest
+
+import cygemm
+from cygemm import gemm_ops
+from fakes import BASE, FakeDeviceArray
+
+M, K, N, NB = 6, 5, 4, 3   # layer sizes; NB: batch
+
+
+class Fakes:
+    """Array maker for the CPU run: each allocation at its own fake address."""
+    gpu = False
+
+    def __init__(self):
+        self.next_addr = BASE
+        self.host = {}     # id(fake) -> (numpy twin, address): to take views of it
+        self.outputs = []
+
+    def arr(self, shape, dtype="float32"):
+        twin = np.empty(shape, dtype)
+        addr = self.next_addr
+        self.next_addr += (twin.nbytes + 4095) // 4096 * 4096 + 4096
+        fake = FakeDeviceArray(shape, twin.dtype.str, None, addr)
+        self.host[id(fake)] = (twin, addr)
+        return fake
+
+    def out(self, shape, dtype="float32"):
+        x = self.arr(shape, dtype)
+        self.outputs.append(x)
+        return x
+
+    def view(self, parent, key):
+        twin, addr = self.host[id(parent)]
+        v = twin[key]
+        offset = v.__array_interface__["data"][0] - twin.__array_interface__["data"][0]
+        fake = FakeDeviceArray(v.shape, v.dtype.str, v.strides, addr + offset)
+        self.host[id(fake)] = (v, addr + offset)
+        if any(parent is o for o in self.outputs):
+            self.outputs.append(fake)
+        return fake
+
+    def transpose(self, x):
+        twin, addr = self.host[id(x)]
+        fake = FakeDeviceArray(twin.T.shape, twin.dtype.str, twin.T.strides, addr)
+        self.host[id(fake)] = (twin.T, addr)
+        if any(x is o for o in self.outputs):
+            self.outputs.append(fake)
+        return fake
+
+    def strided(self, shape, strides, dtype="float32"):
+        """A view with the given element strides over a fresh buffer."""
+        itemsize = np.dtype(dtype).itemsize
+        return FakeDeviceArray(shape, np.dtype(dtype).str, tuple(s * itemsize for s in strides),
+                               self.arr((4096,), dtype).__cuda_array_interface__["data"][0])
+
+
+class Reals(Fakes):
+    """Array maker for the GPU run: random inputs, NaN-poisoned outputs."""
+    gpu = True
+
+    def __init__(self, cp):
+        super().__init__()
+        self.cp = cp
+        self.rng = np.random.default_rng()
+
+    def arr(self, shape, dtype="float32"):
+        return self.cp.asarray(self.rng.standard_normal(shape).astype(dtype))
+
+    def out(self, shape, dtype="float32"):
+        x = self.cp.full(shape, self.cp.nan, dtype=dtype)
+        self.outputs.append(x)
+        return x
+
+    def view(self, parent, key):
+        v = parent[key]
+        if any(parent is o for o in self.outputs):
+            self.outputs.append(v)
+        return v
+
+    def transpose(self, x):
+        return x.T
+
+    def strided(self, shape, strides, dtype="float32"):
+        buf = self.out((4096,), dtype)
+        itemsize = np.dtype(dtype).itemsize
+        return self.cp.lib.stride_tricks.as_strided(buf, shape, tuple(s * itemsize for s in strides))
+
+
+def fn(name):
+    return {"gemm": cygemm.gemm, "gemm_strided_batched": cygemm.gemm_strided_batched,
+            "forward_into": gemm_ops.forward_into, "backward_into": gemm_ops.backward_into,
+            "forward": gemm_ops.forward, "backward": gemm_ops.backward,
+            "as_tensor_2d": gemm_ops.as_tensor_2d, "assert_f32_2d": gemm_ops.assert_f32_2d,
+            "ensure_workspaces": gemm_ops.ensure_workspaces, "ActAttrs.make": gemm_ops.ActAttrs.make,
+            "to_voidp_capsule": gemm_ops.to_voidp_capsule, "get_stream_ptr": gemm_ops.get_stream_ptr}[name]
+
+
+# (function, build(mk) -> (args, kwargs), exception, words the message must hold, CPU-checkable)
+# Words are matched case-sensitively; the first always names the argument.
+def _layer(mk):
+    return mk.arr((M, K)), mk.arr((K, N)), mk.out((M, N))
+
+
+def _bwd(mk):
+    return mk.arr((M, K)), mk.arr((K, N)), mk.arr((M, N)), mk.arr((M, N))
+
+
+CASES = {
+    # ---- gemm
+    "gemm/A numpy": ("gemm", lambda mk: ((np.ones((2, 2), np.float32), mk.arr((2, 2)), mk.out((2, 2))), {}),
+                     TypeError, ["A:", "numpy"], True),
+    "gemm/B list": ("gemm", lambda mk: ((mk.arr((2, 2)), [[1.0, 2.0]], mk.out((2, 2))), {}),
+                    TypeError, ["B:", "list"], True),
+    "gemm/mixed dtypes": ("gemm", lambda mk: ((mk.arr((2, 2)), mk.arr((2, 2), "float16"), mk.out((2, 2))), {}),
+                          TypeError, ["B:", "float32", "float16"], True),
+    "gemm/float64": ("gemm", lambda mk: ((mk.arr((2, 2), "float64"), mk.arr((2, 2), "float64"),
+                                          mk.out((2, 2), "float64")), {}), TypeError, ["A:", "f8"], True),
+    "gemm/int32": ("gemm", lambda mk: ((mk.arr((2, 2), "int32"), mk.arr((2, 2), "int32")), {}),
+                   TypeError, ["A:", "i4"], True),
+    "gemm/A 3-D": ("gemm", lambda mk: ((mk.arr((2, 2, 2)), mk.arr((2, 2)), mk.out((2, 2))), {}),
+                   ValueError, ["A:", "2-D", "3-D"], True),
+    "gemm/inner mismatch": ("gemm", lambda mk: ((mk.arr((2, 3)), mk.arr((4, 5)), mk.out((2, 5))), {}),
+                            ValueError, ["B:", "3 rows", "4x5"], True),
+    "gemm/inner mismatch trans_b": ("gemm", lambda mk: ((mk.arr((2, 3)), mk.arr((5, 4)), mk.out((2, 5))),
+                                                        {"trans_b": True}), ValueError, ["B:", "trans_b=True"], True),
+    "gemm/out shape": ("gemm", lambda mk: ((mk.arr((2, 3)), mk.arr((3, 5)), mk.out((2, 4))), {}),
+                       ValueError, ["out:", "(2, 5)", "(2, 4)"], True),
+    "gemm/out dtype": ("gemm", lambda mk: ((mk.arr((2, 3)), mk.arr((3, 5)), mk.out((2, 5), "float16")), {}),
+                       TypeError, ["out:", "float32"], True),
+    "gemm/out 3-D": ("gemm", lambda mk: ((mk.arr((2, 3)), mk.arr((3, 5)), mk.out((1, 2, 5))), {}),
+                     ValueError, ["out:", "2-D"], True),
+    "gemm/A layout": ("gemm", lambda mk: ((mk.strided((4, 4), (8, 2)), mk.arr((4, 4)), mk.out((4, 4))), {}),
+                      ValueError, ["A:", "layout"], True),
+    "gemm/B layout": ("gemm", lambda mk: ((mk.arr((4, 4)), mk.strided((4, 4), (1, 2)), mk.out((4, 4))), {}),
+                      ValueError, ["B:", "layout"], True),
+    "gemm/out layout (broadcast rows)": ("gemm", lambda mk: ((mk.arr((4, 4)), mk.arr((4, 4)),
+                                                               mk.strided((4, 4), (0, 1))), {}),
+                                         ValueError, ["out:", "layout"], True),
+    "gemm/math": ("gemm", lambda mk: ((mk.arr((4, 4)), mk.arr((4, 4)), mk.out((4, 4))), {"math": "fp16"}),
+                  ValueError, ["math:", "'tf32'"], True),
+    "gemm/beta without out": ("gemm", lambda mk: ((mk.arr((4, 4)), mk.arr((4, 4))), {"beta": 1.0}),
+                              ValueError, ["beta:", "out="], True),
+    "gemm/stream str": ("gemm", lambda mk: ((mk.arr((4, 4)), mk.arr((4, 4)), mk.out((4, 4))), {"stream": "s"}),
+                        TypeError, ["stream:"], True),
+    "gemm/alpha str": ("gemm", lambda mk: ((mk.arr((4, 4)), mk.arr((4, 4)), mk.out((4, 4))), {"alpha": "x"}),
+                       TypeError, [], True),
+    "gemm/out overlaps A": ("gemm", lambda mk: (lambda P: ((mk.view(P, np.s_[:, :K]), mk.arr((K, N)),
+                                                            mk.view(P, np.s_[:, K - 1:K - 1 + N])), {}))(mk.out((M, 8))),
+                            ValueError, ["out:", "overlaps A"], True),
+    "gemm/out is B": ("gemm", lambda mk: (lambda Bo: ((mk.arr((4, 4)), Bo, Bo), {}))(mk.out((4, 4))),
+                      ValueError, ["out:", "overlaps B"], True),
+    "gemm/out is A transposed": ("gemm", lambda mk: (lambda X: ((X, mk.arr((4, 4)), mk.transpose(X)), {}))(mk.out((4, 4))),
+                                 ValueError, ["out:", "overlaps A"], True),
+    # ---- gemm_strided_batched
+    "batched/batch mismatch": ("gemm_strided_batched", lambda mk: ((mk.arr((3, 2, 2)), mk.arr((4, 2, 2))), {}),
+                               ValueError, ["B:", "batch", "3", "4"], True),
+    "batched/out 2-D": ("gemm_strided_batched", lambda mk: ((mk.arr((3, 2, 2)), mk.arr((3, 2, 2)), mk.out((2, 2))), {}),
+                        ValueError, ["out:", "3-D"], True),
+    "batched/out shape": ("gemm_strided_batched", lambda mk: ((mk.arr((3, 2, 2)), mk.arr((3, 2, 2)),
+                                                               mk.out((2, 2, 2))), {}), ValueError, ["out:", "(3, 2, 2)"], True),
+    "batched/out batch overlap": ("gemm_strided_batched", lambda mk: ((mk.arr((3, 2, 2)), mk.arr((3, 2, 2)),
+                                                                       mk.strided((3, 2, 2), (2, 2, 1))), {}),
+                                  ValueError, ["out:", "overlap"], True),
+    "batched/A 4-D": ("gemm_strided_batched", lambda mk: ((mk.arr((1, 3, 2, 2)), mk.arr((3, 2, 2))), {}),
+                      ValueError, ["A:", "3-D"], True),
+    "batched/mixed dtypes": ("gemm_strided_batched", lambda mk: ((mk.arr((3, 2, 2)), mk.arr((3, 2, 2), "float16"),
+                                                                  mk.out((3, 2, 2))), {}), TypeError, ["B:"], True),
+    "batched/out is A": ("gemm_strided_batched", lambda mk: (lambda X: ((X, mk.arr((3, 2, 2)), X), {}))(mk.out((3, 2, 2))),
+                         ValueError, ["out:", "overlaps A"], True),
+    "batched/inner mismatch": ("gemm_strided_batched", lambda mk: ((mk.arr((3, 2, 3)), mk.arr((3, 2, 2))), {}),
+                               ValueError, ["B:", "3 rows"], True),
+    # ---- forward_into
+    "forward_into/A numpy": ("forward_into", lambda mk: ((np.ones((M, K), np.float32), mk.arr((K, N)), mk.out((M, N))), {}),
+                             TypeError, ["A:"], True),
+    "forward_into/A 3-D": ("forward_into", lambda mk: ((mk.arr((1, M, K)), mk.arr((K, N)), mk.out((M, N))), {}),
+                           ValueError, ["A:", "2-D"], True),
+    "forward_into/mixed dtypes": ("forward_into", lambda mk: ((mk.arr((M, K)), mk.arr((K, N), "float16"),
+                                                               mk.out((M, N))), {}), TypeError, ["B:", "float32"], True),
+    "forward_into/inner mismatch": ("forward_into", lambda mk: ((mk.arr((M, K)), mk.arr((K + 1, N)), mk.out((M, N))), {}),
+                                    ValueError, ["B:", f"{K} rows"], True),
+    "forward_into/out shape": ("forward_into", lambda mk: ((mk.arr((M, K)), mk.arr((K, N)), mk.out((M, N + 1))), {}),
+                               ValueError, ["out:", f"({M}, {N})"], True),
+    "forward_into/out dtype": ("forward_into", lambda mk: ((mk.arr((M, K)), mk.arr((K, N)), mk.out((M, N), "float16")), {}),
+                               TypeError, ["out:", "float32"], True),
+    "forward_into/out numpy": ("forward_into", lambda mk: ((mk.arr((M, K)), mk.arr((K, N)), np.zeros((M, N), np.float32)), {}),
+                               TypeError, ["out:"], True),
+    "forward_into/out column-major": ("forward_into", lambda mk: ((mk.arr((M, K)), mk.arr((K, N)),
+                                                                   mk.transpose(mk.out((N, M)))), {}),
+                                      ValueError, ["out:", "row-major"], True),
+    "forward_into/bias length": ("forward_into", lambda mk: (_layer(mk) + (mk.arr((N + 1,)),), {}),
+                                 ValueError, ["bias:", f"({N},)"], True),
+    "forward_into/bias 2 rows": ("forward_into", lambda mk: (_layer(mk) + (mk.arr((2, N)),), {}),
+                                 ValueError, ["bias:"], True),
+    "forward_into/bias dtype": ("forward_into", lambda mk: (_layer(mk) + (mk.arr((N,), "float16"),), {}),
+                                TypeError, ["bias:", "float32"], True),
+    "forward_into/bias numpy": ("forward_into", lambda mk: (_layer(mk) + (np.zeros(N, np.float32),), {}),
+                                TypeError, ["bias:"], True),
+    "forward_into/bias strided": ("forward_into", lambda mk: (_layer(mk) + (mk.strided((N,), (2,)),), {}),
+                                  ValueError, ["bias:", "contiguous"], True),
+    "forward_into/save_z without z_out": ("forward_into", lambda mk: (_layer(mk), {"save_z": True}),
+                                          ValueError, ["z_out:", "save_z"], True),
+    "forward_into/z_out without save_z": ("forward_into", lambda mk: (_layer(mk), {"z_out": mk.out((M, N))}),
+                                          ValueError, ["z_out:", "save_z"], True),
+    "forward_into/z_out shape": ("forward_into", lambda mk: (_layer(mk), {"save_z": True, "z_out": mk.out((M + 1, N))}),
+                                 ValueError, ["z_out:"], True),
+    "forward_into/unknown act": ("forward_into", lambda mk: (_layer(mk), {"act": "swish"}),
+                                 ValueError, ["act:", "leaky_relu"], True),
+    "forward_into/act not a str": ("forward_into", lambda mk: (_layer(mk), {"act": 3}),
+                                   ValueError, ["act:"], True),
+    "forward_into/negative leaky_slope": ("forward_into", lambda mk: (_layer(mk), {"act": "leaky_relu", "leaky_slope": -1.0}),
+                                          ValueError, ["leaky_slope:"], True),
+    "forward_into/nan leaky_slope": ("forward_into", lambda mk: (_layer(mk), {"act": "leaky_relu", "leaky_slope": math.nan}),
+                                     ValueError, ["leaky_slope:"], True),
+    "forward_into/inf leaky_slope": ("forward_into", lambda mk: (_layer(mk), {"act": "leaky_relu", "leaky_slope": math.inf}),
+                                     ValueError, ["leaky_slope:"], True),
+    "forward_into/math": ("forward_into", lambda mk: (_layer(mk), {"math": "fp64"}), ValueError, ["math:"], True),
+    "forward_into/lt_workspace bytes": ("forward_into", lambda mk: (_layer(mk), {"lt_workspace": bytearray(16)}),
+                                        TypeError, ["lt_workspace:"], True),
+    "forward_into/stream float": ("forward_into", lambda mk: (_layer(mk), {"stream": 1.5}), TypeError, ["stream:"], True),
+    "forward_into/out overlaps A": ("forward_into", lambda mk: (lambda P: ((mk.view(P, np.s_[:, :K]), mk.arr((K, N)),
+                                                                            mk.view(P, np.s_[:, 2:2 + N])), {}))(mk.out((M, 8))),
+                                    ValueError, ["out:", "overlaps A"], True),
+    "forward_into/out overlaps bias": ("forward_into", lambda mk: (lambda Y: ((mk.arr((M, K)), mk.arr((K, N)), Y,
+                                                                               mk.view(Y, np.s_[2])), {}))(mk.out((M, N))),
+                                       ValueError, ["out:", "overlaps bias"], True),
+    "forward_into/z_out is out": ("forward_into", lambda mk: (lambda Y: ((mk.arr((M, K)), mk.arr((K, N)), Y),
+                                                                         {"save_z": True, "z_out": Y}))(mk.out((M, N))),
+                                  ValueError, ["z_out:", "overlaps out"], True),
+    "forward_into/z_out overlaps B": ("forward_into", lambda mk: (lambda Q: ((mk.arr((M, K)), mk.view(Q, np.s_[:K, :N]),
+                                                                              mk.out((M, N))),
+                                                                             {"save_z": True, "z_out": mk.view(Q, np.s_[K - 1:K - 1 + M, :N])}))(mk.out((M + K, N))),
+                                      ValueError, ["z_out:", "overlaps B"], True),
+    # ---- backward_into
+    "backward_into/gY shape": ("backward_into", lambda mk: ((mk.arr((M, K)), mk.arr((K, N)), mk.arr((M, N + 1)), None), {}),
+                               ValueError, ["gY:"], True),
+    "backward_into/relu without Z or y": ("backward_into", lambda mk: (_bwd(mk)[:3] + (None,), {"act": "relu"}),
+                                          ValueError, ["Z:"], True),
+    "backward_into/Z shape": ("backward_into", lambda mk: (_bwd(mk)[:3] + (mk.arr((M, 1)),), {"act": "relu"}),
+                              ValueError, ["Z:"], True),
+    "backward_into/Z dtype": ("backward_into", lambda mk: (_bwd(mk)[:3] + (mk.arr((M, N), "float16"),), {"act": "relu"}),
+                              TypeError, ["Z:"], True),
+    "backward_into/missing work_dZ": ("backward_into", lambda mk: (_bwd(mk), {"act": "relu", "gA_out": mk.out((M, K))}),
+                                      ValueError, ["work_dZ:", "ensure_workspaces"], True),
+    "backward_into/work_dZ shape": ("backward_into", lambda mk: (_bwd(mk), {"act": "relu", "gA_out": mk.out((M, K)),
+                                                                           "work_dZ": mk.out((M, N + 1))}),
+                                    ValueError, ["work_dZ:"], True),
+    "backward_into/gA_out shape": ("backward_into", lambda mk: (_bwd(mk)[:3] + (None,), {"gA_out": mk.out((M, K + 1))}),
+                                   ValueError, ["gA_out:"], True),
+    "backward_into/gA_out numpy": ("backward_into", lambda mk: (_bwd(mk)[:3] + (None,), {"gA_out": np.zeros((M, K), np.float32)}),
+                                   TypeError, ["gA_out:"], True),
+    "backward_into/gB_out dtype": ("backward_into", lambda mk: (_bwd(mk)[:3] + (None,), {"gB_out": mk.out((K, N), "float16")}),
+                                   TypeError, ["gB_out:"], True),
+    "backward_into/gB_out layout": ("backward_into", lambda mk: (_bwd(mk)[:3] + (None,), {"gB_out": mk.strided((K, N), (4, 2))}),
+                                    ValueError, ["gB_out:", "layout"], True),
+    "backward_into/gBias_out length": ("backward_into", lambda mk: (_bwd(mk)[:3] + (None,), {"gBias_out": mk.out((N - 1,))}),
+                                       ValueError, ["gBias_out:"], True),
+    "backward_into/unknown act": ("backward_into", lambda mk: (_bwd(mk), {"act": "elu"}), ValueError, ["act:"], True),
+    "backward_into/gelu from y": ("backward_into", lambda mk: (_bwd(mk)[:3] + (None,), {"act": "gelu", "y": mk.arr((M, N))}),
+                                  ValueError, ["y:", "gelu"], True),
+    "backward_into/leaky 0 from y": ("backward_into", lambda mk: (_bwd(mk)[:3] + (None,),
+                                                                  {"act": "leaky_relu", "leaky_slope": 0.0, "y": mk.arr((M, N))}),
+                                     ValueError, ["y:"], True),
+    "backward_into/y shape": ("backward_into", lambda mk: (_bwd(mk)[:3] + (None,), {"act": "relu", "y": mk.arr((M, N + 2))}),
+                              ValueError, ["y:"], True),
+    "backward_into/inf leaky_slope": ("backward_into", lambda mk: (_bwd(mk), {"act": "leaky_relu", "leaky_slope": math.inf}),
+                                      ValueError, ["leaky_slope:"], True),
+    "backward_into/math": ("backward_into", lambda mk: (_bwd(mk)[:3] + (None,), {"math": "tf16"}), ValueError, ["math:"], True),
+    "backward_into/gA_out overlaps gY": ("backward_into", lambda mk: (lambda P: ((mk.arr((M, K)), mk.arr((K, N)),
+                                                                                  mk.view(P, np.s_[:, :N]), None),
+                                                                                 {"gA_out": mk.view(P, np.s_[:, N - 1:N - 1 + K])}))(mk.out((M, 16))),
+                                         ValueError, ["gA_out:", "overlaps gY"], True),
+    "backward_into/gB_out is B": ("backward_into", lambda mk: (lambda Bo: ((mk.arr((M, K)), Bo, mk.arr((M, N)), None),
+                                                                           {"gB_out": Bo}))(mk.out((K, N))),
+                                  ValueError, ["gB_out:", "overlaps B"], True),
+    "backward_into/work_dZ is gY": ("backward_into", lambda mk: (lambda G: ((mk.arr((M, K)), mk.arr((K, N)), G, mk.arr((M, N))),
+                                                                            {"act": "relu", "gB_out": mk.out((K, N)),
+                                                                             "work_dZ": G}))(mk.out((M, N))),
+                                    ValueError, ["work_dZ:", "overlaps gY"], True),
+    "backward_into/work_dZ is Z": ("backward_into", lambda mk: (lambda Zo: ((mk.arr((M, K)), mk.arr((K, N)), mk.arr((M, N)), Zo),
+                                                                            {"act": "gelu", "gA_out": mk.out((M, K)),
+                                                                             "work_dZ": Zo}))(mk.out((M, N))),
+                                   ValueError, ["work_dZ:", "overlaps Z"], True),
+    "backward_into/gBias_out inside gA_out": ("backward_into", lambda mk: (lambda G: ((mk.arr((M, K)), mk.arr((K, N)),
+                                                                                      mk.arr((M, N)), None),
+                                                                                     {"gA_out": G, "gBias_out": mk.view(G, np.s_[1, :N])}))(mk.out((M, K))),
+                                              ValueError, ["gBias_out:", "overlaps gA_out"], True),
+    # ---- allocating forms (their own checks name the argument too)
+    "forward/A numpy": ("forward", lambda mk: ((np.ones((M, K), np.float32), mk.arr((K, N))), {}), TypeError, ["A:"], True),
+    "forward/B 3-D": ("forward", lambda mk: ((mk.arr((M, K)), mk.arr((1, K, N))), {}), ValueError, ["B:", "2-D"], True),
+    "forward/unknown act": ("forward", lambda mk: ((mk.arr((M, K)), mk.arr((K, N))), {"act": "mish"}),
+                            ValueError, ["act:"], False),
+    "forward/inner mismatch": ("forward", lambda mk: ((mk.arr((M, K)), mk.arr((K + 2, N))), {}),
+                               ValueError, ["B:"], False),
+    "backward/A list": ("backward", lambda mk: (([[1.0]], mk.arr((K, N)), mk.arr((M, N)), None), {}),
+                        TypeError, ["A:", "list"], True),
+    "backward/gY shape": ("backward", lambda mk: ((mk.arr((M, K)), mk.arr((K, N)), mk.arr((M + 1, N)), None), {}),
+                          ValueError, ["gY:"], False),
+    # ---- helpers
+    "as_tensor_2d/numpy": ("as_tensor_2d", lambda mk: ((np.zeros((2, 2), np.float32),), {}), TypeError, ["x:"], True),
+    "as_tensor_2d/3-D": ("as_tensor_2d", lambda mk: ((mk.arr((2, 3, 4)),), {}), ValueError, ["x:", "2-D"], True),
+    "as_tensor_2d/column stride": ("as_tensor_2d", lambda mk: ((mk.strided((3, 4), (1, 3)),), {}),
+                                   ValueError, ["x:", "unit stride"], True),
+    "assert_f32_2d/float16": ("assert_f32_2d", lambda mk: ((mk.arr((3, 4), "float16"),), {}), TypeError,
+                              ["x:", "float32"], True),
+    "ensure_workspaces/negative": ("ensure_workspaces", lambda mk: ((-1, 4), {}), ValueError, ["M, N", "-1"], True),
+    "ActAttrs.make/unknown act": ("ActAttrs.make", lambda mk: (("mish",), {}), ValueError, ["act:"], True),
+    "ActAttrs.make/negative slope": ("ActAttrs.make", lambda mk: (("leaky_relu",), {"leaky_slope": -0.5}),
+                                     ValueError, ["leaky_slope:"], True),
+    "to_voidp_capsule/null": ("to_voidp_capsule", lambda mk: ((0,), {}), ValueError, ["ptr:"], True),
+    "get_stream_ptr/str": ("get_stream_ptr", lambda mk: (("s",), {}), TypeError, ["stream:"], True),
+}
+
+
+def _check_raises(name, mk):
+    fname, build, exc, words, _ = CASES[name]
+    args, kwargs = build(mk)
+    with pytest.raises(exc) as info:
+        fn(fname)(*args, **kwargs)
+    msg = str(info.value)
+    for w in words:
+        assert w in msg, f"{w!r} not in {msg!r}"
+    return msg
+
+
+CPU_CASES = [n for n, c in CASES.items() if c[4]]
+
+
+@pytest.mark.parametrize("name", CPU_CASES)
+def test_bad_input_cpu(name):
+    _check_raises(name, Fakes())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input_gpu_writes_nothing(name):
+    import cupy as cp
+    mk = Reals(cp)
+    _check_raises(name, mk)
+    cp.cuda.Device().synchronize()
+    for out in mk.outputs:
+        assert bool(cp.isnan(out).all()), f"{name}: an output lost its NaN poison"
+    # The library is still usable on this thread.
+    A, B = mk.arr((3, 4)), mk.arr((4, 2))
+    got = cp.asnumpy(cygemm.gemm(A, B, math="fp32"))
+    np.testing.assert_allclose(got, cp.asnumpy(A).astype(np.float64) @ cp.asnumpy(B), rtol=1e-5, atol=1e-6)
+
+
+def test_table_covers_every_public_function():
+    covered = {c[0] for c in CASES.values()}
+    assert covered >= {"gemm", "gemm_strided_batched", "forward_into", "backward_into", "forward", "backward"}
+    assert len(CASES) >= 80
+
+
+# ---- column blocks of one buffer do not overlap: accepted (exact check, not address ranges)
+
+def test_disjoint_column_blocks_pass_validation_cpu():
+    mk = Fakes()
+    P = mk.out((M, 16))
+    A, out = mk.view(P, np.s_[:, :K]), mk.view(P, np.s_[:, K:K + N])
+    # Validation passes; with no GPU the call then fails in CUDA, not in the overlap check.
+    with pytest.raises((cygemm.CudaError, cygemm.CublasError)):
+        cygemm.gemm(A, mk.arr((K, N)), out, stream=0)
+
+
+@pytest.mark.gpu
+def test_disjoint_column_blocks_compute_correctly():
+    import cupy as cp
+    rng = np.random.default_rng()
+    P = cp.asarray(rng.standard_normal((M, 16)).astype(np.float32))
+    before = cp.asnumpy(P)
+    B = cp.asarray(rng.standard_normal((K, N)).astype(np.float32))
+    cygemm.gemm(P[:, :K], B, P[:, K:K + N], math="fp32")
+    after = cp.asnumpy(P)
+    np.testing.assert_allclose(after[:, K:K + N], before[:, :K].astype(np.float64) @ cp.asnumpy(B), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(after[:, :K], before[:, :K])
+    np.testing.assert_array_equal(after[:, K + N:], before[:, K + N:])
+
+
+# ---- several GPUs: arrays and streams of another device (skip with one GPU)
+
+def _two_gpus():
+    import cupy as cp
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs; this machine has one")
+    return cp
+
+
+@pytest.mark.gpu
+def test_array_on_another_device_is_refused():
+    cp = _two_gpus()
+    with cp.cuda.Device(1):
+        A1 = cp.ones((4, 4), cp.float32)
+    with cp.cuda.Device(0):
+        B, out = cp.ones((4, 4), cp.float32), cp.full((4, 4), cp.nan, cp.float32)
+        with pytest.raises(ValueError, match="A: the array is on device 1"):
+            cygemm.gemm(A1, B, out)
+        assert bool(cp.isnan(out).all())
+
+
+@pytest.mark.gpu
+def test_stream_of_another_device_is_refused():
+    cp = _two_gpus()
+    with cp.cuda.Device(1):
+        s1 = cp.cuda.Stream(non_blocking=True)
+    with cp.cuda.Device(0):
+        A, out = cp.ones((4, 4), cp.float32), cp.full((4, 4), cp.nan, cp.float32)
+        with pytest.raises(ValueError, match="stream: the stream belongs to device 1"):
+            cygemm.gemm(A, A, out, stream=s1)
+        assert bool(cp.isnan(out).all())
+
+
+# ---- allocating calls while the stream is capturing: RuntimeError, and the capture survives
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("call", ["forward", "backward", "ensure_workspaces", "gemm out=None"])
+def test_allocating_call_during_capture_is_refused(call):
+    import cupy as cp
+    mk = Reals(cp)
+    A, B, gY = mk.arr((M, K)), mk.arr((K, N)), mk.arr((M, N))
+    Y = mk.out((M, N))
+    s = cp.cuda.Stream(non_blocking=True)
+    cygemm.gemm(A, B, Y, stream=s)          # warm: handles and workspace exist
+    s.synchronize()
+    Y.fill(cp.nan)
+    s.synchronize()
+    with cygemm.graph.capture(s) as g:
+        with pytest.raises(RuntimeError, match="captur"):
+            if call == "forward":
+                gemm_ops.forward(A, B, stream=s)
+            elif call == "backward":
+                gemm_ops.backward(A, B, gY, None, stream=s)
+            elif call == "ensure_workspaces":
+                gemm_ops.ensure_workspaces(1234, 567, stream=s)
+            else:
+                cygemm.gemm(A, B, stream=s)
+        cygemm.gemm(A, B, Y, math="fp32", stream=s)    # the capture is still alive
+    assert bool(cp.isnan(Y).all())                      # captured, not yet run
+    g.launch(s)
+    s.synchronize()
+    np.testing.assert_allclose(cp.asnumpy(Y), cp.asnumpy(A).astype(np.float64) @ cp.asnumpy(B), rtol=1e-5, atol=1e-6)
