@@ -432,10 +432,11 @@ def test_allocating_call_during_capture_is_refused(call):
     A, B, gY = mk.arr((M, K)), mk.arr((K, N)), mk.arr((M, N))
     Y = mk.out((M, N))
     s = cp.cuda.Stream(non_blocking=True)
+    cp.cuda.Device().synchronize()
     cygemm.gemm(A, B, Y, stream=s)          # warm: handles and workspace exist
     s.synchronize()
     Y.fill(cp.nan)
-    s.synchronize()
+    cp.cuda.Device().synchronize()
     with cygemm.graph.capture(s) as g:
         with pytest.raises(RuntimeError, match="captur"):
             if call == "forward":
