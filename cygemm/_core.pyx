@@ -302,7 +302,8 @@ cdef int _fill_view(MatrixView* view, str name, int min_ndim, int max_ndim, uint
     cdef int64_t st[3]
     cdef int i
     cdef int64_t expect = itemsize
-    if strides is None:                       # C-contiguous
+    # C-contiguous; also for an empty array, whose strides are meaningless (CuPy gives 0s).
+    if strides is None or 0 in shape:
         for i in range(ndim - 1, -1, -1):
             st[i] = expect
             expect *= <int64_t>shape[i]

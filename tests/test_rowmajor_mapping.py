@@ -130,3 +130,12 @@ def test_sizes_past_int32_take_the_64bit_api():
     assert (d["m"], d["n"], d["k"], d["ldc"]) == (2, n, 1, 2) and d["int64_api"]
     small = cg.describe_gemm(F((64, 64)), F((64, 64)), F((64, 64), ptr=BASE + 2**20))
     assert not small["int64_api"]
+
+
+def test_empty_arrays_with_zero_strides_are_accepted():
+    # CuPy and NumPy give empty arrays strides of 0; the layout check must not refuse them.
+    d = cg.describe_gemm(F((0, 5), strides=(0, 0)), F((5, 4)), F((0, 4), strides=(0, 0), ptr=BASE + 2**20))
+    assert (d["m"], d["n"], d["k"]) == (4, 0, 5)
+    d = cg.describe_gemm(F((3, 5, 0), strides=(0, 0, 0)), F((3, 0, 6), strides=(0, 0, 0)),
+                         F((3, 5, 6), ptr=BASE + 2**20), batched=True)
+    assert d["k"] == 0 and d["batch"] == 3
