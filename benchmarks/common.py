@@ -1,27 +1,33 @@
-"""Timing and reporting shared by the benchmark scripts (CUDA events, medians, environment)."""
+"""Timing, the C++ floor and the environment record shared by the benchmark suite."""
 import datetime
 import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+L2_BYTES = 50 << 20          # H100/H200 L2; below it several operand sets are rotated
 
-def environment(cp):
+
+def environment(cp, extra=None):
     import cygemm
     props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    v = cygemm.versions()
-    return {
+    name = props["name"]
+    env = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "gpu": props["name"].decode() if isinstance(props["name"], bytes) else props["name"],
+        "gpu": name.decode() if isinstance(name, bytes) else name,
         "driver": nvidia_smi("driver_version"),
         "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(),
         "cuda_driver_api": cp.cuda.runtime.driverGetVersion(),
-        "cublasLt": v["cublasLt"],
+        "cublasLt": cygemm.versions()["cublasLt"],
         "cupy": cp.__version__,
-        "clocks_sm_mem_mhz": nvidia_smi("clocks.sm,clocks.mem"),
+        "python": sys.version.split()[0],
         "CUPY_TF32": os.environ.get("CUPY_TF32"),
     }
+    env.update(extra or {})
+    return env
 
 
 def nvidia_smi(query):
@@ -33,8 +39,34 @@ def nvidia_smi(query):
         return f"unavailable ({exc})"
 
 
-def host_us_per_call(fn, sync, calls=5000, reps=7, warmup=300):
-    """Wall time per call over `calls` back-to-back calls with one sync at the end; median of reps."""
+def clocks():
+    return nvidia_smi("clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw")
+
+
+def gpu_ms(cp, calls, stream, inner=1, reps=20, warmup=3):
+    """CUDA-event time per call: `inner` calls (cycling through `calls`, a list of
+    zero-argument callables over rotated operand sets) between two events on `stream`.
+    Returns (median, min, max) over reps, after warm-up."""
+    if callable(calls):
+        calls = [calls]
+    n = len(calls)
+    for i in range(max(warmup, n)):
+        calls[i % n]()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    times, j = [], 0
+    for _ in range(reps):
+        start.record(stream)
+        for _ in range(inner):
+            calls[j % n]()
+            j += 1
+        end.record(stream)
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end) / inner)
+    return statistics.median(times), min(times), max(times)
+
+
+def host_us(fn, sync, calls=3000, reps=3, warmup=300):
+    """Wall time per call over `calls` back-to-back calls with one sync at the end."""
     for _ in range(warmup):
         fn()
     sync()
@@ -45,49 +77,26 @@ def host_us_per_call(fn, sync, calls=5000, reps=7, warmup=300):
             fn()
         sync()
         per.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(per), min(per), max(per)
+    return statistics.median(per)
 
 
-def interleaved_host_us(exe, ours, sync, rounds=5):
-    """Host us/call of the C++ floor (program `exe`, argument "host") and of each of `ours`
-    (name -> fn), measured in alternating rounds so that both see the same machine state.
-    Returns {floor case: [per-round us]}, {name: [per-round us]}."""
-    floors, mine = {}, {name: [] for name in ours}
-    for _ in range(rounds):
-        for r in run_floor(exe, "host"):
-            floors.setdefault((r["case"], r.get("math")), []).append(r["us"])
-        for name, fn in ours.items():
-            mine[name].append(host_us_per_call(fn, sync, calls=3000, reps=3)[0])
-    return floors, mine
-
-
-def gpu_ms(cp, fn, stream, reps=20, warmup=3):
-    """CUDA-event time of fn() on `stream`; median (min, max) of reps after warm-up."""
-    for _ in range(warmup):
-        fn()
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    times = []
-    for _ in range(reps):
-        start.record(stream)
-        fn()
-        end.record(stream)
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end))
-    return statistics.median(times), min(times), max(times)
-
-
-def build_floor(src, exe):
-    """Compile the C++ cuBLAS floor program with the toolkit and cuBLAS cygemm was built with."""
+def build_floor(exe):
+    """Compile cublas_floor.cu with the toolkit and cuBLAS cygemm was built with."""
     from cygemm import _build_config as cfg
     nvcc = os.path.join(os.path.dirname(cfg.CUDA_INCLUDE), "bin", "nvcc")
     names = sorted(os.listdir(cfg.CUBLAS_LIB), key=len)
     libs = [f"-l:{next(n for n in names if n.startswith(p))}" for p in ("libcublas.so", "libcublasLt.so")]
-    cmd = [nvcc, "-O2", "-std=c++17", src, "-o", exe, f"-I{cfg.CUBLAS_INCLUDE}", f"-L{cfg.CUBLAS_LIB}",
-           *libs, f"-Xlinker=-rpath={cfg.CUBLAS_LIB}"]
+    arch = os.environ.get("CYGEMM_CUDA_ARCHS", "90").split(";")[0]
+    cmd = [nvcc, "-O2", "-std=c++17", f"-arch=sm_{arch}", os.path.join(HERE, "cublas_floor.cu"), "-o", exe,
+           f"-I{cfg.CUBLAS_INCLUDE}", f"-L{cfg.CUBLAS_LIB}", *libs, f"-Xlinker=-rpath={cfg.CUBLAS_LIB}"]
     subprocess.run(cmd, check=True)
     return exe
 
 
-def run_floor(exe, *args):
-    out = subprocess.run([exe, *args], capture_output=True, text=True, check=True).stdout
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+def run_floor(exe, lines):
+    """Run the C++ floor on case lines ("gemm 64 64 64 tf32 0 0 host"); {line: value}."""
+    out = subprocess.run([exe], input="\n".join(lines) + "\n", capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"cublas_floor failed: {out.stderr.strip()[-500:]}")
+    rows = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
+    return {r["case"]: r["value"] for r in rows}

@@ -1,104 +1,279 @@
-"""Regenerate benchmarks/RESULTS.md from the JSON the benchmark scripts write.
+"""Tables, plots and the summary from the suite's JSON.
 
-    python benchmarks/report.py DIR      (DIR holds bench_gemm.json and bench_fused.json)
+    python benchmarks/report.py DIR [--md PATH]
+
+Reads DIR/bench.json; writes DIR/*.png and the Markdown (DIR/RESULTS.md, or PATH),
+and prints the summary: cygemm against the best other contender, case by case.
 """
+import argparse
 import json
 import os
-import sys
+from collections import OrderedDict
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+PEAK_TFLOPS = {"tf32": 494.7, "fp32": 66.9, "fp16": 989.4, "bf16": 989.4}   # H200 SXM datasheet, dense
+UNITS = {"gpu_ms": "ms", "host_us": "µs", "graph_us": "µs", "step_us": "µs", "gbps": "GB/s",
+         "tflops_peak": "TFLOP/s", "gbps_peak": "GB/s"}
 
 
-def load(d, name):
-    with open(os.path.join(d, name)) as f:
+def load(d):
+    with open(os.path.join(d, "bench.json")) as f:
         return json.load(f)
 
 
-def find(rows, case, contender):
+def is_ours(contender):
+    return contender.startswith("cygemm")
+
+
+def precision(row):
+    if row.get("prec"):
+        return row["prec"]
+    for p in ("tf32", "fp32", "fp16", "bf16"):
+        if f" {p}" in row["case"]:
+            return p
+    return None
+
+
+def host_api(contender):
+    """Which API a host-time row measures, so that like is compared with like."""
+    c = contender
+    if "gemm_ops.forward" in c:
+        return "allocating forward"
+    if "forward_into" in c or "relu+bias" in c or "_addmm_activation" in c or "RELU_BIAS" in c:
+        return "relu+bias forward"
+    if "backward_into" in c:
+        return "relu backward"
+    if "batched" in c.lower():
+        return "4x batched GEMM"
+    return "GEMM"
+
+
+def by_case(rows):
+    cases = OrderedDict()
     for r in rows:
-        if r["case"] == case and r["contender"] == contender:
-            return r["value"]
-    raise KeyError((case, contender))
+        if r["metric"] in ("gpu_ms", "host_us", "graph_us", "step_us"):
+            case = f"{r['case']}: {host_api(r['contender'])}" if r["metric"] == "host_us" else r["case"]
+            cases.setdefault((r["section"], case), []).append(r)
+    return cases
 
 
-def table(rows, extra):
-    out = ["| case | contender | median | min | max | unit | note |", "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        note = extra(r)
-        out.append(f"| {r['case']} | {r['contender']} | {r['value']:.4g} | {r.get('lo', r['value']):.4g} | "
-                   f"{r.get('hi', r['value']):.4g} | {r['unit']} | {note} |")
-    return "\n".join(out)
+def comparisons(rows):
+    """Per case with a cygemm row and another timed row: cygemm's best against the best
+    other contender and against the C++ floor. ratio > 1: cygemm is faster."""
+    out = []
+    for (section, case), rs in by_case(rows).items():
+        ours = [r for r in rs if is_ours(r["contender"]) and "plain" not in r["contender"]]
+        others = [r for r in rs if not is_ours(r["contender"]) and not r.get("floor")]
+        floors = [r for r in rs if r.get("floor")]
+        if not ours or not (others or floors):
+            continue
+        best = min(ours, key=lambda r: r["value"])
+        item = dict(section=section, case=case, ours=best)
+        if others:
+            item["other"] = min(others, key=lambda r: r["value"])
+            item["ratio"] = item["other"]["value"] / best["value"]
+        if floors:
+            item["floor"] = min(floors, key=lambda r: r["value"])
+            item["floor_ratio"] = item["floor"]["value"] / best["value"]
+        out.append(item)
+    return out
 
 
-def env_line(env):
-    return (f"{env['gpu']}, driver {env['driver']}, CUDA runtime {env['cuda_runtime']} (CuPy's), cuBLASLt "
-            f"{env['cublasLt']}, CuPy {env['cupy']}" + (f", torch {env['torch']}" if "torch" in env else "")
-            + f"; {env['date']}; SM/mem clocks after: {env['clocks_sm_mem_mhz']}")
+def fmt(v):
+    if v is None:
+        return ""
+    return f"{v:.4g}" if abs(v) < 1000 else f"{v:.0f}"
 
 
-def main(d):
-    g, f = load(d, "bench_gemm.json"), load(d, "bench_fused.json")
-    gr, fr = g["rows"], f["rows"]
-    t = {}
-    t["gemm64 - C++ (tf32)"] = find(gr, "64^3 host us/call (tf32)", "cygemm.gemm (stream=None)") - find(
-        gr, "64^3 host us/call (tf32)", "C++ cublasGemmEx")
-    t["gemm64 - C++ (fp32)"] = find(gr, "64^3 host us/call (fp32)", "cygemm.gemm (stream=None)") - find(
-        gr, "64^3 host us/call (fp32)", "C++ cublasGemmEx")
-    t["gemm64 / cp.matmul"] = find(gr, "64^3 host us/call (tf32)", "cygemm.gemm (stream=None)") / find(
-        gr, "64^3 host us/call (tf32)", "cp.matmul(out=) CUPY_TF32=1")
-    t["8192 throughput vs cp.matmul"] = find(gr, "8192^3 TF32 ms", "cp.matmul CUPY_TF32=1") / find(
-        gr, "8192^3 TF32 ms", "cygemm.gemm")
-    t["batched speed-up vs cp.matmul"] = find(gr, "16384 x 64^3 batched TF32 ms", "cp.matmul (3-D) CUPY_TF32=1") / find(
-        gr, "16384 x 64^3 batched TF32 ms", "cygemm.gemm_strided_batched")
-    fw, bw = "fwd 8192x8192x1024", "bwd 8192x8192x1024"
-    plain = find(fr, fw, "plain GEMM (cygemm.gemm)")
-    two = find(fr, bw, "two plain GEMMs (cygemm.gemm)")
-    relu_bwd = find(fr, bw, "cygemm backward_into relu (gA, gB, gBias)")
-    small = find(fr, "fwd 64^3 host us/call", "cygemm forward_into relu+bias")
-    small_floor = find(fr, "fwd 64^3 host us/call", "C++ cuBLASLt RELU_BIAS (floor)")
-    mlp_g = find(fr, "MLP step 64-256-256-10 b64", "cygemm CUDA graph")
-    mlp_e = find(fr, "MLP step 64-256-256-10 b64", "cygemm eager")
+def pct_of_peak(r):
+    p = precision(r)
+    if r.get("tflops") and p in PEAK_TFLOPS:
+        return f"{100 * r['tflops'] / PEAK_TFLOPS[p]:.0f}%"
+    return ""
+
+
+def env_lines(env):
+    keys = ["gpu", "driver", "cuda_runtime", "cuda_driver_api", "cublasLt", "cupy", "torch", "nvmath", "python",
+            "date", "clocks_before", "clocks_after", "quick", "seconds"]
+    return [f"- {k}: {env.get(k)}" for k in keys if k in env]
+
+
+def plots(data, d):
+    """throughput.png, host.png, fused.png in d; returns the files written."""
     try:
-        torch_g = find(fr, "MLP step 64-256-256-10 b64", "torch.cuda.CUDAGraph")
-    except KeyError:
-        torch_g = float("nan")
-    targets = [
-        ("#2", "gemm 64³ host time − C++ cublasGemmEx (TF32 / fp32)", "≤ 2 µs",
-         f"{t['gemm64 - C++ (tf32)']:+.2f} / {t['gemm64 - C++ (fp32)']:+.2f} µs"),
-        ("#2", "gemm 64³ host time / cp.matmul", "≤ 0.6×", f"{t['gemm64 / cp.matmul']:.2f}×"),
-        ("#2", "8192³ TF32 throughput / cp.matmul (CUPY_TF32=1)", "≥ 0.98×", f"{t['8192 throughput vs cp.matmul']:.2f}×"),
-        ("#2", "16384×64³ batched: cp.matmul time / cygemm time", "≥ 1.4×", f"{t['batched speed-up vs cp.matmul']:.2f}×"),
-        ("#3", "fused relu+bias forward / plain GEMM", "≤ 1.05×",
-         f"{find(fr, fw, 'cygemm forward_into relu+bias') / plain:.3f}×"),
-        ("#3", "fused gelu+bias forward / plain GEMM", "≤ 1.05×",
-         f"{find(fr, fw, 'cygemm forward_into gelu+bias') / plain:.3f}×"),
-        ("#3", "forward with Z saved (relu / gelu) / plain GEMM", "≤ 1.15×",
-         f"{find(fr, fw, 'cygemm forward_into relu+bias save_z') / plain:.3f}× / "
-         f"{find(fr, fw, 'cygemm forward_into gelu+bias save_z') / plain:.3f}×"),
-        ("#3", "backward relu / two plain GEMMs", "≤ 1.3×", f"{relu_bwd / two:.3f}×"),
-        ("#3", "CuPy unfused relu backward / cygemm backward relu", "≥ 1.7×",
-         f"{find(fr, bw, 'CuPy unfused relu backward') / relu_bwd:.2f}×"),
-        ("#3", "small forward 64³ host time − C++ cuBLASLt", "≤ 3 µs", f"{small - small_floor:+.2f} µs"),
-        ("#3", "MLP step: eager / CUDA graph", "≥ 3×", f"{mlp_e / mlp_g:.1f}×"),
-        ("#3", "MLP step: CUDA graph vs torch.cuda.CUDAGraph", "≤ torch", f"{mlp_g:.1f} vs {torch_g:.1f} µs"),
-    ]
-    lines = ["# Benchmark results", "",
-             "Regenerated by `python benchmarks/report.py DIR` from the JSON that `scripts/gpu_suite.sh DIR` "
-             "writes (one run of `benchmarks/bench_gemm.py` and `benchmarks/bench_fused.py`). Times are medians "
-             "of CUDA-event-timed repeats after warm-up (GPU time), or wall time per call over thousands of "
-             "back-to-back calls with one sync (host time). Inputs are random, never zeros. Clocks untouched.", "",
-             f"- GEMM run: {env_line(g['environment'])}", f"- fused run: {env_line(f['environment'])}", "",
-             "## Targets", "", "| issue | target | wanted | measured |", "|---|---|---|---|"]
-    lines += [f"| {i} | {what} | {want} | {got} |" for i, what, want, got in targets]
-    lines += ["", "## GEMM (issue #2)", "",
-              table(gr, lambda r: f"{r['tflops']:.0f} TFLOP/s" if "tflops" in r else
-                    (f"{r['value'] - r['floor']:+.2f} µs vs C++" if r.get("floor") and "C++" not in r["contender"] else "")),
-              "", "## Fused dense layer, graphs, MLP step (issue #3)", "",
-              table(fr, lambda r: f"{r['ratio_plain']:.3f}× plain" if "ratio_plain" in r else ""), ""]
-    with open(os.path.join(HERE, "RESULTS.md"), "w") as fh:
-        fh.write("\n".join(lines))
-    print("\n".join(lines[:30]))
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    rows = [r for r in data["rows"] if r.get("value") is not None]
+    written = []
+    sq = [r for r in rows if r.get("group", "") and str(r.get("group")).startswith("square") and r.get("tflops")]
+    if sq:
+        fig, axes = plt.subplots(1, 4, figsize=(18, 4.2), sharex=True)
+        for ax, p in zip(axes, ("tf32", "fp32", "fp16", "bf16")):
+            series = OrderedDict()
+            for r in sq:
+                if r["group"] == f"square {p}":
+                    series.setdefault(r["contender"], []).append((r["size"][0], r["tflops"]))
+            for name, pts in series.items():
+                pts.sort()
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", lw=2.2 if is_ours(name) else 1.2,
+                        ls="-" if is_ours(name) else ("--" if "C++" in name else "-"), label=name)
+            ax.axhline(PEAK_TFLOPS[p], color="gray", ls=":", lw=1)
+            ax.text(64, PEAK_TFLOPS[p] * 0.92, "datasheet peak", color="gray", fontsize=8)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_title(f"square GEMM, {p}")
+            ax.set_xlabel("n (n×n×n)")
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("TFLOP/s (median)")
+        axes[0].legend(fontsize=8)
+        fig.suptitle(f"{data['environment']['gpu']}: throughput against size (higher is better)")
+        fig.tight_layout()
+        fig.savefig(os.path.join(d, "throughput.png"), dpi=110)
+        plt.close(fig)
+        written.append("throughput.png")
+    host = [r for r in rows if r["metric"] == "host_us"]
+    if host:
+        fig, ax = plt.subplots(figsize=(9, 0.32 * len(host) + 1.2))
+        labels = [f"{r['contender']}" + ("  [after torch import]" if "after" in r["case"] else "") for r in host]
+        colors = ["tab:blue" if is_ours(r["contender"]) else ("tab:gray" if r.get("floor") else "tab:orange")
+                  for r in host]
+        ax.barh(range(len(host)), [r["value"] for r in host], color=colors,
+                xerr=[[r["value"] - r["lo"] for r in host], [r["hi"] - r["value"] for r in host]])
+        ax.set_yticks(range(len(host)))
+        ax.set_yticklabels(labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("host µs per call, 64×64×64, back-to-back (median; bars: min–max of rounds)")
+        ax.set_title("Host time per call (lower is better): cygemm blue, C++ floor gray, others orange")
+        ax.grid(axis="x", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(d, "host.png"), dpi=110)
+        plt.close(fig)
+        written.append("host.png")
+    fused = [r for r in rows if r["section"] == "fused" and r["metric"] == "gpu_ms"]
+    if fused:
+        cases = list(OrderedDict.fromkeys(r["case"] for r in fused if "plain" not in r["contender"]
+                                          and "save Z" not in r["case"]))
+        names = list(OrderedDict.fromkeys(r["contender"] for r in fused if r["case"] in cases))
+        fig, ax = plt.subplots(figsize=(13, 4.5))
+        w = 0.8 / max(1, len(names))
+        for i, name in enumerate(names):
+            xs, ys = [], []
+            for j, c in enumerate(cases):
+                v = [r["value"] for r in fused if r["case"] == c and r["contender"] == name]
+                if v:
+                    xs.append(j + i * w)
+                    ys.append(v[0])
+            ax.bar(xs, ys, w, label=name)
+        for r in fused:
+            if "plain" in r["contender"]:
+                j = [k for k, c in enumerate(cases) if c.startswith(r["case"])]
+                for k in j:
+                    ax.hlines(r["value"], k - 0.1, k + 0.8, colors="black", linestyles="dashed", lw=1)
+        ax.set_xticks([j + 0.4 - w / 2 for j in range(len(cases))])
+        ax.set_xticklabels([c.split(" ", 2)[0] + " " + c.split(" ")[-1] for c in cases])
+        ax.set_ylabel("ms (median)")
+        ax.set_title(f"Dense layer {cases[0].split(' ')[1]}: fused vs unfused (lower is better; dashed: plain GEMM(s))")
+        ax.legend(fontsize=8, ncol=3)
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(d, "fused.png"), dpi=110)
+        plt.close(fig)
+        written.append("fused.png")
+    return written
+
+
+def write(d, md_path=None):
+    data = load(d)
+    env, rows = data["environment"], data["rows"]
+    md_path = md_path or os.path.join(d, "RESULTS.md")
+    pngs = plots(data, d)
+    rel = os.path.relpath(d, os.path.dirname(os.path.abspath(md_path)))
+    comps = comparisons(rows)
+    L = ["# Benchmark results", "",
+         "Produced by `python -m benchmarks` (on the lent GPU: `bash scripts/gpu_suite.sh DIR`), regenerated "
+         "by `python benchmarks/report.py DIR`. GPU times: CUDA events around the timed calls after warm-up, "
+         "median (min, max) of repeats; below 50 MB of operands, four operand sets are rotated. Host times: wall "
+         "time per call over thousands of back-to-back calls with one sync, in alternating rounds with the C++ "
+         "floor (median of rounds). Inputs random, never zeros. Clocks never changed. TF32 rows: cygemm "
+         "`math=\"tf32\"`, CuPy with CUPY_TF32 (compute type TF32), torch `allow_tf32`, nvmath "
+         "`COMPUTE_32F_FAST_TF32`; fp32 rows strict everywhere; fp16/bf16 accumulate in fp32 everywhere "
+         "(torch's reduced-precision reductions off).", ""]
+    L += env_lines(env)
+    L += ["", "## Summary: cygemm against the best other contender", "",
+          "Ratio = the other's time / cygemm's time (> 1: cygemm faster).", "",
+          "| case | cygemm | best other | ratio | C++ floor | cygemm / floor |", "|---|---|---|---|---|---|"]
+    for c in comps:
+        o = c.get("other")
+        unit = UNITS[c["ours"]["metric"]]
+        L.append(f"| {c['case']} | {fmt(c['ours']['value'])} {unit} | "
+                 + (f"{o['contender']}: {fmt(o['value'])} | **{c['ratio']:.2f}×** |" if o else " | |")
+                 + (f" {fmt(c['floor']['value'])} | {1 / c['floor_ratio']:.2f}× |" if c.get("floor") else " | |"))
+    L += ["", "## Where cygemm is slower than a contender", "",
+          "Every case where another contender's median time is below cygemm's, the C++ floor included.", ""]
+    slower = []
+    for c in comps:
+        for key, rk in (("other", "ratio"), ("floor", "floor_ratio")):
+            if c.get(key) and c[rk] < 1:
+                slower.append((c, c[key], 1 / c[rk] - 1))
+    if slower:
+        L += ["| case | cygemm | faster contender | cygemm slower by |", "|---|---|---|---|"]
+        L += [f"| {c['case']} | {fmt(c['ours']['value'])} | {v['contender']}: {fmt(v['value'])} | {100 * by:.1f}% |"
+              for c, v, by in slower]
+    else:
+        L.append("None in this run.")
+    # Ceilings.
+    best = {}
+    for r in rows:
+        p = precision(r)
+        if r.get("tflops") and p:
+            if r["tflops"] > best.get(p, (0, None))[0]:
+                best[p] = (r["tflops"], f"{r['contender']}, {r['case']}")
+    L += ["", "## Ceilings", "", "| what | datasheet | measured | best measured by |", "|---|---|---|---|"]
+    for p in ("tf32", "fp32", "fp16", "bf16"):
+        if p in best:
+            L.append(f"| {p} matrix rate, TFLOP/s | {PEAK_TFLOPS[p]} | {best[p][0]:.0f} "
+                     f"({100 * best[p][0] / PEAK_TFLOPS[p]:.0f}%) | {best[p][1]} |")
+    bw = [r for r in rows if r["metric"] == "gbps"]
+    if bw:
+        L.append(f"| copy bandwidth, GB/s | 4800 | {bw[0]['value']:.0f} ({100 * bw[0]['value'] / 4800:.0f}%) | "
+                 f"{bw[0]['contender']} |")
+    for png in pngs:
+        L += ["", f"![{png}]({os.path.join(rel, png)})"]
+    # Full tables, section by section.
+    sections = OrderedDict()
+    for r in rows:
+        sections.setdefault(r["section"], []).append(r)
+    for sec, rs in sections.items():
+        L += ["", f"## {sec}", "", "| case | contender | median | min | max | unit | TFLOP/s | of peak |",
+              "|---|---|---|---|---|---|---|---|"]
+        for r in rs:
+            if r["metric"] == "skipped":
+                L.append(f"| {r['case']} | {r['contender']} | skipped: {r['reason']} | | | | | |")
+                continue
+            L.append(f"| {r['case']} | {r['contender']} | {fmt(r['value'])} | {fmt(r.get('lo'))} | {fmt(r.get('hi'))} | "
+                     f"{UNITS.get(r['metric'], r['metric'])} | {fmt(r.get('tflops'))} | {pct_of_peak(r)} |")
+    with open(md_path, "w") as f:
+        f.write("\n".join(L) + "\n")
+    print_summary(comps, env)
+    return md_path
+
+
+def print_summary(comps, env):
+    print(f"\n== Summary ({env.get('gpu')}, {env.get('date')}): cygemm vs the best other contender "
+          "(ratio > 1: cygemm faster)")
+    for c in comps:
+        o = c.get("other")
+        left = f"{c['case'][:52]:52s} {c['ours']['value']:10.4g}"
+        right = f"  vs {o['contender'][:30]:30s} {c['ratio']:5.2f}x" if o else " " * 41
+        fl = f"  floor {1 / c['floor_ratio']:5.2f}x of C++" if c.get("floor") else ""
+        print(left + right + fl)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else ".")
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir")
+    ap.add_argument("--md", default=None)
+    a = ap.parse_args()
+    write(a.dir, a.md)

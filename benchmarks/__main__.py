@@ -1,0 +1,521 @@
+"""cygemm's benchmark suite: cygemm against cp.matmul, PyTorch, nvmath-python and a C++
+cuBLAS floor, in one process and one run.
+
+    python -m benchmarks [--out DIR] [--quick] [--only host,square,...]
+
+Writes DIR/bench.json (every measurement and the environment), DIR/RESULTS.md and
+DIR/*.png (regenerate both from the JSON with `python -m benchmarks.report DIR`), and
+prints the ratios that matter last. GPU times: CUDA events after warm-up, median of
+repeats; host times: wall time per call over thousands of back-to-back calls, one sync.
+"""
+import os
+
+os.environ.setdefault("CUPY_TF32", "1")    # cp.matmul's float32 default is TF32, as cygemm's
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import cupy as cp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import cygemm  # noqa: E402
+from cygemm import gemm_ops  # noqa: E402
+from cygemm.gemm_ops import backward_into, forward_into  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import contenders as C  # noqa: E402
+from common import L2_BYTES, build_floor, clocks, environment, gpu_ms, host_us, run_floor  # noqa: E402
+from mlp import MLP  # noqa: E402
+
+SECTIONS = ["host", "ceilings", "square", "shapes", "transposes", "batched", "fused", "graph"]
+
+
+class Recorder:
+    def __init__(self, quick):
+        self.rows, self.quick, self.t0 = [], quick, time.time()
+        self.section = ""
+
+    def progress(self, what):
+        print(f"[{time.time() - self.t0:6.1f}s] {self.section}: {what}", flush=True)
+
+    def add(self, case, contender, metric, value, lo=None, hi=None, **extra):
+        row = dict(section=self.section, case=case, contender=contender, metric=metric, value=value,
+                   lo=value if lo is None else lo, hi=value if hi is None else hi, **extra)
+        self.rows.append(row)
+        return row
+
+    def skip(self, case, contender, reason):
+        self.rows.append(dict(section=self.section, case=case, contender=contender, metric="skipped",
+                              value=None, reason=str(reason)))
+
+    def timed(self, case, contender, calls, stream, flop=None, inner=1, reps=20):
+        """GPU-time one contender (a callable, a list of callables, or a Skip)."""
+        if isinstance(calls, Exception):
+            return self.skip(case, contender, calls)
+        try:
+            med, lo, hi = gpu_ms(cp, calls, stream, inner=inner, reps=reps)
+        except C.Skip as s:
+            return self.skip(case, contender, s)
+        except Exception as exc:   # a contender that fails is recorded, the suite goes on
+            return self.skip(case, contender, f"failed: {type(exc).__name__}: {str(exc)[:160]}")
+        extra = {"tflops": flop / med / 1e9} if flop else {}
+        return self.add(case, contender, "gpu_ms", med, lo, hi, **extra)
+
+
+def n_sets(bytes_per_set):
+    """Operand sets to rotate: several when one set would sit in L2 between calls."""
+    return 1 if bytes_per_set >= L2_BYTES else 4
+
+
+def inner_for(flop):
+    return 1 if flop > 1e10 else (10 if flop > 1e8 else 50)
+
+
+# ---------------------------------------------------------------- sections
+
+def host_section(R, s, floor):
+    """Host time per call at 64^3 for every API, interleaved with the C++ floor."""
+    n = 64
+    A, B, bias, gY = (C.operand(sh, "tf32", i) for i, sh in enumerate(((n, n), (n, n), (n,), (n, n))))
+    Y, gA, gB, gb = (cp.empty(sh, cp.float32) for sh in ((n, n), (n, n), (n, n), (n,)))
+    A4, B4, C4 = (C.operand((4, n, n), "tf32", 10 + i) for i in range(3))
+    ws = gemm_ops.ensure_workspaces(n, n, stream=s)
+    ptr = s.ptr
+    s.use()      # CuPy's current stream, for stream=None and for cp.matmul
+    ours = {
+        "cygemm.gemm (stream=None)": lambda: cygemm.gemm(A, B, Y),
+        "cygemm.gemm (stream=int)": lambda: cygemm.gemm(A, B, Y, stream=ptr),
+        "cygemm.gemm_strided_batched 4x": lambda: cygemm.gemm_strided_batched(A4, B4, C4, stream=ptr),
+        "cygemm forward_into relu+bias": lambda: forward_into(A, B, Y, bias, act="relu", stream=ptr),
+        "cygemm backward_into relu (gA, gB, gBias)": lambda: backward_into(
+            A, B, gY, None, y=Y, act="relu", gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=ws.dZ, stream=ptr),
+        "cygemm gemm_ops.forward (allocating)": lambda: gemm_ops.forward(A, B, bias, act="relu", stream=ptr),
+        "cp.matmul(out=)": lambda: cp.matmul(A, B, out=Y),
+        "CuPy unfused relu+bias forward": lambda: cp.maximum(cp.add(cp.matmul(A, B), bias), 0, out=Y),
+    }
+    floor_lines = ["gemm 64 64 64 tf32 0 0 host", "lt 64 64 64 relu_bias host", "batched 64 64 64 4 tf32 0 host"]
+    rounds = 3 if R.quick else 5
+    per = {k: [] for k in ours}
+    floors = {k: [] for k in floor_lines}
+    for r in range(rounds):
+        R.progress(f"host-time round {r + 1}/{rounds}")
+        for line, v in run_floor(floor, floor_lines).items():
+            floors[line].append(v)
+        for name, fn in ours.items():
+            per[name].append(host_us(fn, s.synchronize, calls=1000 if R.quick else 3000))
+    cp.cuda.Stream.null.use()
+    floor_names = {"gemm 64 64 64 tf32 0 0 host": "C++ cublasGemmEx",
+                   "lt 64 64 64 relu_bias host": "C++ cublasLtMatmul RELU_BIAS",
+                   "batched 64 64 64 4 tf32 0 host": "C++ cublasGemmStridedBatchedEx 4x"}
+    for line, vals in floors.items():
+        R.add("64^3 host us/call", floor_names[line], "host_us", statistics.median(vals), min(vals), max(vals), floor=True)
+    for name, vals in per.items():
+        R.add("64^3 host us/call", name, "host_us", statistics.median(vals), min(vals), max(vals))
+    return A, B, Y, bias
+
+
+def host_section_late(R, s, floor, A, B, Y, bias):
+    """The contenders that need torch / nvmath, after their import, again interleaved."""
+    ptr = s.ptr
+    theirs = {"cygemm.gemm (stream=int)": lambda: cygemm.gemm(A, B, Y, stream=ptr)}
+    if C.torch is not None:
+        tA, tB, tY, tb = (C.as_torch(x) for x in (A, B, Y, bias))
+        ts = C.torch.cuda.ExternalStream(ptr)
+        C.torch.backends.cuda.matmul.allow_tf32 = True
+        C.torch.cuda.set_stream(ts)
+        theirs["torch.mm(out=)"] = lambda: C.torch.mm(tA, tB, out=tY)
+        theirs["torch._addmm_activation relu"] = lambda: C.torch._addmm_activation(tb, tA, tB)
+    else:
+        R.skip("64^3 host us/call (after torch/nvmath import)", "torch", C.IMPORT_ERRORS.get("torch"))
+    try:
+        theirs["nvmath Matmul.execute (planned)"] = C.nvmath_matmul(A, B, Y, "tf32", False, False, s)
+    except Exception as exc:
+        R.skip("64^3 host us/call (after torch/nvmath import)", "nvmath Matmul", exc)
+    per = {k: [] for k in theirs}
+    floors = []
+    rounds = 3 if R.quick else 5
+    for r in range(rounds):
+        R.progress(f"host-time round {r + 1}/{rounds} (torch, nvmath)")
+        floors.append(run_floor(floor, ["gemm 64 64 64 tf32 0 0 host"])["gemm 64 64 64 tf32 0 0 host"])
+        for name, fn in theirs.items():
+            per[name].append(host_us(fn, s.synchronize, calls=1000 if R.quick else 3000))
+    if C.torch is not None:
+        C.torch.cuda.set_stream(C.torch.cuda.default_stream())
+    case = "64^3 host us/call (after torch/nvmath import)"
+    R.add(case, "C++ cublasGemmEx", "host_us", statistics.median(floors), min(floors), max(floors), floor=True)
+    for name, vals in per.items():
+        R.add(case, name, "host_us", statistics.median(vals), min(vals), max(vals))
+
+
+def ceilings_section(R, s):
+    """Datasheet figures and measured ones: copy bandwidth here, matrix rates from the
+    best measured GEMM of each precision (filled in by the report)."""
+    R.add("datasheet", "H200 SXM TF32 dense", "tflops_peak", 494.7)
+    R.add("datasheet", "H200 SXM BF16/FP16 dense", "tflops_peak", 989.4)
+    R.add("datasheet", "H200 SXM FP32 (no tensor cores)", "tflops_peak", 66.9)
+    R.add("datasheet", "H200 HBM3e bandwidth", "gbps_peak", 4800.0)
+    nbytes = (1 << 28) if R.quick else (1 << 30)
+    src, dst = cp.ones(nbytes // 4, cp.float32), cp.empty(nbytes // 4, cp.float32)
+    R.progress(f"copy bandwidth, {nbytes >> 20} MiB")
+    with s:
+        med, lo, hi = gpu_ms(cp, lambda: dst.__setitem__(Ellipsis, src), s, reps=20)
+    # Read + write: 2 bytes moved per byte copied.
+    R.add("measured copy bandwidth", "device-to-device copy (read+write)", "gbps", 2 * nbytes / med / 1e6,
+          2 * nbytes / hi / 1e6, 2 * nbytes / lo / 1e6, ms=med)
+    del src, dst
+
+
+def gemm_case(R, s, floor_lines, case, m, n, k, prec, ta=False, tb=False, group=None):
+    """All GEMM contenders on one problem; the C++ line is queued for one floor run."""
+    flop = 2.0 * m * n * k
+    itemsize = 2 if prec in ("fp16", "bf16") else 4
+    sets = n_sets(itemsize * (m * k + k * n + m * n))
+    inner = inner_for(flop)
+    reps = 10 if flop > 1e12 else 20
+    try:
+        ops = [(C.operand((k, m) if ta else (m, k), prec, 3 * i), C.operand((n, k) if tb else (k, n), prec, 3 * i + 1),
+                C.operand((m, n), prec, 3 * i + 2)) for i in range(sets)]
+    except C.Skip as sk:
+        for name in C.GEMM_CONTENDERS:
+            R.skip(case, name, sk)
+        return
+    R.progress(case)
+    for name, make in C.GEMM_CONTENDERS.items():
+        try:
+            calls = [make(A, B, Cc, prec, ta, tb, s) for A, B, Cc in ops]
+        except Exception as exc:
+            R.skip(case, name, exc if isinstance(exc, C.Skip) else f"{type(exc).__name__}: {str(exc)[:160]}")
+            continue
+        row = R.timed(case, name, calls, s, flop=flop, inner=inner, reps=reps)
+        if row:
+            row.update(group=group, size=(m, n, k), prec=prec)
+        del calls
+    line = f"gemm {m} {n} {k} {prec} {int(ta)} {int(tb)} gpu"
+    floor_lines.append((line, case, flop, dict(group=group, size=(m, n, k), prec=prec)))
+    del ops
+
+
+def flush_floor(R, floor, floor_lines, contender="C++ cublasGemmEx"):
+    if not floor_lines:
+        return
+    R.progress(f"C++ floor, {len(floor_lines)} cases")
+    got = run_floor(floor, [x[0] for x in floor_lines])
+    for line, case, flop, extra in floor_lines:
+        ms = got[line]
+        R.add(case, contender, "gpu_ms", ms, floor=True, tflops=flop / ms / 1e9 if flop else None, **extra)
+    floor_lines.clear()
+
+
+def square_section(R, s, floor):
+    sizes = [256, 2048] if R.quick else [64, 128, 256, 512, 1024, 2048, 4096, 8192]
+    lines = []
+    for prec in ("tf32", "fp32", "fp16", "bf16"):
+        for n in sizes:
+            gemm_case(R, s, lines, f"square {n}^3 {prec}", n, n, n, prec, group=f"square {prec}")
+        cp.get_default_memory_pool().free_all_blocks()
+    flush_floor(R, floor, lines)
+
+
+def shapes_section(R, s, floor):
+    shapes = [(8192, 8192, 1024)] if R.quick else [(32768, 1024, 1024), (8192, 8192, 1024), (64, 4096, 4096)]
+    lines = []
+    for prec in ("tf32", "bf16"):
+        for m, n, k in shapes:
+            gemm_case(R, s, lines, f"MLP layer {m}x{n}x{k} {prec}", m, n, k, prec, group=f"shapes {prec}")
+    flush_floor(R, floor, lines)
+    cp.get_default_memory_pool().free_all_blocks()
+
+
+def transposes_section(R, s, floor):
+    n = 2048 if R.quick else 4096
+    lines = []
+    for ta, tb in ((False, False), (False, True), (True, False), (True, True)):
+        tag = ("T" if ta else "N") + ("T" if tb else "N")
+        gemm_case(R, s, lines, f"{n}^3 tf32 op(A)op(B)={tag}", n, n, n, "tf32", ta, tb, group="transposes")
+    flush_floor(R, floor, lines)
+
+
+def batched_section(R, s, floor):
+    cases = [(32, 16384), (64, 16384), (128, 4096)] if not R.quick else [(64, 4096)]
+    lines = []
+    for n, batch in cases:
+        for bcast in (False, True):
+            for prec in ("tf32", "fp32"):
+                case = f"batched {batch}x{n}^3 {prec}" + (" (B broadcast)" if bcast else "")
+                flop = 2.0 * n ** 3 * batch
+                A = C.operand((batch, n, n), prec, 1)
+                B = C.operand((1 if bcast else batch, n, n), prec, 2)
+                Cc = C.operand((batch, n, n), prec, 3)
+                R.progress(case)
+                for name, call in C.batched_contenders(A, B, Cc, prec, s).items():
+                    row = R.timed(case, name, call, s, flop=flop, inner=10, reps=20)
+                    if row:
+                        row.update(group="batched")
+                lines.append((f"batched {n} {n} {n} {batch} {prec} {int(bcast)} gpu", case, flop,
+                              dict(group="batched")))
+                del A, B, Cc
+    flush_floor(R, floor, lines, "C++ cublasGemmStridedBatchedEx")
+    cp.get_default_memory_pool().free_all_blocks()
+
+
+def fused_section(R, s, floor):
+    M, N, K = (2048, 2048, 512) if R.quick else (8192, 8192, 1024)
+    A, B, bias, gY = (C.operand(sh, "tf32", 20 + i) for i, sh in enumerate(((M, K), (K, N), (N,), (M, N))))
+    Y, Z, gA, gB, gb = (cp.empty(sh, cp.float32) for sh in ((M, N), (M, N), (M, K), (K, N), (N,)))
+    ws = gemm_ops.ensure_workspaces(M, N, stream=s)
+    flop = 2.0 * M * N * K
+    fwd, bwd = f"fwd {M}x{N}x{K} tf32", f"bwd {M}x{N}x{K} tf32"
+    R.progress(fwd)
+    R.timed(fwd, "plain GEMM (cygemm.gemm)", lambda: cygemm.gemm(A, B, Y, stream=s), s, flop)
+    for act in ("relu", "gelu", "silu"):
+        R.timed(f"{fwd} {act}", "cygemm forward_into", lambda: forward_into(
+            A, B, Y, bias, act=act, lt_workspace=ws.lt_ws, stream=s), s, flop)
+        R.timed(f"{fwd} {act} (save Z)", "cygemm forward_into save_z", lambda: forward_into(
+            A, B, Y, bias, act=act, save_z=True, z_out=Z, lt_workspace=ws.lt_ws, stream=s), s, flop)
+        with s:
+            R.timed(f"{fwd} {act}", "CuPy unfused", cupy_forward(A, B, bias, Y, Z, act), s, flop)
+        if C.torch is not None:
+            tA, tB, tb = (C.as_torch(x) for x in (A, B, bias))
+            F = C.torch.nn.functional
+            ts = C.torch.cuda.ExternalStream(s.ptr)
+            C.torch.backends.cuda.matmul.allow_tf32 = True
+            with C.torch.cuda.stream(ts):
+                if act in ("relu", "gelu"):
+                    R.timed(f"{fwd} {act}", "torch._addmm_activation", lambda: C.torch._addmm_activation(
+                        tb, tA, tB, use_gelu=act == "gelu"), s, flop)
+                tW = tB.T.contiguous()
+                f = {"relu": F.relu, "gelu": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu}[act]
+                R.timed(f"{fwd} {act}", "torch F.linear + activation", lambda: f(F.linear(tA, tW, tb)), s, flop)
+        else:
+            R.skip(f"{fwd} {act}", "torch", C.IMPORT_ERRORS.get("torch"))
+        if act in ("relu", "gelu"):
+            try:
+                # nvmath's bias runs along the result's rows (cuBLASLt's M): compute Y^T = B^T A^T.
+                call = C.nvmath_matmul(B.T, A.T, None, "tf32", False, False, s, epilog=f"{act.upper()}_BIAS",
+                                       bias=bias.reshape(N, 1))
+                R.timed(f"{fwd} {act}", "nvmath Matmul epilog", call, s, flop)
+            except Exception as exc:
+                R.skip(f"{fwd} {act}", "nvmath Matmul epilog", exc)
+    lines = [(f"lt {M} {N} {K} relu_bias gpu", f"{fwd} relu", flop, {}),
+             (f"lt {M} {N} {K} gelu_bias gpu", f"{fwd} gelu", flop, {})]
+    flush_floor(R, floor, lines, "C++ cublasLtMatmul epilogue")
+
+    R.progress(bwd)
+    R.timed(bwd, "two plain GEMMs (cygemm.gemm)", lambda: (
+        cygemm.gemm(gY, B, gA, trans_b=True, stream=s), cygemm.gemm(A, gY, gB, trans_a=True, stream=s)), s, 2 * flop)
+    for act in ("relu", "gelu", "silu"):
+        forward_into(A, B, Y, bias, act=act, save_z=True, z_out=Z, stream=s)
+        kw = dict(y=Y) if act == "relu" else {}
+        R.timed(f"{bwd} {act}", "cygemm backward_into", lambda: backward_into(
+            A, B, gY, None if act == "relu" else Z, act=act, gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=ws.dZ,
+            lt_workspace=ws.lt_ws, stream=s, **kw), s, 2 * flop)
+        with s:
+            R.timed(f"{bwd} {act}", "CuPy unfused", cupy_backward(A, B, gY, Z, ws.dZ, gA, gB, gb, act), s, 2 * flop)
+        if C.torch is not None:
+            R.timed(f"{bwd} {act}", "torch autograd backward", torch_backward(A, B, bias, gY, act, s), s, 2 * flop)
+    del A, B, bias, gY, Y, Z, gA, gB, gb, ws
+    gemm_ops.clear_ws_cache()
+    cp.get_default_memory_pool().free_all_blocks()
+
+
+def cupy_act(z, act):
+    if act == "relu":
+        return cp.maximum(z, 0)
+    if act == "gelu":
+        return 0.5 * z * (1 + cp.tanh(0.7978845608 * (z + 0.044715 * z ** 3)))
+    return z / (1 + cp.exp(-z))
+
+
+def cupy_act_grad(z, act):
+    if act == "relu":
+        return z > 0
+    if act == "gelu":
+        u = 0.7978845608 * (z + 0.044715 * z ** 3)
+        t = cp.tanh(u)
+        return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * 0.7978845608 * (1 + 3 * 0.044715 * z * z)
+    sg = 1 / (1 + cp.exp(-z))
+    return sg * (1 + z * (1 - sg))
+
+
+def cupy_forward(A, B, bias, Y, Z, act):
+    """How CuPy code writes it: matmul, add the bias, apply the activation (unfused)."""
+    def fn():
+        cp.matmul(A, B, out=Z)
+        Z.__iadd__(bias)
+        Y[...] = cupy_act(Z, act)
+    return fn
+
+
+def cupy_backward(A, B, gY, Z, dZ, gA, gB, gb, act):
+    def fn():
+        cp.multiply(gY, cupy_act_grad(Z, act), out=dZ)
+        cp.sum(dZ, axis=0, out=gb)
+        cp.matmul(dZ, B.T, out=gA)
+        cp.matmul(A.T, dZ, out=gB)
+    return fn
+
+
+def torch_backward(A, B, bias, gY, act, s):
+    """The backward of F.linear + activation by autograd (the forward run once, outside the timing)."""
+    torch = C.torch
+    F = torch.nn.functional
+    tA = C.as_torch(A).clone().requires_grad_(True)
+    tW = C.as_torch(B).T.contiguous().requires_grad_(True)
+    tb = C.as_torch(bias).clone().requires_grad_(True)
+    tg = C.as_torch(gY)
+    f = {"relu": F.relu, "gelu": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu}[act]
+    ts = torch.cuda.ExternalStream(s.ptr)
+    with torch.cuda.stream(ts):
+        out = f(F.linear(tA, tW, tb))
+
+    def fn():
+        with torch.cuda.stream(ts):
+            torch.autograd.grad(out, (tA, tW, tb), tg, retain_graph=True)
+    return fn
+
+
+def graph_section(R, s, floor):
+    A, B, Y = C.operand((64, 64), "tf32", 1), C.operand((64, 64), "tf32", 2), cp.empty((64, 64), cp.float32)
+    reps = 100
+    R.progress("64^3 GEMM inside a CUDA graph")
+    cygemm.gemm(A, B, Y, stream=s)
+    s.synchronize()
+    with cygemm.graph.capture(s) as g:
+        for _ in range(reps):
+            cygemm.gemm(A, B, Y, stream=s)
+    med, lo, hi = gpu_ms(cp, lambda: g.launch(s), s, reps=50)
+    case = "64^3 GEMM in a CUDA graph, us per GEMM"
+    R.add(case, "cygemm.gemm x100 captured", "graph_us", med * 1000 / reps, lo * 1000 / reps, hi * 1000 / reps)
+    got = run_floor(floor, ["gemm 64 64 64 tf32 0 0 graph"])
+    R.add(case, "C++ cublasGemmEx x100 captured", "graph_us", got["gemm 64 64 64 tf32 0 0 graph"], floor=True)
+
+    case = "MLP step 64-256-256-10 b64, us"
+    R.progress(case)
+    mlp = MLP()
+    mlp.x[...] = C.operand((64, 64), "tf32", 8)
+    mlp.target[...] = C.operand((64, 10), "tf32", 9)
+    med, lo, hi = gpu_ms(cp, lambda: mlp.step(s), s, reps=50)
+    R.add(case, "cygemm eager", "step_us", med * 1000, lo * 1000, hi * 1000)
+    mlp.step(s)
+    s.synchronize()
+    with cygemm.graph.capture(s) as g2:
+        mlp.step(s)
+    med, lo, hi = gpu_ms(cp, lambda: g2.launch(s), s, reps=200)
+    R.add(case, "cygemm CUDA graph", "step_us", med * 1000, lo * 1000, hi * 1000)
+    with s:
+        med, lo, hi = gpu_ms(cp, cupy_mlp_step(mlp), s, reps=50)
+    R.add(case, "CuPy eager (unfused)", "step_us", med * 1000, lo * 1000, hi * 1000)
+    if C.torch is not None:
+        for name, t in torch_mlp_times(s).items():
+            R.add(case, name, "step_us", *t)
+    else:
+        R.skip(case, "torch", C.IMPORT_ERRORS.get("torch"))
+
+
+def cupy_mlp_step(mlp):
+    """The same step with CuPy's unfused operations (allocating, as CuPy code is written)."""
+    def fn():
+        xs, zs = [mlp.x], []
+        for i, (W, b) in enumerate(zip(mlp.W, mlp.b)):
+            z = xs[-1] @ W + b
+            zs.append(z)
+            xs.append(cp.maximum(z, 0) if i < len(mlp.W) - 1 else z)
+        g = 2.0 * (xs[-1] - mlp.target) / xs[-1].size
+        for i in reversed(range(len(mlp.W))):
+            if i < len(mlp.W) - 1:
+                g = g * (zs[i] > 0)
+            gW, gb = xs[i].T @ g, g.sum(0)
+            if i > 0:
+                g = g @ mlp.W[i].T
+            mlp.W[i] -= mlp.lr * gW
+            mlp.b[i] -= mlp.lr * gb
+    return fn
+
+
+def torch_mlp_times(s):
+    torch = C.torch
+    nn = torch.nn
+    torch.backends.cuda.matmul.allow_tf32 = True
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    x, t = torch.randn(64, 64, device="cuda"), torch.randn(64, 10, device="cuda")
+    loss_fn = nn.MSELoss()
+    ts = torch.cuda.ExternalStream(s.ptr)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x), t).backward()
+        opt.step()
+    out = {}
+    with torch.cuda.stream(ts):
+        for _ in range(5):
+            step()
+        out["torch eager"] = tuple(v * 1000 for v in gpu_ms(cp, step, s, reps=50))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(g):
+        loss_fn(model(x), t).backward()
+        opt.step()
+    with torch.cuda.stream(ts):
+        out["torch.cuda.CUDAGraph"] = tuple(v * 1000 for v in gpu_ms(cp, g.replay, s, reps=200))
+    return out
+
+
+# ---------------------------------------------------------------- main
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(HERE, "results"))
+    ap.add_argument("--quick", action="store_true", help="a run under a minute: fewer sizes and rounds")
+    ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma list of {SECTIONS}")
+    args = ap.parse_args(argv)
+    only = [x for x in args.only.split(",") if x]
+    bad = set(only) - set(SECTIONS)
+    if bad:
+        ap.error(f"--only: unknown sections {sorted(bad)}; expected some of {SECTIONS}")
+    os.makedirs(args.out, exist_ok=True)
+    R = Recorder(args.quick)
+    clocks_before = clocks()
+    R.section = "setup"
+    R.progress("building the C++ floor")
+    floor = build_floor(os.path.join(tempfile.mkdtemp(), "cublas_floor"))
+    s = cp.cuda.Stream(non_blocking=True)
+    late = None
+    if "host" in only:      # before torch is imported: its threads made host timings noisier
+        R.section = "host"
+        late = host_section(R, s, floor)
+    R.section = "setup"
+    R.progress("importing torch and nvmath-python")
+    C.import_optional()
+    for name in SECTIONS:
+        if name not in only:
+            continue
+        R.section = name
+        if name == "host":
+            host_section_late(R, s, floor, *late)
+        else:
+            globals()[f"{name}_section"](R, s, floor)
+    env = environment(cp, dict(C.versions(), clocks_before=clocks_before, clocks_after=clocks(),
+                               quick=args.quick, sections=only, seconds=round(time.time() - R.t0, 1)))
+    path = os.path.join(args.out, "bench.json")
+    with open(path, "w") as f:
+        json.dump({"environment": env, "rows": R.rows}, f, indent=1)
+    R.section = "report"
+    R.progress(f"wrote {path}")
+    import report
+    report.write(args.out)
+
+
+if __name__ == "__main__":
+    main()
