@@ -20,7 +20,6 @@ import tempfile  # noqa: E402
 import time  # noqa: E402
 
 import cupy as cp  # noqa: E402
-import numpy as np  # noqa: E402
 
 import cygemm  # noqa: E402
 from cygemm import gemm_ops  # noqa: E402
@@ -53,7 +52,7 @@ class Recorder:
         self.rows.append(dict(section=self.section, case=case, contender=contender, metric="skipped",
                               value=None, reason=str(reason)))
 
-    def timed(self, case, contender, calls, stream, flop=None, inner=1, reps=20):
+    def timed(self, case, contender, calls, stream, flop=None, inner=1, reps=30):
         """GPU-time one contender (a callable, a list of callables, or a Skip)."""
         if isinstance(calls, Exception):
             return self.skip(case, contender, calls)
@@ -152,7 +151,7 @@ def host_section_late(R, s, floor, A, B, Y, bias):
         R.add(case, name, "host_us", statistics.median(vals), min(vals), max(vals))
 
 
-def ceilings_section(R, s):
+def ceilings_section(R, s, floor):
     """Datasheet figures and measured ones: copy bandwidth here, matrix rates from the
     best measured GEMM of each precision (filled in by the report)."""
     R.add("datasheet", "H200 SXM TF32 dense", "tflops_peak", 494.7)
@@ -176,7 +175,7 @@ def gemm_case(R, s, floor_lines, case, m, n, k, prec, ta=False, tb=False, group=
     itemsize = 2 if prec in ("fp16", "bf16") else 4
     sets = n_sets(itemsize * (m * k + k * n + m * n))
     inner = inner_for(flop)
-    reps = 10 if flop > 1e12 else 20
+    reps = 15 if flop > 1e12 else 30
     try:
         ops = [(C.operand((k, m) if ta else (m, k), prec, 3 * i), C.operand((n, k) if tb else (k, n), prec, 3 * i + 1),
                 C.operand((m, n), prec, 3 * i + 2)) for i in range(sets)]
@@ -253,7 +252,7 @@ def batched_section(R, s, floor):
                 Cc = C.operand((batch, n, n), prec, 3)
                 R.progress(case)
                 for name, call in C.batched_contenders(A, B, Cc, prec, s).items():
-                    row = R.timed(case, name, call, s, flop=flop, inner=10, reps=20)
+                    row = R.timed(case, name, call, s, flop=flop, inner=10)
                     if row:
                         row.update(group="batched")
                 lines.append((f"batched {n} {n} {n} {batch} {prec} {int(bcast)} gpu", case, flop,
@@ -270,15 +269,18 @@ def fused_section(R, s, floor):
     ws = gemm_ops.ensure_workspaces(M, N, stream=s)
     flop = 2.0 * M * N * K
     fwd, bwd = f"fwd {M}x{N}x{K} tf32", f"bwd {M}x{N}x{K} tf32"
+
+    def timed(case, contender, calls, _s, fl):
+        return R.timed(case, contender, calls, s, fl, inner=inner_for(flop))
     R.progress(fwd)
-    R.timed(fwd, "plain GEMM (cygemm.gemm)", lambda: cygemm.gemm(A, B, Y, stream=s), s, flop)
+    timed(fwd, "plain GEMM (cygemm.gemm)", lambda: cygemm.gemm(A, B, Y, stream=s), s, flop)
     for act in ("relu", "gelu", "silu"):
-        R.timed(f"{fwd} {act}", "cygemm forward_into", lambda: forward_into(
+        timed(f"{fwd} {act}", "cygemm forward_into", lambda: forward_into(
             A, B, Y, bias, act=act, lt_workspace=ws.lt_ws, stream=s), s, flop)
-        R.timed(f"{fwd} {act} (save Z)", "cygemm forward_into save_z", lambda: forward_into(
+        timed(f"{fwd} {act} (save Z)", "cygemm forward_into save_z", lambda: forward_into(
             A, B, Y, bias, act=act, save_z=True, z_out=Z, lt_workspace=ws.lt_ws, stream=s), s, flop)
         with s:
-            R.timed(f"{fwd} {act}", "CuPy unfused", cupy_forward(A, B, bias, Y, Z, act), s, flop)
+            timed(f"{fwd} {act}", "CuPy unfused", cupy_forward(A, B, bias, Y, Z, act), s, flop)
         if C.torch is not None:
             tA, tB, tb = (C.as_torch(x) for x in (A, B, bias))
             F = C.torch.nn.functional
@@ -286,11 +288,11 @@ def fused_section(R, s, floor):
             C.torch.backends.cuda.matmul.allow_tf32 = True
             with C.torch.cuda.stream(ts):
                 if act in ("relu", "gelu"):
-                    R.timed(f"{fwd} {act}", "torch._addmm_activation", lambda: C.torch._addmm_activation(
+                    timed(f"{fwd} {act}", "torch._addmm_activation", lambda: C.torch._addmm_activation(
                         tb, tA, tB, use_gelu=act == "gelu"), s, flop)
                 tW = tB.T.contiguous()
                 f = {"relu": F.relu, "gelu": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu}[act]
-                R.timed(f"{fwd} {act}", "torch F.linear + activation", lambda: f(F.linear(tA, tW, tb)), s, flop)
+                timed(f"{fwd} {act}", "torch F.linear + activation", lambda: f(F.linear(tA, tW, tb)), s, flop)
         else:
             R.skip(f"{fwd} {act}", "torch", C.IMPORT_ERRORS.get("torch"))
         if act in ("relu", "gelu"):
@@ -298,7 +300,7 @@ def fused_section(R, s, floor):
                 # nvmath's bias runs along the result's rows (cuBLASLt's M): compute Y^T = B^T A^T.
                 call = C.nvmath_matmul(B.T, A.T, None, "tf32", False, False, s, epilog=f"{act.upper()}_BIAS",
                                        bias=bias.reshape(N, 1))
-                R.timed(f"{fwd} {act}", "nvmath Matmul epilog", call, s, flop)
+                timed(f"{fwd} {act}", "nvmath Matmul epilog", call, s, flop)
             except Exception as exc:
                 R.skip(f"{fwd} {act}", "nvmath Matmul epilog", exc)
     lines = [(f"lt {M} {N} {K} relu_bias gpu", f"{fwd} relu", flop, {}),
@@ -306,18 +308,18 @@ def fused_section(R, s, floor):
     flush_floor(R, floor, lines, "C++ cublasLtMatmul epilogue")
 
     R.progress(bwd)
-    R.timed(bwd, "two plain GEMMs (cygemm.gemm)", lambda: (
+    timed(bwd, "two plain GEMMs (cygemm.gemm)", lambda: (
         cygemm.gemm(gY, B, gA, trans_b=True, stream=s), cygemm.gemm(A, gY, gB, trans_a=True, stream=s)), s, 2 * flop)
     for act in ("relu", "gelu", "silu"):
         forward_into(A, B, Y, bias, act=act, save_z=True, z_out=Z, stream=s)
         kw = dict(y=Y) if act == "relu" else {}
-        R.timed(f"{bwd} {act}", "cygemm backward_into", lambda: backward_into(
+        timed(f"{bwd} {act}", "cygemm backward_into", lambda: backward_into(
             A, B, gY, None if act == "relu" else Z, act=act, gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=ws.dZ,
             lt_workspace=ws.lt_ws, stream=s, **kw), s, 2 * flop)
         with s:
-            R.timed(f"{bwd} {act}", "CuPy unfused", cupy_backward(A, B, gY, Z, ws.dZ, gA, gB, gb, act), s, 2 * flop)
+            timed(f"{bwd} {act}", "CuPy unfused", cupy_backward(A, B, gY, Z, ws.dZ, gA, gB, gb, act), s, 2 * flop)
         if C.torch is not None:
-            R.timed(f"{bwd} {act}", "torch autograd backward", torch_backward(A, B, bias, gY, act, s), s, 2 * flop)
+            timed(f"{bwd} {act}", "torch autograd backward", torch_backward(A, B, bias, gY, act, s), s, 2 * flop)
     del A, B, bias, gY, Y, Z, gA, gB, gb, ws
     gemm_ops.clear_ws_cache()
     cp.get_default_memory_pool().free_all_blocks()
@@ -394,25 +396,33 @@ def graph_section(R, s, floor):
     got = run_floor(floor, ["gemm 64 64 64 tf32 0 0 graph"])
     R.add(case, "C++ cublasGemmEx x100 captured", "graph_us", got["gemm 64 64 64 tf32 0 0 graph"], floor=True)
 
-    case = "MLP step 64-256-256-10 b64, us"
+    # A training step is host-bound when eager: its time is wall time per step over
+    # back-to-back steps with one sync at the end, for every contender alike.
+    case = "MLP step 64-256-256-10 b64, wall us/step"
     R.progress(case)
     mlp = MLP()
     mlp.x[...] = C.operand((64, 64), "tf32", 8)
     mlp.target[...] = C.operand((64, 10), "tf32", 9)
-    med, lo, hi = gpu_ms(cp, lambda: mlp.step(s), s, reps=50)
-    R.add(case, "cygemm eager", "step_us", med * 1000, lo * 1000, hi * 1000)
+    steps = 100 if R.quick else 500
+
+    def wall(fn):
+        vals = [host_us(fn, s.synchronize, calls=steps, reps=1, warmup=20) for _ in range(5)]
+        return statistics.median(vals), min(vals), max(vals)
+    R.add(case, "cygemm eager", "step_us", *wall(lambda: mlp.step(s)))
     mlp.step(s)
     s.synchronize()
     with cygemm.graph.capture(s) as g2:
         mlp.step(s)
-    med, lo, hi = gpu_ms(cp, lambda: g2.launch(s), s, reps=200)
-    R.add(case, "cygemm CUDA graph", "step_us", med * 1000, lo * 1000, hi * 1000)
-    with s:
-        med, lo, hi = gpu_ms(cp, cupy_mlp_step(mlp), s, reps=50)
-    R.add(case, "CuPy eager (unfused)", "step_us", med * 1000, lo * 1000, hi * 1000)
+    R.add(case, "cygemm CUDA graph", "step_us", *wall(lambda: g2.launch(s)))
+    cupy_step = cupy_mlp_step(mlp)
+
+    def cupy_on_s():
+        with s:
+            cupy_step()
+    R.add(case, "CuPy eager (unfused)", "step_us", *wall(cupy_on_s))
     if C.torch is not None:
-        for name, t in torch_mlp_times(s).items():
-            R.add(case, name, "step_us", *t)
+        for name, fn in torch_mlp_steps(s).items():
+            R.add(case, name, "step_us", *wall(fn))
     else:
         R.skip(case, "torch", C.IMPORT_ERRORS.get("torch"))
 
@@ -437,7 +447,8 @@ def cupy_mlp_step(mlp):
     return fn
 
 
-def torch_mlp_times(s):
+def torch_mlp_steps(s):
+    """torch's eager step and the same step captured in a torch.cuda.CUDAGraph, on stream s."""
     torch = C.torch
     nn = torch.nn
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -451,11 +462,10 @@ def torch_mlp_times(s):
         opt.zero_grad(set_to_none=True)
         loss_fn(model(x), t).backward()
         opt.step()
-    out = {}
-    with torch.cuda.stream(ts):
-        for _ in range(5):
+
+    def eager():
+        with torch.cuda.stream(ts):
             step()
-        out["torch eager"] = tuple(v * 1000 for v in gpu_ms(cp, step, s, reps=50))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -467,9 +477,12 @@ def torch_mlp_times(s):
     with torch.cuda.graph(g):
         loss_fn(model(x), t).backward()
         opt.step()
-    with torch.cuda.stream(ts):
-        out["torch.cuda.CUDAGraph"] = tuple(v * 1000 for v in gpu_ms(cp, g.replay, s, reps=200))
-    return out
+    torch.cuda.synchronize()
+
+    def replay():
+        with torch.cuda.stream(ts):
+            g.replay()
+    return {"torch eager": eager, "torch.cuda.CUDAGraph": replay}
 
 
 # ---------------------------------------------------------------- main

@@ -43,18 +43,55 @@ def clocks():
     return nvidia_smi("clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw")
 
 
-def gpu_ms(cp, calls, stream, inner=1, reps=20, warmup=3):
+_SPIN_SRC = r"""
+extern "C" __global__ void spin(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+"""
+_spin = None
+
+
+def spin(cp, stream, us):
+    """Keep the GPU busy for `us` microseconds on `stream` (a one-thread sleeping kernel)."""
+    global _spin
+    if _spin is None:
+        _spin = cp.RawKernel(_SPIN_SRC, "spin")
+    _spin((1,), (1,), (cp.uint64(int(us * 1000)),), stream=stream)
+
+
+def gpu_ms(cp, calls, stream, inner=1, reps=30, warmup=3):
     """CUDA-event time per call: `inner` calls (cycling through `calls`, a list of
     zero-argument callables over rotated operand sets) between two events on `stream`.
-    Returns (median, min, max) over reps, after warm-up."""
+    A sleeping kernel queued first holds the GPU while the host enqueues the events and
+    the calls, so that the time is the GPU's alone: no launch gaps, whatever the caller's
+    host overhead (measured apart, by host_us). Returns (median, min, max) over reps."""
     if callable(calls):
         calls = [calls]
     n = len(calls)
-    for i in range(max(warmup, n)):
+    # Warm-up: at least `warmup` calls and 50 ms, so that clocks have ramped up.
+    t0, i = time.perf_counter(), 0
+    while i < max(warmup, n) or time.perf_counter() - t0 < 0.05:
         calls[i % n]()
+        i += 1
+        if i % 8 == 0:
+            stream.synchronize()
+    stream.synchronize()
+    # Host time to enqueue `inner` calls, measured: the sleep must outlast it.
+    t1 = time.perf_counter()
+    for j in range(inner):
+        calls[j % n]()
+    enqueue_us = (time.perf_counter() - t1) * 1e6
+    stream.synchronize()
+    sleep_us = min(20000.0, 2 * enqueue_us + 50)
     start, end = cp.cuda.Event(), cp.cuda.Event()
     times, j = [], 0
     for _ in range(reps):
+        spin(cp, stream, sleep_us)
         start.record(stream)
         for _ in range(inner):
             calls[j % n]()

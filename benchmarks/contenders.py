@@ -117,6 +117,8 @@ def nvmath_matmul(A, B, C, prec, ta, tb, stream, epilog=None, bias=None):
     if nvmath is None:
         raise Skip("nvmath-python not importable")
     adv = nvmath.linalg.advanced
+    if torch is not None and isinstance(A, torch.Tensor):
+        stream = _torch_stream(stream)          # nvmath wants the operands' package's stream
     mm = adv.Matmul(op(A, ta), op(B, tb), options=_nvmath_options(prec), stream=stream)
     if epilog is None:
         mm.plan(stream=stream)

@@ -32,6 +32,16 @@
 
 namespace {
 
+// Holds the GPU while the host enqueues the timed calls: GPU time without launch gaps.
+__global__ void spin(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
 struct Prec {
     cudaDataType data;
     cublasComputeType_t compute;
@@ -75,9 +85,24 @@ struct Bench {
 
     // CUDA-event time per call: `inner` calls between two events, median of reps.
     double gpu_ms(const std::function<void()>& call, int inner, int reps) {
-        for (int i = 0; i < std::max(3, inner); ++i) call();
+        // Warm-up: at least 3 calls and 50 ms, so that clocks have ramped up.
+        auto w0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < std::max(3, inner) ||
+                        std::chrono::steady_clock::now() - w0 < std::chrono::milliseconds(50); ++i) {
+            call();
+            if (i % 8 == 7) CUDA_CHECK(cudaStreamSynchronize(s));
+        }
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        auto q0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < inner; ++i) call();
+        const double enqueue_us =
+            std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - q0).count();
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        const double sleep_us = std::min(20000.0, 2 * enqueue_us + 50);
         std::vector<double> t;
         for (int r = 0; r < reps; ++r) {
+            spin<<<1, 1, 0, s>>>((unsigned long long)(sleep_us * 1000));
+            CUDA_CHECK(cudaGetLastError());
             CUDA_CHECK(cudaEventRecord(e0, s));
             for (int i = 0; i < inner; ++i) call();
             CUDA_CHECK(cudaEventRecord(e1, s));
@@ -174,7 +199,7 @@ int main() {
             };
         } else if (kind == "batched") {
             const long long sa = M * K, sb = bcast ? 0 : K * N, sc = M * N;
-            call = [&] {
+            call = [&, sa, sb, sc] {   // the strides go out of scope before the call runs
                 CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &alpha, B, p.data, N, sb,
                                                         A, p.data, K, sa, &beta, C, p.data, N, sc, int(batch),
                                                         p.compute, CUBLAS_GEMM_DEFAULT));
@@ -211,7 +236,7 @@ int main() {
         double value;
         if (mode == "host") value = b.host_us(call, 3000, 5);
         else if (mode == "graph") value = b.graph_us(call, 100, 30);
-        else value = b.gpu_ms(call, inner, flop > 1e11 ? 10 : 30);
+        else value = b.gpu_ms(call, inner, flop > 1e12 ? 15 : 30);
         printf("{\"case\": \"%s\", \"mode\": \"%s\", \"value\": %.6g}\n", line.c_str(), mode.c_str(), value);
         fflush(stdout);
         if (desc) {

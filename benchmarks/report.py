@@ -193,10 +193,12 @@ def write(d, md_path=None):
     comps = comparisons(rows)
     L = ["# Benchmark results", "",
          "Produced by `python -m benchmarks` (on the lent GPU: `bash scripts/gpu_suite.sh DIR`), regenerated "
-         "by `python benchmarks/report.py DIR`. GPU times: CUDA events around the timed calls after warm-up, "
-         "median (min, max) of repeats; below 50 MB of operands, four operand sets are rotated. Host times: wall "
-         "time per call over thousands of back-to-back calls with one sync, in alternating rounds with the C++ "
-         "floor (median of rounds). Inputs random, never zeros. Clocks never changed. TF32 rows: cygemm "
+         "by `python benchmarks/report.py DIR`. GPU times: CUDA events around the timed calls after a warm-up of "
+         "at least 50 ms, median (min, max) of 15-30 repeats; a sleeping kernel queued ahead of the first event "
+         "holds the GPU while the host enqueues, so GPU times exclude launch gaps and host overhead, for every "
+         "contender alike; below 50 MB of operands, four operand sets are rotated. Host times: wall time per "
+         "call over thousands of back-to-back calls with one sync, in alternating rounds with the C++ floor "
+         "(median of rounds). MLP steps: wall time per step over 500 back-to-back steps, one sync. Inputs random, never zeros. Clocks never changed. TF32 rows: cygemm "
          "`math=\"tf32\"`, CuPy with CUPY_TF32 (compute type TF32), torch `allow_tf32`, nvmath "
          "`COMPUTE_32F_FAST_TF32`; fp32 rows strict everywhere; fp16/bf16 accumulate in fp32 everywhere "
          "(torch's reduced-precision reductions off).", ""]

@@ -345,6 +345,10 @@ cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, in
             raise TypeError(f"{name}: expected float32 or float16, got {x.dtype}")
         view.dtype = <cudaDataType>(<int>dt[0])
         return _fill_view(view, name, min_ndim, max_ndim, x.data.ptr, x.shape, x.strides, dt[1])
+    if _torch_tensor is not None and isinstance(x, _torch_tensor):
+        return _view_from_torch(x, view, name, min_ndim, max_ndim)
+    if _torch_tensor is None and type(x).__module__.startswith("torch") and _find_torch():
+        return view_from_object(x, view, name, min_ndim, max_ndim)
     cdef object cai
     try:
         cai = x.__cuda_array_interface__
@@ -367,6 +371,37 @@ cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, in
         return _view_from_dlpack(x, view, name, min_ndim, max_ndim)
     raise TypeError(f"{name}: expected a CUDA device array (__cuda_array_interface__ or DLPack "
                     f"on a CUDA device), got {type(x).__module__}.{type(x).__name__}")
+
+
+# torch tensors are read through their attributes: torch's __cuda_array_interface__
+# and __dlpack__ cost several microseconds a call, refuse tensors that require grad
+# (CAI) or cannot name bfloat16 (CAI).
+cdef object _torch_tensor = None
+cdef dict _torch_dtypes = None
+
+
+cdef bint _find_torch() except -1:
+    global _torch_tensor, _torch_dtypes
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "Tensor"):
+        return False
+    _torch_dtypes = {torch.float32: (CUDA_R_32F, 4), torch.float16: (CUDA_R_16F, 2),
+                     torch.bfloat16: (CUDA_R_16BF, 2)}
+    _torch_tensor = torch.Tensor
+    return True
+
+
+cdef int _view_from_torch(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1:
+    if not x.is_cuda:
+        raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {x.device}")
+    dt = _torch_dtypes.get(x.dtype)
+    if dt is None:
+        raise TypeError(f"{name}: expected float32, float16 or bfloat16, got {x.dtype}")
+    view.dtype = <cudaDataType>(<int>dt[0])
+    itemsize = dt[1]
+    strides = tuple([st * itemsize for st in x.stride()])
+    return _fill_view(view, name, min_ndim, max_ndim, x.data_ptr(), tuple(x.shape), strides, itemsize)
 
 
 cdef int _view_from_dlpack(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1:

@@ -1,6 +1,5 @@
 """Objects that look like device arrays (__cuda_array_interface__) but point into host
 memory or nowhere: for CPU tests of validation and of the cuBLAS argument mapping."""
-import numpy as np
 
 BASE = 0x7F00_0000_0000  # a fake device address for the start of a host buffer
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from cygemm import gemm_ops
-from cygemm.gemm_ops import ActAttrs, backward_into, forward_into, parse_activation
+from cygemm.gemm_ops import ActAttrs, parse_activation
 from fakes import BASE, FakeDeviceArray as F
 
 

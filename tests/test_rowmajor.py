@@ -77,7 +77,7 @@ def test_gemm_k_zero_gives_beta_times_out():
     np.testing.assert_allclose(out.get(), 0.5 * C0.get(), rtol=1e-6)
 
 
-def test_bfloat16_through_dlpack():
+def test_bfloat16_torch_tensors():
     torch = pytest.importorskip("torch")
     A = torch.randn(40, 70, device="cuda", dtype=torch.bfloat16)
     B = torch.randn(70, 30, device="cuda", dtype=torch.bfloat16)
@@ -88,7 +88,7 @@ def test_bfloat16_through_dlpack():
     assert rel_err(out.float().cpu().numpy(), ref) < tol("bfloat16")
 
 
-def test_torch_float32_tensors_through_cai():
+def test_torch_float32_tensors():
     torch = pytest.importorskip("torch")
     A = torch.randn(64, 48, device="cuda")
     B = torch.randn(32, 48, device="cuda")
@@ -97,6 +97,22 @@ def test_torch_float32_tensors_through_cai():
     torch.cuda.synchronize()
     ref = A.double().cpu().numpy() @ B.double().cpu().numpy().T
     assert rel_err(out.cpu().numpy(), ref) < 1e-5
+
+
+def test_torch_tensors_read_from_attributes_requires_grad_and_errors():
+    torch = pytest.importorskip("torch")
+    A = torch.randn(20, 30, device="cuda", requires_grad=True)    # torch's CAI refuses these
+    B = torch.randn(30, 10, device="cuda", dtype=torch.float32)[:, ::1]
+    out = torch.full((20, 10), float("nan"), device="cuda")
+    cygemm.gemm(A, B, out, math="fp32", stream=torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    ref = A.detach().double().cpu().numpy() @ B.double().cpu().numpy()
+    assert rel_err(out.cpu().numpy(), ref) < 1e-5
+    with pytest.raises(TypeError, match="A: expected a CUDA tensor"):
+        cygemm.gemm(torch.ones(2, 2), B[:2, :2], out[:2, :2])
+    with pytest.raises(TypeError, match="B: expected float32, float16 or bfloat16, got torch.int32"):
+        cygemm.gemm(A, torch.ones(30, 10, device="cuda", dtype=torch.int32), out)
+    assert rel_err(out.cpu().numpy(), ref) < 1e-5            # the refused calls wrote nothing
 
 
 BATCH_CASES = ["plain", "A-stride0", "B-stride0", "A-2d", "B-batch1", "padded"]
