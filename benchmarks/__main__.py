@@ -37,6 +37,7 @@ SECTIONS = ["host", "ceilings", "square", "shapes", "transposes", "batched", "fu
 class Recorder:
     def __init__(self, quick):
         self.rows, self.quick, self.t0 = [], quick, time.time()
+        self.floor = None     # the C++ floor process (common.Floor)
         self.section = ""
 
     def progress(self, what):
@@ -52,18 +53,47 @@ class Recorder:
         self.rows.append(dict(section=self.section, case=case, contender=contender, metric="skipped",
                               value=None, reason=str(reason)))
 
-    def timed(self, case, contender, calls, stream, flop=None, inner=1, reps=30):
-        """GPU-time one contender (a callable, a list of callables, or a Skip)."""
-        if isinstance(calls, Exception):
-            return self.skip(case, contender, calls)
-        try:
-            med, lo, hi = gpu_ms(cp, calls, stream, inner=inner, reps=reps)
-        except C.Skip as s:
-            return self.skip(case, contender, s)
-        except Exception as exc:   # a contender that fails is recorded, the suite goes on
-            return self.skip(case, contender, f"failed: {type(exc).__name__}: {str(exc)[:160]}")
-        extra = {"tflops": flop / med / 1e9} if flop else {}
-        return self.add(case, contender, "gpu_ms", med, lo, hi, **extra)
+    def measure(self, case, contenders, stream, flop=None, inner=1, reps=30, floors=(), **extra):
+        """GPU-time several contenders on one case in interleaved rounds: each round runs
+        every contender once (the order rotated), so that drifts of clock or temperature
+        fall on all alike. contenders: name -> callable(s) or a Skip; floors: (name, line)
+        pairs for the C++ floor. Value: median of the round medians (min, max of them)."""
+        entries = []
+        for name, calls in contenders.items():
+            if isinstance(calls, Exception):
+                self.skip(case, name, calls)
+            else:
+                entries.append((False, name, calls))
+        entries += [(True, name, line) for name, line in floors]
+        got, failed = {name: [] for _, name, _ in entries}, {}
+        rounds = 2 if self.quick else 3
+        for r in range(rounds):
+            k = r % max(1, len(entries))
+            for is_floor, name, x in entries[k:] + entries[:k]:
+                if name in failed:
+                    continue
+                try:
+                    got[name].append(self.floor(x) if is_floor else
+                                     gpu_ms(cp, x, stream, inner=inner, reps=reps, warm_s=0.05 if r == 0 else 0.02)[0])
+                except Exception as exc:   # a contender that fails is recorded, the suite goes on
+                    failed[name] = exc
+        if floors:
+            self.floor.free()
+        rows = []
+        for is_floor, name, _ in entries:
+            if name in failed:
+                exc = failed[name]
+                self.skip(case, name, exc if isinstance(exc, C.Skip) else f"failed: {type(exc).__name__}: {str(exc)[:160]}")
+                continue
+            v = got[name]
+            med = statistics.median(v)
+            more = dict(extra, rounds=v)
+            if is_floor:
+                more["floor"] = True
+            if flop:
+                more["tflops"] = flop / med / 1e9
+            rows.append(self.add(case, name, "gpu_ms", med, min(v), max(v), **more))
+        return rows
 
 
 def n_sets(bytes_per_set):
@@ -169,13 +199,11 @@ def ceilings_section(R, s, floor):
     del src, dst
 
 
-def gemm_case(R, s, floor_lines, case, m, n, k, prec, ta=False, tb=False, group=None):
-    """All GEMM contenders on one problem; the C++ line is queued for one floor run."""
+def gemm_case(R, s, case, m, n, k, prec, ta=False, tb=False, group=None):
+    """Every GEMM contender on one problem, the C++ floor among them, in interleaved rounds."""
     flop = 2.0 * m * n * k
     itemsize = 2 if prec in ("fp16", "bf16") else 4
     sets = n_sets(itemsize * (m * k + k * n + m * n))
-    inner = inner_for(flop)
-    reps = 15 if flop > 1e12 else 30
     try:
         ops = [(C.operand((k, m) if ta else (m, k), prec, 3 * i), C.operand((n, k) if tb else (k, n), prec, 3 * i + 1),
                 C.operand((m, n), prec, 3 * i + 2)) for i in range(sets)]
@@ -184,64 +212,43 @@ def gemm_case(R, s, floor_lines, case, m, n, k, prec, ta=False, tb=False, group=
             R.skip(case, name, sk)
         return
     R.progress(case)
+    contenders = {}
     for name, make in C.GEMM_CONTENDERS.items():
         try:
-            calls = [make(A, B, Cc, prec, ta, tb, s) for A, B, Cc in ops]
+            contenders[name] = [make(A, B, Cc, prec, ta, tb, s) for A, B, Cc in ops]
         except Exception as exc:
-            R.skip(case, name, exc if isinstance(exc, C.Skip) else f"{type(exc).__name__}: {str(exc)[:160]}")
-            continue
-        row = R.timed(case, name, calls, s, flop=flop, inner=inner, reps=reps)
-        if row:
-            row.update(group=group, size=(m, n, k), prec=prec)
-        del calls
-    line = f"gemm {m} {n} {k} {prec} {int(ta)} {int(tb)} gpu"
-    floor_lines.append((line, case, flop, dict(group=group, size=(m, n, k), prec=prec)))
-    del ops
-
-
-def flush_floor(R, floor, floor_lines, contender="C++ cublasGemmEx"):
-    if not floor_lines:
-        return
-    R.progress(f"C++ floor, {len(floor_lines)} cases")
-    got = run_floor(floor, [x[0] for x in floor_lines])
-    for line, case, flop, extra in floor_lines:
-        ms = got[line]
-        R.add(case, contender, "gpu_ms", ms, floor=True, tflops=flop / ms / 1e9 if flop else None, **extra)
-    floor_lines.clear()
+            contenders[name] = exc if isinstance(exc, C.Skip) else C.Skip(f"{type(exc).__name__}: {str(exc)[:160]}")
+    R.measure(case, contenders, s, flop, inner=inner_for(flop), reps=15 if flop > 1e12 else 30,
+              floors=[("C++ cublasGemmEx", f"gemm {m} {n} {k} {prec} {int(ta)} {int(tb)} gpu")],
+              group=group, size=(m, n, k), prec=prec)
+    del contenders, ops
 
 
 def square_section(R, s, floor):
     sizes = [256, 2048] if R.quick else [64, 128, 256, 512, 1024, 2048, 4096, 8192]
-    lines = []
     for prec in ("tf32", "fp32", "fp16", "bf16"):
         for n in sizes:
-            gemm_case(R, s, lines, f"square {n}^3 {prec}", n, n, n, prec, group=f"square {prec}")
+            gemm_case(R, s, f"square {n}^3 {prec}", n, n, n, prec, group=f"square {prec}")
         cp.get_default_memory_pool().free_all_blocks()
-    flush_floor(R, floor, lines)
 
 
 def shapes_section(R, s, floor):
     shapes = [(8192, 8192, 1024)] if R.quick else [(32768, 1024, 1024), (8192, 8192, 1024), (64, 4096, 4096)]
-    lines = []
     for prec in ("tf32", "bf16"):
         for m, n, k in shapes:
-            gemm_case(R, s, lines, f"MLP layer {m}x{n}x{k} {prec}", m, n, k, prec, group=f"shapes {prec}")
-    flush_floor(R, floor, lines)
+            gemm_case(R, s, f"MLP layer {m}x{n}x{k} {prec}", m, n, k, prec, group=f"shapes {prec}")
     cp.get_default_memory_pool().free_all_blocks()
 
 
 def transposes_section(R, s, floor):
     n = 2048 if R.quick else 4096
-    lines = []
     for ta, tb in ((False, False), (False, True), (True, False), (True, True)):
         tag = ("T" if ta else "N") + ("T" if tb else "N")
-        gemm_case(R, s, lines, f"{n}^3 tf32 op(A)op(B)={tag}", n, n, n, "tf32", ta, tb, group="transposes")
-    flush_floor(R, floor, lines)
+        gemm_case(R, s, f"{n}^3 tf32 op(A)op(B)={tag}", n, n, n, "tf32", ta, tb, group="transposes")
 
 
 def batched_section(R, s, floor):
     cases = [(32, 16384), (64, 16384), (128, 4096)] if not R.quick else [(64, 4096)]
-    lines = []
     for n, batch in cases:
         for bcast in (False, True):
             for prec in ("tf32", "fp32"):
@@ -251,14 +258,10 @@ def batched_section(R, s, floor):
                 B = C.operand((1 if bcast else batch, n, n), prec, 2)
                 Cc = C.operand((batch, n, n), prec, 3)
                 R.progress(case)
-                for name, call in C.batched_contenders(A, B, Cc, prec, s).items():
-                    row = R.timed(case, name, call, s, flop=flop, inner=10)
-                    if row:
-                        row.update(group="batched")
-                lines.append((f"batched {n} {n} {n} {batch} {prec} {int(bcast)} gpu", case, flop,
-                              dict(group="batched")))
+                R.measure(case, C.batched_contenders(A, B, Cc, prec, s), s, flop, inner=10,
+                          floors=[("C++ cublasGemmStridedBatchedEx", f"batched {n} {n} {n} {batch} {prec} {int(bcast)} gpu")],
+                          group="batched")
                 del A, B, Cc
-    flush_floor(R, floor, lines, "C++ cublasGemmStridedBatchedEx")
     cp.get_default_memory_pool().free_all_blocks()
 
 
@@ -268,58 +271,72 @@ def fused_section(R, s, floor):
     Y, Z, gA, gB, gb = (cp.empty(sh, cp.float32) for sh in ((M, N), (M, N), (M, K), (K, N), (N,)))
     ws = gemm_ops.ensure_workspaces(M, N, stream=s)
     flop = 2.0 * M * N * K
+    inner = inner_for(flop)
     fwd, bwd = f"fwd {M}x{N}x{K} tf32", f"bwd {M}x{N}x{K} tf32"
+    torch = C.torch
+    if torch is not None:
+        F = torch.nn.functional
+        ts = torch.cuda.ExternalStream(s.ptr)
+        tA, tB, tb = (C.as_torch(x) for x in (A, B, bias))
+        tW = tB.T.contiguous()
+        torch_act = {"relu": F.relu, "gelu": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu}
 
-    def timed(case, contender, calls, _s, fl):
-        return R.timed(case, contender, calls, s, fl, inner=inner_for(flop))
+        def on_ts(fn):
+            def call():
+                torch.backends.cuda.matmul.allow_tf32 = True
+                with torch.cuda.stream(ts):
+                    fn()
+            return call
+
+    def on_s(fn):
+        def call():
+            with s:
+                fn()
+        return call
+
     R.progress(fwd)
-    timed(fwd, "plain GEMM (cygemm.gemm)", lambda: cygemm.gemm(A, B, Y, stream=s), s, flop)
+    R.measure(fwd, {"plain GEMM (cygemm.gemm)": lambda: cygemm.gemm(A, B, Y, stream=s)}, s, flop, inner)
     for act in ("relu", "gelu", "silu"):
-        timed(f"{fwd} {act}", "cygemm forward_into", lambda: forward_into(
-            A, B, Y, bias, act=act, lt_workspace=ws.lt_ws, stream=s), s, flop)
-        timed(f"{fwd} {act} (save Z)", "cygemm forward_into save_z", lambda: forward_into(
-            A, B, Y, bias, act=act, save_z=True, z_out=Z, lt_workspace=ws.lt_ws, stream=s), s, flop)
-        with s:
-            timed(f"{fwd} {act}", "CuPy unfused", cupy_forward(A, B, bias, Y, Z, act), s, flop)
-        if C.torch is not None:
-            tA, tB, tb = (C.as_torch(x) for x in (A, B, bias))
-            F = C.torch.nn.functional
-            ts = C.torch.cuda.ExternalStream(s.ptr)
-            C.torch.backends.cuda.matmul.allow_tf32 = True
-            with C.torch.cuda.stream(ts):
-                if act in ("relu", "gelu"):
-                    timed(f"{fwd} {act}", "torch._addmm_activation", lambda: C.torch._addmm_activation(
-                        tb, tA, tB, use_gelu=act == "gelu"), s, flop)
-                tW = tB.T.contiguous()
-                f = {"relu": F.relu, "gelu": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu}[act]
-                timed(f"{fwd} {act}", "torch F.linear + activation", lambda: f(F.linear(tA, tW, tb)), s, flop)
+        case = f"{fwd} {act}"
+        R.progress(case)
+        cs = {"cygemm forward_into": lambda: forward_into(A, B, Y, bias, act=act, lt_workspace=ws.lt_ws, stream=s),
+              "CuPy unfused": on_s(cupy_forward(A, B, bias, Y, Z, act))}
+        if torch is not None:
+            if act in ("relu", "gelu"):
+                cs["torch._addmm_activation"] = on_ts(lambda: torch._addmm_activation(tb, tA, tB, use_gelu=act == "gelu"))
+            cs["torch F.linear + activation"] = on_ts(lambda: torch_act[act](F.linear(tA, tW, tb)))
         else:
-            R.skip(f"{fwd} {act}", "torch", C.IMPORT_ERRORS.get("torch"))
+            cs["torch"] = C.Skip(C.IMPORT_ERRORS.get("torch"))
         if act in ("relu", "gelu"):
             try:
                 # nvmath's bias runs along the result's rows (cuBLASLt's M): compute Y^T = B^T A^T.
-                call = C.nvmath_matmul(B.T, A.T, None, "tf32", False, False, s, epilog=f"{act.upper()}_BIAS",
-                                       bias=bias.reshape(N, 1))
-                timed(f"{fwd} {act}", "nvmath Matmul epilog", call, s, flop)
+                cs["nvmath Matmul epilog"] = C.nvmath_matmul(B.T, A.T, None, "tf32", False, False, s,
+                                                            epilog=f"{act.upper()}_BIAS", bias=bias.reshape(N, 1))
             except Exception as exc:
-                R.skip(f"{fwd} {act}", "nvmath Matmul epilog", exc)
-    lines = [(f"lt {M} {N} {K} relu_bias gpu", f"{fwd} relu", flop, {}),
-             (f"lt {M} {N} {K} gelu_bias gpu", f"{fwd} gelu", flop, {})]
-    flush_floor(R, floor, lines, "C++ cublasLtMatmul epilogue")
+                cs["nvmath Matmul epilog"] = C.Skip(f"{type(exc).__name__}: {str(exc)[:160]}")
+            floors = [("C++ cublasLtMatmul epilogue", f"lt {M} {N} {K} {act}_bias gpu")]
+        else:
+            floors = []     # cuBLASLt has no SiLU epilogue: no floor does the same work
+        R.measure(case, cs, s, flop, inner, floors=floors)
+        R.measure(f"{case} (save Z)", {"cygemm forward_into save_z": lambda: forward_into(
+            A, B, Y, bias, act=act, save_z=True, z_out=Z, lt_workspace=ws.lt_ws, stream=s)}, s, flop, inner)
 
     R.progress(bwd)
-    timed(bwd, "two plain GEMMs (cygemm.gemm)", lambda: (
-        cygemm.gemm(gY, B, gA, trans_b=True, stream=s), cygemm.gemm(A, gY, gB, trans_a=True, stream=s)), s, 2 * flop)
+    R.measure(bwd, {"two plain GEMMs (cygemm.gemm)": lambda: (
+        cygemm.gemm(gY, B, gA, trans_b=True, stream=s), cygemm.gemm(A, gY, gB, trans_a=True, stream=s))},
+        s, 2 * flop, inner)
     for act in ("relu", "gelu", "silu"):
+        case = f"{bwd} {act}"
+        R.progress(case)
         forward_into(A, B, Y, bias, act=act, save_z=True, z_out=Z, stream=s)
         kw = dict(y=Y) if act == "relu" else {}
-        timed(f"{bwd} {act}", "cygemm backward_into", lambda: backward_into(
-            A, B, gY, None if act == "relu" else Z, act=act, gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=ws.dZ,
-            lt_workspace=ws.lt_ws, stream=s, **kw), s, 2 * flop)
-        with s:
-            timed(f"{bwd} {act}", "CuPy unfused", cupy_backward(A, B, gY, Z, ws.dZ, gA, gB, gb, act), s, 2 * flop)
-        if C.torch is not None:
-            timed(f"{bwd} {act}", "torch autograd backward", torch_backward(A, B, bias, gY, act, s), s, 2 * flop)
+        cs = {"cygemm backward_into": lambda: backward_into(
+                  A, B, gY, None if act == "relu" else Z, act=act, gA_out=gA, gB_out=gB, gBias_out=gb,
+                  work_dZ=ws.dZ, lt_workspace=ws.lt_ws, stream=s, **kw),
+              "CuPy unfused": on_s(cupy_backward(A, B, gY, Z, ws.dZ, gA, gB, gb, act))}
+        if torch is not None:
+            cs["torch autograd backward"] = torch_backward(A, B, bias, gY, act, s)
+        R.measure(case, cs, s, 2 * flop, inner)
     del A, B, bias, gY, Y, Z, gA, gB, gb, ws
     gemm_ops.clear_ws_cache()
     cp.get_default_memory_pool().free_all_blocks()
@@ -502,7 +519,7 @@ def main(argv=None):
     clocks_before = clocks()
     R.section = "setup"
     R.progress("building the C++ floor")
-    floor = build_floor(os.path.join(tempfile.mkdtemp(), "cublas_floor"))
+    floor = R.floor = build_floor(os.path.join(tempfile.mkdtemp(), "cublas_floor"))
     s = cp.cuda.Stream(non_blocking=True)
     late = None
     if "host" in only:      # before torch is imported: its threads made host timings noisier
@@ -521,6 +538,7 @@ def main(argv=None):
             globals()[f"{name}_section"](R, s, floor)
     env = environment(cp, dict(C.versions(), clocks_before=clocks_before, clocks_after=clocks(),
                                quick=args.quick, sections=only, seconds=round(time.time() - R.t0, 1)))
+    floor.close()
     path = os.path.join(args.out, "bench.json")
     with open(path, "w") as f:
         json.dump({"environment": env, "rows": R.rows}, f, indent=1)

@@ -64,7 +64,7 @@ def spin(cp, stream, us):
     _spin((1,), (1,), (cp.uint64(int(us * 1000)),), stream=stream)
 
 
-def gpu_ms(cp, calls, stream, inner=1, reps=30, warmup=3):
+def gpu_ms(cp, calls, stream, inner=1, reps=30, warmup=3, warm_s=0.05):
     """CUDA-event time per call: `inner` calls (cycling through `calls`, a list of
     zero-argument callables over rotated operand sets) between two events on `stream`.
     A sleeping kernel queued first holds the GPU while the host enqueues the events and
@@ -73,9 +73,9 @@ def gpu_ms(cp, calls, stream, inner=1, reps=30, warmup=3):
     if callable(calls):
         calls = [calls]
     n = len(calls)
-    # Warm-up: at least `warmup` calls and 50 ms, so that clocks have ramped up.
+    # Warm-up: at least `warmup` calls and warm_s seconds, so that clocks have ramped up.
     t0, i = time.perf_counter(), 0
-    while i < max(warmup, n) or time.perf_counter() - t0 < 0.05:
+    while i < max(warmup, n) or time.perf_counter() - t0 < warm_s:
         calls[i % n]()
         i += 1
         if i % 8 == 0:
@@ -118,7 +118,7 @@ def host_us(fn, sync, calls=3000, reps=3, warmup=300):
 
 
 def build_floor(exe):
-    """Compile cublas_floor.cu with the toolkit and cuBLAS cygemm was built with."""
+    """Compile cublas_floor.cu with the toolkit and cuBLAS cygemm was built with; start it."""
     from cygemm import _build_config as cfg
     nvcc = os.path.join(os.path.dirname(cfg.CUDA_INCLUDE), "bin", "nvcc")
     names = sorted(os.listdir(cfg.CUBLAS_LIB), key=len)
@@ -127,13 +127,32 @@ def build_floor(exe):
     cmd = [nvcc, "-O2", "-std=c++17", f"-arch=sm_{arch}", os.path.join(HERE, "cublas_floor.cu"), "-o", exe,
            f"-I{cfg.CUBLAS_INCLUDE}", f"-L{cfg.CUBLAS_LIB}", *libs, f"-Xlinker=-rpath={cfg.CUBLAS_LIB}"]
     subprocess.run(cmd, check=True)
-    return exe
+    return Floor(exe)
 
 
-def run_floor(exe, lines):
-    """Run the C++ floor on case lines ("gemm 64 64 64 tf32 0 0 host"); {line: value}."""
-    out = subprocess.run([exe], input="\n".join(lines) + "\n", capture_output=True, text=True)
-    if out.returncode:
-        raise RuntimeError(f"cublas_floor failed: {out.stderr.strip()[-500:]}")
-    rows = [json.loads(x) for x in out.stdout.splitlines() if x.startswith("{")]
-    return {r["case"]: r["value"] for r in rows}
+class Floor:
+    """The C++ floor as a persistent process: a case line in, its value out, so that the
+    suite can interleave the floor with the Python contenders, round by round."""
+
+    def __init__(self, exe):
+        self.proc = subprocess.Popen([exe], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def __call__(self, line):
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        out = self.proc.stdout.readline()
+        if not out.startswith("{"):
+            raise RuntimeError(f"cublas_floor failed on {line!r} (exit {self.proc.poll()})")
+        return json.loads(out).get("value")
+
+    def free(self):
+        self("free")
+
+    def close(self):
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def run_floor(floor, lines):
+    """{line: value} for several case lines ("gemm 64 64 64 tf32 0 0 host")."""
+    return {line: floor(line) for line in lines}

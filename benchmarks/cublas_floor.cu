@@ -7,7 +7,8 @@
 //                                the heuristic's first algorithm chosen once before timing
 // followed by MODE: gpu (CUDA-event time per call), host (wall time per call over
 // thousands of back-to-back calls, one sync), graph (time per call replayed from a graph).
-// PREC: tf32 | fp32 | fp16 | bf16.
+// PREC: tf32 | fp32 | fp16 | bf16. A case's operands are made once and kept for later
+// lines of the same case (the suite interleaves rounds), until a line "free".
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -20,6 +21,8 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -57,20 +60,27 @@ Prec parse_prec(const std::string& p) {
     exit(1);
 }
 
-// Random normal values (never zeros) in the given type.
-void* random_device(size_t n, const Prec& p) {
-    std::mt19937 gen(42);
-    std::normal_distribution<float> d;
-    std::vector<char> h(n * p.bytes);
-    for (size_t i = 0; i < n; ++i) {
-        float v = d(gen);
-        if (p.bytes == 4) reinterpret_cast<float*>(h.data())[i] = v;
-        else if (p.data == CUDA_R_16F) reinterpret_cast<__half*>(h.data())[i] = __float2half(v);
-        else reinterpret_cast<__nv_bfloat16*>(h.data())[i] = __float2bfloat16(v);
+// Random normal values (never zeros, almost surely) in the given type, made on the GPU:
+// a hash of the index through Box-Muller.
+template <typename T>
+__global__ void init_normal(T* p, size_t n, unsigned seed) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+        unsigned x = unsigned(i) * 2654435761u ^ seed, y = unsigned(i >> 32) * 40503u + seed * 2246822519u + 1u;
+        x ^= x >> 16; x *= 0x7feb352du; x ^= x >> 15; x *= 0x846ca68bu; x ^= x >> 16;
+        y ^= x; y ^= y >> 16; y *= 0x7feb352du; y ^= y >> 15; y *= 0x846ca68bu; y ^= y >> 16;
+        const float u1 = (x >> 8) * (1.f / 16777216.f) + 1e-7f, u2 = (y >> 8) * (1.f / 16777216.f);
+        p[i] = T(sqrtf(-2.f * logf(u1)) * cospif(2.f * u2));
     }
+}
+
+void* random_device(size_t n, const Prec& p, unsigned seed) {
     void* ptr;
-    CUDA_CHECK(cudaMalloc(&ptr, h.size()));
-    CUDA_CHECK(cudaMemcpy(ptr, h.data(), h.size(), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(n, 1) * p.bytes));
+    if (p.bytes == 4) init_normal<<<1024, 256>>>(static_cast<float*>(ptr), n, seed);
+    else if (p.data == CUDA_R_16F) init_normal<<<1024, 256>>>(static_cast<__half*>(ptr), n, seed);
+    else init_normal<<<1024, 256>>>(static_cast<__nv_bfloat16*>(ptr), n, seed);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaDeviceSynchronize());
     return ptr;
 }
 
@@ -147,6 +157,94 @@ struct Bench {
     }
 };
 
+// One prepared case: operands (several sets, rotated, when one set fits in L2, as the
+// Python side does), descriptors and the chosen algorithm.
+struct Case {
+    std::string kind, prec_s = "tf32", epi_s;
+    long long M = 0, N = 0, K = 0, batch = 1;
+    int ta = 0, tb = 0, bcast = 0;
+    Prec p;
+    struct Set { void *A, *B, *C; };
+    std::vector<Set> sets;
+    size_t next = 0;
+    bool rotate = true;     // GPU time rotates the sets; host and graph time use one, as Python does
+    void* bias = nullptr;
+    cublasHandle_t h;
+    cublasLtHandle_t lt;
+    void* ws;
+    size_t ws_bytes;
+    cudaStream_t s;
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
+    cublasLtMatmulPreference_t pref = nullptr;
+    cublasLtMatmulHeuristicResult_t res;
+    float alpha = 1.f, beta = 0.f;
+
+    Case(const std::string& spec, cublasHandle_t h_, cublasLtHandle_t lt_, void* ws_, size_t wsb, cudaStream_t s_)
+        : h(h_), lt(lt_), ws(ws_), ws_bytes(wsb), s(s_) {
+        std::istringstream in(spec);
+        in >> kind;
+        if (kind == "gemm") in >> M >> N >> K >> prec_s >> ta >> tb;
+        else if (kind == "batched") in >> M >> N >> K >> batch >> prec_s >> bcast;
+        else if (kind == "lt") in >> M >> N >> K >> epi_s;
+        else { fprintf(stderr, "unknown case %s\n", kind.c_str()); exit(1); }
+        p = parse_prec(prec_s);
+        const size_t na = size_t(M) * K * batch, nb = size_t(K) * N * (bcast ? 1 : batch), nc = size_t(M) * N * batch;
+        const int n_sets = (na + nb + nc) * p.bytes < (50u << 20) ? 4 : 1;
+        for (int i = 0; i < n_sets; ++i)
+            sets.push_back({random_device(na, p, 3 * i + 1), random_device(nb, p, 3 * i + 2), random_device(nc, p, 3 * i + 3)});
+        if (kind == "lt") {
+            bias = random_device(size_t(N), p, 99);
+            CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, p.compute, CUDA_R_32F));
+            cublasLtEpilogue_t epi = epi_s == "relu_bias" ? CUBLASLT_EPILOGUE_RELU_BIAS
+                                     : epi_s == "gelu_bias" ? CUBLASLT_EPILOGUE_GELU_BIAS
+                                     : epi_s == "bias"      ? CUBLASLT_EPILOGUE_BIAS
+                                                            : CUBLASLT_EPILOGUE_DEFAULT;
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+            if (epi != CUBLASLT_EPILOGUE_DEFAULT)
+                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                            sizeof(bias)));
+            CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, p.data, N, K, N));
+            CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, p.data, K, M, K));
+            CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, p.data, N, M, N));
+            CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+            uint64_t wsb64 = ws_bytes;
+            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb64,
+                                                              sizeof(wsb64)));
+            int found = 0;
+            CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, lb, la, lc, lc, pref, 1, &res, &found));
+            if (!found) { fprintf(stderr, "no cuBLASLt algorithm for %s\n", spec.c_str()); exit(1); }
+        }
+    }
+
+    void call() {
+        const Set& o = sets[rotate ? next++ % sets.size() : 0];
+        // Row-major C (M x N) = op(A) op(B) is column-major C^T (N x M) = op(B)^T op(A)^T.
+        if (kind == "gemm") {
+            const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+            CUBLAS_CHECK(cublasGemmEx(h, opb, opa, N, M, K, &alpha, o.B, p.data, tb ? K : N, o.A, p.data,
+                                      ta ? M : K, &beta, o.C, p.data, N, p.compute, CUBLAS_GEMM_DEFAULT));
+        } else if (kind == "batched") {
+            CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &alpha, o.B, p.data, N,
+                                                    bcast ? 0 : K * N, o.A, p.data, K, M * K, &beta, o.C, p.data, N,
+                                                    M * N, int(batch), p.compute, CUBLAS_GEMM_DEFAULT));
+        } else {
+            CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, o.B, lb, o.A, la, &beta, o.C, lc, o.C, lc, &res.algo, ws,
+                                        ws_bytes, s));
+        }
+    }
+
+    ~Case() {
+        if (desc) {
+            cublasLtMatmulPreferenceDestroy(pref);
+            cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(lc);
+            cublasLtMatmulDescDestroy(desc);
+        }
+        for (auto& o : sets) { cudaFree(o.A); cudaFree(o.B); cudaFree(o.C); }
+        if (bias) cudaFree(bias);
+    }
+};
+
 }  // namespace
 
 int main() {
@@ -163,74 +261,22 @@ int main() {
     CUDA_CHECK(cudaMalloc(&ws, ws_bytes));
     CUBLAS_CHECK(cublasSetStream(h, b.s));
     CUBLAS_CHECK(cublasSetWorkspace(h, ws, ws_bytes));
-    const float alpha = 1.f, beta = 0.f;
-
+    std::map<std::string, std::unique_ptr<Case>> cases;   // prepared once, reused by later rounds
     std::string line;
     while (std::getline(std::cin, line)) {
         std::istringstream in(line);
         std::string kind, mode;
         in >> kind;
         if (kind.empty() || kind[0] == '#') continue;
-        long long M, N, K, batch = 1;
-        std::string prec_s = "tf32", epi_s;
-        int ta = 0, tb = 0, bcast = 0;
-        if (kind == "gemm") in >> M >> N >> K >> prec_s >> ta >> tb;
-        else if (kind == "batched") in >> M >> N >> K >> batch >> prec_s >> bcast;
-        else if (kind == "lt") in >> M >> N >> K >> epi_s;
-        else { fprintf(stderr, "unknown case %s\n", kind.c_str()); return 1; }
-        in >> mode;
-        const Prec p = parse_prec(prec_s);
-        void* A = random_device(size_t(M) * K * batch, p);
-        void* B = random_device(size_t(K) * N * (bcast ? 1 : batch), p);
-        void* C = random_device(size_t(M) * N * batch, p);
-        void* bias = nullptr;
-        std::function<void()> call;
-        cublasLtMatmulDesc_t desc = nullptr;
-        cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
-        cublasLtMatmulPreference_t pref = nullptr;
-        cublasLtMatmulHeuristicResult_t res;
-        // Row-major C (M x N) = op(A) op(B) is column-major C^T (N x M) = op(B)^T op(A)^T.
-        const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
-        const int ldb = tb ? K : N, lda = ta ? M : K;
-        if (kind == "gemm") {
-            call = [&] {
-                CUBLAS_CHECK(cublasGemmEx(h, opb, opa, N, M, K, &alpha, B, p.data, ldb, A, p.data, lda, &beta, C,
-                                          p.data, N, p.compute, CUBLAS_GEMM_DEFAULT));
-            };
-        } else if (kind == "batched") {
-            const long long sa = M * K, sb = bcast ? 0 : K * N, sc = M * N;
-            call = [&, sa, sb, sc] {   // the strides go out of scope before the call runs
-                CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &alpha, B, p.data, N, sb,
-                                                        A, p.data, K, sa, &beta, C, p.data, N, sc, int(batch),
-                                                        p.compute, CUBLAS_GEMM_DEFAULT));
-            };
-        } else {
-            bias = random_device(size_t(N), p);
-            CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, p.compute, CUDA_R_32F));
-            cublasLtEpilogue_t epi = epi_s == "relu_bias" ? CUBLASLT_EPILOGUE_RELU_BIAS
-                                     : epi_s == "gelu_bias" ? CUBLASLT_EPILOGUE_GELU_BIAS
-                                     : epi_s == "bias"      ? CUBLASLT_EPILOGUE_BIAS
-                                                            : CUBLASLT_EPILOGUE_DEFAULT;
-            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
-            if (epi != CUBLASLT_EPILOGUE_DEFAULT)
-                CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                            sizeof(bias)));
-            CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, p.data, N, K, N));
-            CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, p.data, K, M, K));
-            CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, p.data, N, M, N));
-            CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-            uint64_t wsb = ws_bytes;
-            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb,
-                                                              sizeof(wsb)));
-            int found = 0;
-            CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, lb, la, lc, lc, pref, 1, &res, &found));
-            if (!found) { fprintf(stderr, "no cuBLASLt algorithm for %s\n", line.c_str()); return 1; }
-            call = [&] {
-                CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, B, lb, A, la, &beta, C, lc, C, lc, &res.algo, ws,
-                                            ws_bytes, b.s));
-            };
-        }
-        const double flop = 2.0 * M * N * K * batch;
+        if (kind == "free") { cases.clear(); printf("{\"case\": \"free\"}\n"); fflush(stdout); continue; }
+        const std::string key = line.substr(0, line.find_last_of(' '));
+        auto it = cases.find(key);
+        if (it == cases.end()) it = cases.emplace(key, std::make_unique<Case>(key, h, lt, ws, ws_bytes, b.s)).first;
+        Case& c = *it->second;
+        mode = line.substr(line.find_last_of(' ') + 1);
+        c.rotate = mode == "gpu";
+        std::function<void()> call = [&c] { c.call(); };
+        const double flop = 2.0 * c.M * c.N * c.K * c.batch;
         // Few calls for big problems, many for small ones (launch-bound).
         const int inner = flop > 1e10 ? 1 : flop > 1e8 ? 10 : 50;
         double value;
@@ -239,13 +285,6 @@ int main() {
         else value = b.gpu_ms(call, inner, flop > 1e12 ? 15 : 30);
         printf("{\"case\": \"%s\", \"mode\": \"%s\", \"value\": %.6g}\n", line.c_str(), mode.c_str(), value);
         fflush(stdout);
-        if (desc) {
-            cublasLtMatmulPreferenceDestroy(pref);
-            cublasLtMatrixLayoutDestroy(la); cublasLtMatrixLayoutDestroy(lb); cublasLtMatrixLayoutDestroy(lc);
-            cublasLtMatmulDescDestroy(desc);
-        }
-        CUDA_CHECK(cudaFree(A)); CUDA_CHECK(cudaFree(B)); CUDA_CHECK(cudaFree(C));
-        if (bias) CUDA_CHECK(cudaFree(bias));
     }
     return 0;
 }

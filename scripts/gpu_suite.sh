@@ -27,16 +27,20 @@ if [[ $STAGES == *,tests,* ]]; then
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if [[ $STAGES == *,sanitize,* ]]; then
-    # Our kernels run in every fused forward/backward test; racecheck looks at shared
-    # memory, which only the backward's column-sum uses.
-    echo "== compute-sanitizer memcheck (tests/test_fused.py)"
-    timeout 420 "$SAN" --tool memcheck --error-exitcode 99 --print-limit 20 \
-        python3 -m pytest -q -x -p no:cacheprovider tests/test_fused.py > "$OUT_DIR/memcheck.log" 2>&1
+    # Our kernels run in every fused forward/backward test; these cover each activation
+    # on a vectorised and a scalar shape, edge sizes, misalignment, accumulate, fp16/bf16.
+    # racecheck looks at shared memory, which only the backward's column sum uses.
+    MEMCHECK_K='256-128-520 or 1000-33-1 or accumulates or from_output or determin or half_precision or unaligned or misaligned or k_zero or zero'
+    RACECHECK_K='(backward and 256-128-520) or determin or half_precision or misaligned'
+    echo "== compute-sanitizer memcheck"
+    timeout 300 "$SAN" --tool memcheck --error-exitcode 99 --print-limit 20 \
+        python3 -m pytest -q -p no:cacheprovider tests/test_fused.py tests/test_reliability.py -k "$MEMCHECK_K" \
+        > "$OUT_DIR/memcheck.log" 2>&1
     rc=$?; grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck.log" | tail -3; echo "memcheck rc=$rc"
     [ $rc = 0 ] || status=1
-    echo "== compute-sanitizer racecheck (backward and determinism tests)"
-    timeout 300 "$SAN" --tool racecheck --error-exitcode 99 --print-limit 20 \
-        python3 -m pytest -q -x -p no:cacheprovider tests/test_fused.py -k "backward or determin" \
+    echo "== compute-sanitizer racecheck"
+    timeout 200 "$SAN" --tool racecheck --error-exitcode 99 --print-limit 20 \
+        python3 -m pytest -q -p no:cacheprovider tests/test_fused.py tests/test_reliability.py -k "$RACECHECK_K" \
         > "$OUT_DIR/racecheck.log" 2>&1
     rc=$?; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|passed|failed" "$OUT_DIR/racecheck.log" | tail -3; echo "racecheck rc=$rc"
     [ $rc = 0 ] || status=1
