@@ -27,20 +27,22 @@ if [[ $STAGES == *,tests,* ]]; then
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 if [[ $STAGES == *,sanitize,* ]]; then
-    # Our kernels run in every fused forward/backward test; these cover each activation
-    # on a vectorised and a scalar shape, edge sizes, misalignment, accumulate, fp16/bf16.
-    # racecheck looks at shared memory, which only the backward's column sum uses.
-    MEMCHECK_K='256-128-520 or 1000-33-1 or accumulates or from_output or determin or half_precision or unaligned or misaligned or k_zero or zero'
-    RACECHECK_K='(backward and 256-128-520) or determin or half_precision or misaligned'
+    # Our kernels run in every fused forward/backward test (and in the graph tests); the
+    # long-running reliability tests (64-bit sizes, soak, replays, threads, properties)
+    # are left out. racecheck looks at shared memory, which only the backward's column
+    # sum uses. On the H200: 405 tests in 24 s under memcheck, 169 in 24 s under racecheck.
+    MEMCHECK_K='not past_int32 and not soak and not 10k and not threads and not property'
+    RACECHECK_K='backward'
     echo "== compute-sanitizer memcheck"
     timeout 300 "$SAN" --tool memcheck --error-exitcode 99 --print-limit 20 \
-        python3 -m pytest -q -p no:cacheprovider tests/test_fused.py tests/test_reliability.py -k "$MEMCHECK_K" \
+        python3 -m pytest -q -p no:cacheprovider tests/test_fused.py tests/test_reliability.py tests/test_graph.py \
+        -k "$MEMCHECK_K" \
         > "$OUT_DIR/memcheck.log" 2>&1
     rc=$?; grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck.log" | tail -3; echo "memcheck rc=$rc"
     [ $rc = 0 ] || status=1
     echo "== compute-sanitizer racecheck"
     timeout 200 "$SAN" --tool racecheck --error-exitcode 99 --print-limit 20 \
-        python3 -m pytest -q -p no:cacheprovider tests/test_fused.py tests/test_reliability.py -k "$RACECHECK_K" \
+        python3 -m pytest -q -p no:cacheprovider tests/test_fused.py -k "$RACECHECK_K" \
         > "$OUT_DIR/racecheck.log" 2>&1
     rc=$?; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|passed|failed" "$OUT_DIR/racecheck.log" | tail -3; echo "racecheck rc=$rc"
     [ $rc = 0 ] || status=1
