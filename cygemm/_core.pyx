@@ -486,29 +486,45 @@ cdef void _byte_range(const MatrixView* v, int64_t* lo, int64_t* hi) noexcept no
             hi[0] += span
 
 
-cdef bint _blocks_overlap(const MatrixView* x, const MatrixView* y) noexcept nogil:
-    """Whether two views with overlapping byte ranges share an element. Exact for two
-    2-D views of one leading dimension ld (blocks of an ld-wide grid); True otherwise."""
-    cdef int64_t ld, xr, xc, yr, yc, ox, oy, base
-    if x.batch != 1 or y.batch != 1 or x.itemsize != y.itemsize:
-        return True
-    cdef bint row_major = x.col_stride == 1 and y.col_stride == 1 and x.row_stride == y.row_stride
-    cdef bint col_major = x.row_stride == 1 and y.row_stride == 1 and x.col_stride == y.col_stride
-    if not (row_major or col_major):
-        return True
-    ld = x.row_stride if row_major else x.col_stride
-    # Lines (rows when row-major) and positions along a line of each view.
-    if row_major:
-        xr = x.rows
-        xc = x.cols
-        yr = y.rows
-        yc = y.cols
+cdef bint _as_lines(const MatrixView* v, int64_t* n, int64_t* length, int64_t* ld) noexcept nogil:
+    """The memory of 2-D view v as n segments of `length` contiguous elements, ld apart
+    (ld 0: one segment). False when v is not such a view (no unit-stride axis, batches)."""
+    if v.batch != 1:
+        return False
+    cdef int64_t count, stride
+    if v.rows == 1 or v.cols == 1:          # a vector: one segment, or segments of one
+        count = v.rows * v.cols
+        stride = v.col_stride if v.cols > 1 else v.row_stride
+        if count == 1 or stride == 1:
+            n[0], length[0], ld[0] = 1, count, 0
+        elif stride > 0:
+            n[0], length[0], ld[0] = count, 1, stride
+        else:
+            return False
+    elif v.col_stride == 1:                 # rows are the segments
+        n[0], length[0], ld[0] = v.rows, v.cols, v.row_stride
+    elif v.row_stride == 1:                 # columns are the segments
+        n[0], length[0], ld[0] = v.cols, v.rows, v.col_stride
     else:
-        xr = x.cols
-        xc = x.rows
-        yr = y.cols
-        yc = y.rows
-    if ld <= 0 or xc > ld or yc > ld:
+        return False
+    return True
+
+
+cdef bint _blocks_overlap(const MatrixView* x, const MatrixView* y) noexcept nogil:
+    """Whether two views with overlapping byte ranges share an element. Exact when both
+    are blocks of one matrix (segments of contiguous elements, one distance ld apart);
+    True (conservative) otherwise."""
+    if x.itemsize != y.itemsize:
+        return True
+    cdef int64_t xn, xl, xld, yn, yl, yld, ld, base, ox, oy
+    if not (_as_lines(x, &xn, &xl, &xld) and _as_lines(y, &yn, &yl, &yld)):
+        return True
+    if xld and yld and xld != yld:
+        return True
+    ld = xld if xld else yld
+    if ld == 0:
+        return True          # two contiguous segments: their byte ranges are exact
+    if xl > ld or yl > ld:
         return True
     base = min(<int64_t><uintptr_t>x.ptr, <int64_t><uintptr_t>y.ptr)
     ox = <int64_t><uintptr_t>x.ptr - base
@@ -517,26 +533,41 @@ cdef bint _blocks_overlap(const MatrixView* x, const MatrixView* y) noexcept nog
         return True
     ox //= x.itemsize
     oy //= x.itemsize
-    if ox % ld + xc > ld or oy % ld + yc > ld:     # a block that wraps past the line's end
+    if ox % ld + xl > ld or oy % ld + yl > ld:     # a block that wraps past the line's end
         return True
-    return (ox // ld < oy // ld + yr and oy // ld < ox // ld + xr and
-            ox % ld < oy % ld + yc and oy % ld < ox % ld + xc)
+    return (ox // ld < oy // ld + yn and oy // ld < ox // ld + xn and
+            ox % ld < oy % ld + yl and oy % ld < ox % ld + xl)
+
+
+cdef bint _views_overlap(const MatrixView* x, const MatrixView* y) noexcept nogil:
+    if _empty(x) or _empty(y):
+        return False
+    cdef int64_t lo1, hi1, lo2, hi2
+    _byte_range(x, &lo1, &hi1)
+    _byte_range(y, &lo2, &hi2)
+    return not (hi1 <= lo2 or hi2 <= lo1) and _blocks_overlap(x, y)
 
 
 cdef int check_no_overlap(const MatrixView* out, str out_name, const MatrixView* other,
                           str other_name) except -1:
-    if _empty(out) or _empty(other):
+    if not _views_overlap(out, other):
         return 0
     cdef int64_t lo1, hi1, lo2, hi2
     _byte_range(out, &lo1, &hi1)
     _byte_range(other, &lo2, &hi2)
-    if hi1 <= lo2 or hi2 <= lo1:
-        return 0
-    if not _blocks_overlap(out, other):
-        return 0
     raise ValueError(f"{out_name}: its memory overlaps {other_name} (bytes "
                      f"[{lo1:#x}, {hi1:#x}) and [{lo2:#x}, {hi2:#x})); cuBLAS and cygemm's kernels "
                      f"need outputs that share no memory with the other arguments")
+
+
+def arrays_overlap(x, y):
+    """Whether cygemm would treat device arrays x and y as sharing memory (the check every
+    output goes through). Exact for two 2-D views of one leading dimension; otherwise by
+    address ranges, so it may say True for interleaved views that share no element."""
+    cdef MatrixView a, b
+    view_from_object(x, &a, "x", 1, 3)
+    view_from_object(y, &b, "y", 1, 3)
+    return _views_overlap(&a, &b)
 
 
 cdef object empty_array(tuple shape, cudaDataType dtype):
