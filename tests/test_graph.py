@@ -83,22 +83,6 @@ def test_a_graph_dropped_inside_the_next_capture_does_not_break_it():
     assert rel_err(Y.get(), np.maximum(f64(cp, A) @ f64(cp, B) + f64(cp, bias), 0)) < 3e-3
 
 
-def test_allocating_calls_refuse_during_capture_and_capture_survives():
-    s = cp.cuda.Stream(non_blocking=True)
-    A, B, C = rand(cp, (32, 32)), rand(cp, (32, 32)), cp.empty((32, 32), cp.float32)
-    cp.cuda.Device().synchronize()
-    with cygemm.graph.capture(s) as g:
-        with pytest.raises(RuntimeError, match="captur"):
-            gemm_ops.forward(A, B, stream=s)
-        with pytest.raises(RuntimeError, match="captur"):
-            gemm_ops.ensure_workspaces(1234, 5, stream=s)
-        cygemm.gemm(A, B, C, math="fp32", stream=s)
-    C[...] = cp.nan
-    g.launch(s)
-    s.synchronize()
-    assert rel_err(C.get(), f64(cp, A) @ f64(cp, B)) < 1e-5
-
-
 def test_clear_ws_cache_does_not_break_a_live_graph():
     M, K, N = 64, 64, 64
     s = cp.cuda.Stream(non_blocking=True)
