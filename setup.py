@@ -1,76 +1,57 @@
-"""Build cygemm: cythonize the .pyx modules, compile the .cu kernels with nvcc,
-link cuBLAS/cuBLASLt (toolkit or pip wheel) and the static CUDA runtime.
+"""Build cygemm: cythonize the .pyx modules, compile the .cu kernels with nvcc, link
+cuBLAS/cuBLASLt and the static CUDA runtime.
+
+Where CUDA is comes from cygemm/_cuda_paths.py (cuda-pathfinder), the same answer the
+installed package uses at run time. The build writes no build-machine path into what it
+makes: the only RUNPATH is $ORIGIN/../nvidia/cu13/lib (the nvidia-cublas wheel beside an
+installed cygemm); elsewhere `import cygemm` loads cuBLAS through cuda-pathfinder.
 
 Environment:
-  CUDA_HOME / CUDA_PATH  the toolkit (else nvcc on PATH, else /usr/local/cuda)
-  NVCC                   the nvcc to use
+  NVCC                   the nvcc to use (else CUDA_HOME/CUDA_PATH, PATH, /usr/local/cuda)
   CYGEMM_CUDA_ARCHS      e.g. "80;90" (default: Turing..Hopper, plus PTX of the newest)
 """
 import glob
+import importlib.util
 import os
-import shutil
 import subprocess
-import sys
-import sysconfig
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+MODULES = {"_core": [], "rowmajor": [], "fused": ["cygemm/kernels.cu"], "graph": []}
+HEADERS = ["cygemm/include/cygemm/kernels.h"]
+RUNPATH = "$ORIGIN/../nvidia/cu13/lib"
 
 
-def find_cuda_home():
-    """First of NVCC, CUDA_HOME/CUDA_PATH, nvcc on PATH, /usr/local/cuda that holds a toolkit."""
-    candidates = []
-    if os.environ.get("NVCC"):
-        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(os.environ["NVCC"]))))
-    candidates += [os.environ[v] for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
-    if shutil.which("nvcc"):
-        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(shutil.which("nvcc")))))
-    candidates.append("/usr/local/cuda")
-    for home in candidates:
-        # A wrapper script on PATH does not sit in its toolkit: require the headers.
-        if os.path.exists(os.path.join(home, "include", "cuda_runtime_api.h")):
-            return home
-    sys.exit(f"cygemm: CUDA toolkit not found (tried {candidates}): set CUDA_HOME")
+def _cuda_paths():
+    spec = importlib.util.spec_from_file_location("_cygemm_cuda_paths",
+                                                  os.path.join(HERE, "cygemm", "_cuda_paths.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _site_dirs():
-    import site
-    dirs = list(site.getsitepackages()) + [site.getusersitepackages()]
-    dirs += [p for p in sys.path if p.endswith("site-packages")]
-    return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
+def check_sources():
+    """A missing source is a build error, never a smaller wheel."""
+    needed = [f"cygemm/{m}.pyx" for m in MODULES] + [s for srcs in MODULES.values() for s in srcs] + HEADERS
+    missing = [p for p in needed if not os.path.isfile(os.path.join(HERE, p))]
+    if missing:
+        raise SystemExit(f"cygemm: sources missing from this source tree: {', '.join(missing)}")
 
 
-def find_cublas(cuda_home):
-    """(include dir, lib dir) holding cublas_v2.h and libcublas.so*: the toolkit first, then pip wheels."""
-    candidates = [(os.path.join(cuda_home, "include"), os.path.join(cuda_home, d))
-                  for d in ("lib64", "lib", "targets/x86_64-linux/lib", "targets/sbsa-linux/lib")]
-    for site_dir in _site_dirs():
-        for sub in ("nvidia/cu13", "nvidia/cublas"):   # CUDA 13 wheels, then CUDA 12 wheels
-            root = os.path.join(site_dir, sub)
-            candidates.append((os.path.join(root, "include"), os.path.join(root, "lib")))
-    for inc, lib in candidates:
-        if os.path.exists(os.path.join(inc, "cublas_v2.h")) and glob.glob(os.path.join(lib, "libcublasLt.so*")):
-            return inc, lib
-    sys.exit("cygemm: cuBLAS headers/libraries not found in the toolkit or in pip wheels: "
-             "pip install nvidia-cublas")
-
-
-def shared_lib(lib_dir, name):
-    """Prefer the versioned soname file: wheels ship only libcublas.so.13."""
-    found = sorted(glob.glob(os.path.join(lib_dir, f"lib{name}.so.*")), key=len)
-    if not found:
-        found = glob.glob(os.path.join(lib_dir, f"lib{name}.so"))
-    if not found:
-        sys.exit(f"cygemm: lib{name}.so not found in {lib_dir}")
-    return found[0]
+def cudart_static(nvcc):
+    root = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+    for pattern in ("lib64", "lib", "targets/*/lib"):
+        found = glob.glob(os.path.join(root, pattern, "libcudart_static.a"))
+        if found:
+            return found[0]
+    raise SystemExit(f"cygemm: libcudart_static.a not found in the toolkit of {nvcc}")
 
 
 def nvcc_version(nvcc):
     out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
-    release = out.split("release ")[1].split(",")[0]
-    return tuple(int(x) for x in release.split("."))
+    return tuple(int(x) for x in out.split("release ")[1].split(",")[0].split("."))
 
 
 def gencode_flags(nvcc):
@@ -87,34 +68,14 @@ def gencode_flags(nvcc):
     return flags
 
 
-CUDA_HOME = find_cuda_home()
-NVCC = os.environ.get("NVCC") or os.path.join(CUDA_HOME, "bin", "nvcc")
-CUBLAS_INC, CUBLAS_LIB = find_cublas(CUDA_HOME)
-CUDA_INC = os.path.join(CUDA_HOME, "include")
-CUDART_STATIC = next((p for p in glob.glob(os.path.join(CUDA_HOME, "lib*", "libcudart_static.a"))
-                      + glob.glob(os.path.join(CUDA_HOME, "targets", "*", "lib", "libcudart_static.a"))), None)
-if CUDART_STATIC is None:
-    sys.exit(f"cygemm: libcudart_static.a not found under {CUDA_HOME}")
-
-INCLUDE_DIRS = [os.path.join(HERE, "include"), CUDA_INC, CUBLAS_INC]
-# Static cudart: no runtime library to find at import. cuBLAS is found through
-# the rpath of the build, the wheel layout next to the package, or (see
-# cygemm/_libs.py) a search of site-packages at import.
-LINK_ARGS = [shared_lib(CUBLAS_LIB, "cublas"), shared_lib(CUBLAS_LIB, "cublasLt"), CUDART_STATIC,
-             "-ldl", "-lpthread", "-lrt",
-             f"-Wl,-rpath,{CUBLAS_LIB}", "-Wl,-rpath,$ORIGIN/../nvidia/cu13/lib"]
-
-
-def write_build_config():
-    """Record the include folders, so cimport users (and tests) can compile against cygemm."""
-    with open(os.path.join(HERE, "cygemm", "_build_config.py"), "w") as f:
-        f.write("# Written by setup.py at build time.\n")
-        f.write(f"CUDA_INCLUDE = {CUDA_INC!r}\nCUBLAS_INCLUDE = {CUBLAS_INC!r}\n")
-        f.write(f"CUBLAS_LIB = {CUBLAS_LIB!r}\n")
-
-
 class BuildExt(build_ext):
     """Compile each extension's .cu sources with nvcc into objects, then link as usual."""
+
+    def build_extensions(self):
+        # Python's own LDSHARED may carry -Wl,-rpath,<its lib folder> (pyenv, conda): a path
+        # of the build machine that must not reach the wheel. Our RUNPATH is added per extension.
+        self.compiler.linker_so = [a for a in self.compiler.linker_so if not a.startswith("-Wl,-rpath")]
+        super().build_extensions()
 
     def build_extension(self, ext):
         cu_sources = [s for s in ext.sources if s.endswith(".cu")]
@@ -123,7 +84,7 @@ class BuildExt(build_ext):
         for src in cu_sources:
             obj = os.path.join(self.build_temp, os.path.splitext(src)[0] + ".o")
             os.makedirs(os.path.dirname(obj), exist_ok=True)
-            cmd = [NVCC, "-c", src, "-o", obj, "-O3", "-std=c++17", "-Xcompiler", "-fPIC",
+            cmd = [NVCC, "-c", src, "-o", obj, "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-g0",
                    "--expt-relaxed-constexpr", *[f"-I{d}" for d in INCLUDE_DIRS], *gencode_flags(NVCC)]
             print(" ".join(cmd), flush=True)
             subprocess.run(cmd, check=True)
@@ -132,22 +93,29 @@ class BuildExt(build_ext):
         super().build_extension(ext)
 
 
-def extension(name, extra_sources=()):
+def extension(name, extra_sources):
     # nvcc objects are C++: their runtime support comes from libstdc++.
-    cxx = ["-lstdc++"] if any(s.endswith(".cu") for s in extra_sources) else []
+    cxx = ["-lstdc++"] if extra_sources else []
+    # -g0: Python's CFLAGS often say -g, and debug info names the build folder.
     return Extension(f"cygemm.{name}", [f"cygemm/{name}.pyx", *extra_sources],
                      include_dirs=INCLUDE_DIRS, extra_link_args=LINK_ARGS + cxx,
-                     extra_compile_args=["-O2", "-Wno-unused-function"])
+                     extra_compile_args=["-O2", "-g0", "-Wno-unused-function"])
+
+
+check_sources()
+paths = _cuda_paths()
+NVCC = paths.find_nvcc()
+INCLUDE_DIRS = ["cygemm/include", paths.header_dir("cudart"), paths.header_dir("cublas")]
+CUBLAS = paths.load_cublas()
+# Linked by path; the DT_NEEDED entries are the sonames (libcublas.so.13), not paths.
+LINK_ARGS = [CUBLAS["cublas"], CUBLAS["cublasLt"], cudart_static(NVCC), "-ldl", "-lpthread", "-lrt",
+             f"-Wl,-rpath,{RUNPATH}"]
 
 
 def ext_modules():
     from Cython.Build import cythonize
-    exts = [extension("_core"), extension("rowmajor"), extension("fused", ["cygemm/kernels.cu"]),
-            extension("graph")]
-    exts = [e for e in exts if os.path.exists(e.sources[0])]
-    return cythonize(exts, compiler_directives={"language_level": 3, "embedsignature": True},
-                     include_path=[HERE])
+    return cythonize([extension(name, srcs) for name, srcs in MODULES.items()],
+                     compiler_directives={"language_level": 3, "embedsignature": True})
 
 
-write_build_config()
 setup(ext_modules=ext_modules(), cmdclass={"build_ext": BuildExt})

@@ -119,13 +119,14 @@ def host_us(fn, sync, calls=3000, reps=3, warmup=300):
 
 def build_floor(exe):
     """Compile cublas_floor.cu with the toolkit and cuBLAS cygemm was built with; start it."""
-    from cygemm import _build_config as cfg
-    nvcc = os.path.join(os.path.dirname(cfg.CUDA_INCLUDE), "bin", "nvcc")
-    names = sorted(os.listdir(cfg.CUBLAS_LIB), key=len)
-    libs = [f"-l:{next(n for n in names if n.startswith(p))}" for p in ("libcublas.so", "libcublasLt.so")]
+    from cygemm import _cuda_paths
+    nvcc = _cuda_paths.find_nvcc()
+    libs = _cuda_paths.load_cublas()          # the very files cygemm runs on
+    lib_dir = os.path.dirname(libs["cublas"])
     arch = os.environ.get("CYGEMM_CUDA_ARCHS", "90").split(";")[0]
     cmd = [nvcc, "-O2", "-std=c++17", f"-arch=sm_{arch}", os.path.join(HERE, "cublas_floor.cu"), "-o", exe,
-           f"-I{cfg.CUBLAS_INCLUDE}", f"-L{cfg.CUBLAS_LIB}", *libs, f"-Xlinker=-rpath={cfg.CUBLAS_LIB}"]
+           f"-I{_cuda_paths.header_dir('cublas')}", libs["cublas"], libs["cublasLt"],
+           f"-Xlinker=-rpath={lib_dir}"]
     subprocess.run(cmd, check=True)
     return Floor(exe)
 

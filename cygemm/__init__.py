@@ -1,13 +1,13 @@
 """cygemm: cuBLAS and cuBLASLt GEMMs on CuPy (or any CUDA) arrays, with no avoidable overhead."""
+from cygemm import _cuda_paths
+
+# The extensions need libcublas.so.13 and libcublasLt.so.13: load them where cuda-pathfinder
+# finds them (the nvidia-cublas wheel, conda, the system, CUDA_HOME), so no LD_LIBRARY_PATH
+# and no path recorded at build time is needed.
 try:
-    from cygemm import _core
-except ImportError as exc:  # cuBLAS not on the rpath: load it from the pip wheel and retry
-    if "libcublas" not in str(exc):
-        raise
-    from cygemm._libs import preload_cublas
-    if preload_cublas() is None:
-        raise ImportError(f"{exc}; install the cuBLAS wheel: pip install nvidia-cublas") from exc
-    from cygemm import _core
+    _cuda_paths.load_cublas()
+except _cuda_paths.CudaNotFoundError as exc:
+    raise ImportError(f"cygemm: {exc}") from exc
 
 from cygemm._core import CygemmError, CudaError, CublasError, device_count, stream_pointer, versions
 from cygemm.rowmajor import gemm, gemm_strided_batched
@@ -16,16 +16,36 @@ from cygemm import gemm_ops, graph
 __version__ = "0.1.0"
 
 __all__ = ["gemm", "gemm_strided_batched", "gemm_ops", "graph", "CygemmError", "CudaError", "CublasError",
-           "device_count", "stream_pointer", "versions", "get_include"]
+           "device_count", "stream_pointer", "versions", "get_include", "gpu_unavailable_reason"]
 
 
 def get_include():
-    """Folders a Cython extension that cimports cygemm needs: for Cython's include_path
-    (the folder holding the cygemm package's .pxd files) and for the C compiler
-    (the CUDA and cuBLAS headers found at build time)."""
-    import os
-    from cygemm import _build_config
-    here = os.path.dirname(os.path.abspath(__file__))
-    dirs = [os.path.dirname(here), os.path.join(os.path.dirname(here), "include"),
-            _build_config.CUDA_INCLUDE, _build_config.CUBLAS_INCLUDE]
-    return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
+    """Folders a Cython extension that cimports cygemm compiles against.
+
+    Pass the list both as cythonize's ``include_path`` (it finds ``cygemm/*.pxd`` there) and as
+    the Extension's ``include_dirs`` (the C compiler finds ``cygemm/kernels.h``, the CUDA
+    runtime headers and the cuBLAS headers there). Computed when called, from where this
+    package and CUDA are installed now.
+
+    Returns
+    -------
+    list of str
+        Existing folders: the one holding the ``cygemm`` package, cygemm's ``include``
+        folder, the CUDA runtime headers' folder and the cuBLAS headers' folder.
+
+    Raises
+    ------
+    FileNotFoundError
+        (``cygemm._cuda_paths.CudaNotFoundError``) The CUDA runtime or cuBLAS headers were not
+        found; the message names the missing header and how to get it.
+    """
+    return _cuda_paths.include_dirs()
+
+
+def gpu_unavailable_reason():
+    """Why cygemm cannot run on a GPU here, in plain words, or None when a GPU is usable.
+
+    Needs no GPU: without a driver it says "no NVIDIA GPU/driver found" rather than a CUDA
+    error code.
+    """
+    return _core.gpu_unavailable_reason()

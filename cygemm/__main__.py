@@ -9,13 +9,15 @@ import cygemm
 
 def main():
     print(f"cygemm {cygemm.__version__}; built against {cygemm.versions()}")
-    try:
-        import cupy as cp
-        n = cp.cuda.runtime.getDeviceCount()
-    except Exception as exc:
-        print(f"No CUDA GPU here ({type(exc).__name__}: {exc}).")
-        print("The extension built and imported; the GPU self-check is skipped.")
+    reason = cygemm.gpu_unavailable_reason()
+    if reason:
+        print(f"No GPU check here: {reason}.")
+        print("What works without a GPU: the build, `import cygemm`, cygemm.get_include() and "
+              "Cython modules that cimport cygemm (they compile), argument checking; every GEMM needs a GPU.")
+        print("include folders:", *cygemm.get_include(), sep="\n  ")
         return 0
+    import cupy as cp
+    n = cp.cuda.runtime.getDeviceCount()
     name = cp.cuda.runtime.getDeviceProperties(0)["name"]
     name = name.decode() if isinstance(name, bytes) else name
     print(f"GPU: {name} ({n} device(s)), CuPy {cp.__version__}")

@@ -12,13 +12,18 @@ cdef int check_cuda(cudaError_t status, const char* call) except -1 nogil
 cdef int check_cublas(cublasStatus_t status, const char* call) except -1 nogil
 
 
+# A cuBLAS/cuBLASLt workspace (also the backward's scratch) and the stream it belongs to.
+# capture_id 0: the stream's eager workspace; else the one of that capture, which the
+# captured graph takes over (work in a graph must not share memory with eager work).
 ctypedef struct StreamWorkspace:
     cudaStream_t stream
+    unsigned long long capture_id
     void* ptr
+    unsigned long long last_use
 
 
 # One per (device, thread). Owned by a Python object in a thread-local dict;
-# the pointer stays valid for the life of the thread.
+# the pointer stays valid for the life of the thread. It owns its workspaces.
 ctypedef struct GemmContext:
     int device
     cublasHandle_t blas
@@ -27,20 +32,22 @@ ctypedef struct GemmContext:
     bint bound
     cudaStream_t bound_stream
     void* bound_workspace
-    # One workspace per stream, shared by cuBLAS and cuBLASLt calls on that
-    # stream (work on one stream is serial, across streams it is not).
+    # Workspaces, one per stream (work on one stream is serial, across streams it is
+    # not), at most max_eager eager ones: the least recently used is freed beyond that.
     StreamWorkspace* workspaces
     int n_workspaces
     int cap_workspaces
+    int max_eager
+    unsigned long long use_counter
     size_t workspace_bytes
 
 
 cdef GemmContext* current_context() except NULL
-# Set the handle's stream (only when it changes) and rebind the workspace,
-# since cublasSetStream resets it. Allocates a workspace the first time a
-# stream is seen, in relaxed capture mode so that an open capture survives.
+# Set the handle's stream and workspace (only when they change: cublasSetStream resets
+# the workspace). Capture-aware: see stream_workspace.
 cdef int bind_stream(GemmContext* ctx, cudaStream_t stream) except -1 nogil
-# The workspace that belongs to `stream` (allocated on first use).
+# The workspace of `stream`, or of the capture under way on it; allocated on first use
+# (cudaMalloc in relaxed capture mode, so an open capture survives).
 cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL nogil
 
 
@@ -62,9 +69,9 @@ ctypedef struct MatrixView:
 cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1
 cdef int stream_from_object(object stream, cudaStream_t* out) except -1
 cdef bint stream_is_capturing(cudaStream_t stream) except -1 nogil
-cdef int check_device(const MatrixView* view, str name, int device) except -1
-# With several GPUs, refuse a stream that belongs to another device than the call's.
-cdef int check_stream_device(cudaStream_t stream, int device) except -1
+# With several GPUs, refuse a stream or a non-empty array of another device than the
+# context's: one check for every entry point, correct during capture and for empty views.
+cdef int check_devices(GemmContext* ctx, cudaStream_t stream, const MatrixView** views, list names) except -1
 # Refuse an output whose memory overlaps another array the call reads or writes
 # (cuBLAS and our kernels assume it does not). Exact for two 2-D views with the
 # same leading dimension (column blocks of one buffer do not overlap), conservative
@@ -72,4 +79,6 @@ cdef int check_stream_device(cudaStream_t stream, int device) except -1
 cdef int check_no_overlap(const MatrixView* out, str out_name, const MatrixView* other,
                           str other_name) except -1
 cdef object dtype_name(cudaDataType dtype)
-cdef object empty_array(tuple shape, cudaDataType dtype)
+# A new C-ordered CuPy array from CuPy's pool on `stream`, so that its memory is ordered with
+# the work the caller enqueues there.
+cdef object empty_array(tuple shape, cudaDataType dtype, cudaStream_t stream)

@@ -71,6 +71,31 @@ cdef int check_cublas(cublasStatus_t status, const char* call) except -1 nogil:
 
 # ---------------------------------------------------------------- handles
 
+cdef int _max_eager_workspaces() except -1:
+    import os
+    value = os.environ.get("CYGEMM_MAX_STREAM_WORKSPACES", "8")
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"CYGEMM_MAX_STREAM_WORKSPACES: expected an integer >= 1, got {value!r}")
+    return n
+
+
+cdef void _free_relaxed(void* ptr) noexcept nogil:
+    """cudaFree without breaking a capture that another stream of this thread has open.
+
+    cudaFree returns only once the work already enqueued on the device is done (it
+    synchronizes implicitly), so no kernel still uses ptr, even one on a stream that has
+    since been destroyed. Unlike cudaDeviceSynchronize it does not break another thread's
+    capture."""
+    cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
+    cudaThreadExchangeStreamCaptureMode(&mode)
+    cudaFree(ptr)
+    cudaThreadExchangeStreamCaptureMode(&mode)
+
+
 cdef class _Context:
     """Owns one GemmContext: the handles and workspaces of a (device, thread)."""
     cdef GemmContext ctx
@@ -78,6 +103,7 @@ cdef class _Context:
     def __cinit__(self, int device):
         self.ctx.device = device
         self.ctx.workspace_bytes = WORKSPACE_BYTES
+        self.ctx.max_eager = _max_eager_workspaces()
         cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
         # Creating handles may allocate: allowed even while another stream of
         # this thread is being captured.
@@ -88,15 +114,20 @@ cdef class _Context:
         finally:
             cudaThreadExchangeStreamCaptureMode(&mode)
 
-    def __dealloc__(self):
-        # Errors are ignored: at interpreter exit the driver may be gone. Relaxed
-        # mode, so that a capture open on this thread is not invalidated.
+    cdef void release(self) noexcept nogil:
+        """Free every workspace this context still owns (captured graphs own theirs)."""
         cdef int i
+        for i in range(self.ctx.n_workspaces):
+            _free_relaxed(self.ctx.workspaces[i].ptr)
+        self.ctx.n_workspaces = 0
+        self.ctx.bound = False
+
+    def __dealloc__(self):
+        # Errors are ignored: at interpreter exit the driver may be gone.
+        self.release()
+        free(self.ctx.workspaces)
         cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
         cudaThreadExchangeStreamCaptureMode(&mode)
-        for i in range(self.ctx.n_workspaces):
-            cudaFree(self.ctx.workspaces[i].ptr)
-        free(self.ctx.workspaces)
         if self.ctx.lt != NULL:
             cublasLtDestroy(self.ctx.lt)
         if self.ctx.blas != NULL:
@@ -110,6 +141,20 @@ cdef class _Context:
     @property
     def n_workspaces(self):
         return self.ctx.n_workspaces
+
+
+cdef class DeviceBuffer:
+    """Device memory cygemm allocated (a captured graph's workspace), freed when this goes."""
+    cdef void* ptr
+    cdef readonly size_t nbytes
+
+    @property
+    def ptr(self):
+        return <uintptr_t>self.ptr
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            _free_relaxed(self.ptr)
 
 
 cdef object _tls = threading.local()
@@ -126,6 +171,27 @@ def device_count():
     return _device_count
 
 
+def gpu_unavailable_reason():
+    """Why no GPU is usable here, in plain words, or None when one is (see cygemm.gpu_unavailable_reason)."""
+    cdef int n = 0
+    cdef cudaError_t err = cudaGetDeviceCount(&n)
+    if err == cudaSuccess and n > 0:
+        return None
+    cudaGetLastError()
+    import ctypes
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return "no NVIDIA GPU/driver found (the driver library libcuda.so.1 is not installed)"
+    if err == cudaSuccess or err == cudaErrorNoDevice:
+        return "no NVIDIA GPU found (the driver is installed but sees no device)"
+    if err == cudaErrorInsufficientDriver:
+        return ("the NVIDIA driver is too old for this CUDA runtime "
+                f"(cudaGetDeviceCount: {cudaGetErrorName(err).decode()}); CUDA 13 needs driver >= 580")
+    return (f"no usable NVIDIA GPU (cudaGetDeviceCount failed with {cudaGetErrorName(err).decode()}: "
+            f"{cudaGetErrorString(err).decode()})")
+
+
 cdef GemmContext* current_context() except NULL:
     cdef int device = 0
     check_cuda(cudaGetDevice(&device), "cudaGetDevice")
@@ -135,41 +201,155 @@ cdef GemmContext* current_context() except NULL:
         contexts = _tls.contexts = {}
     cdef _Context owner = contexts.get(device)
     if owner is None:
-        device_count()
+        if device_count() > 1 and _cuStreamGetCtx == NULL:
+            _load_driver_entry_points()
         owner = _Context(device)
         contexts[device] = owner
     return &owner.ctx
 
 
-_keepalive_providers = []
+def detach_capture_workspaces(unsigned long long capture_id):
+    """Hand the workspaces cygemm made for capture `capture_id` (on this thread) to the caller,
+    who keeps them alive as long as the graph: a list of DeviceBuffer. The contexts forget them."""
+    cdef _Context owner
+    cdef GemmContext* ctx
+    cdef DeviceBuffer buf
+    cdef int i, j
+    taken = []
+    for owner in getattr(_tls, "contexts", {}).values():
+        ctx = &owner.ctx
+        j = 0
+        for i in range(ctx.n_workspaces):
+            if capture_id != 0 and ctx.workspaces[i].capture_id == capture_id:
+                buf = DeviceBuffer()
+                buf.ptr, buf.nbytes = ctx.workspaces[i].ptr, ctx.workspace_bytes
+                taken.append(buf)
+                if ctx.bound_workspace == buf.ptr:
+                    ctx.bound = False
+            else:
+                ctx.workspaces[j] = ctx.workspaces[i]
+                j += 1
+        ctx.n_workspaces = j
+    return taken
 
 
-def register_graph_keepalive(provider):
-    """provider() -> objects a captured graph may use (e.g. cached workspaces)."""
-    _keepalive_providers.append(provider)
+# Buffers of ensure_workspaces (the backward's dZ, a cuBLASLt workspace), one set per
+# (device, stream, name, shape, dtype): work on one stream is serial, so they are never used
+# by two kernels at once. Allocated on that stream; process-wide, under a lock.
+_stream_buffers = {}
+_stream_buffers_lock = threading.Lock()
+
+
+def stream_buffer(str name, tuple shape, dtype, stream=None):
+    """The cached CuPy buffer `name` of this shape and dtype for `stream` on the current device,
+    allocated (on that stream) the first time. Refused while the stream is being captured."""
+    cdef cudaStream_t s
+    stream_from_object(stream, &s)
+    cdef int device = 0
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice")
+    key = (device, <uintptr_t>s, name, shape, str(dtype))
+    with _stream_buffers_lock:
+        buf = _stream_buffers.get(key)
+        if buf is None:
+            if stream_is_capturing(s):
+                raise RuntimeError(f"{name}: allocating it would break the stream's capture; call "
+                                   "ensure_workspaces once on this stream before capturing")
+            if _cupy is None:
+                raise RuntimeError("ensure_workspaces needs CuPy to allocate")
+            if _current_stream().ptr == <uintptr_t>s:
+                buf = _cupy.empty(shape, dtype)
+            else:
+                with _cupy.cuda.ExternalStream(<uintptr_t>s):
+                    buf = _cupy.empty(shape, dtype)
+            _stream_buffers[key] = buf
+        return buf
+
+
+def stream_buffers_of(stream):
+    """The cached buffers of `stream` (any device): what a graph captured on it may use."""
+    cdef cudaStream_t s
+    stream_from_object(stream, &s)
+    with _stream_buffers_lock:
+        return [b for k, b in _stream_buffers.items() if k[1] == <uintptr_t>s]
+
+
+def clear_stream_buffers():
+    """Forget every cached buffer; a graph that uses one keeps it alive."""
+    with _stream_buffers_lock:
+        _stream_buffers.clear()
+
+
+def stream_buffer_keys():
+    with _stream_buffers_lock:
+        return list(_stream_buffers)
 
 
 def graph_keepalive():
-    """What a graph captured now must keep alive: this thread's handles and workspaces,
-    and whatever registered providers return."""
-    objs = list(getattr(_tls, "contexts", {}).values())
-    for provider in _keepalive_providers:
-        objs.extend(provider())
-    return objs
+    """What a graph captured now must keep alive besides its own workspaces: this thread's
+    contexts (the handles its cuBLAS calls were recorded with)."""
+    return list(getattr(_tls, "contexts", {}).values())
+
+
+def release_workspaces():
+    """Free the cuBLAS/cuBLASLt workspaces this thread's contexts hold, on every device.
+
+    The next call on a stream allocates a new one. Workspaces of graphs captured with
+    ``cygemm.graph.capture`` belong to those graphs and stay. A graph captured with another
+    tool (torch.cuda.graph, CuPy) uses a workspace that this frees: do not replay it after.
+    """
+    cdef _Context owner
+    for owner in getattr(_tls, "contexts", {}).values():
+        owner.release()
 
 
 def context_info():
-    """This thread's context on the current device: device, handle addresses, workspaces."""
+    """This thread's context on the current device: device, handles, workspaces and their bound."""
     cdef GemmContext* ctx = current_context()
+    cdef int i, eager = 0
+    for i in range(ctx.n_workspaces):
+        eager += ctx.workspaces[i].capture_id == 0
     return dict(device=ctx.device, blas=<uintptr_t>ctx.blas, lt=<uintptr_t>ctx.lt,
-                workspaces=ctx.n_workspaces, workspace_bytes=ctx.workspace_bytes)
+                workspaces=ctx.n_workspaces, eager_workspaces=eager, max_eager_workspaces=ctx.max_eager,
+                workspace_bytes=ctx.workspace_bytes)
+
+
+cdef unsigned long long _capture_id(cudaStream_t stream) except? 0 nogil:
+    """The id of the capture under way on `stream`, 0 if none."""
+    cdef cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone
+    cdef unsigned long long cid = 0
+    check_cuda(cudaStreamGetCaptureInfo(stream, &status, &cid, NULL, NULL, NULL, NULL),
+               "cudaStreamGetCaptureInfo")
+    return cid if status == cudaStreamCaptureStatusActive else 0
+
+
+cdef int _evict_lru(GemmContext* ctx) except -1 nogil:
+    """Free the least recently used eager workspace (its stream may be gone: streams come and go)."""
+    cdef int i, victim = -1
+    for i in range(ctx.n_workspaces):
+        if ctx.workspaces[i].capture_id == 0 and (
+                victim < 0 or ctx.workspaces[i].last_use < ctx.workspaces[victim].last_use):
+            victim = i
+    if victim < 0:
+        return 0
+    if ctx.bound_workspace == ctx.workspaces[victim].ptr:
+        ctx.bound = False
+    _free_relaxed(ctx.workspaces[victim].ptr)
+    ctx.n_workspaces -= 1
+    ctx.workspaces[victim] = ctx.workspaces[ctx.n_workspaces]
+    return 0
 
 
 cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL nogil:
-    cdef int i
+    cdef unsigned long long cid = _capture_id(stream)
+    cdef int i, eager = 0
+    ctx.use_counter += 1
     for i in range(ctx.n_workspaces):
-        if ctx.workspaces[i].stream == stream:
+        if ctx.workspaces[i].stream == stream and ctx.workspaces[i].capture_id == cid:
+            ctx.workspaces[i].last_use = ctx.use_counter
             return ctx.workspaces[i].ptr
+        eager += ctx.workspaces[i].capture_id == 0
+    if cid == 0 and eager >= ctx.max_eager:
+        _evict_lru(ctx)
     cdef StreamWorkspace* grown
     if ctx.n_workspaces == ctx.cap_workspaces:
         grown = <StreamWorkspace*>realloc(ctx.workspaces, (2 * ctx.cap_workspaces + 4) * sizeof(StreamWorkspace))
@@ -185,15 +365,17 @@ cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL n
     cudaThreadExchangeStreamCaptureMode(&mode)
     check_cuda(err, "cudaMalloc(workspace)")
     ctx.workspaces[ctx.n_workspaces].stream = stream
+    ctx.workspaces[ctx.n_workspaces].capture_id = cid
     ctx.workspaces[ctx.n_workspaces].ptr = ptr
+    ctx.workspaces[ctx.n_workspaces].last_use = ctx.use_counter
     ctx.n_workspaces += 1
     return ptr
 
 
 cdef int bind_stream(GemmContext* ctx, cudaStream_t stream) except -1 nogil:
-    if ctx.bound and ctx.bound_stream == stream:
-        return 0
     cdef void* ws = stream_workspace(ctx, stream)
+    if ctx.bound and ctx.bound_stream == stream and ctx.bound_workspace == ws:
+        return 0
     ctx.bound = False
     check_cublas(cublasSetStream(ctx.blas, stream), "cublasSetStream")
     check_cublas(cublasSetWorkspace(ctx.blas, ws, ctx.workspace_bytes), "cublasSetWorkspace")
@@ -440,28 +622,64 @@ def describe_array(x, str name="x"):
                 dtype=dtype_name(v.dtype))
 
 
-cdef int check_device(const MatrixView* view, str name, int device) except -1:
-    """With several GPUs, refuse an array that lives on another device than the call."""
-    if _device_count < 2:      # set when the first context was made, before any check
-        return 0
-    cdef cudaPointerAttributes attr
-    check_cuda(cudaPointerGetAttributes(&attr, view.ptr), "cudaPointerGetAttributes")
-    if attr.type != cudaMemoryTypeDevice and attr.type != cudaMemoryTypeManaged:
-        raise ValueError(f"{name}: expected device memory, got a pointer of memory type {<int>attr.type}")
-    if attr.type == cudaMemoryTypeDevice and attr.device != device:
-        raise ValueError(f"{name}: the array is on device {attr.device} but the call runs on "
-                         f"device {device} (make that device current)")
+# The stream's device, through the driver: cudaStreamGetDevice (cuStreamGetDevice) is
+# refused while the stream is being captured (cudaErrorStreamCaptureUnsupported, seen on a
+# two-GPU H200 host), cuStreamGetCtx is not. Looked up once, when there are several GPUs.
+ctypedef int (*_cuStreamGetCtx_t)(cudaStream_t, void**) noexcept nogil
+ctypedef int (*_cuCtxGetDevice_v2_t)(int*, void*) noexcept nogil
+cdef _cuStreamGetCtx_t _cuStreamGetCtx = NULL
+cdef _cuCtxGetDevice_v2_t _cuCtxGetDevice_v2 = NULL
+
+
+cdef int _load_driver_entry_points() except -1:
+    global _cuStreamGetCtx, _cuCtxGetDevice_v2
+    cdef void* fn = NULL
+    cdef cudaDriverEntryPointQueryResult found
+    if cudaGetDriverEntryPointByVersion(b"cuStreamGetCtx", &fn, 9020, cudaEnableDefault, &found) == cudaSuccess \
+            and found == cudaDriverEntryPointSuccess:
+        _cuStreamGetCtx = <_cuStreamGetCtx_t>fn
+    fn = NULL
+    if cudaGetDriverEntryPointByVersion(b"cuCtxGetDevice_v2", &fn, 12080, cudaEnableDefault, &found) == cudaSuccess \
+            and found == cudaDriverEntryPointSuccess:
+        _cuCtxGetDevice_v2 = <_cuCtxGetDevice_v2_t>fn
+    cudaGetLastError()
     return 0
 
 
-cdef int check_stream_device(cudaStream_t stream, int device) except -1:
-    if _device_count < 2:
+cdef int _stream_device(cudaStream_t stream, int* device) except -1:
+    cdef void* sctx = NULL
+    cdef int rc
+    if _cuStreamGetCtx != NULL and _cuCtxGetDevice_v2 != NULL:
+        rc = _cuStreamGetCtx(stream, &sctx)
+        if rc == 0:
+            rc = _cuCtxGetDevice_v2(device, sctx)
+        if rc != 0:
+            raise CudaError(400, f"cuStreamGetCtx/cuCtxGetDevice_v2 (CUresult {rc})")  # 400: invalid handle
         return 0
-    cdef int stream_device = device
-    check_cuda(cudaStreamGetDevice(stream, &stream_device), "cudaStreamGetDevice")
-    if stream_device != device:
+    return check_cuda(cudaStreamGetDevice(stream, device), "cudaStreamGetDevice")
+
+
+cdef int check_devices(GemmContext* ctx, cudaStream_t stream, const MatrixView** views, list names) except -1:
+    if _device_count < 2:      # set when the first context was made, before any check
+        return 0
+    cdef int stream_device = ctx.device, i
+    _stream_device(stream, &stream_device)
+    if stream_device != ctx.device:
         raise ValueError(f"stream: the stream belongs to device {stream_device} but the call runs on "
-                         f"device {device} (make that device current)")
+                         f"device {ctx.device} (make that device current)")
+    cdef cudaPointerAttributes attr
+    cdef const MatrixView* v
+    for i in range(len(names)):
+        v = views[i]
+        if v == NULL or v.ptr == NULL or _empty(v):    # not given, not allocated yet, or empty
+            continue
+        check_cuda(cudaPointerGetAttributes(&attr, v.ptr), "cudaPointerGetAttributes")
+        if attr.type != cudaMemoryTypeDevice and attr.type != cudaMemoryTypeManaged:
+            raise ValueError(f"{names[i]}: expected device memory, got a pointer of memory type "
+                             f"{<int>attr.type} (host memory)")
+        if attr.type == cudaMemoryTypeDevice and attr.device != ctx.device:
+            raise ValueError(f"{names[i]}: the array is on device {attr.device} but the call runs on "
+                             f"device {ctx.device} (make that device current)")
     return 0
 
 
@@ -570,10 +788,37 @@ def arrays_overlap(x, y):
     return _views_overlap(&a, &b)
 
 
-cdef object empty_array(tuple shape, cudaDataType dtype):
+cdef object empty_array(tuple shape, cudaDataType dtype, cudaStream_t stream):
     if _cupy is None:
         raise RuntimeError("out=None needs CuPy to allocate the result; pass out= instead")
-    return _cupy.empty(shape, dtype=dtype_name(dtype))
+    cdef uintptr_t ptr = <uintptr_t>stream
+    current = _current_stream()
+    if current.ptr == ptr:
+        return _cupy.empty(shape, dtype=dtype_name(dtype))
+    # CuPy's pool hands out blocks by the current stream: a block freed on another stream
+    # may still be in use there, so allocate with the call's stream current.
+    with _cupy.cuda.ExternalStream(ptr):
+        return _cupy.empty(shape, dtype=dtype_name(dtype))
+
+
+def empty(shape, dtype, stream=None, str what="the result"):
+    """A C-ordered CuPy array from CuPy's pool on `stream` (None: CuPy's current stream).
+    RuntimeError, naming `what`, while the stream is being captured."""
+    cdef cudaStream_t s
+    stream_from_object(stream, &s)
+    if stream_is_capturing(s):
+        raise RuntimeError(f"{what}: allocating it would use device memory while the stream is being "
+                           "captured; allocate before capturing and use the *_into form")
+    import numpy
+    name = numpy.dtype(dtype).name
+    cdef cudaDataType dt
+    if name == "float32":
+        dt = CUDA_R_32F
+    elif name == "float16":
+        dt = CUDA_R_16F
+    else:
+        raise TypeError(f"dtype: expected float32 or float16, got {name}")
+    return empty_array(tuple(shape), dt, s)
 
 
 def versions():

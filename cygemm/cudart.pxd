@@ -19,6 +19,9 @@ cdef extern from "cuda_runtime_api.h" nogil:
         cudaStreamCaptureModeThreadLocal
         cudaStreamCaptureModeRelaxed
 
+    cdef enum cudaDriverEntryPointQueryResult:   # a C enum, no typedef
+        cudaDriverEntryPointSuccess
+
     cdef enum cudaMemoryType:   # a C enum, no typedef
         cudaMemoryTypeUnregistered
         cudaMemoryTypeHost
@@ -44,6 +47,14 @@ cdef extern from "cuda_runtime_api.h" nogil:
     cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr)
     cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device)
     cudaError_t cudaStreamIsCapturing(cudaStream_t stream, cudaStreamCaptureStatus* status)
+    # CUDA 13's signature; the outputs after id_out may be NULL.
+    cudaError_t cudaStreamGetCaptureInfo(cudaStream_t stream, cudaStreamCaptureStatus* status,
+                                         unsigned long long* id_out, cudaGraph_t* graph_out,
+                                         const void** deps_out, const void** edges_out, size_t* n_deps_out)
+    cudaError_t cudaDeviceSynchronize()
+    cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** func, unsigned int version,
+                                                 unsigned long long flags,
+                                                 cudaDriverEntryPointQueryResult* status)
     cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode)
     cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t* graph)
     cudaError_t cudaThreadExchangeStreamCaptureMode(cudaStreamCaptureMode* mode)
@@ -59,6 +70,7 @@ cdef extern from "cuda_runtime_api.h" nogil:
     cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end)
 
     enum: cudaSuccess
+    enum: cudaEnableDefault
     enum: cudaErrorStreamCaptureUnsupported
     enum: cudaErrorNoDevice
     enum: cudaErrorInsufficientDriver

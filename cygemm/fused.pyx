@@ -17,8 +17,9 @@ from cygemm.cublaslt cimport *
 from cygemm.kernels cimport *
 from cygemm._core cimport (GemmContext, MatrixView, check_cuda, check_cublas, current_context,
                            stream_workspace, view_from_object, stream_from_object, stream_is_capturing,
-                           check_device, check_stream_device, check_no_overlap, dtype_name)
-from cygemm.rowmajor cimport ColMajorGemm, MapResult, MAP_OK, map_rowmajor_gemm, gemm_colmajor, compute_type_for
+                           check_devices, check_no_overlap, dtype_name)
+from cygemm.rowmajor cimport (ColMajorGemm, gemm_colmajor, compute_type_for, map_or_raise, rowmajor_ld,
+                              is_rowmajor)
 
 ACTIVATIONS = {
     "none": CYGEMM_ACT_NONE, "identity": CYGEMM_ACT_NONE, "relu": CYGEMM_ACT_RELU,
@@ -120,6 +121,7 @@ ctypedef struct PlanKey:
     uint32_t al_c
     uint32_t al_bias
     uint32_t al_aux
+    uint32_t al_ws
     size_t ws_bytes
 
 cdef enum:
@@ -193,13 +195,15 @@ cdef LtPlan _get_plan(GemmContext* ctx, cudaStream_t stream, ColMajorGemm* g, cu
     k.device, k.dtype, k.compute, k.epi, k.opa, k.opb = ctx.device, dtype, compute, epi, g.opa, g.opb
     k.m, k.n, k.k, k.lda, k.ldb, k.ldc, k.aux_ld = g.m, g.n, g.k, g.lda, g.ldb, g.ldc, aux_ld
     k.al_a, k.al_b, k.al_c, k.al_bias, k.al_aux = al_a, al_b, al_c, _alignment(bias), _alignment(aux)
+    # A refused call (e.g. a misaligned lt_workspace) marks its own plan, not the aligned one's.
+    k.al_ws = _alignment(ws)
     k.ws_bytes = ws_bytes
     cdef _Recent recent = _recent()
     cdef LtPlan plan = recent.find(&k)
     if plan is not None:
         return plan
     key = (k.device, k.dtype, k.compute, k.epi, k.opa, k.opb, k.m, k.n, k.k, k.lda, k.ldb, k.ldc,
-           k.aux_ld, k.al_a, k.al_b, k.al_c, k.al_bias, k.al_aux, k.ws_bytes)
+           k.aux_ld, k.al_a, k.al_b, k.al_c, k.al_bias, k.al_aux, k.al_ws, k.ws_bytes)
     plans = _plans()
     plan = plans.get(key)
     if plan is not None:
@@ -245,7 +249,9 @@ cdef LtPlan _get_plan(GemmContext* ctx, cudaStream_t stream, ColMajorGemm* g, cu
         d.algo = results[0].algo
         d.workspace_needed = results[0].workspaceSize
         if not capturing and found > 1 and <double>g.m * g.n * g.k >= AUTOTUNE_MIN_MACS:
-            _autotune(ctx, stream, d, g, bias, aux, ws, ws_bytes, results, found)
+            # Timing waits for the GPU (tens of ms): other Python threads run meanwhile.
+            with nogil:
+                _autotune(ctx, stream, d, g, bias, aux, ws, ws_bytes, results, found)
     elif capturing:
         # Some CUDA versions refuse heuristics during capture: use the fallback
         # now, but do not remember a verdict that may be the capture's fault.
@@ -257,47 +263,51 @@ cdef LtPlan _get_plan(GemmContext* ctx, cudaStream_t stream, ColMajorGemm* g, cu
 
 cdef int _autotune(GemmContext* ctx, cudaStream_t stream, LtPlanData* d, const ColMajorGemm* g,
                    const void* bias, void* aux, void* ws, size_t ws_bytes,
-                   cublasLtMatmulHeuristicResult_t* results, int found) except -1:
+                   cublasLtMatmulHeuristicResult_t* results, int found) except -1 nogil:
     """Time the heuristic's candidates on the call's own buffers and keep the fastest.
 
     The heuristic's first pick is not always the fastest (measured: GELU epilogues at
-    8192x8192x1024). Runs once per plan of a large problem, never during capture;
-    it waits for the stream. CYGEMM_AUTOTUNE_MIN_MACS sets the size threshold.
+    8192x8192x1024). Runs once per plan of a large problem, never during capture, without
+    the GIL; it waits for the stream. CYGEMM_AUTOTUNE_MIN_MACS sets the size threshold.
+    A CUDA failure here keeps the heuristic's first pick: timing is an optimisation.
     """
     cdef cudaEvent_t start = NULL, end = NULL
     cdef float alpha = 1.0, beta = 0.0, ms = 0.0, best = -1.0
     cdef int i, r, best_i = 0
     cdef cublasStatus_t st
-    check_cuda(cudaEventCreate(&start), "cudaEventCreate")
-    check_cuda(cudaEventCreate(&end), "cudaEventCreate")
-    try:
-        for i in range(found):
-            if results[i].state != CUBLAS_STATUS_SUCCESS or results[i].workspaceSize > ws_bytes:
-                continue
-            d.algo = results[i].algo
-            with nogil:
-                st = _lt_run(ctx, stream, d, g, bias, aux, ws, ws_bytes, &alpha, &beta)   # warm-up
-                if st == CUBLAS_STATUS_SUCCESS:
-                    cudaEventRecord(start, stream)
-                    for r in range(3):
-                        st = _lt_run(ctx, stream, d, g, bias, aux, ws, ws_bytes, &alpha, &beta)
-                    cudaEventRecord(end, stream)
-            if st != CUBLAS_STATUS_SUCCESS:
-                continue
-            check_cuda(cudaEventSynchronize(end), "cudaEventSynchronize")
-            check_cuda(cudaEventElapsedTime(&ms, start, end), "cudaEventElapsedTime")
-            if best < 0 or ms < best:
-                best = ms
-                d.workspace_needed = results[i].workspaceSize
-                best_i = i
-        if best >= 0:
-            d.algo = results[best_i].algo
-            d.tuned_ms = best / 3
-        else:
-            d.algo = results[0].algo
-    finally:
+    d.algo = results[0].algo
+    if cudaEventCreate(&start) != cudaSuccess:
+        cudaGetLastError()
+        return 0
+    if cudaEventCreate(&end) != cudaSuccess:
+        cudaGetLastError()
         cudaEventDestroy(start)
-        cudaEventDestroy(end)
+        return 0
+    for i in range(found):
+        if results[i].state != CUBLAS_STATUS_SUCCESS or results[i].workspaceSize > ws_bytes:
+            continue
+        d.algo = results[i].algo
+        st = _lt_run(ctx, stream, d, g, bias, aux, ws, ws_bytes, &alpha, &beta)   # warm-up
+        if st != CUBLAS_STATUS_SUCCESS:
+            continue
+        cudaEventRecord(start, stream)
+        for r in range(3):
+            st = _lt_run(ctx, stream, d, g, bias, aux, ws, ws_bytes, &alpha, &beta)
+        if cudaEventRecord(end, stream) != cudaSuccess or st != CUBLAS_STATUS_SUCCESS:
+            continue
+        if cudaEventSynchronize(end) != cudaSuccess or cudaEventElapsedTime(&ms, start, end) != cudaSuccess:
+            cudaGetLastError()
+            continue
+        if best < 0 or ms < best:
+            best, best_i = ms, i
+    if best >= 0:
+        d.algo = results[best_i].algo
+        d.workspace_needed = results[best_i].workspaceSize
+        d.tuned_ms = best / 3
+    else:
+        d.algo = results[0].algo
+    cudaEventDestroy(start)
+    cudaEventDestroy(end)
     return 0
 
 
@@ -342,7 +352,7 @@ cdef int _matrix(object x, MatrixView* v, str name, int64_t rows, int64_t cols, 
         raise ValueError(f"{name}: expected shape ({rows}, {cols}), got ({v.rows}, {v.cols})")
     if v.dtype != dtype:
         raise TypeError(f"{name}: expected dtype {dtype_name(dtype)}, got {dtype_name(v.dtype)}")
-    if row_major and not ((v.col_stride == 1 or cols <= 1) and (v.row_stride >= cols or rows <= 1)):
+    if row_major and not is_rowmajor(v):
         raise ValueError(f"{name}: expected a row-major array (unit stride along the last axis, rows "
                          f"not overlapping), got element strides ({v.row_stride}, {v.col_stride})")
     return 0
@@ -357,6 +367,14 @@ cdef int _layer_operands(object A, object B, MatrixView* a, MatrixView* b) excep
     if b.rows != a.cols:
         raise ValueError(f"B: A is ({a.rows}, {a.cols}) so B must have {a.cols} rows, got ({b.rows}, {b.cols})")
     return 0
+
+
+def layer_shape(A, B):
+    """(M, K, N, dtype name) of a layer's A (M, K) and B (K, N), checked as forward_into and
+    backward_into check them (any layout cuBLAS can read, e.g. W.T)."""
+    cdef MatrixView a, b
+    _layer_operands(A, B, &a, &b)
+    return a.rows, a.cols, b.cols, dtype_name(a.dtype)
 
 
 cdef int _vector(object x, MatrixView* v, str name, int64_t n, cudaDataType dtype) except -1:
@@ -388,15 +406,9 @@ cdef int _check_lt_workspace(object ws) except -1:
     return 0
 
 
-cdef int _map(MatrixView* a, bint ta, MatrixView* b, bint tb, MatrixView* c, str names,
+cdef int _map(MatrixView* a, bint ta, MatrixView* b, bint tb, MatrixView* c, tuple names,
               ColMajorGemm* g) except -1:
-    """Map c = op(a) op(b) by the one row-major mapping; a layout it cannot take is the caller's error."""
-    cdef MapResult r = map_rowmajor_gemm(a, b, c, ta, tb, g)
-    if r != MAP_OK:
-        raise ValueError(f"{names.split(',')[r - 1].strip()}: layout cuBLAS cannot express (one of the "
-                         "two axes must have unit stride)")
-    g.strided_batched = False
-    return 0
+    return map_or_raise(a, b, c, ta, tb, g, names)
 
 
 cdef int _gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
@@ -431,8 +443,10 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
         _matrix(z_out, &z, "z_out", M, N, a.dtype, True)
     elif z_out is not None:
         raise ValueError("z_out: given but save_z=False; pass save_z=True to write it")
-    cdef ColMajorGemm g
-    _map(&a, False, &b, False, &y, "A, B, out", &g)
+    cdef ColMajorGemm g, gz
+    _map(&a, False, &b, False, &y, ("A", "B", "out"), &g)
+    if save_z:      # the GEMM writes Z when the activation runs after it
+        _map(&a, False, &b, False, &z, ("A", "B", "z_out"), &gz)
     check_no_overlap(&y, "out", &a, "A")
     check_no_overlap(&y, "out", &b, "B")
     if use_bias:
@@ -447,19 +461,22 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
     _check_lt_workspace(lt_workspace)
     cdef cudaStream_t s
     stream_from_object(stream, &s)
+    cdef GemmContext* ctx = current_context()
+    cdef const MatrixView* views[5]
+    views[0], views[1], views[2] = &a, &b, &y
+    views[3] = &bv if use_bias else NULL
+    views[4] = &z if save_z else NULL
+    check_devices(ctx, s, views, ["A", "B", "out", "bias", "z_out"])
     if M == 0 or N == 0:
         return out
-    cdef GemmContext* ctx = current_context()
-    check_device(&a, "A", ctx.device)
-    check_device(&b, "B", ctx.device)
-    check_device(&y, "out", ctx.device)
-    check_stream_device(s, ctx.device)
     cdef void* ws
     cdef size_t ws_bytes
     _workspace(lt_workspace, &ws, &ws_bytes, ctx, s)
     cdef const void* bias_ptr = bv.ptr if use_bias else NULL
     cdef void* z_ptr = z.ptr if save_z else NULL
-    cdef int64_t z_ld = z.row_stride if save_z else 0
+    # Leading dimensions as the mapping reads them (a single row's stride may be 0 or 1).
+    cdef int64_t y_ld = rowmajor_ld(&y)
+    cdef int64_t z_ld = rowmajor_ld(&z) if save_z else 0
 
     # Route: an epilogue does the whole layer when it can; else a bias epilogue
     # (or none) writes Z and one kernel applies the activation.
@@ -467,7 +484,8 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
     cdef void* aux = NULL
     cdef int64_t aux_ld = 0
     cdef bint post_kernel = False
-    cdef MatrixView* target = &y
+    cdef void* target = y.ptr
+    cdef int64_t target_ld = y_ld
     if not save_z and code in (CYGEMM_ACT_NONE, CYGEMM_ACT_RELU, CYGEMM_ACT_GELU):
         if code == CYGEMM_ACT_RELU:
             epi = CUBLASLT_EPILOGUE_RELU_BIAS if use_bias else CUBLASLT_EPILOGUE_RELU
@@ -487,8 +505,8 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
         epi = CUBLASLT_EPILOGUE_BIAS if use_bias else CUBLASLT_EPILOGUE_DEFAULT
         post_kernel = True
         if save_z:
-            target = &z
-            g.c, g.ldc = z.ptr, z.row_stride
+            g = gz
+            target, target_ld = z.ptr, z_ld
     cdef float alpha = 1.0, beta = 0.0
     cdef LtPlan plan = None
     cdef cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED
@@ -511,17 +529,20 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
     if st == CUBLAS_STATUS_SUCCESS:
         if post_kernel:
             with nogil:
-                check_cuda(cygemm_bias_act_forward(a.dtype, M, N, target.ptr, target.row_stride, NULL,
-                                                   y.ptr, y.row_stride, NULL, 0, code, slope, s),
+                check_cuda(cygemm_bias_act_forward(a.dtype, M, N, target, target_ld, NULL,
+                                                   y.ptr, y_ld, NULL, 0, code, slope, s),
                            "cygemm_bias_act_forward")
         return out
     # Fallback, always correct: plain cuBLAS GEMM into Z (or Y), then bias + activation.
-    target = &z if save_z else &y
-    g.c, g.ldc = target.ptr, target.row_stride
+    if save_z:
+        g = gz
+        target, target_ld = z.ptr, z_ld
+    else:
+        target, target_ld = y.ptr, y_ld
     _gemm(ctx, s, &g, a.dtype, compute, 0.0)
     with nogil:
-        check_cuda(cygemm_bias_act_forward(a.dtype, M, N, target.ptr, target.row_stride, bias_ptr,
-                                           y.ptr, y.row_stride, z_ptr, z_ld, code, slope, s),
+        check_cuda(cygemm_bias_act_forward(a.dtype, M, N, target, target_ld, bias_ptr,
+                                           y.ptr, y_ld, z_ptr, z_ld, code, slope, s),
                    "cygemm_bias_act_forward")
     return out
 
@@ -573,21 +594,24 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
                              "(backward_into never allocates; see ensure_workspaces), got None")
         _matrix(work_dZ, &dz, "work_dZ", M, N, a.dtype, True)
     cdef MatrixView* dZ = &dz if need_dz else &gy
+    dz_name = "work_dZ" if need_dz else "gY"
     cdef ColMajorGemm g_a, g_b
     if want_ga:
-        _map(dZ, False, &b, True, &ga, "work_dZ, B, gA_out", &g_a)      # gA = dZ @ B^T
+        _map(dZ, False, &b, True, &ga, (dz_name, "B", "gA_out"), &g_a)      # gA = dZ @ B^T
     if want_gb:
         # gB = A^T @ dZ. Under the swap cuBLAS computes gB^T (N x K) = dZ^T A, whose first
         # operand is dZ^T (N x M): its row sums over M are the bias gradient, i.e. the
         # BGRADA epilogue (BGRADB for a column-major gB_out). Not used: our kernel's pass
         # already yields the bias gradient for every activation, accumulate included.
-        _map(&a, True, dZ, False, &gb, "A, work_dZ, gB_out", &g_b)
+        _map(&a, True, dZ, False, &gb, ("A", dz_name, "gB_out"), &g_b)
     # No output may share memory with an input or with another output.
-    cdef MatrixView* views[8]
+    cdef const MatrixView* views[8]
     names = ["A", "B", "gY", "Z" if Z is not None else "y", None, None, None, None]
     views[0], views[1], views[2], views[3] = &a, &b, &gy, &zv
     cdef int n_in = 4 if code != CYGEMM_ACT_NONE else 3, n, i, j
-    n = n_in
+    if n_in == 3:
+        views[3] = NULL
+    n = 4
     if want_ga:
         views[n], names[n], n = &ga, "gA_out", n + 1
     if want_gb:
@@ -596,35 +620,34 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
         views[n], names[n], n = &gbias, "gBias_out", n + 1
     if need_dz:
         views[n], names[n], n = &dz, "work_dZ", n + 1
-    for i in range(n_in, n):
+    for i in range(4, n):
         for j in range(i):
-            check_no_overlap(views[i], names[i], views[j], names[j])
+            if views[j] != NULL:
+                check_no_overlap(views[i], names[i], views[j], names[j])
     cdef cublasComputeType_t compute = compute_type_for(a.dtype, math)
     _check_lt_workspace(lt_workspace)
     cdef cudaStream_t s
     stream_from_object(stream, &s)
     cdef float beta = 1.0 if accumulate else 0.0
     cdef GemmContext* ctx = current_context()
-    check_device(&a, "A", ctx.device)
-    check_device(&b, "B", ctx.device)
-    check_device(&gy, "gY", ctx.device)
-    check_stream_device(s, ctx.device)
+    cdef int64_t scratch_floats = cygemm_act_backward_scratch_floats(M, N) if want_gbias else 0
+    if <size_t>scratch_floats * 4 > ctx.workspace_bytes:
+        raise ValueError(f"gBias_out: N={N} needs {scratch_floats * 4} bytes of scratch, more than "
+                         f"the stream workspace ({ctx.workspace_bytes})")
+    check_devices(ctx, s, views, names[:n])     # every input and output; the last check
     cdef float* scratch = NULL
-    cdef int64_t scratch_floats
+    cdef int64_t gy_ld = rowmajor_ld(&gy)
+    cdef int64_t z_ld = rowmajor_ld(&zv) if code != CYGEMM_ACT_NONE else 0
+    cdef int64_t dz_ld = rowmajor_ld(&dz) if need_dz else 0
     if want_gbias or need_dz:
         if want_gbias:
-            scratch_floats = cygemm_act_backward_scratch_floats(M, N)
-            if <size_t>scratch_floats * 4 > ctx.workspace_bytes:
-                raise ValueError(f"gBias_out: N={N} needs {scratch_floats * 4} bytes of scratch, more than "
-                                 f"the stream workspace ({ctx.workspace_bytes})")
-            # Scratch lives in the stream's workspace: the GEMMs that follow on
-            # this stream use it only after the reduction has finished.
+            # Scratch lives in the stream's (or the capture's) workspace: the GEMMs that
+            # follow on this stream use it only after the reduction has finished.
             scratch = <float*>stream_workspace(ctx, s)
         with nogil:
-            check_cuda(cygemm_act_backward(a.dtype, M, N, gy.ptr, gy.row_stride,
-                                           zv.ptr if code != CYGEMM_ACT_NONE else NULL,
-                                           zv.row_stride if code != CYGEMM_ACT_NONE else 0,
-                                           dz.ptr if need_dz else NULL, dz.row_stride if need_dz else 0,
+            check_cuda(cygemm_act_backward(a.dtype, M, N, gy.ptr, gy_ld,
+                                           zv.ptr if code != CYGEMM_ACT_NONE else NULL, z_ld,
+                                           dz.ptr if need_dz else NULL, dz_ld,
                                            gbias.ptr if want_gbias else NULL, beta, scratch, code, slope,
                                            from_output, s),
                        "cygemm_act_backward")

@@ -8,13 +8,13 @@ allocating conveniences, cached workspaces for graph capture, and small helpers.
 import ctypes
 import os
 import sys
-import threading
 from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from cygemm import _core
-from cygemm.fused import ACTIVATIONS, backward_into, clear_plan_cache, forward_into, parse_activation
+from cygemm.fused import (ACTIVATIONS, backward_into, clear_plan_cache, forward_into, layer_shape,
+                          parse_activation)
 
 __all__ = ["forward_into", "backward_into", "forward", "backward", "GemmWorkspaces", "ensure_workspaces",
            "clear_ws_cache", "clear_plan_cache", "ActAttrs", "parse_activation", "ACTIVATIONS",
@@ -75,14 +75,17 @@ def _shape(x):
 
 
 def empty_2d(rows, cols, dtype=np.float32, stream=None):
-    """An uninitialised (rows, cols) CuPy array (from CuPy's pool, on its current stream)."""
-    import cupy as cp
-    return cp.empty((rows, cols), dtype=dtype)
+    """An uninitialised (rows, cols) CuPy array from CuPy's pool on `stream` (None: CuPy's
+    current stream), so that its memory is ordered with the work enqueued there."""
+    return _core.empty((rows, cols), dtype, stream)
 
 
 def empty_like_2d(x, stream=None):
-    d = as_tensor_2d(x)
-    return empty_2d(d.rows, d.cols, d.dtype, stream)
+    """An uninitialised array of the shape and dtype of the 2-D device array `x`, on `stream`."""
+    d = _core.describe_array(x)
+    if d["batch"] != 1 or len(_shape(x)) != 2:
+        raise ValueError(f"x: expected a 2-D array, got shape {_shape(x)}")
+    return empty_2d(d["rows"], d["cols"], d["dtype"], stream)
 
 
 def get_stream_ptr(stream=None) -> int:
@@ -104,7 +107,7 @@ def to_voidp_capsule(ptr: int):
 
 def ensure_cuda_dlls():
     """On Windows, add the CUDA toolkit's and the pip wheels' DLL folders to the search path;
-    elsewhere nothing is needed (the build's rpath and cygemm._libs cover it)."""
+    elsewhere nothing is needed (cygemm._cuda_paths loads cuBLAS at import)."""
     if sys.platform != "win32":
         return []
     added = []
@@ -121,59 +124,81 @@ def ensure_cuda_dlls():
 # ------------------------------------------------------------------ workspaces
 
 class GemmWorkspaces(NamedTuple):
-    """dZ: the backward's (M, N) buffer; lt_ws: cuBLASLt workspace bytes."""
+    """dZ: the backward's (M, N) buffer; lt_ws: cuBLASLt workspace bytes (None when lt_bytes=0)."""
     dZ: object
     lt_ws: object
 
 
-_ws_cache = {}
-_ws_lock = threading.Lock()
-# A captured graph keeps what it may use alive, so clear_ws_cache never frees under it.
-_core.register_graph_keepalive(lambda: list(_ws_cache.values()))
-
-
-def _refuse_if_capturing(stream, what):
-    if _core.is_capturing(stream):
-        raise RuntimeError(f"{what} would allocate device memory while the stream is being captured; "
-                           "allocate (or call ensure_workspaces) once before capturing")
-
-
 def ensure_workspaces(M, N, lt_bytes=4 << 20, dtype=np.float32, stream=None) -> GemmWorkspaces:
-    """Workspaces for layers of output (M, N), cached by (device, M, N, lt_bytes, dtype)."""
-    import cupy as cp
+    """Buffers for the backward of layers of output (M, N) on `stream`, made once and cached.
+
+    Parameters
+    ----------
+    M, N : int
+        The layer's output shape; ``dZ`` is (M, N).
+    lt_bytes : int
+        Size of ``lt_ws`` (a cuBLASLt workspace to pass as ``lt_workspace``); 0 for none.
+    dtype : dtype
+        ``dZ``'s dtype (float32 or float16).
+    stream : optional
+        The stream the buffers will be used on (None: CuPy's current stream).
+
+    Returns
+    -------
+    GemmWorkspaces
+        ``(dZ, lt_ws)``, cached by (device, stream, M, N, dtype, lt_bytes) and allocated on
+        that stream: work on one stream is serial, so two calls never share them at once;
+        another stream (or thread on its own stream) gets its own.
+
+    Raises
+    ------
+    ValueError
+        Negative sizes.
+    RuntimeError
+        The first call for a key while the stream is being captured (allocate before).
+    """
     if min(M, N) < 0 or lt_bytes < 0:
         raise ValueError(f"M, N, lt_bytes: expected sizes >= 0, got {M}, {N}, {lt_bytes}")
     dtype = np.dtype(dtype)
-    key = (cp.cuda.Device().id, int(M), int(N), int(lt_bytes), dtype.str)
-    with _ws_lock:
-        ws = _ws_cache.get(key)
-        if ws is None:
-            _refuse_if_capturing(stream, "ensure_workspaces")
-            ws = GemmWorkspaces(cp.empty((M, N), dtype), cp.empty(lt_bytes, cp.uint8))
-            _ws_cache[key] = ws
-        return ws
+    dZ = _core.stream_buffer("dZ", (int(M), int(N)), dtype.name, stream)
+    lt_ws = _core.stream_buffer("lt_ws", (int(lt_bytes),), "uint8", stream) if lt_bytes else None
+    return GemmWorkspaces(dZ, lt_ws)
 
 
 def clear_ws_cache():
-    """Forget cached workspaces. Memory a live captured graph uses stays until the graph goes."""
-    with _ws_lock:
-        _ws_cache.clear()
+    """Forget the buffers of ensure_workspaces. Memory a live captured graph uses stays until the graph goes."""
+    _core.clear_stream_buffers()
 
 
 def ws_cache_keys():
-    with _ws_lock:
-        return list(_ws_cache)
+    """The keys (device, stream, name, shape, dtype) of the cached buffers."""
+    return _core.stream_buffer_keys()
 
 
 # ------------------------------------------------------------------ allocating forms
 
 def forward(A, B, bias=None, *, with_bias=True, act="none", leaky_slope=0.01, save_z=False,
             lt_workspace=None, math="tf32", stream=None):
-    """(Y, Z): Y = act(A @ B + bias), Z = A @ B + bias when save_z (else None). Allocates Y, Z."""
-    a, b = as_tensor_2d(A, "A"), as_tensor_2d(B, "B")
-    _refuse_if_capturing(stream, "forward()")
-    Y = empty_2d(a.rows, b.cols, a.dtype, stream)
-    Z = empty_2d(a.rows, b.cols, a.dtype, stream) if save_z else None
+    """Y = act(A @ B + bias), allocating Y (and Z = A @ B + bias with save_z).
+
+    Takes every layout and argument that :func:`forward_into` takes (``W.T`` included) and
+    allocates the results from CuPy's pool on `stream`.
+
+    Returns
+    -------
+    (Y, Z)
+        Row-major (M, N) CuPy arrays; Z is None unless save_z.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As forward_into, before anything is allocated.
+    RuntimeError
+        The stream is being captured (use forward_into with buffers made before).
+    """
+    M, K, N, dtype = layer_shape(A, B)
+    Y = _core.empty((M, N), dtype, stream, "forward(): Y")
+    Z = _core.empty((M, N), dtype, stream, "forward(): Z") if save_z else None
     forward_into(A, B, Y, bias, with_bias=with_bias, act=act, leaky_slope=leaky_slope, save_z=save_z,
                  z_out=Z, lt_workspace=lt_workspace, math=math, stream=stream)
     return Y, Z
@@ -181,14 +206,30 @@ def forward(A, B, bias=None, *, with_bias=True, act="none", leaky_slope=0.01, sa
 
 def backward(A, B, gY, Z, *, with_bias=True, act="none", leaky_slope=0.01, need_gA=True, need_gB=True,
              lt_workspace=None, math="tf32", stream=None, work_dZ: Optional[object] = None, y=None):
-    """(gA, gB, gBias): allocated gradients (None where not needed or without bias)."""
-    a, b = as_tensor_2d(A, "A"), as_tensor_2d(B, "B")
-    _refuse_if_capturing(stream, "backward()")
-    gA = empty_2d(a.rows, a.cols, a.dtype, stream) if need_gA else None
-    gB = empty_2d(b.rows, b.cols, b.dtype, stream) if need_gB else None
-    gBias = empty_2d(1, b.cols, b.dtype, stream).reshape(b.cols) if with_bias else None
+    """Gradients of Y = act(A @ B + bias), allocated: see :func:`backward_into`.
+
+    The gradients and, when needed and not given, the dZ buffer are allocated from CuPy's pool on
+    `stream` for this call alone, so concurrent calls on other streams or threads never share
+    them. gB has B's shape and is C-ordered (for ``B = W.T`` its transpose is W's gradient).
+
+    Returns
+    -------
+    (gA, gB, gBias)
+        None where not needed (``need_gA``/``need_gB`` False, or no bias).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As backward_into, before anything is allocated.
+    RuntimeError
+        The stream is being captured (use backward_into with buffers made before).
+    """
+    M, K, N, dtype = layer_shape(A, B)
+    gA = _core.empty((M, K), dtype, stream, "backward(): gA") if need_gA else None
+    gB = _core.empty((K, N), dtype, stream, "backward(): gB") if need_gB else None
+    gBias = _core.empty((N,), dtype, stream, "backward(): gBias") if with_bias else None
     if work_dZ is None and parse_activation(act) != 0 and (need_gA or need_gB):
-        work_dZ = ensure_workspaces(a.rows, b.cols, 0, a.dtype, stream).dZ
+        work_dZ = _core.empty((M, N), dtype, stream, "backward(): dZ")
     backward_into(A, B, gY, Z, with_bias=with_bias, act=act, leaky_slope=leaky_slope, gA_out=gA, gB_out=gB,
                   gBias_out=gBias, work_dZ=work_dZ, lt_workspace=lt_workspace, math=math, stream=stream, y=y)
     return gA, gB, gBias

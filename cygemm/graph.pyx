@@ -18,8 +18,10 @@ _MODES = {"global": cudaStreamCaptureModeGlobal, "thread_local": cudaStreamCaptu
 
 
 cdef class Graph:
-    """An instantiated CUDA graph. It holds references to the handles and workspaces
-    that its cuBLAS calls use, so that they outlive it (clear_ws_cache included)."""
+    """An instantiated CUDA graph. It owns the workspaces cygemm made for its capture (so
+    its replays never share memory with eager work on the capture stream) and holds
+    references to the handles and the ensure_workspaces buffers of the capture stream,
+    so that they outlive it (clear_ws_cache and release_workspaces included)."""
     cdef cudaGraph_t graph
     cdef cudaGraphExec_t exec_
     cdef readonly list keepalive
@@ -80,8 +82,13 @@ class capture:
 
     def __enter__(self):
         cdef cudaStream_t s = <cudaStream_t><uintptr_t>self.stream
+        cdef cudaStreamCaptureStatus status
+        cdef unsigned long long capture_id = 0
         check_cuda(cudaStreamBeginCapture(s, <cudaStreamCaptureMode>(<int>_MODES[self.mode])),
                    "cudaStreamBeginCapture")
+        check_cuda(cudaStreamGetCaptureInfo(s, &status, &capture_id, NULL, NULL, NULL, NULL),
+                   "cudaStreamGetCaptureInfo")
+        self.capture_id = capture_id
         return self.graph
 
     def __exit__(self, exc_type, exc, tb):
@@ -90,9 +97,12 @@ class capture:
         cdef cudaError_t err = cudaStreamEndCapture(s, &graph)
         cdef Graph g = self.graph
         g.graph = graph
+        # The graph owns its capture's workspaces, whatever happens next.
+        g.keepalive.extend(_core.detach_capture_workspaces(self.capture_id))
         if exc_type is not None:
             return False          # the original error matters more than the capture's
         check_cuda(err, "cudaStreamEndCapture")
         check_cuda(cudaGraphInstantiate(&g.exec_, graph, 0), "cudaGraphInstantiate")
         g.keepalive.extend(_core.graph_keepalive())
+        g.keepalive.extend(_core.stream_buffers_of(self.stream))
         return False

@@ -36,6 +36,20 @@ cdef enum MapResult:
 cdef MapResult map_rowmajor_gemm(const MatrixView* a, const MatrixView* b, const MatrixView* c,
                                  bint trans_a, bint trans_b, ColMajorGemm* g) noexcept nogil
 
+# The leading dimension cuBLAS and cygemm's kernels take for a row-major view (unit
+# stride along its last axis): its row stride, or, for a single row, its length (a
+# single row's stride is meaningless: y[None] and x.T of an (N, 1) array have 0 or 1).
+cdef int64_t rowmajor_ld(const MatrixView* v) noexcept nogil
+# Whether v is row-major as rowmajor_ld needs (the mapping reads it that way).
+cdef bint is_rowmajor(const MatrixView* v) noexcept nogil
+# map_rowmajor_gemm, raising ValueError that names the argument cuBLAS cannot read
+# (`names`: the names of a, b and c). The one message for every entry point.
+cdef int map_or_raise(const MatrixView* a, const MatrixView* b, const MatrixView* c, bint trans_a,
+                      bint trans_b, ColMajorGemm* g, tuple names) except -1
+# ValueError unless the `batch` matrices of the mapped output do not overlap one another
+# (exact for any batch stride: interleaved batches, e.g. heads of one (S, H*D) buffer, pass).
+cdef int check_batch_disjoint(const ColMajorGemm* g, str name) except -1
+
 cdef int gemm_colmajor(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
                        cudaDataType dtype, cublasComputeType_t compute,
                        const float* alpha, const float* beta) except -1 nogil

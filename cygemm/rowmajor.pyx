@@ -5,7 +5,7 @@ from libc.stdint cimport int64_t, uintptr_t
 from cygemm.cudart cimport cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF
 from cygemm.cublas cimport *
 from cygemm._core cimport (GemmContext, MatrixView, check_cublas, current_context, bind_stream,
-                           view_from_object, stream_from_object, check_device, check_stream_device,
+                           view_from_object, stream_from_object, check_devices,
                            check_no_overlap, stream_is_capturing, dtype_name, empty_array)
 
 cdef int64_t INT32_MAX = 2147483647
@@ -63,6 +63,60 @@ cdef MapResult map_rowmajor_gemm(const MatrixView* a, const MatrixView* b, const
     g.c, g.stride_c = c.ptr, c.batch_stride
     g.batch = c.batch
     return MAP_OK
+
+
+cdef bint is_rowmajor(const MatrixView* v) noexcept nogil:
+    cdef cublasOperation_t op
+    cdef int64_t ld
+    return _colmajor_operand(v, False, &op, &ld) == 1
+
+
+cdef int64_t rowmajor_ld(const MatrixView* v) noexcept nogil:
+    cdef cublasOperation_t op
+    cdef int64_t ld = 1
+    _colmajor_operand(v, False, &op, &ld)
+    return ld
+
+
+_BAD = {MAP_BAD_A: 0, MAP_BAD_B: 1, MAP_BAD_OUT: 2}
+
+
+cdef int map_or_raise(const MatrixView* a, const MatrixView* b, const MatrixView* c, bint trans_a,
+                      bint trans_b, ColMajorGemm* g, tuple names) except -1:
+    cdef MapResult r = map_rowmajor_gemm(a, b, c, trans_a, trans_b, g)
+    if r != MAP_OK:
+        raise ValueError(f"{names[_BAD[r]]}: layout cuBLAS cannot express: one of the last two axes "
+                         "must have unit stride and the other a stride >= its length "
+                         "(make it contiguous with cupy.ascontiguousarray)")
+    g.strided_batched = False
+    return 0
+
+
+cdef bint _shifted_block_overlaps(int64_t d, int64_t ld, int64_t m, int64_t n) noexcept nogil:
+    """Whether an m x n column-major block with leading dimension ld overlaps its copy d
+    elements further (d > 0): the copy starts in column q = d // ld at row r = d % ld and,
+    when r + m > ld, wraps into the next column."""
+    cdef int64_t q = d // ld, r = d % ld
+    if q < n and r < m:
+        return True
+    return r + m > ld and q + 1 < n
+
+
+cdef int check_batch_disjoint(const ColMajorGemm* g, str name) except -1:
+    if g.batch <= 1 or g.m == 0 or g.n == 0:
+        return 0
+    cdef int64_t bs = g.stride_c if g.stride_c >= 0 else -g.stride_c
+    cdef int64_t ld = g.ldc if g.n > 1 else (g.m if g.m > 0 else 1)
+    cdef int64_t i
+    if bs >= ld * (g.n - 1) + g.m:          # the usual case: one matrix after another
+        return 0
+    if bs == 0:
+        raise ValueError(f"{name}: batch stride 0 writes every matrix of the batch to the same memory")
+    for i in range(1, g.batch):             # interleaved: check each distance between matrices
+        if _shifted_block_overlaps(i * bs, ld, g.m, g.n):
+            raise ValueError(f"{name}: batch stride {g.stride_c} elements makes the batch's matrices "
+                             f"overlap (matrix 0 and matrix {i} share memory)")
+    return 0
 
 
 # ------------------------------------------------------------ the C API
@@ -150,9 +204,6 @@ cdef cublasComputeType_t compute_type_for(cudaDataType dtype, str math) except *
 
 # ------------------------------------------------------------ Python surface
 
-_BAD = {MAP_BAD_A: "A", MAP_BAD_B: "B", MAP_BAD_OUT: "out"}
-
-
 cdef str _shape_str(const MatrixView* v, bint batched):
     if batched:
         return f"({v.batch}, {v.rows}, {v.cols})"
@@ -200,14 +251,9 @@ cdef int _prepare(object A, object B, object out, bint trans_a, bint trans_b, bi
         if c.rows != M or c.cols != N or c.batch != batch:
             want = f"({batch}, {M}, {N})" if batched else f"({M}, {N})"
             raise ValueError(f"out: expected shape {want}, got {_shape_str(c, batched)}")
-    cdef MapResult r = map_rowmajor_gemm(&a, &b, c, trans_a, trans_b, g)
-    if r != MAP_OK:
-        raise ValueError(f"{_BAD[r]}: layout cuBLAS cannot express: one of the last two axes "
-                         "must have unit stride and the other a stride >= its length "
-                         "(make it contiguous with cupy.ascontiguousarray)")
-    if batch > 1 and out is not None and c.batch_stride < (g.ldc * (g.n - 1) + g.m):
-        raise ValueError(f"out: batch stride {c.batch_stride} elements makes the batch's "
-                         "matrices overlap")
+    map_or_raise(&a, &b, c, trans_a, trans_b, g, ("A", "B", "out"))
+    if out is not None:
+        check_batch_disjoint(g, "out")
     g.strided_batched = batched
     a_[0], b_[0] = a, b
     return 0
@@ -225,19 +271,18 @@ cdef object _run(object A, object B, object out, bint trans_a, bint trans_b, obj
         check_no_overlap(&c, "out", &b, "B")
     cdef cublasComputeType_t compute = compute_type_for(c.dtype, math)
     stream_from_object(stream, &s)
+    cdef GemmContext* ctx = current_context()
+    cdef const MatrixView* views[3]
+    views[0], views[1], views[2] = &a, &b, &c
+    check_devices(ctx, s, views, ["A", "B", "out"])   # out=None: c has no memory yet, skipped
     if out is None:
         if stream_is_capturing(s):
             raise RuntimeError("out: out=None would allocate device memory while the stream is being "
                                "captured; pass out= (allocated before the capture)")
-        out = empty_array(((c.batch,) if batched else ()) + (c.rows, c.cols), c.dtype)
+        out = empty_array(((c.batch,) if batched else ()) + (c.rows, c.cols), c.dtype, s)
         g.c = <void*><uintptr_t>out.data.ptr
     if g.m == 0 or g.n == 0 or g.batch == 0:
         return out
-    cdef GemmContext* ctx = current_context()
-    check_device(&a, "A", ctx.device)
-    check_device(&b, "B", ctx.device)
-    check_device(&c, "out", ctx.device)
-    check_stream_device(s, ctx.device)
     with nogil:
         gemm_colmajor(ctx, s, &g, c.dtype, compute, &alpha_f, &beta_f)
     return out

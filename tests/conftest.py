@@ -1,4 +1,5 @@
-"""GPU tests carry @pytest.mark.gpu and skip, with the reason, where no CUDA GPU is usable."""
+"""GPU tests carry @pytest.mark.gpu and skip, with the reason, where no CUDA GPU is usable;
+tests that need several GPUs carry @pytest.mark.multigpu and skip where there is one."""
 import functools
 
 import pytest
@@ -6,12 +7,26 @@ import pytest
 
 @functools.lru_cache(maxsize=None)
 def gpu_unavailable_reason():
+    import cygemm
+    reason = cygemm.gpu_unavailable_reason()
+    if reason:
+        return reason
     try:
         import cupy
-        n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as exc:  # no driver, no device, no cupy
-        return f"no usable CUDA GPU here ({type(exc).__name__}: {exc})"
-    return None if n > 0 else "no CUDA GPU here (0 devices)"
+        cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # CuPy missing or broken: GPU tests use it for arrays
+        return f"CuPy cannot use the GPU ({type(exc).__name__}: {exc})"
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def multigpu_unavailable_reason():
+    reason = gpu_unavailable_reason()
+    if reason:
+        return reason
+    import cygemm
+    n = cygemm.device_count()
+    return None if n >= 2 else f"needs two GPUs; this machine has {n}"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -19,5 +34,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if reason and "gpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason=reason))
+        elif "multigpu" in item.keywords and multigpu_unavailable_reason():
+            item.add_marker(pytest.mark.skip(reason=multigpu_unavailable_reason()))
         if not reason and "nogpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason="checks the no-GPU error path; a GPU is present"))

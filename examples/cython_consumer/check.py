@@ -1,0 +1,42 @@
+"""Run the consumer's GEMMs on CuPy arrays on a stream of their own; compare with float64.
+
+    python check.py        (after: pip install --no-build-isolation .)
+"""
+import sys
+
+import cupy as cp
+import numpy as np
+
+import consumer
+
+
+def main():
+    rng = np.random.default_rng()
+    stream = cp.cuda.Stream(non_blocking=True)
+    m, n, k, batch = 33, 17, 40, 5
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k)).astype(np.float32)
+    c0 = rng.standard_normal((m, n)).astype(np.float32)
+    with stream:
+        A, B, C = cp.asarray(a), cp.asarray(b), cp.asarray(c0)
+    consumer.sgemm(A.data.ptr, B.data.ptr, C.data.ptr, m, n, k, 0.5, 2.0, stream.ptr)
+    stream.synchronize()
+    ref = 0.5 * a.astype(np.float64) @ b.T.astype(np.float64) + 2.0 * c0
+    err = np.linalg.norm(C.get() - ref) / np.linalg.norm(ref)
+
+    a3 = rng.standard_normal((batch, m, k)).astype(np.float32)
+    b2 = rng.standard_normal((k, n)).astype(np.float32)
+    with stream:
+        A3, B2 = cp.asarray(a3), cp.asarray(b2)
+        C3 = cp.full((batch, m, n), cp.nan, cp.float32)    # poisoned: every element must be written
+    consumer.sgemm_batched(A3.data.ptr, B2.data.ptr, C3.data.ptr, m, n, k, batch, stream.ptr)
+    stream.synchronize()
+    ref3 = a3.astype(np.float64) @ b2.astype(np.float64)
+    err3 = np.linalg.norm(C3.get() - ref3) / np.linalg.norm(ref3)
+    ok = err < 1e-5 and err3 < 1e-5       # strict fp32; NaN fails the comparison
+    print(f"sgemm rel. error {err:.1e}, sgemm_batched rel. error {err3:.1e}: {'ok' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,31 @@
+# cython: language_level=3
+"""Row-major GEMMs through cygemm's C API, with the GIL released: no Python objects on the hot path."""
+from libc.stdint cimport int64_t, uintptr_t
+from cygemm.cudart cimport cudaStream_t, CUDA_R_32F
+from cygemm.cublas cimport CUBLAS_COMPUTE_32F
+from cygemm._core cimport GemmContext, current_context
+from cygemm.rowmajor cimport gemm_rowmajor, gemm_rowmajor_strided_batched
+
+
+def sgemm(uintptr_t A, uintptr_t B, uintptr_t C, int64_t m, int64_t n, int64_t k,
+          float alpha, float beta, uintptr_t stream):
+    """C (m, n) = alpha * A (m, k) @ B (n, k).T + beta * C; float32, C order, strict fp32."""
+    cdef GemmContext* ctx = current_context()   # this thread's cuBLAS handles on the current device
+    with nogil:
+        gemm_rowmajor(ctx, <cudaStream_t>stream, CUDA_R_32F, CUBLAS_COMPUTE_32F,
+                      False, True, m, n, k,                # trans_a, trans_b, sizes
+                      alpha, <const void*>A, k,            # A and its leading dimension
+                      <const void*>B, k,                   # B (n, k), read transposed
+                      beta, <void*>C, n)                   # C and its leading dimension
+
+
+def sgemm_batched(uintptr_t A, uintptr_t B, uintptr_t C, int64_t m, int64_t n, int64_t k,
+                  int64_t batch, uintptr_t stream):
+    """C[i] (m, n) = A[i] (m, k) @ B (k, n) for i < batch; B is shared (batch stride 0)."""
+    cdef GemmContext* ctx = current_context()
+    with nogil:
+        gemm_rowmajor_strided_batched(ctx, <cudaStream_t>stream, CUDA_R_32F, CUBLAS_COMPUTE_32F,
+                                      False, False, m, n, k, 1.0,
+                                      <const void*>A, k, m * k,    # lda, batch stride
+                                      <const void*>B, n, 0,        # ldb, stride 0: broadcast
+                                      0.0, <void*>C, n, m * n, batch)
