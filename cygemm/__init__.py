@@ -9,14 +9,16 @@ try:
 except _cuda_paths.CudaNotFoundError as exc:
     raise ImportError(f"cygemm: {exc}") from exc
 
-from cygemm._core import CygemmError, CudaError, CublasError, device_count, stream_pointer, versions
+from cygemm._core import (CygemmError, CudaError, CublasError, device_count, release_workspaces,
+                          stream_pointer, versions)
 from cygemm.rowmajor import gemm, gemm_strided_batched
 from cygemm import gemm_ops, graph
 
 __version__ = "0.1.0"
 
 __all__ = ["gemm", "gemm_strided_batched", "gemm_ops", "graph", "CygemmError", "CudaError", "CublasError",
-           "device_count", "stream_pointer", "versions", "get_include", "gpu_unavailable_reason"]
+           "device_count", "release_workspaces", "stream_pointer", "versions", "get_include",
+           "gpu_unavailable_reason"]
 
 
 def get_include():

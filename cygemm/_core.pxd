@@ -13,8 +13,10 @@ cdef int check_cublas(cublasStatus_t status, const char* call) except -1 nogil
 
 
 # A cuBLAS/cuBLASLt workspace (also the backward's scratch) and the stream it belongs to.
-# capture_id 0: the stream's eager workspace; else the one of that capture, which the
-# captured graph takes over (work in a graph must not share memory with eager work).
+# capture_id 0: the stream's eager workspace, owned by the context; else the workspace of
+# that capture, owned by the captured graph (a CUDA user object: freed once the graph and
+# its executable graphs are gone), which the context only remembers for the capture's
+# later calls (work in a graph must not share memory with eager work).
 ctypedef struct StreamWorkspace:
     cudaStream_t stream
     unsigned long long capture_id

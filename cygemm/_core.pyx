@@ -5,6 +5,8 @@ import threading
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
 from libc.stdlib cimport realloc, free
+from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_acquire_lock,
+                               PyThread_release_lock, WAIT_LOCK)
 
 from cygemm.cudart cimport *
 from cygemm.cublas cimport *
@@ -115,12 +117,15 @@ cdef class _Context:
             cudaThreadExchangeStreamCaptureMode(&mode)
 
     cdef void release(self) noexcept nogil:
-        """Free every workspace this context still owns (captured graphs own theirs)."""
+        """Free the workspaces this context owns and forget those of captures (their graphs
+        own them); also free those of graphs that have gone."""
         cdef int i
         for i in range(self.ctx.n_workspaces):
-            _free_relaxed(self.ctx.workspaces[i].ptr)
+            if self.ctx.workspaces[i].capture_id == 0:
+                _free_relaxed(self.ctx.workspaces[i].ptr)
         self.ctx.n_workspaces = 0
         self.ctx.bound = False
+        _free_deferred()
 
     def __dealloc__(self):
         # Errors are ignored: at interpreter exit the driver may be gone.
@@ -143,18 +148,45 @@ cdef class _Context:
         return self.ctx.n_workspaces
 
 
-cdef class DeviceBuffer:
-    """Device memory cygemm allocated (a captured graph's workspace), freed when this goes."""
+# Workspaces of captures, freed once their graph is gone. CUDA runs a user object's
+# destructor on its own thread, where no CUDA call may be made: it only queues the pointer,
+# and the next workspace allocation (or release_workspaces) frees the queue.
+cdef PyThread_type_lock _deferred_lock = PyThread_allocate_lock()
+cdef void** _deferred = NULL
+cdef int _n_deferred = 0, _cap_deferred = 0
+
+
+cdef void _defer_free(void* ptr) noexcept nogil:
+    global _deferred, _n_deferred, _cap_deferred
+    cdef void** grown
+    PyThread_acquire_lock(_deferred_lock, WAIT_LOCK)
+    if _n_deferred == _cap_deferred:
+        grown = <void**>realloc(_deferred, (2 * _cap_deferred + 8) * sizeof(void*))
+        if grown != NULL:
+            _deferred, _cap_deferred = grown, 2 * _cap_deferred + 8
+    if _n_deferred < _cap_deferred:
+        _deferred[_n_deferred] = ptr
+        _n_deferred += 1
+    PyThread_release_lock(_deferred_lock)
+
+
+cdef void _free_deferred() noexcept nogil:
+    global _n_deferred
     cdef void* ptr
-    cdef readonly size_t nbytes
+    while True:
+        PyThread_acquire_lock(_deferred_lock, WAIT_LOCK)
+        if _n_deferred == 0:
+            PyThread_release_lock(_deferred_lock)
+            return
+        _n_deferred -= 1
+        ptr = _deferred[_n_deferred]
+        PyThread_release_lock(_deferred_lock)
+        _free_relaxed(ptr)
 
-    @property
-    def ptr(self):
-        return <uintptr_t>self.ptr
 
-    def __dealloc__(self):
-        if self.ptr != NULL:
-            _free_relaxed(self.ptr)
+def pending_graph_workspace_frees():
+    """How many workspaces of destroyed graphs wait to be freed (for tests)."""
+    return _n_deferred
 
 
 cdef object _tls = threading.local()
@@ -208,31 +240,6 @@ cdef GemmContext* current_context() except NULL:
     return &owner.ctx
 
 
-def detach_capture_workspaces(unsigned long long capture_id):
-    """Hand the workspaces cygemm made for capture `capture_id` (on this thread) to the caller,
-    who keeps them alive as long as the graph: a list of DeviceBuffer. The contexts forget them."""
-    cdef _Context owner
-    cdef GemmContext* ctx
-    cdef DeviceBuffer buf
-    cdef int i, j
-    taken = []
-    for owner in getattr(_tls, "contexts", {}).values():
-        ctx = &owner.ctx
-        j = 0
-        for i in range(ctx.n_workspaces):
-            if capture_id != 0 and ctx.workspaces[i].capture_id == capture_id:
-                buf = DeviceBuffer()
-                buf.ptr, buf.nbytes = ctx.workspaces[i].ptr, ctx.workspace_bytes
-                taken.append(buf)
-                if ctx.bound_workspace == buf.ptr:
-                    ctx.bound = False
-            else:
-                ctx.workspaces[j] = ctx.workspaces[i]
-                j += 1
-        ctx.n_workspaces = j
-    return taken
-
-
 # Buffers of ensure_workspaces (the backward's dZ, a cuBLASLt workspace), one set per
 # (device, stream, name, shape, dtype): work on one stream is serial, so they are never used
 # by two kernels at once. Allocated on that stream; process-wide, under a lock.
@@ -265,12 +272,11 @@ def stream_buffer(str name, tuple shape, dtype, stream=None):
         return buf
 
 
-def stream_buffers_of(stream):
-    """The cached buffers of `stream` (any device): what a graph captured on it may use."""
-    cdef cudaStream_t s
-    stream_from_object(stream, &s)
+def all_stream_buffers():
+    """Every cached buffer: what a graph captured now may use (a buffer made for one stream
+    may be passed to a call on another)."""
     with _stream_buffers_lock:
-        return [b for k, b in _stream_buffers.items() if k[1] == <uintptr_t>s]
+        return list(_stream_buffers.values())
 
 
 def clear_stream_buffers():
@@ -293,9 +299,8 @@ def graph_keepalive():
 def release_workspaces():
     """Free the cuBLAS/cuBLASLt workspaces this thread's contexts hold, on every device.
 
-    The next call on a stream allocates a new one. Workspaces of graphs captured with
-    ``cygemm.graph.capture`` belong to those graphs and stay. A graph captured with another
-    tool (torch.cuda.graph, CuPy) uses a workspace that this frees: do not replay it after.
+    The next call on a stream allocates a new one. Workspaces of captured graphs (with any
+    capture tool) belong to those graphs and stay until the graphs go.
     """
     cdef _Context owner
     for owner in getattr(_tls, "contexts", {}).values():
@@ -309,38 +314,63 @@ def context_info():
     for i in range(ctx.n_workspaces):
         eager += ctx.workspaces[i].capture_id == 0
     return dict(device=ctx.device, blas=<uintptr_t>ctx.blas, lt=<uintptr_t>ctx.lt,
-                workspaces=ctx.n_workspaces, eager_workspaces=eager, max_eager_workspaces=ctx.max_eager,
-                workspace_bytes=ctx.workspace_bytes)
+                workspaces=ctx.n_workspaces, eager_workspaces=eager, capture_workspaces=ctx.n_workspaces - eager,
+                max_eager_workspaces=ctx.max_eager, workspace_bytes=ctx.workspace_bytes)
 
 
-cdef unsigned long long _capture_id(cudaStream_t stream) except? 0 nogil:
-    """The id of the capture under way on `stream`, 0 if none."""
+cdef int _capture_info(cudaStream_t stream, unsigned long long* cid, cudaGraph_t* graph) except -1 nogil:
+    """cid: the id of the capture under way on `stream`, 0 if none; graph: its graph."""
     cdef cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone
-    cdef unsigned long long cid = 0
-    check_cuda(cudaStreamGetCaptureInfo(stream, &status, &cid, NULL, NULL, NULL, NULL),
+    cid[0] = 0
+    check_cuda(cudaStreamGetCaptureInfo(stream, &status, cid, graph, NULL, NULL, NULL),
                "cudaStreamGetCaptureInfo")
-    return cid if status == cudaStreamCaptureStatusActive else 0
+    if status != cudaStreamCaptureStatusActive:
+        cid[0] = 0
+    return 0
 
 
-cdef int _evict_lru(GemmContext* ctx) except -1 nogil:
-    """Free the least recently used eager workspace (its stream may be gone: streams come and go)."""
+cdef int _evict_lru(GemmContext* ctx, bint capture) except -1 nogil:
+    """Drop the least recently used entry of one kind: an eager workspace is freed (its
+    stream may be gone: streams come and go); a capture's is only forgotten (its graph owns it)."""
     cdef int i, victim = -1
     for i in range(ctx.n_workspaces):
-        if ctx.workspaces[i].capture_id == 0 and (
+        if (ctx.workspaces[i].capture_id != 0) == capture and (
                 victim < 0 or ctx.workspaces[i].last_use < ctx.workspaces[victim].last_use):
             victim = i
     if victim < 0:
         return 0
     if ctx.bound_workspace == ctx.workspaces[victim].ptr:
         ctx.bound = False
-    _free_relaxed(ctx.workspaces[victim].ptr)
+    if not capture:
+        _free_relaxed(ctx.workspaces[victim].ptr)
     ctx.n_workspaces -= 1
     ctx.workspaces[victim] = ctx.workspaces[ctx.n_workspaces]
     return 0
 
 
+cdef enum:
+    MAX_CAPTURE_ENTRIES = 16   # remembered capture workspaces (they belong to graphs)
+
+
+cdef int _give_to_graph(void* ptr, cudaGraph_t graph) except -1 nogil:
+    """Make `graph` (being captured) own ptr: freed after the graph and its execs are gone."""
+    cdef cudaUserObject_t obj = NULL
+    cdef cudaError_t err = cudaUserObjectCreate(&obj, ptr, _defer_free, 1, cudaUserObjectNoDestructorSync)
+    if err == cudaSuccess:
+        err = cudaGraphRetainUserObject(graph, obj, 1, cudaGraphUserObjectMove)
+    if err != cudaSuccess:
+        if obj == NULL:
+            _free_relaxed(ptr)
+        else:
+            cudaUserObjectRelease(obj, 1)      # its destructor queues ptr to be freed
+        return check_cuda(err, "cudaUserObjectCreate/cudaGraphRetainUserObject")
+    return 0
+
+
 cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL nogil:
-    cdef unsigned long long cid = _capture_id(stream)
+    cdef unsigned long long cid = 0
+    cdef cudaGraph_t graph = NULL
+    _capture_info(stream, &cid, &graph)
     cdef int i, eager = 0
     ctx.use_counter += 1
     for i in range(ctx.n_workspaces):
@@ -348,8 +378,11 @@ cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL n
             ctx.workspaces[i].last_use = ctx.use_counter
             return ctx.workspaces[i].ptr
         eager += ctx.workspaces[i].capture_id == 0
+    _free_deferred()
     if cid == 0 and eager >= ctx.max_eager:
-        _evict_lru(ctx)
+        _evict_lru(ctx, False)
+    elif cid != 0 and ctx.n_workspaces - eager >= MAX_CAPTURE_ENTRIES:
+        _evict_lru(ctx, True)
     cdef StreamWorkspace* grown
     if ctx.n_workspaces == ctx.cap_workspaces:
         grown = <StreamWorkspace*>realloc(ctx.workspaces, (2 * ctx.cap_workspaces + 4) * sizeof(StreamWorkspace))
@@ -364,6 +397,8 @@ cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL n
     cdef cudaError_t err = cudaMalloc(&ptr, ctx.workspace_bytes)
     cudaThreadExchangeStreamCaptureMode(&mode)
     check_cuda(err, "cudaMalloc(workspace)")
+    if cid != 0:
+        _give_to_graph(ptr, graph)
     ctx.workspaces[ctx.n_workspaces].stream = stream
     ctx.workspaces[ctx.n_workspaces].capture_id = cid
     ctx.workspaces[ctx.n_workspaces].ptr = ptr
@@ -639,7 +674,9 @@ cdef int _load_driver_entry_points() except -1:
             and found == cudaDriverEntryPointSuccess:
         _cuStreamGetCtx = <_cuStreamGetCtx_t>fn
     fn = NULL
-    if cudaGetDriverEntryPointByVersion(b"cuCtxGetDevice_v2", &fn, 12080, cudaEnableDefault, &found) == cudaSuccess \
+    # The base name at 13000 is the two-argument cuCtxGetDevice_v2 (at 12080 it is the
+    # one-argument v1, which reports the current device); "cuCtxGetDevice_v2" is not found.
+    if cudaGetDriverEntryPointByVersion(b"cuCtxGetDevice", &fn, 13000, cudaEnableDefault, &found) == cudaSuccess \
             and found == cudaDriverEntryPointSuccess:
         _cuCtxGetDevice_v2 = <_cuCtxGetDevice_v2_t>fn
     cudaGetLastError()
@@ -647,6 +684,8 @@ cdef int _load_driver_entry_points() except -1:
 
 
 cdef int _stream_device(cudaStream_t stream, int* device) except -1:
+    """The stream's device; left as given (unchecked) when only cudaStreamGetDevice could
+    tell and the stream is capturing: that call would invalidate the capture."""
     cdef void* sctx = NULL
     cdef int rc
     if _cuStreamGetCtx != NULL and _cuCtxGetDevice_v2 != NULL:
@@ -655,6 +694,8 @@ cdef int _stream_device(cudaStream_t stream, int* device) except -1:
             rc = _cuCtxGetDevice_v2(device, sctx)
         if rc != 0:
             raise CudaError(400, f"cuStreamGetCtx/cuCtxGetDevice_v2 (CUresult {rc})")  # 400: invalid handle
+        return 0
+    if stream_is_capturing(stream):
         return 0
     return check_cuda(cudaStreamGetDevice(stream, device), "cudaStreamGetDevice")
 

@@ -8,6 +8,8 @@ cdef extern from "cuda_runtime_api.h" nogil:
     ctypedef void* cudaEvent_t 'cudaEvent_t'
     ctypedef void* cudaGraph_t 'cudaGraph_t'
     ctypedef void* cudaGraphExec_t 'cudaGraphExec_t'
+    ctypedef void* cudaUserObject_t 'cudaUserObject_t'
+    ctypedef void (*cudaHostFn_t)(void*) noexcept nogil
 
     cdef enum cudaStreamCaptureStatus:   # a C enum, no typedef
         cudaStreamCaptureStatusNone
@@ -52,6 +54,13 @@ cdef extern from "cuda_runtime_api.h" nogil:
                                          unsigned long long* id_out, cudaGraph_t* graph_out,
                                          const void** deps_out, const void** edges_out, size_t* n_deps_out)
     cudaError_t cudaDeviceSynchronize()
+    cudaError_t cudaUserObjectCreate(cudaUserObject_t* obj, void* ptr, cudaHostFn_t destroy,
+                                     unsigned int initial_refcount, unsigned int flags)
+    cudaError_t cudaUserObjectRelease(cudaUserObject_t obj, unsigned int count)
+    cudaError_t cudaGraphRetainUserObject(cudaGraph_t graph, cudaUserObject_t obj, unsigned int count,
+                                          unsigned int flags)
+    enum: cudaUserObjectNoDestructorSync
+    enum: cudaGraphUserObjectMove
     cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** func, unsigned int version,
                                                  unsigned long long flags,
                                                  cudaDriverEntryPointQueryResult* status)

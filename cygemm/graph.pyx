@@ -18,10 +18,10 @@ _MODES = {"global": cudaStreamCaptureModeGlobal, "thread_local": cudaStreamCaptu
 
 
 cdef class Graph:
-    """An instantiated CUDA graph. It owns the workspaces cygemm made for its capture (so
-    its replays never share memory with eager work on the capture stream) and holds
-    references to the handles and the ensure_workspaces buffers of the capture stream,
-    so that they outlive it (clear_ws_cache and release_workspaces included)."""
+    """An instantiated CUDA graph. The workspaces cygemm made for its capture belong to the
+    CUDA graph itself (a user object), so replays never share memory with eager work; this
+    object also holds references to the handles and the ensure_workspaces buffers, so that
+    they outlive it (clear_ws_cache included)."""
     cdef cudaGraph_t graph
     cdef cudaGraphExec_t exec_
     cdef readonly list keepalive
@@ -82,13 +82,8 @@ class capture:
 
     def __enter__(self):
         cdef cudaStream_t s = <cudaStream_t><uintptr_t>self.stream
-        cdef cudaStreamCaptureStatus status
-        cdef unsigned long long capture_id = 0
         check_cuda(cudaStreamBeginCapture(s, <cudaStreamCaptureMode>(<int>_MODES[self.mode])),
                    "cudaStreamBeginCapture")
-        check_cuda(cudaStreamGetCaptureInfo(s, &status, &capture_id, NULL, NULL, NULL, NULL),
-                   "cudaStreamGetCaptureInfo")
-        self.capture_id = capture_id
         return self.graph
 
     def __exit__(self, exc_type, exc, tb):
@@ -97,12 +92,10 @@ class capture:
         cdef cudaError_t err = cudaStreamEndCapture(s, &graph)
         cdef Graph g = self.graph
         g.graph = graph
-        # The graph owns its capture's workspaces, whatever happens next.
-        g.keepalive.extend(_core.detach_capture_workspaces(self.capture_id))
         if exc_type is not None:
             return False          # the original error matters more than the capture's
         check_cuda(err, "cudaStreamEndCapture")
         check_cuda(cudaGraphInstantiate(&g.exec_, graph, 0), "cudaGraphInstantiate")
         g.keepalive.extend(_core.graph_keepalive())
-        g.keepalive.extend(_core.stream_buffers_of(self.stream))
+        g.keepalive.extend(_core.all_stream_buffers())
         return False

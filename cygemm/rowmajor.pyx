@@ -105,7 +105,9 @@ cdef bint _shifted_block_overlaps(int64_t d, int64_t ld, int64_t m, int64_t n) n
 cdef int check_batch_disjoint(const ColMajorGemm* g, str name) except -1:
     if g.batch <= 1 or g.m == 0 or g.n == 0:
         return 0
-    cdef int64_t bs = g.stride_c if g.stride_c >= 0 else -g.stride_c
+    if g.stride_c < 0:
+        raise ValueError(f"{name}: expected a batch stride >= 0, got {g.stride_c} elements")
+    cdef int64_t bs = g.stride_c
     cdef int64_t ld = g.ldc if g.n > 1 else (g.m if g.m > 0 else 1)
     cdef int64_t i
     if bs >= ld * (g.n - 1) + g.m:          # the usual case: one matrix after another
@@ -113,6 +115,8 @@ cdef int check_batch_disjoint(const ColMajorGemm* g, str name) except -1:
     if bs == 0:
         raise ValueError(f"{name}: batch stride 0 writes every matrix of the batch to the same memory")
     for i in range(1, g.batch):             # interleaved: check each distance between matrices
+        if i * bs >= ld * (g.n - 1) + g.m:  # this one and all further ones lie beyond
+            break
         if _shifted_block_overlaps(i * bs, ld, g.m, g.n):
             raise ValueError(f"{name}: batch stride {g.stride_c} elements makes the batch's matrices "
                              f"overlap (matrix 0 and matrix {i} share memory)")

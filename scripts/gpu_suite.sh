@@ -1,30 +1,41 @@
 #!/usr/bin/env bash
 # On a GPU machine, in one call: build cygemm, run the whole test suite (GPU tests
 # included), compute-sanitizer over the kernel tests, and the benchmark suite.
-# Logs and results go to DIR (default: $OUT, else ./out).
+# Results go to DIR (default: $OUT, else ./out); the logs are packed into DIR/logs.tar.gz
+# (the device tool brings back only a few files).
 #   bash scripts/gpu_suite.sh [DIR] [STAGES]
-# STAGES: a comma list of tests, sanitize, bench, bench-quick (default tests,sanitize,bench).
+# STAGES: a comma list of tests, sanitize, bench, bench-quick, bench-host (default tests,sanitize,bench).
+# The GPU property tests run CYGEMM_GPU_PROPERTY_EXAMPLES examples each (default here 500).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT_DIR=${1:-${OUT:-out}}
 STAGES=",${2:-tests,sanitize,bench},"
 mkdir -p "$OUT_DIR"
+LOGS=$(mktemp -d)
+trap 'tar -czf "$OUT_DIR/logs.tar.gz" -C "$LOGS" . 2>/dev/null' EXIT
 export PYTHONUNBUFFERED=1
+export CYGEMM_GPU_PROPERTY_EXAMPLES=${CYGEMM_GPU_PROPERTY_EXAMPLES:-500}
 export CYGEMM_CUDA_ARCHS=${CYGEMM_CUDA_ARCHS:-90}   # the device is an H200; one arch builds fastest
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 
-{ date -u; nvidia-smi; python3 -c "import sys, cupy; print(sys.version); print('cupy', cupy.__version__)"; } \
-    > "$OUT_DIR/env.txt" 2>&1
+{ date -u; nvidia-smi; python3 -c "import sys, cupy; print(sys.version); print('cupy', cupy.__version__)";
+  python3 -m pip list 2>/dev/null | grep -iE "^(cupy|cuda-pathfinder|nvidia-cublas|setuptools|cython|torch|numpy) "; } \
+    > "$LOGS/env.txt" 2>&1
 echo "== build"
-if ! python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT_DIR/build.log" 2>&1; then
-    tail -40 "$OUT_DIR/build.log"; exit 1
+if ! python3 -m pip install --no-build-isolation --no-deps -e . > "$LOGS/build.log" 2>&1; then
+    tail -40 "$LOGS/build.log"; exit 1
 fi
 status=0
 if [[ $STAGES == *,tests,* ]]; then
     echo "== tests"
-    python3 -m pytest -q -rs -p no:cacheprovider --durations=8 tests 2>&1 | tee "$OUT_DIR/tests.log" \
-        | grep -vE '^\.+|^s+' | tail -40
+    python3 -m pytest -q -rs -p no:cacheprovider --durations=12 tests 2>&1 | tee "$LOGS/tests.log" \
+        | grep -vE '^[.sF]+ *(\[ *[0-9]+%\])?$' | tail -60
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    echo "== the Cython consumer example, as the README builds and runs it"
+    if (cd examples/cython_consumer && python3 -m pip install -q --no-build-isolation --no-deps . \
+            > "$LOGS/consumer.log" 2>&1 && cd /tmp && python3 "$OLDPWD/check.py"); then :; else
+        tail -20 "$LOGS/consumer.log"; status=1
+    fi
 fi
 if [[ $STAGES == *,sanitize,* ]]; then
     # Our kernels run in every fused forward/backward test (and in the graph tests); the
@@ -36,21 +47,25 @@ if [[ $STAGES == *,sanitize,* ]]; then
     echo "== compute-sanitizer memcheck"
     timeout 300 "$SAN" --tool memcheck --error-exitcode 99 --print-limit 20 \
         python3 -m pytest -q -p no:cacheprovider tests/test_fused.py tests/test_reliability.py tests/test_graph.py \
+        "tests/test_streams_devices.py::test_one_row_out_and_z_out_of_row_stride_0_or_1" \
+        "tests/test_streams_devices.py::test_graph_replayed_on_another_stream_while_eager_work_runs_on_the_capture_stream" \
+        "tests/test_streams_devices.py::test_per_head_results_written_into_one_interleaved_buffer" \
         -k "$MEMCHECK_K" \
-        > "$OUT_DIR/memcheck.log" 2>&1
-    rc=$?; grep -E "ERROR SUMMARY|passed|failed" "$OUT_DIR/memcheck.log" | tail -3; echo "memcheck rc=$rc"
+        > "$LOGS/memcheck.log" 2>&1
+    rc=$?; grep -E "ERROR SUMMARY|passed|failed" "$LOGS/memcheck.log" | tail -3; echo "memcheck rc=$rc"
     [ $rc = 0 ] || status=1
     echo "== compute-sanitizer racecheck"
     timeout 200 "$SAN" --tool racecheck --error-exitcode 99 --print-limit 20 \
         python3 -m pytest -q -p no:cacheprovider tests/test_fused.py -k "$RACECHECK_K" \
-        > "$OUT_DIR/racecheck.log" 2>&1
-    rc=$?; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|passed|failed" "$OUT_DIR/racecheck.log" | tail -3; echo "racecheck rc=$rc"
+        > "$LOGS/racecheck.log" 2>&1
+    rc=$?; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|passed|failed" "$LOGS/racecheck.log" | tail -3; echo "racecheck rc=$rc"
     [ $rc = 0 ] || status=1
 fi
-if [[ $STAGES == *,bench,* || $STAGES == *,bench-quick,* ]]; then
+if [[ $STAGES == *,bench,* || $STAGES == *,bench-quick,* || $STAGES == *,bench-host,* ]]; then
     echo "== benchmarks"
     quick=""; [[ $STAGES == *,bench-quick,* ]] && quick="--quick"
-    CUBLASLT_LOG_LEVEL=1 python3 -m benchmarks --out "$OUT_DIR" $quick 2>&1 | tee "$OUT_DIR/bench.log" \
+    [[ $STAGES == *,bench-host,* ]] && quick="--only host"
+    CUBLASLT_LOG_LEVEL=1 python3 -m benchmarks --out "$OUT_DIR" $quick 2>&1 | tee "$LOGS/bench.log" \
         | grep -v '^\s*\[' | tail -60
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi

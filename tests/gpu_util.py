@@ -31,3 +31,12 @@ def rel_err(out, ref):
 
 def f64(cp, x):
     return cp.asnumpy(x).astype(np.float64)
+
+
+def err_vs_scale(out, ref, scale):
+    """||out - ref|| / ||scale||, where scale holds the magnitudes that went into each result
+    (|x| @ |y| for a product, sums of |terms| for a sum). Floating-point error is bounded by
+    those, not by the result, which may cancel to ~0; NaN (an unwritten element) fails."""
+    out = np.asarray(out, dtype=np.float64)
+    assert not np.isnan(out).any(), "output has NaN: some elements were not written"
+    return np.linalg.norm(out - ref) / max(np.linalg.norm(scale), 1e-30)

@@ -394,12 +394,11 @@ def test_disjoint_column_blocks_compute_correctly():
 
 def _two_gpus():
     import cupy as cp
-    if cp.cuda.runtime.getDeviceCount() < 2:
-        pytest.skip("needs two GPUs; this machine has one")
     return cp
 
 
 @pytest.mark.gpu
+@pytest.mark.multigpu
 def test_array_on_another_device_is_refused():
     cp = _two_gpus()
     with cp.cuda.Device(1):
@@ -412,6 +411,7 @@ def test_array_on_another_device_is_refused():
 
 
 @pytest.mark.gpu
+@pytest.mark.multigpu
 def test_stream_of_another_device_is_refused():
     cp = _two_gpus()
     with cp.cuda.Device(1):

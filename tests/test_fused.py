@@ -230,14 +230,18 @@ def test_into_functions_allocate_nothing():
 def test_workspace_cache_keys_and_clear():
     gemm_ops.clear_ws_cache()
     w1 = gemm_ops.ensure_workspaces(10, 20)
-    assert gemm_ops.ensure_workspaces(10, 20) is w1
+    assert gemm_ops.ensure_workspaces(10, 20) == w1          # the same buffers
     w2 = gemm_ops.ensure_workspaces(10, 20, dtype=np.float16)
     w3 = gemm_ops.ensure_workspaces(10, 20, lt_bytes=1 << 20)
-    assert w2 is not w1 and w3 is not w1 and w2.dZ.dtype == np.float16 and w3.lt_ws.nbytes == 1 << 20
+    assert w2.dZ is not w1.dZ and w3.lt_ws is not w1.lt_ws and w2.dZ.dtype == np.float16
+    assert w3.lt_ws.nbytes == 1 << 20 and w3.dZ is w1.dZ
     assert w1.dZ.shape == (10, 20) and w1.lt_ws.nbytes == 4 << 20
-    assert len(gemm_ops.ws_cache_keys()) == 3
+    assert len(gemm_ops.ws_cache_keys()) == 4                # dZ f32, dZ f16, lt_ws 4 MiB, lt_ws 1 MiB
+    s = cp.cuda.Stream(non_blocking=True)
+    w4 = gemm_ops.ensure_workspaces(10, 20, stream=s)        # another stream: its own buffers
+    assert w4.dZ is not w1.dZ and w4.lt_ws is not w1.lt_ws
     gemm_ops.clear_ws_cache()
-    assert gemm_ops.ws_cache_keys() == [] and gemm_ops.ensure_workspaces(10, 20) is not w1
+    assert gemm_ops.ws_cache_keys() == [] and gemm_ops.ensure_workspaces(10, 20).dZ is not w1.dZ
 
 
 @pytest.mark.parametrize("act", ["relu", "leaky_relu", "sigmoid", "tanh"])

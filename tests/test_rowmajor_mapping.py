@@ -139,3 +139,43 @@ def test_empty_arrays_with_zero_strides_are_accepted():
     d = cg.describe_gemm(F((3, 5, 0), strides=(0, 0, 0)), F((3, 0, 6), strides=(0, 0, 0)),
                          F((3, 5, 6), ptr=BASE + 2**20), batched=True)
     assert d["k"] == 0 and d["batch"] == 3
+
+
+# ---- a batched output's matrices must not overlap: exact for any batch stride (issue 10, item 4)
+
+def test_interleaved_heads_in_one_buffer_are_accepted():
+    S, H, D, K = 96, 4, 32, 48
+    buf = np.zeros((S, H * D), np.float32)
+    out = fake_view(buf, buf.reshape(S, H, D).transpose(1, 0, 2))     # batch stride D < rows * ld
+    d = cg.describe_gemm(F((H, S, K)), F((H, K, D), ptr=BASE + 2**24), out, batched=True)
+    assert (d["stride_c"], d["ldc"], d["batch"]) == (D, H * D, H)
+
+
+def _brute_force_overlap(batch, rows, cols, row_stride, batch_stride):
+    seen = set()
+    for i in range(batch):
+        cells = {i * batch_stride + r * row_stride + c for r in range(rows) for c in range(cols)}
+        if cells & seen:
+            return True
+        seen |= cells
+    return False
+
+
+hyp = pytest.importorskip("hypothesis")
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(batch=st.integers(2, 6), rows=st.integers(1, 5), cols=st.integers(1, 5), extra=st.integers(0, 6),
+       batch_stride=st.integers(1, 60))
+def test_batch_overlap_check_matches_brute_force(batch, rows, cols, extra, batch_stride):
+    row_stride = cols + extra
+    span = (batch - 1) * batch_stride + (rows - 1) * row_stride + cols
+    out = F((batch, rows, cols), strides=(batch_stride * 4, row_stride * 4, 4), ptr=BASE + 2**24)
+    A, B = F((batch, rows, 3)), F((batch, 3, cols), ptr=BASE + 2**25 + span * 4)
+    overlaps = _brute_force_overlap(batch, rows, cols, row_stride, batch_stride)
+    if overlaps:
+        with pytest.raises(ValueError, match="out: batch stride"):
+            cg.describe_gemm(A, B, out, batched=True)
+    else:
+        cg.describe_gemm(A, B, out, batched=True)
