@@ -263,11 +263,7 @@ def stream_buffer(str name, tuple shape, dtype, stream=None):
                                    "ensure_workspaces once on this stream before capturing")
             if _cupy is None:
                 raise RuntimeError("ensure_workspaces needs CuPy to allocate")
-            if _current_stream().ptr == <uintptr_t>s:
-                buf = _cupy.empty(shape, dtype)
-            else:
-                with _cupy.cuda.ExternalStream(<uintptr_t>s):
-                    buf = _cupy.empty(shape, dtype)
+            buf = _empty_on(shape, dtype, <uintptr_t>s)
             _stream_buffers[key] = buf
         return buf
 
@@ -829,17 +825,38 @@ def arrays_overlap(x, y):
     return _views_overlap(&a, &b)
 
 
+class _RawStream:
+    """A cudaStream_t as the CUDA stream protocol (__cuda_stream__) presents it."""
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+    def __cuda_stream__(self):
+        return (0, self.ptr)
+
+
+cdef object _cupy_stream(uintptr_t ptr):
+    """A CuPy stream object for the raw stream `ptr`, to make it CuPy's current stream."""
+    from_external = getattr(_cupy.cuda.Stream, "from_external", None)     # CuPy >= 14
+    if from_external is not None:
+        return from_external(_RawStream(ptr))
+    return _cupy.cuda.ExternalStream(ptr)
+
+
+cdef object _empty_on(tuple shape, object dtype, uintptr_t ptr):
+    if _current_stream().ptr == ptr:
+        return _cupy.empty(shape, dtype=dtype)
+    # CuPy's pool hands out blocks by the current stream: a block freed on another stream
+    # may still be in use there, so allocate with the call's stream current.
+    with _cupy_stream(ptr):
+        return _cupy.empty(shape, dtype=dtype)
+
+
 cdef object empty_array(tuple shape, cudaDataType dtype, cudaStream_t stream):
     if _cupy is None:
         raise RuntimeError("out=None needs CuPy to allocate the result; pass out= instead")
-    cdef uintptr_t ptr = <uintptr_t>stream
-    current = _current_stream()
-    if current.ptr == ptr:
-        return _cupy.empty(shape, dtype=dtype_name(dtype))
-    # CuPy's pool hands out blocks by the current stream: a block freed on another stream
-    # may still be in use there, so allocate with the call's stream current.
-    with _cupy.cuda.ExternalStream(ptr):
-        return _cupy.empty(shape, dtype=dtype_name(dtype))
+    return _empty_on(shape, dtype_name(dtype), <uintptr_t>stream)
 
 
 def empty(shape, dtype, stream=None, str what="the result"):

@@ -14,7 +14,7 @@ import os
 CUBLAS_LIBS = ("cublasLt", "cublas")
 # Headers a module that cimports cygemm compiles against, and the package that supplies them.
 _HEADERS = {
-    "cudart": (("cuda_runtime_api.h", "library_types.h"),
+    "cudart": (("cuda_runtime_api.h", "library_types.h", "crt/host_defines.h"),
                "the CUDA toolkit (set CUDA_HOME) or: pip install nvidia-cuda-runtime"),
     "cublas": (("cublas_v2.h", "cublasLt.h"),
                "pip install nvidia-cublas (or set CUDA_HOME to a toolkit that has cuBLAS)"),
@@ -91,14 +91,24 @@ def header_dir(name):
         The headers are missing; the message says which and how to get them.
     """
     files, remedy = _HEADERS[name]
-    found = _pathfinder().find_nvidia_header_directory(name)
-    if found is None and name == "cublas":
-        found = next(iter(_wheel_dirs("include")), None)
-    missing = [f for f in files if not (found and os.path.isfile(os.path.join(found, f)))]
-    if missing:
-        where = f"in {found}" if found else "anywhere cuda-pathfinder looks"
-        raise CudaNotFoundError(f"{', '.join(missing)} not found {where}: {remedy}")
-    return found
+    candidates = [_pathfinder().find_nvidia_header_directory(name)]
+    if name == "cublas":
+        candidates += _wheel_dirs("include")
+    else:
+        # The nvidia-cuda-runtime wheel's include folder can lack crt/host_defines.h (it ships
+        # in another wheel): then the toolkit's headers, the ones nvcc compiles with.
+        try:
+            candidates.append(os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(find_nvcc()))),
+                                           "include"))
+        except CudaNotFoundError:
+            pass
+    candidates = [c for c in candidates if c]
+    for found in candidates:
+        if all(os.path.isfile(os.path.join(found, f)) for f in files):
+            return found
+    where = f"in {', '.join(candidates)}" if candidates else "anywhere cuda-pathfinder looks"
+    missing = [f for f in files if not any(os.path.isfile(os.path.join(c, f)) for c in candidates)] or files
+    raise CudaNotFoundError(f"{', '.join(missing)} not found together {where}: {remedy}")
 
 
 def include_dirs():

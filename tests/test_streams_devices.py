@@ -159,8 +159,10 @@ def test_forward_and_backward_take_a_transposed_weight():
 # ------------------------------------------------------------------ item 6: autotuning releases the GIL
 
 def test_first_large_call_autotunes_without_holding_the_gil():
-    M = N = 8192
-    K = 2048                                  # 1.4e11 multiply-adds: above the autotune threshold
+    # 1.1e12 multiply-adds in strict fp32: each candidate's four timed runs take ~0.2 s, which
+    # the old code waited for with the GIL held (the issue saw another thread stall 47.5 ms).
+    M = N = 16384
+    K = 4096
     A, B, Y = rand(cp, (M, K)), rand(cp, (K, N)), cp.empty((M, N), cp.float32)
     s = cp.cuda.Stream(non_blocking=True)
     cp.cuda.Device().synchronize()
@@ -180,7 +182,7 @@ def test_first_large_call_autotunes_without_holding_the_gil():
     time.sleep(0.05)
     gaps.clear()
     start = time.perf_counter()
-    forward_into(A, B, Y, None, act="gelu", stream=s)       # a new plan: the candidates are timed
+    forward_into(A, B, Y, None, act="gelu", math="fp32", stream=s)   # a new plan: the candidates are timed
     s.synchronize()
     took = time.perf_counter() - start
     stop.set()
