@@ -125,8 +125,8 @@ def build_floor(exe):
     lib_dir = os.path.dirname(libs["cublas"])
     arch = os.environ.get("CYGEMM_CUDA_ARCHS", "90").split(";")[0]
     cmd = [nvcc, "-O2", "-std=c++17", f"-arch=sm_{arch}", os.path.join(HERE, "cublas_floor.cu"), "-o", exe,
-           f"-I{_cuda_paths.header_dir('cublas')}", libs["cublas"], libs["cublasLt"],
-           f"-Xlinker=-rpath={lib_dir}"]
+           f"-I{_cuda_paths.header_dir('cublas')}", f"-L{lib_dir}", "-l:libcublas.so.13",
+           "-l:libcublasLt.so.13", f"-Xlinker=-rpath={lib_dir}"]
     subprocess.run(cmd, check=True)
     return Floor(exe)
 

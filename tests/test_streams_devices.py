@@ -70,6 +70,12 @@ def test_allocating_calls_allocate_on_the_callers_stream(call):
         s.synchronize()
         current.synchronize()           # the trap kernel has run: it must not have hit `out`
     assert rel_err(out.get(), ref) < 1e-5
+    # The block came from `s`'s part of CuPy's pool: freed, it is handed out again on `s`.
+    ptr = out.data.ptr
+    del out
+    with s:
+        again = cp.empty(nbytes // 4, cp.float32)
+    assert again.data.ptr == ptr
 
 
 # ------------------------------------------------------------------ item 2: no buffer shared across streams
@@ -452,6 +458,12 @@ def test_stress_threads_streams_allocating_and_into_forms_capture_and_replay():
             checks += [(gA, dz @ b.T), (gB, a.T @ dz), (gb, dz.sum(0))]
             with s:
                 Y2, gA2, dZ2 = poisoned(cp, (m, n)), poisoned(cp, (m, k)), poisoned(cp, (m, n))
+            # One eager call per shape before capturing, as the README asks (plans, kernels).
+            forward_into(A, B, Y2, bias, act="gelu", math="fp32", stream=s)
+            backward_into(A, B, gY, Z, act="relu", gA_out=gA2, work_dZ=dZ2, math="fp32", stream=s)
+            with s:
+                Y2[...] = cp.nan
+                gA2[...] = cp.nan
             with cygemm.graph.capture(s) as graph:
                 forward_into(A, B, Y2, bias, act="gelu", math="fp32", stream=s)
                 backward_into(A, B, gY, Z, act="relu", gA_out=gA2, work_dZ=dZ2, math="fp32", stream=s)
