@@ -86,12 +86,13 @@ cdef int _max_eager_workspaces() except -1:
 
 
 cdef void _free_relaxed(void* ptr) noexcept nogil:
-    """cudaFree without breaking a capture that another stream of this thread has open.
+    """cudaFree in relaxed capture mode (allowed while this thread captures elsewhere).
 
     cudaFree returns only once the work already enqueued on the device is done (it
     synchronizes implicitly), so no kernel still uses ptr, even one on a stream that has
-    since been destroyed. Unlike cudaDeviceSynchronize it does not break another thread's
-    capture."""
+    since been destroyed. That synchronization invalidates any capture under way on the
+    device, in any thread (seen on the H200: 8 threads capturing while others freed), so
+    cygemm frees through _defer_free / _drain_if_safe, never while it knows of an open capture."""
     cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
     cudaThreadExchangeStreamCaptureMode(&mode)
     cudaFree(ptr)
@@ -116,20 +117,23 @@ cdef class _Context:
         finally:
             cudaThreadExchangeStreamCaptureMode(&mode)
 
-    cdef void release(self) noexcept nogil:
-        """Free the workspaces this context owns and forget those of captures (their graphs
-        own them); also free those of graphs that have gone."""
+    cdef void release(self, bint now) noexcept nogil:
+        """Free (now) or queue (at thread exit: other threads may be capturing) the workspaces
+        this context owns; forget those of captures (their graphs own them)."""
         cdef int i
         for i in range(self.ctx.n_workspaces):
             if self.ctx.workspaces[i].capture_id == 0:
-                _free_relaxed(self.ctx.workspaces[i].ptr)
+                if now:
+                    _free_relaxed(self.ctx.workspaces[i].ptr)
+                else:
+                    _defer_free(self.ctx.workspaces[i].ptr)
         self.ctx.n_workspaces = 0
         self.ctx.bound = False
-        _free_deferred()
 
     def __dealloc__(self):
         # Errors are ignored: at interpreter exit the driver may be gone.
-        self.release()
+        self.release(False)
+        _drain_if_safe()
         free(self.ctx.workspaces)
         cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
         cudaThreadExchangeStreamCaptureMode(&mode)
@@ -148,9 +152,10 @@ cdef class _Context:
         return self.ctx.n_workspaces
 
 
-# Workspaces of captures, freed once their graph is gone. CUDA runs a user object's
-# destructor on its own thread, where no CUDA call may be made: it only queues the pointer,
-# and the next workspace allocation (or release_workspaces) frees the queue.
+# Workspaces waiting to be freed: those of captures once their graph is gone (CUDA runs a
+# user object's destructor on its own thread, where no CUDA call may be made), evicted ones,
+# those of ended threads. The next workspace allocation frees the queue when no capture is
+# known to be open; release_workspaces() frees it regardless.
 cdef PyThread_type_lock _deferred_lock = PyThread_allocate_lock()
 cdef void** _deferred = NULL
 cdef int _n_deferred = 0, _cap_deferred = 0
@@ -184,9 +189,47 @@ cdef void _free_deferred() noexcept nogil:
         _free_relaxed(ptr)
 
 
-def pending_graph_workspace_frees():
-    """How many workspaces of destroyed graphs wait to be freed (for tests)."""
+def pending_workspace_frees():
+    """How many workspaces wait to be freed (for tests)."""
     return _n_deferred
+
+
+# Captures cygemm knows to be open, as (stream, capture id): those of cygemm.graph.capture
+# from begin to end, and any other capture from cygemm's first call in it until a later
+# call on that stream shows it over. Under the GIL; _n_open_captures mirrors its size.
+cdef int _n_open_captures = 0
+_open_captures = set()
+
+
+cdef int _note_capture(cudaStream_t stream, unsigned long long cid) except -1 with gil:
+    """`cid` is the capture under way on `stream` now (0: none): forget earlier ones there."""
+    global _n_open_captures
+    key = <uintptr_t>stream
+    for k in [k for k in _open_captures if k[0] == key and k[1] != cid]:
+        _open_captures.discard(k)
+    if cid:
+        _open_captures.add((key, cid))
+    _n_open_captures = len(_open_captures)
+    return 0
+
+
+def note_capture(stream):
+    """Record whether `stream` is capturing now (cygemm.graph.capture calls this at both ends)."""
+    cdef cudaStream_t s
+    cdef unsigned long long cid = 0
+    stream_from_object(stream, &s)
+    _capture_info(s, &cid, NULL)
+    _note_capture(s, cid)
+
+
+def open_capture_count():
+    """How many captures cygemm knows to be open (see note_capture)."""
+    return _n_open_captures
+
+
+cdef void _drain_if_safe() noexcept nogil:
+    if _n_open_captures == 0:
+        _free_deferred()
 
 
 cdef object _tls = threading.local()
@@ -296,11 +339,15 @@ def release_workspaces():
     """Free the cuBLAS/cuBLASLt workspaces this thread's contexts hold, on every device.
 
     The next call on a stream allocates a new one. Workspaces of captured graphs (with any
-    capture tool) belong to those graphs and stay until the graphs go.
+    capture tool) belong to those graphs and stay until the graphs go. Also frees the
+    workspaces queued for freeing (of gone graphs, evicted, of ended threads). cudaFree
+    synchronizes the device, which invalidates a capture under way on it in any thread:
+    call this when no capture is running.
     """
     cdef _Context owner
     for owner in getattr(_tls, "contexts", {}).values():
-        owner.release()
+        owner.release(True)
+    _free_deferred()
 
 
 def context_info():
@@ -338,7 +385,7 @@ cdef int _evict_lru(GemmContext* ctx, bint capture) except -1 nogil:
     if ctx.bound_workspace == ctx.workspaces[victim].ptr:
         ctx.bound = False
     if not capture:
-        _free_relaxed(ctx.workspaces[victim].ptr)
+        _defer_free(ctx.workspaces[victim].ptr)      # freed by _drain_if_safe
     ctx.n_workspaces -= 1
     ctx.workspaces[victim] = ctx.workspaces[ctx.n_workspaces]
     return 0
@@ -356,7 +403,7 @@ cdef int _give_to_graph(void* ptr, cudaGraph_t graph) except -1 nogil:
         err = cudaGraphRetainUserObject(graph, obj, 1, cudaGraphUserObjectMove)
     if err != cudaSuccess:
         if obj == NULL:
-            _free_relaxed(ptr)
+            _defer_free(ptr)
         else:
             cudaUserObjectRelease(obj, 1)      # its destructor queues ptr to be freed
         return check_cuda(err, "cudaUserObjectCreate/cudaGraphRetainUserObject")
@@ -367,6 +414,8 @@ cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL n
     cdef unsigned long long cid = 0
     cdef cudaGraph_t graph = NULL
     _capture_info(stream, &cid, &graph)
+    if cid != 0 or _n_open_captures > 0:
+        _note_capture(stream, cid)
     cdef int i, eager = 0
     ctx.use_counter += 1
     for i in range(ctx.n_workspaces):
@@ -374,11 +423,11 @@ cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL n
             ctx.workspaces[i].last_use = ctx.use_counter
             return ctx.workspaces[i].ptr
         eager += ctx.workspaces[i].capture_id == 0
-    _free_deferred()
     if cid == 0 and eager >= ctx.max_eager:
         _evict_lru(ctx, False)
     elif cid != 0 and ctx.n_workspaces - eager >= MAX_CAPTURE_ENTRIES:
         _evict_lru(ctx, True)
+    _drain_if_safe()
     cdef StreamWorkspace* grown
     if ctx.n_workspaces == ctx.cap_workspaces:
         grown = <StreamWorkspace*>realloc(ctx.workspaces, (2 * ctx.cap_workspaces + 4) * sizeof(StreamWorkspace))

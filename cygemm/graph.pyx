@@ -50,16 +50,38 @@ cdef class Graph:
         return n
 
     def __dealloc__(self):
-        # A graph is often dropped inside the next capture (`with capture(s) as g`
-        # rebinds g); destroying it there is an "unsafe" call that would
-        # invalidate that capture, unless this thread is in relaxed mode.
-        cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
-        cudaThreadExchangeStreamCaptureMode(&mode)
-        if self.exec_ != NULL:
-            cudaGraphExecDestroy(self.exec_)
-        if self.graph != NULL:
-            cudaGraphDestroy(self.graph)
-        cudaThreadExchangeStreamCaptureMode(&mode)
+        # Destroying a graph while a capture is under way on the device (in any thread)
+        # may invalidate that capture: then the handles wait in a queue.
+        if self.exec_ == NULL and self.graph == NULL:
+            return
+        if _core.open_capture_count() > 0:
+            _pending.append((<uintptr_t>self.exec_, <uintptr_t>self.graph))
+        else:
+            _destroy(self.exec_, self.graph)
+
+
+cdef list _pending = []
+
+
+cdef void _destroy(cudaGraphExec_t exec_, cudaGraph_t graph) noexcept:
+    # Relaxed mode: a graph is often dropped inside the next capture (`with capture(s) as g`
+    # rebinds g); destroying it there is an "unsafe" call that would otherwise invalidate it.
+    cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
+    cudaThreadExchangeStreamCaptureMode(&mode)
+    if exec_ != NULL:
+        cudaGraphExecDestroy(exec_)
+    if graph != NULL:
+        cudaGraphDestroy(graph)
+    cudaThreadExchangeStreamCaptureMode(&mode)
+
+
+def _destroy_pending():
+    """Destroy the graphs dropped while captures were open, once none is."""
+    if _core.open_capture_count() > 0:
+        return
+    while _pending:
+        e, g = _pending.pop()
+        _destroy(<cudaGraphExec_t>e, <cudaGraph_t>g)
 
 
 class capture:
@@ -84,12 +106,15 @@ class capture:
         cdef cudaStream_t s = <cudaStream_t><uintptr_t>self.stream
         check_cuda(cudaStreamBeginCapture(s, <cudaStreamCaptureMode>(<int>_MODES[self.mode])),
                    "cudaStreamBeginCapture")
+        _core.note_capture(self.stream)       # cygemm frees nothing while it is open
         return self.graph
 
     def __exit__(self, exc_type, exc, tb):
         cdef cudaStream_t s = <cudaStream_t><uintptr_t>self.stream
         cdef cudaGraph_t graph = NULL
         cdef cudaError_t err = cudaStreamEndCapture(s, &graph)
+        _core.note_capture(self.stream)
+        _destroy_pending()
         cdef Graph g = self.graph
         g.graph = graph
         if exc_type is not None:
