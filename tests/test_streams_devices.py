@@ -445,43 +445,48 @@ def test_stress_threads_streams_allocating_and_into_forms_capture_and_replay():
     n_dev = cp.cuda.runtime.getDeviceCount()
     errors = []
 
+    # CUDA invalidates a capture when any thread synchronizes the device it runs on (a
+    # blocking copy, a stream or device sync, cudaFree): the test's own host work (inputs,
+    # references, checks) takes this lock, as every capture does. cygemm's calls, eager or
+    # allocating, and graph launches run outside it, concurrently with other threads' captures.
+    sync_lock = threading.Lock()
+
     def one_round(tid, rng, dev):
         with cp.cuda.Device(dev):
-            s = cp.cuda.Stream(non_blocking=True)
             m, n, k = (int(x) for x in rng.integers(8, 160, 3))
-            with s:
-                A, B, bias, gY = rand(cp, (m, k), rng=rng), rand(cp, (k, n), rng=rng), \
-                    rand(cp, (n,), rng=rng), rand(cp, (m, n), rng=rng)
-            a, b, c, g = f64(cp, A), f64(cp, B), f64(cp, bias), f64(cp, gY)
+            with sync_lock:
+                s, t = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+                with s:
+                    A, B, bias, gY = rand(cp, (m, k), rng=rng), rand(cp, (k, n), rng=rng), \
+                        rand(cp, (n,), rng=rng), rand(cp, (m, n), rng=rng)
+                    Y2, gA2, dZ2 = poisoned(cp, (m, n)), poisoned(cp, (m, k)), poisoned(cp, (m, n))
+                a, b, c, g = f64(cp, A), f64(cp, B), f64(cp, bias), f64(cp, gY)
             z = a @ b + c
-            checks = []
-            out = cygemm.gemm(A, B, math="fp32", stream=s)
-            checks.append((out, a @ b))
-            Y, Z = gemm_ops.forward(A, B, bias, act="relu", save_z=True, math="fp32", stream=s)
-            checks.append((Y, np.maximum(z, 0)))
-            gA, gB, gb = gemm_ops.backward(A, B, gY, Z, act="relu", math="fp32", stream=s)
             dz = g * (z > 0)
-            checks += [(gA, dz @ b.T), (gB, a.T @ dz), (gb, dz.sum(0))]
-            with s:
-                Y2, gA2, dZ2 = poisoned(cp, (m, n)), poisoned(cp, (m, k)), poisoned(cp, (m, n))
+            out = cygemm.gemm(A, B, math="fp32", stream=s)
+            Y, Z = gemm_ops.forward(A, B, bias, act="relu", save_z=True, math="fp32", stream=s)
+            gA, gB, gb = gemm_ops.backward(A, B, gY, Z, act="relu", math="fp32", stream=s)
             # One eager call per shape before capturing, as the README asks (plans, kernels).
             forward_into(A, B, Y2, bias, act="gelu", math="fp32", stream=s)
             backward_into(A, B, gY, Z, act="relu", gA_out=gA2, work_dZ=dZ2, math="fp32", stream=s)
-            with s:
-                Y2[...] = cp.nan
-                gA2[...] = cp.nan
-            with cygemm.graph.capture(s) as graph:
-                forward_into(A, B, Y2, bias, act="gelu", math="fp32", stream=s)
-                backward_into(A, B, gY, Z, act="relu", gA_out=gA2, work_dZ=dZ2, math="fp32", stream=s)
-            t = cp.cuda.Stream(non_blocking=True)
-            s.synchronize()
+            with sync_lock:
+                with s:
+                    Y2[...] = cp.nan
+                    gA2[...] = cp.nan
+                with cygemm.graph.capture(s) as graph:
+                    forward_into(A, B, Y2, bias, act="gelu", math="fp32", stream=s)
+                    backward_into(A, B, gY, Z, act="relu", gA_out=gA2, work_dZ=dZ2, math="fp32", stream=s)
+            t.wait_event(s.record())
             graph.launch(t)
-            t.synchronize()
             from test_fused import act_ref
-            checks += [(Y2, act_ref("gelu", z)), (gA2, dz @ b.T)]
-            s.synchronize()
-            for i, (x, ref) in enumerate(checks):
-                err = rel_err(x.get(), ref)
+            checks = [(out, a @ b), (Y, np.maximum(z, 0)), (gA, dz @ b.T), (gB, a.T @ dz), (gb, dz.sum(0)),
+                      (Y2, act_ref("gelu", z)), (gA2, dz @ b.T)]
+            with sync_lock:
+                t.synchronize()
+                s.synchronize()
+                got = [x.get() for x, _ in checks]
+            for i, (x, (_, ref)) in enumerate(zip(got, checks)):
+                err = rel_err(x, ref)
                 if not err < 1e-4:
                     errors.append((tid, dev, i, (m, n, k), err))
 
