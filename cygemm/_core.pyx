@@ -227,8 +227,41 @@ def open_capture_count():
     return _n_open_captures
 
 
+# Graphs dropped while captures were open: destroying one then may invalidate them.
+_pending_graphs = []
+cdef int _n_pending_graphs = 0
+
+
+def destroy_graph_when_safe(uintptr_t exec_, uintptr_t graph):
+    """Destroy a CUDA graph and its executable graph now, or once no capture is known open."""
+    global _n_pending_graphs
+    if exec_ or graph:
+        _pending_graphs.append((exec_, graph))
+        _n_pending_graphs = len(_pending_graphs)
+    if _n_open_captures == 0:
+        _destroy_pending_graphs()
+
+
+cdef void _destroy_pending_graphs() noexcept with gil:
+    global _n_pending_graphs
+    cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
+    while _pending_graphs:
+        e, g = _pending_graphs.pop()
+        _n_pending_graphs = len(_pending_graphs)
+        # Relaxed: a graph is often dropped inside the next capture of this thread
+        # (`with capture(s) as g` rebinds g); destroying it is an "unsafe" call.
+        cudaThreadExchangeStreamCaptureMode(&mode)
+        if e:
+            cudaGraphExecDestroy(<cudaGraphExec_t><uintptr_t>e)
+        if g:
+            cudaGraphDestroy(<cudaGraph_t><uintptr_t>g)
+        cudaThreadExchangeStreamCaptureMode(&mode)
+
+
 cdef void _drain_if_safe() noexcept nogil:
     if _n_open_captures == 0:
+        if _n_pending_graphs:
+            _destroy_pending_graphs()
         _free_deferred()
 
 
@@ -347,6 +380,7 @@ def release_workspaces():
     cdef _Context owner
     for owner in getattr(_tls, "contexts", {}).values():
         owner.release(True)
+    _destroy_pending_graphs()     # their workspaces are freed once CUDA runs the destructors
     _free_deferred()
 
 

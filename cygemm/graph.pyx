@@ -51,37 +51,9 @@ cdef class Graph:
 
     def __dealloc__(self):
         # Destroying a graph while a capture is under way on the device (in any thread)
-        # may invalidate that capture: then the handles wait in a queue.
-        if self.exec_ == NULL and self.graph == NULL:
-            return
-        if _core.open_capture_count() > 0:
-            _pending.append((<uintptr_t>self.exec_, <uintptr_t>self.graph))
-        else:
-            _destroy(self.exec_, self.graph)
-
-
-cdef list _pending = []
-
-
-cdef void _destroy(cudaGraphExec_t exec_, cudaGraph_t graph) noexcept:
-    # Relaxed mode: a graph is often dropped inside the next capture (`with capture(s) as g`
-    # rebinds g); destroying it there is an "unsafe" call that would otherwise invalidate it.
-    cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
-    cudaThreadExchangeStreamCaptureMode(&mode)
-    if exec_ != NULL:
-        cudaGraphExecDestroy(exec_)
-    if graph != NULL:
-        cudaGraphDestroy(graph)
-    cudaThreadExchangeStreamCaptureMode(&mode)
-
-
-def _destroy_pending():
-    """Destroy the graphs dropped while captures were open, once none is."""
-    if _core.open_capture_count() > 0:
-        return
-    while _pending:
-        e, g = _pending.pop()
-        _destroy(<cudaGraphExec_t>e, <cudaGraph_t>g)
+        # may invalidate that capture: _core destroys it once none is known open.
+        if self.exec_ != NULL or self.graph != NULL:
+            _core.destroy_graph_when_safe(<uintptr_t>self.exec_, <uintptr_t>self.graph)
 
 
 class capture:
@@ -114,7 +86,7 @@ class capture:
         cdef cudaGraph_t graph = NULL
         cdef cudaError_t err = cudaStreamEndCapture(s, &graph)
         _core.note_capture(self.stream)
-        _destroy_pending()
+        _core.destroy_graph_when_safe(0, 0)     # those dropped while captures were open
         cdef Graph g = self.graph
         g.graph = graph
         if exc_type is not None:

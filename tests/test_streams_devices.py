@@ -341,8 +341,9 @@ def device_bytes_in_use(device=None, release=True):
     run) and this thread's workspaces are freed."""
     def read():
         if release:
-            time.sleep(0.1)   # CUDA runs graphs' user-object destructors on its own thread
-            cygemm.release_workspaces()
+            cygemm.release_workspaces()   # destroys graphs dropped during captures, ...
+            time.sleep(0.2)   # ... whose user-object destructors CUDA runs on its own thread,
+            cygemm.release_workspaces()   # queueing their workspaces: freed now
         cp.get_default_memory_pool().free_all_blocks()
         free, total = cp.cuda.runtime.memGetInfo()
         return total - free - cp.get_default_memory_pool().total_bytes()
