@@ -452,9 +452,15 @@ def test_stress_threads_streams_allocating_and_into_forms_capture_and_replay():
     # allocating, and graph launches run outside it, concurrently with other threads' captures.
     sync_lock = threading.Lock()
 
-    def one_round(tid, rng, dev):
+    # A few shapes, each run once on every device before the threads start: a kernel's first
+    # launch loads its module (CUDA's lazy loading), which may synchronize the context and so
+    # invalidate a capture another thread has open (suspected in a one-GPU run where a
+    # capture failed with CUBLAS_STATUS_INTERNAL_ERROR, not confirmed).
+    shapes = [(96, 64, 80), (33, 128, 17), (150, 40, 120), (8, 160, 64)]
+
+    def one_round(tid, rng, dev, shape=None, capture=True):
         with cp.cuda.Device(dev):
-            m, n, k = (int(x) for x in rng.integers(8, 160, 3))
+            m, n, k = shape or shapes[int(rng.integers(len(shapes)))]
             with sync_lock:
                 s, t = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
                 with s:
@@ -474,11 +480,16 @@ def test_stress_threads_streams_allocating_and_into_forms_capture_and_replay():
                 with s:
                     Y2[...] = cp.nan
                     gA2[...] = cp.nan
-                with cygemm.graph.capture(s) as graph:
-                    forward_into(A, B, Y2, bias, act="gelu", math="fp32", stream=s)
-                    backward_into(A, B, gY, Z, act="relu", gA_out=gA2, work_dZ=dZ2, math="fp32", stream=s)
-            t.wait_event(s.record())
-            graph.launch(t)
+                if capture:
+                    with cygemm.graph.capture(s) as graph:
+                        forward_into(A, B, Y2, bias, act="gelu", math="fp32", stream=s)
+                        backward_into(A, B, gY, Z, act="relu", gA_out=gA2, work_dZ=dZ2, math="fp32", stream=s)
+            if capture:
+                t.wait_event(s.record())
+                graph.launch(t)
+            else:
+                forward_into(A, B, Y2, bias, act="gelu", math="fp32", stream=s)
+                backward_into(A, B, gY, Z, act="relu", gA_out=gA2, work_dZ=dZ2, math="fp32", stream=s)
             from test_fused import act_ref
             checks = [(out, a @ b), (Y, np.maximum(z, 0)), (gA, dz @ b.T), (gB, a.T @ dz), (gb, dz.sum(0)),
                       (Y2, act_ref("gelu", z)), (gA2, dz @ b.T)]
@@ -506,6 +517,10 @@ def test_stress_threads_streams_allocating_and_into_forms_capture_and_replay():
         for t in threads:
             t.join()
 
+    rng0 = np.random.default_rng(0)
+    for dev in range(n_dev):                  # every kernel the threads will use, loaded
+        for shape in shapes:
+            one_round(-1, rng0, dev, shape, capture=False)
     run(4)                                    # warm-up: plans, handles, workspaces per thread
     gc.collect()
     used0 = [device_bytes_in_use(d) for d in range(n_dev)]
