@@ -950,16 +950,12 @@ def empty(shape, dtype, stream=None, str what="the result"):
     if stream_is_capturing(s):
         raise RuntimeError(f"{what}: allocating it would use device memory while the stream is being "
                            "captured; allocate before capturing and use the *_into form")
-    import numpy
-    name = numpy.dtype(dtype).name
-    cdef cudaDataType dt
-    if name == "float32":
-        dt = CUDA_R_32F
-    elif name == "float16":
-        dt = CUDA_R_16F
-    else:
+    name = _np.dtype(dtype).name
+    if name not in ("float32", "float16"):
         raise TypeError(f"dtype: expected float32 or float16, got {name}")
-    return empty_array(tuple(shape), dt, s)
+    if _cupy is None:
+        raise RuntimeError(f"{what}: allocating needs CuPy")
+    return _empty_on(tuple(shape), name, <uintptr_t>s)
 
 
 def versions():

@@ -192,7 +192,7 @@ def forward(A, B, bias=None, *, with_bias=True, act="none", leaky_slope=0.01, sa
     Raises
     ------
     TypeError, ValueError
-        As forward_into, before anything is allocated.
+        As forward_into; A and B are checked before anything is allocated, the rest after.
     RuntimeError
         The stream is being captured (use forward_into with buffers made before).
     """
@@ -220,7 +220,7 @@ def backward(A, B, gY, Z, *, with_bias=True, act="none", leaky_slope=0.01, need_
     Raises
     ------
     TypeError, ValueError
-        As backward_into, before anything is allocated.
+        As backward_into; A and B are checked before anything is allocated, the rest after.
     RuntimeError
         The stream is being captured (use backward_into with buffers made before).
     """
