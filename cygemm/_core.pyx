@@ -10,7 +10,7 @@ from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThr
 
 from cygemm.cudart cimport *
 from cygemm.cublas cimport *
-from cygemm.cublaslt cimport cublasLtCreate, cublasLtDestroy, cublasLtGetVersion
+from cygemm.cublaslt cimport cublasLtHandle_t, cublasLtCreate, cublasLtDestroy, cublasLtGetVersion
 
 try:
     import cupy as _cupy
@@ -131,17 +131,15 @@ cdef class _Context:
         self.ctx.bound = False
 
     def __dealloc__(self):
-        # Errors are ignored: at interpreter exit the driver may be gone.
+        # At thread end: handles and workspaces wait in the release queue while any
+        # capture is open (cublasDestroy and cudaFree synchronize the device).
         self.release(False)
-        _drain_if_safe()
         free(self.ctx.workspaces)
-        cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
-        cudaThreadExchangeStreamCaptureMode(&mode)
         if self.ctx.lt != NULL:
-            cublasLtDestroy(self.ctx.lt)
+            _defer_release(RELEASE_LT, self.ctx.device, <void*>self.ctx.lt)
         if self.ctx.blas != NULL:
-            cublasDestroy(self.ctx.blas)
-        cudaThreadExchangeStreamCaptureMode(&mode)
+            _defer_release(RELEASE_BLAS, self.ctx.device, <void*>self.ctx.blas)
+        _drain_if_safe()
 
     @property
     def device(self):
@@ -152,45 +150,84 @@ cdef class _Context:
         return self.ctx.n_workspaces
 
 
-# Workspaces waiting to be freed: those of captures once their graph is gone (CUDA runs a
+# What waits to be released: workspaces of captures once their graph is gone (CUDA runs a
 # user object's destructor on its own thread, where no CUDA call may be made), evicted ones,
-# those of ended threads. The next workspace allocation frees the queue when no capture is
-# known to be open; release_workspaces() frees it regardless.
+# and the workspaces and cuBLAS/cuBLASLt handles of ended threads (cublasDestroy synchronizes
+# the device, as cudaFree does, so it would invalidate captures other threads have open). The
+# next workspace allocation or thread end releases the queue when no capture is known to be
+# open; release_workspaces() releases it regardless.
+cdef enum _ReleaseKind:
+    RELEASE_WORKSPACE = 0
+    RELEASE_BLAS = 1
+    RELEASE_LT = 2
+
+ctypedef struct _Deferred:
+    int kind
+    int device
+    void* ptr
+
 cdef PyThread_type_lock _deferred_lock = PyThread_allocate_lock()
-cdef void** _deferred = NULL
+cdef _Deferred* _deferred = NULL
 cdef int _n_deferred = 0, _cap_deferred = 0
 
 
-cdef void _defer_free(void* ptr) noexcept nogil:
+cdef void _defer_release(int kind, int device, void* ptr) noexcept nogil:
     global _deferred, _n_deferred, _cap_deferred
-    cdef void** grown
+    cdef _Deferred* grown
     PyThread_acquire_lock(_deferred_lock, WAIT_LOCK)
     if _n_deferred == _cap_deferred:
-        grown = <void**>realloc(_deferred, (2 * _cap_deferred + 8) * sizeof(void*))
+        grown = <_Deferred*>realloc(_deferred, (2 * _cap_deferred + 8) * sizeof(_Deferred))
         if grown != NULL:
             _deferred, _cap_deferred = grown, 2 * _cap_deferred + 8
     if _n_deferred < _cap_deferred:
-        _deferred[_n_deferred] = ptr
+        _deferred[_n_deferred].kind = kind
+        _deferred[_n_deferred].device = device
+        _deferred[_n_deferred].ptr = ptr
         _n_deferred += 1
     PyThread_release_lock(_deferred_lock)
 
 
+cdef void _defer_free(void* ptr) noexcept nogil:
+    """Queue a workspace to be freed (also a CUDA user object's destructor: no CUDA call here)."""
+    _defer_release(RELEASE_WORKSPACE, -1, ptr)
+
+
+cdef void _release_now(_Deferred item) noexcept nogil:
+    """Free a workspace or destroy a handle, in relaxed capture mode and on the handle's device.
+    Errors are ignored: at interpreter exit the driver may be gone."""
+    cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
+    cdef int current = -1
+    if item.kind == RELEASE_WORKSPACE:
+        _free_relaxed(item.ptr)
+        return
+    cudaThreadExchangeStreamCaptureMode(&mode)
+    if cudaGetDevice(&current) == cudaSuccess and current != item.device:
+        cudaSetDevice(item.device)
+    if item.kind == RELEASE_BLAS:
+        cublasDestroy(<cublasHandle_t>item.ptr)
+    else:
+        cublasLtDestroy(<cublasLtHandle_t>item.ptr)
+    if current >= 0 and current != item.device:
+        cudaSetDevice(current)
+    cudaThreadExchangeStreamCaptureMode(&mode)
+
+
 cdef void _free_deferred() noexcept nogil:
     global _n_deferred
-    cdef void* ptr
+    cdef _Deferred item
     while True:
         PyThread_acquire_lock(_deferred_lock, WAIT_LOCK)
         if _n_deferred == 0:
             PyThread_release_lock(_deferred_lock)
             return
         _n_deferred -= 1
-        ptr = _deferred[_n_deferred]
+        item = _deferred[_n_deferred]
         PyThread_release_lock(_deferred_lock)
-        _free_relaxed(ptr)
+        _release_now(item)
 
 
 def pending_workspace_frees():
-    """How many workspaces wait to be freed (for tests)."""
+    """How many workspaces and handles wait to be released (for tests)."""
     return _n_deferred
 
 
@@ -220,6 +257,7 @@ def note_capture(stream):
     stream_from_object(stream, &s)
     _capture_info(s, &cid, NULL)
     _note_capture(s, cid)
+    _drain_if_safe()            # what waited for the captures to end
 
 
 def open_capture_count():

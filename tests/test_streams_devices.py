@@ -328,6 +328,50 @@ def test_graph_workspaces_are_freed_once_graphs_go_whatever_captured_them():
     assert rel_err(Y.get(), f64(cp, A) @ f64(cp, B)) < 1e-5
 
 
+def test_a_thread_ending_mid_capture_leaves_the_capture_valid():
+    """A thread's end releases its cuBLAS/cuBLASLt handles; cublasDestroy synchronizes the
+    device, which invalidates a capture another thread has open (the stress test's one-GPU
+    failure, CUBLAS_STATUS_INTERNAL_ERROR). The handles wait until no capture is open."""
+    m, n, k = 96, 64, 80
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        A, B, bias, Y = rand(cp, (m, k)), rand(cp, (k, n)), rand(cp, (n,)), poisoned(cp, (m, n))
+    forward_into(A, B, Y, bias, act="relu", math="fp32", stream=s)      # plans and kernels
+    s.synchronize()
+    kept = []                       # the worker's stream outlives it: only its context goes
+    ready, go = threading.Event(), threading.Event()
+
+    def worker():
+        t = cp.cuda.Stream(non_blocking=True)
+        kept.append(t)
+        out = cp.empty((m, n), cp.float32)
+        cygemm.gemm(A, B, out, math="fp32", stream=t)       # this thread now has handles
+        t.synchronize()
+        kept.append(out)
+        ready.set()
+        go.wait()
+
+    th = threading.Thread(target=worker)
+    th.start()
+    ready.wait()
+    cygemm.release_workspaces()     # an empty queue (but for graph destructors CUDA runs late)
+    pending0 = _core.pending_workspace_frees()
+    with s:
+        Y[...] = cp.nan
+    with cygemm.graph.capture(s) as graph:
+        forward_into(A, B, Y, bias, act="relu", math="fp32", stream=s)
+        go.set()
+        th.join()                   # its thread-local context is gone once join returns
+        gc.collect()
+        assert _core.pending_workspace_frees() >= pending0 + 2, "handles were destroyed mid-capture"
+        forward_into(A, B, Y, bias, act="relu", math="fp32", stream=s)
+    assert _core.pending_workspace_frees() <= pending0, "the queue is released once no capture is open"
+    graph.launch(s)
+    s.synchronize()
+    ref = np.maximum(f64(cp, A) @ f64(cp, B) + f64(cp, bias), 0)
+    assert rel_err(Y.get(), ref) < 1e-5
+
+
 # ------------------------------------------------------------------ several GPUs
 
 def _on(device, fn):
