@@ -363,13 +363,15 @@ def test_a_thread_ending_mid_capture_leaves_the_capture_valid():
         go.set()
         th.join()                   # its thread-local context is gone once join returns
         gc.collect()
-        assert _core.pending_workspace_frees() >= pending0 + 2, "handles were destroyed mid-capture"
+        pending_mid = _core.pending_workspace_frees()
         forward_into(A, B, Y, bias, act="relu", math="fp32", stream=s)
-    assert _core.pending_workspace_frees() <= pending0, "the queue is released once no capture is open"
+    pending_after = _core.pending_workspace_frees()
     graph.launch(s)
     s.synchronize()
     ref = np.maximum(f64(cp, A) @ f64(cp, B) + f64(cp, bias), 0)
     assert rel_err(Y.get(), ref) < 1e-5
+    assert pending_mid >= pending0 + 2, "the ended thread's handles were destroyed mid-capture"
+    assert pending_after <= pending0, "the queue is released once no capture is open"
 
 
 # ------------------------------------------------------------------ several GPUs
