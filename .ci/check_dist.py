@@ -12,9 +12,9 @@ import tarfile
 import tempfile
 import zipfile
 
-PXD = ["_core", "cublas", "cublaslt", "cudart", "kernels", "rowmajor"]
-PYX = ["_core", "rowmajor", "fused", "graph"]
-STUBS = ["_core", "rowmajor", "fused", "graph"]
+PXD = ["_core", "cublas", "cublaslt", "cudart", "kernels", "plans", "rowmajor"]
+PYX = ["_core", "plans", "rowmajor", "fused", "graph"]
+STUBS = ["_core", "plans", "rowmajor", "fused", "graph"]
 WHEEL_NEEDS = ([f"cygemm/{m}.pxd" for m in PXD] + [f"cygemm/{m}.pyi" for m in STUBS]
                + ["cygemm/__init__.py", "cygemm/_cuda_paths.py", "cygemm/gemm_ops.py", "cygemm/py.typed",
                   "cygemm/include/cygemm/kernels.h"])

@@ -12,11 +12,12 @@ except _cuda_paths.CudaNotFoundError as exc:
 from cygemm._core import (CygemmError, CudaError, CublasError, device_count, release_workspaces,
                           stream_pointer, versions)
 from cygemm.rowmajor import gemm, gemm_strided_batched
-from cygemm import gemm_ops, graph
+from cygemm.plans import load_tuning, save_tuning
+from cygemm import gemm_ops, graph, plans
 
 __version__ = "0.1.0"
 
-__all__ = ["gemm", "gemm_strided_batched", "gemm_ops", "graph", "CygemmError", "CudaError", "CublasError",
+__all__ = ["gemm", "gemm_strided_batched", "gemm_ops", "graph", "plans", "load_tuning", "save_tuning", "CygemmError", "CudaError", "CublasError",
            "device_count", "release_workspaces", "stream_pointer", "versions", "get_include",
            "gpu_unavailable_reason"]
 

@@ -2,7 +2,7 @@
 # views. Other Cython code cimports this; nothing here calls back into Python
 # on the hot path except to raise.
 from libc.stdint cimport int64_t
-from cygemm.cudart cimport cudaError_t, cudaStream_t, cudaDataType
+from cygemm.cudart cimport cudaError_t, cudaStream_t, cudaEvent_t, cudaDataType
 from cygemm.cublas cimport cublasHandle_t, cublasStatus_t
 from cygemm.cublaslt cimport cublasLtHandle_t
 
@@ -17,11 +17,18 @@ cdef int check_cublas(cublasStatus_t status, const char* call) except -1 nogil
 # that capture, owned by the captured graph (a CUDA user object: freed once the graph and
 # its executable graphs are gone), which the context only remembers for the capture's
 # later calls (work in a graph must not share memory with eager work).
+# side, fork, join: a second stream of the same entry and the events that fork work onto it
+# and join it back (the backward's concurrent branches); created on first use, destroyed
+# with the entry.
 ctypedef struct StreamWorkspace:
     cudaStream_t stream
     unsigned long long capture_id
     void* ptr
     unsigned long long last_use
+    cudaStream_t side
+    cudaEvent_t fork
+    cudaEvent_t join
+    bint forked         # between fork_side and join_side: never evicted then
 
 
 # One per (device, thread). Owned by a Python object in a thread-local dict;
@@ -51,6 +58,15 @@ cdef int bind_stream(GemmContext* ctx, cudaStream_t stream) except -1 nogil
 # The workspace of `stream`, or of the capture under way on it; allocated on first use
 # (cudaMalloc in relaxed capture mode, so an open capture survives).
 cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL nogil
+# Fork work from `stream` onto its side stream (which then waits for everything enqueued on
+# `stream` so far) and return the side stream; join_side makes `stream` wait for the side's
+# work. Capturable: during a capture the side stream joins it (the graph gets two branches)
+# and has its own capture workspace. The side stream belongs to the entry of `stream`.
+cdef int fork_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t* side) except -1 nogil
+cdef int join_side(GemmContext* ctx, cudaStream_t stream) except -1 nogil
+# Queue device memory to be freed once no capture is known to be open (cudaFree
+# synchronizes the device, which would invalidate captures other threads have open).
+cdef void defer_free(void* ptr) noexcept nogil
 
 
 # A strided (batch, rows, cols) device array; strides in elements. 2-D arrays

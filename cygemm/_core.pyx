@@ -5,6 +5,7 @@ import threading
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
 from libc.stdlib cimport realloc, free
+from libc.string cimport memset
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_acquire_lock,
                                PyThread_release_lock, WAIT_LOCK)
 
@@ -122,6 +123,7 @@ cdef class _Context:
         this context owns; forget those of captures (their graphs own them)."""
         cdef int i
         for i in range(self.ctx.n_workspaces):
+            _destroy_side(&self.ctx.workspaces[i])
             if self.ctx.workspaces[i].capture_id == 0:
                 if now:
                     _free_relaxed(self.ctx.workspaces[i].ptr)
@@ -449,13 +451,14 @@ cdef int _evict_lru(GemmContext* ctx, bint capture) except -1 nogil:
     stream may be gone: streams come and go); a capture's is only forgotten (its graph owns it)."""
     cdef int i, victim = -1
     for i in range(ctx.n_workspaces):
-        if (ctx.workspaces[i].capture_id != 0) == capture and (
+        if (ctx.workspaces[i].capture_id != 0) == capture and not ctx.workspaces[i].forked and (
                 victim < 0 or ctx.workspaces[i].last_use < ctx.workspaces[victim].last_use):
             victim = i
     if victim < 0:
         return 0
     if ctx.bound_workspace == ctx.workspaces[victim].ptr:
         ctx.bound = False
+    _destroy_side(&ctx.workspaces[victim])
     if not capture:
         _defer_free(ctx.workspaces[victim].ptr)      # freed by _drain_if_safe
     ctx.n_workspaces -= 1
@@ -482,7 +485,8 @@ cdef int _give_to_graph(void* ptr, cudaGraph_t graph) except -1 nogil:
     return 0
 
 
-cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL nogil:
+cdef int _entry(GemmContext* ctx, cudaStream_t stream) except -1 nogil:
+    """Index of the workspace entry of `stream` (or of the capture under way on it), made on first use."""
     cdef unsigned long long cid = 0
     cdef cudaGraph_t graph = NULL
     _capture_info(stream, &cid, &graph)
@@ -493,7 +497,7 @@ cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL n
     for i in range(ctx.n_workspaces):
         if ctx.workspaces[i].stream == stream and ctx.workspaces[i].capture_id == cid:
             ctx.workspaces[i].last_use = ctx.use_counter
-            return ctx.workspaces[i].ptr
+            return i
         eager += ctx.workspaces[i].capture_id == 0
     if cid == 0 and eager >= ctx.max_eager:
         _evict_lru(ctx, False)
@@ -516,12 +520,70 @@ cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL n
     check_cuda(err, "cudaMalloc(workspace)")
     if cid != 0:
         _give_to_graph(ptr, graph)
-    ctx.workspaces[ctx.n_workspaces].stream = stream
-    ctx.workspaces[ctx.n_workspaces].capture_id = cid
-    ctx.workspaces[ctx.n_workspaces].ptr = ptr
-    ctx.workspaces[ctx.n_workspaces].last_use = ctx.use_counter
+    i = ctx.n_workspaces
+    memset(&ctx.workspaces[i], 0, sizeof(StreamWorkspace))
+    ctx.workspaces[i].stream = stream
+    ctx.workspaces[i].capture_id = cid
+    ctx.workspaces[i].ptr = ptr
+    ctx.workspaces[i].last_use = ctx.use_counter
     ctx.n_workspaces += 1
-    return ptr
+    return i
+
+
+cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL nogil:
+    return ctx.workspaces[_entry(ctx, stream)].ptr
+
+
+cdef void _destroy_side(StreamWorkspace* w) noexcept nogil:
+    """Destroy an entry's side stream and events (neither call waits for the GPU: work
+    still queued there completes first)."""
+    cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
+    if w.side == NULL and w.fork == NULL and w.join == NULL:
+        return
+    cudaThreadExchangeStreamCaptureMode(&mode)
+    if w.side != NULL:
+        cudaStreamDestroy(w.side)
+    if w.fork != NULL:
+        cudaEventDestroy(w.fork)
+    if w.join != NULL:
+        cudaEventDestroy(w.join)
+    cudaThreadExchangeStreamCaptureMode(&mode)
+    w.side, w.fork, w.join = NULL, NULL, NULL
+
+
+cdef int fork_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t* side) except -1 nogil:
+    cdef StreamWorkspace* w = &ctx.workspaces[_entry(ctx, stream)]
+    cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
+    cdef cudaError_t err = cudaSuccess
+    if w.side == NULL:
+        # Creating streams and events is allowed while this thread captures, in relaxed mode.
+        cudaThreadExchangeStreamCaptureMode(&mode)
+        err = cudaStreamCreateWithFlags(&w.side, cudaStreamNonBlocking)
+        if err == cudaSuccess and w.fork == NULL:
+            err = cudaEventCreateWithFlags(&w.fork, cudaEventDisableTiming)
+        if err == cudaSuccess and w.join == NULL:
+            err = cudaEventCreateWithFlags(&w.join, cudaEventDisableTiming)
+        cudaThreadExchangeStreamCaptureMode(&mode)
+        if err != cudaSuccess:
+            _destroy_side(w)
+            check_cuda(err, "cudaStreamCreateWithFlags/cudaEventCreateWithFlags(side stream)")
+    check_cuda(cudaEventRecord(w.fork, stream), "cudaEventRecord(fork)")
+    check_cuda(cudaStreamWaitEvent(w.side, w.fork, 0), "cudaStreamWaitEvent(fork)")
+    w.forked = True
+    side[0] = w.side
+    return 0
+
+
+cdef int join_side(GemmContext* ctx, cudaStream_t stream) except -1 nogil:
+    cdef StreamWorkspace* w = &ctx.workspaces[_entry(ctx, stream)]
+    w.forked = False
+    check_cuda(cudaEventRecord(w.join, w.side), "cudaEventRecord(join)")
+    check_cuda(cudaStreamWaitEvent(stream, w.join, 0), "cudaStreamWaitEvent(join)")
+    return 0
+
+
+cdef void defer_free(void* ptr) noexcept nogil:
+    _defer_free(ptr)
 
 
 cdef int bind_stream(GemmContext* ctx, cudaStream_t stream) except -1 nogil:

@@ -96,6 +96,11 @@ cdef extern from "cublasLt.h" nogil:
         cublasLtMatmulPreference_t pref, int requestedAlgoCount,
         cublasLtMatmulHeuristicResult_t* results, int* returnAlgoCount)
 
+    cublasStatus_t cublasLtMatmulAlgoCheck(
+        cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
+        cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,
+        cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+        const cublasLtMatmulAlgo_t* algo, cublasLtMatmulHeuristicResult_t* result)
     cublasStatus_t cublasLtMatmul(
         cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
         const void* alpha, const void* A, cublasLtMatrixLayout_t Adesc,

@@ -30,6 +30,14 @@ cdef extern from "cuda_runtime_api.h" nogil:
         cudaMemoryTypeDevice
         cudaMemoryTypeManaged
 
+    cdef enum cudaDeviceAttr:   # a C enum, no typedef
+        cudaDevAttrL2CacheSize
+        cudaDevAttrComputeCapabilityMajor
+        cudaDevAttrComputeCapabilityMinor
+
+    cdef struct cudaDeviceProp:   # only the fields cygemm reads; the header has the rest
+        char name[256]
+
     cdef struct cudaPointerAttributes:   # a C struct, no typedef
         cudaMemoryType type
         int device
@@ -44,7 +52,10 @@ cdef extern from "cuda_runtime_api.h" nogil:
     cudaError_t cudaGetDeviceCount(int* count)
     cudaError_t cudaRuntimeGetVersion(int* version)
     cudaError_t cudaDriverGetVersion(int* version)
+    cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device)
+    cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device)
     cudaError_t cudaMalloc(void** ptr, size_t size)
+    cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream)
     cudaError_t cudaFree(void* ptr)
     cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr)
     cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device)
@@ -73,12 +84,18 @@ cdef extern from "cuda_runtime_api.h" nogil:
     cudaError_t cudaGraphDestroy(cudaGraph_t graph)
     cudaError_t cudaGraphGetNodes(cudaGraph_t graph, void** nodes, size_t* num_nodes)
     cudaError_t cudaEventCreate(cudaEvent_t* event)
+    cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags)
+    cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags)
+    cudaError_t cudaStreamDestroy(cudaStream_t stream)
+    cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags)
     cudaError_t cudaEventDestroy(cudaEvent_t event)
     cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
     cudaError_t cudaEventSynchronize(cudaEvent_t event)
     cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end)
 
     enum: cudaSuccess
+    enum: cudaEventDisableTiming
+    enum: cudaStreamNonBlocking
     enum: cudaEnableDefault
     enum: cudaErrorStreamCaptureUnsupported
     enum: cudaErrorNoDevice

@@ -1,6 +1,8 @@
 from typing import Any, Dict, Optional, Tuple
 
 ACTIVATIONS: Dict[str, int]
+FORWARD_ROUTES: Dict[str, str]
+BACKWARD_ROUTES: Dict[str, str]
 
 def parse_activation(act: str) -> int: ...
 def clear_plan_cache() -> None: ...

@@ -1,25 +1,26 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""A dense layer fused: Y = act(A @ B + bias) and its backward, through cuBLASLt
-epilogues where they apply and cygemm's kernels where they do not.
+"""A dense layer fused: Y = act(A @ B + bias) and its backward, each by one of several
+routes (tables below): cuBLASLt epilogues, a GEMM and cygemm's kernels, one stream or two.
+Large problems time the routes that apply once and keep the fastest (the plan layer's
+table, which tuning files save); small ones take a fixed rule.
 
 Under the row-major swap cuBLASLt computes D = Y^T (N x M, column-major), so its
 bias (length = rows of D = N) runs along the last axis of Y, as a layer wants.
 Epilogues need a column-major D, which is why Y must be row-major here.
 """
-import threading
-
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
-from libc.string cimport memcmp, memset
+from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.cudart cimport *
 from cygemm.cublas cimport *
 from cygemm.cublaslt cimport *
 from cygemm.kernels cimport *
-from cygemm._core cimport (GemmContext, MatrixView, check_cuda, check_cublas, current_context,
-                           stream_workspace, view_from_object, stream_from_object, stream_is_capturing,
-                           check_devices, check_no_overlap, dtype_name)
-from cygemm.rowmajor cimport (ColMajorGemm, gemm_colmajor, compute_type_for, map_or_raise, rowmajor_ld,
-                              is_rowmajor)
+from cygemm._core cimport (GemmContext, MatrixView, check_cuda, current_context, stream_workspace,
+                           view_from_object, stream_from_object, stream_is_capturing, check_devices,
+                           check_no_overlap, dtype_name, fork_side, join_side)
+from cygemm.plans cimport (ColMajorGemm, Plan, get_plan, plan_run, run_gemm, worth_tuning, time_choices,
+                           tuned_route, forced_route, remember_route, check_capture_alive)
+from cygemm.rowmajor cimport compute_type_for, map_or_raise, rowmajor_ld, is_rowmajor
+from cygemm.plans import clear_plan_cache, plan_cache_size
 
 ACTIVATIONS = {
     "none": CYGEMM_ACT_NONE, "identity": CYGEMM_ACT_NONE, "relu": CYGEMM_ACT_RELU,
@@ -43,304 +44,254 @@ cdef float _slope(object leaky_slope) except? -1:
     return <float>s
 
 
-# ---------------------------------------------------------------- cuBLASLt plans
+# ---------------------------------------------------------------- route tables
 
-ctypedef struct LtPlanData:
-    cublasLtMatmulDesc_t desc
-    cublasLtMatrixLayout_t la
-    cublasLtMatrixLayout_t lb
-    cublasLtMatrixLayout_t lc
-    cublasLtMatmulPreference_t pref
-    cublasLtMatmulAlgo_t algo
-    size_t workspace_needed
-    bint usable
-    bint capture_ok     # cleared if cuBLASLt refused this algorithm inside a capture
-    float tuned_ms      # autotuned time of the chosen algorithm (0: heuristic's first pick)
-
-
-cdef class LtPlan:
-    """Descriptors, layouts and the chosen algorithm of one cuBLASLt problem."""
-    cdef LtPlanData d
-
-    def __dealloc__(self):
-        if self.d.pref != NULL:
-            cublasLtMatmulPreferenceDestroy(self.d.pref)
-        if self.d.lc != NULL:
-            cublasLtMatrixLayoutDestroy(self.d.lc)
-        if self.d.lb != NULL:
-            cublasLtMatrixLayoutDestroy(self.d.lb)
-        if self.d.la != NULL:
-            cublasLtMatrixLayoutDestroy(self.d.la)
-        if self.d.desc != NULL:
-            cublasLtMatmulDescDestroy(self.d.desc)
-
-    @property
-    def usable(self):
-        return bool(self.d.usable)
-
-    @property
-    def tuned_ms(self):
-        return self.d.tuned_ms
-
-
-cdef object _tls = threading.local()
-
-
-cpdef dict _plans():
-    try:
-        return _tls.plans
-    except AttributeError:
-        _tls.plans = {}
-        return _tls.plans
-
-
-def clear_plan_cache():
-    """Drop this thread's cached cuBLASLt plans (they are rebuilt on the next call)."""
-    _plans().clear()
-    _tls.recent = _Recent()
-
-
-# The plan key as a C struct: a repeated call finds its plan among the last few by
-# memcmp, without building the dict key (measured ~0.5 us of the small-call cost).
-ctypedef struct PlanKey:
-    int device
-    int dtype
-    int compute
-    int epi
-    int opa
-    int opb
-    int64_t m
-    int64_t n
-    int64_t k
-    int64_t lda
-    int64_t ldb
-    int64_t ldc
-    int64_t aux_ld
-    uint32_t al_a
-    uint32_t al_b
-    uint32_t al_c
-    uint32_t al_bias
-    uint32_t al_aux
-    uint32_t al_ws
-    size_t ws_bytes
-
-cdef enum:
-    RECENT_PLANS = 16
-
-
-cdef class _Recent:
-    cdef PlanKey keys[RECENT_PLANS]
-    cdef list plans
-    cdef int next_slot
-
-    def __cinit__(self):
-        memset(self.keys, 0, sizeof(self.keys))
-        self.plans = [None] * RECENT_PLANS
-        self.next_slot = 0
-
-    cdef LtPlan find(self, const PlanKey* key):
-        cdef int i
-        for i in range(RECENT_PLANS):
-            if memcmp(&self.keys[i], key, sizeof(PlanKey)) == 0 and self.plans[i] is not None:
-                return self.plans[i]
-        return None
-
-    cdef void remember(self, const PlanKey* key, LtPlan plan):
-        self.keys[self.next_slot] = key[0]
-        self.plans[self.next_slot] = plan
-        self.next_slot = (self.next_slot + 1) % RECENT_PLANS
-
-
-cdef _Recent _recent():
-    try:
-        return _tls.recent
-    except AttributeError:
-        _tls.recent = _Recent()
-        return _tls.recent
-
-
-def plan_cache_size():
-    return len(_plans())
-
-
-cdef inline uint32_t _alignment(const void* p) noexcept nogil:
+cdef inline unsigned int _alignment(const void* p) noexcept nogil:
     cdef uintptr_t v = <uintptr_t>p
     if v == 0:
         return 256
     cdef uintptr_t a = v & (~v + 1)
-    return <uint32_t>(a if a < 256 else 256)
+    return <unsigned int>(a if a < 256 else 256)
 
 
-cdef int _set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const void* buf,
-                   size_t size) except -1 nogil:
-    return check_cublas(cublasLtMatmulDescSetAttribute(desc, attr, buf, size), "cublasLtMatmulDescSetAttribute")
-
-
-import os as _os
-# Problems of at least this many multiply-adds time the heuristic's candidates once.
-cdef double AUTOTUNE_MIN_MACS = float(_os.environ.get("CYGEMM_AUTOTUNE_MIN_MACS", 2.0 ** 32))
 cdef enum:
-    MAX_CANDIDATES = 8
+    ROUTE_REPS = 7          # timed rounds per route (median)
 
 
-cdef LtPlan _get_plan(GemmContext* ctx, cudaStream_t stream, ColMajorGemm* g, cudaDataType dtype,
-                      cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
-                      int64_t aux_ld, void* ws, size_t ws_bytes):
-    """The cached plan for this problem, made (heuristic query included) on a miss."""
-    cdef uint32_t al_a = _alignment(g.a), al_b = _alignment(g.b), al_c = _alignment(g.c)
-    # The key holds everything that changes the algorithm's validity, alignment
-    # included, so a plan chosen for aligned pointers never runs on unaligned ones.
-    cdef PlanKey k
-    memset(&k, 0, sizeof(k))            # padding too: keys are compared with memcmp
-    k.device, k.dtype, k.compute, k.epi, k.opa, k.opb = ctx.device, dtype, compute, epi, g.opa, g.opb
-    k.m, k.n, k.k, k.lda, k.ldb, k.ldc, k.aux_ld = g.m, g.n, g.k, g.lda, g.ldb, g.ldc, aux_ld
-    k.al_a, k.al_b, k.al_c, k.al_bias, k.al_aux = al_a, al_b, al_c, _alignment(bias), _alignment(aux)
-    # A refused call (e.g. a misaligned lt_workspace) marks its own plan, not the aligned one's.
-    k.al_ws = _alignment(ws)
-    k.ws_bytes = ws_bytes
-    cdef _Recent recent = _recent()
-    cdef LtPlan plan = recent.find(&k)
-    if plan is not None:
-        return plan
-    key = (k.device, k.dtype, k.compute, k.epi, k.opa, k.opb, k.m, k.n, k.k, k.lda, k.ldb, k.ldc,
-           k.aux_ld, k.al_a, k.al_b, k.al_c, k.al_bias, k.al_aux, k.al_ws, k.ws_bytes)
-    plans = _plans()
-    plan = plans.get(key)
-    if plan is not None:
-        recent.remember(&k, plan)
-        return plan
-    plan = LtPlan()
-    cdef LtPlanData* d = &plan.d
-    d.capture_ok = True
-    check_cublas(cublasLtMatmulDescCreate(&d.desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate")
-    cdef int32_t opa = g.opa, opb = g.opb
-    cdef uint32_t epi32 = epi
-    _set_desc(d.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa))
-    _set_desc(d.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb))
-    _set_desc(d.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi32, sizeof(epi32))
-    if bias != NULL:
-        _set_desc(d.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias))
-    if aux != NULL:
-        _set_desc(d.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux))
-        _set_desc(d.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld))
-    check_cublas(cublasLtMatrixLayoutCreate(&d.la, dtype, g.m if g.opa == CUBLAS_OP_N else g.k,
-                                            g.k if g.opa == CUBLAS_OP_N else g.m, g.lda),
-                 "cublasLtMatrixLayoutCreate(A)")
-    check_cublas(cublasLtMatrixLayoutCreate(&d.lb, dtype, g.k if g.opb == CUBLAS_OP_N else g.n,
-                                            g.n if g.opb == CUBLAS_OP_N else g.k, g.ldb),
-                 "cublasLtMatrixLayoutCreate(B)")
-    check_cublas(cublasLtMatrixLayoutCreate(&d.lc, dtype, g.m, g.n, g.ldc), "cublasLtMatrixLayoutCreate(D)")
-    check_cublas(cublasLtMatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate")
-    cdef uint64_t ws64 = ws_bytes
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                      &ws64, sizeof(ws64)), "cublasLtMatmulPreferenceSetAttribute")
-    for attr, al in ((CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, al_a),
-                     (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, al_b),
-                     (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, al_c),
-                     (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, al_c)):
-        _set_pref_u32(d.pref, attr, al)
-    cdef cublasLtMatmulHeuristicResult_t results[MAX_CANDIDATES]
-    cdef int found = 0
-    cdef bint capturing = stream_is_capturing(stream)
-    cdef cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.desc, d.la, d.lb, d.lc, d.lc, d.pref,
-                                                            MAX_CANDIDATES, results, &found)
-    d.usable = st == CUBLAS_STATUS_SUCCESS and found > 0 and results[0].state == CUBLAS_STATUS_SUCCESS
-    if d.usable:
-        d.algo = results[0].algo
-        d.workspace_needed = results[0].workspaceSize
-        if not capturing and found > 1 and <double>g.m * g.n * g.k >= AUTOTUNE_MIN_MACS:
-            # Timing waits for the GPU (tens of ms): other Python threads run meanwhile.
-            with nogil:
-                _autotune(ctx, stream, d, g, bias, aux, ws, ws_bytes, results, found)
-    elif capturing:
-        # Some CUDA versions refuse heuristics during capture: use the fallback
-        # now, but do not remember a verdict that may be the capture's fault.
-        return plan
-    plans[key] = plan
-    recent.remember(&k, plan)
-    return plan
+# The forward's routes, in the order the fixed rule for small problems prefers them.
+cdef enum ForwardRoute:
+    FWD_EPILOGUE = 0
+    FWD_GELU_AUX = 1
+    FWD_BIAS_EPILOGUE_KERNEL = 2
+    FWD_GEMM_KERNEL = 3
+    N_FORWARD_ROUTES = 4
+
+FORWARD_ROUTES = {
+    "epilogue": "one cuBLASLt call with the bias and activation in its epilogue (relu, gelu, none; "
+                "Z not saved)",
+    "gelu_aux": "one cuBLASLt call writing out and Z (GELU_AUX[_BIAS]: gelu with save_z; Z's ld a "
+                "multiple of 8, 16-byte aligned)",
+    "bias_epilogue_kernel": "cuBLASLt with the BIAS epilogue writes Z (or out), cygemm's kernel applies "
+                            "the activation",
+    "gemm_kernel": "a plain GEMM (the plan layer's choice) writes Z (or out), cygemm's kernel adds the "
+                   "bias and applies the activation; the fallback of every other route",
+}
+_FORWARD_NAMES = ("epilogue", "gelu_aux", "bias_epilogue_kernel", "gemm_kernel")
+
+# The backward's routes for its two GEMMs (the activation's backward kernel runs first).
+# The chained DRELU_BGRAD/DGELU_BGRAD epilogues are not among them: on the H200 they ran
+# 2.2-4.9x a plain GEMM, slower than a plain GEMM plus cygemm's kernel.
+cdef enum BackwardRoute:
+    BWD_SERIAL = 0
+    BWD_BRANCHES = 1
+
+BACKWARD_ROUTES = {
+    "serial": "gA = dZ @ B.T, then gB = A.T @ dZ, on the caller's stream",
+    "branches": "gB on a second stream forked from the caller's and joined back with events, gA on "
+                "the caller's: the two GEMMs overlap (a graph captured from it has two branches)",
+}
+_BACKWARD_NAMES = ("serial", "branches")
 
 
-cdef int _autotune(GemmContext* ctx, cudaStream_t stream, LtPlanData* d, const ColMajorGemm* g,
-                   const void* bias, void* aux, void* ws, size_t ws_bytes,
-                   cublasLtMatmulHeuristicResult_t* results, int found) except -1 nogil:
-    """Time the heuristic's candidates on the call's own buffers and keep the fastest.
+ctypedef struct ForwardCall:
+    GemmContext* ctx
+    cudaStream_t s
+    ColMajorGemm g_y            # A @ B into out
+    ColMajorGemm g_z            # A @ B into z_out (save_z)
+    cudaDataType dtype
+    cublasComputeType_t compute
+    const void* bias
+    void* y
+    int64_t y_ld
+    void* z
+    int64_t z_ld
+    int64_t M
+    int64_t N
+    int64_t K
+    cygemm_act_t code
+    float slope
+    bint save_z
+    void* ws
+    size_t ws_bytes
 
-    The heuristic's first pick is not always the fastest (measured: GELU epilogues at
-    8192x8192x1024). Runs once per plan of a large problem, never during capture, without
-    the GIL; it waits for the stream. CYGEMM_AUTOTUNE_MIN_MACS sets the size threshold.
-    A CUDA failure here keeps the heuristic's first pick: timing is an optimisation.
-    """
-    cdef cudaEvent_t start = NULL, end = NULL
-    cdef float alpha = 1.0, beta = 0.0, ms = 0.0, best = -1.0
-    cdef int i, r, best_i = 0
-    cdef cublasStatus_t st
-    d.algo = results[0].algo
-    if cudaEventCreate(&start) != cudaSuccess:
-        cudaGetLastError()
+
+cdef bint _fwd_applies(const ForwardCall* f, int route) noexcept nogil:
+    cdef bint kernel_work = f.save_z or f.code != CYGEMM_ACT_NONE
+    if route == FWD_EPILOGUE:
+        return f.K > 0 and not f.save_z and f.code in (CYGEMM_ACT_NONE, CYGEMM_ACT_RELU, CYGEMM_ACT_GELU)
+    if route == FWD_GELU_AUX:
+        # GELU's aux output is Z itself when its ld is a multiple of 8 (cuBLASLt's rule).
+        return (f.K > 0 and f.save_z and f.code == CYGEMM_ACT_GELU and f.z_ld % 8 == 0
+                and _alignment(f.z) >= 16)
+    if route == FWD_BIAS_EPILOGUE_KERNEL:
+        return f.K > 0 and f.bias != NULL and kernel_work
+    return True
+
+
+cdef int _fwd_default(const ForwardCall* f) noexcept nogil:
+    """The fixed rule (small problems, or a capture before any eager call): one launch where
+    an epilogue does it all; GELU_AUX only when small (on large problems it ran 1.54x a plain
+    GEMM on the H200 against 1.36x for BIAS + our kernel); else a BIAS epilogue + kernel."""
+    if _fwd_applies(f, FWD_EPILOGUE):
+        return FWD_EPILOGUE
+    if _fwd_applies(f, FWD_GELU_AUX) and not worth_tuning(<double>f.M * f.N * f.K):
+        return FWD_GELU_AUX
+    if _fwd_applies(f, FWD_BIAS_EPILOGUE_KERNEL):
+        return FWD_BIAS_EPILOGUE_KERNEL
+    return FWD_GEMM_KERNEL
+
+
+cdef int _lt_call(ForwardCall* f, ColMajorGemm* g, cublasLtEpilogue_t epi, const void* bias, void* aux,
+                  int64_t aux_ld) except -1:
+    """One cuBLASLt call by its plan: 0 done, 1 refused (nothing enqueued; the caller falls back)."""
+    cdef float alpha = 1.0, beta = 0.0
+    cdef Plan plan = get_plan(f.ctx, f.s, g, f.dtype, f.compute, epi, bias, aux, aux_ld, f.ws, f.ws_bytes)
+    if plan is None or not plan.d.usable:
+        return 1
+    if not plan.d.capture_ok and stream_is_capturing(f.s):
+        return 1
+    cdef int st
+    with nogil:
+        st = plan_run(f.ctx, f.s, &plan.d, g, bias, aux, f.ws, f.ws_bytes, &alpha, &beta)
+    if st == CUBLAS_STATUS_SUCCESS:
         return 0
-    if cudaEventCreate(&end) != cudaSuccess:
-        cudaGetLastError()
-        cudaEventDestroy(start)
-        return 0
-    for i in range(found):
-        if results[i].state != CUBLAS_STATUS_SUCCESS or results[i].workspaceSize > ws_bytes:
-            continue
-        d.algo = results[i].algo
-        st = _lt_run(ctx, stream, d, g, bias, aux, ws, ws_bytes, &alpha, &beta)   # warm-up
-        if st != CUBLAS_STATUS_SUCCESS:
-            continue
-        cudaEventRecord(start, stream)
-        for r in range(3):
-            st = _lt_run(ctx, stream, d, g, bias, aux, ws, ws_bytes, &alpha, &beta)
-        if cudaEventRecord(end, stream) != cudaSuccess or st != CUBLAS_STATUS_SUCCESS:
-            continue
-        if cudaEventSynchronize(end) != cudaSuccess or cudaEventElapsedTime(&ms, start, end) != cudaSuccess:
-            cudaGetLastError()
-            continue
-        if best < 0 or ms < best:
-            best, best_i = ms, i
-    if best >= 0:
-        d.algo = results[best_i].algo
-        d.workspace_needed = results[best_i].workspaceSize
-        d.tuned_ms = best / 3
+    # A refused call enqueues nothing. Inside a capture, remember that this algorithm
+    # does not capture; outside, that it does not run.
+    if stream_is_capturing(f.s):
+        check_capture_alive(f.s)
+        plan.d.capture_ok = False
     else:
-        d.algo = results[0].algo
-    cudaEventDestroy(start)
-    cudaEventDestroy(end)
+        plan.d.usable = False
+    return 1
+
+
+cdef int _fwd_run(ForwardCall* f, int route) except -1:
+    """Enqueue one route: 0 done, 1 its cuBLASLt call was refused (nothing enqueued)."""
+    cdef cublasLtEpilogue_t epi
+    cdef bint has_bias = f.bias != NULL
+    cdef ColMajorGemm* g = &f.g_z if f.save_z else &f.g_y
+    cdef void* target = f.z if f.save_z else f.y
+    cdef int64_t target_ld = f.z_ld if f.save_z else f.y_ld
+    if route == FWD_EPILOGUE:
+        if f.code == CYGEMM_ACT_RELU:
+            epi = CUBLASLT_EPILOGUE_RELU_BIAS if has_bias else CUBLASLT_EPILOGUE_RELU
+        elif f.code == CYGEMM_ACT_GELU:
+            epi = CUBLASLT_EPILOGUE_GELU_BIAS if has_bias else CUBLASLT_EPILOGUE_GELU
+        else:
+            epi = CUBLASLT_EPILOGUE_BIAS if has_bias else CUBLASLT_EPILOGUE_DEFAULT
+        return _lt_call(f, &f.g_y, epi, f.bias, NULL, 0)
+    if route == FWD_GELU_AUX:
+        epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS if has_bias else CUBLASLT_EPILOGUE_GELU_AUX
+        return _lt_call(f, &f.g_y, epi, f.bias, f.z, f.z_ld)
+    if route == FWD_BIAS_EPILOGUE_KERNEL:
+        if _lt_call(f, g, CUBLASLT_EPILOGUE_BIAS, f.bias, NULL, 0):
+            return 1
+        with nogil:
+            check_cuda(cygemm_bias_act_forward(f.dtype, f.M, f.N, target, target_ld, NULL,
+                                               f.y, f.y_ld, NULL, 0, f.code, f.slope, f.s),
+                       "cygemm_bias_act_forward")
+        return 0
+    # FWD_GEMM_KERNEL: always runs (the plan layer falls back to cublasGemmEx itself).
+    _gemm(f.ctx, f.s, g, f.dtype, f.compute, 0.0)
+    with nogil:
+        check_cuda(cygemm_bias_act_forward(f.dtype, f.M, f.N, target, target_ld, f.bias,
+                                           f.y, f.y_ld, f.z if f.save_z else NULL, f.z_ld,
+                                           f.code, f.slope, f.s),
+                   "cygemm_bias_act_forward")
     return 0
 
 
-cdef int _check_capture_alive(cudaStream_t stream) except -1:
-    cdef cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone
-    check_cuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing")
-    if status == cudaStreamCaptureStatusInvalidated:
-        raise RuntimeError("cublasLtMatmul invalidated the stream's capture; call forward_into once "
-                           "before capturing, or capture with mode='relaxed'")
+cdef int _fwd_enqueue(void* arg, int route) except -1:
+    return _fwd_run(<ForwardCall*>arg, route)
+
+
+cdef int _fwd_route(ForwardCall* f) except -1:
+    """The route for this call: the tuned one for a large problem (timed now if new and the
+    stream is not capturing), else the fixed rule."""
+    cdef int route
+    forced = forced_route("forward")
+    if forced is not None and forced in _FORWARD_NAMES:
+        route = _FORWARD_NAMES.index(forced)
+        return route if _fwd_applies(f, route) else _fwd_default(f)
+    if not worth_tuning(<double>f.M * f.N * f.K):
+        return _fwd_default(f)
+    g = &f.g_y
+    key = ("forward", <int>f.dtype, <int>f.compute, <int>f.code, f.bias != NULL, f.save_z, f.M, f.N, f.K,
+           <int>g.opa, <int>g.opb, g.lda, g.ldb, f.y_ld, f.z_ld, f.ws_bytes)
+    name = tuned_route(f.ctx.device, key)
+    if name is not None and name in _FORWARD_NAMES:
+        route = _FORWARD_NAMES.index(name)
+        return route if _fwd_applies(f, route) else _fwd_default(f)
+    if stream_is_capturing(f.s):
+        return _fwd_default(f)
+    cdef int choices[N_FORWARD_ROUTES]
+    cdef float ms[N_FORWARD_ROUTES]
+    cdef int n = 0, i, best = -1
+    for i in range(N_FORWARD_ROUTES):
+        if _fwd_applies(f, i):
+            choices[n] = i
+            n += 1
+    time_choices(f.ctx, f.s, _fwd_enqueue, f, choices, n, ROUTE_REPS, ms)
+    for i in range(n):
+        if ms[i] >= 0 and (best < 0 or ms[i] < ms[best]):
+            best = i
+    if best < 0:
+        return _fwd_default(f)
+    remember_route(f.ctx.device, key, _FORWARD_NAMES[choices[best]],
+                   {_FORWARD_NAMES[choices[i]]: ms[i] for i in range(n)})
+    return choices[best]
+
+
+ctypedef struct BackwardCall:
+    GemmContext* ctx
+    cudaStream_t s
+    ColMajorGemm g_a
+    ColMajorGemm g_b
+    cudaDataType dtype
+    cublasComputeType_t compute
+    float beta
+
+
+cdef int _bwd_run(BackwardCall* b, int route) except -1:
+    if route == BWD_SERIAL:
+        _gemm(b.ctx, b.s, &b.g_a, b.dtype, b.compute, b.beta)
+        _gemm(b.ctx, b.s, &b.g_b, b.dtype, b.compute, b.beta)
+        return 0
+    cdef cudaStream_t side
+    fork_side(b.ctx, b.s, &side)
+    try:
+        _gemm(b.ctx, side, &b.g_b, b.dtype, b.compute, b.beta)
+        _gemm(b.ctx, b.s, &b.g_a, b.dtype, b.compute, b.beta)
+    finally:
+        join_side(b.ctx, b.s)
     return 0
 
 
-cdef int _set_pref_u32(cublasLtMatmulPreference_t pref, int attr, uint32_t value) except -1:
-    return check_cublas(cublasLtMatmulPreferenceSetAttribute(
-        pref, <cublasLtMatmulPreferenceAttributes_t>attr, &value, sizeof(value)),
-        "cublasLtMatmulPreferenceSetAttribute")
+cdef int _bwd_enqueue(void* arg, int route) except -1:
+    return _bwd_run(<BackwardCall*>arg, route)
 
 
-cdef cublasStatus_t _lt_run(GemmContext* ctx, cudaStream_t stream, LtPlanData* d, const ColMajorGemm* g,
-                            const void* bias, void* aux, void* ws, size_t ws_bytes,
-                            const float* alpha, const float* beta) noexcept nogil:
-    # Pointers change between calls that share a plan; setting them is a host-side copy.
-    cdef cublasStatus_t st
-    if bias != NULL:
-        st = cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias))
-        if st != CUBLAS_STATUS_SUCCESS:
-            return st
-    if aux != NULL:
-        st = cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux))
-        if st != CUBLAS_STATUS_SUCCESS:
-            return st
-    return cublasLtMatmul(ctx.lt, d.desc, alpha, g.a, d.la, g.b, d.lb, beta, g.c, d.lc, g.c, d.lc,
-                          &d.algo, ws, ws_bytes, stream)
+cdef int _bwd_route(BackwardCall* b, bint accumulate, int64_t M, int64_t N, int64_t K) except -1:
+    """Serial or branches: timed once per problem (every size: the branches pay where one GEMM
+    leaves the GPU idle, i.e. on small ones), outside capture, on a call that does not
+    accumulate (timing runs write the gradients); else serial until timed."""
+    forced = forced_route("backward")
+    if forced is not None and forced in _BACKWARD_NAMES:
+        return _BACKWARD_NAMES.index(forced)
+    key = ("backward", <int>b.dtype, <int>b.compute, M, N, K, <int>b.g_a.opa, <int>b.g_a.opb, b.g_a.lda,
+           b.g_a.ldb, b.g_a.ldc, <int>b.g_b.opa, <int>b.g_b.opb, b.g_b.lda, b.g_b.ldb, b.g_b.ldc)
+    name = tuned_route(b.ctx.device, key)
+    if name is not None and name in _BACKWARD_NAMES:
+        return _BACKWARD_NAMES.index(name)
+    if accumulate or stream_is_capturing(b.s):
+        return BWD_SERIAL
+    cdef int choices[2]
+    cdef float ms[2]
+    choices[0], choices[1] = BWD_SERIAL, BWD_BRANCHES
+    time_choices(b.ctx, b.s, _bwd_enqueue, b, choices, 2, ROUTE_REPS, ms)
+    cdef int best = BWD_SERIAL if ms[1] < 0 or (0 <= ms[0] <= ms[1]) else BWD_BRANCHES
+    remember_route(b.ctx.device, key, _BACKWARD_NAMES[best], {"serial": ms[0], "branches": ms[1]})
+    return best
 
 
 # ---------------------------------------------------------------- validation helpers
@@ -415,7 +366,7 @@ cdef int _gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cud
                cublasComputeType_t compute, float beta) except -1:
     cdef float alpha = 1.0
     with nogil:
-        gemm_colmajor(ctx, stream, g, dtype, compute, &alpha, &beta)
+        run_gemm(ctx, stream, g, dtype, compute, &alpha, &beta)
     return 0
 
 
@@ -472,78 +423,23 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
     cdef void* ws
     cdef size_t ws_bytes
     _workspace(lt_workspace, &ws, &ws_bytes, ctx, s)
-    cdef const void* bias_ptr = bv.ptr if use_bias else NULL
-    cdef void* z_ptr = z.ptr if save_z else NULL
     # Leading dimensions as the mapping reads them (a single row's stride may be 0 or 1).
     cdef int64_t y_ld = rowmajor_ld(&y)
     cdef int64_t z_ld = rowmajor_ld(&z) if save_z else 0
 
-    # Route: an epilogue does the whole layer when it can; else a bias epilogue
-    # (or none) writes Z and one kernel applies the activation.
-    cdef cublasLtEpilogue_t epi
-    cdef void* aux = NULL
-    cdef int64_t aux_ld = 0
-    cdef bint post_kernel = False
-    cdef void* target = y.ptr
-    cdef int64_t target_ld = y_ld
-    if not save_z and code in (CYGEMM_ACT_NONE, CYGEMM_ACT_RELU, CYGEMM_ACT_GELU):
-        if code == CYGEMM_ACT_RELU:
-            epi = CUBLASLT_EPILOGUE_RELU_BIAS if use_bias else CUBLASLT_EPILOGUE_RELU
-        elif code == CYGEMM_ACT_GELU:
-            epi = CUBLASLT_EPILOGUE_GELU_BIAS if use_bias else CUBLASLT_EPILOGUE_GELU
-        else:
-            epi = CUBLASLT_EPILOGUE_BIAS if use_bias else CUBLASLT_EPILOGUE_DEFAULT
-    elif (save_z and code == CYGEMM_ACT_GELU and z_ld % 8 == 0 and _alignment(z_ptr) >= 16
-          and <double>M * N * K < AUTOTUNE_MIN_MACS):
-        # GELU's aux output is Z itself (ld a multiple of 8): one GEMM writes both,
-        # one launch. On large problems the GELU_AUX kernels ran slower on the H200
-        # (1.54x a plain GEMM at 8192x8192x1024) than BIAS + our kernel (1.36x).
-        epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS if use_bias else CUBLASLT_EPILOGUE_GELU_AUX
-        aux, aux_ld = z_ptr, z_ld
-    else:
-        # RELU's aux is a bit-mask, not Z, and other activations have no epilogue.
-        epi = CUBLASLT_EPILOGUE_BIAS if use_bias else CUBLASLT_EPILOGUE_DEFAULT
-        post_kernel = True
-        if save_z:
-            g = gz
-            target, target_ld = z.ptr, z_ld
-    cdef float alpha = 1.0, beta = 0.0
-    cdef LtPlan plan = None
-    cdef cublasStatus_t st = CUBLAS_STATUS_NOT_SUPPORTED
-    if K > 0:
-        plan = _get_plan(ctx, s, &g, a.dtype, compute, epi, bias_ptr, aux, aux_ld, ws, ws_bytes)
-    cdef bint capturing = False
-    if plan is not None and plan.d.usable:
-        capturing = not plan.d.capture_ok and stream_is_capturing(s)
-    if plan is not None and plan.d.usable and not capturing:
-        with nogil:
-            st = _lt_run(ctx, s, &plan.d, &g, bias_ptr, aux, ws, ws_bytes, &alpha, &beta)
-        if st != CUBLAS_STATUS_SUCCESS:
-            # A refused call enqueues nothing: take the fallback below. Inside a
-            # capture, remember that this algorithm does not capture.
-            if stream_is_capturing(s):
-                _check_capture_alive(s)
-                plan.d.capture_ok = False
-            else:
-                plan.d.usable = False
-    if st == CUBLAS_STATUS_SUCCESS:
-        if post_kernel:
-            with nogil:
-                check_cuda(cygemm_bias_act_forward(a.dtype, M, N, target, target_ld, NULL,
-                                                   y.ptr, y_ld, NULL, 0, code, slope, s),
-                           "cygemm_bias_act_forward")
-        return out
-    # Fallback, always correct: plain cuBLAS GEMM into Z (or Y), then bias + activation.
+    cdef ForwardCall f
+    f.ctx, f.s, f.g_y, f.dtype, f.compute = ctx, s, g, a.dtype, compute
     if save_z:
-        g = gz
-        target, target_ld = z.ptr, z_ld
-    else:
-        target, target_ld = y.ptr, y_ld
-    _gemm(ctx, s, &g, a.dtype, compute, 0.0)
-    with nogil:
-        check_cuda(cygemm_bias_act_forward(a.dtype, M, N, target, target_ld, bias_ptr,
-                                           y.ptr, y_ld, z_ptr, z_ld, code, slope, s),
-                   "cygemm_bias_act_forward")
+        f.g_z = gz
+    f.bias = bv.ptr if use_bias else NULL
+    f.y, f.y_ld = y.ptr, y_ld
+    f.z, f.z_ld = NULL, 0
+    if save_z:
+        f.z, f.z_ld = z.ptr, z_ld
+    f.M, f.N, f.K, f.code, f.slope, f.save_z = M, N, K, code, slope, save_z
+    f.ws, f.ws_bytes = ws, ws_bytes
+    if _fwd_run(&f, _fwd_route(&f)) != 0:
+        _fwd_run(&f, FWD_GEMM_KERNEL)       # always correct
     return out
 
 
@@ -651,8 +547,14 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
                                            gbias.ptr if want_gbias else NULL, beta, scratch, code, slope,
                                            from_output, s),
                        "cygemm_act_backward")
-    if want_ga and M > 0 and K > 0:
+    cdef bint run_ga = want_ga and M > 0 and K > 0, run_gb = want_gb and K > 0 and N > 0
+    cdef BackwardCall bc
+    bc.ctx, bc.s, bc.dtype, bc.compute, bc.beta = ctx, s, a.dtype, compute, beta
+    if run_ga and run_gb:
+        bc.g_a, bc.g_b = g_a, g_b
+        _bwd_run(&bc, _bwd_route(&bc, accumulate, M, N, K))
+    elif run_ga:
         _gemm(ctx, s, &g_a, a.dtype, compute, beta)
-    if want_gb and K > 0 and N > 0:
+    elif run_gb:
         _gemm(ctx, s, &g_b, a.dtype, compute, beta)
     return (gA_out, gB_out, gBias_out)

@@ -3,26 +3,7 @@ from libc.stdint cimport int64_t
 from cygemm.cudart cimport cudaStream_t, cudaDataType
 from cygemm.cublas cimport cublasOperation_t, cublasComputeType_t
 from cygemm._core cimport GemmContext, MatrixView
-
-
-# The arguments of one column-major cuBLAS call: D(m x n) = op(a) @ op(b).
-ctypedef struct ColMajorGemm:
-    cublasOperation_t opa
-    cublasOperation_t opb
-    int64_t m
-    int64_t n
-    int64_t k
-    const void* a
-    int64_t lda
-    int64_t stride_a
-    const void* b
-    int64_t ldb
-    int64_t stride_b
-    void* c
-    int64_t ldc
-    int64_t stride_c
-    int64_t batch
-    bint strided_batched
+from cygemm.plans cimport ColMajorGemm
 
 
 cdef enum MapResult:
@@ -50,12 +31,9 @@ cdef int map_or_raise(const MatrixView* a, const MatrixView* b, const MatrixView
 # (exact for any batch stride: interleaved batches, e.g. heads of one (S, H*D) buffer, pass).
 cdef int check_batch_disjoint(const ColMajorGemm* g, str name) except -1
 
-cdef int gemm_colmajor(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
-                       cudaDataType dtype, cublasComputeType_t compute,
-                       const float* alpha, const float* beta) except -1 nogil
-
 # cimport API. Row-major (C-order) matrices given by pointer and leading
-# dimension (elements between rows): C(m x n) = alpha op(A) op(B) + beta C,
+# dimension (elements between rows): C(m x n) = alpha op(A) op(B) + beta C, through the plan
+# layer (large problems run the fastest of cuBLASLt's candidates and cublasGemmEx, timed once),
 # op(A) m x k, op(B) k x n. The caller guarantees valid, device-resident
 # pointers of `dtype` and lda/ldb/ldc >= the stored row length.
 cdef int gemm_rowmajor(GemmContext* ctx, cudaStream_t stream,

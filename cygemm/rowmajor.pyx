@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Row-major GEMM and strided-batched GemmEx over cuBLAS, by operand swap: no copies."""
+"""Row-major GEMM and strided-batched GEMM by operand swap (no copies): the one mapping from
+array views to cuBLAS arguments, and the gemm/gemm_strided_batched surface over the plan layer."""
 from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.cudart cimport cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF
@@ -7,6 +8,7 @@ from cygemm.cublas cimport *
 from cygemm._core cimport (GemmContext, MatrixView, check_cublas, current_context, bind_stream,
                            view_from_object, stream_from_object, check_devices,
                            check_no_overlap, stream_is_capturing, dtype_name, empty_array)
+from cygemm.plans cimport ColMajorGemm, run_gemm
 
 cdef int64_t INT32_MAX = 2147483647
 
@@ -125,37 +127,6 @@ cdef int check_batch_disjoint(const ColMajorGemm* g, str name) except -1:
 
 # ------------------------------------------------------------ the C API
 
-cdef int gemm_colmajor(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
-                       cudaDataType dtype, cublasComputeType_t compute,
-                       const float* alpha, const float* beta) except -1 nogil:
-    bind_stream(ctx, stream)
-    # Past 2**31 - 1 in any size or leading dimension take cuBLAS's 64-bit API;
-    # below it the 32-bit one, whose kernels and heuristics are the tuned ones.
-    cdef bint wide = (g.m > INT32_MAX or g.n > INT32_MAX or g.k > INT32_MAX or g.lda > INT32_MAX
-                      or g.ldb > INT32_MAX or g.ldc > INT32_MAX or g.batch > INT32_MAX)
-    if g.strided_batched and wide:
-        return check_cublas(cublasGemmStridedBatchedEx_64(
-            ctx.blas, g.opa, g.opb, g.m, g.n, g.k, alpha,
-            g.a, dtype, g.lda, g.stride_a, g.b, dtype, g.ldb, g.stride_b,
-            beta, g.c, dtype, g.ldc, g.stride_c, g.batch,
-            compute, CUBLAS_GEMM_DEFAULT), "cublasGemmStridedBatchedEx_64")
-    if g.strided_batched:
-        return check_cublas(cublasGemmStridedBatchedEx(
-            ctx.blas, g.opa, g.opb, <int>g.m, <int>g.n, <int>g.k, alpha,
-            g.a, dtype, <int>g.lda, g.stride_a, g.b, dtype, <int>g.ldb, g.stride_b,
-            beta, g.c, dtype, <int>g.ldc, g.stride_c, <int>g.batch,
-            compute, CUBLAS_GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
-    if wide:
-        return check_cublas(cublasGemmEx_64(
-            ctx.blas, g.opa, g.opb, g.m, g.n, g.k, alpha,
-            g.a, dtype, g.lda, g.b, dtype, g.ldb,
-            beta, g.c, dtype, g.ldc, compute, CUBLAS_GEMM_DEFAULT), "cublasGemmEx_64")
-    return check_cublas(cublasGemmEx(
-        ctx.blas, g.opa, g.opb, <int>g.m, <int>g.n, <int>g.k, alpha,
-        g.a, dtype, <int>g.lda, g.b, dtype, <int>g.ldb,
-        beta, g.c, dtype, <int>g.ldc, compute, CUBLAS_GEMM_DEFAULT), "cublasGemmEx")
-
-
 cdef inline void _rowmajor_view(MatrixView* v, const void* ptr, int64_t rows, int64_t cols,
                                 int64_t ld, int64_t stride, int64_t batch) noexcept nogil:
     v.ptr = <char*>ptr
@@ -178,7 +149,7 @@ cdef int gemm_rowmajor_strided_batched(GemmContext* ctx, cudaStream_t stream,
     _rowmajor_view(&c, C, m, n, ldc, stride_c, batch)
     map_rowmajor_gemm(&a, &b, &c, trans_a, trans_b, &g)   # row-major views always map
     g.strided_batched = True
-    return gemm_colmajor(ctx, stream, &g, dtype, compute, &alpha, &beta)
+    return run_gemm(ctx, stream, &g, dtype, compute, &alpha, &beta)
 
 
 cdef int gemm_rowmajor(GemmContext* ctx, cudaStream_t stream,
@@ -194,7 +165,7 @@ cdef int gemm_rowmajor(GemmContext* ctx, cudaStream_t stream,
     _rowmajor_view(&c, C, m, n, ldc, 0, 1)
     map_rowmajor_gemm(&a, &b, &c, trans_a, trans_b, &g)
     g.strided_batched = False
-    return gemm_colmajor(ctx, stream, &g, dtype, compute, &alpha, &beta)
+    return run_gemm(ctx, stream, &g, dtype, compute, &alpha, &beta)
 
 
 cdef cublasComputeType_t compute_type_for(cudaDataType dtype, str math) except *:
@@ -288,7 +259,7 @@ cdef object _run(object A, object B, object out, bint trans_a, bint trans_b, obj
     if g.m == 0 or g.n == 0 or g.batch == 0:
         return out
     with nogil:
-        gemm_colmajor(ctx, s, &g, c.dtype, compute, &alpha_f, &beta_f)
+        run_gemm(ctx, s, &g, c.dtype, compute, &alpha_f, &beta_f)
     return out
 
 

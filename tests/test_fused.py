@@ -276,7 +276,7 @@ def test_large_problem_paths_autotune_and_gelu_route_in_a_subprocess():
     code = textwrap.dedent("""
         import numpy as np, cupy as cp
         from cygemm.gemm_ops import forward_into
-        from cygemm import fused
+        from cygemm import plans
         rng = np.random.default_rng()
         M, K, N = 96, 64, 80
         a, b, bias = (rng.standard_normal(s).astype(np.float32) for s in ((M, K), (K, N), (N,)))
@@ -288,7 +288,7 @@ def test_large_problem_paths_autotune_and_gelu_route_in_a_subprocess():
             ez = np.linalg.norm(Z.get() - z) / np.linalg.norm(z)
             assert ez < 1e-5, (act, ez)
             assert not np.isnan(Y.get()).any(), act
-        tuned = [p.tuned_ms for p in fused._plans().values()]
+        tuned = [p.tuned_ms for p in plans.thread_plans().values()]
         assert tuned and any(t > 0 for t in tuned), tuned
         print("OK", len(tuned))
     """)
@@ -308,8 +308,8 @@ def test_forward_k_zero_is_act_of_bias(act):
 
 
 def test_plan_cache_reuses_plans_across_alternating_layers_and_clears():
-    from cygemm import fused
-    fused.clear_plan_cache()
+    from cygemm import plans
+    plans.clear_plan_cache()
     layers = [(rand(cp, (32, 48)), rand(cp, (48, 40)), rand(cp, (40,)), cp.empty((32, 40), cp.float32)),
               (rand(cp, (32, 40)), rand(cp, (40, 24)), rand(cp, (24,)), cp.empty((32, 24), cp.float32)),
               (rand(cp, (32, 24)), rand(cp, (24, 8)), rand(cp, (8,)), cp.empty((32, 8), cp.float32))]
@@ -319,6 +319,6 @@ def test_plan_cache_reuses_plans_across_alternating_layers_and_clears():
             forward_into(A, B, Y, b, act="relu", math="fp32")
             ref = np.maximum(f64(cp, A) @ f64(cp, B) + f64(cp, b), 0)
             assert rel_err(Y.get(), ref) < 1e-5
-    assert fused.plan_cache_size() == 3
-    fused.clear_plan_cache()
-    assert fused.plan_cache_size() == 0
+    assert plans.plan_cache_size() == 3
+    plans.clear_plan_cache()
+    assert plans.plan_cache_size() == 0

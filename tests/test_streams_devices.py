@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import cygemm
-from cygemm import _core, fused, gemm_ops
+from cygemm import _core, fused, gemm_ops, plans
 from cygemm.gemm_ops import backward_into, forward_into
 from gpu_util import f64, poisoned, rand, rel_err
 
@@ -165,14 +165,14 @@ def test_forward_and_backward_take_a_transposed_weight():
 # ------------------------------------------------------------------ item 6: autotuning releases the GIL
 
 def test_first_large_call_autotunes_without_holding_the_gil():
-    # 1.1e12 multiply-adds in strict fp32: each candidate's four timed runs take ~0.2 s, which
-    # the old code waited for with the GIL held (the issue saw another thread stall 47.5 ms).
-    M = N = 16384
+    # 2.7e11 multiply-adds in strict fp32: each timed run takes ~10 ms, which the old code
+    # waited for with the GIL held (the issue saw another thread stall 47.5 ms).
+    M = N = 8192
     K = 4096
     A, B, Y = rand(cp, (M, K)), rand(cp, (K, N)), cp.empty((M, N), cp.float32)
     s = cp.cuda.Stream(non_blocking=True)
     cp.cuda.Device().synchronize()
-    fused.clear_plan_cache()
+    plans.clear_plan_cache()
     gaps, stop = [], threading.Event()
 
     def ticker():
@@ -193,7 +193,7 @@ def test_first_large_call_autotunes_without_holding_the_gil():
     took = time.perf_counter() - start
     stop.set()
     t.join()
-    tuned = [p.tuned_ms for p in fused._plans().values()]
+    tuned = [p.tuned_ms for p in plans.thread_plans().values()]
     assert any(ms > 0 for ms in tuned), "the call did not autotune"
     assert took > 0.02, took                                 # long enough for the check to mean something
     assert max(gaps) < 0.02, f"another thread waited {max(gaps) * 1e3:.1f} ms during a {took * 1e3:.0f} ms call"
@@ -242,12 +242,12 @@ def test_misaligned_lt_workspace_leaves_the_aligned_plan_usable():
     M, K, N = 256, 128, 192
     A, B, bias = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (N,))
     store = cp.empty((4 << 20) + 512, cp.uint8)
-    fused.clear_plan_cache()
+    plans.clear_plan_cache()
     for ws in (store[1:1 + (4 << 20)], store[:4 << 20]):     # misaligned by one byte, then aligned
         Y = poisoned(cp, (M, N))
         forward_into(A, B, Y, bias, act="relu", lt_workspace=ws, math="fp32")
         assert rel_err(Y.get(), np.maximum(f64(cp, A) @ f64(cp, B) + f64(cp, bias), 0)) < 1e-5
-    aligned = [p for key, p in fused._plans().items() if key[-2] == 256]
+    aligned = [p for key, p in plans.thread_plans().items() if key[-2] == 256]
     assert aligned and all(p.usable for p in aligned)
 
 
