@@ -31,7 +31,7 @@ import contenders as C  # noqa: E402
 from common import L2_BYTES, build_floor, clocks, environment, gpu_ms, host_us, run_floor  # noqa: E402
 from mlp import MLP  # noqa: E402
 
-SECTIONS = ["host", "ceilings", "square", "shapes", "transposes", "batched", "fused", "graph"]
+SECTIONS = ["host", "ceilings", "square", "shapes", "transposes", "batched", "fused", "mlp", "graph"]
 
 
 class Recorder:
@@ -342,6 +342,64 @@ def fused_section(R, s, floor):
     cp.get_default_memory_pool().free_all_blocks()
 
 
+def mlp_section(R, s, floor):
+    """A two-layer MLP's forward and backward (six GEMMs) against the same six GEMMs run plain
+    and against torch autograd, in one interleaved run."""
+    M, D = (2048, 512) if R.quick else (8192, 1024)
+    X, W1, W2, gY2 = (C.operand(sh, "tf32", 40 + i) for i, sh in enumerate(((M, D), (D, D), (D, D), (M, D))))
+    b1, b2 = C.operand((D,), "tf32", 44), C.operand((D,), "tf32", 45)
+    Y1, Z1, Y2, Z2, gY1, gX, dZ1, dZ2, T = (cp.empty((M, D), cp.float32) for _ in range(9))
+    gW1, gW2 = cp.empty((D, D), cp.float32), cp.empty((D, D), cp.float32)
+    gb1, gb2 = cp.empty(D, cp.float32), cp.empty(D, cp.float32)
+    flop = 6 * 2.0 * M * D * D
+    for act in ("relu", "gelu"):
+        case = f"2-layer MLP fwd+bwd {M}x{D}-{D}-{D} tf32 {act}"
+        R.progress(case)
+        save = act != "relu"        # relu's derivative is read from the output
+
+        def ours():
+            forward_into(X, W1, Y1, b1, act=act, save_z=save, z_out=Z1 if save else None, stream=s)
+            forward_into(Y1, W2, Y2, b2, act=act, save_z=save, z_out=Z2 if save else None, stream=s)
+            backward_into(Y1, W2, gY2, Z2 if save else None, y=None if save else Y2, act=act, gA_out=gY1,
+                          gB_out=gW2, gBias_out=gb2, work_dZ=dZ2, stream=s)
+            backward_into(X, W1, gY1, Z1 if save else None, y=None if save else Y1, act=act, gA_out=gX,
+                          gB_out=gW1, gBias_out=gb1, work_dZ=dZ1, stream=s)
+
+        def plain():
+            cygemm.gemm(X, W1, Y1, stream=s)
+            cygemm.gemm(Y1, W2, Y2, stream=s)
+            cygemm.gemm(gY2, W2, gY1, trans_b=True, stream=s)
+            cygemm.gemm(Y1, gY2, gW2, trans_a=True, stream=s)
+            cygemm.gemm(gY1, W1, gX, trans_b=True, stream=s)
+            cygemm.gemm(X, gY1, gW1, trans_a=True, stream=s)
+        cs = {"cygemm forward_into + backward_into": ours, "six plain GEMMs (cygemm.gemm)": plain}
+        if C.torch is not None:
+            cs["torch autograd"] = torch_mlp2(X, W1, b1, W2, b2, gY2, act, s)
+        else:
+            cs["torch autograd"] = C.Skip(C.IMPORT_ERRORS.get("torch"))
+        R.measure(case, cs, s, flop, 1)
+    del X, W1, W2, gY2, Y1, Z1, Y2, Z2, gY1, gX, dZ1, dZ2, T
+
+
+def torch_mlp2(X, W1, b1, W2, b2, gY2, act, s):
+    """F.linear + activation twice and its backward by autograd (input gradient included)."""
+    torch = C.torch
+    F = torch.nn.functional
+    f = {"relu": F.relu, "gelu": lambda x: F.gelu(x, approximate="tanh")}[act]
+    tX = C.as_torch(X).clone().requires_grad_(True)
+    params = [C.as_torch(w).T.contiguous().requires_grad_(True) for w in (W1, W2)]
+    biases = [C.as_torch(b).clone().requires_grad_(True) for b in (b1, b2)]
+    tg = C.as_torch(gY2)
+    ts = torch.cuda.ExternalStream(s.ptr)
+
+    def fn():
+        torch.backends.cuda.matmul.allow_tf32 = True
+        with torch.cuda.stream(ts):
+            out = f(F.linear(f(F.linear(tX, params[0], biases[0])), params[1], biases[1]))
+            torch.autograd.grad(out, (tX, *params, *biases), tg)
+    return fn
+
+
 def cupy_act(z, act):
     if act == "relu":
         return cp.maximum(z, 0)
@@ -415,33 +473,35 @@ def graph_section(R, s, floor):
 
     # A training step is host-bound when eager: its time is wall time per step over
     # back-to-back steps with one sync at the end, for every contender alike.
-    case = "MLP step 64-256-256-10 b64, wall us/step"
-    R.progress(case)
-    mlp = MLP()
-    mlp.x[...] = C.operand((64, 64), "tf32", 8)
-    mlp.target[...] = C.operand((64, 10), "tf32", 9)
     steps = 100 if R.quick else 500
 
     def wall(fn):
         vals = [host_us(fn, s.synchronize, calls=steps, reps=1, warmup=20) for _ in range(5)]
         return statistics.median(vals), min(vals), max(vals)
-    R.add(case, "cygemm eager", "step_us", *wall(lambda: mlp.step(s)))
-    mlp.step(s)
-    s.synchronize()
-    with cygemm.graph.capture(s) as g2:
+    for sizes, batch in (((64, 256, 256, 10), 64), ((784, 1024, 1024, 10), 256)):
+        case = f"MLP step {'-'.join(map(str, sizes))} b{batch}, wall us/step"
+        R.progress(case)
+        mlp = MLP(sizes=sizes, batch=batch)
+        mlp.x[...] = C.operand((batch, sizes[0]), "tf32", 8)
+        mlp.target[...] = C.operand((batch, sizes[-1]), "tf32", 9)
+        R.add(case, "cygemm eager", "step_us", *wall(lambda: mlp.step(s)))
         mlp.step(s)
-    R.add(case, "cygemm CUDA graph", "step_us", *wall(lambda: g2.launch(s)))
-    cupy_step = cupy_mlp_step(mlp)
+        s.synchronize()
+        with cygemm.graph.capture(s) as g2:
+            mlp.step(s)
+        R.add(case, "cygemm CUDA graph", "step_us", *wall(lambda: g2.launch(s)))
+        cupy_step = cupy_mlp_step(mlp)
 
-    def cupy_on_s():
-        with s:
-            cupy_step()
-    R.add(case, "CuPy eager (unfused)", "step_us", *wall(cupy_on_s))
-    if C.torch is not None:
-        for name, fn in torch_mlp_steps(s).items():
-            R.add(case, name, "step_us", *wall(fn))
-    else:
-        R.skip(case, "torch", C.IMPORT_ERRORS.get("torch"))
+        def cupy_on_s():
+            with s:
+                cupy_step()
+        R.add(case, "CuPy eager (unfused)", "step_us", *wall(cupy_on_s))
+        if C.torch is not None:
+            for name, fn in torch_mlp_steps(s, sizes, batch).items():
+                R.add(case, name, "step_us", *wall(fn))
+        else:
+            R.skip(case, "torch", C.IMPORT_ERRORS.get("torch"))
+        del g2
 
 
 def cupy_mlp_step(mlp):
@@ -464,14 +524,17 @@ def cupy_mlp_step(mlp):
     return fn
 
 
-def torch_mlp_steps(s):
+def torch_mlp_steps(s, sizes, batch):
     """torch's eager step and the same step captured in a torch.cuda.CUDAGraph, on stream s."""
     torch = C.torch
     nn = torch.nn
     torch.backends.cuda.matmul.allow_tf32 = True
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10)).cuda()
+    layers = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        layers += [nn.Linear(a, b)] + ([nn.ReLU()] if i < len(sizes) - 2 else [])
+    model = nn.Sequential(*layers).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
-    x, t = torch.randn(64, 64, device="cuda"), torch.randn(64, 10, device="cuda")
+    x, t = torch.randn(batch, sizes[0], device="cuda"), torch.randn(batch, sizes[-1], device="cuda")
     loss_fn = nn.MSELoss()
     ts = torch.cuda.ExternalStream(s.ptr)
 
@@ -541,7 +604,7 @@ def main(argv=None):
     floor.close()
     path = os.path.join(args.out, "bench.json")
     with open(path, "w") as f:
-        json.dump({"environment": env, "rows": R.rows}, f, indent=1)
+        json.dump({"environment": env, "rows": R.rows, "tuning": cygemm.plans.tuning_entries()}, f, indent=1)
     R.section = "report"
     R.progress(f"wrote {path}")
     import report

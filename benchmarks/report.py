@@ -225,6 +225,7 @@ def write(d, md_path=None):
               for c, v, by in slower]
     else:
         L.append("None in this run.")
+    L += routes_table(data.get("tuning", []))
     # Ceilings.
     best = {}
     for r in rows:
@@ -260,6 +261,44 @@ def write(d, md_path=None):
         f.write("\n".join(L) + "\n")
     print_summary(comps, env)
     return md_path
+
+
+_DTYPES = {0: "fp32", 2: "fp16", 14: "bf16"}     # cudaDataType codes in the plan keys
+_TF32 = 77                                       # CUBLAS_COMPUTE_32F_FAST_TF32
+
+
+def _prec(dtype, compute):
+    name = _DTYPES.get(dtype, str(dtype))
+    return "tf32" if name == "fp32" and compute == _TF32 else name
+
+
+def routes_table(entries):
+    """What the plan layer chose in this run, per problem, with the times it measured (ms,
+    median of the timed rounds, L2 flushed)."""
+    if not entries:
+        return []
+    L = ["", "## Routes chosen by measurement", "",
+         "The plan layer's table at the end of the run: for each problem it timed, the choice and the "
+         "times (ms) it measured. gemm: cuBLASLt's best candidate against cublasGemmEx (key: m, n, k of "
+         "the column-major call, batch); forward/backward: the layer's routes (fused.FORWARD_ROUTES, "
+         "BACKWARD_ROUTES).", "",
+         "| kind | problem | chosen | times (ms) |", "|---|---|---|---|"]
+    order = {"forward": 0, "backward": 1, "gemm": 2}
+    for e in sorted(entries, key=lambda e: (order.get(e["kind"], 3), e["key"])):
+        k = e["key"]
+        if e["kind"] == "gemm":
+            what = f"{k[5]}x{k[6]}x{k[7]}" + (f" batch {k[12]}" if k[12] > 1 else "") + f" {_prec(k[0], k[1])}" \
+                + (f" epilogue {k[2]}" if k[2] != 1 else "")
+            times = f"{e['ms']:.4g}" if isinstance(e.get("ms"), (int, float)) else ""
+        elif e["kind"] == "forward":
+            what = f"{k[5]}x{k[6]}x{k[7]} {_prec(k[0], k[1])} act {k[2]}{' bias' if k[3] else ''}" \
+                   f"{' save_z' if k[4] else ''}"
+            times = ", ".join(f"{n} {v:.4g}" for n, v in e["ms"].items())
+        else:
+            what = f"{k[2]}x{k[3]}x{k[4]} {_prec(k[0], k[1])}"
+            times = ", ".join(f"{n} {v:.4g}" for n, v in e["ms"].items())
+        L.append(f"| {e['kind']} | {what} | {e['route']} | {times} |")
+    return L
 
 
 def print_summary(comps, env):

@@ -1,0 +1,241 @@
+"""The plan layer (cygemm.plans) and the route tables (cygemm.fused): every route and its
+fallback against float64, tuning that leaves outputs right, the tuning file."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+import cygemm
+from cygemm import fused, plans
+from gpu_util import f64, poisoned, rand, rel_err
+
+cp = None
+
+
+@pytest.fixture
+def gpu():
+    global cp
+    cp = pytest.importorskip("cupy")
+    yield
+    plans.force_routes()
+
+
+def _run_python(code, env_extra, timeout=300):
+    env = dict(os.environ, **env_extra)
+    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                       env=env, timeout=timeout)
+    assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+    return p.stdout
+
+
+# ------------------------------------------------------------------ CPU: the tuning file
+
+def test_force_routes_refuses_unknown_gemm_route():
+    with pytest.raises(ValueError, match="gemm: expected None, 'cublasGemmEx' or 'cublasLt', got 'fast'"):
+        plans.force_routes(gemm="fast")
+
+
+@pytest.mark.parametrize("content, why", [
+    ("{not json", "JSONDecodeError"),
+    ("[1, 2]", "not a JSON object"),
+    (json.dumps({"format": "cygemm-tuning/0", "cublasLt": 1, "driver": 1, "entries": []}), "format="),
+])
+def test_corrupt_or_foreign_tuning_file_is_ignored_with_a_warning(tmp_path, content, why):
+    path = tmp_path / "tuning.json"
+    path.write_text(content)
+    before = plans.tuning_entries()
+    with pytest.warns(RuntimeWarning, match=why):
+        assert plans.load_tuning(path) == 0
+    assert plans.tuning_entries() == before
+
+
+def test_tuning_file_of_another_cublaslt_version_is_ignored(tmp_path):
+    header = json.loads(json.dumps({"format": "cygemm-tuning/1"}))
+    header.update(cublasLt=1, driver=0, entries=[{"gpu": "X sm_90", "kind": "gemm", "key": [1],
+                                                   "record": {"route": "cublasGemmEx"}}])
+    path = tmp_path / "tuning.json"
+    path.write_text(json.dumps(header))
+    with pytest.warns(RuntimeWarning, match="cublasLt=1"):
+        assert plans.load_tuning(path) == 0
+
+
+def test_save_then_load_round_trips_entries(tmp_path):
+    path = tmp_path / "t.json"
+    n = plans.save_tuning(path)
+    data = json.loads(path.read_text())
+    assert data["format"] == "cygemm-tuning/1" and len(data["entries"]) == n
+    data["entries"].append({"gpu": "Some GPU sm_90", "kind": "forward", "key": [1, 2, 3],
+                            "record": {"route": "epilogue", "ms": {"epilogue": 0.1}}})
+    path.write_text(json.dumps(data))
+    try:
+        assert plans.load_tuning(path) == n + 1
+        assert any(e["gpu"] == "Some GPU sm_90" and e["route"] == "epilogue" for e in plans.tuning_entries())
+    finally:
+        plans.clear_tuning()
+
+
+# ------------------------------------------------------------------ GPU: every route against float64
+
+GEMM_CASES = [  # (M, K, N, trans_a, trans_b)
+    (96, 64, 80, False, False), (33, 17, 129, True, False), (64, 48, 40, False, True), (7, 300, 5, True, True)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("route", ["cublasGemmEx", "cublasLt"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])     # CuPy has no bfloat16
+def test_gemm_each_route_against_float64(gpu, route, dtype):
+    plans.force_routes(gemm=route)
+    tol = 1e-5 if dtype == "float32" else 1e-2
+    for M, K, N, ta, tb in GEMM_CASES:
+        A = rand(cp, (K, M) if ta else (M, K), dtype)
+        B = rand(cp, (N, K) if tb else (K, N), dtype)
+        C = poisoned(cp, (M, N), dtype)
+        cygemm.gemm(A, B, C, trans_a=ta, trans_b=tb, math="fp32")
+        a, b = f64(cp, A), f64(cp, B)
+        ref = (a.T if ta else a) @ (b.T if tb else b)
+        assert rel_err(C.get(), ref) < tol, (route, M, K, N, ta, tb)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("route", ["cublasGemmEx", "cublasLt"])
+def test_batched_each_route_against_float64_broadcast_and_beta(gpu, route):
+    plans.force_routes(gemm=route)
+    A, B = rand(cp, (6, 40, 24)), rand(cp, (6, 24, 56))
+    C0 = rand(cp, (6, 40, 56))
+    C = C0.copy()
+    cygemm.gemm_strided_batched(A, B, C, beta=1.0, math="fp32")
+    assert rel_err(C.get(), f64(cp, A) @ f64(cp, B) + f64(cp, C0)) < 1e-5
+    W = rand(cp, (24, 56))                   # broadcast: batch stride 0
+    C = poisoned(cp, (6, 40, 56))
+    cygemm.gemm_strided_batched(A, W, C, math="fp32")
+    assert rel_err(C.get(), f64(cp, A) @ f64(cp, W)) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("route", list(fused.FORWARD_ROUTES))
+@pytest.mark.parametrize("act", ["none", "relu", "gelu", "silu"])
+def test_forward_each_route_against_float64(gpu, route, act):
+    from test_fused import act_ref
+    from cygemm.gemm_ops import forward_into
+    plans.force_routes(forward=route)
+    M, K, N = 64, 96, 48                     # N a multiple of 8: gelu_aux applies with save_z
+    A, B, bias = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (N,))
+    for with_bias in (True, False):
+        for save_z in (False, True):
+            Y, Z = poisoned(cp, (M, N)), poisoned(cp, (M, N))
+            forward_into(A, B, Y, bias, with_bias=with_bias, act=act, save_z=save_z,
+                         z_out=Z if save_z else None, math="fp32")
+            z = f64(cp, A) @ f64(cp, B) + (f64(cp, bias) if with_bias else 0)
+            assert rel_err(Y.get(), act_ref(act, z)) < 1e-5, (route, act, with_bias, save_z)
+            if save_z:
+                assert rel_err(Z.get(), z) < 1e-5, (route, act, with_bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_backward_branches_against_float64_on_a_non_current_stream(gpu, accumulate):
+    from test_fused import act_grad_ref
+    from cygemm.gemm_ops import backward_into
+    plans.force_routes(backward="branches")
+    M, K, N = 80, 72, 56
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        A, B, gY, Z = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (M, N)), rand(cp, (M, N))
+        gA0, gB0, gb0 = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (N,))
+        gA, gB, gb = (x.copy() if accumulate else poisoned(cp, x.shape) for x in (gA0, gB0, gb0))
+        dZ = poisoned(cp, (M, N))
+    s.synchronize()
+    backward_into(A, B, gY, Z, act="gelu", gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=dZ, math="fp32",
+                  stream=s, accumulate=accumulate)
+    s.synchronize()
+    dz = f64(cp, gY) * act_grad_ref("gelu", f64(cp, Z))
+    extra = [f64(cp, x) if accumulate else 0 for x in (gA0, gB0, gb0)]
+    assert rel_err(gA.get(), dz @ f64(cp, B).T + extra[0]) < 1e-5
+    assert rel_err(gB.get(), f64(cp, A).T @ dz + extra[1]) < 1e-5
+    assert rel_err(gb.get(), dz.sum(0) + extra[2]) < 1e-5
+
+
+@pytest.mark.gpu
+def test_backward_branches_capture_into_a_graph_with_two_branches_and_replay(gpu):
+    from test_fused import act_grad_ref
+    from cygemm.gemm_ops import backward_into
+    plans.force_routes(backward="branches")
+    M, K, N = 64, 40, 48
+    s = cp.cuda.Stream(non_blocking=True)
+    A, B, gY, Z = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (M, N)), rand(cp, (M, N))
+    gA, gB, gb, dZ = poisoned(cp, (M, K)), poisoned(cp, (K, N)), poisoned(cp, (N,)), poisoned(cp, (M, N))
+    kw = dict(act="relu", gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=dZ, math="fp32", stream=s)
+    backward_into(A, B, gY, Z, **kw)                   # once eagerly, as the README asks
+    s.synchronize()
+    for x in (gA, gB, gb):
+        x[...] = cp.nan
+    cp.cuda.Device().synchronize()
+    with cygemm.graph.capture(s) as graph:
+        backward_into(A, B, gY, Z, **kw)
+    assert graph.num_nodes() >= 3
+    for _ in range(3):
+        graph.launch(s)
+    s.synchronize()
+    dz = f64(cp, gY) * (f64(cp, Z) > 0)
+    assert rel_err(gA.get(), dz @ f64(cp, B).T) < 1e-5
+    assert rel_err(gB.get(), f64(cp, A).T @ dz) < 1e-5
+    assert rel_err(gb.get(), dz.sum(0)) < 1e-5
+
+
+# ------------------------------------------------------------------ GPU: tuning
+
+_TUNED_CALLS = """
+    import numpy as np, cupy as cp, cygemm
+    from cygemm import plans
+    from cygemm.gemm_ops import forward_into, backward_into
+    rng = np.random.default_rng(int(__import__("os").environ["SEED"]))
+    def r(*s): return cp.asarray(rng.standard_normal(s).astype(np.float32))
+    def err(x, ref): return float(np.linalg.norm(x.get() - ref) / np.linalg.norm(ref))
+    M, K, N = 256, 192, 320
+    A, B, bias, gY = r(M, K), r(K, N), r(N), r(M, N)
+    a, b, c, g = (cp.asnumpy(x).astype(np.float64) for x in (A, B, bias, gY))
+    C0 = r(M, N)
+    errs = {}
+    C = C0.copy()
+    cygemm.gemm(A, B, C, beta=1.0, math="fp32")          # tuned while C is an input
+    errs["gemm beta=1"] = err(C, a @ b + cp.asnumpy(C0))
+    C = cp.full((N, M), cp.nan, cp.float32)
+    cygemm.gemm(B, A, C, trans_a=True, trans_b=True, math="fp32")
+    errs["gemm T,T"] = err(C, b.T @ a.T)
+    X = r(4, M, K); Cb = cp.full((4, M, N), cp.nan, cp.float32)
+    cygemm.gemm_strided_batched(X, B, Cb, math="fp32")
+    errs["batched broadcast"] = err(Cb, cp.asnumpy(X).astype(np.float64) @ b)
+    for act in ("relu", "gelu", "silu"):
+        Y, Z = cp.full((M, N), cp.nan, cp.float32), cp.full((M, N), cp.nan, cp.float32)
+        forward_into(A, B, Y, bias, act=act, save_z=True, z_out=Z, math="fp32")
+        errs[f"forward {act} Z"] = err(Z, a @ b + c)
+    gA, gB, gb, dZ = (cp.full(s, cp.nan, cp.float32) for s in ((M, K), (K, N), (N,), (M, N)))
+    backward_into(A, B, gY, Z, act="silu", gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=dZ, math="fp32")
+    z = a @ b + c; sg = 1 / (1 + np.exp(-z)); dz = g * (sg * (1 + z * (1 - sg)))
+    errs["backward gA"] = err(gA, dz @ b.T); errs["backward gB"] = err(gB, a.T @ dz)
+    print("ERRS", errs)
+    print("COUNT", plans.tuning_count())
+    print("KINDS", sorted({e["kind"] for e in plans.tuning_entries()}))
+"""
+
+
+@pytest.mark.gpu
+def test_tuned_choices_are_right_and_a_second_process_reads_them_without_timing(gpu, tmp_path):
+    """Every problem tuned (threshold lowered to 1 multiply-add) gives float64-close results, a
+    GEMM whose C is an input included; the tuning file makes a second process time nothing."""
+    cache = tmp_path / "tuning.json"
+    env = {"CYGEMM_AUTOTUNE_MIN_MACS": "1", "CYGEMM_TUNING_CACHE": str(cache), "SEED": "1"}
+    outs = [_run_python(_TUNED_CALLS, env), _run_python(_TUNED_CALLS, dict(env, SEED="2"))]
+    for out in outs:
+        errs = eval(out.split("ERRS ", 1)[1].splitlines()[0])
+        assert all(e < 1e-5 for e in errs.values()), errs
+    first, second = (int(o.split("COUNT ", 1)[1].split()[0]) for o in outs)
+    assert first >= 6 and second == 0, (first, second)
+    kinds = eval(outs[0].split("KINDS ", 1)[1].splitlines()[0])
+    assert {"backward", "forward", "gemm"} <= set(kinds), kinds
+    assert json.loads(cache.read_text())["entries"]
