@@ -244,7 +244,10 @@ cdef int _note_capture(cudaStream_t stream, unsigned long long cid) except -1 wi
     """`cid` is the capture under way on `stream` now (0: none): forget earlier ones there."""
     global _n_open_captures
     key = <uintptr_t>stream
-    for k in [k for k in _open_captures if k[0] == key and k[1] != cid]:
+    # A capture seen over on `stream` is over on every stream that joined it (the backward's
+    # side streams): entries are dropped by capture id, not by stream.
+    over = {k[1] for k in _open_captures if k[0] == key and k[1] != cid}
+    for k in [k for k in _open_captures if k[1] in over]:
         _open_captures.discard(k)
     if cid:
         _open_captures.add((key, cid))

@@ -21,6 +21,11 @@ SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer
 { date -u; nvidia-smi; python3 -c "import sys, cupy; print(sys.version); print('cupy', cupy.__version__)";
   python3 -m pip list 2>/dev/null | grep -iE "^(cupy|cuda-pathfinder|nvidia-cublas|setuptools|cython|torch|numpy) "; } \
     > "$LOGS/env.txt" 2>&1
+# Wheels carried in .whl/ (nvmath-python for the benchmarks: the image lacks it).
+if ls .whl/*.whl > /dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl > "$LOGS/wheels.log" 2>&1 && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 echo "== build"
 if ! python3 -m pip install --no-build-isolation --no-deps -e . > "$LOGS/build.log" 2>&1; then
     tail -40 "$LOGS/build.log"; exit 1

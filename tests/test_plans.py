@@ -177,7 +177,7 @@ def test_backward_branches_capture_into_a_graph_with_two_branches_and_replay(gpu
     cp.cuda.Device().synchronize()
     with cygemm.graph.capture(s) as graph:
         backward_into(A, B, gY, Z, **kw)
-    assert graph.num_nodes() >= 3
+    assert graph.num_nodes >= 3
     for _ in range(3):
         graph.launch(s)
     s.synchronize()
@@ -185,6 +185,7 @@ def test_backward_branches_capture_into_a_graph_with_two_branches_and_replay(gpu
     assert rel_err(gA.get(), dz @ f64(cp, B).T) < 1e-5
     assert rel_err(gB.get(), f64(cp, A).T @ dz) < 1e-5
     assert rel_err(gb.get(), dz.sum(0)) < 1e-5
+    assert cygemm._core.open_capture_count() == 0, "the side stream's part of the capture is over too"
 
 
 # ------------------------------------------------------------------ GPU: tuning

@@ -52,13 +52,13 @@ def test_allocating_calls_allocate_on_the_callers_stream(call):
     current = cp.cuda.Stream(non_blocking=True)
     with current:
         A, B, gY = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (M, N))
+        A2 = cp.stack([A, A])               # before the trap: it would wait behind it
         current.synchronize()
         nbytes = {"gemm": M * N, "gemm_strided_batched": 2 * M * N, "forward": M * N, "backward": M * K}[call] * 4
         _freed_block_pending_on_current_stream(nbytes)
         if call == "gemm":
             out, ref = cygemm.gemm(A, B, math="fp32", stream=s), f64(cp, A) @ f64(cp, B)
         elif call == "gemm_strided_batched":
-            A2 = cp.stack([A, A])
             out = cygemm.gemm_strided_batched(A2, B, math="fp32", stream=s)
             ref = np.stack([f64(cp, A) @ f64(cp, B)] * 2)
         elif call == "forward":
