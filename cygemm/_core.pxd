@@ -17,9 +17,9 @@ cdef int check_cublas(cublasStatus_t status, const char* call) except -1 nogil
 # that capture, owned by the captured graph (a CUDA user object: freed once the graph and
 # its executable graphs are gone), which the context only remembers for the capture's
 # later calls (work in a graph must not share memory with eager work).
-# side, fork, join: a second stream of the same entry and the events that fork work onto it
-# and join it back (the backward's concurrent branches); created on first use, destroyed
-# with the entry.
+# side, fork, join, side_ptr: a second stream of the same entry, the events that fork work
+# onto it and join it back (the backward's concurrent branches), and its own workspace;
+# created on first use, released with the entry (side_ptr as ptr is: freed, or the graph's).
 ctypedef struct StreamWorkspace:
     cudaStream_t stream
     unsigned long long capture_id
@@ -28,6 +28,7 @@ ctypedef struct StreamWorkspace:
     cudaStream_t side
     cudaEvent_t fork
     cudaEvent_t join
+    void* side_ptr
     bint forked         # between fork_side and join_side: never evicted then
 
 
@@ -59,12 +60,15 @@ cdef int bind_stream(GemmContext* ctx, cudaStream_t stream) except -1 nogil
 # (cudaMalloc in relaxed capture mode, so an open capture survives).
 cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL nogil
 # Fork work from `stream` onto its side stream (which then waits for everything enqueued on
-# `stream` so far) and return the side stream; join_side makes `stream` wait for the side's
-# work. Capturable: during a capture the side stream joins it (the graph gets two branches)
-# and has its own capture workspace. The side stream belongs to the entry of `stream`.
-cdef int fork_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t* side) except -1 nogil
-cdef int join_side(GemmContext* ctx, cudaStream_t stream) except -1 nogil
-# Queue device memory to be freed once no capture is known to be open (cudaFree
+# `stream` so far): the side stream and its join event come back; join_side(those) makes
+# `stream` wait for the side's work (quiet: errors ignored, for a path already raising).
+# Capturable: during a capture the side stream joins it (the graph gets two branches). The
+# side stream and its workspace belong to the entry of `stream` (stream_workspace(side)
+# gives that workspace); the entry is not evicted between fork and join.
+cdef int fork_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t* side, cudaEvent_t* join) except -1 nogil
+cdef int join_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t side, cudaEvent_t join,
+                   bint quiet) except -1 nogil
+# Free device memory now if no capture is known to be open, else once none is (cudaFree
 # synchronizes the device, which would invalidate captures other threads have open).
 cdef void defer_free(void* ptr) noexcept nogil
 

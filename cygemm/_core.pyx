@@ -127,8 +127,12 @@ cdef class _Context:
             if self.ctx.workspaces[i].capture_id == 0:
                 if now:
                     _free_relaxed(self.ctx.workspaces[i].ptr)
+                    if self.ctx.workspaces[i].side_ptr != NULL:
+                        _free_relaxed(self.ctx.workspaces[i].side_ptr)
                 else:
                     _defer_free(self.ctx.workspaces[i].ptr)
+                    if self.ctx.workspaces[i].side_ptr != NULL:
+                        _defer_free(self.ctx.workspaces[i].side_ptr)
         self.ctx.n_workspaces = 0
         self.ctx.bound = False
 
@@ -459,11 +463,13 @@ cdef int _evict_lru(GemmContext* ctx, bint capture) except -1 nogil:
             victim = i
     if victim < 0:
         return 0
-    if ctx.bound_workspace == ctx.workspaces[victim].ptr:
+    if ctx.bound_workspace == ctx.workspaces[victim].ptr or ctx.bound_workspace == ctx.workspaces[victim].side_ptr:
         ctx.bound = False
     _destroy_side(&ctx.workspaces[victim])
     if not capture:
         _defer_free(ctx.workspaces[victim].ptr)      # freed by _drain_if_safe
+        if ctx.workspaces[victim].side_ptr != NULL:
+            _defer_free(ctx.workspaces[victim].side_ptr)
     ctx.n_workspaces -= 1
     ctx.workspaces[victim] = ctx.workspaces[ctx.n_workspaces]
     return 0
@@ -534,6 +540,10 @@ cdef int _entry(GemmContext* ctx, cudaStream_t stream) except -1 nogil:
 
 
 cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL nogil:
+    cdef int i
+    for i in range(ctx.n_workspaces):      # a side stream works in its owner's side workspace
+        if ctx.workspaces[i].side == stream and stream != NULL and ctx.workspaces[i].side_ptr != NULL:
+            return ctx.workspaces[i].side_ptr
     return ctx.workspaces[_entry(ctx, stream)].ptr
 
 
@@ -554,12 +564,15 @@ cdef void _destroy_side(StreamWorkspace* w) noexcept nogil:
     w.side, w.fork, w.join = NULL, NULL, NULL
 
 
-cdef int fork_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t* side) except -1 nogil:
+cdef int fork_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t* side, cudaEvent_t* join) except -1 nogil:
     cdef StreamWorkspace* w = &ctx.workspaces[_entry(ctx, stream)]
     cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
     cdef cudaError_t err = cudaSuccess
+    cdef unsigned long long cid = 0
+    cdef cudaGraph_t graph = NULL
     if w.side == NULL:
-        # Creating streams and events is allowed while this thread captures, in relaxed mode.
+        # Creating streams and events, and cudaMalloc, are allowed while this thread
+        # captures, in relaxed mode.
         cudaThreadExchangeStreamCaptureMode(&mode)
         err = cudaStreamCreateWithFlags(&w.side, cudaStreamNonBlocking)
         if err == cudaSuccess and w.fork == NULL:
@@ -570,23 +583,40 @@ cdef int fork_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t* side) ex
         if err != cudaSuccess:
             _destroy_side(w)
             check_cuda(err, "cudaStreamCreateWithFlags/cudaEventCreateWithFlags(side stream)")
+    if w.side_ptr == NULL:
+        cudaThreadExchangeStreamCaptureMode(&mode)
+        err = cudaMalloc(&w.side_ptr, ctx.workspace_bytes)
+        cudaThreadExchangeStreamCaptureMode(&mode)
+        if err != cudaSuccess:
+            w.side_ptr = NULL
+            check_cuda(err, "cudaMalloc(side workspace)")
+        if w.capture_id != 0:          # a capture's entry: its graph owns this one too
+            _capture_info(stream, &cid, &graph)
+            _give_to_graph(w.side_ptr, graph)
     check_cuda(cudaEventRecord(w.fork, stream), "cudaEventRecord(fork)")
     check_cuda(cudaStreamWaitEvent(w.side, w.fork, 0), "cudaStreamWaitEvent(fork)")
     w.forked = True
-    side[0] = w.side
+    side[0], join[0] = w.side, w.join
     return 0
 
 
-cdef int join_side(GemmContext* ctx, cudaStream_t stream) except -1 nogil:
-    cdef StreamWorkspace* w = &ctx.workspaces[_entry(ctx, stream)]
-    w.forked = False
-    check_cuda(cudaEventRecord(w.join, w.side), "cudaEventRecord(join)")
-    check_cuda(cudaStreamWaitEvent(stream, w.join, 0), "cudaStreamWaitEvent(join)")
-    return 0
+cdef int join_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t side, cudaEvent_t join,
+                   bint quiet) except -1 nogil:
+    cdef int i
+    for i in range(ctx.n_workspaces):
+        if ctx.workspaces[i].side == side:
+            ctx.workspaces[i].forked = False
+    cdef cudaError_t err = cudaEventRecord(join, side)
+    if err == cudaSuccess:
+        err = cudaStreamWaitEvent(stream, join, 0)
+    if quiet:
+        return 0
+    return check_cuda(err, "cudaEventRecord/cudaStreamWaitEvent(join)")
 
 
 cdef void defer_free(void* ptr) noexcept nogil:
     _defer_free(ptr)
+    _drain_if_safe()
 
 
 cdef int bind_stream(GemmContext* ctx, cudaStream_t stream) except -1 nogil:

@@ -258,12 +258,15 @@ cdef int _bwd_run(BackwardCall* b, int route) except -1:
         _gemm(b.ctx, b.s, &b.g_b, b.dtype, b.compute, b.beta)
         return 0
     cdef cudaStream_t side
-    fork_side(b.ctx, b.s, &side)
+    cdef cudaEvent_t join
+    fork_side(b.ctx, b.s, &side, &join)
     try:
         _gemm(b.ctx, side, &b.g_b, b.dtype, b.compute, b.beta)
         _gemm(b.ctx, b.s, &b.g_a, b.dtype, b.compute, b.beta)
-    finally:
-        join_side(b.ctx, b.s)
+    except BaseException:
+        join_side(b.ctx, b.s, side, join, True)      # the original error matters more
+        raise
+    join_side(b.ctx, b.s, side, join, False)
     return 0
 
 

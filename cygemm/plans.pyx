@@ -318,9 +318,10 @@ cdef Plan _get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g
     if plan is not None:
         recent.remember(&k, plan)
         return plan
+    cdef bint keep = True
     plan = _make_plan(ctx, stream, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, &k, key,
-                      c_is_input)
-    if plan is not None:
+                      c_is_input, &keep)
+    if keep:
         plans[(k.device,) + key] = plan
         recent.remember(&k, plan)
     return plan
@@ -329,8 +330,9 @@ cdef Plan _get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g
 cdef Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                      cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
                      int64_t aux_ld, void* ws, size_t ws_bytes, const PlanKey* k, tuple key,
-                     bint c_is_input):
-    """A new plan; None when it must not be remembered (a heuristic refused during capture)."""
+                     bint c_is_input, bint* keep):
+    """A new plan; keep[0] False when it must not be cached: made during a capture, where a
+    heuristic may be refused and candidates are not timed (the next eager call decides)."""
     cdef Plan plan = Plan()
     plan.key = key
     cdef PlanData* d = &plan.d
@@ -389,7 +391,8 @@ cdef Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* 
     if not d.usable:
         # Some CUDA versions refuse heuristics during capture: use the fallback now, but
         # do not remember a verdict that may be the capture's fault.
-        return None if capturing else plan
+        keep[0] = not capturing
+        return plan
     if _force_gemm == 1 and gemmex_ok:
         d.route = PLAN_GEMMEX
     if _force_gemm:
@@ -399,9 +402,13 @@ cdef Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* 
     if record is not None and _apply_record(ctx, d, record, gemmex_ok, ws_bytes):
         return plan
     cdef double macs = <double>g.m * g.n * g.k * batch
-    if not capturing and worth_tuning(macs) and found + gemmex_ok > 1:
+    if worth_tuning(macs) and found + gemmex_ok > 1:
+        if capturing:
+            keep[0] = False     # the heuristic's choice now; timed at the first eager call
+            return plan
         _tune_plan(ctx, stream, d, g, bias, aux, ws, ws_bytes, results, found, gemmex_ok, c_is_input)
-        _remember(gpu, "gemm", key, _record_of(d))
+        if d.tuned:
+            _remember(gpu, "gemm", key, _record_of(d))
     return plan
 
 
@@ -419,12 +426,15 @@ cdef bint _apply_record(GemmContext* ctx, PlanData* d, dict record, bint gemmex_
     """Use a tuned choice if it still fits (cublasLtMatmulAlgoCheck for a stored algorithm)."""
     cdef cublasLtMatmulAlgo_t algo
     cdef cublasLtMatmulHeuristicResult_t check
+    cdef float ms
     try:
-        if record["route"] == "cublasGemmEx":
+        route = record["route"]
+        ms = float(record.get("ms", 0.0))
+        if route == "cublasGemmEx":
             if not gemmex_ok:
                 return False
             d.route = PLAN_GEMMEX
-        else:
+        elif route == "cublasLt":
             raw = bytes.fromhex(record["algo"])
             if len(raw) != sizeof(cublasLtMatmulAlgo_t):
                 return False
@@ -434,11 +444,12 @@ cdef bint _apply_record(GemmContext* ctx, PlanData* d, dict record, bint gemmex_
             if check.workspaceSize > ws_bytes:
                 return False
             d.route, d.algo, d.workspace_needed = PLAN_LT, algo, check.workspaceSize
-        d.tuned = True
-        d.tuned_ms = float(record.get("ms", 0.0))
-        return True
-    except (KeyError, ValueError, TypeError):
+        else:
+            return False
+    except (KeyError, ValueError, TypeError, AttributeError):
         return False
+    d.tuned, d.tuned_ms = True, ms
+    return True
 
 
 cdef dict _record_of(PlanData* d):
@@ -545,7 +556,7 @@ cdef int _flush_l2(int device, cudaStream_t stream) except -1:
 cdef int time_choices(GemmContext* ctx, cudaStream_t stream, enqueue_fn enqueue, void* arg,
                       const int* choices, int n, int reps, float* ms) except -1:
     cdef int i, r, j, st
-    cdef int n_events = 2 * n * reps
+    cdef int n_events = 2 * n * reps + 1      # the last one: recorded after every round
     cdef cudaEvent_t* ev = <cudaEvent_t*>malloc(n_events * sizeof(cudaEvent_t))
     cdef float* t = <float*>malloc(n * reps * sizeof(float))
     cdef bint* ok = <bint*>malloc(n * sizeof(bint))
@@ -567,6 +578,7 @@ cdef int time_choices(GemmContext* ctx, cudaStream_t stream, enqueue_fn enqueue,
                 check_cuda(cudaEventRecord(ev[2 * (r * n + i)], stream), "cudaEventRecord")
                 ok[i] = enqueue(arg, choices[i]) == 0
                 check_cuda(cudaEventRecord(ev[2 * (r * n + i) + 1], stream), "cudaEventRecord")
+        check_cuda(cudaEventRecord(ev[n_events - 1], stream), "cudaEventRecord")
         with nogil:
             st = cudaEventSynchronize(ev[n_events - 1])
         check_cuda(<cudaError_t>st, "cudaEventSynchronize")
@@ -758,9 +770,27 @@ def tuning_count():
 
 
 def tuning_entries():
-    """The tuned choices this process holds: a list of dicts (gpu, kind, key, and the record)."""
+    """The tuned choices this process holds: a list of dicts (the record: route, ms, ...; and
+    gpu, kind, key)."""
     with _tuned_lock:
-        return [dict(gpu=g, kind=kind, key=list(key), **record) for (g, kind, key), record in _tuned.items()]
+        return [dict(record, gpu=g, kind=kind, key=list(key)) for (g, kind, key), record in _tuned.items()]
+
+
+def _entries_of(data):
+    """The well-formed entries of a parsed tuning file, {(gpu, kind, key): record}; others skipped."""
+    out = {}
+    for e in data.get("entries", []) if isinstance(data.get("entries"), list) else []:
+        try:
+            record = e["record"]
+            if not isinstance(record, dict) or not isinstance(record.get("route"), str):
+                continue
+            key = tuple(e["key"])
+            if not all(isinstance(x, (int, bool)) for x in key):
+                continue
+            out[(str(e["gpu"]), str(e["kind"]), key)] = record
+        except (KeyError, TypeError):
+            continue
+    return out
 
 
 def clear_tuning():
@@ -802,19 +832,22 @@ def save_tuning(path):
     try:
         with open(path) as f:
             old = json.load(f)
-        if all(old.get(k) == v for k, v in header.items()):
-            for e in old.get("entries", []):
-                merged[(e["gpu"], e["kind"], tuple(e["key"]))] = e["record"]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        if isinstance(old, dict) and all(old.get(k) == v for k, v in header.items()):
+            merged = _entries_of(old)
+    except (OSError, ValueError, RecursionError):
         pass
     with _tuned_lock:
         merged.update(_tuned)
     entries = [{"gpu": g, "kind": kind, "key": list(key), "record": record}
                for (g, kind, key), record in merged.items()]
     tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(dict(header, entries=entries), f)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(dict(header, entries=entries), f)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return len(entries)
 
 
@@ -843,13 +876,10 @@ def load_tuning(path):
                 warnings.warn(f"tuning file {path!r} ignored: it was made with {k}={data.get(k)!r}, "
                               f"this process has {v!r}", RuntimeWarning, stacklevel=2)
                 return 0
-        added = {}
-        for e in data["entries"]:
-            key = tuple(e["key"])
-            if not isinstance(e["record"], dict) or "route" not in e["record"]:
-                raise ValueError("an entry without a route")
-            added[(str(e["gpu"]), str(e["kind"]), key)] = e["record"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if not isinstance(data.get("entries"), list):
+            raise ValueError("no list of entries")
+        added = _entries_of(data)       # malformed entries are skipped one by one
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
         warnings.warn(f"tuning file {path!r} ignored: {type(exc).__name__}: {exc}", RuntimeWarning,
                       stacklevel=2)
         return 0

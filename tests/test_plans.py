@@ -64,6 +64,23 @@ def test_tuning_file_of_another_cublaslt_version_is_ignored(tmp_path):
         assert plans.load_tuning(path) == 0
 
 
+def test_malformed_entries_are_skipped_one_by_one(tmp_path):
+    path = tmp_path / "t.json"
+    plans.save_tuning(path)                             # this process's header
+    data = json.loads(path.read_text())
+    data["entries"] = [{"gpu": "G sm_90", "kind": "gemm", "key": [1, 2], "record": "not a dict"},
+                       {"gpu": "G sm_90", "kind": "gemm", "key": [[1]], "record": {"route": "cublasLt"}},
+                       {"gpu": "G sm_90", "kind": "backward", "key": [3, 4],
+                        "record": {"route": "branches", "gpu": "shadowed"}}]
+    path.write_text(json.dumps(data))
+    try:
+        assert plans.load_tuning(path) == 1
+        got = [e for e in plans.tuning_entries() if e["kind"] == "backward" and e["key"] == [3, 4]]
+        assert got == [{"route": "branches", "gpu": "G sm_90", "kind": "backward", "key": [3, 4]}]
+    finally:
+        plans.clear_tuning()
+
+
 def test_save_then_load_round_trips_entries(tmp_path):
     path = tmp_path / "t.json"
     n = plans.save_tuning(path)
