@@ -270,6 +270,7 @@ def fused_section(R, s, floor):
     A, B, bias, gY = (C.operand(sh, "tf32", 20 + i) for i, sh in enumerate(((M, K), (K, N), (N,), (M, N))))
     Y, Z, gA, gB, gb = (cp.empty(sh, cp.float32) for sh in ((M, N), (M, N), (M, K), (K, N), (N,)))
     ws = gemm_ops.ensure_workspaces(M, N, stream=s)
+    Wnk = cp.ascontiguousarray(B.T)
     flop = 2.0 * M * N * K
     inner = inner_for(flop)
     fwd, bwd = f"fwd {M}x{N}x{K} tf32", f"bwd {M}x{N}x{K} tf32"
@@ -300,6 +301,9 @@ def fused_section(R, s, floor):
         case = f"{fwd} {act}"
         R.progress(case)
         cs = {"cygemm forward_into": lambda: forward_into(A, B, Y, bias, act=act, lt_workspace=ws.lt_ws, stream=s),
+              # torch's F.linear takes its weight as (N, K); the same layout through cygemm (W.T):
+              "cygemm forward_into, weight (N, K) as torch's": lambda: forward_into(
+                  A, Wnk.T, Y, bias, act=act, lt_workspace=ws.lt_ws, stream=s),
               "CuPy unfused": on_s(cupy_forward(A, B, bias, Y, Z, act))}
         if torch is not None:
             if act in ("relu", "gelu"):
@@ -337,7 +341,7 @@ def fused_section(R, s, floor):
         if torch is not None:
             cs["torch autograd backward"] = torch_backward(A, B, bias, gY, act, s)
         R.measure(case, cs, s, 2 * flop, inner)
-    del A, B, bias, gY, Y, Z, gA, gB, gb, ws
+    del A, B, bias, gY, Y, Z, gA, gB, gb, ws, Wnk
     gemm_ops.clear_ws_cache()
     cp.get_default_memory_pool().free_all_blocks()
 
