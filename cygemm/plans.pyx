@@ -553,6 +553,11 @@ cdef int _flush_l2(int device, cudaStream_t stream) except -1:
                       "cudaMemsetAsync(L2 flush)")
 
 
+# CYGEMM_TUNING_MODE: "cold" (default: L2 flushed before every timed run) or "hot" (no
+# flush: operands stay in L2 between runs, as in back-to-back calls on the same arrays).
+cdef bint _tune_hot = os.environ.get("CYGEMM_TUNING_MODE", "cold") == "hot"
+
+
 cdef int time_choices(GemmContext* ctx, cudaStream_t stream, enqueue_fn enqueue, void* arg,
                       const int* choices, int n, int reps, float* ms) except -1:
     cdef int i, r, j, st
@@ -574,7 +579,8 @@ cdef int time_choices(GemmContext* ctx, cudaStream_t stream, enqueue_fn enqueue,
             for i in range(n):
                 if not ok[i]:
                     continue
-                _flush_l2(ctx.device, stream)
+                if not _tune_hot:
+                    _flush_l2(ctx.device, stream)
                 check_cuda(cudaEventRecord(ev[2 * (r * n + i)], stream), "cudaEventRecord")
                 ok[i] = enqueue(arg, choices[i]) == 0
                 check_cuda(cudaEventRecord(ev[2 * (r * n + i) + 1], stream), "cudaEventRecord")
