@@ -94,7 +94,8 @@ def pct_of_peak(r):
 def env_lines(env):
     keys = ["gpu", "driver", "cuda_runtime", "cuda_driver_api", "cublasLt", "cupy", "torch", "nvmath", "python",
             "date", "clocks_before", "clocks_after", "quick", "seconds"]
-    return [f"- {k}: {env.get(k)}" for k in keys if k in env]
+    # One line per key: on a host with several GPUs, nvidia-smi gives a line per GPU.
+    return [f"- {k}: " + "; ".join(str(env.get(k)).splitlines()) for k in keys if k in env]
 
 
 def plots(data, d):
