@@ -17,7 +17,8 @@ from cygemm.kernels cimport *
 from cygemm._core cimport (GemmContext, MatrixView, check_cuda, current_context, stream_workspace,
                            view_from_object, stream_from_object, stream_is_capturing, check_devices,
                            check_no_overlap, dtype_name, fork_side, join_side)
-from cygemm.plans cimport (ColMajorGemm, Plan, get_plan, plan_run, run_gemm, worth_tuning, time_choices,
+from cygemm.plans cimport (ColMajorGemm, Plan, pointer_alignment, get_plan, plan_run, run_gemm, worth_tuning,
+                           time_choices,
                            tuned_route, forced_route, remember_route, check_capture_alive)
 from cygemm.rowmajor cimport compute_type_for, map_or_raise, rowmajor_ld, is_rowmajor
 from cygemm.plans import clear_plan_cache, plan_cache_size
@@ -45,14 +46,6 @@ cdef float _slope(object leaky_slope) except? -1:
 
 
 # ---------------------------------------------------------------- route tables
-
-cdef inline unsigned int _alignment(const void* p) noexcept nogil:
-    cdef uintptr_t v = <uintptr_t>p
-    if v == 0:
-        return 256
-    cdef uintptr_t a = v & (~v + 1)
-    return <unsigned int>(a if a < 256 else 256)
-
 
 cdef enum:
     ROUTE_REPS = 7          # timed rounds per route (median)
@@ -122,7 +115,7 @@ cdef bint _fwd_applies(const ForwardCall* f, int route) noexcept nogil:
     if route == FWD_GELU_AUX:
         # GELU's aux output is Z itself when its ld is a multiple of 8 (cuBLASLt's rule).
         return (f.K > 0 and f.save_z and f.code == CYGEMM_ACT_GELU and f.z_ld % 8 == 0
-                and _alignment(f.z) >= 16)
+                and pointer_alignment(f.z) >= 16)
     if route == FWD_BIAS_EPILOGUE_KERNEL:
         return f.K > 0 and f.bias != NULL and kernel_work
     return True

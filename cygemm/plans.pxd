@@ -1,11 +1,21 @@
 # The plan layer: how each GEMM runs. Every GEMM of cygemm (gemm, batched, the dense
 # forward with its epilogues, the backward's two GEMMs) goes through here.
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint32_t, uintptr_t
 from cygemm.cudart cimport cudaStream_t, cudaDataType
 from cygemm.cublas cimport cublasOperation_t, cublasComputeType_t, cublasStatus_t
 from cygemm.cublaslt cimport (cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t,
                               cublasLtMatmulAlgo_t, cublasLtEpilogue_t)
 from cygemm._core cimport GemmContext
+
+
+# The alignment cuBLASLt is told of a pointer: its largest power-of-two divisor, at most 256
+# (NULL counts as 256: nothing is read there).
+cdef inline uint32_t pointer_alignment(const void* p) noexcept nogil:
+    cdef uintptr_t v = <uintptr_t>p
+    if v == 0:
+        return 256
+    cdef uintptr_t a = v & (~v + 1)
+    return <uint32_t>(a if a < 256 else 256)
 
 
 # The arguments of one column-major cuBLAS call: D(m x n) = op(a) @ op(b), over `batch`

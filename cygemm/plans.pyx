@@ -206,14 +206,6 @@ def thread_plans():
     return dict(_plans())
 
 
-cdef inline uint32_t _alignment(const void* p) noexcept nogil:
-    cdef uintptr_t v = <uintptr_t>p
-    if v == 0:
-        return 256
-    cdef uintptr_t a = v & (~v + 1)
-    return <uint32_t>(a if a < 256 else 256)
-
-
 # Problems of at least this many multiply-adds time their candidates once.
 cdef double TUNE_MIN_MACS = float(os.environ.get("CYGEMM_AUTOTUNE_MIN_MACS", 2.0 ** 28))
 
@@ -301,10 +293,10 @@ cdef Plan _get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g
     k.batch = batch
     if batch > 1:
         k.stride_a, k.stride_b, k.stride_c = g.stride_a, g.stride_b, g.stride_c
-    k.al_a, k.al_b, k.al_c = _alignment(g.a), _alignment(g.b), _alignment(g.c)
-    k.al_bias, k.al_aux = _alignment(bias), _alignment(aux)
+    k.al_a, k.al_b, k.al_c = pointer_alignment(g.a), pointer_alignment(g.b), pointer_alignment(g.c)
+    k.al_bias, k.al_aux = pointer_alignment(bias), pointer_alignment(aux)
     # A refused call (e.g. a misaligned lt_workspace) marks its own plan, not the aligned one's.
-    k.al_ws = _alignment(ws)
+    k.al_ws = pointer_alignment(ws)
     k.ws_bytes = ws_bytes
     cdef _Recent recent = _recent()
     cdef Plan plan = recent.find(&k)
