@@ -85,6 +85,7 @@ ctypedef struct MatrixView:
     int64_t col_stride
     cudaDataType dtype
     int itemsize
+    int device          # the memory's device as the array object says, -1: ask CUDA
 
 
 # Python boundary helpers, used by the other modules of the package.

@@ -100,6 +100,9 @@ cdef void _free_relaxed(void* ptr) noexcept nogil:
     cudaThreadExchangeStreamCaptureMode(&mode)
 
 
+cdef unsigned long long _contexts_generation = 1     # see current_context
+
+
 cdef class _Context:
     """Owns one GemmContext: the handles and workspaces of a (device, thread)."""
     cdef GemmContext ctx
@@ -137,6 +140,8 @@ cdef class _Context:
         self.ctx.bound = False
 
     def __dealloc__(self):
+        global _contexts_generation
+        _contexts_generation += 1       # no thread's cached pointer to this context survives
         # At thread end: handles and workspaces wait in the release queue while any
         # capture is open (cublasDestroy and cudaFree synchronize the device).
         self.release(False)
@@ -347,9 +352,31 @@ def gpu_unavailable_reason():
             f"{cudaGetErrorString(err).decode()})")
 
 
+# Each thread's last contexts by device, in C thread-local storage: the common call finds its
+# context without the threading.local and dict lookups. A slot is trusted only while
+# _contexts_generation (bumped whenever a context is destroyed) is what it was when filled.
+cdef extern from *:
+    """
+    #if defined(_MSC_VER)
+    #define CG_THREAD_LOCAL __declspec(thread)
+    #else
+    #define CG_THREAD_LOCAL __thread
+    #endif
+    #define CG_TLS_DEVICES 64
+    static CG_THREAD_LOCAL void* cg_tls_context[CG_TLS_DEVICES];
+    static CG_THREAD_LOCAL unsigned long long cg_tls_generation;
+    """
+    int CG_TLS_DEVICES
+    void* cg_tls_context[64]
+    unsigned long long cg_tls_generation
+
 cdef GemmContext* current_context() except NULL:
+    global cg_tls_generation
     cdef int device = 0
     check_cuda(cudaGetDevice(&device), "cudaGetDevice")
+    if 0 <= device < CG_TLS_DEVICES and cg_tls_generation == _contexts_generation \
+            and cg_tls_context[device] != NULL:
+        return <GemmContext*>cg_tls_context[device]
     try:
         contexts = _tls.contexts
     except AttributeError:
@@ -360,6 +387,11 @@ cdef GemmContext* current_context() except NULL:
             _load_driver_entry_points()
         owner = _Context(device)
         contexts[device] = owner
+    if 0 <= device < CG_TLS_DEVICES:
+        if cg_tls_generation != _contexts_generation:
+            memset(cg_tls_context, 0, sizeof(cg_tls_context))
+            cg_tls_generation = _contexts_generation
+        cg_tls_context[device] = <void*>&owner.ctx
     return &owner.ctx
 
 
@@ -723,7 +755,7 @@ cdef object dtype_name(cudaDataType dtype):
 
 
 cdef int _fill_view(MatrixView* view, str name, int min_ndim, int max_ndim, uintptr_t ptr,
-                    tuple shape, object strides, int itemsize) except -1:
+                    tuple shape, object strides, int itemsize, int device) except -1:
     cdef int ndim = len(shape)
     if ndim < min_ndim or ndim > max_ndim:
         want = f"{min_ndim}-D" if min_ndim == max_ndim else f"{min_ndim}-D or {max_ndim}-D"
@@ -745,6 +777,7 @@ cdef int _fill_view(MatrixView* view, str name, int min_ndim, int max_ndim, uint
                              f"of the element size ({itemsize} bytes)")
     view.ptr = <char*>ptr
     view.itemsize = itemsize
+    view.device = device
     if ndim == 1:                             # a vector is one row
         view.rows, view.cols = 1, shape[0]
         view.row_stride, view.col_stride = shape[0], st[0] // itemsize
@@ -773,7 +806,9 @@ cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, in
         if dt is None:
             raise TypeError(f"{name}: expected float32 or float16, got {x.dtype}")
         view.dtype = <cudaDataType>(<int>dt[0])
-        return _fill_view(view, name, min_ndim, max_ndim, x.data.ptr, x.shape, x.strides, dt[1])
+        mem = x.data        # its device_id spares check_devices a cudaPointerGetAttributes
+        return _fill_view(view, name, min_ndim, max_ndim, mem.ptr, x.shape, x.strides, dt[1],
+                          mem.device_id)
     if _torch_tensor is not None and isinstance(x, _torch_tensor):
         return _view_from_torch(x, view, name, min_ndim, max_ndim)
     if _torch_tensor is None and type(x).__module__.startswith("torch") and _find_torch():
@@ -795,7 +830,7 @@ cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, in
                             f"got typestr {cai['typestr']!r}")
         view.dtype = <cudaDataType>(<int>dt[0])
         return _fill_view(view, name, min_ndim, max_ndim, cai["data"][0], tuple(cai["shape"]),
-                          cai.get("strides"), dt[1])
+                          cai.get("strides"), dt[1], -1)
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
         return _view_from_dlpack(x, view, name, min_ndim, max_ndim)
     raise TypeError(f"{name}: expected a CUDA device array (__cuda_array_interface__ or DLPack "
@@ -830,7 +865,8 @@ cdef int _view_from_torch(object x, MatrixView* view, str name, int min_ndim, in
     view.dtype = <cudaDataType>(<int>dt[0])
     itemsize = dt[1]
     strides = tuple([st * itemsize for st in x.stride()])
-    return _fill_view(view, name, min_ndim, max_ndim, x.data_ptr(), tuple(x.shape), strides, itemsize)
+    return _fill_view(view, name, min_ndim, max_ndim, x.data_ptr(), tuple(x.shape), strides, itemsize,
+                      x.get_device())
 
 
 cdef int _view_from_dlpack(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1:
@@ -857,7 +893,7 @@ cdef int _view_from_dlpack(object x, MatrixView* view, str name, int min_ndim, i
     shape = tuple([t.shape[i] for i in range(t.ndim)])
     strides = None if t.strides == NULL else tuple([t.strides[i] * itemsize for i in range(t.ndim)])
     return _fill_view(view, name, min_ndim, max_ndim, <uintptr_t>t.data + t.byte_offset,
-                      shape, strides, itemsize)
+                      shape, strides, itemsize, t.device.device_id)
 
 
 def describe_array(x, str name="x"):
@@ -925,6 +961,8 @@ cdef int check_devices(GemmContext* ctx, cudaStream_t stream, const MatrixView**
     for i in range(len(names)):
         v = views[i]
         if v == NULL or v.ptr == NULL or _empty(v):    # not given, not allocated yet, or empty
+            continue
+        if v.device == ctx.device:      # the array object named its device (CuPy, torch, DLPack)
             continue
         check_cuda(cudaPointerGetAttributes(&attr, v.ptr), "cudaPointerGetAttributes")
         if attr.type != cudaMemoryTypeDevice and attr.type != cudaMemoryTypeManaged:

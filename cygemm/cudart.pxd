@@ -83,6 +83,8 @@ cdef extern from "cuda_runtime_api.h" nogil:
     cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
     cudaError_t cudaGraphDestroy(cudaGraph_t graph)
     cudaError_t cudaGraphGetNodes(cudaGraph_t graph, void** nodes, size_t* num_nodes)
+    # edge_data: cudaGraphEdgeData* (NULL: not wanted)
+    cudaError_t cudaGraphGetEdges(cudaGraph_t graph, void** from_, void** to, void* edge_data, size_t* num_edges)
     cudaError_t cudaEventCreate(cudaEvent_t* event)
     cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned int flags)
     cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned int flags)

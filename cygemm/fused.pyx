@@ -9,6 +9,7 @@ bias (length = rows of D = N) runs along the last axis of Y, as a layer wants.
 Epilogues need a column-major D, which is why Y must be row-major here.
 """
 from libc.stdint cimport int64_t, uintptr_t
+from libc.string cimport memcmp, memset
 
 from cygemm.cudart cimport *
 from cygemm.cublas cimport *
@@ -18,6 +19,7 @@ from cygemm._core cimport (GemmContext, MatrixView, check_cuda, current_context,
                            view_from_object, stream_from_object, stream_is_capturing, check_devices,
                            check_no_overlap, dtype_name, fork_side, join_side)
 from cygemm.plans cimport (ColMajorGemm, Plan, pointer_alignment, get_plan, plan_run, run_gemm, worth_tuning,
+                           routes_generation,
                            time_choices,
                            tuned_route, forced_route, remember_route, check_capture_alive)
 from cygemm.rowmajor cimport compute_type_for, map_or_raise, rowmajor_ld, is_rowmajor
@@ -267,18 +269,76 @@ cdef int _bwd_enqueue(void* arg, int route) except -1:
     return _bwd_run(<BackwardCall*>arg, route)
 
 
+# The routes of recent backward problems, keyed in C: a repeated small backward finds its
+# route without building a Python key. Filled only with routes from the table (tuned or
+# forced); valid while plans.routes_generation() is what it was. Used with the GIL held.
+ctypedef struct _BwdKey:
+    int64_t device, dtype, compute, M, N, K
+    int64_t ops, lda_a, ldb_a, ldc_a, lda_b, ldb_b, ldc_b
+
+cdef enum:
+    BWD_MEMO = 16
+
+cdef _BwdKey _bwd_memo_key[BWD_MEMO]
+cdef int _bwd_memo_route[BWD_MEMO]
+cdef int _bwd_memo_n = 0, _bwd_memo_next = 0
+cdef unsigned long _bwd_memo_generation = 0
+
+
+cdef void _bwd_key(const BackwardCall* b, int64_t M, int64_t N, int64_t K, _BwdKey* k) noexcept nogil:
+    memset(k, 0, sizeof(_BwdKey))
+    k.device, k.dtype, k.compute, k.M, k.N, k.K = b.ctx.device, <int>b.dtype, <int>b.compute, M, N, K
+    k.ops = (<int>b.g_a.opa) | (<int>b.g_a.opb << 8) | (<int>b.g_b.opa << 16) | (<int>b.g_b.opb << 24)
+    k.lda_a, k.ldb_a, k.ldc_a = b.g_a.lda, b.g_a.ldb, b.g_a.ldc
+    k.lda_b, k.ldb_b, k.ldc_b = b.g_b.lda, b.g_b.ldb, b.g_b.ldc
+
+
+cdef int _bwd_memo_find(const _BwdKey* k) noexcept nogil:
+    global _bwd_memo_n, _bwd_memo_generation
+    cdef int i
+    if _bwd_memo_generation != routes_generation():
+        _bwd_memo_n = 0
+        _bwd_memo_generation = routes_generation()
+        return -1
+    for i in range(_bwd_memo_n):
+        if memcmp(&_bwd_memo_key[i], k, sizeof(_BwdKey)) == 0:
+            return _bwd_memo_route[i]
+    return -1
+
+
+cdef void _bwd_memo_add(const _BwdKey* k, int route) noexcept nogil:
+    global _bwd_memo_n, _bwd_memo_next
+    cdef int i = _bwd_memo_next
+    if _bwd_memo_n < BWD_MEMO:
+        i = _bwd_memo_n
+        _bwd_memo_n += 1
+    else:
+        _bwd_memo_next = (_bwd_memo_next + 1) % BWD_MEMO
+    _bwd_memo_key[i] = k[0]
+    _bwd_memo_route[i] = route
+
+
 cdef int _bwd_route(BackwardCall* b, bint accumulate, int64_t M, int64_t N, int64_t K) except -1:
     """Serial or branches: timed once per problem (every size: the branches pay where one GEMM
     leaves the GPU idle, i.e. on small ones), outside capture, on a call that does not
     accumulate (timing runs write the gradients); else serial until timed."""
+    cdef _BwdKey ck
+    _bwd_key(b, M, N, K, &ck)
+    cdef int route = _bwd_memo_find(&ck)
+    if route >= 0:
+        return route
     forced = forced_route("backward")
     if forced is not None and forced in _BACKWARD_NAMES:
-        return _BACKWARD_NAMES.index(forced)
+        route = _BACKWARD_NAMES.index(forced)
+        _bwd_memo_add(&ck, route)
+        return route
     key = ("backward", <int>b.dtype, <int>b.compute, M, N, K, <int>b.g_a.opa, <int>b.g_a.opb, b.g_a.lda,
            b.g_a.ldb, b.g_a.ldc, <int>b.g_b.opa, <int>b.g_b.opb, b.g_b.lda, b.g_b.ldb, b.g_b.ldc)
     name = tuned_route(b.ctx.device, key)
     if name is not None and name in _BACKWARD_NAMES:
-        return _BACKWARD_NAMES.index(name)
+        route = _BACKWARD_NAMES.index(name)
+        _bwd_memo_add(&ck, route)
+        return route
     if accumulate or stream_is_capturing(b.s):
         return BWD_SERIAL
     cdef int choices[2]
@@ -287,6 +347,7 @@ cdef int _bwd_route(BackwardCall* b, bint accumulate, int64_t M, int64_t N, int6
     time_choices(b.ctx, b.s, _bwd_enqueue, b, choices, 2, ROUTE_REPS, ms)
     cdef int best = BWD_SERIAL if ms[1] < 0 or (0 <= ms[0] <= ms[1]) else BWD_BRANCHES
     remember_route(b.ctx.device, key, _BACKWARD_NAMES[best], {"serial": ms[0], "branches": ms[1]})
+    _bwd_memo_add(&ck, best)
     return best
 
 

@@ -3,6 +3,7 @@ from typing import Any
 class Graph:
     keepalive: list
     num_nodes: int
+    num_edges: int
     def launch(self, stream: Any = None) -> None: ...
     def keep(self, *objects: Any) -> None: ...
 

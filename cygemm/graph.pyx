@@ -49,6 +49,15 @@ cdef class Graph:
             check_cuda(cudaGraphGetNodes(self.graph, NULL, &n), "cudaGraphGetNodes")
         return n
 
+    @property
+    def num_edges(self):
+        """Dependencies between the graph's nodes: num_nodes - 1 for a chain, more where
+        work forks into branches and joins again."""
+        cdef size_t n = 0
+        if self.graph != NULL:
+            check_cuda(cudaGraphGetEdges(self.graph, NULL, NULL, NULL, &n), "cudaGraphGetEdges")
+        return n
+
     def __dealloc__(self):
         # Destroying a graph while a capture is under way on the device (in any thread)
         # may invalidate that capture: _core destroys it once none is known open.

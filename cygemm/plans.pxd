@@ -111,3 +111,6 @@ cdef int time_choices(GemmContext* ctx, cudaStream_t stream, enqueue_fn enqueue,
 cdef object tuned_route(int device, tuple key)
 cdef object forced_route(str kind)      # force_routes' choice for "forward"/"backward", or None
 cdef int remember_route(int device, tuple key, str route, dict times) except -1
+# Bumped whenever routes may change (force_routes, clear_tuning, load_tuning): a C-level memo
+# of routes is valid while it holds the value it was filled under.
+cdef unsigned long routes_generation() noexcept nogil

@@ -130,6 +130,7 @@ cdef int check_batch_disjoint(const ColMajorGemm* g, str name) except -1:
 cdef inline void _rowmajor_view(MatrixView* v, const void* ptr, int64_t rows, int64_t cols,
                                 int64_t ld, int64_t stride, int64_t batch) noexcept nogil:
     v.ptr = <char*>ptr
+    v.device = -1
     v.rows, v.cols = rows, cols
     v.row_stride, v.col_stride = ld, 1
     v.batch, v.batch_stride = batch, stride
@@ -217,6 +218,7 @@ cdef int _prepare(object A, object B, object out, bint trans_a, bint trans_b, bi
         if beta != 0.0:
             raise ValueError(f"beta: a nonzero beta ({beta}) needs an existing out=, got out=None")
         c.ptr = NULL
+        c.device = -1
         c.rows, c.cols, c.row_stride, c.col_stride = M, N, N, 1
         c.batch, c.batch_stride, c.dtype, c.itemsize = batch, M * N, a.dtype, a.itemsize
     else:

@@ -205,6 +205,34 @@ def test_backward_branches_capture_into_a_graph_with_two_branches_and_replay(gpu
     assert cygemm._core.open_capture_count() == 0, "the side stream's part of the capture is over too"
 
 
+@pytest.mark.gpu
+def test_backward_follows_a_route_forced_after_its_route_was_remembered(gpu):
+    """A backward remembers its route in a C memo; force_routes must still take effect."""
+    from cygemm.gemm_ops import backward_into
+    M, K, N = 64, 40, 48
+    s = cp.cuda.Stream(non_blocking=True)
+    A, B, gY, Z = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (M, N)), rand(cp, (M, N))
+    gA, gB, gb, dZ = poisoned(cp, (M, K)), poisoned(cp, (K, N)), poisoned(cp, (N,)), poisoned(cp, (M, N))
+    kw = dict(act="relu", gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=dZ, math="fp32", stream=s)
+    shapes = {}
+    for route in ("branches", "serial", "branches"):
+        plans.force_routes(backward=route)
+        backward_into(A, B, gY, Z, **kw)       # remembered eagerly, then captured
+        s.synchronize()
+        with cygemm.graph.capture(s) as graph:
+            backward_into(A, B, gY, Z, **kw)
+        shapes.setdefault(route, set()).add((graph.num_nodes, graph.num_edges))
+    (n, e), = shapes["serial"]
+    assert e == n - 1, f"serial: a chain of {n} nodes has {n - 1} edges, got {e}"
+    (n, e), = shapes["branches"]
+    assert e >= n, f"branches: {n} nodes forked and joined need >= {n} edges, got {e}"
+    graph.launch(s)
+    s.synchronize()
+    dz = f64(cp, gY) * (f64(cp, Z) > 0)
+    assert rel_err(gA.get(), dz @ f64(cp, B).T) < 1e-5
+    assert rel_err(gB.get(), f64(cp, A).T @ dz) < 1e-5
+
+
 # ------------------------------------------------------------------ GPU: tuning
 
 _TUNED_CALLS = """
