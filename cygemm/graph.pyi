@@ -3,7 +3,7 @@ from typing import Any
 class Graph:
     keepalive: list
     num_nodes: int
-    num_edges: int
+    edges: list[tuple[int, int]]
     def launch(self, stream: Any = None) -> None: ...
     def keep(self, *objects: Any) -> None: ...
 

@@ -6,6 +6,7 @@ CUDA runtime directly: the same on every CuPy version, old ones included.
         cygemm.gemm_ops.forward_into(A, B, Y, bias, act="relu", stream=stream)
     g.launch(stream)
 """
+from libc.stdlib cimport malloc, free
 from libc.stdint cimport uintptr_t
 
 from cygemm.cudart cimport *
@@ -50,13 +51,26 @@ cdef class Graph:
         return n
 
     @property
-    def num_edges(self):
-        """Dependencies between the graph's nodes: num_nodes - 1 for a chain, more where
-        work forks into branches and joins again."""
-        cdef size_t n = 0
-        if self.graph != NULL:
-            check_cuda(cudaGraphGetEdges(self.graph, NULL, NULL, NULL, &n), "cudaGraphGetEdges")
-        return n
+    def edges(self):
+        """The dependencies between the graph's nodes, as (from, to) pairs of indices into its
+        node list: a capture of one stream is a chain; forked work gives a node two successors."""
+        cdef size_t n_nodes = 0, n_edges = 0, i
+        if self.graph == NULL:
+            return []
+        check_cuda(cudaGraphGetNodes(self.graph, NULL, &n_nodes), "cudaGraphGetNodes")
+        check_cuda(cudaGraphGetEdges(self.graph, NULL, NULL, NULL, &n_edges), "cudaGraphGetEdges")
+        cdef void** nodes = <void**>malloc((n_nodes + 1) * sizeof(void*))
+        cdef void** frm = <void**>malloc((n_edges + 1) * sizeof(void*))
+        cdef void** to = <void**>malloc((n_edges + 1) * sizeof(void*))
+        try:
+            if nodes == NULL or frm == NULL or to == NULL:
+                raise MemoryError()
+            check_cuda(cudaGraphGetNodes(self.graph, nodes, &n_nodes), "cudaGraphGetNodes")
+            check_cuda(cudaGraphGetEdges(self.graph, frm, to, NULL, &n_edges), "cudaGraphGetEdges")
+            index = {<uintptr_t>nodes[i]: i for i in range(n_nodes)}
+            return [(index[<uintptr_t>frm[i]], index[<uintptr_t>to[i]]) for i in range(n_edges)]
+        finally:
+            free(nodes); free(frm); free(to)
 
     def __dealloc__(self):
         # Destroying a graph while a capture is under way on the device (in any thread)
