@@ -19,7 +19,7 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODULES = {"_core": [], "plans": [], "rowmajor": [], "fused": ["cygemm/kernels.cu"], "graph": []}
+MODULES = {"_core": [], "plans": [], "rowmajor": [], "fused": ["cygemm/kernels.cu"], "graph": [], "matmul": []}
 HEADERS = ["cygemm/include/cygemm/kernels.h"]
 RUNPATH = "$ORIGIN/../nvidia/cu13/lib"
 

@@ -13,11 +13,12 @@ from cygemm._core import (CygemmError, CudaError, CublasError, device_count, rel
                           stream_pointer, versions)
 from cygemm.rowmajor import gemm, gemm_strided_batched
 from cygemm.plans import load_tuning, save_tuning
+from cygemm.matmul import matmul
 from cygemm import gemm_ops, graph, plans
 
 __version__ = "0.1.0"
 
-__all__ = ["gemm", "gemm_strided_batched", "gemm_ops", "graph", "plans", "load_tuning", "save_tuning", "CygemmError", "CudaError", "CublasError",
+__all__ = ["matmul", "gemm", "gemm_strided_batched", "gemm_ops", "graph", "plans", "load_tuning", "save_tuning", "CygemmError", "CudaError", "CublasError",
            "device_count", "release_workspaces", "stream_pointer", "versions", "get_include",
            "gpu_unavailable_reason"]
 

@@ -88,7 +88,24 @@ ctypedef struct MatrixView:
     int device          # the memory's device as the array object says, -1: ask CUDA
 
 
+cdef enum:
+    MAX_NDIM = 64
+
+# Any device array as read once from its object: strides in elements.
+ctypedef struct ArrayDesc:
+    char* ptr
+    int ndim
+    int64_t shape[64]
+    int64_t strides[64]
+    cudaDataType dtype
+    int itemsize
+    int device          # as the array object says, -1: ask CUDA
+
+
 # Python boundary helpers, used by the other modules of the package.
+# wide: accept float64 too (else float32, float16, bfloat16).
+cdef int read_array(object x, ArrayDesc* d, str name, bint wide) except -1
+cdef tuple desc_shape(const ArrayDesc* d)
 cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1
 cdef int stream_from_object(object stream, cudaStream_t* out) except -1
 cdef bint stream_is_capturing(cudaStream_t stream) except -1 nogil
@@ -99,6 +116,8 @@ cdef int check_devices(GemmContext* ctx, cudaStream_t stream, const MatrixView**
 # (cuBLAS and our kernels assume it does not). Exact for two 2-D views with the
 # same leading dimension (column blocks of one buffer do not overlap), conservative
 # (address ranges) otherwise. Empty views overlap nothing.
+# Whether two views share memory (exact for 2-D views of one leading dimension).
+cdef bint views_overlap(const MatrixView* x, const MatrixView* y) noexcept nogil
 cdef int check_no_overlap(const MatrixView* out, str out_name, const MatrixView* other,
                           str other_name) except -1
 cdef object dtype_name(cudaDataType dtype)

@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Errors, handles, streams and array views: the core every cygemm module uses."""
+import contextlib
 import threading
 
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
@@ -738,10 +739,12 @@ cdef enum:
     DL_BFLOAT = 4
     DL_CUDA = 2
 
+# typestr -> (cudaDataType, itemsize); float64 only where the caller accepts it (wide).
 _DTYPES = {"<f4": (CUDA_R_32F, 4), "<f2": (CUDA_R_16F, 2)}
-_F32, _F16 = _DTYPES["<f4"], _DTYPES["<f2"]
+_WIDE_DTYPES = {"<f4": (CUDA_R_32F, 4), "<f2": (CUDA_R_16F, 2), "<f8": (CUDA_R_64F, 8)}
+_F32, _F16, _F64 = _DTYPES["<f4"], _DTYPES["<f2"], _WIDE_DTYPES["<f8"]
 import numpy as _np
-_NP_F32, _NP_F16 = _np.dtype("float32"), _np.dtype("float16")
+_NP_F32, _NP_F16, _NP_F64 = _np.dtype("float32"), _np.dtype("float16"), _np.dtype("float64")
 
 
 cdef object dtype_name(cudaDataType dtype):
@@ -751,68 +754,62 @@ cdef object dtype_name(cudaDataType dtype):
         return "float16"
     if dtype == CUDA_R_16BF:
         return "bfloat16"
+    if dtype == CUDA_R_64F:
+        return "float64"
     return f"cudaDataType {<int>dtype}"
 
 
-cdef int _fill_view(MatrixView* view, str name, int min_ndim, int max_ndim, uintptr_t ptr,
-                    tuple shape, object strides, int itemsize, int device) except -1:
-    cdef int ndim = len(shape)
-    if ndim < min_ndim or ndim > max_ndim:
-        want = f"{min_ndim}-D" if min_ndim == max_ndim else f"{min_ndim}-D or {max_ndim}-D"
-        raise ValueError(f"{name}: expected a {want} array, got {ndim}-D with shape {shape}")
-    cdef int64_t st[3]
-    cdef int i
-    cdef int64_t expect = itemsize
+cdef str _expected(bint wide):
+    return "float16, bfloat16, float32 or float64" if wide else "float32 or float16"
+
+
+cdef int _fill_desc(ArrayDesc* d, str name, uintptr_t ptr, tuple shape, object strides, int itemsize,
+                    int device) except -1:
+    cdef int ndim = len(shape), i
+    if ndim > MAX_NDIM:
+        raise ValueError(f"{name}: expected at most {MAX_NDIM} dimensions, got {ndim}")
+    cdef int64_t expect = 1
+    d.ptr, d.ndim, d.itemsize, d.device = <char*>ptr, ndim, itemsize, device
     # C-contiguous; also for an empty array, whose strides are meaningless (CuPy gives 0s).
     if strides is None or 0 in shape:
         for i in range(ndim - 1, -1, -1):
-            st[i] = expect
-            expect *= <int64_t>shape[i]
-    else:
-        for i in range(ndim):
-            st[i] = strides[i]
-    for i in range(ndim):
-        if st[i] % itemsize:
-            raise ValueError(f"{name}: stride {st[i]} bytes on axis {i} is not a multiple "
-                             f"of the element size ({itemsize} bytes)")
-    view.ptr = <char*>ptr
-    view.itemsize = itemsize
-    view.device = device
-    if ndim == 1:                             # a vector is one row
-        view.rows, view.cols = 1, shape[0]
-        view.row_stride, view.col_stride = shape[0], st[0] // itemsize
-        view.batch, view.batch_stride = 1, 0
+            d.shape[i] = shape[i]
+            d.strides[i] = expect
+            expect *= d.shape[i]
         return 0
-    view.rows = shape[ndim - 2]
-    view.cols = shape[ndim - 1]
-    view.row_stride = st[ndim - 2] // itemsize
-    view.col_stride = st[ndim - 1] // itemsize
-    if ndim == 3:
-        view.batch = shape[0]
-        view.batch_stride = st[0] // itemsize
-    else:
-        view.batch = 1
-        view.batch_stride = 0
+    cdef int64_t st
+    for i in range(ndim):
+        d.shape[i] = shape[i]
+        st = strides[i]
+        if st % itemsize:
+            raise ValueError(f"{name}: stride {st} bytes on axis {i} is not a multiple "
+                             f"of the element size ({itemsize} bytes)")
+        d.strides[i] = st // itemsize
     return 0
 
 
-cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1:
-    """Read pointer, shape, strides and dtype of a device array, once, without touching the GPU."""
+cdef tuple desc_shape(const ArrayDesc* d):
+    return tuple([d.shape[i] for i in range(d.ndim)])
+
+
+cdef int read_array(object x, ArrayDesc* d, str name, bint wide) except -1:
+    """Read pointer, shape, strides, dtype and device of a device array, once, without touching
+    the GPU. wide: float64 too (else float32, float16, bfloat16)."""
     cdef object dt
     if _cupy_ndarray is not None and type(x) is _cupy_ndarray:    # fast path: no dict built
         dt_obj = x.dtype
         # NumPy's builtin dtypes are singletons: identity beats building dtype.str.
-        dt = _F32 if dt_obj is _NP_F32 else (_F16 if dt_obj is _NP_F16 else _DTYPES.get(dt_obj.str))
+        dt = _F32 if dt_obj is _NP_F32 else (_F16 if dt_obj is _NP_F16 else (
+            _F64 if (wide and dt_obj is _NP_F64) else None))
         if dt is None:
-            raise TypeError(f"{name}: expected float32 or float16, got {x.dtype}")
-        view.dtype = <cudaDataType>(<int>dt[0])
+            raise TypeError(f"{name}: expected {_expected(wide)}, got {x.dtype}")
+        d.dtype = <cudaDataType>(<int>dt[0])
         mem = x.data        # its device_id spares check_devices a cudaPointerGetAttributes
-        return _fill_view(view, name, min_ndim, max_ndim, mem.ptr, x.shape, x.strides, dt[1],
-                          mem.device_id)
+        return _fill_desc(d, name, mem.ptr, x.shape, x.strides, dt[1], mem.device_id)
     if _torch_tensor is not None and isinstance(x, _torch_tensor):
-        return _view_from_torch(x, view, name, min_ndim, max_ndim)
+        return _read_torch(x, d, name, wide)
     if _torch_tensor is None and type(x).__module__.startswith("torch") and _find_torch():
-        return view_from_object(x, view, name, min_ndim, max_ndim)
+        return read_array(x, d, name, wide)
     cdef object cai
     try:
         cai = x.__cuda_array_interface__
@@ -821,20 +818,42 @@ cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, in
     except (TypeError, BufferError, RuntimeError):  # e.g. torch bfloat16: use DLPack
         cai = None
     if cai is not None:
-        dt = _DTYPES.get(cai["typestr"])
+        dt = (_WIDE_DTYPES if wide else _DTYPES).get(cai["typestr"])
         if dt is None and hasattr(x, "__dlpack__"):
             # CAI has no bfloat16 typestr (torch says '<V2'); DLPack names it.
-            return _view_from_dlpack(x, view, name, min_ndim, max_ndim)
+            return _read_dlpack(x, d, name, wide)
         if dt is None:
-            raise TypeError(f"{name}: expected float32 ('<f4') or float16 ('<f2'), "
-                            f"got typestr {cai['typestr']!r}")
-        view.dtype = <cudaDataType>(<int>dt[0])
-        return _fill_view(view, name, min_ndim, max_ndim, cai["data"][0], tuple(cai["shape"]),
-                          cai.get("strides"), dt[1], -1)
+            raise TypeError(f"{name}: expected {_expected(wide)}, got typestr {cai['typestr']!r}")
+        d.dtype = <cudaDataType>(<int>dt[0])
+        return _fill_desc(d, name, cai["data"][0], tuple(cai["shape"]), cai.get("strides"), dt[1], -1)
     if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
-        return _view_from_dlpack(x, view, name, min_ndim, max_ndim)
+        return _read_dlpack(x, d, name, wide)
     raise TypeError(f"{name}: expected a CUDA device array (__cuda_array_interface__ or DLPack "
                     f"on a CUDA device), got {type(x).__module__}.{type(x).__name__}")
+
+
+cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1:
+    """A (batch, rows, cols) view of a device array of min_ndim..max_ndim (<= 3) dimensions;
+    a 1-D array is one row."""
+    cdef ArrayDesc d
+    read_array(x, &d, name, False)
+    cdef int ndim = d.ndim
+    if ndim < min_ndim or ndim > max_ndim:
+        want = f"{min_ndim}-D" if min_ndim == max_ndim else f"{min_ndim}-D or {max_ndim}-D"
+        raise ValueError(f"{name}: expected a {want} array, got {ndim}-D with shape {desc_shape(&d)}")
+    view.ptr, view.itemsize, view.device, view.dtype = d.ptr, d.itemsize, d.device, d.dtype
+    if ndim == 1:                             # a vector is one row
+        view.rows, view.cols = 1, d.shape[0]
+        view.row_stride, view.col_stride = d.shape[0], d.strides[0]
+        view.batch, view.batch_stride = 1, 0
+        return 0
+    view.rows, view.cols = d.shape[ndim - 2], d.shape[ndim - 1]
+    view.row_stride, view.col_stride = d.strides[ndim - 2], d.strides[ndim - 1]
+    if ndim == 3:
+        view.batch, view.batch_stride = d.shape[0], d.strides[0]
+    else:
+        view.batch, view.batch_stride = 1, 0
+    return 0
 
 
 # torch tensors are read through their attributes: torch's __cuda_array_interface__
@@ -842,34 +861,38 @@ cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, in
 # (CAI) or cannot name bfloat16 (CAI).
 cdef object _torch_tensor = None
 cdef dict _torch_dtypes = None
+cdef object _torch_f64 = None
 
 
 cdef bint _find_torch() except -1:
-    global _torch_tensor, _torch_dtypes
+    global _torch_tensor, _torch_dtypes, _torch_f64
     import sys
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "Tensor"):
         return False
     _torch_dtypes = {torch.float32: (CUDA_R_32F, 4), torch.float16: (CUDA_R_16F, 2),
                      torch.bfloat16: (CUDA_R_16BF, 2)}
+    _torch_f64 = torch.float64
     _torch_tensor = torch.Tensor
     return True
 
 
-cdef int _view_from_torch(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1:
+cdef int _read_torch(object x, ArrayDesc* d, str name, bint wide) except -1:
     if not x.is_cuda:
         raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {x.device}")
     dt = _torch_dtypes.get(x.dtype)
+    if dt is None and wide and x.dtype == _torch_f64:
+        dt = _F64
     if dt is None:
-        raise TypeError(f"{name}: expected float32, float16 or bfloat16, got {x.dtype}")
-    view.dtype = <cudaDataType>(<int>dt[0])
+        raise TypeError(f"{name}: expected {_expected(wide).replace('float32 or float16', 'float32, float16 or bfloat16')}, "
+                        f"got {x.dtype}")
+    d.dtype = <cudaDataType>(<int>dt[0])
     itemsize = dt[1]
     strides = tuple([st * itemsize for st in x.stride()])
-    return _fill_view(view, name, min_ndim, max_ndim, x.data_ptr(), tuple(x.shape), strides, itemsize,
-                      x.get_device())
+    return _fill_desc(d, name, x.data_ptr(), tuple(x.shape), strides, itemsize, x.get_device())
 
 
-cdef int _view_from_dlpack(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1:
+cdef int _read_dlpack(object x, ArrayDesc* d, str name, bint wide) except -1:
     dev = x.__dlpack_device__()
     if int(dev[0]) != DL_CUDA:
         raise TypeError(f"{name}: expected an array on a CUDA device, got "
@@ -881,19 +904,21 @@ cdef int _view_from_dlpack(object x, MatrixView* view, str name, int min_ndim, i
     cdef cg_DLTensor* t = <cg_DLTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
     cdef int itemsize
     if t.dtype.lanes == 1 and t.dtype.bits == 16 and t.dtype.code == DL_BFLOAT:
-        view.dtype = CUDA_R_16BF
+        d.dtype = CUDA_R_16BF
     elif t.dtype.lanes == 1 and t.dtype.bits == 16 and t.dtype.code == DL_FLOAT:
-        view.dtype = CUDA_R_16F
+        d.dtype = CUDA_R_16F
     elif t.dtype.lanes == 1 and t.dtype.bits == 32 and t.dtype.code == DL_FLOAT:
-        view.dtype = CUDA_R_32F
+        d.dtype = CUDA_R_32F
+    elif wide and t.dtype.lanes == 1 and t.dtype.bits == 64 and t.dtype.code == DL_FLOAT:
+        d.dtype = CUDA_R_64F
     else:
-        raise TypeError(f"{name}: expected float32, float16 or bfloat16, got DLPack dtype "
-                        f"(code={t.dtype.code}, bits={t.dtype.bits}, lanes={t.dtype.lanes})")
+        raise TypeError(f"{name}: expected {_expected(wide).replace('float32 or float16', 'float32, float16 or bfloat16')}, "
+                        f"got DLPack dtype (code={t.dtype.code}, bits={t.dtype.bits}, lanes={t.dtype.lanes})")
     itemsize = t.dtype.bits // 8
     shape = tuple([t.shape[i] for i in range(t.ndim)])
     strides = None if t.strides == NULL else tuple([t.strides[i] * itemsize for i in range(t.ndim)])
-    return _fill_view(view, name, min_ndim, max_ndim, <uintptr_t>t.data + t.byte_offset,
-                      shape, strides, itemsize, t.device.device_id)
+    return _fill_desc(d, name, <uintptr_t>t.data + t.byte_offset, shape, strides, itemsize,
+                      t.device.device_id)
 
 
 def describe_array(x, str name="x"):
@@ -1057,6 +1082,10 @@ cdef bint _views_overlap(const MatrixView* x, const MatrixView* y) noexcept nogi
     return not (hi1 <= lo2 or hi2 <= lo1) and _blocks_overlap(x, y)
 
 
+cdef bint views_overlap(const MatrixView* x, const MatrixView* y) noexcept nogil:
+    return _views_overlap(x, y)
+
+
 cdef int check_no_overlap(const MatrixView* out, str out_name, const MatrixView* other,
                           str other_name) except -1:
     if not _views_overlap(out, other):
@@ -1107,6 +1136,14 @@ cdef object _empty_on(tuple shape, object dtype, uintptr_t ptr):
         return _cupy.empty(shape, dtype=dtype)
 
 
+def stream_context(uintptr_t ptr):
+    """A context manager that makes the raw stream `ptr` CuPy's current stream (nothing
+    when it is already), so CuPy's allocations and kernels go to it."""
+    if _current_stream().ptr == ptr:
+        return contextlib.nullcontext()
+    return _cupy_stream(ptr)
+
+
 cdef object empty_array(tuple shape, cudaDataType dtype, cudaStream_t stream):
     if _cupy is None:
         raise RuntimeError("out=None needs CuPy to allocate the result; pass out= instead")
@@ -1122,8 +1159,8 @@ def empty(shape, dtype, stream=None, str what="the result"):
         raise RuntimeError(f"{what}: allocating it would use device memory while the stream is being "
                            "captured; allocate before capturing and use the *_into form")
     name = _np.dtype(dtype).name
-    if name not in ("float32", "float16"):
-        raise TypeError(f"dtype: expected float32 or float16, got {name}")
+    if name not in ("float32", "float16", "float64"):
+        raise TypeError(f"dtype: expected float32, float16 or float64, got {name}")
     if _cupy is None:
         raise RuntimeError(f"{what}: allocating needs CuPy")
     return _empty_on(tuple(shape), name, <uintptr_t>s)

@@ -55,6 +55,10 @@ cdef int _gemmex(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
                  const float* alpha, const float* beta) except -1 nogil:
     """The cuBLAS status of one GemmEx call (-1: binding the stream raised)."""
     bind_stream(ctx, stream)
+    cdef double alpha64, beta64
+    if compute == CUBLAS_COMPUTE_64F:       # the scalars take the compute type: double here
+        alpha64, beta64 = alpha[0], beta[0]
+        alpha, beta = <const float*>&alpha64, <const float*>&beta64
     # Past 2**31 - 1 in any size or leading dimension take cuBLAS's 64-bit API;
     # below it the 32-bit one, whose kernels and heuristics are the tuned ones.
     if g.strided_batched and _wide(g):
@@ -477,7 +481,7 @@ cdef int plan_run(GemmContext* ctx, cudaStream_t stream, PlanData* d, const ColM
 cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                   cublasComputeType_t compute, const float* alpha, const float* beta) except -1 nogil:
     cdef int64_t batch = g.batch if g.strided_batched else 1
-    if _wide(g) or _force_gemm == 1 or g.k == 0 or (
+    if _wide(g) or _force_gemm == 1 or g.k == 0 or compute == CUBLAS_COMPUTE_64F or (
             _force_gemm == 0 and not worth_tuning(<double>g.m * g.n * g.k * batch)):
         return gemm_colmajor(ctx, stream, g, dtype, compute, alpha, beta)
     with gil:

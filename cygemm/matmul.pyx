@@ -1,0 +1,478 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""cygemm.matmul: NumPy's matmul on device arrays of any library, read in place.
+
+Each operand's last two axes go to cuBLAS through rowmajor's mapping (leading dimensions and
+op flags, so transposed views and slices are not copied); the batch axes are broadcast with
+stride 0, merged where their strides allow, and the innermost run becomes one strided-batched
+GEMM (the others, if any, a loop of such calls with no copy).
+"""
+import os
+
+import numpy as np
+
+from libc.stdint cimport int64_t, uintptr_t
+
+from cygemm.cudart cimport cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F
+from cygemm.cublas cimport (cublasComputeType_t, CUBLAS_OP_T, CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32,
+                            CUBLAS_COMPUTE_64F)
+from cygemm._core cimport (ArrayDesc, MatrixView, GemmContext, MAX_NDIM, read_array, desc_shape,
+                           current_context, stream_from_object, stream_is_capturing, check_devices,
+                           dtype_name, views_overlap)
+from cygemm.plans cimport ColMajorGemm, run_gemm
+from cygemm.rowmajor cimport MapResult, MAP_OK, MAP_BAD_A, MAP_BAD_B, map_rowmajor_gemm, check_batch_disjoint
+from cygemm import _core
+
+__all__ = ["matmul", "describe_matmul"]
+
+cdef dict _MATH = {"tf32": 0, "fp32": 1, "cupy": 2}
+
+
+cdef cublasComputeType_t _compute(cudaDataType dtype, str math) except *:
+    cdef object kind = _MATH.get(math)
+    if kind is None:
+        raise ValueError(f"math: expected 'tf32', 'fp32' or 'cupy', got {math!r}")
+    if dtype == CUDA_R_64F:
+        return CUBLAS_COMPUTE_64F
+    if dtype != CUDA_R_32F:
+        return CUBLAS_COMPUTE_32F       # half types accumulate in fp32 either way
+    if kind == 2:                       # as CuPy: TF32 only when CUPY_TF32=1
+        kind = 0 if os.environ.get("CUPY_TF32", "0") == "1" else 1
+    return CUBLAS_COMPUTE_32F_FAST_TF32 if kind == 0 else CUBLAS_COMPUTE_32F
+
+
+# ------------------------------------------------------------ dtypes and array libraries
+
+cdef int _rank(cudaDataType t) noexcept:
+    return 3 if t == CUDA_R_64F else (2 if t == CUDA_R_32F else 1)
+
+
+cdef cudaDataType _promote(cudaDataType x, cudaDataType y) noexcept:
+    """As cp.matmul / torch promote among float16, bfloat16, float32, float64."""
+    if x == y:
+        return x
+    if _rank(x) == _rank(y):            # float16 with bfloat16: neither holds the other
+        return CUDA_R_32F
+    return x if _rank(x) > _rank(y) else y
+
+
+cdef bint _is_torch(object x):
+    return type(x).__module__.startswith("torch")
+
+
+cdef object _torch_dtype(object torch, cudaDataType t):
+    return {CUDA_R_32F: torch.float32, CUDA_R_16F: torch.float16, CUDA_R_16BF: torch.bfloat16,
+            CUDA_R_64F: torch.float64}[t]
+
+
+cdef object _torch_stream(object torch, cudaStream_t s):
+    return torch.cuda.ExternalStream(<uintptr_t>s)
+
+
+cdef object _new_array(bint torch_lib, object like, tuple shape, cudaDataType t, cudaStream_t s):
+    """A C-ordered array of the caller's library, its memory ordered on stream s."""
+    if torch_lib:
+        import torch
+        if torch.cuda.current_stream(like.device).cuda_stream == <uintptr_t>s:
+            return torch.empty(shape, dtype=_torch_dtype(torch, t), device=like.device)
+        with torch.cuda.stream(_torch_stream(torch, s)):
+            return torch.empty(shape, dtype=_torch_dtype(torch, t), device=like.device)
+    if t == CUDA_R_16BF:
+        raise TypeError("bfloat16 needs torch tensors (CuPy has no bfloat16 dtype)")
+    return _core.empty(shape, dtype_name(t), <uintptr_t>s)
+
+
+cdef object _contiguous(bint torch_lib, object x, cudaDataType t, cudaStream_t s):
+    """x as a C-ordered array of dtype t, copied on stream s."""
+    if torch_lib:
+        import torch
+        with torch.cuda.stream(_torch_stream(torch, s)):
+            return x.to(_torch_dtype(torch, t)).contiguous()
+    import cupy
+    with _core.stream_context(<uintptr_t>s):
+        return cupy.ascontiguousarray(cupy.asarray(x), dtype=dtype_name(t))
+
+
+cdef int _copy_into(bint torch_lib, object out, object src, cudaStream_t s) except -1:
+    if torch_lib:
+        import torch
+        with torch.cuda.stream(_torch_stream(torch, s)):
+            out.copy_(src)
+        return 0
+    import cupy
+    with _core.stream_context(<uintptr_t>s):
+        cupy.asarray(out)[...] = src
+    return 0
+
+
+# ------------------------------------------------------------ the batch layout
+
+cdef struct _Layout:
+    # The operands' last two axes, as row-major cores (1-D operands made 1 x K and K x 1).
+    int64_t M, N, K
+    int64_t a_rs, a_cs, b_rs, b_cs, c_rs, c_cs
+    # Broadcast batch axes after merging, innermost last: sizes and element strides.
+    int nb
+    int64_t size[64]
+    int64_t sa[64]
+    int64_t sb[64]
+    int64_t sc[64]
+
+
+cdef int _core_of(const ArrayDesc* d, bint is_a, int64_t* rows, int64_t* cols, int64_t* rs,
+                  int64_t* cs) noexcept:
+    cdef int n = d.ndim
+    if n == 1 and is_a:                 # (K,) -> (1, K)
+        rows[0], cols[0], rs[0], cs[0] = 1, d.shape[0], d.shape[0] * d.strides[0], d.strides[0]
+    elif n == 1:                        # (K,) -> (K, 1)
+        rows[0], cols[0], rs[0], cs[0] = d.shape[0], 1, d.strides[0], 1
+    else:
+        rows[0], cols[0] = d.shape[n - 2], d.shape[n - 1]
+        rs[0], cs[0] = d.strides[n - 2], d.strides[n - 1]
+    return 0
+
+
+cdef tuple _layout(const ArrayDesc* a, const ArrayDesc* b, _Layout* L):
+    """Check the shapes as NumPy does, fill the cores and the broadcast batch axes (not yet
+    merged, c's strides unset); return the result's shape."""
+    cdef int64_t ar, ac, br, bc, x, y
+    _core_of(a, True, &ar, &ac, &L.a_rs, &L.a_cs)
+    _core_of(b, False, &br, &bc, &L.b_rs, &L.b_cs)
+    if ac != br:
+        raise ValueError(f"b: matmul needs b's {'only' if b.ndim == 1 else 'second-to-last'} axis to "
+                         f"match a's last axis ({ac}), got shapes {desc_shape(a)} and {desc_shape(b)}")
+    L.M, L.K, L.N = ar, ac, bc
+    cdef int na = a.ndim - 2 if a.ndim > 2 else 0
+    cdef int nbt = b.ndim - 2 if b.ndim > 2 else 0
+    cdef int n = na if na > nbt else nbt, i, ia, ib
+    L.nb = n
+    shape = []
+    for i in range(n):
+        ia, ib = i - (n - na), i - (n - nbt)
+        x = a.shape[ia] if ia >= 0 else 1
+        y = b.shape[ib] if ib >= 0 else 1
+        if x != y and x != 1 and y != 1:
+            raise ValueError(f"b: the batch axes of a {desc_shape(a)[:na]} and b {desc_shape(b)[:nbt]} "
+                             "do not broadcast")
+        L.size[i] = x if x != 1 else y
+        L.sa[i] = a.strides[ia] if ia >= 0 and x != 1 else 0
+        L.sb[i] = b.strides[ib] if ib >= 0 and y != 1 else 0
+        shape.append(L.size[i])
+    if a.ndim > 1:
+        shape.append(L.M)
+    if b.ndim > 1:
+        shape.append(L.N)
+    return tuple(shape)
+
+
+cdef int _out_strides(const ArrayDesc* c, bint a_vec, bint b_vec, _Layout* L) noexcept:
+    cdef int n = c.ndim, i
+    for i in range(L.nb):
+        L.sc[i] = c.strides[i]
+    if a_vec and b_vec:                 # a 0-D result
+        L.c_rs, L.c_cs = 1, 1
+    elif a_vec:                         # (.., N): one row
+        L.c_rs, L.c_cs = L.N * c.strides[n - 1], c.strides[n - 1]
+    elif b_vec:                         # (.., M): one column
+        L.c_rs, L.c_cs = c.strides[n - 1], 1
+    else:
+        L.c_rs, L.c_cs = c.strides[n - 2], c.strides[n - 1]
+    return 0
+
+
+cdef int _merge_batch(_Layout* L) noexcept:
+    """Drop length-1 batch axes and merge neighbours whose strides chain in all three arrays
+    (an outer stride = inner stride x inner length, 0 with 0 included)."""
+    cdef int i, n = 0
+    for i in range(L.nb):
+        if L.size[i] == 1:
+            continue
+        if n > 0 and L.sa[n - 1] == L.sa[i] * L.size[i] and L.sb[n - 1] == L.sb[i] * L.size[i] \
+                and L.sc[n - 1] == L.sc[i] * L.size[i]:
+            L.size[n - 1] *= L.size[i]
+            L.sa[n - 1], L.sb[n - 1], L.sc[n - 1] = L.sa[i], L.sb[i], L.sc[i]
+            continue
+        L.size[n], L.sa[n], L.sb[n], L.sc[n] = L.size[i], L.sa[i], L.sb[i], L.sc[i]
+        n += 1
+    L.nb = n
+    return 0
+
+
+cdef void _view(MatrixView* v, char* ptr, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
+                int64_t batch, int64_t bs, const ArrayDesc* d) noexcept:
+    v.ptr, v.rows, v.cols, v.row_stride, v.col_stride = ptr, rows, cols, rs, cs
+    v.batch, v.batch_stride, v.dtype, v.itemsize, v.device = batch, bs, d.dtype, d.itemsize, d.device
+
+
+cdef void _views(const _Layout* L, const ArrayDesc* a, const ArrayDesc* b, const ArrayDesc* c,
+                 int64_t off_a, int64_t off_b, int64_t off_c,
+                 MatrixView* va, MatrixView* vb, MatrixView* vc) noexcept:
+    """The views of one call: the innermost merged batch axis is cuBLAS's batch."""
+    cdef int64_t batch = L.size[L.nb - 1] if L.nb > 0 else 1
+    cdef int last = L.nb - 1
+    _view(va, a.ptr + off_a * a.itemsize, L.M, L.K, L.a_rs, L.a_cs, batch, L.sa[last] if last >= 0 else 0, a)
+    _view(vb, b.ptr + off_b * b.itemsize, L.K, L.N, L.b_rs, L.b_cs, batch, L.sb[last] if last >= 0 else 0, b)
+    _view(vc, c.ptr + off_c * c.itemsize, L.M, L.N, L.c_rs, L.c_cs, batch, L.sc[last] if last >= 0 else 0, c)
+
+
+cdef void _extent(const ArrayDesc* d, int64_t* lo, int64_t* hi) noexcept:
+    """Bytes [lo, hi) the array spans (hi == lo when it is empty)."""
+    cdef int i
+    cdef int64_t low = 0, high = 0
+    for i in range(d.ndim):
+        if d.shape[i] == 0:
+            lo[0] = hi[0] = <int64_t>d.ptr
+            return
+        if d.strides[i] < 0:
+            low += (d.shape[i] - 1) * d.strides[i]
+        else:
+            high += (d.shape[i] - 1) * d.strides[i]
+    lo[0] = <int64_t>d.ptr + low * d.itemsize
+    hi[0] = <int64_t>d.ptr + (high + 1) * d.itemsize
+
+
+cdef bint _may_overlap(const _Layout* L, const ArrayDesc* c, const ArrayDesc* x, bint x_is_a,
+                       const ArrayDesc* a, const ArrayDesc* b) noexcept:
+    cdef int64_t lo1, hi1, lo2, hi2
+    _extent(c, &lo1, &hi1)
+    _extent(x, &lo2, &hi2)
+    if hi1 <= lo1 or hi2 <= lo2 or hi1 <= lo2 or hi2 <= lo1:
+        return False
+    cdef MatrixView va, vb, vc
+    if L.nb <= 1:                       # one call: the exact test of two matrix views
+        _views(L, a, b, c, 0, 0, 0, &va, &vb, &vc)
+        return views_overlap(&vc, &va if x_is_a else &vb)
+    return True                         # several calls: by address range
+
+
+# ------------------------------------------------------------ matmul
+
+def matmul(a, b, out=None, *, str math="tf32", stream=None):
+    """Matrix product with NumPy's ``matmul`` semantics, on CUDA arrays, through cuBLAS.
+
+    Parameters
+    ----------
+    a, b : device arrays
+        CuPy arrays, torch CUDA tensors, or any object with ``__cuda_array_interface__`` or
+        ``__dlpack__`` on a CUDA device; float16, bfloat16 (torch), float32 or float64.
+        1-D operands are promoted as NumPy does (a row for ``a``, a column for ``b``, the
+        axis removed from the result); batch axes (all but the last two) broadcast.
+    out : device array, optional
+        Where to write the result: its shape and dtype must be the result's; any strides,
+        as long as its matrices do not overlap one another. It may share memory with ``a``
+        or ``b``: then the product is computed into a temporary first, as NumPy does.
+    math : {"tf32", "fp32", "cupy"}
+        float32 products: "tf32" (``CUBLAS_COMPUTE_32F_FAST_TF32``, the default), "fp32"
+        (strict), "cupy" (as ``cp.matmul``: TF32 only when the environment sets
+        ``CUPY_TF32=1``). float16/bfloat16 accumulate in fp32, float64 in fp64.
+    stream : optional
+        A ``cupy.cuda.Stream``, ``torch.cuda.Stream``, an object with ``__cuda_stream__`` or
+        an int ``cudaStream_t``. None: the current stream of the inputs' library (torch's for
+        torch tensors, else CuPy's).
+
+    Returns
+    -------
+    array
+        ``out`` when given; else a new C-ordered array of the inputs' library (a torch tensor
+        when either input is one, else a CuPy array), allocated on ``stream``.
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not multiply or broadcast, an ``out`` of the wrong shape, an ``out``
+        whose matrices overlap, or a call that must allocate (``out=None``, a dtype cast, an
+        unreadable layout, an overlapping ``out``) while ``stream`` is being captured.
+    TypeError
+        A non-device array, an unsupported dtype, or an ``out`` of another dtype.
+
+    Notes
+    -----
+    No operand is copied when its last two axes have unit stride along one of them
+    (C- or F-ordered matrices, transposed views, row/column slices, stride-0 broadcasts).
+    Copies are made, on ``stream``, only for: operands of different dtypes (cast to the
+    promoted dtype), a matrix with no unit-stride axis (e.g. ``x[::2, ::2]``), and an ``out``
+    that overlaps an input or cannot be written in place. Without them, and with ``out``
+    given, the call allocates nothing and can be captured into a CUDA graph.
+    """
+    cdef ArrayDesc da, db, dc
+    read_array(a, &da, "a", True)
+    read_array(b, &db, "b", True)
+    if da.ndim == 0 or db.ndim == 0:
+        raise ValueError(f"{'a' if da.ndim == 0 else 'b'}: matmul needs at least 1 dimension, got a 0-D array")
+    cdef bint torch_lib = _is_torch(a) or _is_torch(b)
+    cdef cudaDataType t = _promote(da.dtype, db.dtype)
+    cdef cublasComputeType_t compute = _compute(t, math)
+    cdef _Layout L
+    shape = _layout(&da, &db, &L)
+    if out is not None:
+        read_array(out, &dc, "out", True)
+        if dc.dtype != t:
+            raise TypeError(f"out: expected dtype {dtype_name(t)} (the result's), got {dtype_name(dc.dtype)}")
+        if desc_shape(&dc) != shape:
+            raise ValueError(f"out: expected shape {shape}, got {desc_shape(&dc)}")
+    cdef cudaStream_t s
+    if stream is None and torch_lib:
+        import torch
+        s = <cudaStream_t><uintptr_t>torch.cuda.current_stream().cuda_stream
+    else:
+        stream_from_object(stream, &s)
+    # Casts: the operand of the narrower dtype becomes a copy of the promoted one.
+    if da.dtype != t or db.dtype != t:
+        _refuse_in_capture(s, "a/b: mixing dtypes casts an operand into a new array")
+        if da.dtype != t:
+            a = _contiguous(torch_lib, a, t, s)
+            read_array(a, &da, "a", True)
+        if db.dtype != t:
+            b = _contiguous(torch_lib, b, t, s)
+            read_array(b, &db, "b", True)
+        shape = _layout(&da, &db, &L)
+    cdef GemmContext* ctx = current_context()
+    cdef const MatrixView* views[3]
+    cdef MatrixView va, vb, vc
+    target = out
+    if out is None:
+        _refuse_in_capture(s, "out: out=None allocates the result; pass out=")
+        target = out = _new_array(torch_lib, a if _is_torch(a) else b, shape, t, s)
+        read_array(out, &dc, "out", True)
+    elif _may_overlap_any(&L, &dc, &da, &db):
+        _refuse_in_capture(s, "out: it shares memory with a or b, so the product goes to a new array first")
+        target = _new_array(torch_lib, out if _is_torch(out) else (a if _is_torch(a) else b), shape, t, s)
+        read_array(target, &dc, "out", True)
+    _out_strides(&dc, da.ndim == 1, db.ndim == 1, &L)
+    _merge_batch(&L)
+    # A matrix cuBLAS cannot read in place (no unit-stride axis) is copied; one it cannot
+    # write goes through a temporary.
+    cdef ColMajorGemm g
+    cdef int i
+    _views(&L, &da, &db, &dc, 0, 0, 0, &va, &vb, &vc)
+    cdef MapResult r = map_rowmajor_gemm(&va, &vb, &vc, False, False, &g)
+    if r == MAP_BAD_A or r == MAP_BAD_B:
+        _refuse_in_capture(s, f"{'a' if r == MAP_BAD_A else 'b'}: its matrices have no unit-stride axis, "
+                              "so it is copied")
+        if r == MAP_BAD_A:
+            a = _contiguous(torch_lib, a, t, s)
+            read_array(a, &da, "a", True)
+        else:
+            b = _contiguous(torch_lib, b, t, s)
+            read_array(b, &db, "b", True)
+        return matmul(a, b, out, math=math, stream=<uintptr_t>s)   # the copy now reads in place
+    if r != MAP_OK:
+        _refuse_in_capture(s, "out: cuBLAS cannot write its layout, so the product goes to a new array first")
+        tmp = _new_array(torch_lib, out if _is_torch(out) else (a if _is_torch(a) else b), shape, t, s)
+        matmul(a, b, tmp, math=math, stream=<uintptr_t>s)
+        _copy_into(torch_lib, out, tmp, s)
+        return out
+    if g.batch > 1:
+        check_batch_disjoint(&g, "out")
+    for i in range(L.nb - 1):
+        if L.sc[i] == 0:
+            raise ValueError("out: a batch axis of stride 0 would write several products to the same memory")
+    views[0], views[1], views[2] = &va, &vb, &vc
+    check_devices(ctx, s, views, ["a", "b", "out"])
+    if L.M == 0 or L.N == 0 or _empty_batch(&L):
+        return out
+    _run_all(ctx, s, &L, &da, &db, &dc, t, compute)
+    return _finish(target, out, target, torch_lib, s)
+
+
+cdef object _finish(object result, object out, object target, bint torch_lib, cudaStream_t s):
+    if target is not out:           # computed into a temporary: now into out
+        _copy_into(torch_lib, out, result, s)
+        return out
+    return result
+
+
+cdef bint _empty_batch(const _Layout* L) noexcept:
+    cdef int i
+    for i in range(L.nb):
+        if L.size[i] == 0:
+            return True
+    return False
+
+
+cdef bint _may_overlap_any(_Layout* L, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b):
+    _out_strides(c, a.ndim == 1, b.ndim == 1, L)
+    cdef _Layout M = L[0]
+    _merge_batch(&M)
+    return _may_overlap(&M, c, a, True, a, b) or _may_overlap(&M, c, b, False, a, b)
+
+
+cdef int _refuse_in_capture(cudaStream_t s, str why) except -1:
+    if stream_is_capturing(s):
+        raise ValueError(f"{why}, which is not allowed while the stream is being captured")
+    return 0
+
+
+cdef int _run_all(GemmContext* ctx, cudaStream_t s, const _Layout* L, const ArrayDesc* a,
+                  const ArrayDesc* b, const ArrayDesc* c, cudaDataType t,
+                  cublasComputeType_t compute, list calls=None) except -1:
+    """One strided-batched GEMM per index of the outer batch axes (none: one call).
+    calls: a list to describe the calls into instead of launching them."""
+    cdef int outer = L.nb - 1 if L.nb > 0 else 0, i
+    cdef int64_t idx[64]
+    cdef int64_t off_a, off_b, off_c
+    cdef MatrixView va, vb, vc
+    cdef ColMajorGemm g
+    cdef float alpha = 1.0, beta = 0.0
+    for i in range(outer):
+        idx[i] = 0
+    while True:
+        off_a = off_b = off_c = 0
+        for i in range(outer):
+            off_a += idx[i] * L.sa[i]
+            off_b += idx[i] * L.sb[i]
+            off_c += idx[i] * L.sc[i]
+        _views(L, a, b, c, off_a, off_b, off_c, &va, &vb, &vc)
+        map_rowmajor_gemm(&va, &vb, &vc, False, False, &g)   # same strides as the checked call
+        g.strided_batched = g.batch > 1
+        if calls is not None:
+            calls.append(dict(opa="T" if g.opa == CUBLAS_OP_T else "N", opb="T" if g.opb == CUBLAS_OP_T else "N",
+                              m=g.m, n=g.n, k=g.k, a=<uintptr_t>g.a, lda=g.lda, stride_a=g.stride_a,
+                              b=<uintptr_t>g.b, ldb=g.ldb, stride_b=g.stride_b, c=<uintptr_t>g.c,
+                              ldc=g.ldc, stride_c=g.stride_c, batch=g.batch))
+        else:
+            with nogil:
+                run_gemm(ctx, s, &g, t, compute, &alpha, &beta)
+        i = outer - 1                   # next index, last axis fastest
+        while i >= 0:
+            idx[i] += 1
+            if idx[i] < L.size[i]:
+                break
+            idx[i] = 0
+            i -= 1
+        if i < 0:
+            return 0
+
+
+def describe_matmul(a, b, out):
+    """The cuBLAS calls ``matmul(a, b, out)`` makes, as a list of dicts of cublasGemmEx /
+    cublasGemmStridedBatchedEx arguments (pointers as ints); launches nothing and needs no GPU.
+
+    Raises ValueError where matmul would copy instead (dtypes differ, a layout cuBLAS cannot
+    read or write in place, an ``out`` sharing memory with ``a`` or ``b``), so a test can
+    check which layouts are read in place.
+    """
+    cdef ArrayDesc da, db, dc
+    read_array(a, &da, "a", True)
+    read_array(b, &db, "b", True)
+    read_array(out, &dc, "out", True)
+    if da.ndim == 0 or db.ndim == 0:
+        raise ValueError("a/b: matmul needs at least 1 dimension")
+    if da.dtype != db.dtype or dc.dtype != da.dtype:
+        raise ValueError("a/b/out: dtypes differ: matmul would cast")
+    cdef _Layout L
+    shape = _layout(&da, &db, &L)
+    if desc_shape(&dc) != shape:
+        raise ValueError(f"out: expected shape {shape}, got {desc_shape(&dc)}")
+    if _may_overlap_any(&L, &dc, &da, &db):
+        raise ValueError("out: shares memory with a or b: matmul would use a temporary")
+    _out_strides(&dc, da.ndim == 1, db.ndim == 1, &L)
+    _merge_batch(&L)
+    cdef MatrixView va, vb, vc
+    cdef ColMajorGemm g
+    _views(&L, &da, &db, &dc, 0, 0, 0, &va, &vb, &vc)
+    if map_rowmajor_gemm(&va, &vb, &vc, False, False, &g) != MAP_OK:
+        raise ValueError("a/b/out: a layout cuBLAS cannot read or write in place: matmul would copy")
+    calls = []
+    if L.M and L.N and not _empty_batch(&L):
+        _run_all(NULL, NULL, &L, &da, &db, &dc, da.dtype, CUBLAS_COMPUTE_32F, calls)
+    return calls

@@ -1,0 +1,300 @@
+"""cygemm.matmul: NumPy's matmul semantics. CPU: the cuBLAS calls it makes (a NumPy model of
+cuBLAS runs them on host memory) and its argument errors. GPU: against float64 and
+cp.matmul, torch tensors, copies only where needed, capture."""
+import itertools
+
+import numpy as np
+import pytest
+
+import cygemm
+from cygemm.matmul import describe_matmul
+from fakes import BASE, FakeDeviceArray, fake_view
+from gpu_util import f64, poisoned, rand, rel_err
+from test_rowmajor_mapping import cublas_gemm_model
+
+
+# ------------------------------------------------------------------ CPU: the calls, modelled
+
+def _carve(buf, cursor, shape, order):
+    """A view of `shape` in buf: 'C', 'F' (last two axes swapped in memory), 'T' (every axis
+    reversed in memory), 'pad' (rows padded), 'bperm' (first two batch axes swapped in memory)."""
+    size = int(np.prod(shape))
+    start = cursor[0]
+    if order == "pad" and shape:
+        full = buf[start:start + size * 2].reshape(*shape[:-1], shape[-1] * 2)
+        v = full[..., 1:shape[-1] + 1]
+        cursor[0] += size * 2 + 5
+    else:
+        flat = buf[start:start + size]
+        cursor[0] += size + 5
+        if order == "C" or len(shape) < 2:
+            v = flat.reshape(shape)
+        elif order == "F":
+            v = np.swapaxes(flat.reshape(*shape[:-2], shape[-1], shape[-2]), -1, -2)
+        elif order == "T":
+            v = flat.reshape(shape[::-1]).T
+        elif order == "bperm" and len(shape) >= 4:
+            v = np.swapaxes(flat.reshape(shape[1], shape[0], *shape[2:]), 0, 1)
+        else:
+            v = flat.reshape(shape)
+    return v
+
+
+def _readable(x):
+    """Whether cuBLAS can read x's matrices in place: one of the last two axes has unit
+    stride and the other a stride >= its length (axes of length <= 1 fit either way)."""
+    if x.ndim < 2 or x.size == 0:       # an empty array's strides mean nothing: read as C-ordered
+        return True
+    (r, c), (s0, s1) = x.shape[-2:], (st // x.itemsize for st in x.strides[-2:])
+    return ((s1 == 1 or c <= 1) and (r <= 1 or c == 0 or s0 >= c)) or \
+        ((s0 == 1 or r <= 1) and (c <= 1 or r == 0 or s1 >= r))
+
+
+CASES = [
+    # a shape, b shape
+    ((5, 7), (7, 3)), ((1, 7), (7, 1)), ((7,), (7, 4)), ((6, 7), (7,)), ((7,), (7,)),
+    ((4, 5, 7), (7, 3)), ((5, 7), (4, 7, 3)), ((4, 5, 7), (4, 7, 3)), ((4, 5, 7), (1, 7, 3)),
+    ((2, 3, 5, 7), (2, 3, 7, 4)), ((2, 1, 5, 7), (1, 3, 7, 4)), ((3, 5, 7), (2, 1, 7, 4)),
+    ((2, 3, 5, 7), (7,)), ((7,), (2, 3, 7, 4)), ((2, 0, 5, 7), (7, 3)), ((5, 0), (0, 3)),
+]
+ORDERS = ["C", "F", "T", "pad", "bperm"]
+
+
+@pytest.mark.parametrize("a_shape,b_shape", CASES)
+def test_calls_compute_numpy_matmul_for_every_layout(a_shape, b_shape):
+    rng = np.random.default_rng(abs(hash((a_shape, b_shape))) % 2**32)
+    for oa, ob, oc in itertools.product(ORDERS, ORDERS, ["C", "F", "pad", "bperm"]):
+        buf = np.zeros(20_000, np.float32)
+        cursor = [0]
+        a = _carve(buf, cursor, a_shape, oa)
+        b = _carve(buf, cursor, b_shape, ob)
+        a[...] = rng.standard_normal(a.shape)
+        b[...] = rng.standard_normal(b.shape)
+        ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
+        c = _carve(buf, cursor, ref.shape, oc)
+        c[...] = np.nan
+        before = buf.copy()
+        if not all(_readable(x) for x in (a, b, c)):
+            with pytest.raises(ValueError, match="copy"):
+                describe_matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c))
+            continue
+        calls = describe_matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c))
+        for d in calls:
+            cublas_gemm_model(buf, d, batched=True)
+        np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5, err_msg=f"a {oa}, b {ob}, out {oc}: {calls}")
+        written = np.zeros(buf.shape, bool)
+        if c.size:
+            idx = (np.asarray(c.__array_interface__["data"][0] - buf.__array_interface__["data"][0]) // 4
+                   + sum(np.arange(n).reshape([-1 if i == j else 1 for j in range(c.ndim)]) * (s // 4)
+                         for i, (n, s) in enumerate(zip(c.shape, c.strides))))
+            written[np.ravel(idx)] = True
+        np.testing.assert_array_equal(buf[~written], before[~written], err_msg="wrote outside out")
+
+
+def test_contiguous_batches_merge_into_one_strided_batched_call():
+    buf = np.zeros(10_000, np.float32)
+    a = buf[:2 * 3 * 5 * 7].reshape(2, 3, 5, 7)
+    b = buf[300:300 + 7 * 4].reshape(7, 4)          # broadcast over both batch axes
+    c = buf[400:400 + 2 * 3 * 5 * 4].reshape(2, 3, 5, 4)
+    calls = describe_matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c))
+    assert len(calls) == 1 and calls[0]["batch"] == 6
+    d = calls[0]        # the swap: cuBLAS's A is our b (stride 0), its B our a
+    assert (d["stride_a"], d["stride_b"], d["stride_c"]) == (0, 35, 20)
+
+
+def test_batch_axes_that_cannot_merge_loop_without_copies():
+    buf = np.zeros(10_000, np.float32)
+    a = np.swapaxes(buf[:2 * 3 * 5 * 7].reshape(3, 2, 5, 7), 0, 1)   # (2, 3, 5, 7), axes swapped
+    b = buf[300:300 + 7 * 4].reshape(7, 4)
+    c = buf[400:400 + 2 * 3 * 5 * 4].reshape(2, 3, 5, 4)
+    calls = describe_matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c))
+    assert [d["batch"] for d in calls] == [3, 3]
+    assert [d["b"] - BASE for d in calls] == [0, 35 * 4]      # cuBLAS's B is our a
+
+
+def test_layouts_that_need_a_copy_or_a_temporary_are_reported():
+    buf = np.zeros(10_000, np.float32)
+    a = buf[:400].reshape(20, 20)[::2, ::2]         # no unit-stride axis
+    b = buf[500:600].reshape(10, 10)
+    c = buf[700:800].reshape(10, 10)
+    with pytest.raises(ValueError, match="copy"):
+        describe_matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c))
+    x = buf[1000:1100].reshape(10, 10)
+    with pytest.raises(ValueError, match="temporary"):
+        describe_matmul(fake_view(buf, x), fake_view(buf, b), fake_view(buf, x))
+    wide = buf[2000:2200].reshape(10, 20)           # out = wide[:, 10:], a = wide[:, :10]: disjoint
+    calls = describe_matmul(fake_view(buf, wide[:, :10]), fake_view(buf, b), fake_view(buf, wide[:, 10:]))
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("a,b,out,exc,words", [
+    ((5, 7), (6, 3), None, ValueError, ["b:", "(7)", "(5, 7)", "(6, 3)"]),
+    ((7,), (6,), None, ValueError, ["b:", "only"]),
+    ((2, 5, 7), (3, 7, 4), None, ValueError, ["batch axes", "(2,)", "(3,)", "broadcast"]),
+    ((5, 7), (7, 3), (5, 4), ValueError, ["out:", "(5, 3)", "(5, 4)"]),
+    ((7,), (7,), (1,), ValueError, ["out:", "expected shape ()"]),
+])
+def test_shape_errors_name_the_argument_and_both_shapes(a, b, out, exc, words):
+    args = [FakeDeviceArray(a), FakeDeviceArray(b)]
+    with pytest.raises(exc) as e:
+        cygemm.matmul(*args, None if out is None else FakeDeviceArray(out))
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+
+
+def test_dtype_errors_name_the_argument():
+    with pytest.raises(TypeError, match=r"out: expected dtype float32 \(the result's\), got float16"):
+        cygemm.matmul(FakeDeviceArray((2, 2)), FakeDeviceArray((2, 2)), FakeDeviceArray((2, 2), "<f2"))
+    with pytest.raises(TypeError, match="a: expected float16, bfloat16, float32 or float64"):
+        cygemm.matmul(FakeDeviceArray((2, 2), "<i4"), FakeDeviceArray((2, 2)))
+    with pytest.raises(ValueError, match="a: matmul needs at least 1 dimension"):
+        cygemm.matmul(FakeDeviceArray(()), FakeDeviceArray((2, 2)))
+    with pytest.raises(ValueError, match="math: expected 'tf32', 'fp32' or 'cupy', got 'fast'"):
+        cygemm.matmul(FakeDeviceArray((2, 2)), FakeDeviceArray((2, 2)), math="fast")
+
+
+# ------------------------------------------------------------------ GPU
+
+cp = None
+
+
+@pytest.fixture
+def gpu():
+    global cp
+    cp = pytest.importorskip("cupy")
+
+
+def _tol(dtype, K, math="tf32"):
+    if dtype == np.float64:
+        return 1e-12
+    if dtype == np.float16:
+        return 1e-2
+    return 1e-5 if math == "fp32" else 1e-3 * max(1.0, np.sqrt(K / 256))
+
+
+def _ref(a, b):
+    return np.matmul(f64(cp, a), f64(cp, b))
+
+
+def _views(x, how):
+    """A device view of x's values in layout `how` (values equal x's)."""
+    if how == "C":
+        return x
+    if how == "F":
+        return cp.asfortranarray(x) if x.ndim == 2 else cp.swapaxes(cp.ascontiguousarray(cp.swapaxes(x, -1, -2)), -1, -2)
+    if how == "slice":
+        big = cp.full(x.shape[:-1] + (x.shape[-1] + 6,), cp.nan, x.dtype)
+        big[..., 3:3 + x.shape[-1]] = x
+        return big[..., 3:3 + x.shape[-1]]
+    if how == "step2":          # no unit-stride axis: matmul copies it
+        big = cp.full(x.shape[:-2] + (2 * x.shape[-2], 2 * x.shape[-1]), cp.nan, x.dtype)
+        big[..., ::2, ::2] = x
+        return big[..., ::2, ::2]
+    raise ValueError(how)
+
+
+GPU_SHAPES = [((64, 48), (48, 80)), ((33,), (33, 17)), ((40, 33), (33,)), ((129,), (129,)),
+              ((6, 32, 24), (24, 16)), ((3, 1, 20, 36), (4, 36, 12)), ((5, 16, 300), (5, 300, 8)),
+              ((2, 0, 4, 5), (5, 3)), ((4, 0), (0, 6))]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a_shape,b_shape", GPU_SHAPES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+@pytest.mark.parametrize("how", ["C", "F", "slice", "step2"])
+def test_matmul_matches_float64_and_cupy(gpu, a_shape, b_shape, dtype, how):
+    a = rand(cp, a_shape, dtype)
+    b = rand(cp, b_shape, dtype)
+    av = _views(a, how) if a.ndim >= 2 else a
+    bv = _views(b, how) if b.ndim >= 2 else b
+    ref = _ref(a, b)
+    K = a_shape[-1]
+    for math in ("tf32", "fp32"):
+        out = poisoned(cp, ref.shape, dtype)
+        got = cygemm.matmul(av, bv, out, math=math)
+        assert got is out
+        alloc = cygemm.matmul(av, bv, math=math)
+        assert isinstance(alloc, cp.ndarray) and alloc.shape == ref.shape and alloc.dtype == dtype
+        for x in (out, alloc):
+            assert rel_err(cp.asnumpy(x), ref) < _tol(dtype, K, math)
+    if dtype != np.float16:
+        assert rel_err(cp.asnumpy(cp.matmul(a, b)), ref) < _tol(dtype, K)    # the same bound holds for CuPy
+
+
+def _rand_like(shape, dtype):
+    return rand(cp, shape, dtype)
+
+
+@pytest.mark.gpu
+def test_out_overlapping_an_input_gives_numpys_result(gpu):
+    x = rand(cp, (48, 48), np.float32)
+    b = rand(cp, (48, 48), np.float32)
+    ref = _ref(x, b)
+    cygemm.matmul(x, b, x, math="fp32")           # out is a
+    assert rel_err(cp.asnumpy(x), ref) < 1e-5
+    y = rand(cp, (48, 48), np.float32)
+    a = rand(cp, (48, 48), np.float32)
+    ref = _ref(a, y.T)
+    cygemm.matmul(a, y.T, y, math="fp32")         # out is b's transpose's base
+    assert rel_err(cp.asnumpy(y), ref) < 1e-5
+
+
+@pytest.mark.gpu
+def test_mixed_dtypes_promote_as_cupy(gpu):
+    a = rand(cp, (32, 24), np.float16)
+    b = rand(cp, (24, 16), np.float32)
+    got = cygemm.matmul(a, b, math="fp32")
+    assert got.dtype == cp.matmul(a, b).dtype == np.float32
+    assert rel_err(cp.asnumpy(got), _ref(a, b)) < 1e-5
+
+
+@pytest.mark.gpu
+def test_math_cupy_follows_cupy_tf32(gpu, monkeypatch):
+    """math='cupy' gives cp.matmul's numerics: strict fp32 unless CUPY_TF32=1."""
+    a = rand(cp, (256, 1024), np.float32)
+    b = rand(cp, (1024, 256), np.float32)
+    ref = _ref(a, b)
+    monkeypatch.setenv("CUPY_TF32", "0")
+    strict = rel_err(cp.asnumpy(cygemm.matmul(a, b, math="cupy")), ref)
+    monkeypatch.setenv("CUPY_TF32", "1")
+    tf32 = rel_err(cp.asnumpy(cygemm.matmul(a, b, math="cupy")), ref)
+    assert strict < 1e-5 < tf32 < 5e-3
+
+
+@pytest.mark.gpu
+def test_matmul_on_a_non_current_stream_and_captured_with_out(gpu):
+    s = cp.cuda.Stream(non_blocking=True)
+    a = rand(cp, (4, 64, 96), np.float32)
+    b = rand(cp, (96, 32), np.float32)
+    out = poisoned(cp, (4, 64, 32), np.float32)
+    cp.cuda.Device().synchronize()
+    cygemm.matmul(a, b, out, math="fp32", stream=s)            # once eagerly, as the README asks
+    s.synchronize()
+    out[...] = cp.nan
+    cp.cuda.Device().synchronize()
+    with cygemm.graph.capture(s) as graph:
+        cygemm.matmul(a, b, out, math="fp32", stream=s)
+        with pytest.raises(ValueError, match="out=None allocates"):
+            cygemm.matmul(a, b, stream=s)
+    graph.launch(s)
+    s.synchronize()
+    assert rel_err(cp.asnumpy(out), _ref(a, b)) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_torch_tensors_in_torch_tensors_out(gpu, dtype):
+    torch = pytest.importorskip("torch")
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(7)
+    a = torch.randn(3, 40, 56, device="cuda", generator=g).to(dt)
+    b = torch.randn(56, 24, device="cuda", generator=g).to(dt)
+    got = cygemm.matmul(a, b, math="fp32")
+    assert isinstance(got, torch.Tensor) and got.dtype == dt and got.shape == (3, 40, 24)
+    ref = torch.matmul(a.double(), b.double())
+    bound = 1e-5 if dtype == "float32" else 1e-2
+    assert ((got.double() - ref).norm() / ref.norm()).item() < bound
+    assert ((got.double() - torch.matmul(a, b).double()).norm() / ref.norm()).item() < bound
+    out = torch.full((3, 40, 24), float("nan"), device="cuda", dtype=dt)
+    assert cygemm.matmul(a.transpose(1, 2).contiguous().transpose(1, 2), b, out, math="fp32") is out
+    assert ((out.double() - ref).norm() / ref.norm()).item() < bound
