@@ -1,4 +1,8 @@
-"""python -m cygemm: a short self-check. Without a GPU it says so and checks the build only."""
+"""python -m cygemm: a short self-check. Without a GPU it says so and checks the build only.
+
+python -m cygemm info: what cygemm runs with (versions, libraries, GPUs, settings), for bug reports.
+"""
+import os
 import sys
 import time
 
@@ -53,5 +57,75 @@ def main():
     return 0 if ok else 1
 
 
+def _loaded_libraries(names):
+    """Where the process loaded each shared library from (Linux: /proc/self/maps)."""
+    found = {}
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                path = line.split()[-1]
+                base = os.path.basename(path)
+                for name in names:
+                    if base.startswith(f"lib{name}.so") and name not in found:
+                        found[name] = path
+    except OSError:
+        pass
+    return found
+
+
+def _version(v):
+    return f"{v // 1000}.{v % 1000 // 10}" if v else "none"
+
+
+def info(out=print):
+    """Print cygemm's versions, the CUDA and cuBLAS it runs with, the GPUs and the settings
+    that change what it does. Works without a GPU (and says so)."""
+    from cygemm import _cuda_paths, plans
+    v = cygemm.versions()
+    out(f"cygemm {cygemm.__version__} ({os.path.dirname(cygemm.__file__)})")
+    out(f"python {sys.version.split()[0]}, numpy {np.__version__}")
+    try:
+        import cupy
+        out(f"cupy {cupy.__version__} ({os.path.dirname(cupy.__file__)})")
+    except ImportError as exc:
+        out(f"cupy: not importable ({exc}); cygemm needs it only to allocate results and for stream=None")
+    driver = f"driver supports CUDA {_version(v['cuda_driver'])}" if v["cuda_driver"] else "no driver found"
+    out(f"CUDA runtime {_version(v['cuda_runtime'])} (linked statically into cygemm), {driver}")
+    lt = v["cublasLt"]
+    out(f"cuBLASLt {lt // 10000}.{lt // 100 % 100}.{lt % 100} ({lt})")
+    libs = _loaded_libraries(["cublasLt", "cublas", "cuda"])
+    for name in ("cublas", "cublasLt", "cuda"):
+        where = libs.get(name) or _cuda_paths.LOADED.get(name) or "not loaded"
+        out(f"  lib{name}: {where}")
+    reason = cygemm.gpu_unavailable_reason()
+    if reason:
+        out(f"GPUs: none usable: {reason}")
+    else:
+        import cupy
+        n = cupy.cuda.runtime.getDeviceCount()
+        out(f"GPUs: {n}")
+        for i in range(n):
+            p = cupy.cuda.runtime.getDeviceProperties(i)
+            name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
+            out(f"  {i}: {name}, sm_{p['major']}{p['minor']}, {p['totalGlobalMem'] / 2**30:.1f} GiB, "
+                f"L2 {p['l2CacheSize'] / 2**20:.0f} MiB")
+    env = os.environ.get
+    out("settings:")
+    out("  float32 math: TF32 by default (math='tf32'); math='fp32' is strict; matmul(math='cupy') "
+        f"follows CUPY_TF32 (now {env('CUPY_TF32', 'unset')})")
+    out(f"  CYGEMM_TUNING_CACHE={env('CYGEMM_TUNING_CACHE', '')!r} (tuning file; empty: tuning kept in the process)")
+    out(f"  CYGEMM_AUTOTUNE_MIN_MACS={env('CYGEMM_AUTOTUNE_MIN_MACS', '268435456 (default)')} "
+        "(problems this large time their candidates once)")
+    out(f"  CYGEMM_TUNING_MODE={env('CYGEMM_TUNING_MODE', 'cold (default)')}")
+    out(f"  CYGEMM_MAX_STREAM_WORKSPACES={env('CYGEMM_MAX_STREAM_WORKSPACES', '8 (default)')} "
+        "(32 MiB cuBLAS workspace per stream, per thread and device)")
+    out(f"  tuned problems in this process: {len(plans.tuning_entries())}")
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["info"]:
+        sys.exit(info())
+    if sys.argv[1:]:
+        sys.exit(f"usage: python -m cygemm [info]  (got {' '.join(sys.argv[1:])!r})")
     sys.exit(main())

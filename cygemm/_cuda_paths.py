@@ -50,6 +50,9 @@ def _pathfinder():
     return pathfinder
 
 
+LOADED = {}     # library name -> the path load_cublas loaded it from (python -m cygemm info)
+
+
 def load_cublas():
     """Load cuBLASLt and cuBLAS, so the extensions' DT_NEEDED entries resolve to them.
 
@@ -65,7 +68,7 @@ def load_cublas():
     """
     import ctypes
     pathfinder = _pathfinder()
-    loaded = {}
+    loaded = LOADED
     for name in CUBLAS_LIBS:
         try:
             loaded[name] = pathfinder.load_nvidia_dynamic_lib(name).abs_path

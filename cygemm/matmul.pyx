@@ -182,7 +182,7 @@ cdef int _out_strides(const ArrayDesc* c, bint a_vec, bint b_vec, _Layout* L) no
 cdef int _merge_batch(_Layout* L) noexcept:
     """Drop length-1 batch axes and merge neighbours whose strides chain in all three arrays
     (an outer stride = inner stride x inner length, 0 with 0 included)."""
-    cdef int i, n = 0
+    cdef int i, n = 0, big
     for i in range(L.nb):
         if L.size[i] == 1:
             continue
@@ -194,6 +194,17 @@ cdef int _merge_batch(_Layout* L) noexcept:
         L.size[n], L.sa[n], L.sb[n], L.sc[n] = L.size[i], L.sa[i], L.sb[i], L.sc[i]
         n += 1
     L.nb = n
+    # Any axis can be cuBLAS's batch (each has one stride per array): the longest, so the
+    # loop over the others launches fewest calls.
+    big = n - 1
+    for i in range(n - 1):
+        if L.size[i] > L.size[big]:
+            big = i
+    if big != n - 1:
+        L.size[big], L.size[n - 1] = L.size[n - 1], L.size[big]
+        L.sa[big], L.sa[n - 1] = L.sa[n - 1], L.sa[big]
+        L.sb[big], L.sb[n - 1] = L.sb[n - 1], L.sb[big]
+        L.sc[big], L.sc[n - 1] = L.sc[n - 1], L.sc[big]
     return 0
 
 

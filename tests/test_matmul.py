@@ -112,6 +112,15 @@ def test_batch_axes_that_cannot_merge_loop_without_copies():
     assert [d["b"] - BASE for d in calls] == [0, 35 * 4]      # cuBLAS's B is our a
 
 
+def test_the_longest_batch_axis_is_cublass_batch():
+    buf = np.zeros(40_000, np.float32)
+    a = buf[:64 * 8 * 4 * 5].reshape(64, 8, 4, 5)
+    b = buf[11_000:11_000 + 64 * 5 * 3].reshape(64, 1, 5, 3)     # broadcast over the inner axis
+    c = buf[20_000:20_000 + 64 * 8 * 4 * 3].reshape(64, 8, 4, 3)
+    calls = describe_matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c))
+    assert [d["batch"] for d in calls] == [64] * 8
+
+
 def test_layouts_that_need_a_copy_or_a_temporary_are_reported():
     buf = np.zeros(10_000, np.float32)
     a = buf[:400].reshape(20, 20)[::2, ::2]         # no unit-stride axis

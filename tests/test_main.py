@@ -1,0 +1,34 @@
+"""python -m cygemm info: what a bug report needs, with or without a GPU."""
+import os
+import subprocess
+import sys
+
+import cygemm
+
+
+def test_info_names_versions_libraries_gpus_and_settings():
+    env = dict(os.environ, CYGEMM_TUNING_CACHE="/tmp/cygemm-info-test.json", CUPY_TF32="1")
+    p = subprocess.run([sys.executable, "-m", "cygemm", "info"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    text = p.stdout
+    lt = cygemm.versions()["cublasLt"]
+    assert f"cuBLASLt {lt // 10000}.{lt // 100 % 100}.{lt % 100} ({lt})" in text
+    libs = {line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip()
+            for line in text.splitlines() if line.startswith("  lib")}
+    for name in ("libcublas", "libcublasLt"):
+        assert os.path.isfile(libs[name]), (name, libs)
+    reason = cygemm.gpu_unavailable_reason()
+    if reason:
+        assert f"GPUs: none usable: {reason}" in text
+    else:
+        import cupy
+        n = cupy.cuda.runtime.getDeviceCount()
+        assert f"GPUs: {n}" in text and f"  {n - 1}: " in text
+    assert "CYGEMM_TUNING_CACHE='/tmp/cygemm-info-test.json'" in text
+    assert "follows CUPY_TF32 (now 1)" in text
+
+
+def test_main_refuses_an_unknown_command():
+    p = subprocess.run([sys.executable, "-m", "cygemm", "infos"], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "usage: python -m cygemm [info]" in p.stderr
