@@ -50,7 +50,7 @@ def _pathfinder():
     return pathfinder
 
 
-LOADED = {}     # library name -> the path load_cublas loaded it from (python -m cygemm info)
+LOADED: dict = {}     # library name -> the path load_cublas loaded it from (python -m cygemm info)
 
 
 def load_cublas():

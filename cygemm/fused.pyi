@@ -1,4 +1,8 @@
-from typing import Any, Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, TypeVar
+
+from cygemm._typing import Activation, DeviceArray, Math, StreamLike
+
+_Out = TypeVar("_Out", bound=DeviceArray)
 
 ACTIVATIONS: Dict[str, int]
 FORWARD_ROUTES: Dict[str, str]
@@ -6,13 +10,16 @@ BACKWARD_ROUTES: Dict[str, str]
 
 def parse_activation(act: str) -> int: ...
 def clear_plan_cache() -> None: ...
-def layer_shape(A: Any, B: Any) -> Tuple[int, int, int, str]: ...
+def layer_shape(A: DeviceArray, B: DeviceArray) -> Tuple[int, int, int, str]: ...
 def plan_cache_size() -> int: ...
-def forward_into(A: Any, B: Any, out: Any, bias: Optional[Any] = None, *, with_bias: bool = True,
-                 act: str = "none", leaky_slope: float = 0.01, save_z: bool = False, z_out: Optional[Any] = None,
-                 lt_workspace: Optional[Any] = None, math: str = "tf32", stream: Any = None) -> Any: ...
-def backward_into(A: Any, B: Any, gY: Any, Z: Optional[Any], *, with_bias: bool = True, act: str = "none",
-                  leaky_slope: float = 0.01, gA_out: Optional[Any] = None, gB_out: Optional[Any] = None,
-                  gBias_out: Optional[Any] = None, work_dZ: Optional[Any] = None,
-                  lt_workspace: Optional[Any] = None, math: str = "tf32", stream: Any = None,
-                  accumulate: bool = False, y: Optional[Any] = None) -> Tuple[Any, Any, Any]: ...
+def forward_into(A: DeviceArray, B: DeviceArray, out: _Out, bias: Optional[DeviceArray] = None, *,
+                 with_bias: bool = True, act: Activation = "none", leaky_slope: float = 0.01, save_z: bool = False,
+                 z_out: Optional[DeviceArray] = None, lt_workspace: Optional[DeviceArray] = None,
+                 math: Math = "tf32", stream: StreamLike = None) -> _Out: ...
+def backward_into(A: DeviceArray, B: DeviceArray, gY: DeviceArray, Z: Optional[DeviceArray], *,
+                  with_bias: bool = True, act: Activation = "none", leaky_slope: float = 0.01,
+                  gA_out: Optional[DeviceArray] = None, gB_out: Optional[DeviceArray] = None,
+                  gBias_out: Optional[DeviceArray] = None, work_dZ: Optional[DeviceArray] = None,
+                  lt_workspace: Optional[DeviceArray] = None, math: Math = "tf32", stream: StreamLike = None,
+                  accumulate: bool = False, y: Optional[DeviceArray] = None
+                  ) -> Tuple[Optional[DeviceArray], Optional[DeviceArray], Optional[DeviceArray]]: ...

@@ -205,7 +205,7 @@ def forward(A, B, bias=None, *, with_bias=True, act="none", leaky_slope=0.01, sa
 
 
 def backward(A, B, gY, Z, *, with_bias=True, act="none", leaky_slope=0.01, need_gA=True, need_gB=True,
-             lt_workspace=None, math="tf32", stream=None, work_dZ: Optional[object] = None, y=None):
+             lt_workspace=None, math="tf32", stream=None, work_dZ=None, y=None):
     """Gradients of Y = act(A @ B + bias), allocated: see :func:`backward_into`.
 
     The gradients and, when needed and not given, the dZ buffer are allocated from CuPy's pool on

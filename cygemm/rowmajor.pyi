@@ -1,9 +1,22 @@
-from typing import Any, Optional
+from typing import Optional, TypeVar, overload
 
-def gemm(A: Any, B: Any, out: Optional[Any] = None, *, trans_a: bool = False, trans_b: bool = False,
-         alpha: float = 1.0, beta: float = 0.0, math: str = "tf32", stream: Any = None) -> Any: ...
-def gemm_strided_batched(A: Any, B: Any, out: Optional[Any] = None, *, trans_a: bool = False,
-                         trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0, math: str = "tf32",
-                         stream: Any = None) -> Any: ...
-def describe_gemm(A: Any, B: Any, out: Any, *, trans_a: bool = False, trans_b: bool = False,
-                  batched: bool = False) -> dict: ...
+from cygemm._typing import DeviceArray, Math, StreamLike
+
+_Out = TypeVar("_Out", bound=DeviceArray)
+
+@overload
+def gemm(A: DeviceArray, B: DeviceArray, out: None = None, *, trans_a: bool = False, trans_b: bool = False,
+         alpha: float = 1.0, beta: float = 0.0, math: Math = "tf32", stream: StreamLike = None) -> DeviceArray: ...
+@overload
+def gemm(A: DeviceArray, B: DeviceArray, out: _Out, *, trans_a: bool = False, trans_b: bool = False,
+         alpha: float = 1.0, beta: float = 0.0, math: Math = "tf32", stream: StreamLike = None) -> _Out: ...
+@overload
+def gemm_strided_batched(A: DeviceArray, B: DeviceArray, out: None = None, *, trans_a: bool = False,
+                         trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0, math: Math = "tf32",
+                         stream: StreamLike = None) -> DeviceArray: ...
+@overload
+def gemm_strided_batched(A: DeviceArray, B: DeviceArray, out: _Out, *, trans_a: bool = False,
+                         trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0, math: Math = "tf32",
+                         stream: StreamLike = None) -> _Out: ...
+def describe_gemm(A: DeviceArray, B: DeviceArray, out: Optional[DeviceArray], *, trans_a: bool = False,
+                  trans_b: bool = False, batched: bool = False) -> dict: ...

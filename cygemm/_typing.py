@@ -1,0 +1,44 @@
+"""Types for cygemm's stubs: what cygemm accepts as a device array and as a stream.
+
+Protocols, so a type checker accepts CuPy arrays, torch tensors, Numba and JAX arrays alike
+without cygemm importing any of them.
+"""
+from typing import Any, Literal, Protocol, Tuple, Union, runtime_checkable
+
+__all__ = ["CudaArrayInterface", "DLPackArray", "DeviceArray", "CudaStreamProtocol", "StreamLike", "Math",
+           "MatmulMath", "Activation"]
+
+
+@runtime_checkable
+class CudaArrayInterface(Protocol):
+    """An array exposing ``__cuda_array_interface__`` (CuPy, Numba, torch)."""
+
+    @property
+    def __cuda_array_interface__(self) -> dict: ...
+
+
+@runtime_checkable
+class DLPackArray(Protocol):
+    """An array exposing DLPack on a CUDA device (torch, JAX, CuPy)."""
+
+    def __dlpack__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+
+
+DeviceArray = Union[CudaArrayInterface, DLPackArray]
+
+
+@runtime_checkable
+class CudaStreamProtocol(Protocol):
+    """A stream exposing the CUDA stream protocol (cuda.core, Numba)."""
+
+    def __cuda_stream__(self) -> Tuple[int, int]: ...
+
+
+# None (the current stream), an int cudaStream_t, a cupy.cuda.Stream (``.ptr``), a torch
+# stream (``.cuda_stream``) or a CudaStreamProtocol object.
+StreamLike = Union[None, int, CudaStreamProtocol, Any]
+Math = Literal["tf32", "fp32"]
+MatmulMath = Literal["tf32", "fp32", "cupy"]
+Activation = Literal["none", "identity", "relu", "leaky_relu", "gelu", "gelu_erf", "sigmoid", "tanh", "silu"]
