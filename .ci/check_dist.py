@@ -13,8 +13,8 @@ import tempfile
 import zipfile
 
 PXD = ["_core", "cublas", "cublaslt", "cudart", "kernels", "plans", "rowmajor"]
-PYX = ["_core", "plans", "rowmajor", "fused", "graph"]
-STUBS = ["_core", "plans", "rowmajor", "fused", "graph"]
+PYX = ["_core", "plans", "rowmajor", "fused", "graph", "matmul"]
+STUBS = ["_core", "plans", "rowmajor", "fused", "graph", "matmul"]
 WHEEL_NEEDS = ([f"cygemm/{m}.pxd" for m in PXD] + [f"cygemm/{m}.pyi" for m in STUBS]
                + ["cygemm/__init__.py", "cygemm/_cuda_paths.py", "cygemm/gemm_ops.py", "cygemm/py.typed",
                   "cygemm/include/cygemm/kernels.h"])

@@ -8,6 +8,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <type_traits>
 
 namespace {
 
@@ -97,9 +98,12 @@ __device__ __forceinline__ void store4(T* p, int64_t col, int64_t n, const float
 
 constexpr int kFwdRows = 4;          // rows per thread in the forward: their loads go out together
 
-template <typename T, bool VEC>
+// ACT is a template argument: the activation's switch folds away at compile time instead of
+// branching on every element.
+template <typename T, bool VEC, int ACT>
 __global__ void bias_act_forward_kernel(int64_t m, int64_t n, const T* x, int64_t ldx, const T* __restrict__ bias,
-                                        T* y, int64_t ldy, T* z, int64_t ldz, cygemm_act_t act, float slope) {
+                                        T* y, int64_t ldy, T* z, int64_t ldz, float slope) {
+    constexpr cygemm_act_t act = static_cast<cygemm_act_t>(ACT);
     const int64_t col = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
     if (col >= n) return;
     float b[kVec] = {0.f, 0.f, 0.f, 0.f};
@@ -199,9 +203,22 @@ cudaError_t forward(int64_t m, int64_t n, const void* x, int64_t ldx, const void
                      aligned16(bias);
     auto args = [&](auto kernel) {
         kernel<<<grid, block, 0, stream>>>(m, n, static_cast<const T*>(x), ldx, static_cast<const T*>(bias),
-                                           static_cast<T*>(y), ldy, static_cast<T*>(z), ldz, act, slope);
+                                           static_cast<T*>(y), ldy, static_cast<T*>(z), ldz, slope);
     };
-    if (vec) args(bias_act_forward_kernel<T, true>); else args(bias_act_forward_kernel<T, false>);
+    auto by_act = [&](auto vec_tag) {
+        constexpr bool V = decltype(vec_tag)::value;
+        switch (act) {
+        case CYGEMM_ACT_RELU: args(bias_act_forward_kernel<T, V, CYGEMM_ACT_RELU>); break;
+        case CYGEMM_ACT_LEAKY_RELU: args(bias_act_forward_kernel<T, V, CYGEMM_ACT_LEAKY_RELU>); break;
+        case CYGEMM_ACT_GELU: args(bias_act_forward_kernel<T, V, CYGEMM_ACT_GELU>); break;
+        case CYGEMM_ACT_GELU_ERF: args(bias_act_forward_kernel<T, V, CYGEMM_ACT_GELU_ERF>); break;
+        case CYGEMM_ACT_SIGMOID: args(bias_act_forward_kernel<T, V, CYGEMM_ACT_SIGMOID>); break;
+        case CYGEMM_ACT_TANH: args(bias_act_forward_kernel<T, V, CYGEMM_ACT_TANH>); break;
+        case CYGEMM_ACT_SILU: args(bias_act_forward_kernel<T, V, CYGEMM_ACT_SILU>); break;
+        default: args(bias_act_forward_kernel<T, V, CYGEMM_ACT_NONE>); break;
+        }
+    };
+    if (vec) by_act(std::true_type{}); else by_act(std::false_type{});
     return cudaGetLastError();
 }
 

@@ -322,3 +322,37 @@ def test_plan_cache_reuses_plans_across_alternating_layers_and_clears():
     assert plans.plan_cache_size() == 3
     plans.clear_plan_cache()
     assert plans.plan_cache_size() == 0
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+def test_torch_tensors_forward_backward_against_torch(dtype, act):
+    """torch tensors straight in (the weight stored (N, K), as nn.Linear keeps it), on torch's
+    stream: the same results as torch's own layer, in float64 and in the tensors' dtype."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as Fn
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(11)
+    M, K, N = 128, 96, 80
+    A, W, bias, gY = (torch.randn(*s, device="cuda", generator=g).to(dt) for s in ((M, K), (N, K), (N,), (M, N)))
+    nan = lambda *s: torch.full(s, float("nan"), device="cuda", dtype=dt)     # noqa: E731
+    Y, Z, gA, gW, gb, dZ = nan(M, N), nan(M, N), nan(M, K), nan(N, K), nan(N), nan(M, N)
+    s = torch.cuda.current_stream()
+    forward_into(A, W.T, Y, bias, act=act, save_z=True, z_out=Z, math="fp32", stream=s)
+    backward_into(A, W.T, gY, Z, act=act, gA_out=gA, gB_out=gW.T, gBias_out=gb, work_dZ=dZ, math="fp32", stream=s)
+    fn = torch.relu if act == "relu" else (lambda z: Fn.gelu(z, approximate="tanh"))
+    t = [x.double().requires_grad_() for x in (A, W, bias)]
+    ref = fn(Fn.linear(*t))
+    ref.backward(gY.double())
+    bound = 3e-5 if dtype == "float32" else 2e-2
+    err = lambda x, r: ((x.double() - r).norm() / r.norm()).item()          # noqa: E731
+    assert not any(torch.isnan(x).any().item() for x in (Y, gA, gW, gb))
+    assert err(Y, ref.detach()) < bound
+    for ours, theirs in ((gA, t[0].grad), (gW, t[1].grad), (gb, t[2].grad)):
+        assert err(ours, theirs) < bound
+    # torch's own layer in the tensors' dtype lands within the same bound of ours.
+    tt = [x.clone().requires_grad_() for x in (A, W, bias)]
+    y_t = fn(Fn.linear(*tt))
+    y_t.backward(gY)
+    assert err(Y, y_t.detach().double()) < bound
+    assert err(gW, tt[1].grad.double()) < bound
