@@ -800,7 +800,7 @@ cdef int read_array(object x, ArrayDesc* d, str name, bint wide) except -1:
         dt_obj = x.dtype
         # NumPy's builtin dtypes are singletons: identity beats building dtype.str.
         dt = _F32 if dt_obj is _NP_F32 else (_F16 if dt_obj is _NP_F16 else (
-            _F64 if (wide and dt_obj is _NP_F64) else None))
+            _WIDE_DTYPES if wide else _DTYPES).get(dt_obj.str))
         if dt is None:
             raise TypeError(f"{name}: expected {_expected(wide)}, got {x.dtype}")
         d.dtype = <cudaDataType>(<int>dt[0])

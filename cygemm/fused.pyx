@@ -306,8 +306,10 @@ cdef int _bwd_memo_find(const _BwdKey* k) noexcept nogil:
     return -1
 
 
-cdef void _bwd_memo_add(const _BwdKey* k, int route) noexcept nogil:
+cdef void _bwd_memo_add(const _BwdKey* k, int route, unsigned long generation) noexcept nogil:
     global _bwd_memo_n, _bwd_memo_next
+    if generation != routes_generation() or generation != _bwd_memo_generation:
+        return                          # chosen under routes that have changed since
     cdef int i = _bwd_memo_next
     if _bwd_memo_n < BWD_MEMO:
         i = _bwd_memo_n
@@ -324,20 +326,23 @@ cdef int _bwd_route(BackwardCall* b, bint accumulate, int64_t M, int64_t N, int6
     accumulate (timing runs write the gradients); else serial until timed."""
     cdef _BwdKey ck
     _bwd_key(b, M, N, K, &ck)
+    # Timing below waits without the GIL: another thread may force or clear routes meanwhile,
+    # and then a route chosen now must not enter the memo.
+    cdef unsigned long generation = routes_generation()
     cdef int route = _bwd_memo_find(&ck)
     if route >= 0:
         return route
     forced = forced_route("backward")
     if forced is not None and forced in _BACKWARD_NAMES:
         route = _BACKWARD_NAMES.index(forced)
-        _bwd_memo_add(&ck, route)
+        _bwd_memo_add(&ck, route, generation)
         return route
     key = ("backward", <int>b.dtype, <int>b.compute, M, N, K, <int>b.g_a.opa, <int>b.g_a.opb, b.g_a.lda,
            b.g_a.ldb, b.g_a.ldc, <int>b.g_b.opa, <int>b.g_b.opb, b.g_b.lda, b.g_b.ldb, b.g_b.ldc)
     name = tuned_route(b.ctx.device, key)
     if name is not None and name in _BACKWARD_NAMES:
         route = _BACKWARD_NAMES.index(name)
-        _bwd_memo_add(&ck, route)
+        _bwd_memo_add(&ck, route, generation)
         return route
     if accumulate or stream_is_capturing(b.s):
         return BWD_SERIAL
@@ -347,7 +352,7 @@ cdef int _bwd_route(BackwardCall* b, bint accumulate, int64_t M, int64_t N, int6
     time_choices(b.ctx, b.s, _bwd_enqueue, b, choices, 2, ROUTE_REPS, ms)
     cdef int best = BWD_SERIAL if ms[1] < 0 or (0 <= ms[0] <= ms[1]) else BWD_BRANCHES
     remember_route(b.ctx.device, key, _BACKWARD_NAMES[best], {"serial": ms[0], "branches": ms[1]})
-    _bwd_memo_add(&ck, best)
+    _bwd_memo_add(&ck, best, generation)
     return best
 
 

@@ -81,26 +81,36 @@ cdef object _new_array(bint torch_lib, object like, tuple shape, cudaDataType t,
     return _core.empty(shape, dtype_name(t), <uintptr_t>s)
 
 
-cdef object _contiguous(bint torch_lib, object x, cudaDataType t, cudaStream_t s):
-    """x as a C-ordered array of dtype t, copied on stream s."""
-    if torch_lib:
+cdef object _contiguous(object x, cudaDataType t, cudaStream_t s):
+    """x as a new C-ordered array of dtype t and of x's own library, copied on stream s."""
+    if _is_torch(x):
         import torch
         with torch.cuda.stream(_torch_stream(torch, s)):
             return x.to(_torch_dtype(torch, t)).contiguous()
+    if t == CUDA_R_16BF:
+        raise TypeError("bfloat16 needs torch tensors (CuPy has no bfloat16 dtype)")
     import cupy
     with _core.stream_context(<uintptr_t>s):
-        return cupy.ascontiguousarray(cupy.asarray(x), dtype=dtype_name(t))
+        return cupy.ascontiguousarray(_as_cupy(x), dtype=dtype_name(t))
 
 
-cdef int _copy_into(bint torch_lib, object out, object src, cudaStream_t s) except -1:
-    if torch_lib:
+cdef object _as_cupy(object x):
+    import cupy
+    if hasattr(x, "__cuda_array_interface__"):
+        return cupy.asarray(x)
+    return cupy.from_dlpack(x)
+
+
+cdef int _copy_into(object out, object src, cudaStream_t s) except -1:
+    """out[...] = src on stream s, whichever libraries the two come from."""
+    if _is_torch(out):
         import torch
         with torch.cuda.stream(_torch_stream(torch, s)):
-            out.copy_(src)
+            out.copy_(src if _is_torch(src) else torch.as_tensor(src, device=out.device))
         return 0
     import cupy
     with _core.stream_context(<uintptr_t>s):
-        cupy.asarray(out)[...] = src
+        _as_cupy(out)[...] = _as_cupy(src)
     return 0
 
 
@@ -116,6 +126,8 @@ cdef struct _Layout:
     int64_t sa[64]
     int64_t sb[64]
     int64_t sc[64]
+    # Element offsets of the first matrix (batch axes of out with a negative stride run backwards).
+    int64_t base_a, base_b, base_c
 
 
 cdef int _core_of(const ArrayDesc* d, bint is_a, int64_t* rows, int64_t* cols, int64_t* rs,
@@ -141,6 +153,7 @@ cdef tuple _layout(const ArrayDesc* a, const ArrayDesc* b, _Layout* L):
         raise ValueError(f"b: matmul needs b's {'only' if b.ndim == 1 else 'second-to-last'} axis to "
                          f"match a's last axis ({ac}), got shapes {desc_shape(a)} and {desc_shape(b)}")
     L.M, L.K, L.N = ar, ac, bc
+    L.base_a = L.base_b = L.base_c = 0
     cdef int na = a.ndim - 2 if a.ndim > 2 else 0
     cdef int nbt = b.ndim - 2 if b.ndim > 2 else 0
     cdef int n = na if na > nbt else nbt, i, ia, ib
@@ -179,10 +192,18 @@ cdef int _out_strides(const ArrayDesc* c, bint a_vec, bint b_vec, _Layout* L) no
     return 0
 
 
+cdef void _swap_axes(_Layout* L, int i, int j) noexcept:
+    L.size[i], L.size[j] = L.size[j], L.size[i]
+    L.sa[i], L.sa[j] = L.sa[j], L.sa[i]
+    L.sb[i], L.sb[j] = L.sb[j], L.sb[i]
+    L.sc[i], L.sc[j] = L.sc[j], L.sc[i]
+
+
 cdef int _merge_batch(_Layout* L) noexcept:
     """Drop length-1 batch axes and merge neighbours whose strides chain in all three arrays
-    (an outer stride = inner stride x inner length, 0 with 0 included)."""
-    cdef int i, n = 0, big
+    (an outer stride = inner stride x inner length, 0 with 0 included); then choose cuBLAS's
+    batch axis (moved last), or add a length-1 one when no axis qualifies."""
+    cdef int i, n = 0, big = -1
     for i in range(L.nb):
         if L.size[i] == 1:
             continue
@@ -194,18 +215,62 @@ cdef int _merge_batch(_Layout* L) noexcept:
         L.size[n], L.sa[n], L.sb[n], L.sc[n] = L.size[i], L.sa[i], L.sb[i], L.sc[i]
         n += 1
     L.nb = n
-    # Any axis can be cuBLAS's batch (each has one stride per array): the longest, so the
-    # loop over the others launches fewest calls.
-    big = n - 1
-    for i in range(n - 1):
-        if L.size[i] > L.size[big]:
+    # Any axis can be cuBLAS's batch (each has one stride per array): the longest, so that
+    # the loop over the others launches fewest calls; but cuBLAS documents no negative batch
+    # strides, so only an axis whose three strides share a sign (run backwards if negative:
+    # out's products are disjoint, any order will do).
+    for i in range(n):
+        if ((L.sa[i] >= 0 and L.sb[i] >= 0 and L.sc[i] >= 0) or (L.sa[i] <= 0 and L.sb[i] <= 0 and L.sc[i] <= 0)) \
+                and (big < 0 or L.size[i] > L.size[big]):
             big = i
+    if big < 0:             # none: each call is one matrix, every batch axis a loop
+        L.size[n], L.sa[n], L.sb[n], L.sc[n] = 1, 0, 0, 0
+        L.nb = n + 1
+        return 0
+    if L.sa[big] < 0 or L.sb[big] < 0 or L.sc[big] < 0:
+        L.base_a += (L.size[big] - 1) * L.sa[big]
+        L.base_b += (L.size[big] - 1) * L.sb[big]
+        L.base_c += (L.size[big] - 1) * L.sc[big]
+        L.sa[big], L.sb[big], L.sc[big] = -L.sa[big], -L.sb[big], -L.sc[big]
     if big != n - 1:
-        L.size[big], L.size[n - 1] = L.size[n - 1], L.size[big]
-        L.sa[big], L.sa[n - 1] = L.sa[n - 1], L.sa[big]
-        L.sb[big], L.sb[n - 1] = L.sb[n - 1], L.sb[big]
-        L.sc[big], L.sc[n - 1] = L.sc[n - 1], L.sc[big]
+        _swap_axes(L, big, n - 1)
     return 0
+
+
+cdef int _check_out_disjoint(const _Layout* L, const ArrayDesc* c) except -1:
+    """ValueError unless out's elements are disjoint by nested strides: sorted by stride, each
+    axis steps past everything the smaller ones reach (sufficient, not necessary)."""
+    cdef int i, j, n = 0, order[66]
+    cdef int64_t size[66]
+    cdef int64_t stride[66]
+    cdef int64_t reach = 0
+    for i in range(L.nb):
+        size[n], stride[n] = L.size[i], L.sc[i] if L.sc[i] >= 0 else -L.sc[i]
+        n += 1
+    size[n], stride[n] = L.M, L.c_rs if L.c_rs >= 0 else -L.c_rs
+    n += 1
+    size[n], stride[n] = L.N, L.c_cs if L.c_cs >= 0 else -L.c_cs
+    n += 1
+    for i in range(n):
+        order[i] = i
+    for i in range(1, n):                   # insertion sort by stride
+        j = i
+        while j > 0 and stride[order[j - 1]] > stride[order[j]]:
+            order[j - 1], order[j] = order[j], order[j - 1]
+            j -= 1
+    for i in range(n):
+        j = order[i]
+        if size[j] <= 1:
+            continue
+        if stride[j] <= reach:
+            raise ValueError(f"out: its matrices may overlap one another (strides {desc_strides(c)} elements "
+                             f"for shape {desc_shape(c)}); pass an out whose batch axes do not overlap")
+        reach += (size[j] - 1) * stride[j]
+    return 0
+
+
+cdef tuple desc_strides(const ArrayDesc* d):
+    return tuple([d.strides[i] for i in range(d.ndim)])
 
 
 cdef void _view(MatrixView* v, char* ptr, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
@@ -220,6 +285,9 @@ cdef void _views(const _Layout* L, const ArrayDesc* a, const ArrayDesc* b, const
     """The views of one call: the innermost merged batch axis is cuBLAS's batch."""
     cdef int64_t batch = L.size[L.nb - 1] if L.nb > 0 else 1
     cdef int last = L.nb - 1
+    off_a += L.base_a
+    off_b += L.base_b
+    off_c += L.base_c
     _view(va, a.ptr + off_a * a.itemsize, L.M, L.K, L.a_rs, L.a_cs, batch, L.sa[last] if last >= 0 else 0, a)
     _view(vb, b.ptr + off_b * b.itemsize, L.K, L.N, L.b_rs, L.b_cs, batch, L.sb[last] if last >= 0 else 0, b)
     _view(vc, c.ptr + off_c * c.itemsize, L.M, L.N, L.c_rs, L.c_cs, batch, L.sc[last] if last >= 0 else 0, c)
@@ -320,25 +388,39 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None):
             raise TypeError(f"out: expected dtype {dtype_name(t)} (the result's), got {dtype_name(dc.dtype)}")
         if desc_shape(&dc) != shape:
             raise ValueError(f"out: expected shape {shape}, got {desc_shape(&dc)}")
+        _check_user_out(&L, &dc, &da, &db)
     cdef cudaStream_t s
     if stream is None and torch_lib:
         import torch
         s = <cudaStream_t><uintptr_t>torch.cuda.current_stream().cuda_stream
     else:
         stream_from_object(stream, &s)
-    # Casts: the operand of the narrower dtype becomes a copy of the promoted one.
-    if da.dtype != t or db.dtype != t:
+    if out is None and t == CUDA_R_16BF and not torch_lib:
+        raise TypeError("out: a bfloat16 result is allocated as a torch tensor, but no input is one "
+                        "(CuPy has no bfloat16); pass out=")
+    cdef GemmContext* ctx = current_context()
+    cdef MatrixView va, vb, vc
+    cdef const MatrixView* views[3]
+    _device_view(&va, &da)
+    _device_view(&vb, &db)
+    views[0], views[1], views[2] = &va, &vb, NULL
+    if out is not None:
+        _device_view(&vc, &dc)
+        views[2] = &vc
+    check_devices(ctx, s, views, ["a", "b", "out"])
+    cdef bint empty = L.M == 0 or L.N == 0 or _empty_batch(&L)
+    if empty:                           # nothing to compute (K == 0 is not empty: zeros)
+        return out if out is not None else _new_array(torch_lib, a if _is_torch(a) else b, shape, t, s)
+    # From here on the arguments are valid: what follows may copy, then computes.
+    if da.dtype != t or db.dtype != t:  # the narrower operand becomes a copy of the promoted dtype
         _refuse_in_capture(s, "a/b: mixing dtypes casts an operand into a new array")
         if da.dtype != t:
-            a = _contiguous(torch_lib, a, t, s)
+            a = _contiguous(a, t, s)
             read_array(a, &da, "a", True)
         if db.dtype != t:
-            b = _contiguous(torch_lib, b, t, s)
+            b = _contiguous(b, t, s)
             read_array(b, &db, "b", True)
         shape = _layout(&da, &db, &L)
-    cdef GemmContext* ctx = current_context()
-    cdef const MatrixView* views[3]
-    cdef MatrixView va, vb, vc
     target = out
     if out is None:
         _refuse_in_capture(s, "out: out=None allocates the result; pass out=")
@@ -353,43 +435,68 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None):
     # A matrix cuBLAS cannot read in place (no unit-stride axis) is copied; one it cannot
     # write goes through a temporary.
     cdef ColMajorGemm g
-    cdef int i
     _views(&L, &da, &db, &dc, 0, 0, 0, &va, &vb, &vc)
     cdef MapResult r = map_rowmajor_gemm(&va, &vb, &vc, False, False, &g)
     if r == MAP_BAD_A or r == MAP_BAD_B:
         _refuse_in_capture(s, f"{'a' if r == MAP_BAD_A else 'b'}: its matrices have no unit-stride axis, "
                               "so it is copied")
         if r == MAP_BAD_A:
-            a = _contiguous(torch_lib, a, t, s)
-            read_array(a, &da, "a", True)
+            a = _contiguous(a, t, s)
         else:
-            b = _contiguous(torch_lib, b, t, s)
-            read_array(b, &db, "b", True)
-        return matmul(a, b, out, math=math, stream=<uintptr_t>s)   # the copy now reads in place
+            b = _contiguous(b, t, s)
+        result = matmul(a, b, target, math=math, stream=<uintptr_t>s)    # the copy reads in place
+        return _finish(result, out, target, s)
     if r != MAP_OK:
         _refuse_in_capture(s, "out: cuBLAS cannot write its layout, so the product goes to a new array first")
         tmp = _new_array(torch_lib, out if _is_torch(out) else (a if _is_torch(a) else b), shape, t, s)
         matmul(a, b, tmp, math=math, stream=<uintptr_t>s)
-        _copy_into(torch_lib, out, tmp, s)
+        _copy_into(out, tmp, s)
         return out
     if g.batch > 1:
-        check_batch_disjoint(&g, "out")
-    for i in range(L.nb - 1):
-        if L.sc[i] == 0:
-            raise ValueError("out: a batch axis of stride 0 would write several products to the same memory")
-    views[0], views[1], views[2] = &va, &vb, &vc
-    check_devices(ctx, s, views, ["a", "b", "out"])
-    if L.M == 0 or L.N == 0 or _empty_batch(&L):
-        return out
+        check_batch_disjoint(&g, "out")       # a temporary's: always passes; out's was checked first
     _run_all(ctx, s, &L, &da, &db, &dc, t, compute)
-    return _finish(target, out, target, torch_lib, s)
+    return _finish(target, out, target, s)
 
 
-cdef object _finish(object result, object out, object target, bint torch_lib, cudaStream_t s):
+cdef object _finish(object result, object out, object target, cudaStream_t s):
     if target is not out:           # computed into a temporary: now into out
-        _copy_into(torch_lib, out, result, s)
+        _copy_into(out, result, s)
         return out
     return result
+
+
+cdef void _device_view(MatrixView* v, const ArrayDesc* d) noexcept:
+    """Enough of a view for check_devices: where the array is, whether it is empty."""
+    cdef int i
+    v.ptr, v.device, v.rows, v.cols, v.batch = d.ptr, d.device, 1, 1, 1
+    for i in range(d.ndim):
+        if d.shape[i] == 0:
+            v.batch = 0
+
+
+cdef int _check_user_out(const _Layout* L0, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b) except -1:
+    """ValueError unless the caller's out can take the products without two of them sharing
+    memory: exact (check_batch_disjoint) for one batch axis cuBLAS can write, by nested
+    strides otherwise. Checked before anything runs, whether or not a temporary is used."""
+    cdef int i
+    cdef _Layout L = L0[0]
+    _out_strides(c, a.ndim == 1, b.ndim == 1, &L)
+    _merge_batch(&L)
+    cdef MatrixView va, vb, vc
+    cdef ColMajorGemm g
+    cdef int64_t batch = L.size[L.nb - 1] if L.nb > 0 else 1
+    # Row-major stand-ins for a and b: only out's side of the mapping matters here.
+    _view(&va, NULL, L.M, L.K, L.K, 1, batch, L.M * L.K, c)
+    _view(&vb, NULL, L.K, L.N, L.N, 1, batch, L.K * L.N, c)
+    _view(&vc, c.ptr, L.M, L.N, L.c_rs, L.c_cs, batch, L.sc[L.nb - 1] if L.nb > 0 else 0, c)
+    for i in range(L.nb):
+        if L.size[i] > 1 and L.sc[i] == 0:
+            raise ValueError("out: a batch axis of stride 0 would write several products to the same memory")
+    if L.nb <= 1 and map_rowmajor_gemm(&va, &vb, &vc, False, False, &g) == MAP_OK:
+        if g.batch > 1:
+            check_batch_disjoint(&g, "out")
+        return 0
+    return _check_out_disjoint(&L, c)
 
 
 cdef bint _empty_batch(const _Layout* L) noexcept:
@@ -474,6 +581,7 @@ def describe_matmul(a, b, out):
     shape = _layout(&da, &db, &L)
     if desc_shape(&dc) != shape:
         raise ValueError(f"out: expected shape {shape}, got {desc_shape(&dc)}")
+    _check_user_out(&L, &dc, &da, &db)
     if _may_overlap_any(&L, &dc, &da, &db):
         raise ValueError("out: shares memory with a or b: matmul would use a temporary")
     _out_strides(&dc, da.ndim == 1, db.ndim == 1, &L)

@@ -670,7 +670,7 @@ cdef int _tune_plan(GemmContext* ctx, cudaStream_t stream, PlanData* d, const Co
         extent = <size_t>((g.n - 1) * g.ldc + g.m)
         if g.strided_batched and g.batch > 1:
             extent += <size_t>((g.batch - 1) * g.stride_c)
-        extent *= 4 if d.dtype == CUDA_R_32F else 2
+        extent *= 8 if d.dtype == CUDA_R_64F else (4 if d.dtype == CUDA_R_32F else 2)
         cudaThreadExchangeStreamCaptureMode(&mode)
         err = cudaMalloc(&scratch, extent)
         cudaThreadExchangeStreamCaptureMode(&mode)

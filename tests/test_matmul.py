@@ -35,6 +35,12 @@ def _carve(buf, cursor, shape, order):
             v = flat.reshape(shape[::-1]).T
         elif order == "bperm" and len(shape) >= 4:
             v = np.swapaxes(flat.reshape(shape[1], shape[0], *shape[2:]), 0, 1)
+        elif order == "rev" and len(shape) >= 3:
+            v = flat.reshape(shape)[::-1]
+        elif order == "bcast" and len(shape) >= 3 and shape[0] > 1:
+            base = flat[:size // shape[0]].reshape((1,) + shape[1:])
+            base[...] = np.random.default_rng(size).standard_normal(base.shape)
+            v = np.broadcast_to(base, shape)        # read-only: filled here
         else:
             v = flat.reshape(shape)
     return v
@@ -56,20 +62,22 @@ CASES = [
     ((4, 5, 7), (7, 3)), ((5, 7), (4, 7, 3)), ((4, 5, 7), (4, 7, 3)), ((4, 5, 7), (1, 7, 3)),
     ((2, 3, 5, 7), (2, 3, 7, 4)), ((2, 1, 5, 7), (1, 3, 7, 4)), ((3, 5, 7), (2, 1, 7, 4)),
     ((2, 3, 5, 7), (7,)), ((7,), (2, 3, 7, 4)), ((2, 0, 5, 7), (7, 3)), ((5, 0), (0, 3)),
+    ((8, 3, 5, 7), (8, 1, 7, 4)), ((2, 3, 4, 5, 7), (7, 3)), ((2, 3, 4, 5, 7), (3, 1, 7, 2)),
 ]
-ORDERS = ["C", "F", "T", "pad", "bperm"]
+ORDERS = ["C", "F", "T", "pad", "bperm", "rev", "bcast"]
 
 
 @pytest.mark.parametrize("a_shape,b_shape", CASES)
 def test_calls_compute_numpy_matmul_for_every_layout(a_shape, b_shape):
     rng = np.random.default_rng(abs(hash((a_shape, b_shape))) % 2**32)
-    for oa, ob, oc in itertools.product(ORDERS, ORDERS, ["C", "F", "pad", "bperm"]):
+    for oa, ob, oc in itertools.product(ORDERS, ORDERS, ["C", "F", "pad", "bperm", "rev"]):
         buf = np.zeros(20_000, np.float32)
         cursor = [0]
         a = _carve(buf, cursor, a_shape, oa)
         b = _carve(buf, cursor, b_shape, ob)
-        a[...] = rng.standard_normal(a.shape)
-        b[...] = rng.standard_normal(b.shape)
+        for x in (a, b):
+            if x.flags.writeable:
+                x[...] = rng.standard_normal(x.shape)
         ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
         c = _carve(buf, cursor, ref.shape, oc)
         c[...] = np.nan
@@ -112,13 +120,39 @@ def test_batch_axes_that_cannot_merge_loop_without_copies():
     assert [d["b"] - BASE for d in calls] == [0, 35 * 4]      # cuBLAS's B is our a
 
 
-def test_the_longest_batch_axis_is_cublass_batch():
+def test_the_longest_batch_axis_and_a_reversed_out_compute_numpys_result():
+    rng = np.random.default_rng(3)
     buf = np.zeros(40_000, np.float32)
     a = buf[:64 * 8 * 4 * 5].reshape(64, 8, 4, 5)
     b = buf[11_000:11_000 + 64 * 5 * 3].reshape(64, 1, 5, 3)     # broadcast over the inner axis
-    c = buf[20_000:20_000 + 64 * 8 * 4 * 3].reshape(64, 8, 4, 3)
-    calls = describe_matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c))
-    assert [d["batch"] for d in calls] == [64] * 8
+    a[...], b[...] = rng.standard_normal(a.shape), rng.standard_normal(b.shape)
+    base = buf[20_000:20_000 + 64 * 8 * 4 * 3].reshape(64, 8, 4, 3)
+    cases = [(a, b, base, [64] * 8),                     # the longest axis is cuBLAS's batch
+             (a[::-1], b[::-1], base[::-1], [64] * 8),   # all run backwards there: flipped
+             (a, b, base[::-1, ::-1], [1] * 512)]        # signs differ on every axis: one by one
+    for x, y, c, batches in cases:
+        c[...] = np.nan
+        calls = describe_matmul(fake_view(buf, x), fake_view(buf, y), fake_view(buf, c))
+        assert [d["batch"] for d in calls] == batches
+        assert min(d["stride_b"] for d in calls) >= 0 and min(d["stride_c"] for d in calls) >= 0
+        for d in calls:
+            cublas_gemm_model(buf, d, batched=True)
+        np.testing.assert_allclose(c, np.matmul(x.astype(np.float64), y), rtol=1e-5, atol=1e-5)
+
+
+def test_an_out_whose_matrices_overlap_is_refused_before_anything_runs():
+    buf = np.zeros(10_000, np.float32)
+    a = buf[:2 * 4 * 3 * 5].reshape(2, 4, 3, 5)
+    b = buf[500:520].reshape(5, 4)
+    # out[0, 1] and out[1, 0] are the same memory
+    c = np.lib.stride_tricks.as_strided(buf[1000:], (2, 4, 3, 4), (48, 48, 16, 4))
+    with pytest.raises(ValueError, match="out: its matrices may overlap"):
+        describe_matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c))
+    with pytest.raises(ValueError, match="out: its matrices may overlap"):
+        cygemm.matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c))
+    c0 = np.lib.stride_tricks.as_strided(buf[1000:], (2, 4, 3, 4), (0, 48, 16, 4))
+    with pytest.raises(ValueError, match="out: a batch axis of stride 0"):
+        cygemm.matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c0))
 
 
 def test_layouts_that_need_a_copy_or_a_temporary_are_reported():
@@ -307,3 +341,40 @@ def test_torch_tensors_in_torch_tensors_out(gpu, dtype):
     out = torch.full((3, 40, 24), float("nan"), device="cuda", dtype=dt)
     assert cygemm.matmul(a.transpose(1, 2).contiguous().transpose(1, 2), b, out, math="fp32") is out
     assert ((out.double() - ref).norm() / ref.norm()).item() < bound
+
+
+@pytest.mark.gpu
+def test_mixed_libraries_and_dtypes_give_a_torch_result_and_fill_a_cupy_out(gpu):
+    torch = pytest.importorskip("torch")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    a = torch.randn(24, 40, device="cuda", generator=g)
+    b = rand(cp, (40, 16), np.float16)
+    ref = a.double().cpu().numpy() @ f64(cp, b)
+    got = cygemm.matmul(a, b, math="fp32")                       # b is cast to float32 (a copy)
+    torch.cuda.synchronize()
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float32
+    assert rel_err(got.cpu().numpy(), ref) < 1e-5
+    x = rand(cp, (40, 40), np.float32)
+    xt = torch.as_tensor(x, device="cuda")                       # the same memory as x
+    ref2 = f64(cp, x) @ f64(cp, x)
+    cygemm.matmul(xt, xt, x, math="fp32")                        # a CuPy out that is both inputs
+    torch.cuda.synchronize()
+    cp.cuda.Device().synchronize()
+    assert rel_err(cp.asnumpy(x), ref2) < 1e-5
+
+
+@pytest.mark.gpu
+def test_four_d_batches_with_broadcast_reversed_and_permuted_layouts_match_cupy(gpu):
+    a = rand(cp, (3, 8, 20, 24), np.float32)
+    b = rand(cp, (8, 1, 24, 12), np.float32)                    # (3, 8) x (8, 1): no broadcast match
+    bb = rand(cp, (1, 8, 24, 12), np.float32)
+    ref = _ref(a, bb)
+    for out in (poisoned(cp, (3, 8, 20, 12)), poisoned(cp, (3, 8, 20, 12))[::-1],
+                cp.swapaxes(poisoned(cp, (8, 3, 20, 12)), 0, 1)):
+        got = cygemm.matmul(a, bb, out, math="fp32")
+        assert got is out
+        assert rel_err(cp.asnumpy(out), ref) < 1e-5
+    ap = cp.swapaxes(cp.ascontiguousarray(cp.swapaxes(a, 0, 1)), 0, 1)   # batch axes permuted in memory
+    assert rel_err(cp.asnumpy(cygemm.matmul(ap, bb[:, ::-1], math="fp32")), _ref(a, bb[:, ::-1])) < 1e-5
+    with pytest.raises(ValueError, match="do not broadcast"):
+        cygemm.matmul(a, b)
