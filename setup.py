@@ -19,8 +19,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODULES = {"_core": [], "plans": [], "rowmajor": [], "fused": ["cygemm/kernels.cu"], "graph": [], "matmul": []}
-HEADERS = ["cygemm/include/cygemm/kernels.h"]
+MODULES = {"_core": [], "plans": ["cygemm/timing.cu"], "rowmajor": [], "fused": ["cygemm/kernels.cu"], "graph": [], "matmul": []}
+HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h"]
 RUNPATH = "$ORIGIN/../nvidia/cu13/lib"
 
 

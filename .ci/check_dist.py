@@ -12,7 +12,7 @@ import tarfile
 import tempfile
 import zipfile
 
-PXD = ["_core", "cublas", "cublaslt", "cudart", "kernels", "plans", "rowmajor"]
+PXD = ["_core", "cublas", "cublaslt", "cudart", "kernels", "plans", "rowmajor", "timing"]
 PYX = ["_core", "plans", "rowmajor", "fused", "graph", "matmul"]
 STUBS = ["_core", "plans", "rowmajor", "fused", "graph", "matmul"]
 WHEEL_NEEDS = ([f"cygemm/{m}.pxd" for m in PXD] + [f"cygemm/{m}.pyi" for m in STUBS]

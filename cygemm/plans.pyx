@@ -27,6 +27,7 @@ from libc.stdlib cimport malloc, free
 from libc.string cimport memcmp, memset, memcpy
 
 from cygemm.cudart cimport *
+from cygemm.timing cimport cygemm_hold_stream
 from cygemm.cublas cimport *
 from cygemm.cublaslt cimport *
 from cygemm._core cimport (GemmContext, check_cuda, check_cublas, bind_stream, stream_is_capturing,
@@ -551,14 +552,23 @@ cdef int _flush_l2(int device, cudaStream_t stream) except -1:
                       "cudaMemsetAsync(L2 flush)")
 
 
-# CYGEMM_TUNING_MODE: "cold" (default: L2 flushed before every timed run) or "hot" (no
-# flush: operands stay in L2 between runs, as in back-to-back calls on the same arrays).
-cdef bint _tune_hot = os.environ.get("CYGEMM_TUNING_MODE", "cold") == "hot"
+# CYGEMM_TUNING_MODE: how a candidate is timed.
+#   "sustained": SUSTAINED_CALLS calls back to back, queued behind a kernel that holds the
+#                stream while the host enqueues the round, so the GPU runs them without
+#                gaps, as in a training loop or a benchmark;
+#   "cold": one call after L2 is flushed (a buffer twice the L2 size written);
+#   "hot": one call, no flush.
+cdef int _tune_mode = {"cold": 0, "hot": 1, "sustained": 2}.get(os.environ.get("CYGEMM_TUNING_MODE", "cold"), 0)
+
+cdef enum:
+    SUSTAINED_CALLS = 3
+    HOLD_NS_PER_CALL = 40000       # host time to enqueue one call, with a margin
 
 
 cdef int time_choices(GemmContext* ctx, cudaStream_t stream, enqueue_fn enqueue, void* arg,
                       const int* choices, int n, int reps, float* ms) except -1:
-    cdef int i, r, j, st
+    cdef int i, r, j, st, c
+    cdef int calls = SUSTAINED_CALLS if _tune_mode == 2 else 1
     cdef int n_events = 2 * n * reps + 1      # the last one: recorded after every round
     cdef cudaEvent_t* ev = <cudaEvent_t*>malloc(n_events * sizeof(cudaEvent_t))
     cdef float* t = <float*>malloc(n * reps * sizeof(float))
@@ -574,13 +584,18 @@ cdef int time_choices(GemmContext* ctx, cudaStream_t stream, enqueue_fn enqueue,
         for i in range(n):          # warm-up: kernels loaded, the choice's own plans made
             ok[i] = enqueue(arg, choices[i]) == 0
         for r in range(reps):       # interleaved rounds: drift hits every choice alike
+            if calls > 1:
+                check_cuda(cygemm_hold_stream(<uint64_t>min(n * calls * HOLD_NS_PER_CALL + 100000, 20000000),
+                                              stream), "cygemm_hold_stream")
             for i in range(n):
                 if not ok[i]:
                     continue
-                if not _tune_hot:
+                if _tune_mode == 0:
                     _flush_l2(ctx.device, stream)
                 check_cuda(cudaEventRecord(ev[2 * (r * n + i)], stream), "cudaEventRecord")
-                ok[i] = enqueue(arg, choices[i]) == 0
+                for c in range(calls):
+                    if ok[i]:
+                        ok[i] = enqueue(arg, choices[i]) == 0
                 check_cuda(cudaEventRecord(ev[2 * (r * n + i) + 1], stream), "cudaEventRecord")
         check_cuda(cudaEventRecord(ev[n_events - 1], stream), "cudaEventRecord")
         with nogil:
@@ -600,7 +615,7 @@ cdef int time_choices(GemmContext* ctx, cudaStream_t stream, enqueue_fn enqueue,
                     t[i * reps + j + 1] = t[i * reps + j]
                     j -= 1
                 t[i * reps + j + 1] = x
-            ms[i] = t[i * reps + reps // 2]
+            ms[i] = t[i * reps + reps // 2] / calls
     finally:
         for i in range(n_events):
             if ev[i] != NULL:
