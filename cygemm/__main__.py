@@ -116,7 +116,8 @@ def info(out=print):
     out(f"  CYGEMM_TUNING_CACHE={env('CYGEMM_TUNING_CACHE', '')!r} (tuning file; empty: tuning kept in the process)")
     out(f"  CYGEMM_AUTOTUNE_MIN_MACS={env('CYGEMM_AUTOTUNE_MIN_MACS', '268435456 (default)')} "
         "(problems this large time their candidates once)")
-    out(f"  CYGEMM_TUNING_MODE={env('CYGEMM_TUNING_MODE', 'cold (default)')}")
+    out(f"  CYGEMM_TUNING_MODE={env('CYGEMM_TUNING_MODE', 'cold (default)')} "
+        "(how candidates are timed: cold, hot or sustained)")
     out(f"  CYGEMM_MAX_STREAM_WORKSPACES={env('CYGEMM_MAX_STREAM_WORKSPACES', '8 (default)')} "
         "(32 MiB cuBLAS workspace per stream, per thread and device)")
     out(f"  tuned problems in this process: {len(plans.tuning_entries())}")

@@ -25,6 +25,7 @@ from cygemm import _core
 __all__ = ["matmul", "describe_matmul"]
 
 cdef dict _MATH = {"tf32": 0, "fp32": 1, "cupy": 2}
+cdef list _NAMES = ["a", "b", "out"]
 
 
 cdef cublasComputeType_t _compute(cudaDataType dtype, str math) except *:
@@ -55,7 +56,16 @@ cdef cudaDataType _promote(cudaDataType x, cudaDataType y) noexcept:
     return x if _rank(x) > _rank(y) else y
 
 
+try:
+    import cupy as _cupy
+    _cupy_ndarray = _cupy.ndarray
+except ImportError:
+    _cupy_ndarray = None
+
+
 cdef bint _is_torch(object x):
+    if type(x) is _cupy_ndarray:        # the common case, without a string test
+        return False
     return type(x).__module__.startswith("torch")
 
 
@@ -128,6 +138,9 @@ cdef struct _Layout:
     int64_t sc[64]
     # Element offsets of the first matrix (batch axes of out with a negative stride run backwards).
     int64_t base_a, base_b, base_c
+    # The result's shape.
+    int out_ndim
+    int64_t out_shape[64]
 
 
 cdef int _core_of(const ArrayDesc* d, bint is_a, int64_t* rows, int64_t* cols, int64_t* rs,
@@ -143,9 +156,9 @@ cdef int _core_of(const ArrayDesc* d, bint is_a, int64_t* rows, int64_t* cols, i
     return 0
 
 
-cdef tuple _layout(const ArrayDesc* a, const ArrayDesc* b, _Layout* L):
+cdef int _layout(const ArrayDesc* a, const ArrayDesc* b, _Layout* L) except -1:
     """Check the shapes as NumPy does, fill the cores and the broadcast batch axes (not yet
-    merged, c's strides unset); return the result's shape."""
+    merged, c's strides unset) and the result's shape."""
     cdef int64_t ar, ac, br, bc, x, y
     _core_of(a, True, &ar, &ac, &L.a_rs, &L.a_cs)
     _core_of(b, False, &br, &bc, &L.b_rs, &L.b_cs)
@@ -158,7 +171,7 @@ cdef tuple _layout(const ArrayDesc* a, const ArrayDesc* b, _Layout* L):
     cdef int nbt = b.ndim - 2 if b.ndim > 2 else 0
     cdef int n = na if na > nbt else nbt, i, ia, ib
     L.nb = n
-    shape = []
+    L.out_ndim = 0
     for i in range(n):
         ia, ib = i - (n - na), i - (n - nbt)
         x = a.shape[ia] if ia >= 0 else 1
@@ -169,12 +182,29 @@ cdef tuple _layout(const ArrayDesc* a, const ArrayDesc* b, _Layout* L):
         L.size[i] = x if x != 1 else y
         L.sa[i] = a.strides[ia] if ia >= 0 and x != 1 else 0
         L.sb[i] = b.strides[ib] if ib >= 0 and y != 1 else 0
-        shape.append(L.size[i])
+        L.out_shape[L.out_ndim] = L.size[i]
+        L.out_ndim += 1
     if a.ndim > 1:
-        shape.append(L.M)
+        L.out_shape[L.out_ndim] = L.M
+        L.out_ndim += 1
     if b.ndim > 1:
-        shape.append(L.N)
-    return tuple(shape)
+        L.out_shape[L.out_ndim] = L.N
+        L.out_ndim += 1
+    return 0
+
+
+cdef tuple _shape(const _Layout* L):
+    return tuple([L.out_shape[i] for i in range(L.out_ndim)])
+
+
+cdef bint _has_shape(const ArrayDesc* d, const _Layout* L) noexcept:
+    cdef int i
+    if d.ndim != L.out_ndim:
+        return False
+    for i in range(d.ndim):
+        if d.shape[i] != L.out_shape[i]:
+            return False
+    return True
 
 
 cdef int _out_strides(const ArrayDesc* c, bint a_vec, bint b_vec, _Layout* L) noexcept:
@@ -381,13 +411,13 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None):
     cdef cudaDataType t = _promote(da.dtype, db.dtype)
     cdef cublasComputeType_t compute = _compute(t, math)
     cdef _Layout L
-    shape = _layout(&da, &db, &L)
+    _layout(&da, &db, &L)
     if out is not None:
         read_array(out, &dc, "out", True)
         if dc.dtype != t:
             raise TypeError(f"out: expected dtype {dtype_name(t)} (the result's), got {dtype_name(dc.dtype)}")
-        if desc_shape(&dc) != shape:
-            raise ValueError(f"out: expected shape {shape}, got {desc_shape(&dc)}")
+        if not _has_shape(&dc, &L):
+            raise ValueError(f"out: expected shape {_shape(&L)}, got {desc_shape(&dc)}")
         _check_user_out(&L, &dc, &da, &db)
     cdef cudaStream_t s
     if stream is None and torch_lib:
@@ -407,10 +437,10 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None):
     if out is not None:
         _device_view(&vc, &dc)
         views[2] = &vc
-    check_devices(ctx, s, views, ["a", "b", "out"])
+    check_devices(ctx, s, views, _NAMES)
     cdef bint empty = L.M == 0 or L.N == 0 or _empty_batch(&L)
     if empty:                           # nothing to compute (K == 0 is not empty: zeros)
-        return out if out is not None else _new_array(torch_lib, a if _is_torch(a) else b, shape, t, s)
+        return out if out is not None else _new_array(torch_lib, a if _is_torch(a) else b, _shape(&L), t, s)
     # From here on the arguments are valid: what follows may copy, then computes.
     if da.dtype != t or db.dtype != t:  # the narrower operand becomes a copy of the promoted dtype
         _refuse_in_capture(s, "a/b: mixing dtypes casts an operand into a new array")
@@ -420,15 +450,15 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None):
         if db.dtype != t:
             b = _contiguous(b, t, s)
             read_array(b, &db, "b", True)
-        shape = _layout(&da, &db, &L)
+        _layout(&da, &db, &L)
     target = out
     if out is None:
         _refuse_in_capture(s, "out: out=None allocates the result; pass out=")
-        target = out = _new_array(torch_lib, a if _is_torch(a) else b, shape, t, s)
+        target = out = _new_array(torch_lib, a if _is_torch(a) else b, _shape(&L), t, s)
         read_array(out, &dc, "out", True)
     elif _may_overlap_any(&L, &dc, &da, &db):
         _refuse_in_capture(s, "out: it shares memory with a or b, so the product goes to a new array first")
-        target = _new_array(torch_lib, out if _is_torch(out) else (a if _is_torch(a) else b), shape, t, s)
+        target = _new_array(torch_lib, out if _is_torch(out) else (a if _is_torch(a) else b), _shape(&L), t, s)
         read_array(target, &dc, "out", True)
     _out_strides(&dc, da.ndim == 1, db.ndim == 1, &L)
     _merge_batch(&L)
@@ -448,7 +478,7 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None):
         return _finish(result, out, target, s)
     if r != MAP_OK:
         _refuse_in_capture(s, "out: cuBLAS cannot write its layout, so the product goes to a new array first")
-        tmp = _new_array(torch_lib, out if _is_torch(out) else (a if _is_torch(a) else b), shape, t, s)
+        tmp = _new_array(torch_lib, out if _is_torch(out) else (a if _is_torch(a) else b), _shape(&L), t, s)
         matmul(a, b, tmp, math=math, stream=<uintptr_t>s)
         _copy_into(out, tmp, s)
         return out
@@ -507,7 +537,16 @@ cdef bint _empty_batch(const _Layout* L) noexcept:
     return False
 
 
+cdef bint _apart(const ArrayDesc* x, const ArrayDesc* y) noexcept:
+    cdef int64_t lo1, hi1, lo2, hi2
+    _extent(x, &lo1, &hi1)
+    _extent(y, &lo2, &hi2)
+    return hi1 <= lo1 or hi2 <= lo2 or hi1 <= lo2 or hi2 <= lo1
+
+
 cdef bint _may_overlap_any(_Layout* L, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b):
+    if _apart(c, a) and _apart(c, b):       # the common case: no shared bytes at all
+        return False
     _out_strides(c, a.ndim == 1, b.ndim == 1, L)
     cdef _Layout M = L[0]
     _merge_batch(&M)
@@ -578,9 +617,9 @@ def describe_matmul(a, b, out):
     if da.dtype != db.dtype or dc.dtype != da.dtype:
         raise ValueError("a/b/out: dtypes differ: matmul would cast")
     cdef _Layout L
-    shape = _layout(&da, &db, &L)
-    if desc_shape(&dc) != shape:
-        raise ValueError(f"out: expected shape {shape}, got {desc_shape(&dc)}")
+    _layout(&da, &db, &L)
+    if not _has_shape(&dc, &L):
+        raise ValueError(f"out: expected shape {_shape(&L)}, got {desc_shape(&dc)}")
     _check_user_out(&L, &dc, &da, &db)
     if _may_overlap_any(&L, &dc, &da, &db):
         raise ValueError("out: shares memory with a or b: matmul would use a temporary")
