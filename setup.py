@@ -115,7 +115,7 @@ LINK_ARGS = [CUBLAS["cublas"], CUBLAS["cublasLt"], cudart_static(NVCC), "-ldl", 
 def ext_modules():
     from Cython.Build import cythonize
     return cythonize([extension(name, srcs) for name, srcs in MODULES.items()],
-                     compiler_directives={"language_level": 3, "embedsignature": True})
+                     compiler_directives={"language_level": 3, "binding": True})
 
 
 setup(ext_modules=ext_modules(), cmdclass={"build_ext": BuildExt})

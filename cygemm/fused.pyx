@@ -436,10 +436,50 @@ cdef int _gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cud
 
 def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky_slope=0.01,
                  bint save_z=False, z_out=None, lt_workspace=None, str math="tf32", stream=None):
-    """out = act(A @ B + bias), and z_out = A @ B + bias with save_z. Allocates nothing.
+    """out = act(A @ B + bias), and z_out = A @ B + bias with save_z, into given buffers.
 
-    A (M, K), B (K, N) (a transposed view is read in place), out and z_out
-    row-major (M, N), bias (N,) or (1, N); bias=None or with_bias=False: no bias.
+    Parameters
+    ----------
+    A : device array (M, K)
+        Row-major (unit stride along its last axis; row slices too).
+    B : device array (K, N)
+        Any 2-D layout cuBLAS reads in place: ``W.T`` of a weight stored (N, K), as torch's
+        ``nn.Linear`` keeps it, is read without a copy.
+    out : device array (M, N)
+        Row-major; the dtype of A (float32, float16 or bfloat16).
+    bias : device array (N,) or (1, N), optional
+        None, or ``with_bias=False``: no bias.
+    act : str
+        "none"/"identity", "relu", "leaky_relu" (``leaky_slope``), "gelu" (tanh
+        approximation, as cuBLASLt), "gelu_erf", "sigmoid", "tanh" or "silu".
+    save_z, z_out : bool, device array (M, N)
+        With ``save_z``, also write the pre-activation Z to ``z_out`` (the backward's input).
+    lt_workspace : device array, optional
+        A cuBLASLt workspace to use instead of cygemm's own one for the stream.
+    math : {"tf32", "fp32"}
+        As :func:`cygemm.gemm`.
+    stream : optional
+        As :func:`cygemm.gemm`; everything is enqueued there.
+
+    Returns
+    -------
+    device array
+        ``out``.
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not fit, a layout that is not row-major where one is needed, an output
+        that overlaps an input, ``z_out`` missing with ``save_z`` (or given without it), an
+        unknown activation, arrays or stream of another device.
+    TypeError, CublasError, CudaError
+        As :func:`cygemm.gemm`.
+
+    Notes
+    -----
+    Allocates nothing and can be captured. The route (one cuBLASLt epilogue, a BIAS epilogue
+    plus cygemm's kernel, ...) is chosen by the route table of ``cygemm.fused``: timed once
+    for large problems, a fixed rule for small ones.
     """
     cdef MatrixView a, b, y, z, bv
     cdef cygemm_act_t code = parse_activation(act)
@@ -510,13 +550,44 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
 def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0.01, gA_out=None,
                   gB_out=None, gBias_out=None, work_dZ=None, lt_workspace=None, str math="tf32",
                   stream=None, bint accumulate=False, y=None):
-    """Gradients of out = act(A @ B + bias) given gY = dL/dout and Z = A @ B + bias.
+    """Gradients of out = act(A @ B + bias) given gY = dL/dout, into given buffers.
 
-    dZ = gY * act'(Z) (into work_dZ), gBias = dZ.sum(0), gA = dZ @ B.T, gB = A.T @ dZ;
-    an output left None is skipped. accumulate=True adds into the grads (beta = 1).
-    Z may be None when act is "none", or when the forward's output is passed as `y`
-    and act is relu, leaky_relu (slope > 0), sigmoid or tanh, whose derivative the
-    output determines: then the forward need not save Z. Allocates nothing.
+    dZ = gY * act'(Z) (into ``work_dZ``), gBias = dZ.sum(0), gA = dZ @ B.T, gB = A.T @ dZ.
+
+    Parameters
+    ----------
+    A, B, with_bias, act, leaky_slope, lt_workspace, math, stream
+        As in :func:`forward_into` (the forward's operands).
+    gY : device array (M, N)
+        The gradient of the loss with respect to the forward's ``out``.
+    Z : device array (M, N) or None
+        The forward's ``z_out``. None when act is "none", or when ``y`` is given.
+    y : device array (M, N), optional
+        The forward's ``out``, instead of Z, for relu, leaky_relu (slope > 0), sigmoid and
+        tanh, whose derivative the output fixes: then the forward need not save Z.
+    gA_out, gB_out, gBias_out : device arrays, optional
+        (M, K), (K, N), (N,); any left None is not computed. gB_out may be ``gW.T`` of a
+        weight gradient stored (N, K).
+    work_dZ : device array (M, N), optional
+        Scratch for dZ; needed unless act is "none" (see ``gemm_ops.ensure_workspaces``).
+    accumulate : bool
+        Add into the gradients (beta = 1) instead of overwriting them.
+
+    Returns
+    -------
+    tuple
+        ``(gA_out, gB_out, gBias_out)``.
+
+    Raises
+    ------
+    ValueError, TypeError, CublasError, CudaError
+        As :func:`forward_into`; also a missing ``work_dZ`` or Z.
+
+    Notes
+    -----
+    Allocates nothing and can be captured. The two GEMMs run on the caller's stream, or, where
+    timing found it faster, the weight gradient on a side stream forked from and joined to it
+    (the ``branches`` route; a captured graph then has two branches).
     """
     cdef MatrixView a, b, gy, zv, ga, gb, gbias, dz
     cdef cygemm_act_t code = parse_activation(act)

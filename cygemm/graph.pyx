@@ -80,10 +80,29 @@ cdef class Graph:
 
 
 class capture:
-    """Context manager: capture work enqueued on `stream` and instantiate it as a Graph.
+    """Context manager: capture the work enqueued on `stream` into a CUDA graph.
 
-    mode: "thread_local" (default: other threads may keep allocating), "global" or "relaxed".
-    The stream must not be the legacy default stream (capture is illegal there).
+    Parameters
+    ----------
+    stream : optional
+        The stream to capture (as :func:`cygemm.gemm` takes one); not the legacy default
+        stream, where capture is illegal.
+    mode : {"thread_local", "global", "relaxed"}
+        The cudaStreamCaptureMode: "thread_local" (default) lets other threads keep
+        allocating meanwhile.
+
+    Returns
+    -------
+    Graph
+        From ``with capture(s) as graph:``; instantiated when the block ends, then
+        ``graph.launch(stream)`` replays it.
+
+    Raises
+    ------
+    ValueError
+        An unknown mode or the legacy default stream.
+    CudaError
+        Capture could not begin or end (e.g. a call in the block invalidated it).
     """
 
     def __init__(self, stream=None, mode="thread_local"):

@@ -893,6 +893,11 @@ def save_tuning(path):
     -------
     int
         How many entries the file holds now.
+
+    Raises
+    ------
+    OSError
+        The file or its folder cannot be written (nothing is left half-written).
     """
     path = os.fspath(path)
     header = dict(format=_TUNING_FORMAT, **_versions())
@@ -927,10 +932,20 @@ def load_tuning(path):
     entries of other GPU models are kept but only used on those GPUs. A stored cuBLASLt
     algorithm is checked (cublasLtMatmulAlgoCheck) before its first use.
 
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A file written by :func:`save_tuning` (or through ``CYGEMM_TUNING_CACHE``).
+
     Returns
     -------
     int
         How many entries were added (0 when the file was ignored).
+
+    Raises
+    ------
+    Nothing for a bad file: a missing, unreadable, corrupt or foreign one gives a
+    ``RuntimeWarning`` and is ignored.
     """
     path = os.fspath(path)
     try:

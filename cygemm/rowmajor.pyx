@@ -267,22 +267,86 @@ cdef object _run(object A, object B, object out, bint trans_a, bint trans_b, obj
 
 def gemm(A, B, out=None, *, bint trans_a=False, bint trans_b=False, alpha=1.0, beta=0.0,
          str math="tf32", stream=None):
-    """out = alpha * op(A) @ op(B) + beta * out for row-major 2-D device arrays.
+    """out = alpha * op(A) @ op(B) + beta * out, one cuBLAS GEMM on 2-D device arrays.
 
-    float32 (math "tf32": CUBLAS_COMPUTE_32F_FAST_TF32, or "fp32": strict),
-    float16 and bfloat16 (fp32 accumulation). Slices and transposed views are
-    read in place. `stream`: None (CuPy's current stream), a Stream, or an int
-    cudaStream_t. Returns `out` (allocated with CuPy when None).
+    Parameters
+    ----------
+    A, B : device arrays, 2-D
+        float32, float16 or bfloat16 (both alike): CuPy arrays, torch CUDA tensors, or objects
+        with ``__cuda_array_interface__`` / ``__dlpack__``. A matrix is read in place when
+        one axis has unit stride and the other a stride >= its length (C or F order, slices,
+        ``.T``).
+    out : device array, optional
+        (M, N), the dtype of A; any such layout. None: a new C-ordered CuPy array.
+    trans_a, trans_b : bool
+        Use A.T / B.T (no copy).
+    alpha, beta : float
+        Scalars; a nonzero beta needs ``out``.
+    math : {"tf32", "fp32"}
+        float32 products with ``CUBLAS_COMPUTE_32F_FAST_TF32`` (default) or strict fp32;
+        float16 and bfloat16 accumulate in fp32 either way.
+    stream : optional
+        None (CuPy's current stream), a CuPy or torch stream, an object with
+        ``__cuda_stream__``, or an int ``cudaStream_t``. The GEMM is enqueued there.
+
+    Returns
+    -------
+    device array
+        ``out``, or the new array (allocated from CuPy's pool on ``stream``).
+
+    Raises
+    ------
+    ValueError
+        Shapes that do not multiply, a layout cuBLAS cannot read in place, an ``out`` that
+        overlaps A or B, arrays or stream of another device, ``out=None`` with a nonzero beta
+        or while the stream is being captured.
+    TypeError
+        Not a device array, an unsupported or mismatched dtype.
+    CublasError, CudaError
+        A failed cuBLAS/CUDA call, naming the status and the call.
+
+    Notes
+    -----
+    With ``out`` given it allocates nothing and can be captured into a CUDA graph. Problems
+    of at least ``CYGEMM_AUTOTUNE_MIN_MACS`` multiply-adds run the fastest of cuBLASLt's
+    candidates and ``cublasGemmEx``, timed once (see ``cygemm.plans``).
     """
     return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, False)
 
 
 def gemm_strided_batched(A, B, out=None, *, bint trans_a=False, bint trans_b=False, alpha=1.0,
                          beta=0.0, str math="tf32", stream=None):
-    """out[i] = alpha * op(A[i]) @ op(B[i]) + beta * out[i] via cublasGemmStridedBatchedEx.
+    """out[i] = alpha * op(A[i]) @ op(B[i]) + beta * out[i] for every i of a batch.
 
-    A and B are (batch, rows, cols) arrays with any batch stride, 0 included;
-    a 2-D operand or one of batch 1 is broadcast over the batch.
+    Parameters
+    ----------
+    A, B : device arrays, 3-D (batch, rows, cols) or 2-D
+        As in :func:`gemm`, with any batch stride: a 2-D operand, one of batch 1, or one of
+        batch stride 0 (``cp.broadcast_to``) is broadcast over the batch.
+    out : device array, optional
+        (batch, M, N); any batch stride whose matrices do not overlap. None: a new C-ordered
+        CuPy array.
+    trans_a, trans_b, alpha, beta, math, stream
+        As in :func:`gemm`.
+
+    Returns
+    -------
+    device array
+        ``out``, or the new array (allocated from CuPy's pool on ``stream``).
+
+    Raises
+    ------
+    ValueError
+        As :func:`gemm`; also batches that do not match (nor are 1) and an ``out`` whose
+        matrices overlap one another.
+    TypeError, CublasError, CudaError
+        As :func:`gemm`.
+
+    Notes
+    -----
+    One ``cublasGemmStridedBatchedEx`` (or, for large problems whose matrices lie one after
+    another, a timed cuBLASLt batched plan). For NumPy's ``matmul`` rules (N-D broadcasting,
+    1-D operands) use :func:`cygemm.matmul`.
     """
     return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, True)
 

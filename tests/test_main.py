@@ -32,3 +32,17 @@ def test_info_names_versions_libraries_gpus_and_settings():
 def test_main_refuses_an_unknown_command():
     p = subprocess.run([sys.executable, "-m", "cygemm", "infos"], capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "usage: python -m cygemm [info]" in p.stderr
+
+
+def test_help_shows_each_public_signature_once():
+    import pydoc
+    from cygemm import gemm_ops, graph
+    for fn in (cygemm.matmul, cygemm.gemm, cygemm.gemm_strided_batched, gemm_ops.forward_into,
+               gemm_ops.backward_into, cygemm.save_tuning, cygemm.load_tuning, graph.capture):
+        text = pydoc.render_doc(fn, renderer=pydoc.plaintext)
+        name = fn.__name__
+        lines = [line.strip() for line in text.splitlines()]
+        signature = "__init__(" if isinstance(fn, type) else f"{name}("
+        assert sum(line.startswith(signature) for line in lines) == 1, (name, text[:400])
+        for section in ("Parameters", "Returns", "Raises"):
+            assert section in (fn.__doc__ or ""), (name, section)
