@@ -229,10 +229,15 @@ cdef void _swap_axes(_Layout* L, int i, int j) noexcept:
     L.sc[i], L.sc[j] = L.sc[j], L.sc[i]
 
 
+cdef inline bint _row_major(int64_t rows, int64_t cols, int64_t rs, int64_t cs) noexcept:
+    return (cs == 1 or cols <= 1) and (rows <= 1 or cols == 0 or rs >= cols)
+
+
 cdef int _merge_batch(_Layout* L) noexcept:
     """Drop length-1 batch axes and merge neighbours whose strides chain in all three arrays
-    (an outer stride = inner stride x inner length, 0 with 0 included); then choose cuBLAS's
-    batch axis (moved last), or add a length-1 one when no axis qualifies."""
+    (an outer stride = inner stride x inner length, 0 with 0 included); fold inner axes that
+    broadcast b into M; then choose cuBLAS's batch axis (moved last), or add a length-1 one
+    when no axis qualifies."""
     cdef int i, n = 0, big = -1
     for i in range(L.nb):
         if L.size[i] == 1:
@@ -244,6 +249,20 @@ cdef int _merge_batch(_Layout* L) noexcept:
             continue
         L.size[n], L.sa[n], L.sb[n], L.sc[n] = L.size[i], L.sa[i], L.sb[i], L.sc[i]
         n += 1
+    # An inner axis that broadcasts b, along which a's and out's matrices follow one another
+    # row after row, folds into M: (s, M, K) @ (K, N) is one (s*M, K) @ (K, N) GEMM, as
+    # torch does, instead of s small ones.
+    cdef int64_t a_rs, c_rs, rows
+    while n > 0 and L.sb[n - 1] == 0:
+        i = n - 1
+        a_rs = L.sa[i] if L.M == 1 else L.a_rs
+        c_rs = L.sc[i] if L.M == 1 else L.c_rs
+        rows = L.M * L.size[i]
+        if L.sa[i] != L.M * a_rs or L.sc[i] != L.M * c_rs or not _row_major(rows, L.K, a_rs, L.a_cs) \
+                or not _row_major(rows, L.N, c_rs, L.c_cs):
+            break
+        L.M, L.a_rs, L.c_rs = rows, a_rs, c_rs
+        n -= 1
     L.nb = n
     # Any axis can be cuBLAS's batch (each has one stride per array): the longest, so that
     # the loop over the others launches fewest calls; but cuBLAS documents no negative batch

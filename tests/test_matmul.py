@@ -102,12 +102,24 @@ def test_calls_compute_numpy_matmul_for_every_layout(a_shape, b_shape):
 def test_contiguous_batches_merge_into_one_strided_batched_call():
     buf = np.zeros(10_000, np.float32)
     a = buf[:2 * 3 * 5 * 7].reshape(2, 3, 5, 7)
+    b = buf[300:300 + 2 * 3 * 7 * 4].reshape(2, 3, 7, 4)
+    c = buf[500:500 + 2 * 3 * 5 * 4].reshape(2, 3, 5, 4)
+    calls = describe_matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c))
+    assert len(calls) == 1 and calls[0]["batch"] == 6
+    d = calls[0]        # the swap: cuBLAS's A is our b, its B our a
+    assert (d["stride_a"], d["stride_b"], d["stride_c"]) == (28, 35, 20)
+
+
+def test_batches_that_broadcast_b_fold_into_one_tall_gemm():
+    buf = np.zeros(10_000, np.float32)
+    a = buf[:2 * 3 * 5 * 7].reshape(2, 3, 5, 7)
     b = buf[300:300 + 7 * 4].reshape(7, 4)          # broadcast over both batch axes
     c = buf[400:400 + 2 * 3 * 5 * 4].reshape(2, 3, 5, 4)
     calls = describe_matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c))
-    assert len(calls) == 1 and calls[0]["batch"] == 6
-    d = calls[0]        # the swap: cuBLAS's A is our b (stride 0), its B our a
-    assert (d["stride_a"], d["stride_b"], d["stride_c"]) == (0, 35, 20)
+    assert len(calls) == 1 and calls[0]["batch"] == 1 and calls[0]["n"] == 30   # (30, 7) @ (7, 4)
+    b2 = buf[600:600 + 2 * 7 * 4].reshape(2, 1, 7, 4)   # broadcast over the inner axis only
+    calls = describe_matmul(fake_view(buf, a), fake_view(buf, b2), fake_view(buf, c))
+    assert [(d["batch"], d["n"]) for d in calls] == [(2, 15)]
 
 
 def test_batch_axes_that_cannot_merge_loop_without_copies():
@@ -127,8 +139,11 @@ def test_the_longest_batch_axis_and_a_reversed_out_compute_numpys_result():
     b = buf[11_000:11_000 + 64 * 5 * 3].reshape(64, 1, 5, 3)     # broadcast over the inner axis
     a[...], b[...] = rng.standard_normal(a.shape), rng.standard_normal(b.shape)
     base = buf[20_000:20_000 + 64 * 8 * 4 * 3].reshape(64, 8, 4, 3)
-    cases = [(a, b, base, [64] * 8),                     # the longest axis is cuBLAS's batch
-             (a[::-1], b[::-1], base[::-1], [64] * 8),   # all run backwards there: flipped
+    b_outer = buf[12_000:12_000 + 8 * 5 * 3].reshape(1, 8, 5, 3)   # broadcast over the outer axis
+    b_outer[...] = rng.standard_normal(b_outer.shape)
+    cases = [(a, b_outer, base, [64] * 8),               # the longest axis is cuBLAS's batch
+             (a, b, base, [64]),                         # b's broadcast inner axis folds into M
+             (a[::-1], b[::-1], base[::-1], [64]),       # all run backwards on axis 0: flipped
              (a, b, base[::-1, ::-1], [1] * 512)]        # signs differ on every axis: one by one
     for x, y, c, batches in cases:
         c[...] = np.nan
@@ -146,10 +161,11 @@ def test_an_out_whose_matrices_overlap_is_refused_before_anything_runs():
     b = buf[500:520].reshape(5, 4)
     # out[0, 1] and out[1, 0] are the same memory
     c = np.lib.stride_tricks.as_strided(buf[1000:], (2, 4, 3, 4), (48, 48, 16, 4))
-    with pytest.raises(ValueError, match="out: its matrices may overlap"):
-        describe_matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c))
-    with pytest.raises(ValueError, match="out: its matrices may overlap"):
-        cygemm.matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c))
+    for bb in (b, buf[600:600 + 2 * 4 * 5 * 4].reshape(2, 4, 5, 4)):    # b broadcast (folds) or not
+        with pytest.raises(ValueError, match="out: .*overlap"):
+            describe_matmul(fake_view(buf, a), fake_view(buf, bb), fake_view(buf, c))
+        with pytest.raises(ValueError, match="out: .*overlap"):
+            cygemm.matmul(fake_view(buf, a), fake_view(buf, bb), fake_view(buf, c))
     c0 = np.lib.stride_tricks.as_strided(buf[1000:], (2, 4, 3, 4), (0, 48, 16, 4))
     with pytest.raises(ValueError, match="out: a batch axis of stride 0"):
         cygemm.matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c0))
@@ -379,3 +395,41 @@ def test_four_d_batches_with_broadcast_reversed_and_permuted_layouts_match_cupy(
     assert rel_err(cp.asnumpy(cygemm.matmul(ap, bb[:, ::-1], math="fp32")), _ref(a, bb[:, ::-1])) < 1e-5
     with pytest.raises(ValueError, match="do not broadcast"):
         cygemm.matmul(a, b)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@st.composite
+def _matmul_problem(draw):
+    nb = draw(st.integers(0, 3))
+    batch = [draw(st.integers(1, 4)) for _ in range(nb)]
+    a_batch = [x if draw(st.booleans()) else 1 for x in batch][draw(st.integers(0, nb)):]
+    b_batch = [x if draw(st.booleans()) else 1 for x in batch][draw(st.integers(0, nb)):]
+    m, k, n = (draw(st.integers(1, 6)) for _ in range(3))
+    a_shape = (k,) if draw(st.integers(0, 5)) == 0 else tuple(a_batch) + (m, k)
+    b_shape = (k,) if draw(st.integers(0, 5)) == 0 else tuple(b_batch) + (k, n)
+    orders = st.sampled_from(ORDERS)
+    return a_shape, b_shape, draw(orders), draw(orders), draw(st.sampled_from(["C", "F", "pad", "bperm", "rev"]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_matmul_problem())
+def test_property_calls_compute_numpy_matmul(problem):
+    a_shape, b_shape, oa, ob, oc = problem
+    rng = np.random.default_rng(0)
+    buf = np.zeros(40_000, np.float32)
+    cursor = [0]
+    a = _carve(buf, cursor, a_shape, oa)
+    b = _carve(buf, cursor, b_shape, ob)
+    for x in (a, b):
+        if x.flags.writeable:
+            x[...] = rng.standard_normal(x.shape)
+    ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    c = _carve(buf, cursor, ref.shape, oc)
+    c[...] = np.nan
+    if not all(_readable(x) for x in (a, b, c)):
+        return
+    for d in describe_matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c)):
+        cublas_gemm_model(buf, d, batched=True)
+    np.testing.assert_allclose(c, ref, rtol=1e-5, atol=1e-5, err_msg=str(problem))
