@@ -284,3 +284,42 @@ def test_tuned_choices_are_right_and_a_second_process_reads_them_without_timing(
     kinds = eval(outs[0].split("KINDS ", 1)[1].splitlines()[0])
     assert {"backward", "forward", "gemm"} <= set(kinds), kinds
     assert json.loads(cache.read_text())["entries"]
+
+
+_FIRST_CALL = """
+    import time, numpy as np, cupy as cp, cygemm
+    from cygemm import plans
+    rng = np.random.default_rng(0)
+    A, B = (cp.asarray(rng.standard_normal((2048, 2048)).astype(np.float32)) for _ in range(2))
+    C = cp.full((2048, 2048), cp.nan, cp.float32)
+    s = cp.cuda.Stream(non_blocking=True)
+    small = cp.ones((8, 8), cp.float32)
+    cygemm.gemm(small, small, stream=s)          # handles, workspace, module loading: not timed
+    s.synchronize()
+    t0 = time.perf_counter()
+    cygemm.gemm(A, B, C, stream=s)               # 2048^3: above the tuning threshold
+    s.synchronize()
+    t1 = time.perf_counter()
+    cygemm.gemm(A, B, C, stream=s)
+    s.synchronize()
+    t2 = time.perf_counter()
+    err = float(np.linalg.norm(C.get() - A.get().astype(np.float64) @ B.get()) / np.linalg.norm(C.get()))
+    print("FIRST", (t1 - t0) * 1e3, "SECOND", (t2 - t1) * 1e3, "COUNT", plans.tuning_count(), "ERR", err)
+"""
+
+
+@pytest.mark.gpu
+def test_first_call_of_a_tuned_shape_in_a_second_process_takes_no_tuning_time(gpu, tmp_path):
+    """Measured: the first call of a 2048^3 GEMM times its candidates in the first process and
+    takes about the time of a repeat call in a second process that reads the tuning file."""
+    env = {"CYGEMM_TUNING_CACHE": str(tmp_path / "tuning.json")}
+    runs = []
+    for _ in range(2):
+        out = _run_python(_FIRST_CALL, env).split("FIRST", 1)[1].split()
+        runs.append(dict(first=float(out[0]), second=float(out[2]), count=int(out[4]), err=float(out[6])))
+    print("first-call ms, process 1 (tunes) and 2 (reads the file):", runs)
+    one, two = runs
+    assert one["count"] == 1 and two["count"] == 0, runs
+    assert max(one["err"], two["err"]) < 1e-2, runs         # TF32
+    assert two["first"] < one["first"] / 3, runs
+    assert two["first"] < two["second"] + 5.0, runs          # ms: plan and heuristic query only
