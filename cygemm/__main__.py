@@ -12,7 +12,7 @@ import cygemm
 
 
 def main():
-    print(f"cygemm {cygemm.__version__}; built against {cygemm.versions()}")
+    print(f"cygemm {cygemm.__version__}; versions {cygemm.versions()} (python -m cygemm info: more)")
     reason = cygemm.gpu_unavailable_reason()
     if reason:
         print(f"No GPU check here: {reason}.")

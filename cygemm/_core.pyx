@@ -667,9 +667,20 @@ cdef int bind_stream(GemmContext* ctx, cudaStream_t stream) except -1 nogil:
 
 # ---------------------------------------------------------------- streams
 
+cdef object _cupy_current_stream_ptr():
+    """CuPy's current stream; CuPy's own CUDA error (e.g. no driver) as cygemm's CudaError."""
+    try:
+        return _current_stream().ptr
+    except Exception as exc:
+        status = getattr(exc, "status", None)
+        if type(exc).__name__ == "CUDARuntimeError" and isinstance(status, int):
+            raise CudaError(status, "cupy.cuda.get_current_stream (stream=None)") from exc
+        raise
+
+
 cdef int stream_from_object(object stream, cudaStream_t* out) except -1:
     if stream is None:
-        out[0] = <cudaStream_t><uintptr_t>(_current_stream().ptr if _current_stream is not None else 0)
+        out[0] = <cudaStream_t><uintptr_t>(_cupy_current_stream_ptr() if _current_stream is not None else 0)
     elif type(stream) is int:
         if stream < 0:
             raise ValueError(f"stream: expected a cudaStream_t handle (int >= 0), got {stream}")

@@ -8,7 +8,7 @@ allocating conveniences, cached workspaces for graph capture, and small helpers.
 import ctypes
 import os
 import sys
-from typing import NamedTuple, Optional, Tuple
+from typing import Any, NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -125,8 +125,8 @@ def ensure_cuda_dlls():
 
 class GemmWorkspaces(NamedTuple):
     """dZ: the backward's (M, N) buffer; lt_ws: cuBLASLt workspace bytes (None when lt_bytes=0)."""
-    dZ: object
-    lt_ws: object
+    dZ: Any
+    lt_ws: Any
 
 
 def ensure_workspaces(M, N, lt_bytes=4 << 20, dtype=np.float32, stream=None) -> GemmWorkspaces:

@@ -70,6 +70,16 @@ def test_stream_resolution_without_touching_the_gpu():
 
 
 @pytest.mark.nogpu
+def test_stream_none_without_gpu_raises_cygemms_cuda_error_not_cupys():
+    a = FakeDeviceArray((4, 4))
+    out = FakeDeviceArray((4, 4), ptr=a.__cuda_array_interface__["data"][0] + 4096)
+    for call in (lambda: cygemm.gemm(a, a, out), lambda: cygemm.matmul(a, a, out)):
+        with pytest.raises(cygemm.CudaError) as info:
+            call()
+        assert info.value.name.startswith("cuda") and "stream=None" in info.value.call
+
+
+@pytest.mark.nogpu
 def test_gemm_without_gpu_raises_cuda_error_naming_the_call():
     a = FakeDeviceArray((4, 4))
     with pytest.raises(cygemm.CudaError) as info:
