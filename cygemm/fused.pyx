@@ -390,10 +390,17 @@ def layer_shape(A, B):
     return a.rows, a.cols, b.cols, dtype_name(a.dtype)
 
 
+cdef tuple _shape_of(object x):
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        shape = x.__cuda_array_interface__["shape"]
+    return tuple(shape)
+
+
 cdef int _vector(object x, MatrixView* v, str name, int64_t n, cudaDataType dtype) except -1:
     view_from_object(x, v, name, 1, 2)
     if v.rows != 1 or v.cols != n:
-        raise ValueError(f"{name}: expected shape ({n},) or (1, {n}), got ({v.rows}, {v.cols})")
+        raise ValueError(f"{name}: expected shape ({n},) or (1, {n}), got {_shape_of(x)}")
     if v.dtype != dtype:
         raise TypeError(f"{name}: expected dtype {dtype_name(dtype)}, got {dtype_name(v.dtype)}")
     if v.col_stride != 1 and n > 1:
