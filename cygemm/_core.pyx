@@ -755,7 +755,7 @@ _DTYPES = {"<f4": (CUDA_R_32F, 4), "<f2": (CUDA_R_16F, 2)}
 _WIDE_DTYPES = {"<f4": (CUDA_R_32F, 4), "<f2": (CUDA_R_16F, 2), "<f8": (CUDA_R_64F, 8)}
 _F32, _F16, _F64 = _DTYPES["<f4"], _DTYPES["<f2"], _WIDE_DTYPES["<f8"]
 import numpy as _np
-_NP_F32, _NP_F16, _NP_F64 = _np.dtype("float32"), _np.dtype("float16"), _np.dtype("float64")
+_NP_F32, _NP_F16 = _np.dtype("float32"), _np.dtype("float16")
 
 
 cdef object dtype_name(cudaDataType dtype):
@@ -1084,7 +1084,7 @@ cdef bint _blocks_overlap(const MatrixView* x, const MatrixView* y) noexcept nog
             ox % ld < oy % ld + yl and oy % ld < ox % ld + xl)
 
 
-cdef bint _views_overlap(const MatrixView* x, const MatrixView* y) noexcept nogil:
+cdef bint views_overlap(const MatrixView* x, const MatrixView* y) noexcept nogil:
     if _empty(x) or _empty(y):
         return False
     cdef int64_t lo1, hi1, lo2, hi2
@@ -1093,13 +1093,9 @@ cdef bint _views_overlap(const MatrixView* x, const MatrixView* y) noexcept nogi
     return not (hi1 <= lo2 or hi2 <= lo1) and _blocks_overlap(x, y)
 
 
-cdef bint views_overlap(const MatrixView* x, const MatrixView* y) noexcept nogil:
-    return _views_overlap(x, y)
-
-
 cdef int check_no_overlap(const MatrixView* out, str out_name, const MatrixView* other,
                           str other_name) except -1:
-    if not _views_overlap(out, other):
+    if not views_overlap(out, other):
         return 0
     cdef int64_t lo1, hi1, lo2, hi2
     _byte_range(out, &lo1, &hi1)
@@ -1116,7 +1112,7 @@ def arrays_overlap(x, y):
     cdef MatrixView a, b
     view_from_object(x, &a, "x", 1, 3)
     view_from_object(y, &b, "y", 1, 3)
-    return _views_overlap(&a, &b)
+    return views_overlap(&a, &b)
 
 
 class _RawStream:
@@ -1139,11 +1135,9 @@ cdef object _cupy_stream(uintptr_t ptr):
 
 
 cdef object _empty_on(tuple shape, object dtype, uintptr_t ptr):
-    if _current_stream().ptr == ptr:
-        return _cupy.empty(shape, dtype=dtype)
     # CuPy's pool hands out blocks by the current stream: a block freed on another stream
     # may still be in use there, so allocate with the call's stream current.
-    with _cupy_stream(ptr):
+    with stream_context(ptr):
         return _cupy.empty(shape, dtype=dtype)
 
 
