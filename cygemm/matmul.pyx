@@ -479,8 +479,7 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None):
         _refuse_in_capture(s, "out: it shares memory with a or b, so the product goes to a new array first")
         target = _new_array(torch_lib, out if _is_torch(out) else (a if _is_torch(a) else b), _shape(&L), t, s)
         read_array(target, &dc, "out", True)
-    _out_strides(&dc, da.ndim == 1, db.ndim == 1, &L)
-    _merge_batch(&L)
+    _merged(&L, &dc, &da, &db, &L)
     # A matrix cuBLAS cannot read in place (no unit-stride axis) is copied; one it cannot
     # write goes through a temporary.
     cdef ColMajorGemm g
@@ -523,14 +522,22 @@ cdef void _device_view(MatrixView* v, const ArrayDesc* d) noexcept:
             v.batch = 0
 
 
+cdef void _merged(const _Layout* L0, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b,
+                  _Layout* L) noexcept:
+    """L0 with out's strides (from c) filled in and its batch axes merged, into L (may be L0)."""
+    if L != L0:
+        L[0] = L0[0]
+    _out_strides(c, a.ndim == 1, b.ndim == 1, L)
+    _merge_batch(L)
+
+
 cdef int _check_user_out(const _Layout* L0, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b) except -1:
     """ValueError unless the caller's out can take the products without two of them sharing
     memory: exact (check_batch_disjoint) for one batch axis cuBLAS can write, by nested
     strides otherwise. Checked before anything runs, whether or not a temporary is used."""
     cdef int i
-    cdef _Layout L = L0[0]
-    _out_strides(c, a.ndim == 1, b.ndim == 1, &L)
-    _merge_batch(&L)
+    cdef _Layout L
+    _merged(L0, c, a, b, &L)
     cdef MatrixView va, vb, vc
     cdef ColMajorGemm g
     cdef int64_t batch = L.size[L.nb - 1] if L.nb > 0 else 1
@@ -563,12 +570,11 @@ cdef bint _apart(const ArrayDesc* x, const ArrayDesc* y) noexcept:
     return hi1 <= lo1 or hi2 <= lo2 or hi1 <= lo2 or hi2 <= lo1
 
 
-cdef bint _may_overlap_any(_Layout* L, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b):
+cdef bint _may_overlap_any(const _Layout* L, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b):
     if _apart(c, a) and _apart(c, b):       # the common case: no shared bytes at all
         return False
-    _out_strides(c, a.ndim == 1, b.ndim == 1, L)
-    cdef _Layout M = L[0]
-    _merge_batch(&M)
+    cdef _Layout M
+    _merged(L, c, a, b, &M)
     return _may_overlap(&M, c, a, True, a, b) or _may_overlap(&M, c, b, False, a, b)
 
 
@@ -642,8 +648,7 @@ def describe_matmul(a, b, out):
     _check_user_out(&L, &dc, &da, &db)
     if _may_overlap_any(&L, &dc, &da, &db):
         raise ValueError("out: shares memory with a or b: matmul would use a temporary")
-    _out_strides(&dc, da.ndim == 1, db.ndim == 1, &L)
-    _merge_batch(&L)
+    _merged(&L, &dc, &da, &db, &L)
     cdef MatrixView va, vb, vc
     cdef ColMajorGemm g
     _views(&L, &da, &db, &dc, 0, 0, 0, &va, &vb, &vc)
