@@ -65,22 +65,30 @@ CASES = [
     ((8, 3, 5, 7), (8, 1, 7, 4)), ((2, 3, 4, 5, 7), (7, 3)), ((2, 3, 4, 5, 7), (3, 1, 7, 2)),
 ]
 ORDERS = ["C", "F", "T", "pad", "bperm", "rev", "bcast"]
+OUT_ORDERS = ["C", "F", "pad", "bperm", "rev"]
+
+
+def _problem(buf, rng, a_shape, b_shape, oa, ob, oc):
+    """a and b of random values and a NaN out, carved from buf in the given layouts, and the
+    float64 reference."""
+    cursor = [0]
+    a = _carve(buf, cursor, a_shape, oa)
+    b = _carve(buf, cursor, b_shape, ob)
+    for x in (a, b):
+        if x.flags.writeable:           # a broadcast view was filled by _carve
+            x[...] = rng.standard_normal(x.shape)
+    ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    c = _carve(buf, cursor, ref.shape, oc)
+    c[...] = np.nan
+    return a, b, c, ref
 
 
 @pytest.mark.parametrize("a_shape,b_shape", CASES)
 def test_calls_compute_numpy_matmul_for_every_layout(a_shape, b_shape):
     rng = np.random.default_rng(abs(hash((a_shape, b_shape))) % 2**32)
-    for oa, ob, oc in itertools.product(ORDERS, ORDERS, ["C", "F", "pad", "bperm", "rev"]):
+    for oa, ob, oc in itertools.product(ORDERS, ORDERS, OUT_ORDERS):
         buf = np.zeros(20_000, np.float32)
-        cursor = [0]
-        a = _carve(buf, cursor, a_shape, oa)
-        b = _carve(buf, cursor, b_shape, ob)
-        for x in (a, b):
-            if x.flags.writeable:
-                x[...] = rng.standard_normal(x.shape)
-        ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
-        c = _carve(buf, cursor, ref.shape, oc)
-        c[...] = np.nan
+        a, b, c, ref = _problem(buf, rng, a_shape, b_shape, oa, ob, oc)
         before = buf.copy()
         if not all(_readable(x) for x in (a, b, c)):
             with pytest.raises(ValueError, match="copy"):
@@ -410,24 +418,14 @@ def _matmul_problem(draw):
     a_shape = (k,) if draw(st.integers(0, 5)) == 0 else tuple(a_batch) + (m, k)
     b_shape = (k,) if draw(st.integers(0, 5)) == 0 else tuple(b_batch) + (k, n)
     orders = st.sampled_from(ORDERS)
-    return a_shape, b_shape, draw(orders), draw(orders), draw(st.sampled_from(["C", "F", "pad", "bperm", "rev"]))
+    return a_shape, b_shape, draw(orders), draw(orders), draw(st.sampled_from(OUT_ORDERS))
 
 
 @settings(max_examples=300, deadline=None)
 @given(_matmul_problem())
 def test_property_calls_compute_numpy_matmul(problem):
-    a_shape, b_shape, oa, ob, oc = problem
-    rng = np.random.default_rng(0)
     buf = np.zeros(40_000, np.float32)
-    cursor = [0]
-    a = _carve(buf, cursor, a_shape, oa)
-    b = _carve(buf, cursor, b_shape, ob)
-    for x in (a, b):
-        if x.flags.writeable:
-            x[...] = rng.standard_normal(x.shape)
-    ref = np.matmul(a.astype(np.float64), b.astype(np.float64))
-    c = _carve(buf, cursor, ref.shape, oc)
-    c[...] = np.nan
+    a, b, c, ref = _problem(buf, np.random.default_rng(0), *problem)
     if not all(_readable(x) for x in (a, b, c)):
         return
     for d in describe_matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c)):
