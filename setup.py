@@ -19,7 +19,10 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODULES = {"_core": [], "plans": ["cygemm/timing.cu"], "rowmajor": [], "fused": ["cygemm/kernels.cu"], "graph": [], "matmul": []}
+# Lowest first: each module cimports only those before it.
+MODULES = {"_errors": [], "_settings": [], "_context": [], "_arrays": [], "_alloc": [], "_args": [],
+           "tuning": ["cygemm/timing.cu"], "plans": [], "rowmajor": [], "gemm_plan": [], "matmul": [],
+           "fused": ["cygemm/kernels.cu"], "graph": []}
 HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h"]
 RUNPATH = "$ORIGIN/../nvidia/cu13/lib"
 

@@ -9,18 +9,21 @@ try:
 except _cuda_paths.CudaNotFoundError as exc:
     raise ImportError(f"cygemm: {exc}") from exc
 
-from cygemm._core import (CygemmError, CudaError, CublasError, device_count, release_workspaces,
-                          stream_pointer, versions)
+from cygemm._errors import CygemmError, CudaError, CudaDriverError, CublasError, CaptureError
+from cygemm._context import device_count, release_workspaces, stream_pointer, versions
+from cygemm._settings import get_options, set_options
+from cygemm.tuning import load_tuning, save_tuning
 from cygemm.rowmajor import gemm, gemm_strided_batched
-from cygemm.plans import load_tuning, save_tuning
+from cygemm.gemm_plan import GemmPlan
 from cygemm.matmul import matmul
-from cygemm import gemm_ops, graph, plans
+from cygemm import gemm_ops, graph, plans, tuning
 
 __version__ = "0.1.0"
 
-__all__ = ["matmul", "gemm", "gemm_strided_batched", "gemm_ops", "graph", "plans", "load_tuning", "save_tuning", "CygemmError", "CudaError", "CublasError",
-           "device_count", "release_workspaces", "stream_pointer", "versions", "get_include",
-           "gpu_unavailable_reason"]
+__all__ = ["matmul", "gemm", "gemm_strided_batched", "GemmPlan", "gemm_ops", "graph", "plans", "tuning",
+           "load_tuning", "save_tuning", "get_options", "set_options", "CygemmError", "CudaError",
+           "CudaDriverError", "CublasError", "CaptureError", "device_count", "release_workspaces",
+           "stream_pointer", "versions", "get_include", "gpu_unavailable_reason"]
 
 
 def get_include():
@@ -52,4 +55,5 @@ def gpu_unavailable_reason():
     Needs no GPU: without a driver it says "no NVIDIA GPU/driver found" rather than a CUDA
     error code.
     """
-    return _core.gpu_unavailable_reason()
+    from cygemm import _context
+    return _context.gpu_unavailable_reason()

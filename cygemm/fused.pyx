@@ -15,21 +15,73 @@ from cygemm.cudart cimport *
 from cygemm.cublas cimport *
 from cygemm.cublaslt cimport *
 from cygemm.kernels cimport *
-from cygemm._core cimport (GemmContext, MatrixView, check_cuda, current_context, stream_workspace,
-                           view_from_object, stream_from_object, stream_is_capturing, check_devices,
-                           check_no_overlap, dtype_name, fork_side, join_side)
-from cygemm.plans cimport (ColMajorGemm, Plan, pointer_alignment, get_plan, plan_run, run_gemm, worth_tuning,
-                           routes_generation,
-                           time_choices,
-                           tuned_route, forced_route, remember_route, check_capture_alive)
-from cygemm.rowmajor cimport compute_type_for, map_or_raise, rowmajor_ld, is_rowmajor
+from cygemm._types cimport MatrixView, ColMajorGemm, pointer_alignment
+from cygemm._errors cimport check_cuda
+from cygemm._context cimport GemmContext, stream_workspace, stream_is_capturing, fork_side, join_side
+from cygemm._args cimport (CallArgs, ArgRole, args_init, add_array, prepare_call, expect_matrix,
+                           expect_vector, expect_dtype, ARG_READ, ARG_WRITE, ARG_SCRATCH)
+from cygemm._arrays cimport dtype_name
+from cygemm._settings cimport autotune_level, AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE
+from cygemm.plans cimport Plan, get_plan, plan_run, run_gemm, check_capture_alive
+from cygemm.tuning cimport (enqueue_fn, time_choices, worth_tuning, enter_route_timing, leave_route_timing,
+                            tuned_route, forced_route, remember_route, routes_generation)
+from cygemm.rowmajor cimport map_or_raise, rowmajor_ld, is_rowmajor
 from cygemm.plans import clear_plan_cache, plan_cache_size
+from cygemm import tuning
 
-ACTIVATIONS = {
-    "none": CYGEMM_ACT_NONE, "identity": CYGEMM_ACT_NONE, "relu": CYGEMM_ACT_RELU,
-    "leaky_relu": CYGEMM_ACT_LEAKY_RELU, "gelu": CYGEMM_ACT_GELU, "gelu_erf": CYGEMM_ACT_GELU_ERF,
-    "sigmoid": CYGEMM_ACT_SIGMOID, "tanh": CYGEMM_ACT_TANH, "silu": CYGEMM_ACT_SILU,
-}
+
+# ---------------------------------------------------------------- the epilogue table
+
+# One row per activation: its kernel code, the cuBLASLt epilogues that apply it in the GEMM
+# (-1: none), the AUX form that also writes Z with its rules (cuBLASLt: GELU_AUX's aux is Z
+# itself when its leading dimension is a multiple of 8 and it is 16-byte aligned), and
+# whether its derivative is fixed by its output (then the backward may take y instead of Z).
+# A new activation is one row here plus its device function in kernels.cu.
+ctypedef struct Activation:
+    const char* name
+    cygemm_act_t code
+    int epilogue            # bias and activation in one cuBLASLt call, Z not saved
+    int epilogue_bias
+    int aux_epilogue        # ... writing Z as its aux output too
+    int aux_epilogue_bias
+    int aux_ld_multiple
+    int aux_alignment
+    bint grad_from_output
+
+cdef enum:
+    N_ACTIVATIONS = 8
+    NO_EPILOGUE = -1
+
+cdef Activation _ACTS[8]
+_ACTS[0] = Activation(b"none", CYGEMM_ACT_NONE, CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS,
+                      NO_EPILOGUE, NO_EPILOGUE, 0, 0, True)
+_ACTS[1] = Activation(b"relu", CYGEMM_ACT_RELU, CUBLASLT_EPILOGUE_RELU, CUBLASLT_EPILOGUE_RELU_BIAS,
+                      NO_EPILOGUE, NO_EPILOGUE, 0, 0, True)
+_ACTS[2] = Activation(b"leaky_relu", CYGEMM_ACT_LEAKY_RELU, NO_EPILOGUE, NO_EPILOGUE,
+                      NO_EPILOGUE, NO_EPILOGUE, 0, 0, True)       # from its output when slope > 0
+_ACTS[3] = Activation(b"gelu", CYGEMM_ACT_GELU, CUBLASLT_EPILOGUE_GELU, CUBLASLT_EPILOGUE_GELU_BIAS,
+                      CUBLASLT_EPILOGUE_GELU_AUX, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, 8, 16, False)
+_ACTS[4] = Activation(b"gelu_erf", CYGEMM_ACT_GELU_ERF, NO_EPILOGUE, NO_EPILOGUE,
+                      NO_EPILOGUE, NO_EPILOGUE, 0, 0, False)
+_ACTS[5] = Activation(b"sigmoid", CYGEMM_ACT_SIGMOID, NO_EPILOGUE, NO_EPILOGUE,
+                      NO_EPILOGUE, NO_EPILOGUE, 0, 0, True)
+_ACTS[6] = Activation(b"tanh", CYGEMM_ACT_TANH, NO_EPILOGUE, NO_EPILOGUE,
+                      NO_EPILOGUE, NO_EPILOGUE, 0, 0, True)
+_ACTS[7] = Activation(b"silu", CYGEMM_ACT_SILU, NO_EPILOGUE, NO_EPILOGUE,
+                      NO_EPILOGUE, NO_EPILOGUE, 0, 0, False)
+
+_ALIASES = {"identity": "none"}
+ACTIVATIONS = {_ACTS[i].name.decode(): <int>_ACTS[i].code for i in range(N_ACTIVATIONS)}
+ACTIVATIONS.update({alias: ACTIVATIONS[name] for alias, name in _ALIASES.items()})
+
+
+cdef const Activation* _activation(object act) except NULL:
+    cdef int code = parse_activation(act)
+    cdef int i
+    for i in range(N_ACTIVATIONS):
+        if <int>_ACTS[i].code == code:
+            return &_ACTS[i]
+    raise AssertionError(f"act {act!r}: no row in the epilogue table")
 
 
 def parse_activation(act):
@@ -38,6 +90,13 @@ def parse_activation(act):
         return ACTIVATIONS[act.lower()]
     except (KeyError, AttributeError):
         raise ValueError(f"act: expected one of {sorted(ACTIVATIONS)}, got {act!r}") from None
+
+
+def activation_table():
+    """The epilogue table, one dict per activation (for tests and docs)."""
+    return [dict(name=_ACTS[i].name.decode(), code=<int>_ACTS[i].code,
+                 epilogue=_ACTS[i].epilogue != NO_EPILOGUE, aux_epilogue=_ACTS[i].aux_epilogue != NO_EPILOGUE,
+                 grad_from_output=bool(_ACTS[i].grad_from_output)) for i in range(N_ACTIVATIONS)]
 
 
 cdef float _slope(object leaky_slope) except? -1:
@@ -86,6 +145,8 @@ BACKWARD_ROUTES = {
                 "the caller's: the two GEMMs overlap (a graph captured from it has two branches)",
 }
 _BACKWARD_NAMES = ("serial", "branches")
+tuning.register_routes("forward", _FORWARD_NAMES)
+tuning.register_routes("backward", _BACKWARD_NAMES)
 
 
 ctypedef struct ForwardCall:
@@ -103,21 +164,22 @@ ctypedef struct ForwardCall:
     int64_t M
     int64_t N
     int64_t K
+    const Activation* act
     cygemm_act_t code
     float slope
     bint save_z
     void* ws
     size_t ws_bytes
+    int autotune
 
 
 cdef bint _fwd_applies(const ForwardCall* f, int route) noexcept nogil:
     cdef bint kernel_work = f.save_z or f.code != CYGEMM_ACT_NONE
     if route == FWD_EPILOGUE:
-        return f.K > 0 and not f.save_z and f.code in (CYGEMM_ACT_NONE, CYGEMM_ACT_RELU, CYGEMM_ACT_GELU)
+        return f.K > 0 and not f.save_z and f.act.epilogue != NO_EPILOGUE
     if route == FWD_GELU_AUX:
-        # GELU's aux output is Z itself when its ld is a multiple of 8 (cuBLASLt's rule).
-        return (f.K > 0 and f.save_z and f.code == CYGEMM_ACT_GELU and f.z_ld % 8 == 0
-                and pointer_alignment(f.z) >= 16)
+        return (f.K > 0 and f.save_z and f.act.aux_epilogue != NO_EPILOGUE
+                and f.z_ld % f.act.aux_ld_multiple == 0 and pointer_alignment(f.z) >= f.act.aux_alignment)
     if route == FWD_BIAS_EPILOGUE_KERNEL:
         return f.K > 0 and f.bias != NULL and kernel_work
     return True
@@ -140,7 +202,8 @@ cdef int _lt_call(ForwardCall* f, ColMajorGemm* g, cublasLtEpilogue_t epi, const
                   int64_t aux_ld) except -1:
     """One cuBLASLt call by its plan: 0 done, 1 refused (nothing enqueued; the caller falls back)."""
     cdef float alpha = 1.0, beta = 0.0
-    cdef Plan plan = get_plan(f.ctx, f.s, g, f.dtype, f.compute, epi, bias, aux, aux_ld, f.ws, f.ws_bytes)
+    cdef Plan plan = get_plan(f.ctx, f.s, g, f.dtype, f.compute, epi, bias, aux, aux_ld, f.ws, f.ws_bytes,
+                              f.autotune, False)
     if plan is None or not plan.d.usable:
         return 1
     if not plan.d.capture_ok and stream_is_capturing(f.s):
@@ -168,15 +231,10 @@ cdef int _fwd_run(ForwardCall* f, int route) except -1:
     cdef void* target = f.z if f.save_z else f.y
     cdef int64_t target_ld = f.z_ld if f.save_z else f.y_ld
     if route == FWD_EPILOGUE:
-        if f.code == CYGEMM_ACT_RELU:
-            epi = CUBLASLT_EPILOGUE_RELU_BIAS if has_bias else CUBLASLT_EPILOGUE_RELU
-        elif f.code == CYGEMM_ACT_GELU:
-            epi = CUBLASLT_EPILOGUE_GELU_BIAS if has_bias else CUBLASLT_EPILOGUE_GELU
-        else:
-            epi = CUBLASLT_EPILOGUE_BIAS if has_bias else CUBLASLT_EPILOGUE_DEFAULT
+        epi = <cublasLtEpilogue_t>(f.act.epilogue_bias if has_bias else f.act.epilogue)
         return _lt_call(f, &f.g_y, epi, f.bias, NULL, 0)
     if route == FWD_GELU_AUX:
-        epi = CUBLASLT_EPILOGUE_GELU_AUX_BIAS if has_bias else CUBLASLT_EPILOGUE_GELU_AUX
+        epi = <cublasLtEpilogue_t>(f.act.aux_epilogue_bias if has_bias else f.act.aux_epilogue)
         return _lt_call(f, &f.g_y, epi, f.bias, f.z, f.z_ld)
     if route == FWD_BIAS_EPILOGUE_KERNEL:
         if _lt_call(f, g, CUBLASLT_EPILOGUE_BIAS, f.bias, NULL, 0):
@@ -187,7 +245,7 @@ cdef int _fwd_run(ForwardCall* f, int route) except -1:
                        "cygemm_bias_act_forward")
         return 0
     # FWD_GEMM_KERNEL: always runs (the plan layer falls back to cublasGemmEx itself).
-    _gemm(f.ctx, f.s, g, f.dtype, f.compute, 0.0)
+    _gemm(f.ctx, f.s, g, f.dtype, f.compute, 0.0, f.autotune)
     with nogil:
         check_cuda(cygemm_bias_act_forward(f.dtype, f.M, f.N, target, target_ld, f.bias,
                                            f.y, f.y_ld, f.z if f.save_z else NULL, f.z_ld,
@@ -208,7 +266,7 @@ cdef int _fwd_route(ForwardCall* f) except -1:
     if forced is not None and forced in _FORWARD_NAMES:
         route = _FORWARD_NAMES.index(forced)
         return route if _fwd_applies(f, route) else _fwd_default(f)
-    if not worth_tuning(<double>f.M * f.N * f.K):
+    if f.autotune == AUTOTUNE_OFF or not worth_tuning(<double>f.M * f.N * f.K):
         return _fwd_default(f)
     g = &f.g_y
     key = ("forward", <int>f.dtype, <int>f.compute, <int>f.code, f.bias != NULL, f.save_z, f.M, f.N, f.K,
@@ -226,7 +284,7 @@ cdef int _fwd_route(ForwardCall* f) except -1:
         if _fwd_applies(f, i):
             choices[n] = i
             n += 1
-    time_choices(f.ctx, f.s, _fwd_enqueue, f, choices, n, ROUTE_REPS, ms)
+    _time_routes(f.ctx, f.s, _fwd_enqueue, f, choices, n, ms, f.autotune)
     for i in range(n):
         if ms[i] >= 0 and (best < 0 or ms[i] < ms[best]):
             best = i
@@ -245,19 +303,34 @@ ctypedef struct BackwardCall:
     cudaDataType dtype
     cublasComputeType_t compute
     float beta
+    int autotune
+
+
+cdef int _time_routes(GemmContext* ctx, cudaStream_t s, enqueue_fn enqueue, void* arg, const int* choices,
+                      int n, float* ms, int autotune) except -1:
+    """Time a layer's routes. auto: the plans inside each route take the heuristic's choice
+    and the rounds stay within the tuning budget; exhaustive: each route's plans are timed
+    too, and every round runs."""
+    if autotune == AUTOTUNE_EXHAUSTIVE:
+        return time_choices(ctx, s, enqueue, arg, choices, n, ROUTE_REPS, ms, 0)
+    enter_route_timing()
+    try:
+        return time_choices(ctx, s, enqueue, arg, choices, n, ROUTE_REPS, ms, 1e30)
+    finally:
+        leave_route_timing()
 
 
 cdef int _bwd_run(BackwardCall* b, int route) except -1:
     if route == BWD_SERIAL:
-        _gemm(b.ctx, b.s, &b.g_a, b.dtype, b.compute, b.beta)
-        _gemm(b.ctx, b.s, &b.g_b, b.dtype, b.compute, b.beta)
+        _gemm(b.ctx, b.s, &b.g_a, b.dtype, b.compute, b.beta, b.autotune)
+        _gemm(b.ctx, b.s, &b.g_b, b.dtype, b.compute, b.beta, b.autotune)
         return 0
     cdef cudaStream_t side
     cdef cudaEvent_t join
     fork_side(b.ctx, b.s, &side, &join)
     try:
-        _gemm(b.ctx, side, &b.g_b, b.dtype, b.compute, b.beta)
-        _gemm(b.ctx, b.s, &b.g_a, b.dtype, b.compute, b.beta)
+        _gemm(b.ctx, side, &b.g_b, b.dtype, b.compute, b.beta, b.autotune)
+        _gemm(b.ctx, b.s, &b.g_a, b.dtype, b.compute, b.beta, b.autotune)
     except BaseException:
         join_side(b.ctx, b.s, side, join, True)      # the original error matters more
         raise
@@ -344,12 +417,12 @@ cdef int _bwd_route(BackwardCall* b, bint accumulate, int64_t M, int64_t N, int6
         route = _BACKWARD_NAMES.index(name)
         _bwd_memo_add(&ck, route, generation)
         return route
-    if accumulate or stream_is_capturing(b.s):
+    if accumulate or b.autotune == AUTOTUNE_OFF or stream_is_capturing(b.s):
         return BWD_SERIAL
     cdef int choices[2]
     cdef float ms[2]
     choices[0], choices[1] = BWD_SERIAL, BWD_BRANCHES
-    time_choices(b.ctx, b.s, _bwd_enqueue, b, choices, 2, ROUTE_REPS, ms)
+    _time_routes(b.ctx, b.s, _bwd_enqueue, b, choices, 2, ms, b.autotune)
     cdef int best = BWD_SERIAL if ms[1] < 0 or (0 <= ms[0] <= ms[1]) else BWD_BRANCHES
     remember_route(b.ctx.device, key, _BACKWARD_NAMES[best], {"serial": ms[0], "branches": ms[1]})
     _bwd_memo_add(&ck, best, generation)
@@ -358,25 +431,30 @@ cdef int _bwd_route(BackwardCall* b, bint accumulate, int64_t M, int64_t N, int6
 
 # ---------------------------------------------------------------- validation helpers
 
-cdef int _matrix(object x, MatrixView* v, str name, int64_t rows, int64_t cols, cudaDataType dtype,
-                 bint row_major) except -1:
-    view_from_object(x, v, name, 2, 2)
-    if v.rows != rows or v.cols != cols:
-        raise ValueError(f"{name}: expected shape ({rows}, {cols}), got ({v.rows}, {v.cols})")
-    if v.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {dtype_name(dtype)}, got {dtype_name(v.dtype)}")
+cdef MatrixView* _matrix(CallArgs* c, object x, const char* name, ArgRole role, int64_t rows, int64_t cols,
+                         cudaDataType dtype, bint row_major) except NULL:
+    cdef MatrixView* v = add_array(c, x, name, role, 2, 2)
+    expect_matrix(v, name, rows, cols, dtype)
     if row_major and not is_rowmajor(v):
-        raise ValueError(f"{name}: expected a row-major array (unit stride along the last axis, rows "
-                         f"not overlapping), got element strides ({v.row_stride}, {v.col_stride})")
-    return 0
+        raise ValueError(f"{name.decode()}: expected a row-major array (unit stride along the last axis, "
+                         f"rows not overlapping), got element strides ({v.row_stride}, {v.col_stride})")
+    return v
 
 
-cdef int _layer_operands(object A, object B, MatrixView* a, MatrixView* b) except -1:
-    """A layer's A (M, K) and B (K, N): 2-D, one dtype, inner dimensions that agree."""
-    view_from_object(A, a, "A", 2, 2)
-    view_from_object(B, b, "B", 2, 2)
-    if b.dtype != a.dtype:
-        raise TypeError(f"B: expected the dtype of A ({dtype_name(a.dtype)}), got {dtype_name(b.dtype)}")
+cdef MatrixView* _vector(CallArgs* c, object x, const char* name, ArgRole role, int64_t n,
+                         cudaDataType dtype) except NULL:
+    cdef MatrixView* v = add_array(c, x, name, role, 1, 2)
+    expect_vector(v, x, name, n, dtype)
+    return v
+
+
+cdef int _layer_operands(CallArgs* c, object A, object B) except -1:
+    """A layer's A (M, K) and B (K, N) into c's first two slots: 2-D, one dtype, inner
+    dimensions that agree."""
+    args_init(c)
+    cdef MatrixView* a = add_array(c, A, b"A", ARG_READ, 2, 2)
+    cdef MatrixView* b = add_array(c, B, b"B", ARG_READ, 2, 2)
+    expect_dtype(b, b"B", a.dtype, "A")
     if b.rows != a.cols:
         raise ValueError(f"B: A is ({a.rows}, {a.cols}) so B must have {a.cols} rows, got ({b.rows}, {b.cols})")
     return 0
@@ -385,64 +463,36 @@ cdef int _layer_operands(object A, object B, MatrixView* a, MatrixView* b) excep
 def layer_shape(A, B):
     """(M, K, N, dtype name) of a layer's A (M, K) and B (K, N), checked as forward_into and
     backward_into check them (any layout cuBLAS can read, e.g. W.T)."""
-    cdef MatrixView a, b
-    _layer_operands(A, B, &a, &b)
-    return a.rows, a.cols, b.cols, dtype_name(a.dtype)
+    cdef CallArgs c
+    _layer_operands(&c, A, B)
+    return c.views[0].rows, c.views[0].cols, c.views[1].cols, dtype_name(c.views[0].dtype)
 
 
-cdef tuple _shape_of(object x):
-    shape = getattr(x, "shape", None)
-    if shape is None:
-        shape = x.__cuda_array_interface__["shape"]
-    return tuple(shape)
-
-
-cdef int _vector(object x, MatrixView* v, str name, int64_t n, cudaDataType dtype) except -1:
-    view_from_object(x, v, name, 1, 2)
-    if v.rows != 1 or v.cols != n:
-        raise ValueError(f"{name}: expected shape ({n},) or (1, {n}), got {_shape_of(x)}")
-    if v.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {dtype_name(dtype)}, got {dtype_name(v.dtype)}")
-    if v.col_stride != 1 and n > 1:
-        raise ValueError(f"{name}: expected a contiguous vector, got element stride {v.col_stride}")
-    return 0
-
-
-cdef int _workspace(object ws, void** ptr, size_t* nbytes, GemmContext* ctx, cudaStream_t stream) except -1:
-    """The caller's lt_workspace (any device array) or this stream's own workspace."""
-    if ws is None:
-        ptr[0] = stream_workspace(ctx, stream)
-        nbytes[0] = ctx.workspace_bytes
+cdef int _workspace(CallArgs* c, object ws, MatrixView* wv, void** ptr, size_t* nbytes) except -1:
+    """The caller's lt_workspace (checked with the call's other buffers) or this stream's own."""
+    if wv == NULL:
+        with nogil:         # may allocate
+            ptr[0] = stream_workspace(c.ctx, c.stream)
+        nbytes[0] = c.ctx.workspace_bytes
         return 0
-    cai = ws.__cuda_array_interface__       # checked by _check_lt_workspace before
-    ptr[0] = <void*><uintptr_t>cai["data"][0]
-    nbytes[0] = ws.nbytes
+    ptr[0] = wv.ptr
+    nbytes[0] = <size_t>wv.cols
     return 0
-
-
-cdef int _check_lt_workspace(object ws) except -1:
-    if ws is not None and not hasattr(ws, "__cuda_array_interface__"):
-        raise TypeError(f"lt_workspace: expected a device array, got {type(ws).__name__}")
-    return 0
-
-
-cdef int _map(MatrixView* a, bint ta, MatrixView* b, bint tb, MatrixView* c, tuple names,
-              ColMajorGemm* g) except -1:
-    return map_or_raise(a, b, c, ta, tb, g, names)
 
 
 cdef int _gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
-               cublasComputeType_t compute, float beta) except -1:
+               cublasComputeType_t compute, float beta, int autotune) except -1:
     cdef float alpha = 1.0
     with nogil:
-        run_gemm(ctx, stream, g, dtype, compute, &alpha, &beta)
+        run_gemm(ctx, stream, g, dtype, compute, &alpha, &beta, autotune)
     return 0
 
 
 # ---------------------------------------------------------------- forward
 
 def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky_slope=0.01,
-                 bint save_z=False, z_out=None, lt_workspace=None, str math="tf32", stream=None):
+                 bint save_z=False, z_out=None, lt_workspace=None, str math="tf32", stream=None,
+                 autotune=None):
     """out = act(A @ B + bias), and z_out = A @ B + bias with save_z, into given buffers.
 
     Parameters
@@ -462,11 +512,14 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
     save_z, z_out : bool, device array (M, N)
         With ``save_z``, also write the pre-activation Z to ``z_out`` (the backward's input).
     lt_workspace : device array, optional
-        A cuBLASLt workspace to use instead of cygemm's own one for the stream.
+        A cuBLASLt workspace to use instead of cygemm's own one for the stream: contiguous,
+        256-byte aligned, on the call's device, sharing memory with no other argument.
     math : {"tf32", "fp32"}
         As :func:`cygemm.gemm`.
     stream : optional
         As :func:`cygemm.gemm`; everything is enqueued there.
+    autotune : {None, "off", "auto", "exhaustive"}
+        As :func:`cygemm.gemm`; for a large problem it also decides the route.
 
     Returns
     -------
@@ -488,65 +541,46 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
     plus cygemm's kernel, ...) is chosen by the route table of ``cygemm.fused``: timed once
     for large problems, a fixed rule for small ones.
     """
-    cdef MatrixView a, b, y, z, bv
-    cdef cygemm_act_t code = parse_activation(act)
+    cdef const Activation* row = _activation(act)
     cdef float slope = _slope(leaky_slope)
-    _layer_operands(A, B, &a, &b)
-    cdef int64_t M = a.rows, K = a.cols, N = b.cols
-    _matrix(out, &y, "out", M, N, a.dtype, True)
+    cdef int level = autotune_level(autotune)
+    cdef CallArgs c
+    _layer_operands(&c, A, B)
+    cdef cudaDataType dtype = c.views[0].dtype
+    cdef int64_t M = c.views[0].rows, K = c.views[0].cols, N = c.views[1].cols
     cdef bint use_bias = with_bias and bias is not None
-    if use_bias:
-        _vector(bias, &bv, "bias", N, a.dtype)
+    cdef MatrixView* bv = _vector(&c, bias, b"bias", ARG_READ, N, dtype) if use_bias else NULL
+    cdef MatrixView* y = _matrix(&c, out, b"out", ARG_WRITE, M, N, dtype, True)
+    cdef MatrixView* z = NULL
     if save_z:
         if z_out is None:
             raise ValueError("z_out: save_z=True needs z_out (forward_into never allocates), got None")
-        _matrix(z_out, &z, "z_out", M, N, a.dtype, True)
+        z = _matrix(&c, z_out, b"z_out", ARG_WRITE, M, N, dtype, True)
     elif z_out is not None:
         raise ValueError("z_out: given but save_z=False; pass save_z=True to write it")
+    cdef MatrixView* wv = add_array(&c, lt_workspace, b"lt_workspace", ARG_SCRATCH, 1, 1) \
+        if lt_workspace is not None else NULL
     cdef ColMajorGemm g, gz
-    _map(&a, False, &b, False, &y, ("A", "B", "out"), &g)
+    map_or_raise(&c.views[0], &c.views[1], y, False, False, &g, ("A", "B", "out"))
     if save_z:      # the GEMM writes Z when the activation runs after it
-        _map(&a, False, &b, False, &z, ("A", "B", "z_out"), &gz)
-    check_no_overlap(&y, "out", &a, "A")
-    check_no_overlap(&y, "out", &b, "B")
-    if use_bias:
-        check_no_overlap(&y, "out", &bv, "bias")
-    if save_z:
-        check_no_overlap(&z, "z_out", &a, "A")
-        check_no_overlap(&z, "z_out", &b, "B")
-        check_no_overlap(&z, "z_out", &y, "out")
-        if use_bias:
-            check_no_overlap(&z, "z_out", &bv, "bias")
-    cdef cublasComputeType_t compute = compute_type_for(a.dtype, math)
-    _check_lt_workspace(lt_workspace)
-    cdef cudaStream_t s
-    stream_from_object(stream, &s)
-    cdef GemmContext* ctx = current_context()
-    cdef const MatrixView* views[5]
-    views[0], views[1], views[2] = &a, &b, &y
-    views[3] = &bv if use_bias else NULL
-    views[4] = &z if save_z else NULL
-    check_devices(ctx, s, views, ["A", "B", "out", "bias", "z_out"])
+        map_or_raise(&c.views[0], &c.views[1], z, False, False, &gz, ("A", "B", "z_out"))
+    prepare_call(&c, math, dtype, stream)
     if M == 0 or N == 0:
         return out
-    cdef void* ws
-    cdef size_t ws_bytes
-    _workspace(lt_workspace, &ws, &ws_bytes, ctx, s)
-    # Leading dimensions as the mapping reads them (a single row's stride may be 0 or 1).
-    cdef int64_t y_ld = rowmajor_ld(&y)
-    cdef int64_t z_ld = rowmajor_ld(&z) if save_z else 0
 
     cdef ForwardCall f
-    f.ctx, f.s, f.g_y, f.dtype, f.compute = ctx, s, g, a.dtype, compute
+    f.ctx, f.s, f.g_y, f.dtype, f.compute = c.ctx, c.stream, g, dtype, c.compute
+    _workspace(&c, lt_workspace, wv, &f.ws, &f.ws_bytes)
     if save_z:
         f.g_z = gz
     f.bias = bv.ptr if use_bias else NULL
-    f.y, f.y_ld = y.ptr, y_ld
+    # Leading dimensions as the mapping reads them (a single row's stride may be 0 or 1).
+    f.y, f.y_ld = y.ptr, rowmajor_ld(y)
     f.z, f.z_ld = NULL, 0
     if save_z:
-        f.z, f.z_ld = z.ptr, z_ld
-    f.M, f.N, f.K, f.code, f.slope, f.save_z = M, N, K, code, slope, save_z
-    f.ws, f.ws_bytes = ws, ws_bytes
+        f.z, f.z_ld = z.ptr, rowmajor_ld(z)
+    f.M, f.N, f.K, f.act, f.code, f.slope, f.save_z = M, N, K, row, row.code, slope, save_z
+    f.autotune = level
     if _fwd_run(&f, _fwd_route(&f)) != 0:
         _fwd_run(&f, FWD_GEMM_KERNEL)       # always correct
     return out
@@ -556,15 +590,16 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
 
 def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0.01, gA_out=None,
                   gB_out=None, gBias_out=None, work_dZ=None, lt_workspace=None, str math="tf32",
-                  stream=None, bint accumulate=False, y=None):
+                  stream=None, bint accumulate=False, y=None, autotune=None):
     """Gradients of out = act(A @ B + bias) given gY = dL/dout, into given buffers.
 
     dZ = gY * act'(Z) (into ``work_dZ``), gBias = dZ.sum(0), gA = dZ @ B.T, gB = A.T @ dZ.
 
     Parameters
     ----------
-    A, B, with_bias, act, leaky_slope, lt_workspace, math, stream
-        As in :func:`forward_into` (the forward's operands).
+    A, B, with_bias, act, leaky_slope, lt_workspace, math, stream, autotune
+        As in :func:`forward_into` (the forward's operands). ``lt_workspace`` is checked as
+        there; the backward's GEMMs use the stream's own workspaces.
     gY : device array (M, N)
         The gradient of the loss with respect to the forward's ``out``.
     Z : device array (M, N) or None
@@ -596,105 +631,88 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
     timing found it faster, the weight gradient on a side stream forked from and joined to it
     (the ``branches`` route; a captured graph then has two branches).
     """
-    cdef MatrixView a, b, gy, zv, ga, gb, gbias, dz
-    cdef cygemm_act_t code = parse_activation(act)
+    cdef const Activation* row = _activation(act)
+    cdef cygemm_act_t code = row.code
     cdef float slope = _slope(leaky_slope)
-    _layer_operands(A, B, &a, &b)
+    cdef int level = autotune_level(autotune)
+    cdef CallArgs c
+    _layer_operands(&c, A, B)
+    cdef MatrixView* a = &c.views[0]
+    cdef MatrixView* b = &c.views[1]
+    cdef cudaDataType dtype = a.dtype
     cdef int64_t M = a.rows, K = a.cols, N = b.cols
-    _matrix(gY, &gy, "gY", M, N, a.dtype, True)
+    cdef MatrixView* gy = _matrix(&c, gY, b"gY", ARG_READ, M, N, dtype, True)
+    cdef MatrixView* zv = NULL
     cdef bint from_output = False
     if code != CYGEMM_ACT_NONE:
         if Z is not None:
-            _matrix(Z, &zv, "Z", M, N, a.dtype, True)
+            zv = _matrix(&c, Z, b"Z", ARG_READ, M, N, dtype, True)
         elif y is not None:
-            if code not in (CYGEMM_ACT_RELU, CYGEMM_ACT_LEAKY_RELU, CYGEMM_ACT_SIGMOID, CYGEMM_ACT_TANH) or (
-                    code == CYGEMM_ACT_LEAKY_RELU and slope <= 0):
+            if not row.grad_from_output or (code == CYGEMM_ACT_LEAKY_RELU and slope <= 0):
                 raise ValueError(f"y: act={act!r} cannot be differentiated from its output; pass Z")
-            _matrix(y, &zv, "y", M, N, a.dtype, True)
+            zv = _matrix(&c, y, b"y", ARG_READ, M, N, dtype, True)
             from_output = True
         else:
             raise ValueError(f"Z: act={act!r} needs the pre-activation Z (or, for relu, leaky_relu, "
                              "sigmoid and tanh, the output y), got None")
     cdef bint want_ga = gA_out is not None, want_gb = gB_out is not None
     cdef bint want_gbias = with_bias and gBias_out is not None
-    if want_ga:
-        _matrix(gA_out, &ga, "gA_out", M, K, a.dtype, False)
-    if want_gb:
-        _matrix(gB_out, &gb, "gB_out", K, N, a.dtype, False)
-    if want_gbias:
-        _vector(gBias_out, &gbias, "gBias_out", N, a.dtype)
+    # Outputs after the inputs: none may share memory with an input or another output.
+    cdef MatrixView* ga = _matrix(&c, gA_out, b"gA_out", ARG_WRITE, M, K, dtype, False) if want_ga else NULL
+    cdef MatrixView* gb = _matrix(&c, gB_out, b"gB_out", ARG_WRITE, K, N, dtype, False) if want_gb else NULL
+    cdef MatrixView* gbias = _vector(&c, gBias_out, b"gBias_out", ARG_WRITE, N, dtype) if want_gbias else NULL
     cdef bint need_dz = code != CYGEMM_ACT_NONE and (want_ga or want_gb)
+    cdef MatrixView* dz = NULL
     if need_dz:
         if work_dZ is None:
             raise ValueError(f"work_dZ: act={act!r} with gA_out/gB_out needs a ({M}, {N}) work_dZ "
                              "(backward_into never allocates; see ensure_workspaces), got None")
-        _matrix(work_dZ, &dz, "work_dZ", M, N, a.dtype, True)
-    cdef MatrixView* dZ = &dz if need_dz else &gy
+        dz = _matrix(&c, work_dZ, b"work_dZ", ARG_WRITE, M, N, dtype, True)
+    if lt_workspace is not None:
+        add_array(&c, lt_workspace, b"lt_workspace", ARG_SCRATCH, 1, 1)
+    cdef MatrixView* dZ = dz if need_dz else gy
     dz_name = "work_dZ" if need_dz else "gY"
     cdef ColMajorGemm g_a, g_b
     if want_ga:
-        _map(dZ, False, &b, True, &ga, (dz_name, "B", "gA_out"), &g_a)      # gA = dZ @ B^T
+        map_or_raise(dZ, b, ga, False, True, &g_a, (dz_name, "B", "gA_out"))      # gA = dZ @ B^T
     if want_gb:
         # gB = A^T @ dZ. Under the swap cuBLAS computes gB^T (N x K) = dZ^T A, whose first
         # operand is dZ^T (N x M): its row sums over M are the bias gradient, i.e. the
         # BGRADA epilogue (BGRADB for a column-major gB_out). Not used: our kernel's pass
         # already yields the bias gradient for every activation, accumulate included.
-        _map(&a, True, dZ, False, &gb, ("A", dz_name, "gB_out"), &g_b)
-    # No output may share memory with an input or with another output.
-    cdef const MatrixView* views[8]
-    names = ["A", "B", "gY", "Z" if Z is not None else "y", None, None, None, None]
-    views[0], views[1], views[2], views[3] = &a, &b, &gy, &zv
-    cdef int n_in = 4 if code != CYGEMM_ACT_NONE else 3, n, i, j
-    if n_in == 3:
-        views[3] = NULL
-    n = 4
-    if want_ga:
-        views[n], names[n], n = &ga, "gA_out", n + 1
-    if want_gb:
-        views[n], names[n], n = &gb, "gB_out", n + 1
-    if want_gbias:
-        views[n], names[n], n = &gbias, "gBias_out", n + 1
-    if need_dz:
-        views[n], names[n], n = &dz, "work_dZ", n + 1
-    for i in range(4, n):
-        for j in range(i):
-            if views[j] != NULL:
-                check_no_overlap(views[i], names[i], views[j], names[j])
-    cdef cublasComputeType_t compute = compute_type_for(a.dtype, math)
-    _check_lt_workspace(lt_workspace)
-    cdef cudaStream_t s
-    stream_from_object(stream, &s)
+        map_or_raise(a, dZ, gb, True, False, &g_b, ("A", dz_name, "gB_out"))
+    prepare_call(&c, math, dtype, stream)
+    cdef GemmContext* ctx = c.ctx
+    cdef cudaStream_t s = c.stream
     cdef float beta = 1.0 if accumulate else 0.0
-    cdef GemmContext* ctx = current_context()
     cdef int64_t scratch_floats = cygemm_act_backward_scratch_floats(M, N) if want_gbias else 0
     if <size_t>scratch_floats * 4 > ctx.workspace_bytes:
         raise ValueError(f"gBias_out: N={N} needs {scratch_floats * 4} bytes of scratch, more than "
                          f"the stream workspace ({ctx.workspace_bytes})")
-    check_devices(ctx, s, views, names[:n])     # every input and output; the last check
     cdef float* scratch = NULL
-    cdef int64_t gy_ld = rowmajor_ld(&gy)
-    cdef int64_t z_ld = rowmajor_ld(&zv) if code != CYGEMM_ACT_NONE else 0
-    cdef int64_t dz_ld = rowmajor_ld(&dz) if need_dz else 0
+    cdef int64_t gy_ld = rowmajor_ld(gy)
+    cdef int64_t z_ld = rowmajor_ld(zv) if zv != NULL else 0
+    cdef int64_t dz_ld = rowmajor_ld(dz) if need_dz else 0
     if want_gbias or need_dz:
-        if want_gbias:
-            # Scratch lives in the stream's (or the capture's) workspace: the GEMMs that
-            # follow on this stream use it only after the reduction has finished.
-            scratch = <float*>stream_workspace(ctx, s)
         with nogil:
-            check_cuda(cygemm_act_backward(a.dtype, M, N, gy.ptr, gy_ld,
-                                           zv.ptr if code != CYGEMM_ACT_NONE else NULL, z_ld,
+            if want_gbias:
+                # Scratch lives in the stream's (or the capture's) workspace: the GEMMs that
+                # follow on this stream use it only after the reduction has finished.
+                scratch = <float*>stream_workspace(ctx, s)
+            check_cuda(cygemm_act_backward(dtype, M, N, gy.ptr, gy_ld,
+                                           zv.ptr if zv != NULL else NULL, z_ld,
                                            dz.ptr if need_dz else NULL, dz_ld,
                                            gbias.ptr if want_gbias else NULL, beta, scratch, code, slope,
                                            from_output, s),
                        "cygemm_act_backward")
     cdef bint run_ga = want_ga and M > 0 and K > 0, run_gb = want_gb and K > 0 and N > 0
     cdef BackwardCall bc
-    bc.ctx, bc.s, bc.dtype, bc.compute, bc.beta = ctx, s, a.dtype, compute, beta
+    bc.ctx, bc.s, bc.dtype, bc.compute, bc.beta, bc.autotune = ctx, s, dtype, c.compute, beta, level
     if run_ga and run_gb:
         bc.g_a, bc.g_b = g_a, g_b
         _bwd_run(&bc, _bwd_route(&bc, accumulate, M, N, K))
     elif run_ga:
-        _gemm(ctx, s, &g_a, a.dtype, compute, beta)
+        _gemm(ctx, s, &g_a, dtype, c.compute, beta, level)
     elif run_gb:
-        _gemm(ctx, s, &g_b, a.dtype, compute, beta)
+        _gemm(ctx, s, &g_b, dtype, c.compute, beta, level)
     return (gA_out, gB_out, gBias_out)

@@ -8,11 +8,13 @@ allocating conveniences, cached workspaces for graph capture, and small helpers.
 import ctypes
 import os
 import sys
+import threading
 from typing import Any, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from cygemm import _core
+from cygemm import _alloc, _arrays, _context
+from cygemm._errors import CaptureError
 from cygemm.fused import (ACTIVATIONS, backward_into, clear_plan_cache, forward_into, layer_shape,
                           parse_activation)
 
@@ -54,7 +56,7 @@ class TensorDesc(NamedTuple):
 def as_tensor_2d(x, name="x") -> TensorDesc:
     """Describe a row-major 2-D device array (unit stride along its last axis);
     errors name the argument as `name`."""
-    d = _core.describe_array(x, name)
+    d = _arrays.describe_array(x, name)
     if d["batch"] != 1 or len(_shape(x)) != 2:
         raise ValueError(f"{name}: expected a 2-D array, got shape {_shape(x)}")
     if d["col_stride"] != 1 and d["cols"] > 1:
@@ -77,12 +79,12 @@ def _shape(x):
 def empty_2d(rows, cols, dtype=np.float32, stream=None):
     """An uninitialised (rows, cols) CuPy array from CuPy's pool on `stream` (None: CuPy's
     current stream), so that its memory is ordered with the work enqueued there."""
-    return _core.empty((rows, cols), dtype, stream)
+    return _alloc.empty((rows, cols), dtype, stream)
 
 
 def empty_like_2d(x, stream=None):
     """An uninitialised array of the shape and dtype of the 2-D device array `x`, on `stream`."""
-    d = _core.describe_array(x)
+    d = _arrays.describe_array(x)
     if d["batch"] != 1 or len(_shape(x)) != 2:
         raise ValueError(f"x: expected a 2-D array, got shape {_shape(x)}")
     return empty_2d(d["rows"], d["cols"], d["dtype"], stream)
@@ -90,7 +92,7 @@ def empty_like_2d(x, stream=None):
 
 def get_stream_ptr(stream=None) -> int:
     """The cudaStream_t (int) of None (CuPy's current stream), a Stream object or an int."""
-    return _core.stream_pointer(stream)
+    return _context.stream_pointer(stream)
 
 
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New
@@ -123,6 +125,35 @@ def ensure_cuda_dlls():
 
 # ------------------------------------------------------------------ workspaces
 
+# Buffers of ensure_workspaces (the backward's dZ, a cuBLASLt workspace), one set per
+# (device, stream, name, shape, dtype): work on one stream is serial, so they are never used
+# by two kernels at once. Allocated on that stream; process-wide, under a lock. A graph
+# captured while they exist keeps them alive (registered with the context's keepalive).
+_stream_buffers = {}
+_stream_buffers_lock = threading.Lock()
+
+
+def _stream_buffer(name, shape, dtype, stream=None):
+    ptr = _context.stream_pointer(stream)
+    key = (_context.current_device(), ptr, name, shape, str(dtype))
+    with _stream_buffers_lock:
+        buf = _stream_buffers.get(key)
+        if buf is None:
+            if _context.is_capturing(ptr):
+                raise CaptureError(f"{name}: allocating it would break the stream's capture; call "
+                                   "ensure_workspaces once on this stream before capturing")
+            buf = _alloc.empty_on(shape, dtype, ptr)
+            _stream_buffers[key] = buf
+        return buf
+
+
+def _all_stream_buffers():
+    with _stream_buffers_lock:
+        return list(_stream_buffers.values())
+
+
+_context.add_capture_keepalive(_all_stream_buffers)
+
 class GemmWorkspaces(NamedTuple):
     """dZ: the backward's (M, N) buffer; lt_ws: cuBLASLt workspace bytes (None when lt_bytes=0)."""
     dZ: Any
@@ -154,25 +185,27 @@ def ensure_workspaces(M, N, lt_bytes=4 << 20, dtype=np.float32, stream=None) -> 
     ------
     ValueError
         Negative sizes.
-    RuntimeError
+    CaptureError
         The first call for a key while the stream is being captured (allocate before).
     """
     if min(M, N) < 0 or lt_bytes < 0:
         raise ValueError(f"M, N, lt_bytes: expected sizes >= 0, got {M}, {N}, {lt_bytes}")
     dtype = np.dtype(dtype)
-    dZ = _core.stream_buffer("dZ", (int(M), int(N)), dtype.name, stream)
-    lt_ws = _core.stream_buffer("lt_ws", (int(lt_bytes),), "uint8", stream) if lt_bytes else None
+    dZ = _stream_buffer("dZ", (int(M), int(N)), dtype.name, stream)
+    lt_ws = _stream_buffer("lt_ws", (int(lt_bytes),), "uint8", stream) if lt_bytes else None
     return GemmWorkspaces(dZ, lt_ws)
 
 
 def clear_ws_cache():
     """Forget the buffers of ensure_workspaces. Memory a live captured graph uses stays until the graph goes."""
-    _core.clear_stream_buffers()
+    with _stream_buffers_lock:
+        _stream_buffers.clear()
 
 
 def ws_cache_keys():
     """The keys (device, stream, name, shape, dtype) of the cached buffers."""
-    return _core.stream_buffer_keys()
+    with _stream_buffers_lock:
+        return list(_stream_buffers)
 
 
 # ------------------------------------------------------------------ allocating forms
@@ -193,12 +226,12 @@ def forward(A, B, bias=None, *, with_bias=True, act="none", leaky_slope=0.01, sa
     ------
     TypeError, ValueError
         As forward_into; A and B are checked before anything is allocated, the rest after.
-    RuntimeError
+    CaptureError
         The stream is being captured (use forward_into with buffers made before).
     """
     M, K, N, dtype = layer_shape(A, B)
-    Y = _core.empty((M, N), dtype, stream, "forward(): Y")
-    Z = _core.empty((M, N), dtype, stream, "forward(): Z") if save_z else None
+    Y = _alloc.empty((M, N), dtype, stream, "forward(): Y")
+    Z = _alloc.empty((M, N), dtype, stream, "forward(): Z") if save_z else None
     forward_into(A, B, Y, bias, with_bias=with_bias, act=act, leaky_slope=leaky_slope, save_z=save_z,
                  z_out=Z, lt_workspace=lt_workspace, math=math, stream=stream)
     return Y, Z
@@ -221,15 +254,15 @@ def backward(A, B, gY, Z, *, with_bias=True, act="none", leaky_slope=0.01, need_
     ------
     TypeError, ValueError
         As backward_into; A and B are checked before anything is allocated, the rest after.
-    RuntimeError
+    CaptureError
         The stream is being captured (use backward_into with buffers made before).
     """
     M, K, N, dtype = layer_shape(A, B)
-    gA = _core.empty((M, K), dtype, stream, "backward(): gA") if need_gA else None
-    gB = _core.empty((K, N), dtype, stream, "backward(): gB") if need_gB else None
-    gBias = _core.empty((N,), dtype, stream, "backward(): gBias") if with_bias else None
+    gA = _alloc.empty((M, K), dtype, stream, "backward(): gA") if need_gA else None
+    gB = _alloc.empty((K, N), dtype, stream, "backward(): gB") if need_gB else None
+    gBias = _alloc.empty((N,), dtype, stream, "backward(): gBias") if with_bias else None
     if work_dZ is None and parse_activation(act) != 0 and (need_gA or need_gB):
-        work_dZ = _core.empty((M, N), dtype, stream, "backward(): dZ")
+        work_dZ = _alloc.empty((M, N), dtype, stream, "backward(): dZ")
     backward_into(A, B, gY, Z, with_bias=with_bias, act=act, leaky_slope=leaky_slope, gA_out=gA, gB_out=gB,
                   gBias_out=gBias, work_dZ=work_dZ, lt_workspace=lt_workspace, math=math, stream=stream, y=y)
     return gA, gB, gBias

@@ -10,9 +10,10 @@ from libc.stdlib cimport malloc, free
 from libc.stdint cimport uintptr_t
 
 from cygemm.cudart cimport *
-from cygemm._core cimport check_cuda, stream_from_object
+from cygemm._errors cimport check_cuda
+from cygemm._context cimport stream_from_object
 
-from cygemm import _core
+from cygemm import _context
 
 _MODES = {"global": cudaStreamCaptureModeGlobal, "thread_local": cudaStreamCaptureModeThreadLocal,
           "relaxed": cudaStreamCaptureModeRelaxed}
@@ -21,8 +22,9 @@ _MODES = {"global": cudaStreamCaptureModeGlobal, "thread_local": cudaStreamCaptu
 cdef class Graph:
     """An instantiated CUDA graph. The workspaces cygemm made for its capture belong to the
     CUDA graph itself (a user object), so replays never share memory with eager work; this
-    object also holds references to the handles and the ensure_workspaces buffers, so that
-    they outlive it (clear_ws_cache included)."""
+    object also holds references to the handles and the buffers layers registered (those of
+    ensure_workspaces), so that they outlive it (clear_ws_cache included). Dropped, it is
+    destroyed through the release queue: at once, or once no capture is known to be open."""
     cdef cudaGraph_t graph
     cdef cudaGraphExec_t exec_
     cdef readonly list keepalive
@@ -74,9 +76,9 @@ cdef class Graph:
 
     def __dealloc__(self):
         # Destroying a graph while a capture is under way on the device (in any thread)
-        # may invalidate that capture: _core destroys it once none is known open.
+        # may invalidate that capture: the release queue destroys it once none is known open.
         if self.exec_ != NULL or self.graph != NULL:
-            _core.destroy_graph_when_safe(<uintptr_t>self.exec_, <uintptr_t>self.graph)
+            _context.destroy_graph_when_safe(<uintptr_t>self.exec_, <uintptr_t>self.graph)
 
 
 class capture:
@@ -120,21 +122,19 @@ class capture:
         cdef cudaStream_t s = <cudaStream_t><uintptr_t>self.stream
         check_cuda(cudaStreamBeginCapture(s, <cudaStreamCaptureMode>(<int>_MODES[self.mode])),
                    "cudaStreamBeginCapture")
-        _core.note_capture(self.stream)       # cygemm frees nothing while it is open
+        _context.note_capture(self.stream)       # cygemm frees nothing while it is open
         return self.graph
 
     def __exit__(self, exc_type, exc, tb):
         cdef cudaStream_t s = <cudaStream_t><uintptr_t>self.stream
         cdef cudaGraph_t graph = NULL
         cdef cudaError_t err = cudaStreamEndCapture(s, &graph)
-        _core.note_capture(self.stream)
-        _core.destroy_graph_when_safe(0, 0)     # those dropped while captures were open
+        _context.note_capture(self.stream)        # and releases what waited for it to end
         cdef Graph g = self.graph
         g.graph = graph
         if exc_type is not None:
             return False          # the original error matters more than the capture's
         check_cuda(err, "cudaStreamEndCapture")
         check_cuda(cudaGraphInstantiate(&g.exec_, graph, 0), "cudaGraphInstantiate")
-        g.keepalive.extend(_core.graph_keepalive())
-        g.keepalive.extend(_core.all_stream_buffers())
+        g.keepalive.extend(_context.graph_keepalive())
         return False

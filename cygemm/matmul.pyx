@@ -6,39 +6,21 @@ op flags, so transposed views and slices are not copied); the batch axes are bro
 stride 0, merged where their strides allow, and the innermost run becomes one strided-batched
 GEMM (the others, if any, a loop of such calls with no copy).
 """
-import os
-
-import numpy as np
-
 from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.cudart cimport cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F
-from cygemm.cublas cimport (cublasComputeType_t, CUBLAS_OP_T, CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32,
-                            CUBLAS_COMPUTE_64F)
-from cygemm._core cimport (ArrayDesc, MatrixView, GemmContext, MAX_NDIM, read_array, desc_shape,
-                           current_context, stream_from_object, stream_is_capturing, check_devices,
-                           dtype_name, views_overlap)
-from cygemm.plans cimport ColMajorGemm, run_gemm
+from cygemm.cublas cimport cublasComputeType_t, CUBLAS_OP_T, CUBLAS_COMPUTE_32F
+from cygemm._types cimport ArrayDesc, MatrixView, ColMajorGemm, MAX_NDIM
+from cygemm._errors cimport refuse_in_capture
+from cygemm._context cimport GemmContext
+from cygemm._arrays cimport read_array, desc_shape, dtype_name, views_overlap
+from cygemm._args cimport CallArgs, args_init, add_view, prepare_call, ARG_READ, ARG_WRITE
+from cygemm._settings cimport autotune_level
+from cygemm.plans cimport run_gemm
 from cygemm.rowmajor cimport MapResult, MAP_OK, MAP_BAD_A, MAP_BAD_B, map_rowmajor_gemm, check_batch_disjoint
-from cygemm import _core
+from cygemm import _alloc
 
 __all__ = ["matmul", "describe_matmul"]
-
-cdef dict _MATH = {"tf32": 0, "fp32": 1, "cupy": 2}
-cdef list _NAMES = ["a", "b", "out"]
-
-
-cdef cublasComputeType_t _compute(cudaDataType dtype, str math) except *:
-    cdef object kind = _MATH.get(math)
-    if kind is None:
-        raise ValueError(f"math: expected 'tf32', 'fp32' or 'cupy', got {math!r}")
-    if dtype == CUDA_R_64F:
-        return CUBLAS_COMPUTE_64F
-    if dtype != CUDA_R_32F:
-        return CUBLAS_COMPUTE_32F       # half types accumulate in fp32 either way
-    if kind == 2:                       # as CuPy: TF32 only when CUPY_TF32=1
-        kind = 0 if os.environ.get("CUPY_TF32", "0") == "1" else 1
-    return CUBLAS_COMPUTE_32F_FAST_TF32 if kind == 0 else CUBLAS_COMPUTE_32F
 
 
 # ------------------------------------------------------------ dtypes and array libraries
@@ -86,9 +68,7 @@ cdef object _new_array(bint torch_lib, object like, tuple shape, cudaDataType t,
             return torch.empty(shape, dtype=_torch_dtype(torch, t), device=like.device)
         with torch.cuda.stream(_torch_stream(torch, s)):
             return torch.empty(shape, dtype=_torch_dtype(torch, t), device=like.device)
-    if t == CUDA_R_16BF:
-        raise TypeError("bfloat16 needs torch tensors (CuPy has no bfloat16 dtype)")
-    return _core.empty(shape, dtype_name(t), <uintptr_t>s)
+    return _alloc.empty(shape, dtype_name(t), <uintptr_t>s)
 
 
 cdef object _contiguous(object x, cudaDataType t, cudaStream_t s):
@@ -97,11 +77,9 @@ cdef object _contiguous(object x, cudaDataType t, cudaStream_t s):
         import torch
         with torch.cuda.stream(_torch_stream(torch, s)):
             return x.to(_torch_dtype(torch, t)).contiguous()
-    if t == CUDA_R_16BF:
-        raise TypeError("bfloat16 needs torch tensors (CuPy has no bfloat16 dtype)")
     import cupy
-    with _core.stream_context(<uintptr_t>s):
-        return cupy.ascontiguousarray(_as_cupy(x), dtype=dtype_name(t))
+    with _alloc.stream_context(<uintptr_t>s):
+        return cupy.ascontiguousarray(_as_cupy(x), dtype=_alloc.numpy_dtype(dtype_name(t)))
 
 
 cdef object _as_cupy(object x):
@@ -118,9 +96,8 @@ cdef int _copy_into(object out, object src, cudaStream_t s) except -1:
         with torch.cuda.stream(_torch_stream(torch, s)):
             out.copy_(src if _is_torch(src) else torch.as_tensor(src, device=out.device))
         return 0
-    import cupy
-    with _core.stream_context(<uintptr_t>s):
-        _as_cupy(out)[...] = _as_cupy(src)
+    with _alloc.stream_context(<uintptr_t>s):
+        _as_cupy(out)[...] = _as_cupy(src)      # casts when the dtypes differ
     return 0
 
 
@@ -374,7 +351,47 @@ cdef bint _may_overlap(const _Layout* L, const ArrayDesc* c, const ArrayDesc* x,
 
 # ------------------------------------------------------------ matmul
 
-def matmul(a, b, out=None, *, str math="tf32", stream=None):
+cdef int _read_operands(object a, object b, object out, ArrayDesc* da, ArrayDesc* db, ArrayDesc* dc,
+                        _Layout* L, cudaDataType* t) except -1:
+    """matmul's argument path, shared with describe_matmul: read a, b (and out), check shapes
+    as NumPy does, promote the dtype into t, and check out's shape and that its matrices do
+    not overlap one another. Returns whether out has another dtype than t (a cast follows)."""
+    read_array(a, da, "a", True)
+    read_array(b, db, "b", True)
+    if da.ndim == 0 or db.ndim == 0:
+        raise ValueError(f"{'a' if da.ndim == 0 else 'b'}: matmul needs at least 1 dimension, got a 0-D array")
+    t[0] = _promote(da.dtype, db.dtype)
+    _layout(da, db, L)
+    if out is None:
+        return 0
+    read_array(out, dc, "out", True)
+    if not _has_shape(dc, L):
+        raise ValueError(f"out: expected shape {_shape(L)}, got {desc_shape(dc)}")
+    _check_user_out(L, dc, da, db)
+    return dc.dtype != t[0]
+
+
+cdef int _check_call(CallArgs* c, const ArrayDesc* da, const ArrayDesc* db, const ArrayDesc* dc,
+                     bint has_out, str math, cudaDataType t, object stream, bint torch_lib) except -1:
+    """The common preamble (math, stream, context, devices) through the one argument path;
+    overlaps are matmul's own (it computes into a temporary instead)."""
+    cdef MatrixView va, vb, vc
+    args_init(c)
+    c.check_overlap = False
+    _device_view(&va, da)
+    _device_view(&vb, db)
+    add_view(c, &va, b"a", ARG_READ)
+    add_view(c, &vb, b"b", ARG_READ)
+    if has_out:
+        _device_view(&vc, dc)
+        add_view(c, &vc, b"out", ARG_WRITE)
+    if stream is None and torch_lib:
+        import torch
+        stream = torch.cuda.current_stream().cuda_stream
+    return prepare_call(c, math, t, stream)
+
+
+def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None):
     """Matrix product with NumPy's ``matmul`` semantics, on CUDA arrays, through cuBLAS.
 
     Parameters
@@ -385,9 +402,11 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None):
         1-D operands are promoted as NumPy does (a row for ``a``, a column for ``b``, the
         axis removed from the result); batch axes (all but the last two) broadcast.
     out : device array, optional
-        Where to write the result: its shape and dtype must be the result's; any strides,
-        as long as its matrices do not overlap one another. It may share memory with ``a``
-        or ``b``: then the product is computed into a temporary first, as NumPy does.
+        Where to write the result: its shape must be the result's; any strides, as long as its
+        matrices do not overlap one another. It may share memory with ``a`` or ``b``: then the
+        product is computed into a temporary first, as NumPy does. An ``out`` of another float
+        dtype gets the result cast into it (NumPy's ``same_kind`` casting): the product is
+        computed in the promoted dtype of ``a`` and ``b``, into a temporary.
     math : {"tf32", "fp32", "cupy"}
         float32 products: "tf32" (``CUBLAS_COMPUTE_32F_FAST_TF32``, the default), "fp32"
         (strict), "cupy" (as ``cp.matmul``: TF32 only when the environment sets
@@ -396,6 +415,8 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None):
         A ``cupy.cuda.Stream``, ``torch.cuda.Stream``, an object with ``__cuda_stream__`` or
         an int ``cudaStream_t``. None: the current stream of the inputs' library (torch's for
         torch tensors, else CuPy's).
+    autotune : {None, "off", "auto", "exhaustive"}
+        As :func:`cygemm.gemm`.
 
     Returns
     -------
@@ -407,62 +428,46 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None):
     ------
     ValueError
         Shapes that do not multiply or broadcast, an ``out`` of the wrong shape, an ``out``
-        whose matrices overlap, or a call that must allocate (``out=None``, a dtype cast, an
-        unreadable layout, an overlapping ``out``) while ``stream`` is being captured.
+        whose matrices overlap.
     TypeError
-        A non-device array, an unsupported dtype, or an ``out`` of another dtype.
+        A non-device array or an unsupported dtype.
+    CaptureError
+        A call that must allocate (``out=None``, a dtype cast, an unreadable layout, an
+        overlapping ``out``) while ``stream`` is being captured.
 
     Notes
     -----
     No operand is copied when its last two axes have unit stride along one of them
     (C- or F-ordered matrices, transposed views, row/column slices, stride-0 broadcasts).
     Copies are made, on ``stream``, only for: operands of different dtypes (cast to the
-    promoted dtype), a matrix with no unit-stride axis (e.g. ``x[::2, ::2]``), and an ``out``
-    that overlaps an input or cannot be written in place. Without them, and with ``out``
+    promoted dtype), a matrix with no unit-stride axis (e.g. ``x[::2, ::2]``), an ``out`` of
+    another dtype, and an ``out`` that overlaps an input or cannot be written in place. Without them, and with ``out``
     given, the call allocates nothing and can be captured into a CUDA graph.
     """
     cdef ArrayDesc da, db, dc
-    read_array(a, &da, "a", True)
-    read_array(b, &db, "b", True)
-    if da.ndim == 0 or db.ndim == 0:
-        raise ValueError(f"{'a' if da.ndim == 0 else 'b'}: matmul needs at least 1 dimension, got a 0-D array")
-    cdef bint torch_lib = _is_torch(a) or _is_torch(b)
-    cdef cudaDataType t = _promote(da.dtype, db.dtype)
-    cdef cublasComputeType_t compute = _compute(t, math)
     cdef _Layout L
-    _layout(&da, &db, &L)
-    if out is not None:
-        read_array(out, &dc, "out", True)
-        if dc.dtype != t:
-            raise TypeError(f"out: expected dtype {dtype_name(t)} (the result's), got {dtype_name(dc.dtype)}")
-        if not _has_shape(&dc, &L):
-            raise ValueError(f"out: expected shape {_shape(&L)}, got {desc_shape(&dc)}")
-        _check_user_out(&L, &dc, &da, &db)
-    cdef cudaStream_t s
-    if stream is None and torch_lib:
-        import torch
-        s = <cudaStream_t><uintptr_t>torch.cuda.current_stream().cuda_stream
-    else:
-        stream_from_object(stream, &s)
-    if out is None and t == CUDA_R_16BF and not torch_lib:
-        raise TypeError("out: a bfloat16 result is allocated as a torch tensor, but no input is one "
-                        "(CuPy has no bfloat16); pass out=")
-    cdef GemmContext* ctx = current_context()
-    cdef MatrixView va, vb, vc
-    cdef const MatrixView* views[3]
-    _device_view(&va, &da)
-    _device_view(&vb, &db)
-    views[0], views[1], views[2] = &va, &vb, NULL
-    if out is not None:
-        _device_view(&vc, &dc)
-        views[2] = &vc
-    check_devices(ctx, s, views, _NAMES)
+    cdef cudaDataType t
+    cdef bint cast_out = _read_operands(a, b, out, &da, &db, &dc, &L, &t)
+    cdef bint torch_lib = _is_torch(a) or _is_torch(b)
+    cdef int level = autotune_level(autotune)
+    cdef CallArgs c
+    _check_call(&c, &da, &db, &dc, out is not None, math, t, stream, torch_lib)
+    cdef GemmContext* ctx = c.ctx
+    cdef cudaStream_t s = c.stream
+    cdef cublasComputeType_t compute = c.compute
     cdef bint empty = L.M == 0 or L.N == 0 or _empty_batch(&L)
     if empty:                           # nothing to compute (K == 0 is not empty: zeros)
         return out if out is not None else _new_array(torch_lib, a if _is_torch(a) else b, _shape(&L), t, s)
     # From here on the arguments are valid: what follows may copy, then computes.
+    if cast_out:            # computed in the promoted dtype, then cast into out as NumPy does
+        refuse_in_capture(s, f"out: its dtype {dtype_name(dc.dtype)} is not the result's "
+                             f"({dtype_name(t)}), so the product goes to a new array first")
+        tmp = _new_array(torch_lib, a if _is_torch(a) else b, _shape(&L), t, s)
+        matmul(a, b, tmp, math=math, stream=<uintptr_t>s, autotune=autotune)
+        _copy_into(out, tmp, s)
+        return out
     if da.dtype != t or db.dtype != t:  # the narrower operand becomes a copy of the promoted dtype
-        _refuse_in_capture(s, "a/b: mixing dtypes casts an operand into a new array")
+        refuse_in_capture(s, "a/b: mixing dtypes casts an operand into a new array")
         if da.dtype != t:
             a = _contiguous(a, t, s)
             read_array(a, &da, "a", True)
@@ -472,37 +477,38 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None):
         _layout(&da, &db, &L)
     target = out
     if out is None:
-        _refuse_in_capture(s, "out: out=None allocates the result; pass out=")
+        refuse_in_capture(s, "out: out=None allocates the result; pass out=")
         target = out = _new_array(torch_lib, a if _is_torch(a) else b, _shape(&L), t, s)
         read_array(out, &dc, "out", True)
     elif _may_overlap_any(&L, &dc, &da, &db):
-        _refuse_in_capture(s, "out: it shares memory with a or b, so the product goes to a new array first")
+        refuse_in_capture(s, "out: it shares memory with a or b, so the product goes to a new array first")
         target = _new_array(torch_lib, out if _is_torch(out) else (a if _is_torch(a) else b), _shape(&L), t, s)
         read_array(target, &dc, "out", True)
     _merged(&L, &dc, &da, &db, &L)
     # A matrix cuBLAS cannot read in place (no unit-stride axis) is copied; one it cannot
     # write goes through a temporary.
     cdef ColMajorGemm g
+    cdef MatrixView va, vb, vc
     _views(&L, &da, &db, &dc, 0, 0, 0, &va, &vb, &vc)
     cdef MapResult r = map_rowmajor_gemm(&va, &vb, &vc, False, False, &g)
     if r == MAP_BAD_A or r == MAP_BAD_B:
-        _refuse_in_capture(s, f"{'a' if r == MAP_BAD_A else 'b'}: its matrices have no unit-stride axis, "
+        refuse_in_capture(s, f"{'a' if r == MAP_BAD_A else 'b'}: its matrices have no unit-stride axis, "
                               "so it is copied")
         if r == MAP_BAD_A:
             a = _contiguous(a, t, s)
         else:
             b = _contiguous(b, t, s)
-        result = matmul(a, b, target, math=math, stream=<uintptr_t>s)    # the copy reads in place
+        result = matmul(a, b, target, math=math, stream=<uintptr_t>s, autotune=autotune)    # the copy reads in place
         return _finish(result, out, target, s)
     if r != MAP_OK:
-        _refuse_in_capture(s, "out: cuBLAS cannot write its layout, so the product goes to a new array first")
+        refuse_in_capture(s, "out: cuBLAS cannot write its layout, so the product goes to a new array first")
         tmp = _new_array(torch_lib, out if _is_torch(out) else (a if _is_torch(a) else b), _shape(&L), t, s)
-        matmul(a, b, tmp, math=math, stream=<uintptr_t>s)
+        matmul(a, b, tmp, math=math, stream=<uintptr_t>s, autotune=autotune)
         _copy_into(out, tmp, s)
         return out
     if g.batch > 1:
         check_batch_disjoint(&g, "out")       # a temporary's: always passes; out's was checked first
-    _run_all(ctx, s, &L, &da, &db, &dc, t, compute)
+    _run_all(ctx, s, &L, &da, &db, &dc, t, compute, level)
     return _finish(target, out, target, s)
 
 
@@ -578,15 +584,9 @@ cdef bint _may_overlap_any(const _Layout* L, const ArrayDesc* c, const ArrayDesc
     return _may_overlap(&M, c, a, True, a, b) or _may_overlap(&M, c, b, False, a, b)
 
 
-cdef int _refuse_in_capture(cudaStream_t s, str why) except -1:
-    if stream_is_capturing(s):
-        raise ValueError(f"{why}, which is not allowed while the stream is being captured")
-    return 0
-
-
 cdef int _run_all(GemmContext* ctx, cudaStream_t s, const _Layout* L, const ArrayDesc* a,
                   const ArrayDesc* b, const ArrayDesc* c, cudaDataType t,
-                  cublasComputeType_t compute, list calls=None) except -1:
+                  cublasComputeType_t compute, int autotune, list calls=None) except -1:
     """One strided-batched GEMM per index of the outer batch axes (none: one call).
     calls: a list to describe the calls into instead of launching them."""
     cdef int outer = L.nb - 1 if L.nb > 0 else 0, i
@@ -613,7 +613,7 @@ cdef int _run_all(GemmContext* ctx, cudaStream_t s, const _Layout* L, const Arra
                               ldc=g.ldc, stride_c=g.stride_c, batch=g.batch))
         else:
             with nogil:
-                run_gemm(ctx, s, &g, t, compute, &alpha, &beta)
+                run_gemm(ctx, s, &g, t, compute, &alpha, &beta, autotune)
         i = outer - 1                   # next index, last axis fastest
         while i >= 0:
             idx[i] += 1
@@ -629,23 +629,18 @@ def describe_matmul(a, b, out):
     """The cuBLAS calls ``matmul(a, b, out)`` makes, as a list of dicts of cublasGemmEx /
     cublasGemmStridedBatchedEx arguments (pointers as ints); launches nothing and needs no GPU.
 
-    Raises ValueError where matmul would copy instead (dtypes differ, a layout cuBLAS cannot
-    read or write in place, an ``out`` sharing memory with ``a`` or ``b``), so a test can
-    check which layouts are read in place.
+    Reads and checks the arguments as matmul does (the same function), then raises
+    ValueError where matmul would copy instead (dtypes differ, a layout cuBLAS cannot read or
+    write in place, an ``out`` sharing memory with ``a`` or ``b``), so a test can check which
+    layouts are read in place.
     """
     cdef ArrayDesc da, db, dc
-    read_array(a, &da, "a", True)
-    read_array(b, &db, "b", True)
-    read_array(out, &dc, "out", True)
-    if da.ndim == 0 or db.ndim == 0:
-        raise ValueError("a/b: matmul needs at least 1 dimension")
-    if da.dtype != db.dtype or dc.dtype != da.dtype:
-        raise ValueError("a/b/out: dtypes differ: matmul would cast")
     cdef _Layout L
-    _layout(&da, &db, &L)
-    if not _has_shape(&dc, &L):
-        raise ValueError(f"out: expected shape {_shape(&L)}, got {desc_shape(&dc)}")
-    _check_user_out(&L, &dc, &da, &db)
+    cdef cudaDataType t
+    if out is None:
+        raise ValueError("out: describe_matmul needs the out whose layout the calls write")
+    if _read_operands(a, b, out, &da, &db, &dc, &L, &t) or da.dtype != db.dtype:
+        raise ValueError("a/b/out: dtypes differ: matmul would cast")
     if _may_overlap_any(&L, &dc, &da, &db):
         raise ValueError("out: shares memory with a or b: matmul would use a temporary")
     _merged(&L, &dc, &da, &db, &L)
@@ -656,5 +651,5 @@ def describe_matmul(a, b, out):
         raise ValueError("a/b/out: a layout cuBLAS cannot read or write in place: matmul would copy")
     calls = []
     if L.M and L.N and not _empty_batch(&L):
-        _run_all(NULL, NULL, &L, &da, &db, &dc, da.dtype, CUBLAS_COMPUTE_32F, calls)
+        _run_all(NULL, NULL, &L, &da, &db, &dc, da.dtype, CUBLAS_COMPUTE_32F, 0, calls)
     return calls

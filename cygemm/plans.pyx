@@ -1,44 +1,39 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""The plan layer: how each GEMM runs, chosen once per problem and remembered.
+"""Plans: how each GEMM runs, chosen once per problem and kept in a bounded cache per thread.
 
-Every GEMM of cygemm goes through here: `gemm`, `gemm_strided_batched`, the dense forward
-(epilogues included) and the backward's two GEMMs. A plan is one problem's way to run:
-a cuBLASLt algorithm (with its descriptors) or cublasGemmEx. Neither wins everywhere (on
-the H200 the best cuBLASLt candidate beat cublasGemmEx by 5.9% at 1024^3 fp32 and lost by
-6.4% at 8192^3 TF32), so for a large problem the candidates are timed once: the cuBLASLt
-heuristic's algorithms and, for a plain GEMM, cublasGemmEx (cublasGemmStridedBatchedEx for
-batches), with the L2 cache flushed before every timed run, never during a capture, without
-holding the GIL while the GPU works. Small problems take cublasGemmEx (plain) or the
-heuristic's first choice (epilogues): timing them costs more than it could save.
+Every GEMM of cygemm goes through here: `gemm`, `gemm_strided_batched`, `matmul`, the dense
+forward (epilogues included), the backward's two GEMMs and :class:`cygemm.GemmPlan`. A plan is
+one problem's way to run: a cuBLASLt algorithm (with its descriptors) or cublasGemmEx. Neither
+wins everywhere (on the H200 the best cuBLASLt candidate beat cublasGemmEx by 5.9% at 1024^3
+fp32 and lost by 6.4% at 8192^3 TF32), so for a large problem the candidates are timed once
+(see cygemm.tuning). Small problems take cublasGemmEx (plain) or the heuristic's first choice
+(epilogues): timing them costs more than it could save.
 
-Tuned choices live in a process-wide table that a tuning file can save and load (an
-environment variable, CYGEMM_TUNING_CACHE, or save_tuning/load_tuning), keyed by GPU model,
-driver and cuBLASLt version and the problem, so a second process runs its first call of a
-tuned shape with no timing. The route tables of the dense layer (fused.pyx) keep their
-choices in the same table.
+Each thread keeps at most ``plan_cache_size`` plans (an option), dropping the least recently
+used: a server that sees many batch sizes does not grow without bound.
 """
-import json
-import os
+from collections import OrderedDict
 import threading
-import warnings
 
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcmp, memset, memcpy
 
 from cygemm.cudart cimport *
-from cygemm.timing cimport cygemm_hold_stream
 from cygemm.cublas cimport *
 from cygemm.cublaslt cimport *
-from cygemm._core cimport (GemmContext, check_cuda, check_cublas, bind_stream, stream_is_capturing,
-                           stream_workspace, defer_free)
-from cygemm._core import CygemmError
+from cygemm._types cimport ColMajorGemm, pointer_alignment
+from cygemm._errors cimport check_cuda, check_cublas
+from cygemm._errors import CaptureError
+from cygemm._context cimport (GemmContext, bind_stream, stream_is_capturing, stream_workspace, defer_free)
+from cygemm._settings cimport options, AUTOTUNE_OFF, AUTOTUNE_AUTO, AUTOTUNE_EXHAUSTIVE
+from cygemm.tuning cimport (time_choices, worth_tuning, in_route_timing, lookup, remember, count_tuning)
+from cygemm import _settings, tuning
 
 cdef int64_t INT32_MAX = 2147483647
 
 
 # ---------------------------------------------------------------- cublasGemmEx
-
 cdef int gemm_colmajor(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
                        cudaDataType dtype, cublasComputeType_t compute,
                        const float* alpha, const float* beta) except -1 nogil:
@@ -82,12 +77,19 @@ cdef int _gemmex(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
         beta, g.c, dtype, <int>g.ldc, compute, CUBLAS_GEMM_DEFAULT)
 
 
+
 # ---------------------------------------------------------------- plans
 
 cdef class Plan:
-    """One problem's way to run: route, and for cuBLASLt its descriptors and algorithm."""
+    """One problem's way to run: route, and for cuBLASLt its descriptors and algorithm.
+    Its descriptors are freed by close() or when it is dropped."""
 
     def __dealloc__(self):
+        self.close()
+
+    def close(self):
+        """Free the cuBLASLt descriptors now; the plan then runs nothing (usable is False)."""
+        self.d.usable = False
         if self.d.pref != NULL:
             cublasLtMatmulPreferenceDestroy(self.d.pref)
         if self.d.lc != NULL:
@@ -98,6 +100,8 @@ cdef class Plan:
             cublasLtMatrixLayoutDestroy(self.d.la)
         if self.d.desc != NULL:
             cublasLtMatmulDescDestroy(self.d.desc)
+        self.d.pref, self.d.lc, self.d.lb, self.d.la, self.d.desc = NULL, NULL, NULL, NULL, NULL
+
 
     @property
     def route(self):
@@ -148,12 +152,14 @@ ctypedef struct PlanKey:
 
 cdef enum:
     RECENT_PLANS = 16
-    MAX_CANDIDATES = 8
-    TUNE_REPS = 5           # rounds for every candidate
-    FINAL_REPS = 11         # rounds for the finalists
+    MAX_CANDIDATES = 8      # exhaustive: the heuristic's first eight
+    AUTO_CANDIDATES = 4     # auto: its first four (and cublasGemmEx)
+    TUNE_REPS = 5           # rounds for every candidate (auto: fewer when the budget says so)
+    FINAL_REPS = 11         # exhaustive: rounds for the finalists
 
 
-cdef class _Recent:
+cdef class _RecentPlans:
+    """The last few plans of a thread by C key (no Python key built on a hit)."""
     cdef PlanKey keys[RECENT_PLANS]
     cdef list plans
     cdef int next_slot
@@ -176,88 +182,69 @@ cdef class _Recent:
         self.next_slot = (self.next_slot + 1) % RECENT_PLANS
 
 
+cdef class _PlanCache:
+    """A thread's plans: at most plan_cache_size (an option), least recently used dropped
+    (its descriptors go when no caller holds it any more), and the C memo of recent ones."""
+    cdef object plans           # OrderedDict: key -> Plan, most recent last
+    cdef _RecentPlans recent
+
+    def __cinit__(self):
+        self.plans = OrderedDict()
+        self.recent = _RecentPlans()
+
+    cdef Plan get(self, tuple key):
+        plan = self.plans.get(key)
+        if plan is not None:
+            self.plans.move_to_end(key)
+        return plan
+
+    cdef void put(self, tuple key, Plan plan, int limit):
+        self.plans[key] = plan
+        self.plans.move_to_end(key)
+        while len(self.plans) > limit:
+            self.plans.popitem(last=False)
+
+
 # Plans hold cuBLASLt descriptors, used by one thread at a time: each thread has its own.
 cdef object _tls = threading.local()
 
 
-cdef dict _plans():
+cdef _PlanCache _cache():
     try:
-        return _tls.plans
+        return _tls.cache
     except AttributeError:
-        _tls.plans = {}
-        return _tls.plans
-
-
-cdef _Recent _recent():
-    try:
-        return _tls.recent
-    except AttributeError:
-        _tls.recent = _Recent()
-        return _tls.recent
+        _tls.cache = _PlanCache()
+        return _tls.cache
 
 
 def clear_plan_cache():
     """Drop this thread's plans (rebuilt on the next call; tuned choices are kept, see clear_tuning)."""
-    _plans().clear()
-    _tls.recent = _Recent()
+    _tls.cache = _PlanCache()
 
 
 def plan_cache_size():
     """How many plans this thread holds."""
-    return len(_plans())
+    return len(_cache().plans)
 
 
 def thread_plans():
     """This thread's plans, {(device, *problem key): Plan} (a copy; for tests and diagnostics)."""
-    return dict(_plans())
+    return dict(_cache().plans)
 
 
-# Problems of at least this many multiply-adds time their candidates once.
-cdef double TUNE_MIN_MACS = float(os.environ.get("CYGEMM_AUTOTUNE_MIN_MACS", 2.0 ** 28))
+# Routes "gemm" forced by force_routes (tests, diagnostics, comparisons): 0 measured;
+# 1 cublasGemmEx; 2 cuBLASLt's first choice. Read from the route registry when routes change.
+cdef int _force_gemm = 0
 
 
-cdef bint worth_tuning(double macs) noexcept nogil:
-    return macs >= TUNE_MIN_MACS
-
-
-# Routes forced instead of measured (force_routes: tests, diagnostics, comparisons).
-cdef int _force_gemm = 0        # 0: measured; 1: cublasGemmEx; 2: cuBLASLt's first choice
-_forced_routes = {}
-
-
-def force_routes(gemm=None, forward=None, backward=None):
-    """Force routes instead of the measured or fixed choice; None (the default) undoes it.
-
-    Parameters
-    ----------
-    gemm : {"cublasGemmEx", "cublasLt"} or None
-        Every plain GEMM, small ones included, runs this way ("cublasLt": the heuristic's
-        first algorithm; where cuBLASLt has none, cublasGemmEx).
-    forward : str or None
-        A name of cygemm.fused.FORWARD_ROUTES; a call the route does not apply to takes the
-        fixed rule.
-    backward : {"serial", "branches"} or None
-        The backward's GEMMs on one stream or two.
-
-    Clears this thread's plans. Tuned choices are neither used nor recorded for what is forced.
-    """
+def _on_routes_changed():
     global _force_gemm
-    if gemm not in (None, "cublasGemmEx", "cublasLt"):
-        raise ValueError(f"gemm: expected None, 'cublasGemmEx' or 'cublasLt', got {gemm!r}")
-    _force_gemm = {None: 0, "cublasGemmEx": 1, "cublasLt": 2}[gemm]
-    _forced_routes.clear()
-    if forward is not None:
-        _forced_routes["forward"] = str(forward)
-    if backward is not None:
-        _forced_routes["backward"] = str(backward)
-    _route_memo.clear()
-    _bump_routes_generation()
+    forced = tuning.forced_gemm_route()
+    _force_gemm = {None: 0, "cublasGemmEx": 1, "cublasLt": 2}[forced]
     clear_plan_cache()
 
 
-def autotune_threshold():
-    """Multiply-adds from which a problem's candidates are timed (CYGEMM_AUTOTUNE_MIN_MACS)."""
-    return TUNE_MIN_MACS
+tuning.register_routes("gemm", ("cublasGemmEx", "cublasLt"), _on_routes_changed)
 
 
 cdef int _set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const void* buf,
@@ -283,15 +270,9 @@ cdef int _layout(cublasLtMatrixLayout_t* layout, cudaDataType dtype, int64_t row
     return 0
 
 
-cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
-                   cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
-                   int64_t aux_ld, void* ws, size_t ws_bytes):
-    return _get_plan(ctx, stream, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, False)
-
-
-cdef Plan _get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
-                    cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
-                    int64_t aux_ld, void* ws, size_t ws_bytes, bint c_is_input):
+cdef PlanKey _plan_key(GemmContext* ctx, const ColMajorGemm* g, cudaDataType dtype,
+                       cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias,
+                       void* aux, int64_t aux_ld, void* ws, size_t ws_bytes) noexcept nogil:
     cdef int64_t batch = g.batch if g.strided_batched else 1
     cdef PlanKey k
     memset(&k, 0, sizeof(k))            # padding too: keys are compared with memcmp
@@ -305,38 +286,62 @@ cdef Plan _get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g
     # A refused call (e.g. a misaligned lt_workspace) marks its own plan, not the aligned one's.
     k.al_ws = pointer_alignment(ws)
     k.ws_bytes = ws_bytes
-    cdef _Recent recent = _recent()
-    cdef Plan plan = recent.find(&k)
-    if plan is not None:
+    return k
+
+
+cdef tuple _key_tuple(const PlanKey* k):
+    return (k.dtype, k.compute, k.epi, k.opa, k.opb, k.m, k.n, k.k, k.lda, k.ldb, k.ldc, k.aux_ld,
+            k.batch, k.stride_a, k.stride_b, k.stride_c, k.al_a, k.al_b, k.al_c, k.al_bias, k.al_aux,
+            k.al_ws, k.ws_bytes)
+
+
+cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
+                   cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
+                   int64_t aux_ld, void* ws, size_t ws_bytes, int autotune, bint c_is_input):
+    cdef PlanKey k = _plan_key(ctx, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes)
+    cdef _PlanCache cache = _cache()
+    cdef Plan plan = cache.recent.find(&k)
+    if autotune < 0:
+        autotune = options().autotune
+    if plan is not None and plan.d.tune_level >= autotune:
         return plan
-    key = (k.dtype, k.compute, k.epi, k.opa, k.opb, k.m, k.n, k.k, k.lda, k.ldb, k.ldc, k.aux_ld,
-           k.batch, k.stride_a, k.stride_b, k.stride_c, k.al_a, k.al_b, k.al_c, k.al_bias, k.al_aux,
-           k.al_ws, k.ws_bytes)
-    plans = _plans()
-    plan = plans.get((k.device,) + key)
-    if plan is not None:
-        recent.remember(&k, plan)
+    key = _key_tuple(&k)
+    if plan is None:
+        plan = cache.get((k.device,) + key)
+    if plan is not None and plan.d.tune_level >= autotune:
+        cache.recent.remember(&k, plan)
         return plan
     cdef bint keep = True
-    plan = _make_plan(ctx, stream, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, &k, key,
-                      c_is_input, &keep)
+    if plan is None:
+        plan = _make_plan(ctx, stream, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, &k, key, &keep)
     if keep:
-        plans[(k.device,) + key] = plan
-        recent.remember(&k, plan)
+        decide_plan(plan, ctx, stream, g, bias, aux, ws, ws_bytes, autotune, c_is_input, &keep)
+    if keep:
+        cache.put((k.device,) + key, plan, options().plan_cache_size)
+        cache.recent.remember(&k, plan)
     return plan
+
+
+cdef Plan make_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
+                    cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
+                    int64_t aux_ld, void* ws, size_t ws_bytes):
+    cdef PlanKey k = _plan_key(ctx, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes)
+    cdef bint keep = True
+    return _make_plan(ctx, stream, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, &k,
+                      _key_tuple(&k), &keep)
 
 
 cdef Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                      cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
-                     int64_t aux_ld, void* ws, size_t ws_bytes, const PlanKey* k, tuple key,
-                     bint c_is_input, bint* keep):
-    """A new plan; keep[0] False when it must not be cached: made during a capture, where a
-    heuristic may be refused and candidates are not timed (the next eager call decides)."""
+                     int64_t aux_ld, void* ws, size_t ws_bytes, const PlanKey* k, tuple key, bint* keep):
+    """A new plan with the heuristic's candidates; keep[0] False when it must not be cached:
+    made during a capture, where a heuristic may be refused (the next eager call decides)."""
     cdef Plan plan = Plan()
     plan.key = key
     cdef PlanData* d = &plan.d
     d.capture_ok = True
-    d.dtype, d.compute = dtype, compute
+    d.dtype, d.compute, d.device = dtype, compute, ctx.device
+    d.tune_level = -1
     cdef int64_t batch = k.batch
     check_cublas(cublasLtMatmulDescCreate(&d.desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate")
     cdef int32_t opa = g.opa, opb = g.opb
@@ -364,51 +369,72 @@ cdef Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* 
                      (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, k.al_c)):
         _set_pref_u32(d.pref, attr, al)
     # cublasGemmEx is a candidate for plain GEMMs (it has no epilogues).
-    cdef bint gemmex_ok = epi == CUBLASLT_EPILOGUE_DEFAULT and bias == NULL and aux == NULL
-    cdef cublasLtMatmulHeuristicResult_t results[MAX_CANDIDATES]
+    d.gemmex_ok = epi == CUBLASLT_EPILOGUE_DEFAULT and bias == NULL and aux == NULL
     cdef int found = 0, i
     cdef bint capturing = stream_is_capturing(stream)
-    cdef cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.desc, d.la, d.lb, d.lc, d.lc, d.pref,
-                                                            MAX_CANDIDATES, results, &found)
+    cdef cublasStatus_t st
+    with nogil:         # the first heuristic query of a process loads cuBLASLt's tables
+        st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.desc, d.la, d.lb, d.lc, d.lc, d.pref,
+                                            MAX_CANDIDATES, d.candidates, &found)
     if st != CUBLAS_STATUS_SUCCESS:
         found = 0
     if batch > 1 and not _lt_batch_ok(g):
         found = 0
     cdef int n_ok = 0
     for i in range(found):          # keep the candidates that fit this workspace
-        if results[i].state == CUBLAS_STATUS_SUCCESS and results[i].workspaceSize <= ws_bytes:
-            results[n_ok] = results[i]
+        if d.candidates[i].state == CUBLAS_STATUS_SUCCESS and d.candidates[i].workspaceSize <= ws_bytes:
+            d.candidates[n_ok] = d.candidates[i]
             n_ok += 1
-    found = n_ok
-    d.usable = found > 0 or gemmex_ok
-    if found > 0:
+    d.n_candidates = n_ok
+    d.usable = n_ok > 0 or d.gemmex_ok
+    if n_ok > 0:
         d.route = PLAN_LT
-        d.algo = results[0].algo
-        d.workspace_needed = results[0].workspaceSize
+        d.algo = d.candidates[0].algo
+        d.workspace_needed = d.candidates[0].workspaceSize
     else:
         d.route = PLAN_GEMMEX
     if not d.usable:
         # Some CUDA versions refuse heuristics during capture: use the fallback now, but
         # do not remember a verdict that may be the capture's fault.
         keep[0] = not capturing
-        return plan
-    if _force_gemm == 1 and gemmex_ok:
+        d.tune_level = AUTOTUNE_EXHAUSTIVE
+    return plan
+
+
+cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
+                     const void* bias, void* aux, void* ws, size_t ws_bytes, int autotune,
+                     bint c_is_input, bint* keep, bint any_size=False) except -1:
+    """Choose among the plan's candidates as `autotune` says: a forced route, a tuned choice
+    from the table, timing (large problems, or any size when any_size; not during a capture),
+    or the heuristic's first."""
+    cdef PlanData* d = &plan.d
+    if d.tune_level >= autotune or not d.usable:
+        return 0
+    if _force_gemm == 1 and d.gemmex_ok:
         d.route = PLAN_GEMMEX
     if _force_gemm:
-        return plan
-    gpu = _gpu_id(ctx.device)
-    record = _lookup(gpu, "gemm", key)
-    if record is not None and _apply_record(ctx, d, record, gemmex_ok, ws_bytes):
-        return plan
+        d.tune_level = AUTOTUNE_EXHAUSTIVE
+        return 0
+    record = lookup(ctx.device, "gemm", plan.key)
+    if record is not None and _apply_record(ctx, d, record, ws_bytes):
+        d.tune_level = AUTOTUNE_EXHAUSTIVE
+        return 0
+    cdef int64_t batch = g.batch if g.strided_batched else 1
     cdef double macs = <double>g.m * g.n * g.k * batch
-    if worth_tuning(macs) and found + gemmex_ok > 1:
-        if capturing:
-            keep[0] = False     # the heuristic's choice now; timed at the first eager call
-            return plan
-        _tune_plan(ctx, stream, d, g, bias, aux, ws, ws_bytes, results, found, gemmex_ok, c_is_input)
-        if d.tuned:
-            _remember(gpu, "gemm", key, _record_of(d))
-    return plan
+    if autotune == AUTOTUNE_OFF or d.n_candidates + d.gemmex_ok < 2 or not (any_size or worth_tuning(macs)):
+        d.tune_level = max(d.tune_level, autotune)
+        return 0
+    if in_route_timing():           # a layer is timing its routes: the heuristic's choice here
+        d.tune_level = max(d.tune_level, autotune)
+        return 0
+    if stream_is_capturing(stream):
+        keep[0] = False             # the heuristic's choice now; timed at the first eager call
+        return 0
+    _tune_plan(ctx, stream, d, g, bias, aux, ws, ws_bytes, autotune, c_is_input)
+    d.tune_level = autotune
+    if d.tuned:
+        remember(ctx.device, "gemm", plan.key, _record_of(d))
+    return 0
 
 
 cdef bint _lt_batch_ok(const ColMajorGemm* g) noexcept nogil:
@@ -421,7 +447,7 @@ cdef bint _lt_batch_ok(const ColMajorGemm* g) noexcept nogil:
             and g.stride_c >= g.ldc * g.n)
 
 
-cdef bint _apply_record(GemmContext* ctx, PlanData* d, dict record, bint gemmex_ok, size_t ws_bytes):
+cdef bint _apply_record(GemmContext* ctx, PlanData* d, dict record, size_t ws_bytes):
     """Use a tuned choice if it still fits (cublasLtMatmulAlgoCheck for a stored algorithm)."""
     cdef cublasLtMatmulAlgo_t algo
     cdef cublasLtMatmulHeuristicResult_t check
@@ -430,7 +456,7 @@ cdef bint _apply_record(GemmContext* ctx, PlanData* d, dict record, bint gemmex_
         route = record["route"]
         ms = float(record.get("ms", 0.0))
         if route == "cublasGemmEx":
-            if not gemmex_ok:
+            if not d.gemmex_ok:
                 return False
             d.route = PLAN_GEMMEX
         elif route == "cublasLt":
@@ -480,30 +506,28 @@ cdef int plan_run(GemmContext* ctx, cudaStream_t stream, PlanData* d, const ColM
 
 
 cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
-                  cublasComputeType_t compute, const float* alpha, const float* beta) except -1 nogil:
+                  cublasComputeType_t compute, const float* alpha, const float* beta,
+                  int autotune) except -1 nogil:
     cdef int64_t batch = g.batch if g.strided_batched else 1
     if _wide(g) or _force_gemm == 1 or g.k == 0 or compute == CUBLAS_COMPUTE_64F or (
             _force_gemm == 0 and not worth_tuning(<double>g.m * g.n * g.k * batch)):
         return gemm_colmajor(ctx, stream, g, dtype, compute, alpha, beta)
+    cdef void* ws = stream_workspace(ctx, stream)       # may allocate: without the GIL
     with gil:
-        _run_planned(ctx, stream, g, dtype, compute, alpha, beta)
+        _run_planned(ctx, stream, g, dtype, compute, alpha, beta, ws, autotune)
     return 0
 
 
-cdef int _run_planned(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
-                      cublasComputeType_t compute, const float* alpha, const float* beta) except -1:
-    cdef void* ws = stream_workspace(ctx, stream)
-    cdef size_t ws_bytes = ctx.workspace_bytes
-    cdef Plan plan = _get_plan(ctx, stream, g, dtype, compute, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0,
-                               ws, ws_bytes, beta[0] != 0)
+cdef int run_with_fallback(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
+                           void* ws, size_t ws_bytes, const float* alpha, const float* beta) except -1:
+    """Run a plain GEMM's plan; where cuBLASLt refuses it (nothing enqueued), cublasGemmEx."""
     cdef int st = CUBLAS_STATUS_NOT_SUPPORTED
     if plan is not None and plan.d.usable and (plan.d.capture_ok or plan.d.route == PLAN_GEMMEX
                                                or not stream_is_capturing(stream)):
         with nogil:
             st = plan_run(ctx, stream, &plan.d, g, NULL, NULL, ws, ws_bytes, alpha, beta)
         if st != CUBLAS_STATUS_SUCCESS and plan.d.route == PLAN_LT:
-            # A refused call enqueues nothing: cublasGemmEx runs instead. Inside a capture,
-            # remember that this algorithm does not capture.
+            # Inside a capture, remember that this algorithm does not capture.
             if stream_is_capturing(stream):
                 check_capture_alive(stream)
                 plan.d.capture_ok = False
@@ -513,116 +537,30 @@ cdef int _run_planned(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm*
             return check_cublas(<cublasStatus_t>st, "cublasGemmEx")
     if st != CUBLAS_STATUS_SUCCESS:
         with nogil:
-            gemm_colmajor(ctx, stream, g, dtype, compute, alpha, beta)
+            gemm_colmajor(ctx, stream, g, plan.d.dtype if plan is not None else CUDA_R_32F,
+                          plan.d.compute if plan is not None else CUBLAS_COMPUTE_32F, alpha, beta)
     return 0
+
+
+cdef int _run_planned(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
+                      cublasComputeType_t compute, const float* alpha, const float* beta, void* ws,
+                      int autotune) except -1:
+    cdef size_t ws_bytes = ctx.workspace_bytes
+    cdef Plan plan = get_plan(ctx, stream, g, dtype, compute, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0,
+                              ws, ws_bytes, autotune, beta[0] != 0)
+    return run_with_fallback(plan, ctx, stream, g, ws, ws_bytes, alpha, beta)
 
 
 cdef int check_capture_alive(cudaStream_t stream) except -1:
     cdef cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone
     check_cuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing")
     if status == cudaStreamCaptureStatusInvalidated:
-        raise RuntimeError("cublasLtMatmul invalidated the stream's capture; call the function once "
+        raise CaptureError("cublasLtMatmul invalidated the stream's capture; call the function once "
                            "before capturing, or capture with mode='relaxed'")
     return 0
 
 
-# ---------------------------------------------------------------- timing
-
-# One buffer per device, twice its L2 size, written before every timed run so that no
-# candidate finds its operands in L2 left there by the previous one. Made on the first
-# tuning on that device and kept for the life of the process.
-cdef void* _flush_buf[64]
-cdef size_t _flush_bytes[64]
-
-
-cdef int _flush_l2(int device, cudaStream_t stream) except -1:
-    cdef int l2 = 0
-    cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
-    cdef cudaError_t err
-    if device < 0 or device >= 64:
-        return 0
-    if _flush_buf[device] == NULL:
-        check_cuda(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "cudaDeviceGetAttribute(L2)")
-        cudaThreadExchangeStreamCaptureMode(&mode)
-        err = cudaMalloc(&_flush_buf[device], 2 * <size_t>l2 + 256)
-        cudaThreadExchangeStreamCaptureMode(&mode)
-        check_cuda(err, "cudaMalloc(L2 flush buffer)")
-        _flush_bytes[device] = 2 * <size_t>l2 + 256
-    return check_cuda(cudaMemsetAsync(_flush_buf[device], 0, _flush_bytes[device], stream),
-                      "cudaMemsetAsync(L2 flush)")
-
-
-# CYGEMM_TUNING_MODE: how a candidate is timed.
-#   "sustained": SUSTAINED_CALLS calls back to back, queued behind a kernel that holds the
-#                stream while the host enqueues the round, so the GPU runs them without
-#                gaps, as in a training loop or a benchmark;
-#   "cold": one call after L2 is flushed (a buffer twice the L2 size written);
-#   "hot": one call, no flush.
-cdef int _tune_mode = {"cold": 0, "hot": 1, "sustained": 2}.get(os.environ.get("CYGEMM_TUNING_MODE", "cold"), 0)
-
-cdef enum:
-    SUSTAINED_CALLS = 3
-    HOLD_NS_PER_CALL = 40000       # host time to enqueue one call, with a margin
-
-
-cdef int time_choices(GemmContext* ctx, cudaStream_t stream, enqueue_fn enqueue, void* arg,
-                      const int* choices, int n, int reps, float* ms) except -1:
-    cdef int i, r, j, st, c
-    cdef int calls = SUSTAINED_CALLS if _tune_mode == 2 else 1
-    cdef int n_events = 2 * n * reps + 1      # the last one: recorded after every round
-    cdef cudaEvent_t* ev = <cudaEvent_t*>malloc(n_events * sizeof(cudaEvent_t))
-    cdef float* t = <float*>malloc(n * reps * sizeof(float))
-    cdef bint* ok = <bint*>malloc(n * sizeof(bint))
-    cdef float x
-    if ev == NULL or t == NULL or ok == NULL:
-        free(ev); free(t); free(ok)
-        raise MemoryError()
-    memset(ev, 0, n_events * sizeof(cudaEvent_t))
-    try:
-        for i in range(n_events):
-            check_cuda(cudaEventCreate(&ev[i]), "cudaEventCreate")
-        for i in range(n):          # warm-up: kernels loaded, the choice's own plans made
-            ok[i] = enqueue(arg, choices[i]) == 0
-        for r in range(reps):       # interleaved rounds: drift hits every choice alike
-            if calls > 1:
-                check_cuda(cygemm_hold_stream(<uint64_t>min(n * calls * HOLD_NS_PER_CALL + 100000, 20000000),
-                                              stream), "cygemm_hold_stream")
-            for i in range(n):
-                if not ok[i]:
-                    continue
-                if _tune_mode == 0:
-                    _flush_l2(ctx.device, stream)
-                check_cuda(cudaEventRecord(ev[2 * (r * n + i)], stream), "cudaEventRecord")
-                for c in range(calls):
-                    if ok[i]:
-                        ok[i] = enqueue(arg, choices[i]) == 0
-                check_cuda(cudaEventRecord(ev[2 * (r * n + i) + 1], stream), "cudaEventRecord")
-        check_cuda(cudaEventRecord(ev[n_events - 1], stream), "cudaEventRecord")
-        with nogil:
-            st = cudaEventSynchronize(ev[n_events - 1])
-        check_cuda(<cudaError_t>st, "cudaEventSynchronize")
-        for i in range(n):
-            ms[i] = -1
-            if not ok[i]:
-                continue
-            for r in range(reps):
-                check_cuda(cudaEventElapsedTime(&t[i * reps + r], ev[2 * (r * n + i)], ev[2 * (r * n + i) + 1]),
-                           "cudaEventElapsedTime")
-            for r in range(1, reps):        # insertion sort: reps is small
-                x = t[i * reps + r]
-                j = r - 1
-                while j >= 0 and t[i * reps + j] > x:
-                    t[i * reps + j + 1] = t[i * reps + j]
-                    j -= 1
-                t[i * reps + j + 1] = x
-            ms[i] = t[i * reps + reps // 2] / calls
-    finally:
-        for i in range(n_events):
-            if ev[i] != NULL:
-                cudaEventDestroy(ev[i])
-        free(ev); free(t); free(ok)
-    return 0
-
+# ---------------------------------------------------------------- timing a plan's candidates
 
 ctypedef struct _TuneArg:
     GemmContext* ctx
@@ -633,7 +571,6 @@ ctypedef struct _TuneArg:
     void* aux
     void* ws
     size_t ws_bytes
-    cublasLtMatmulHeuristicResult_t* results
     int n_lt
 
 
@@ -647,7 +584,7 @@ cdef int _tune_enqueue(void* arg, int choice) except -1:
         a.d.route = PLAN_GEMMEX
     else:
         a.d.route = PLAN_LT
-        a.d.algo = a.results[choice].algo
+        a.d.algo = a.d.candidates[choice].algo
     try:
         with nogil:
             st = plan_run(a.ctx, a.stream, a.d, &a.g, a.bias, a.aux, a.ws, a.ws_bytes, &alpha, &beta)
@@ -665,30 +602,33 @@ cdef inline bint _listed(const int* xs, int n, int x) noexcept nogil:
 
 
 cdef int _tune_plan(GemmContext* ctx, cudaStream_t stream, PlanData* d, const ColMajorGemm* g,
-                    const void* bias, void* aux, void* ws, size_t ws_bytes,
-                    cublasLtMatmulHeuristicResult_t* results, int found, bint gemmex_ok,
+                    const void* bias, void* aux, void* ws, size_t ws_bytes, int autotune,
                     bint c_is_input) except -1:
     """Time the candidates on the call's own operands and keep the fastest. A GEMM whose C
-    is an input (beta != 0) is timed writing to a scratch output instead."""
-    global _tuning_count
+    is an input (beta != 0) is timed writing to a scratch output instead. auto: the
+    heuristic's first AUTO_CANDIDATES and cublasGemmEx, within the tuning budget; exhaustive:
+    every candidate, then the finalists again for FINAL_REPS rounds."""
     cdef _TuneArg a
     cdef int choices[MAX_CANDIDATES + 1]
     cdef float ms[MAX_CANDIDATES + 1]
-    cdef int i, n = found + (1 if gemmex_ok else 0), best = -1
+    cdef bint exhaustive = autotune == AUTOTUNE_EXHAUSTIVE
+    cdef int found = d.n_candidates if exhaustive else min(d.n_candidates, <int>AUTO_CANDIDATES)
+    cdef int i, n = found + (1 if d.gemmex_ok else 0), best = -1
     cdef void* scratch = NULL
     cdef size_t extent
     cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
     cdef cudaError_t err
     a.ctx, a.stream, a.d, a.g = ctx, stream, d, g[0]
-    a.bias, a.aux, a.ws, a.ws_bytes, a.results, a.n_lt = bias, aux, ws, ws_bytes, results, found
+    a.bias, a.aux, a.ws, a.ws_bytes, a.n_lt = bias, aux, ws, ws_bytes, found
     if c_is_input:
         extent = <size_t>((g.n - 1) * g.ldc + g.m)
         if g.strided_batched and g.batch > 1:
             extent += <size_t>((g.batch - 1) * g.stride_c)
         extent *= 8 if d.dtype == CUDA_R_64F else (4 if d.dtype == CUDA_R_32F else 2)
-        cudaThreadExchangeStreamCaptureMode(&mode)
-        err = cudaMalloc(&scratch, extent)
-        cudaThreadExchangeStreamCaptureMode(&mode)
+        with nogil:
+            cudaThreadExchangeStreamCaptureMode(&mode)
+            err = cudaMalloc(&scratch, extent)
+            cudaThreadExchangeStreamCaptureMode(&mode)
         if err != cudaSuccess:
             cudaGetLastError()
             return 0            # no room to time it: the heuristic's first choice stays
@@ -699,7 +639,7 @@ cdef int _tune_plan(GemmContext* ctx, cudaStream_t stream, PlanData* d, const Co
     cdef int final[4]
     cdef float final_ms[4]
     try:
-        time_choices(ctx, stream, _tune_enqueue, &a, choices, n, TUNE_REPS, ms)
+        time_choices(ctx, stream, _tune_enqueue, &a, choices, n, TUNE_REPS, ms, 0 if exhaustive else 1e30)
         for i in range(n):
             if ms[i] < 0:
                 continue
@@ -709,266 +649,40 @@ cdef int _tune_plan(GemmContext* ctx, cudaStream_t stream, PlanData* d, const Co
                 second = i
         if best < 0:
             return 0
-        # Candidates often lie within a percent or two, as close as one timing's noise. The
-        # finalists (the two fastest and the defaults other libraries run: cuBLASLt's first
-        # choice and cublasGemmEx) are timed again, longer; a default is left only for a
-        # candidate at least 1% faster than it, so a choice does not hinge on noise.
-        for i in (0, found if gemmex_ok else -1, best, second):
-            if i >= 0 and ms[i] >= 0 and not _listed(final, n_final, i):
-                final[n_final] = i
-                n_final += 1
-        if n_final > 1:
-            time_choices(ctx, stream, _tune_enqueue, &a, final, n_final, FINAL_REPS, final_ms)
-            best = -1
-            for i in range(n_final):
-                if final_ms[i] < 0:
-                    continue
-                ms[final[i]] = final_ms[i]
-                if best < 0 or final_ms[i] < ms[best]:
-                    best = final[i]
-                if (final[i] == 0 or final[i] == found) and (base < 0 or final_ms[i] < ms[base]):
-                    base = final[i]
-            if best < 0:
-                return 0
-            if base >= 0 and ms[best] > 0.99 * ms[base]:
-                best = base
+        if exhaustive:
+            # Candidates often lie within a percent or two, as close as one timing's noise.
+            # The finalists (the two fastest and the defaults other libraries run: cuBLASLt's
+            # first choice and cublasGemmEx) are timed again, longer.
+            for i in (0, found if d.gemmex_ok else -1, best, second):
+                if i >= 0 and ms[i] >= 0 and not _listed(final, n_final, i):
+                    final[n_final] = i
+                    n_final += 1
+            if n_final > 1:
+                time_choices(ctx, stream, _tune_enqueue, &a, final, n_final, FINAL_REPS, final_ms, 0)
+                for i in range(n_final):
+                    ms[final[i]] = final_ms[i]
+        # A default (cuBLASLt's first choice, cublasGemmEx) is left only for a candidate at
+        # least 1% faster than it, so a choice does not hinge on noise.
+        best = -1
+        for i in range(n):
+            if ms[i] < 0:
+                continue
+            if best < 0 or ms[i] < ms[best]:
+                best = i
+            if (i == 0 or i == found) and (base < 0 or ms[i] < ms[base]):
+                base = i
+        if best < 0:
+            return 0
+        if base >= 0 and ms[best] > 0.99 * ms[base]:
+            best = base
     finally:
         if scratch != NULL:
             defer_free(scratch)
-    _tuning_count += 1
+    count_tuning()
     if best == found:
         d.route = PLAN_GEMMEX
     else:
-        d.route, d.algo, d.workspace_needed = PLAN_LT, results[best].algo, results[best].workspaceSize
+        d.route, d.algo, d.workspace_needed = PLAN_LT, d.candidates[best].algo, d.candidates[best].workspaceSize
     d.tuned = True
     d.tuned_ms = ms[best]
     return 0
-
-
-# ---------------------------------------------------------------- the table of tuned choices
-
-_TUNING_FORMAT = "cygemm-tuning/1"
-_tuned = {}                     # (gpu, kind, key) -> record; shared by every thread
-_tuned_lock = threading.RLock()
-cdef long _tuning_count = 0     # how many problems this process timed
-_gpu_ids = {}
-_env_loaded = False
-
-
-def _versions():
-    cdef int driver = 0
-    cudaDriverGetVersion(&driver)
-    return {"cublasLt": int(cublasLtGetVersion()), "driver": driver}
-
-
-cdef str _gpu_id(int device):
-    """The GPU model as tuning files key it: name and compute capability."""
-    cdef cudaDeviceProp prop
-    cdef int major = 0, minor = 0
-    gid = _gpu_ids.get(device)
-    if gid is None:
-        check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties")
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)
-        gid = f"{prop.name.decode(errors='replace')} sm_{major}{minor}"
-        _gpu_ids[device] = gid
-    return gid
-
-
-cdef object _lookup(str gpu, str kind, tuple key):
-    _load_env_file()
-    with _tuned_lock:
-        return _tuned.get((gpu, kind, key))
-
-
-cdef int _remember(str gpu, str kind, tuple key, dict record) except -1:
-    with _tuned_lock:
-        _tuned[(gpu, kind, key)] = record
-    path = os.environ.get("CYGEMM_TUNING_CACHE")
-    if path:
-        try:
-            save_tuning(path)
-        except OSError as exc:
-            warnings.warn(f"CYGEMM_TUNING_CACHE: could not write {path!r} ({exc}); tuning is kept in "
-                          "this process only", RuntimeWarning, stacklevel=2)
-    return 0
-
-
-_route_memo = {}                # (device, key) -> route name: the hot path's lookup
-cdef unsigned long _routes_generation = 1
-
-
-cdef void _bump_routes_generation() noexcept:
-    global _routes_generation
-    _routes_generation += 1
-
-
-cdef unsigned long routes_generation() noexcept nogil:
-    return _routes_generation
-
-
-cdef object forced_route(str kind):
-    return _forced_routes.get(kind) if _forced_routes else None
-
-
-cdef object tuned_route(int device, tuple key):
-    forced = _forced_routes.get(key[0]) if _forced_routes else None
-    if forced is not None:
-        return forced
-    name = _route_memo.get((device, key))
-    if name is None:
-        record = _lookup(_gpu_id(device), key[0], key[1:])
-        if record is not None:
-            name = record.get("route")
-            _route_memo[(device, key)] = name
-    return name
-
-
-cdef int remember_route(int device, tuple key, str route, dict times) except -1:
-    global _tuning_count
-    _tuning_count += 1
-    _route_memo[(device, key)] = route
-    return _remember(_gpu_id(device), key[0], key[1:], {"route": route, "ms": times})
-
-
-def tuning_count():
-    """How many problems (plans and routes) this process has timed."""
-    return _tuning_count
-
-
-def tuning_entries():
-    """The tuned choices this process holds: a list of dicts (the record: route, ms, ...; and
-    gpu, kind, key)."""
-    with _tuned_lock:
-        return [dict(record, gpu=g, kind=kind, key=list(key)) for (g, kind, key), record in _tuned.items()]
-
-
-def _entries_of(data):
-    """The well-formed entries of a parsed tuning file, {(gpu, kind, key): record}; others skipped."""
-    out = {}
-    for e in data.get("entries", []) if isinstance(data.get("entries"), list) else []:
-        try:
-            record = e["record"]
-            if not isinstance(record, dict) or not isinstance(record.get("route"), str):
-                continue
-            key = tuple(e["key"])
-            if not all(isinstance(x, (int, bool)) for x in key):
-                continue
-            out[(str(e["gpu"]), str(e["kind"]), key)] = record
-        except (KeyError, TypeError):
-            continue
-    return out
-
-
-def clear_tuning():
-    """Forget every tuned choice (and this thread's plans): the next large call times again."""
-    with _tuned_lock:
-        _tuned.clear()
-    _route_memo.clear()
-    _bump_routes_generation()
-    clear_plan_cache()
-
-
-def _load_env_file():
-    global _env_loaded
-    if _env_loaded:
-        return
-    _env_loaded = True
-    path = os.environ.get("CYGEMM_TUNING_CACHE")
-    if path and os.path.exists(path):
-        load_tuning(path)
-
-
-def save_tuning(path):
-    """Write the tuned choices to `path` (JSON), merged with those already there.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        The tuning file. Written atomically (a temporary file, then a rename). Entries of the
-        file that this process does not hold are kept when the file has the same format,
-        driver and cuBLASLt version; otherwise the file is replaced.
-
-    Returns
-    -------
-    int
-        How many entries the file holds now.
-
-    Raises
-    ------
-    OSError
-        The file or its folder cannot be written (nothing is left half-written).
-    """
-    path = os.fspath(path)
-    header = dict(format=_TUNING_FORMAT, **_versions())
-    merged = {}
-    try:
-        with open(path) as f:
-            old = json.load(f)
-        if isinstance(old, dict) and all(old.get(k) == v for k, v in header.items()):
-            merged = _entries_of(old)
-    except (OSError, ValueError, RecursionError):
-        pass
-    with _tuned_lock:
-        merged.update(_tuned)
-    entries = [{"gpu": g, "kind": kind, "key": list(key), "record": record}
-               for (g, kind, key), record in merged.items()]
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(dict(header, entries=entries), f)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return len(entries)
-
-
-def load_tuning(path):
-    """Add the tuned choices of a tuning file to this process's table.
-
-    A file that cannot be read or parsed, of another format, or made with another driver or
-    cuBLASLt version is ignored with a RuntimeWarning (its choices may not hold here);
-    entries of other GPU models are kept but only used on those GPUs. A stored cuBLASLt
-    algorithm is checked (cublasLtMatmulAlgoCheck) before its first use.
-
-    Parameters
-    ----------
-    path : str or os.PathLike
-        A file written by :func:`save_tuning` (or through ``CYGEMM_TUNING_CACHE``).
-
-    Returns
-    -------
-    int
-        How many entries were added (0 when the file was ignored).
-
-    Raises
-    ------
-    Nothing for a bad file: a missing, unreadable, corrupt or foreign one gives a
-    ``RuntimeWarning`` and is ignored.
-    """
-    path = os.fspath(path)
-    try:
-        with open(path) as f:
-            data = json.load(f)
-        if not isinstance(data, dict):
-            raise ValueError("not a JSON object")
-        header = dict(format=_TUNING_FORMAT, **_versions())
-        for k, v in header.items():
-            if data.get(k) != v:
-                warnings.warn(f"tuning file {path!r} ignored: it was made with {k}={data.get(k)!r}, "
-                              f"this process has {v!r}", RuntimeWarning, stacklevel=2)
-                return 0
-        if not isinstance(data.get("entries"), list):
-            raise ValueError("no list of entries")
-        added = _entries_of(data)       # malformed entries are skipped one by one
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as exc:
-        warnings.warn(f"tuning file {path!r} ignored: {type(exc).__name__}: {exc}", RuntimeWarning,
-                      stacklevel=2)
-        return 0
-    with _tuned_lock:
-        _tuned.update(added)
-    _route_memo.clear()
-    _bump_routes_generation()
-    clear_plan_cache()          # plans made before may now have a tuned choice
-    return len(added)

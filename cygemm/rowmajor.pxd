@@ -2,8 +2,9 @@
 from libc.stdint cimport int64_t
 from cygemm.cudart cimport cudaStream_t, cudaDataType
 from cygemm.cublas cimport cublasOperation_t, cublasComputeType_t
-from cygemm._core cimport GemmContext, MatrixView
-from cygemm.plans cimport ColMajorGemm
+from cygemm._types cimport MatrixView, ColMajorGemm
+from cygemm._context cimport GemmContext
+from cygemm._args cimport CallArgs
 
 
 cdef enum MapResult:
@@ -52,5 +53,7 @@ cdef int gemm_rowmajor_strided_batched(GemmContext* ctx, cudaStream_t stream,
                                        float beta, void* C, int64_t ldc, int64_t stride_c,
                                        int64_t batch) except -1 nogil
 
-# "tf32" / "fp32" for a dtype -> compute type; raises ValueError on an unknown name.
-cdef cublasComputeType_t compute_type_for(cudaDataType dtype, str math) except *
+# The argument path of gemm, gemm_strided_batched and GemmPlan: operands read into c (A, B,
+# out) and mapped to cuBLAS; out=None gives a row-major result whose pointer is NULL.
+cdef int read_gemm(CallArgs* c, object A, object B, object out, bint trans_a, bint trans_b,
+                   bint batched, double beta, ColMajorGemm* g) except -1

@@ -3,12 +3,16 @@
 array views to cuBLAS arguments, and the gemm/gemm_strided_batched surface over the plan layer."""
 from libc.stdint cimport int64_t, uintptr_t
 
-from cygemm.cudart cimport cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF
+from cygemm.cudart cimport cudaStream_t, cudaDataType
 from cygemm.cublas cimport *
-from cygemm._core cimport (GemmContext, MatrixView, check_cublas, current_context, bind_stream,
-                           view_from_object, stream_from_object, check_devices,
-                           check_no_overlap, stream_is_capturing, dtype_name, empty_array)
-from cygemm.plans cimport ColMajorGemm, run_gemm
+from cygemm._types cimport MatrixView, ColMajorGemm
+from cygemm._context cimport GemmContext
+from cygemm._arrays cimport dtype_name
+from cygemm._alloc cimport empty_array
+from cygemm._args cimport (CallArgs, args_init, add_array, add_view, prepare_call, expect_dtype,
+                           ARG_READ, ARG_WRITE)
+from cygemm._settings cimport autotune_level
+from cygemm.plans cimport run_gemm
 
 cdef int64_t INT32_MAX = 2147483647
 
@@ -150,7 +154,7 @@ cdef int gemm_rowmajor_strided_batched(GemmContext* ctx, cudaStream_t stream,
     _rowmajor_view(&c, C, m, n, ldc, stride_c, batch)
     map_rowmajor_gemm(&a, &b, &c, trans_a, trans_b, &g)   # row-major views always map
     g.strided_batched = True
-    return run_gemm(ctx, stream, &g, dtype, compute, &alpha, &beta)
+    return run_gemm(ctx, stream, &g, dtype, compute, &alpha, &beta, -1)
 
 
 cdef int gemm_rowmajor(GemmContext* ctx, cudaStream_t stream,
@@ -166,16 +170,7 @@ cdef int gemm_rowmajor(GemmContext* ctx, cudaStream_t stream,
     _rowmajor_view(&c, C, m, n, ldc, 0, 1)
     map_rowmajor_gemm(&a, &b, &c, trans_a, trans_b, &g)
     g.strided_batched = False
-    return run_gemm(ctx, stream, &g, dtype, compute, &alpha, &beta)
-
-
-cdef cublasComputeType_t compute_type_for(cudaDataType dtype, str math) except *:
-    if math == "tf32":
-        # TF32 applies to float32 inputs only; half types accumulate in fp32 either way.
-        return CUBLAS_COMPUTE_32F_FAST_TF32 if dtype == CUDA_R_32F else CUBLAS_COMPUTE_32F
-    if math == "fp32":
-        return CUBLAS_COMPUTE_32F
-    raise ValueError(f"math: expected 'tf32' or 'fp32', got {math!r}")
+    return run_gemm(ctx, stream, &g, dtype, compute, &alpha, &beta, -1)
 
 
 # ------------------------------------------------------------ Python surface
@@ -186,17 +181,17 @@ cdef str _shape_str(const MatrixView* v, bint batched):
     return f"({v.rows}, {v.cols})"
 
 
-cdef int _prepare(object A, object B, object out, bint trans_a, bint trans_b, bint batched,
-                  double beta, MatrixView* a_, MatrixView* b_, MatrixView* c,
-                  ColMajorGemm* g) except -1:
-    """Validate everything and map to cuBLAS (out=None: a row-major result). No GPU state."""
-    cdef MatrixView a, b
+cdef int read_gemm(CallArgs* c, object A, object B, object out, bint trans_a, bint trans_b,
+                   bint batched, double beta, ColMajorGemm* g) except -1:
+    """The argument path of gemm, gemm_strided_batched, GemmPlan and describe_gemm: read and
+    check the operands into c (A, B, then out) and map them to cuBLAS (out=None: a row-major
+    result, its pointer NULL until allocated). No GPU state."""
     cdef int min_nd = 2
     cdef int max_nd = 3 if batched else 2
-    view_from_object(A, &a, "A", min_nd, max_nd)
-    view_from_object(B, &b, "B", min_nd, max_nd)
-    if a.dtype != b.dtype:
-        raise TypeError(f"B: expected the dtype of A ({dtype_name(a.dtype)}), got {dtype_name(b.dtype)}")
+    args_init(c)
+    cdef MatrixView* a = add_array(c, A, b"A", ARG_READ, min_nd, max_nd)
+    cdef MatrixView* b = add_array(c, B, b"B", ARG_READ, min_nd, max_nd)
+    expect_dtype(b, b"B", a.dtype, "A")
     cdef int64_t M = a.cols if trans_a else a.rows
     cdef int64_t K = a.rows if trans_a else a.cols
     cdef int64_t K2 = b.cols if trans_b else b.rows
@@ -214,59 +209,51 @@ cdef int _prepare(object A, object B, object out, bint trans_a, bint trans_b, bi
         if b.batch == 1:
             b.batch_stride = 0
         a.batch = b.batch = batch
+    cdef MatrixView res
+    cdef MatrixView* cv
     if out is None:
         if beta != 0.0:
             raise ValueError(f"beta: a nonzero beta ({beta}) needs an existing out=, got out=None")
-        c.ptr = NULL
-        c.device = -1
-        c.rows, c.cols, c.row_stride, c.col_stride = M, N, N, 1
-        c.batch, c.batch_stride, c.dtype, c.itemsize = batch, M * N, a.dtype, a.itemsize
+        res.ptr = NULL
+        res.device = -1
+        res.rows, res.cols, res.row_stride, res.col_stride = M, N, N, 1
+        res.batch, res.batch_stride, res.dtype, res.itemsize = batch, M * N, a.dtype, a.itemsize
+        cv = add_view(c, &res, b"out", ARG_WRITE)
     else:
-        view_from_object(out, c, "out", max_nd, max_nd)
-        if c.dtype != a.dtype:
-            raise TypeError(f"out: expected dtype {dtype_name(a.dtype)}, got {dtype_name(c.dtype)}")
-        if c.rows != M or c.cols != N or c.batch != batch:
+        cv = add_array(c, out, b"out", ARG_WRITE, max_nd, max_nd)
+        expect_dtype(cv, b"out", a.dtype, None)
+        if cv.rows != M or cv.cols != N or cv.batch != batch:
             want = f"({batch}, {M}, {N})" if batched else f"({M}, {N})"
-            raise ValueError(f"out: expected shape {want}, got {_shape_str(c, batched)}")
-    map_or_raise(&a, &b, c, trans_a, trans_b, g, ("A", "B", "out"))
+            raise ValueError(f"out: expected shape {want}, got {_shape_str(cv, batched)}")
+    map_or_raise(a, b, cv, trans_a, trans_b, g, ("A", "B", "out"))
     if out is not None:
         check_batch_disjoint(g, "out")
     g.strided_batched = batched
-    a_[0], b_[0] = a, b
     return 0
 
 
 cdef object _run(object A, object B, object out, bint trans_a, bint trans_b, object alpha,
-                 object beta, str math, object stream, bint batched):
-    cdef MatrixView a, b, c
+                 object beta, str math, object stream, object autotune, bint batched):
+    cdef CallArgs c
     cdef ColMajorGemm g
     cdef float alpha_f = alpha, beta_f = beta
-    cdef cudaStream_t s
-    _prepare(A, B, out, trans_a, trans_b, batched, beta_f, &a, &b, &c, &g)
-    if out is not None:
-        check_no_overlap(&c, "out", &a, "A")
-        check_no_overlap(&c, "out", &b, "B")
-    cdef cublasComputeType_t compute = compute_type_for(c.dtype, math)
-    stream_from_object(stream, &s)
-    cdef GemmContext* ctx = current_context()
-    cdef const MatrixView* views[3]
-    views[0], views[1], views[2] = &a, &b, &c
-    check_devices(ctx, s, views, ["A", "B", "out"])   # out=None: c has no memory yet, skipped
+    read_gemm(&c, A, B, out, trans_a, trans_b, batched, beta_f, &g)
+    cdef int level = autotune_level(autotune)
+    cdef MatrixView* cv = &c.views[2]
+    prepare_call(&c, math, cv.dtype, stream)    # out=None: the result has no memory yet, skipped
     if out is None:
-        if stream_is_capturing(s):
-            raise RuntimeError("out: out=None would allocate device memory while the stream is being "
-                               "captured; pass out= (allocated before the capture)")
-        out = empty_array(((c.batch,) if batched else ()) + (c.rows, c.cols), c.dtype, s)
+        out = empty_array(((cv.batch,) if batched else ()) + (cv.rows, cv.cols), cv.dtype, c.stream,
+                          "out: out=None allocates the result; pass out=")
         g.c = <void*><uintptr_t>out.data.ptr
     if g.m == 0 or g.n == 0 or g.batch == 0:
         return out
     with nogil:
-        run_gemm(ctx, s, &g, c.dtype, compute, &alpha_f, &beta_f)
+        run_gemm(c.ctx, c.stream, &g, cv.dtype, c.compute, &alpha_f, &beta_f, level)
     return out
 
 
 def gemm(A, B, out=None, *, bint trans_a=False, bint trans_b=False, alpha=1.0, beta=0.0,
-         str math="tf32", stream=None):
+         str math="tf32", stream=None, autotune=None):
     """out = alpha * op(A) @ op(B) + beta * out, one cuBLAS GEMM on 2-D device arrays.
 
     Parameters
@@ -288,6 +275,9 @@ def gemm(A, B, out=None, *, bint trans_a=False, bint trans_b=False, alpha=1.0, b
     stream : optional
         None (CuPy's current stream), a CuPy or torch stream, an object with
         ``__cuda_stream__``, or an int ``cudaStream_t``. The GEMM is enqueued there.
+    autotune : {None, "off", "auto", "exhaustive"}
+        How a large problem's algorithm is chosen the first time (None: the option's, see
+        :func:`cygemm.set_options`).
 
     Returns
     -------
@@ -298,24 +288,26 @@ def gemm(A, B, out=None, *, bint trans_a=False, bint trans_b=False, alpha=1.0, b
     ------
     ValueError
         Shapes that do not multiply, a layout cuBLAS cannot read in place, an ``out`` that
-        overlaps A or B, arrays or stream of another device, ``out=None`` with a nonzero beta
-        or while the stream is being captured.
+        overlaps A or B, arrays or stream of another device, ``out=None`` with a nonzero beta.
     TypeError
         Not a device array, an unsupported or mismatched dtype.
+    CaptureError
+        ``out=None`` while the stream is being captured (it would allocate).
     CublasError, CudaError
         A failed cuBLAS/CUDA call, naming the status and the call.
 
     Notes
     -----
     With ``out`` given it allocates nothing and can be captured into a CUDA graph. Problems
-    of at least ``CYGEMM_AUTOTUNE_MIN_MACS`` multiply-adds run the fastest of cuBLASLt's
-    candidates and ``cublasGemmEx``, timed once (see ``cygemm.plans``).
+    of at least ``autotune_min_macs`` multiply-adds (an option) run the fastest of cuBLASLt's
+    candidates and ``cublasGemmEx``, timed once and kept in the tuning file (see
+    ``cygemm.tuning``). For a plan you hold and tune yourself, see :class:`cygemm.GemmPlan`.
     """
-    return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, False)
+    return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, autotune, False)
 
 
 def gemm_strided_batched(A, B, out=None, *, bint trans_a=False, bint trans_b=False, alpha=1.0,
-                         beta=0.0, str math="tf32", stream=None):
+                         beta=0.0, str math="tf32", stream=None, autotune=None):
     """out[i] = alpha * op(A[i]) @ op(B[i]) + beta * out[i] for every i of a batch.
 
     Parameters
@@ -326,7 +318,7 @@ def gemm_strided_batched(A, B, out=None, *, bint trans_a=False, bint trans_b=Fal
     out : device array, optional
         (batch, M, N); any batch stride whose matrices do not overlap. None: a new C-ordered
         CuPy array.
-    trans_a, trans_b, alpha, beta, math, stream
+    trans_a, trans_b, alpha, beta, math, stream, autotune
         As in :func:`gemm`.
 
     Returns
@@ -348,7 +340,7 @@ def gemm_strided_batched(A, B, out=None, *, bint trans_a=False, bint trans_b=Fal
     another, a timed cuBLASLt batched plan). For NumPy's ``matmul`` rules (N-D broadcasting,
     1-D operands) use :func:`cygemm.matmul`.
     """
-    return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, True)
+    return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, autotune, True)
 
 
 _OPS = {CUBLAS_OP_N: "N", CUBLAS_OP_T: "T"}
@@ -356,9 +348,9 @@ _OPS = {CUBLAS_OP_N: "N", CUBLAS_OP_T: "T"}
 
 def describe_gemm(A, B, out, *, bint trans_a=False, bint trans_b=False, bint batched=False):
     """The cuBLAS arguments cygemm would pass for this call, as a dict. Launches nothing."""
-    cdef MatrixView a, b, c
+    cdef CallArgs c
     cdef ColMajorGemm g
-    _prepare(A, B, out, trans_a, trans_b, batched, 0.0, &a, &b, &c, &g)
+    read_gemm(&c, A, B, out, trans_a, trans_b, batched, 0.0, &g)
     return dict(opa=_OPS[g.opa], opb=_OPS[g.opb], m=g.m, n=g.n, k=g.k,
                 a=<uintptr_t>g.a, lda=g.lda, stride_a=g.stride_a,
                 b=<uintptr_t>g.b, ldb=g.ldb, stride_b=g.stride_b,

@@ -1,15 +1,9 @@
-# The C-level core: errors, per-(device, thread) handles, streams and array
-# views. Other Cython code cimports this; nothing here calls back into Python
-# on the hot path except to raise.
-from libc.stdint cimport int64_t
-from cygemm.cudart cimport cudaError_t, cudaStream_t, cudaEvent_t, cudaDataType
-from cygemm.cublas cimport cublasHandle_t, cublasStatus_t
+# Per (device, thread): handles, per-stream workspaces, the release queue, capture tracking and
+# streams. Other Cython code cimports this; nothing here calls back into Python on the hot
+# path except to raise.
+from cygemm.cudart cimport cudaError_t, cudaStream_t, cudaEvent_t
+from cygemm.cublas cimport cublasHandle_t
 from cygemm.cublaslt cimport cublasLtHandle_t
-
-
-# Re-take the GIL only to raise: the checks stay cheap on the hot path.
-cdef int check_cuda(cudaError_t status, const char* call) except -1 nogil
-cdef int check_cublas(cublasStatus_t status, const char* call) except -1 nogil
 
 
 # A cuBLAS/cuBLASLt workspace (also the backward's scratch) and the stream it belongs to.
@@ -73,54 +67,25 @@ cdef int join_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t side, cud
 cdef void defer_free(void* ptr) noexcept nogil
 
 
-# A strided (batch, rows, cols) device array; strides in elements. 2-D arrays
-# have batch 1 and batch_stride 0, which is also how an operand is broadcast.
-ctypedef struct MatrixView:
-    char* ptr
-    int64_t batch
-    int64_t rows
-    int64_t cols
-    int64_t batch_stride
-    int64_t row_stride
-    int64_t col_stride
-    cudaDataType dtype
-    int itemsize
-    int device          # the memory's device as the array object says, -1: ask CUDA
 
+# What the release queue frees or destroys (see defer_release).
+cdef enum ReleaseKind:
+    RELEASE_WORKSPACE = 0
+    RELEASE_BLAS = 1
+    RELEASE_LT = 2
+    RELEASE_GRAPH_EXEC = 3
+    RELEASE_GRAPH = 4
 
-cdef enum:
-    MAX_NDIM = 64
+# Release now if no capture is known to be open, else once none is (cudaFree, cublasDestroy
+# and cudaGraphDestroy may invalidate captures other threads have open).
+cdef void defer_release(ReleaseKind kind, int device, void* ptr) noexcept nogil
 
-# Any device array as read once from its object: strides in elements.
-ctypedef struct ArrayDesc:
-    char* ptr
-    int ndim
-    int64_t shape[64]
-    int64_t strides[64]
-    cudaDataType dtype
-    int itemsize
-    int device          # as the array object says, -1: ask CUDA
-
-
-# Python boundary helpers, used by the other modules of the package.
-# wide: accept float64 too (else float32, float16, bfloat16).
-cdef int read_array(object x, ArrayDesc* d, str name, bint wide) except -1
-cdef tuple desc_shape(const ArrayDesc* d)
-cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1
+# The stream an argument names: None (CuPy's current stream), an int cudaStream_t, or an
+# object of CuPy, torch or the CUDA stream protocol.
 cdef int stream_from_object(object stream, cudaStream_t* out) except -1
 cdef bint stream_is_capturing(cudaStream_t stream) except -1 nogil
-# With several GPUs, refuse a stream or a non-empty array of another device than the
-# context's: one check for every entry point, correct during capture and for empty views.
-cdef int check_devices(GemmContext* ctx, cudaStream_t stream, const MatrixView** views, list names) except -1
-# Refuse an output whose memory overlaps another array the call reads or writes
-# (cuBLAS and our kernels assume it does not). Exact for two 2-D views with the
-# same leading dimension (column blocks of one buffer do not overlap), conservative
-# (address ranges) otherwise. Empty views overlap nothing.
-# Whether two views share memory (exact for 2-D views of one leading dimension).
-cdef bint views_overlap(const MatrixView* x, const MatrixView* y) noexcept nogil
-cdef int check_no_overlap(const MatrixView* out, str out_name, const MatrixView* other,
-                          str other_name) except -1
-cdef object dtype_name(cudaDataType dtype)
-# A new C-ordered CuPy array from CuPy's pool on `stream`, so that its memory is ordered with
-# the work the caller enqueues there.
-cdef object empty_array(tuple shape, cudaDataType dtype, cudaStream_t stream)
+# The stream's device; left as given when only a call that would break the stream's capture
+# could tell.
+cdef int stream_device(cudaStream_t stream, int* device) except -1
+# How many GPUs there are (-1 until the first context is made).
+cdef int known_device_count() noexcept nogil

@@ -1,10 +1,13 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Errors, handles, streams and array views: the core every cygemm module uses."""
-import contextlib
+"""Per (device, thread): the cuBLAS/cuBLASLt handles, per-stream workspaces, the queue of
+releases that wait for open captures to end, capture tracking and streams.
+
+Everything here is owned by one object per (device, thread), _Context; nothing else creates or
+frees a handle or a workspace. Graphs hand their teardown to the same release queue.
+"""
 import threading
 
-from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
-from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport realloc, free
 from libc.string cimport memset
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_acquire_lock,
@@ -13,14 +16,15 @@ from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThr
 from cygemm.cudart cimport *
 from cygemm.cublas cimport *
 from cygemm.cublaslt cimport cublasLtHandle_t, cublasLtCreate, cublasLtDestroy, cublasLtGetVersion
+from cygemm._errors cimport check_cuda, check_cublas, check_driver
+from cygemm._errors import CudaError
+from cygemm._settings cimport options
 
 try:
     import cupy as _cupy
-    _cupy_ndarray = _cupy.ndarray
     _current_stream = _cupy.cuda.get_current_stream
 except ImportError:  # cupy is needed only for allocating forms and stream=None
     _cupy = None
-    _cupy_ndarray = None
     _current_stream = None
 
 # cuBLAS recommends 32 MiB of workspace on Hopper; smaller chips use less.
@@ -28,64 +32,7 @@ cdef enum:
     WORKSPACE_BYTES = 32 * 1024 * 1024
 
 
-# ---------------------------------------------------------------- errors
-
-class CygemmError(RuntimeError):
-    """A CUDA, cuBLAS or cuBLASLt call failed."""
-
-
-class CudaError(CygemmError):
-    def __init__(self, int status, str call):
-        self.status = status
-        self.call = call
-        self.name = cudaGetErrorName(<cudaError_t>status).decode()
-        super().__init__(f"{call} failed with {self.name} ({status}): "
-                         f"{cudaGetErrorString(<cudaError_t>status).decode()}")
-
-    def __reduce__(self):
-        return (type(self), (self.status, self.call))
-
-
-class CublasError(CygemmError):
-    def __init__(self, int status, str call):
-        self.status = status
-        self.call = call
-        self.name = cublasGetStatusName(<cublasStatus_t>status).decode()
-        super().__init__(f"{call} failed with {self.name} ({status}): "
-                         f"{cublasGetStatusString(<cublasStatus_t>status).decode()}")
-
-    def __reduce__(self):
-        return (type(self), (self.status, self.call))
-
-
-cdef int check_cuda(cudaError_t status, const char* call) except -1 nogil:
-    if status == cudaSuccess:
-        return 0
-    with gil:
-        cudaGetLastError()  # clear the sticky-free error so the next call starts clean
-        raise CudaError(<int>status, call.decode())
-
-
-cdef int check_cublas(cublasStatus_t status, const char* call) except -1 nogil:
-    if status == CUBLAS_STATUS_SUCCESS:
-        return 0
-    with gil:
-        raise CublasError(<int>status, call.decode())
-
-
 # ---------------------------------------------------------------- handles
-
-cdef int _max_eager_workspaces() except -1:
-    import os
-    value = os.environ.get("CYGEMM_MAX_STREAM_WORKSPACES", "8")
-    try:
-        n = int(value)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise ValueError(f"CYGEMM_MAX_STREAM_WORKSPACES: expected an integer >= 1, got {value!r}")
-    return n
-
 
 cdef void _free_relaxed(void* ptr) noexcept nogil:
     """cudaFree in relaxed capture mode (allowed while this thread captures elsewhere).
@@ -111,16 +58,19 @@ cdef class _Context:
     def __cinit__(self, int device):
         self.ctx.device = device
         self.ctx.workspace_bytes = WORKSPACE_BYTES
-        self.ctx.max_eager = _max_eager_workspaces()
+        self.ctx.max_eager = options().max_stream_workspaces
         cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
-        # Creating handles may allocate: allowed even while another stream of
-        # this thread is being captured.
+        cdef cublasStatus_t st_blas, st_lt = CUBLAS_STATUS_SUCCESS
+        # Creating handles may allocate: allowed even while another stream of this thread is
+        # being captured. It loads cuBLAS's kernels (tens of ms): without the GIL.
         check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode")
-        try:
-            check_cublas(cublasCreate(&self.ctx.blas), "cublasCreate")
-            check_cublas(cublasLtCreate(&self.ctx.lt), "cublasLtCreate")
-        finally:
+        with nogil:
+            st_blas = cublasCreate(&self.ctx.blas)
+            if st_blas == CUBLAS_STATUS_SUCCESS:
+                st_lt = cublasLtCreate(&self.ctx.lt)
             cudaThreadExchangeStreamCaptureMode(&mode)
+        check_cublas(st_blas, "cublasCreate")
+        check_cublas(st_lt, "cublasLtCreate")
 
     cdef void release(self, bint now) noexcept nogil:
         """Free (now) or queue (at thread exit: other threads may be capturing) the workspaces
@@ -164,14 +114,11 @@ cdef class _Context:
 
 # What waits to be released: workspaces of captures once their graph is gone (CUDA runs a
 # user object's destructor on its own thread, where no CUDA call may be made), evicted ones,
-# and the workspaces and cuBLAS/cuBLASLt handles of ended threads (cublasDestroy synchronizes
-# the device, as cudaFree does, so it would invalidate captures other threads have open). The
-# next workspace allocation or thread end releases the queue when no capture is known to be
+# the workspaces and cuBLAS/cuBLASLt handles of ended threads (cublasDestroy synchronizes
+# the device, as cudaFree does, so it would invalidate captures other threads have open), and
+# dropped CUDA graphs (destroying one may invalidate an open capture). The next workspace
+# allocation, thread end or capture end releases the queue when no capture is known to be
 # open; release_workspaces() releases it regardless.
-cdef enum _ReleaseKind:
-    RELEASE_WORKSPACE = 0
-    RELEASE_BLAS = 1
-    RELEASE_LT = 2
 
 ctypedef struct _Deferred:
     int kind
@@ -213,6 +160,15 @@ cdef void _release_now(_Deferred item) noexcept nogil:
         _free_relaxed(item.ptr)
         return
     cudaThreadExchangeStreamCaptureMode(&mode)
+    if item.kind == RELEASE_GRAPH_EXEC or item.kind == RELEASE_GRAPH:
+        # Relaxed: a graph is often dropped inside the next capture of this thread
+        # (`with capture(s) as g` rebinds g); destroying it is an "unsafe" call.
+        if item.kind == RELEASE_GRAPH_EXEC:
+            cudaGraphExecDestroy(<cudaGraphExec_t>item.ptr)
+        else:
+            cudaGraphDestroy(<cudaGraph_t>item.ptr)
+        cudaThreadExchangeStreamCaptureMode(&mode)
+        return
     if cudaGetDevice(&current) == cudaSuccess and current != item.device:
         cudaSetDevice(item.device)
     if item.kind == RELEASE_BLAS:
@@ -225,8 +181,26 @@ cdef void _release_now(_Deferred item) noexcept nogil:
 
 
 cdef void _free_deferred() noexcept nogil:
+    """Release the queue, graphs first (destroying one releases the workspaces it owns into
+    the queue, once CUDA runs their destructors)."""
     global _n_deferred
     cdef _Deferred item
+    cdef int i, found
+    while True:
+        found = -1
+        PyThread_acquire_lock(_deferred_lock, WAIT_LOCK)
+        for i in range(_n_deferred):
+            if _deferred[i].kind == RELEASE_GRAPH_EXEC or _deferred[i].kind == RELEASE_GRAPH:
+                found = i
+                break
+        if found < 0:
+            PyThread_release_lock(_deferred_lock)
+            break
+        item = _deferred[found]
+        _deferred[found] = _deferred[_n_deferred - 1]
+        _n_deferred -= 1
+        PyThread_release_lock(_deferred_lock)
+        _release_now(item)
     while True:
         PyThread_acquire_lock(_deferred_lock, WAIT_LOCK)
         if _n_deferred == 0:
@@ -238,10 +212,19 @@ cdef void _free_deferred() noexcept nogil:
         _release_now(item)
 
 
-def pending_workspace_frees():
-    """How many workspaces and handles wait to be released (for tests)."""
-    return _n_deferred
+cdef void defer_release(ReleaseKind kind, int device, void* ptr) noexcept nogil:
+    _defer_release(kind, device, ptr)
+    _drain_if_safe()
 
+
+cdef void _drain_if_safe() noexcept nogil:
+    if _n_open_captures == 0:
+        _free_deferred()
+
+
+def pending_workspace_frees():
+    """How many workspaces, handles and graphs wait to be released (for tests)."""
+    return _n_deferred
 
 # Captures cygemm knows to be open, as (stream, capture id): those of cygemm.graph.capture
 # from begin to end, and any other capture from cygemm's first call in it until a later
@@ -278,56 +261,23 @@ def note_capture(stream):
 def open_capture_count():
     """How many captures cygemm knows to be open (see note_capture)."""
     return _n_open_captures
-
-
-# Graphs dropped while captures were open: destroying one then may invalidate them.
-_pending_graphs = []
-cdef int _n_pending_graphs = 0
-
-
-def destroy_graph_when_safe(uintptr_t exec_, uintptr_t graph):
-    """Destroy a CUDA graph and its executable graph now, or once no capture is known open."""
-    global _n_pending_graphs
-    if exec_ or graph:
-        _pending_graphs.append((exec_, graph))
-        _n_pending_graphs = len(_pending_graphs)
-    if _n_open_captures == 0:
-        _destroy_pending_graphs()
-
-
-cdef void _destroy_pending_graphs() noexcept with gil:
-    global _n_pending_graphs
-    cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
-    while _pending_graphs:
-        e, g = _pending_graphs.pop()
-        _n_pending_graphs = len(_pending_graphs)
-        # Relaxed: a graph is often dropped inside the next capture of this thread
-        # (`with capture(s) as g` rebinds g); destroying it is an "unsafe" call.
-        cudaThreadExchangeStreamCaptureMode(&mode)
-        if e:
-            cudaGraphExecDestroy(<cudaGraphExec_t><uintptr_t>e)
-        if g:
-            cudaGraphDestroy(<cudaGraph_t><uintptr_t>g)
-        cudaThreadExchangeStreamCaptureMode(&mode)
-
-
-cdef void _drain_if_safe() noexcept nogil:
-    if _n_open_captures == 0:
-        if _n_pending_graphs:
-            _destroy_pending_graphs()
-        _free_deferred()
-
-
 cdef object _tls = threading.local()
 cdef int _device_count = -1
 
 
 def device_count():
-    """Number of visible CUDA devices (cached); raises CudaError without a driver."""
+    """Number of visible CUDA devices (cached): 0 where there is no driver or no GPU
+    (:func:`cygemm.gpu_unavailable_reason` says why); CudaError for other failures."""
     global _device_count
     cdef int n = 0
+    cdef cudaError_t err
     if _device_count < 0:
-        check_cuda(cudaGetDeviceCount(&n), "cudaGetDeviceCount")
+        err = cudaGetDeviceCount(&n)
+        if err == cudaErrorNoDevice or err == cudaErrorInsufficientDriver:
+            cudaGetLastError()
+            n = 0
+        else:
+            check_cuda(err, "cudaGetDeviceCount")
         _device_count = n
     return _device_count
 
@@ -394,58 +344,32 @@ cdef GemmContext* current_context() except NULL:
             cg_tls_generation = _contexts_generation
         cg_tls_context[device] = <void*>&owner.ctx
     return &owner.ctx
+_keepalive_providers = []
 
 
-# Buffers of ensure_workspaces (the backward's dZ, a cuBLASLt workspace), one set per
-# (device, stream, name, shape, dtype): work on one stream is serial, so they are never used
-# by two kernels at once. Allocated on that stream; process-wide, under a lock.
-_stream_buffers = {}
-_stream_buffers_lock = threading.Lock()
-
-
-def stream_buffer(str name, tuple shape, dtype, stream=None):
-    """The cached CuPy buffer `name` of this shape and dtype for `stream` on the current device,
-    allocated (on that stream) the first time. Refused while the stream is being captured."""
-    cdef cudaStream_t s
-    stream_from_object(stream, &s)
-    cdef int device = 0
-    check_cuda(cudaGetDevice(&device), "cudaGetDevice")
-    key = (device, <uintptr_t>s, name, shape, str(dtype))
-    with _stream_buffers_lock:
-        buf = _stream_buffers.get(key)
-        if buf is None:
-            if stream_is_capturing(s):
-                raise RuntimeError(f"{name}: allocating it would break the stream's capture; call "
-                                   "ensure_workspaces once on this stream before capturing")
-            if _cupy is None:
-                raise RuntimeError("ensure_workspaces needs CuPy to allocate")
-            buf = _empty_on(shape, dtype, <uintptr_t>s)
-            _stream_buffers[key] = buf
-        return buf
-
-
-def all_stream_buffers():
-    """Every cached buffer: what a graph captured now may use (a buffer made for one stream
-    may be passed to a call on another)."""
-    with _stream_buffers_lock:
-        return list(_stream_buffers.values())
-
-
-def clear_stream_buffers():
-    """Forget every cached buffer; a graph that uses one keeps it alive."""
-    with _stream_buffers_lock:
-        _stream_buffers.clear()
-
-
-def stream_buffer_keys():
-    with _stream_buffers_lock:
-        return list(_stream_buffers)
+def add_capture_keepalive(provider):
+    """Register `provider()`, which returns objects a graph captured now must keep alive
+    (layers above register their buffer caches here, so that this module names none of them)."""
+    _keepalive_providers.append(provider)
 
 
 def graph_keepalive():
     """What a graph captured now must keep alive besides its own workspaces: this thread's
-    contexts (the handles its cuBLAS calls were recorded with)."""
-    return list(getattr(_tls, "contexts", {}).values())
+    contexts (the handles its cuBLAS calls were recorded with) and what the registered
+    providers give."""
+    keep = list(getattr(_tls, "contexts", {}).values())
+    for provider in _keepalive_providers:
+        keep.extend(provider())
+    return keep
+
+
+def destroy_graph_when_safe(uintptr_t exec_, uintptr_t graph):
+    """Destroy a CUDA graph and its executable graph now, or once no capture is known open."""
+    if exec_:
+        _defer_release(RELEASE_GRAPH_EXEC, -1, <void*>exec_)
+    if graph:
+        _defer_release(RELEASE_GRAPH, -1, <void*>graph)
+    _drain_if_safe()
 
 
 def release_workspaces():
@@ -460,7 +384,6 @@ def release_workspaces():
     cdef _Context owner
     for owner in getattr(_tls, "contexts", {}).values():
         owner.release(True)
-    _destroy_pending_graphs()     # their workspaces are freed once CUDA runs the destructors
     _free_deferred()
 
 
@@ -473,7 +396,6 @@ def context_info():
     return dict(device=ctx.device, blas=<uintptr_t>ctx.blas, lt=<uintptr_t>ctx.lt,
                 workspaces=ctx.n_workspaces, eager_workspaces=eager, capture_workspaces=ctx.n_workspaces - eager,
                 max_eager_workspaces=ctx.max_eager, workspace_bytes=ctx.workspace_bytes)
-
 
 cdef int _capture_info(cudaStream_t stream, unsigned long long* cid, cudaGraph_t* graph) except -1 nogil:
     """cid: the id of the capture under way on `stream`, 0 if none; graph: its graph."""
@@ -664,7 +586,6 @@ cdef int bind_stream(GemmContext* ctx, cudaStream_t stream) except -1 nogil:
     ctx.bound = True
     return 0
 
-
 # ---------------------------------------------------------------- streams
 
 cdef object _cupy_current_stream_ptr():
@@ -716,231 +637,6 @@ def stream_pointer(stream=None):
     stream_from_object(stream, &s)
     return <uintptr_t>s
 
-
-# ---------------------------------------------------------------- arrays
-
-cdef extern from *:
-    """
-    /* DLPack v0.x ABI, enough to read a tensor's description. */
-    typedef struct { int32_t device_type; int32_t device_id; } cg_DLDevice;
-    typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } cg_DLDataType;
-    typedef struct {
-        void* data; cg_DLDevice device; int32_t ndim; cg_DLDataType dtype;
-        int64_t* shape; int64_t* strides; uint64_t byte_offset;
-    } cg_DLTensor;
-    """
-    ctypedef struct cg_DLDevice:
-        int32_t device_type
-        int32_t device_id
-    ctypedef struct cg_DLDataType:
-        uint8_t code
-        uint8_t bits
-        uint16_t lanes
-    ctypedef struct cg_DLTensor:
-        void* data
-        cg_DLDevice device
-        int32_t ndim
-        cg_DLDataType dtype
-        int64_t* shape
-        int64_t* strides
-        uint64_t byte_offset
-
-cdef enum:
-    DL_FLOAT = 2
-    DL_BFLOAT = 4
-    DL_CUDA = 2
-
-# typestr -> (cudaDataType, itemsize); float64 only where the caller accepts it (wide).
-_DTYPES = {"<f4": (CUDA_R_32F, 4), "<f2": (CUDA_R_16F, 2)}
-_WIDE_DTYPES = {"<f4": (CUDA_R_32F, 4), "<f2": (CUDA_R_16F, 2), "<f8": (CUDA_R_64F, 8)}
-_F32, _F16, _F64 = _DTYPES["<f4"], _DTYPES["<f2"], _WIDE_DTYPES["<f8"]
-import numpy as _np
-_NP_F32, _NP_F16 = _np.dtype("float32"), _np.dtype("float16")
-
-
-cdef object dtype_name(cudaDataType dtype):
-    if dtype == CUDA_R_32F:
-        return "float32"
-    if dtype == CUDA_R_16F:
-        return "float16"
-    if dtype == CUDA_R_16BF:
-        return "bfloat16"
-    if dtype == CUDA_R_64F:
-        return "float64"
-    return f"cudaDataType {<int>dtype}"
-
-
-cdef str _expected(bint wide):
-    return "float16, bfloat16, float32 or float64" if wide else "float32 or float16"
-
-
-cdef int _fill_desc(ArrayDesc* d, str name, uintptr_t ptr, tuple shape, object strides, int itemsize,
-                    int device) except -1:
-    cdef int ndim = len(shape), i
-    if ndim > MAX_NDIM:
-        raise ValueError(f"{name}: expected at most {MAX_NDIM} dimensions, got {ndim}")
-    cdef int64_t expect = 1
-    d.ptr, d.ndim, d.itemsize, d.device = <char*>ptr, ndim, itemsize, device
-    # C-contiguous; also for an empty array, whose strides are meaningless (CuPy gives 0s).
-    if strides is None or 0 in shape:
-        for i in range(ndim - 1, -1, -1):
-            d.shape[i] = shape[i]
-            d.strides[i] = expect
-            expect *= d.shape[i]
-        return 0
-    cdef int64_t st
-    for i in range(ndim):
-        d.shape[i] = shape[i]
-        st = strides[i]
-        if st % itemsize:
-            raise ValueError(f"{name}: stride {st} bytes on axis {i} is not a multiple "
-                             f"of the element size ({itemsize} bytes)")
-        d.strides[i] = st // itemsize
-    return 0
-
-
-cdef tuple desc_shape(const ArrayDesc* d):
-    return tuple([d.shape[i] for i in range(d.ndim)])
-
-
-cdef int read_array(object x, ArrayDesc* d, str name, bint wide) except -1:
-    """Read pointer, shape, strides, dtype and device of a device array, once, without touching
-    the GPU. wide: float64 too (else float32, float16, bfloat16)."""
-    cdef object dt
-    if _cupy_ndarray is not None and type(x) is _cupy_ndarray:    # fast path: no dict built
-        dt_obj = x.dtype
-        # NumPy's builtin dtypes are singletons: identity beats building dtype.str.
-        dt = _F32 if dt_obj is _NP_F32 else (_F16 if dt_obj is _NP_F16 else (
-            _WIDE_DTYPES if wide else _DTYPES).get(dt_obj.str))
-        if dt is None:
-            raise TypeError(f"{name}: expected {_expected(wide)}, got {x.dtype}")
-        d.dtype = <cudaDataType>(<int>dt[0])
-        mem = x.data        # its device_id spares check_devices a cudaPointerGetAttributes
-        return _fill_desc(d, name, mem.ptr, x.shape, x.strides, dt[1], mem.device_id)
-    if _torch_tensor is not None and isinstance(x, _torch_tensor):
-        return _read_torch(x, d, name, wide)
-    if _torch_tensor is None and type(x).__module__.startswith("torch") and _find_torch():
-        return read_array(x, d, name, wide)
-    cdef object cai
-    try:
-        cai = x.__cuda_array_interface__
-    except AttributeError:
-        cai = None
-    except (TypeError, BufferError, RuntimeError):  # e.g. torch bfloat16: use DLPack
-        cai = None
-    if cai is not None:
-        dt = (_WIDE_DTYPES if wide else _DTYPES).get(cai["typestr"])
-        if dt is None and hasattr(x, "__dlpack__"):
-            # CAI has no bfloat16 typestr (torch says '<V2'); DLPack names it.
-            return _read_dlpack(x, d, name, wide)
-        if dt is None:
-            raise TypeError(f"{name}: expected {_expected(wide)}, got typestr {cai['typestr']!r}")
-        d.dtype = <cudaDataType>(<int>dt[0])
-        return _fill_desc(d, name, cai["data"][0], tuple(cai["shape"]), cai.get("strides"), dt[1], -1)
-    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
-        return _read_dlpack(x, d, name, wide)
-    raise TypeError(f"{name}: expected a CUDA device array (__cuda_array_interface__ or DLPack "
-                    f"on a CUDA device), got {type(x).__module__}.{type(x).__name__}")
-
-
-cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1:
-    """A (batch, rows, cols) view of a device array of min_ndim..max_ndim (<= 3) dimensions;
-    a 1-D array is one row."""
-    cdef ArrayDesc d
-    read_array(x, &d, name, False)
-    cdef int ndim = d.ndim
-    if ndim < min_ndim or ndim > max_ndim:
-        want = f"{min_ndim}-D" if min_ndim == max_ndim else f"{min_ndim}-D or {max_ndim}-D"
-        raise ValueError(f"{name}: expected a {want} array, got {ndim}-D with shape {desc_shape(&d)}")
-    view.ptr, view.itemsize, view.device, view.dtype = d.ptr, d.itemsize, d.device, d.dtype
-    if ndim == 1:                             # a vector is one row
-        view.rows, view.cols = 1, d.shape[0]
-        view.row_stride, view.col_stride = d.shape[0], d.strides[0]
-        view.batch, view.batch_stride = 1, 0
-        return 0
-    view.rows, view.cols = d.shape[ndim - 2], d.shape[ndim - 1]
-    view.row_stride, view.col_stride = d.strides[ndim - 2], d.strides[ndim - 1]
-    if ndim == 3:
-        view.batch, view.batch_stride = d.shape[0], d.strides[0]
-    else:
-        view.batch, view.batch_stride = 1, 0
-    return 0
-
-
-# torch tensors are read through their attributes: torch's __cuda_array_interface__
-# and __dlpack__ cost several microseconds a call, refuse tensors that require grad
-# (CAI) or cannot name bfloat16 (CAI).
-cdef object _torch_tensor = None
-cdef dict _torch_dtypes = None
-cdef object _torch_f64 = None
-
-
-cdef bint _find_torch() except -1:
-    global _torch_tensor, _torch_dtypes, _torch_f64
-    import sys
-    torch = sys.modules.get("torch")
-    if torch is None or not hasattr(torch, "Tensor"):
-        return False
-    _torch_dtypes = {torch.float32: (CUDA_R_32F, 4), torch.float16: (CUDA_R_16F, 2),
-                     torch.bfloat16: (CUDA_R_16BF, 2)}
-    _torch_f64 = torch.float64
-    _torch_tensor = torch.Tensor
-    return True
-
-
-cdef int _read_torch(object x, ArrayDesc* d, str name, bint wide) except -1:
-    if not x.is_cuda:
-        raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {x.device}")
-    dt = _torch_dtypes.get(x.dtype)
-    if dt is None and wide and x.dtype == _torch_f64:
-        dt = _F64
-    if dt is None:
-        raise TypeError(f"{name}: expected {_expected(wide).replace('float32 or float16', 'float32, float16 or bfloat16')}, "
-                        f"got {x.dtype}")
-    d.dtype = <cudaDataType>(<int>dt[0])
-    itemsize = dt[1]
-    strides = tuple([st * itemsize for st in x.stride()])
-    return _fill_desc(d, name, x.data_ptr(), tuple(x.shape), strides, itemsize, x.get_device())
-
-
-cdef int _read_dlpack(object x, ArrayDesc* d, str name, bint wide) except -1:
-    dev = x.__dlpack_device__()
-    if int(dev[0]) != DL_CUDA:
-        raise TypeError(f"{name}: expected an array on a CUDA device, got "
-                        f"{type(x).__module__}.{type(x).__name__} on DLPack device type {dev[0]}")
-    # The capsule keeps its own reference; x outlives this call, so the memory does too.
-    capsule = x.__dlpack__(stream=-1)
-    if not PyCapsule_IsValid(capsule, b"dltensor"):
-        raise TypeError(f"{name}: __dlpack__ returned no 'dltensor' capsule")
-    cdef cg_DLTensor* t = <cg_DLTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
-    cdef int itemsize
-    if t.dtype.lanes == 1 and t.dtype.bits == 16 and t.dtype.code == DL_BFLOAT:
-        d.dtype = CUDA_R_16BF
-    elif t.dtype.lanes == 1 and t.dtype.bits == 16 and t.dtype.code == DL_FLOAT:
-        d.dtype = CUDA_R_16F
-    elif t.dtype.lanes == 1 and t.dtype.bits == 32 and t.dtype.code == DL_FLOAT:
-        d.dtype = CUDA_R_32F
-    elif wide and t.dtype.lanes == 1 and t.dtype.bits == 64 and t.dtype.code == DL_FLOAT:
-        d.dtype = CUDA_R_64F
-    else:
-        raise TypeError(f"{name}: expected {_expected(wide).replace('float32 or float16', 'float32, float16 or bfloat16')}, "
-                        f"got DLPack dtype (code={t.dtype.code}, bits={t.dtype.bits}, lanes={t.dtype.lanes})")
-    itemsize = t.dtype.bits // 8
-    shape = tuple([t.shape[i] for i in range(t.ndim)])
-    strides = None if t.strides == NULL else tuple([t.strides[i] * itemsize for i in range(t.ndim)])
-    return _fill_desc(d, name, <uintptr_t>t.data + t.byte_offset, shape, strides, itemsize,
-                      t.device.device_id)
-
-
-def describe_array(x, str name="x"):
-    """How cygemm reads `x`: dict of ptr, batch, rows, cols, strides (elements), dtype."""
-    cdef MatrixView v
-    view_from_object(x, &v, name, 2, 3)
-    return dict(ptr=<uintptr_t>v.ptr, batch=v.batch, rows=v.rows, cols=v.cols,
-                batch_stride=v.batch_stride, row_stride=v.row_stride, col_stride=v.col_stride,
-                dtype=dtype_name(v.dtype))
-
-
 # The stream's device, through the driver: cudaStreamGetDevice (cuStreamGetDevice) is
 # refused while the stream is being captured (cudaErrorStreamCaptureUnsupported, seen on a
 # two-GPU H200 host), cuStreamGetCtx is not. Looked up once, when there are several GPUs.
@@ -967,7 +663,7 @@ cdef int _load_driver_entry_points() except -1:
     return 0
 
 
-cdef int _stream_device(cudaStream_t stream, int* device) except -1:
+cdef int stream_device(cudaStream_t stream, int* device) except -1:
     """The stream's device; left as given (unchecked) when only cudaStreamGetDevice could
     tell and the stream is capturing: that call would invalidate the capture."""
     cdef void* sctx = NULL
@@ -976,199 +672,10 @@ cdef int _stream_device(cudaStream_t stream, int* device) except -1:
         rc = _cuStreamGetCtx(stream, &sctx)
         if rc == 0:
             rc = _cuCtxGetDevice_v2(device, sctx)
-        if rc != 0:
-            raise CudaError(400, f"cuStreamGetCtx/cuCtxGetDevice_v2 (CUresult {rc})")  # 400: invalid handle
-        return 0
+        return check_driver(rc, "cuStreamGetCtx/cuCtxGetDevice_v2 (the stream's device)")
     if stream_is_capturing(stream):
         return 0
     return check_cuda(cudaStreamGetDevice(stream, device), "cudaStreamGetDevice")
-
-
-cdef int check_devices(GemmContext* ctx, cudaStream_t stream, const MatrixView** views, list names) except -1:
-    if _device_count < 2:      # set when the first context was made, before any check
-        return 0
-    cdef int stream_device = ctx.device, i
-    _stream_device(stream, &stream_device)
-    if stream_device != ctx.device:
-        raise ValueError(f"stream: the stream belongs to device {stream_device} but the call runs on "
-                         f"device {ctx.device} (make that device current)")
-    cdef cudaPointerAttributes attr
-    cdef const MatrixView* v
-    for i in range(len(names)):
-        v = views[i]
-        if v == NULL or v.ptr == NULL or _empty(v):    # not given, not allocated yet, or empty
-            continue
-        if v.device == ctx.device:      # the array object named its device (CuPy, torch, DLPack)
-            continue
-        check_cuda(cudaPointerGetAttributes(&attr, v.ptr), "cudaPointerGetAttributes")
-        if attr.type != cudaMemoryTypeDevice and attr.type != cudaMemoryTypeManaged:
-            raise ValueError(f"{names[i]}: expected device memory, got a pointer of memory type "
-                             f"{<int>attr.type} (host memory)")
-        if attr.type == cudaMemoryTypeDevice and attr.device != ctx.device:
-            raise ValueError(f"{names[i]}: the array is on device {attr.device} but the call runs on "
-                             f"device {ctx.device} (make that device current)")
-    return 0
-
-
-cdef inline bint _empty(const MatrixView* v) noexcept nogil:
-    return v.rows == 0 or v.cols == 0 or v.batch == 0
-
-
-cdef void _byte_range(const MatrixView* v, int64_t* lo, int64_t* hi) noexcept nogil:
-    """[lo, hi): the bytes a non-empty view can touch."""
-    cdef int64_t start = <int64_t><uintptr_t>v.ptr, span
-    lo[0] = start
-    hi[0] = start + v.itemsize
-    cdef int64_t sizes[3]
-    cdef int64_t strides[3]
-    sizes[0], sizes[1], sizes[2] = v.batch, v.rows, v.cols
-    strides[0], strides[1], strides[2] = v.batch_stride, v.row_stride, v.col_stride
-    for i in range(3):
-        span = (sizes[i] - 1) * strides[i] * v.itemsize
-        if span < 0:
-            lo[0] += span
-        else:
-            hi[0] += span
-
-
-cdef bint _as_lines(const MatrixView* v, int64_t* n, int64_t* length, int64_t* ld) noexcept nogil:
-    """The memory of 2-D view v as n segments of `length` contiguous elements, ld apart
-    (ld 0: one segment). False when v is not such a view (no unit-stride axis, batches)."""
-    if v.batch != 1:
-        return False
-    cdef int64_t count, stride
-    if v.rows == 1 or v.cols == 1:          # a vector: one segment, or segments of one
-        count = v.rows * v.cols
-        stride = v.col_stride if v.cols > 1 else v.row_stride
-        if count == 1 or stride == 1:
-            n[0], length[0], ld[0] = 1, count, 0
-        elif stride > 0:
-            n[0], length[0], ld[0] = count, 1, stride
-        else:
-            return False
-    elif v.col_stride == 1:                 # rows are the segments
-        n[0], length[0], ld[0] = v.rows, v.cols, v.row_stride
-    elif v.row_stride == 1:                 # columns are the segments
-        n[0], length[0], ld[0] = v.cols, v.rows, v.col_stride
-    else:
-        return False
-    return True
-
-
-cdef bint _blocks_overlap(const MatrixView* x, const MatrixView* y) noexcept nogil:
-    """Whether two views with overlapping byte ranges share an element. Exact when both
-    are blocks of one matrix (segments of contiguous elements, one distance ld apart);
-    True (conservative) otherwise."""
-    if x.itemsize != y.itemsize:
-        return True
-    cdef int64_t xn, xl, xld, yn, yl, yld, ld, base, ox, oy
-    if not (_as_lines(x, &xn, &xl, &xld) and _as_lines(y, &yn, &yl, &yld)):
-        return True
-    if xld and yld and xld != yld:
-        return True
-    ld = xld if xld else yld
-    if ld == 0:
-        return True          # two contiguous segments: their byte ranges are exact
-    if xl > ld or yl > ld:
-        return True
-    base = min(<int64_t><uintptr_t>x.ptr, <int64_t><uintptr_t>y.ptr)
-    ox = <int64_t><uintptr_t>x.ptr - base
-    oy = <int64_t><uintptr_t>y.ptr - base
-    if ox % x.itemsize or oy % x.itemsize:
-        return True
-    ox //= x.itemsize
-    oy //= x.itemsize
-    if ox % ld + xl > ld or oy % ld + yl > ld:     # a block that wraps past the line's end
-        return True
-    return (ox // ld < oy // ld + yn and oy // ld < ox // ld + xn and
-            ox % ld < oy % ld + yl and oy % ld < ox % ld + xl)
-
-
-cdef bint views_overlap(const MatrixView* x, const MatrixView* y) noexcept nogil:
-    if _empty(x) or _empty(y):
-        return False
-    cdef int64_t lo1, hi1, lo2, hi2
-    _byte_range(x, &lo1, &hi1)
-    _byte_range(y, &lo2, &hi2)
-    return not (hi1 <= lo2 or hi2 <= lo1) and _blocks_overlap(x, y)
-
-
-cdef int check_no_overlap(const MatrixView* out, str out_name, const MatrixView* other,
-                          str other_name) except -1:
-    if not views_overlap(out, other):
-        return 0
-    cdef int64_t lo1, hi1, lo2, hi2
-    _byte_range(out, &lo1, &hi1)
-    _byte_range(other, &lo2, &hi2)
-    raise ValueError(f"{out_name}: its memory overlaps {other_name} (bytes "
-                     f"[{lo1:#x}, {hi1:#x}) and [{lo2:#x}, {hi2:#x})); cuBLAS and cygemm's kernels "
-                     f"need outputs that share no memory with the other arguments")
-
-
-def arrays_overlap(x, y):
-    """Whether cygemm would treat device arrays x and y as sharing memory (the check every
-    output goes through). Exact for two 2-D views of one leading dimension; otherwise by
-    address ranges, so it may say True for interleaved views that share no element."""
-    cdef MatrixView a, b
-    view_from_object(x, &a, "x", 1, 3)
-    view_from_object(y, &b, "y", 1, 3)
-    return views_overlap(&a, &b)
-
-
-class _RawStream:
-    """A cudaStream_t as the CUDA stream protocol (__cuda_stream__) presents it."""
-    __slots__ = ("ptr",)
-
-    def __init__(self, ptr):
-        self.ptr = ptr
-
-    def __cuda_stream__(self):
-        return (0, self.ptr)
-
-
-cdef object _cupy_stream(uintptr_t ptr):
-    """A CuPy stream object for the raw stream `ptr`, to make it CuPy's current stream."""
-    from_external = getattr(_cupy.cuda.Stream, "from_external", None)     # CuPy >= 14
-    if from_external is not None:
-        return from_external(_RawStream(ptr))
-    return _cupy.cuda.ExternalStream(ptr)
-
-
-cdef object _empty_on(tuple shape, object dtype, uintptr_t ptr):
-    # CuPy's pool hands out blocks by the current stream: a block freed on another stream
-    # may still be in use there, so allocate with the call's stream current.
-    with stream_context(ptr):
-        return _cupy.empty(shape, dtype=dtype)
-
-
-def stream_context(uintptr_t ptr):
-    """A context manager that makes the raw stream `ptr` CuPy's current stream (nothing
-    when it is already), so CuPy's allocations and kernels go to it."""
-    if _current_stream().ptr == ptr:
-        return contextlib.nullcontext()
-    return _cupy_stream(ptr)
-
-
-cdef object empty_array(tuple shape, cudaDataType dtype, cudaStream_t stream):
-    if _cupy is None:
-        raise RuntimeError("out=None needs CuPy to allocate the result; pass out= instead")
-    return _empty_on(shape, dtype_name(dtype), <uintptr_t>stream)
-
-
-def empty(shape, dtype, stream=None, str what="the result"):
-    """A C-ordered CuPy array from CuPy's pool on `stream` (None: CuPy's current stream).
-    RuntimeError, naming `what`, while the stream is being captured."""
-    cdef cudaStream_t s
-    stream_from_object(stream, &s)
-    if stream_is_capturing(s):
-        raise RuntimeError(f"{what}: allocating it would use device memory while the stream is being "
-                           "captured; allocate before capturing and use the *_into form")
-    name = _np.dtype(dtype).name
-    if name not in ("float32", "float16", "float64"):
-        raise TypeError(f"dtype: expected float32, float16 or float64, got {name}")
-    if _cupy is None:
-        raise RuntimeError(f"{what}: allocating needs CuPy")
-    return _empty_on(tuple(shape), name, <uintptr_t>s)
 
 
 def versions():
@@ -1177,3 +684,14 @@ def versions():
     cudaRuntimeGetVersion(&rt)
     cudaDriverGetVersion(&drv)
     return {"cuda_runtime": rt, "cuda_driver": drv, "cublasLt": cublasLtGetVersion()}
+
+
+cdef int known_device_count() noexcept nogil:
+    return _device_count
+
+
+def current_device():
+    """The CUDA device current on this thread (cudaGetDevice)."""
+    cdef int device = 0
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice")
+    return device

@@ -1,0 +1,22 @@
+# Device arrays read into views (CuPy, torch, __cuda_array_interface__, DLPack), and the
+# geometry of views in memory.
+from cygemm.cudart cimport cudaDataType
+from cygemm._types cimport MatrixView, ArrayDesc
+
+# Read pointer, shape, strides (elements), dtype and device of a device array, once, without
+# touching the GPU. wide: accept float64 too (else float16, bfloat16, float32).
+cdef int read_array(object x, ArrayDesc* d, str name, bint wide) except -1
+cdef tuple desc_shape(const ArrayDesc* d)
+# A (batch, rows, cols) view of a device array of min_ndim..max_ndim (<= 3) dimensions; a
+# 1-D array is one row.
+cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1
+# A workspace (any dtype, contiguous) as a view of its bytes.
+cdef int read_buffer(object x, MatrixView* view, str name) except -1
+cdef object dtype_name(cudaDataType dtype)
+# Whether two views share memory: exact for two 2-D views with the same leading dimension
+# (column blocks of one buffer do not overlap), conservative (address ranges) otherwise.
+# Empty views overlap nothing.
+cdef bint views_overlap(const MatrixView* x, const MatrixView* y) noexcept nogil
+# ValueError naming both when `out` overlaps `other`.
+cdef int check_no_overlap(const MatrixView* out, str out_name, const MatrixView* other,
+                          str other_name) except -1

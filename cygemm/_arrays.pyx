@@ -1,0 +1,380 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Device arrays of CuPy, torch, __cuda_array_interface__ and DLPack read into views, once and
+without touching the GPU; and the geometry of views in memory (whether two overlap)."""
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
+
+from cygemm.cudart cimport cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F
+from cygemm._types cimport MatrixView, ArrayDesc, MAX_NDIM, view_is_empty
+
+import numpy as _np
+
+try:
+    import cupy as _cupy
+    _cupy_ndarray = _cupy.ndarray
+except ImportError:
+    _cupy = None
+    _cupy_ndarray = None
+
+
+cdef extern from *:
+    """
+    /* DLPack v0.x ABI, enough to read a tensor's description. */
+    typedef struct { int32_t device_type; int32_t device_id; } cg_DLDevice;
+    typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } cg_DLDataType;
+    typedef struct {
+        void* data; cg_DLDevice device; int32_t ndim; cg_DLDataType dtype;
+        int64_t* shape; int64_t* strides; uint64_t byte_offset;
+    } cg_DLTensor;
+    """
+    ctypedef struct cg_DLDevice:
+        int32_t device_type
+        int32_t device_id
+    ctypedef struct cg_DLDataType:
+        uint8_t code
+        uint8_t bits
+        uint16_t lanes
+    ctypedef struct cg_DLTensor:
+        void* data
+        cg_DLDevice device
+        int32_t ndim
+        cg_DLDataType dtype
+        int64_t* shape
+        int64_t* strides
+        uint64_t byte_offset
+
+cdef enum:
+    DL_FLOAT = 2
+    DL_BFLOAT = 4
+    DL_CUDA = 2
+    DL_CPU = 1
+
+# dtype name -> (cudaDataType, itemsize); float64 only where the caller accepts it (wide).
+# bfloat16: torch's, or CuPy's through ml_dtypes (CuPy 14), whose typestr is '<V2'.
+_DTYPES = {"float32": (CUDA_R_32F, 4), "float16": (CUDA_R_16F, 2), "bfloat16": (CUDA_R_16BF, 2)}
+_WIDE_DTYPES = dict(_DTYPES, float64=(CUDA_R_64F, 8))
+_TYPESTRS = {"<f4": "float32", "<f2": "float16", "<f8": "float64"}
+_F32, _F16, _F64 = _DTYPES["float32"], _DTYPES["float16"], _WIDE_DTYPES["float64"]
+_NP_F32, _NP_F16 = _np.dtype("float32"), _np.dtype("float16")
+
+
+cdef object dtype_name(cudaDataType dtype):
+    if dtype == CUDA_R_32F:
+        return "float32"
+    if dtype == CUDA_R_16F:
+        return "float16"
+    if dtype == CUDA_R_16BF:
+        return "bfloat16"
+    if dtype == CUDA_R_64F:
+        return "float64"
+    return f"cudaDataType {<int>dtype}"
+
+
+cdef str _expected(bint wide):
+    return "float16, bfloat16, float32 or float64" if wide else "float16, bfloat16 or float32"
+
+
+cdef str _typestr_name(str typestr):
+    try:
+        return _np.dtype(typestr).name
+    except TypeError:
+        return f"typestr {typestr!r}"
+
+
+cdef int _fill_desc(ArrayDesc* d, str name, uintptr_t ptr, tuple shape, object strides, int itemsize,
+                    int device) except -1:
+    cdef int ndim = len(shape), i
+    if ndim > MAX_NDIM:
+        raise ValueError(f"{name}: expected at most {MAX_NDIM} dimensions, got {ndim}")
+    cdef int64_t expect = 1
+    d.ptr, d.ndim, d.itemsize, d.device = <char*>ptr, ndim, itemsize, device
+    # C-contiguous; also for an empty array, whose strides are meaningless (CuPy gives 0s).
+    if strides is None or 0 in shape:
+        for i in range(ndim - 1, -1, -1):
+            d.shape[i] = shape[i]
+            d.strides[i] = expect
+            expect *= d.shape[i]
+        return 0
+    cdef int64_t st
+    for i in range(ndim):
+        d.shape[i] = shape[i]
+        st = strides[i]
+        if st % itemsize:
+            raise ValueError(f"{name}: stride {st} bytes on axis {i} is not a multiple "
+                             f"of the element size ({itemsize} bytes)")
+        d.strides[i] = st // itemsize
+    return 0
+
+
+cdef tuple desc_shape(const ArrayDesc* d):
+    return tuple([d.shape[i] for i in range(d.ndim)])
+
+
+cdef int read_array(object x, ArrayDesc* d, str name, bint wide) except -1:
+    """Read pointer, shape, strides, dtype and device of a device array, once, without touching
+    the GPU. wide: float64 too (else float32, float16, bfloat16)."""
+    cdef object dt
+    if _cupy_ndarray is not None and type(x) is _cupy_ndarray:    # fast path: no dict built
+        dt_obj = x.dtype
+        # NumPy's builtin dtypes are singletons: identity beats building dtype.str.
+        dt = _F32 if dt_obj is _NP_F32 else (_F16 if dt_obj is _NP_F16 else (
+            _WIDE_DTYPES if wide else _DTYPES).get(dt_obj.name))
+        if dt is None:
+            raise TypeError(f"{name}: expected {_expected(wide)}, got {x.dtype}")
+        d.dtype = <cudaDataType>(<int>dt[0])
+        mem = x.data        # its device_id spares check_devices a cudaPointerGetAttributes
+        return _fill_desc(d, name, mem.ptr, x.shape, x.strides, dt[1], mem.device_id)
+    if _torch_tensor is not None and isinstance(x, _torch_tensor):
+        return _read_torch(x, d, name, wide)
+    if _torch_tensor is None and type(x).__module__.startswith("torch") and _find_torch():
+        return read_array(x, d, name, wide)
+    cdef object cai
+    try:
+        cai = x.__cuda_array_interface__
+    except AttributeError:
+        cai = None
+    except (TypeError, BufferError, RuntimeError):  # e.g. torch bfloat16: use DLPack
+        cai = None
+    if cai is not None:
+        dt = (_WIDE_DTYPES if wide else _DTYPES).get(_TYPESTRS.get(cai["typestr"]))
+        if dt is None and hasattr(x, "__dlpack__"):
+            # CAI has no bfloat16 typestr (torch says '<V2'); DLPack names it.
+            return _read_dlpack(x, d, name, wide)
+        if dt is None:
+            raise TypeError(f"{name}: expected {_expected(wide)}, got {_typestr_name(cai['typestr'])}")
+        d.dtype = <cudaDataType>(<int>dt[0])
+        return _fill_desc(d, name, cai["data"][0], tuple(cai["shape"]), cai.get("strides"), dt[1], -1)
+    if isinstance(x, _np.ndarray):
+        raise TypeError(f"{name}: expected a CUDA device array, got a NumPy array in host memory "
+                        f"(move it to the GPU with cupy.asarray)")
+    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+        return _read_dlpack(x, d, name, wide)
+    raise TypeError(f"{name}: expected a CUDA device array (__cuda_array_interface__ or DLPack "
+                    f"on a CUDA device), got {type(x).__module__}.{type(x).__name__}")
+
+
+cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1:
+    """A (batch, rows, cols) view of a device array of min_ndim..max_ndim (<= 3) dimensions;
+    a 1-D array is one row."""
+    cdef ArrayDesc d
+    read_array(x, &d, name, False)
+    cdef int ndim = d.ndim
+    if ndim < min_ndim or ndim > max_ndim:
+        want = f"{min_ndim}-D" if min_ndim == max_ndim else f"{min_ndim}-D or {max_ndim}-D"
+        raise ValueError(f"{name}: expected a {want} array, got {ndim}-D with shape {desc_shape(&d)}")
+    view.ptr, view.itemsize, view.device, view.dtype = d.ptr, d.itemsize, d.device, d.dtype
+    if ndim == 1:                             # a vector is one row
+        view.rows, view.cols = 1, d.shape[0]
+        view.row_stride, view.col_stride = d.shape[0], d.strides[0]
+        view.batch, view.batch_stride = 1, 0
+        return 0
+    view.rows, view.cols = d.shape[ndim - 2], d.shape[ndim - 1]
+    view.row_stride, view.col_stride = d.strides[ndim - 2], d.strides[ndim - 1]
+    if ndim == 3:
+        view.batch, view.batch_stride = d.shape[0], d.strides[0]
+    else:
+        view.batch, view.batch_stride = 1, 0
+    return 0
+
+
+# torch tensors are read through their attributes: torch's __cuda_array_interface__
+# and __dlpack__ cost several microseconds a call, refuse tensors that require grad
+# (CAI) or cannot name bfloat16 (CAI).
+cdef object _torch_tensor = None
+cdef dict _torch_dtypes = None
+cdef object _torch_f64 = None
+
+
+cdef bint _find_torch() except -1:
+    global _torch_tensor, _torch_dtypes, _torch_f64
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "Tensor"):
+        return False
+    _torch_dtypes = {torch.float32: (CUDA_R_32F, 4), torch.float16: (CUDA_R_16F, 2),
+                     torch.bfloat16: (CUDA_R_16BF, 2)}
+    _torch_f64 = torch.float64
+    _torch_tensor = torch.Tensor
+    return True
+
+
+cdef int _read_torch(object x, ArrayDesc* d, str name, bint wide) except -1:
+    if not x.is_cuda:
+        raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {x.device}")
+    dt = _torch_dtypes.get(x.dtype)
+    if dt is None and wide and x.dtype == _torch_f64:
+        dt = _F64
+    if dt is None:
+        raise TypeError(f"{name}: expected {_expected(wide)}, got {str(x.dtype).replace('torch.', '')}")
+    d.dtype = <cudaDataType>(<int>dt[0])
+    itemsize = dt[1]
+    strides = tuple([st * itemsize for st in x.stride()])
+    return _fill_desc(d, name, x.data_ptr(), tuple(x.shape), strides, itemsize, x.get_device())
+
+
+cdef int _read_dlpack(object x, ArrayDesc* d, str name, bint wide) except -1:
+    dev = x.__dlpack_device__()
+    if int(dev[0]) != DL_CUDA:
+        where = "host memory" if int(dev[0]) == DL_CPU else f"DLPack device type {dev[0]}"
+        raise TypeError(f"{name}: expected an array on a CUDA device, got "
+                        f"{type(x).__module__}.{type(x).__name__} in {where} (move it to the GPU, "
+                        "e.g. with cupy.asarray)")
+    # The capsule keeps its own reference; x outlives this call, so the memory does too.
+    capsule = x.__dlpack__(stream=-1)
+    if not PyCapsule_IsValid(capsule, b"dltensor"):
+        raise TypeError(f"{name}: __dlpack__ returned no 'dltensor' capsule")
+    cdef cg_DLTensor* t = <cg_DLTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
+    cdef int itemsize
+    if t.dtype.lanes == 1 and t.dtype.bits == 16 and t.dtype.code == DL_BFLOAT:
+        d.dtype = CUDA_R_16BF
+    elif t.dtype.lanes == 1 and t.dtype.bits == 16 and t.dtype.code == DL_FLOAT:
+        d.dtype = CUDA_R_16F
+    elif t.dtype.lanes == 1 and t.dtype.bits == 32 and t.dtype.code == DL_FLOAT:
+        d.dtype = CUDA_R_32F
+    elif wide and t.dtype.lanes == 1 and t.dtype.bits == 64 and t.dtype.code == DL_FLOAT:
+        d.dtype = CUDA_R_64F
+    else:
+        raise TypeError(f"{name}: expected {_expected(wide)}, got DLPack dtype (code={t.dtype.code}, "
+                        f"bits={t.dtype.bits}, lanes={t.dtype.lanes})")
+    itemsize = t.dtype.bits // 8
+    shape = tuple([t.shape[i] for i in range(t.ndim)])
+    strides = None if t.strides == NULL else tuple([t.strides[i] * itemsize for i in range(t.ndim)])
+    return _fill_desc(d, name, <uintptr_t>t.data + t.byte_offset, shape, strides, itemsize,
+                      t.device.device_id)
+
+cdef int read_buffer(object x, MatrixView* view, str name) except -1:
+    """A workspace of any dtype as a view of its bytes (one row of nbytes): C-contiguous, or
+    TypeError/ValueError naming it."""
+    cdef object cai
+    try:
+        cai = x.__cuda_array_interface__
+    except AttributeError:
+        raise TypeError(f"{name}: expected a CUDA device array, got {type(x).__module__}.{type(x).__name__}") from None
+    shape = tuple(cai["shape"])
+    itemsize = _np.dtype(cai["typestr"]).itemsize
+    cdef int64_t n = 1
+    for extent in shape:
+        n *= extent
+    strides = cai.get("strides")
+    if strides is not None and n > 1:
+        expect = itemsize
+        for extent, st in reversed(list(zip(shape, strides))):
+            if extent > 1 and st != expect:
+                raise ValueError(f"{name}: expected a contiguous buffer, got strides {tuple(strides)} "
+                                 f"bytes for shape {shape}")
+            expect *= extent
+    view.ptr = <char*><uintptr_t>cai["data"][0]
+    view.batch, view.rows, view.cols = 1, 1, n * itemsize
+    view.batch_stride, view.row_stride, view.col_stride = 0, n * itemsize, 1
+    view.dtype, view.itemsize = CUDA_R_32F, 1          # dtype unused: only bytes matter
+    view.device = x.data.device_id if _cupy_ndarray is not None and type(x) is _cupy_ndarray else -1
+    return 0
+
+
+def describe_array(x, str name="x"):
+    """How cygemm reads `x`: dict of ptr, batch, rows, cols, strides (elements), dtype."""
+    cdef MatrixView v
+    view_from_object(x, &v, name, 2, 3)
+    return dict(ptr=<uintptr_t>v.ptr, batch=v.batch, rows=v.rows, cols=v.cols,
+                batch_stride=v.batch_stride, row_stride=v.row_stride, col_stride=v.col_stride,
+                dtype=dtype_name(v.dtype))
+
+cdef void _byte_range(const MatrixView* v, int64_t* lo, int64_t* hi) noexcept nogil:
+    """[lo, hi): the bytes a non-empty view can touch."""
+    cdef int64_t start = <int64_t><uintptr_t>v.ptr, span
+    lo[0] = start
+    hi[0] = start + v.itemsize
+    cdef int64_t sizes[3]
+    cdef int64_t strides[3]
+    sizes[0], sizes[1], sizes[2] = v.batch, v.rows, v.cols
+    strides[0], strides[1], strides[2] = v.batch_stride, v.row_stride, v.col_stride
+    for i in range(3):
+        span = (sizes[i] - 1) * strides[i] * v.itemsize
+        if span < 0:
+            lo[0] += span
+        else:
+            hi[0] += span
+
+
+cdef bint _as_lines(const MatrixView* v, int64_t* n, int64_t* length, int64_t* ld) noexcept nogil:
+    """The memory of 2-D view v as n segments of `length` contiguous elements, ld apart
+    (ld 0: one segment). False when v is not such a view (no unit-stride axis, batches)."""
+    if v.batch != 1:
+        return False
+    cdef int64_t count, stride
+    if v.rows == 1 or v.cols == 1:          # a vector: one segment, or segments of one
+        count = v.rows * v.cols
+        stride = v.col_stride if v.cols > 1 else v.row_stride
+        if count == 1 or stride == 1:
+            n[0], length[0], ld[0] = 1, count, 0
+        elif stride > 0:
+            n[0], length[0], ld[0] = count, 1, stride
+        else:
+            return False
+    elif v.col_stride == 1:                 # rows are the segments
+        n[0], length[0], ld[0] = v.rows, v.cols, v.row_stride
+    elif v.row_stride == 1:                 # columns are the segments
+        n[0], length[0], ld[0] = v.cols, v.rows, v.col_stride
+    else:
+        return False
+    return True
+
+
+cdef bint _blocks_overlap(const MatrixView* x, const MatrixView* y) noexcept nogil:
+    """Whether two views with overlapping byte ranges share an element. Exact when both
+    are blocks of one matrix (segments of contiguous elements, one distance ld apart);
+    True (conservative) otherwise."""
+    if x.itemsize != y.itemsize:
+        return True
+    cdef int64_t xn, xl, xld, yn, yl, yld, ld, base, ox, oy
+    if not (_as_lines(x, &xn, &xl, &xld) and _as_lines(y, &yn, &yl, &yld)):
+        return True
+    if xld and yld and xld != yld:
+        return True
+    ld = xld if xld else yld
+    if ld == 0:
+        return True          # two contiguous segments: their byte ranges are exact
+    if xl > ld or yl > ld:
+        return True
+    base = min(<int64_t><uintptr_t>x.ptr, <int64_t><uintptr_t>y.ptr)
+    ox = <int64_t><uintptr_t>x.ptr - base
+    oy = <int64_t><uintptr_t>y.ptr - base
+    if ox % x.itemsize or oy % x.itemsize:
+        return True
+    ox //= x.itemsize
+    oy //= x.itemsize
+    if ox % ld + xl > ld or oy % ld + yl > ld:     # a block that wraps past the line's end
+        return True
+    return (ox // ld < oy // ld + yn and oy // ld < ox // ld + xn and
+            ox % ld < oy % ld + yl and oy % ld < ox % ld + xl)
+
+
+cdef bint views_overlap(const MatrixView* x, const MatrixView* y) noexcept nogil:
+    if view_is_empty(x) or view_is_empty(y):
+        return False
+    cdef int64_t lo1, hi1, lo2, hi2
+    _byte_range(x, &lo1, &hi1)
+    _byte_range(y, &lo2, &hi2)
+    return not (hi1 <= lo2 or hi2 <= lo1) and _blocks_overlap(x, y)
+
+
+cdef int check_no_overlap(const MatrixView* out, str out_name, const MatrixView* other,
+                          str other_name) except -1:
+    if not views_overlap(out, other):
+        return 0
+    cdef int64_t lo1, hi1, lo2, hi2
+    _byte_range(out, &lo1, &hi1)
+    _byte_range(other, &lo2, &hi2)
+    raise ValueError(f"{out_name}: its memory overlaps {other_name} (bytes "
+                     f"[{lo1:#x}, {hi1:#x}) and [{lo2:#x}, {hi2:#x})); cuBLAS and cygemm's kernels "
+                     f"need outputs that share no memory with the other arguments")
+
+
+def arrays_overlap(x, y):
+    """Whether cygemm would treat device arrays x and y as sharing memory (the check every
+    output goes through). Exact for two 2-D views of one leading dimension; otherwise by
+    address ranges, so it may say True for interleaved views that share no element."""
+    cdef MatrixView a, b
+    view_from_object(x, &a, "x", 1, 3)
+    view_from_object(y, &b, "y", 1, 3)
+    return views_overlap(&a, &b)

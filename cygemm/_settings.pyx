@@ -1,0 +1,199 @@
+# cython: language_level=3
+"""cygemm's options: one place that reads, validates and holds them.
+
+Environment variables give the defaults, read once at first use (a malformed one is a
+``ValueError`` naming it then, never an import failure); :func:`set_options` changes them for
+the process. ``python -m cygemm info`` prints them from here.
+
+=========================  ==============================  =====================================
+option                     environment variable            default
+=========================  ==============================  =====================================
+``autotune``               ``CYGEMM_AUTOTUNE``             ``"auto"``
+``autotune_min_macs``      ``CYGEMM_AUTOTUNE_MIN_MACS``    ``2**28`` multiply-adds
+``tuning_mode``            ``CYGEMM_TUNING_MODE``          ``"cold"``
+``tuning_cache``           ``CYGEMM_TUNING_CACHE``         ``$XDG_CACHE_HOME/cygemm/tuning.jsonl``
+                                                           (else ``~/.cache/cygemm/...``);
+                                                           ``"off"`` keeps tuning in the process
+``max_stream_workspaces``  ``CYGEMM_MAX_STREAM_WORKSPACES``  8 per thread and device
+``plan_cache_size``        ``CYGEMM_PLAN_CACHE_SIZE``      256 plans per thread
+=========================  ==============================  =====================================
+"""
+import os
+import threading
+
+_AUTOTUNE = {"off": AUTOTUNE_OFF, "auto": AUTOTUNE_AUTO, "exhaustive": AUTOTUNE_EXHAUSTIVE}
+_TUNING_MODES = {"cold": TUNING_COLD, "hot": TUNING_HOT, "sustained": TUNING_SUSTAINED}
+_OFF = ("off", "none", "0", "")
+_ENV = {"autotune": "CYGEMM_AUTOTUNE", "autotune_min_macs": "CYGEMM_AUTOTUNE_MIN_MACS",
+        "tuning_mode": "CYGEMM_TUNING_MODE", "tuning_cache": "CYGEMM_TUNING_CACHE",
+        "max_stream_workspaces": "CYGEMM_MAX_STREAM_WORKSPACES", "plan_cache_size": "CYGEMM_PLAN_CACHE_SIZE"}
+DEFAULTS = {"autotune": "auto", "autotune_min_macs": 2.0 ** 28, "tuning_mode": "cold",
+            "tuning_cache": "default", "max_stream_workspaces": 8, "plan_cache_size": 256}
+
+cdef Options _c
+cdef bint _loaded = False
+_values = {}                    # the options as Python values (tuning_cache: a path or None)
+_lock = threading.Lock()
+
+
+def default_tuning_cache():
+    """Where tuning is kept by default: ``$XDG_CACHE_HOME/cygemm/tuning.jsonl``, else
+    ``~/.cache/cygemm/tuning.jsonl`` (as Triton and Numba keep their caches)."""
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "cygemm", "tuning.jsonl")
+
+
+def _check(str name, value, str source):
+    """The validated value of one option; ValueError naming where it came from."""
+    def bad(expected):
+        return ValueError(f"{source}: expected {expected}, got {value!r}")
+    if name == "autotune":
+        if str(value).lower() not in _AUTOTUNE:
+            raise bad("'off', 'auto' or 'exhaustive'")
+        return str(value).lower()
+    if name == "tuning_mode":
+        if str(value).lower() not in _TUNING_MODES:
+            raise bad("'cold', 'hot' or 'sustained'")
+        return str(value).lower()
+    if name == "autotune_min_macs":
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            raise bad("a number of multiply-adds >= 0") from None
+        if not x >= 0:
+            raise bad("a number of multiply-adds >= 0")
+        return x
+    if name in ("max_stream_workspaces", "plan_cache_size"):
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            raise bad("an integer >= 1") from None
+        if n < 1 or (isinstance(value, float) and value != n):
+            raise bad("an integer >= 1")
+        return n
+    if name == "tuning_cache":
+        if value is None or (isinstance(value, str) and value.strip().lower() in _OFF):
+            return None
+        if value == "default":
+            return default_tuning_cache()
+        return os.path.abspath(os.path.expanduser(os.fspath(value)))
+    raise TypeError(f"set_options: unknown option {name!r}; expected one of {sorted(DEFAULTS)}")
+
+
+cdef void _publish() noexcept:
+    _c.autotune = <Autotune>_AUTOTUNE[_values["autotune"]]
+    _c.autotune_min_macs = _values["autotune_min_macs"]
+    _c.tuning_mode = <TuningMode>_TUNING_MODES[_values["tuning_mode"]]
+    _c.max_stream_workspaces = _values["max_stream_workspaces"]
+    _c.plan_cache_size = _values["plan_cache_size"]
+
+
+cdef int _load() except -1:
+    global _loaded
+    with _lock:
+        if _loaded:
+            return 0
+        values = {}
+        for name, var in _ENV.items():
+            raw = os.environ.get(var)
+            values[name] = _check(name, DEFAULTS[name] if raw is None else raw,
+                                  var if raw is not None else f"default {name}")
+        _values.update(values)
+        _publish()
+        _loaded = True
+    return 0
+
+
+cdef const Options* options() except NULL:
+    if not _loaded:
+        _load()
+    return &_c
+
+
+cdef const Options* loaded_options() noexcept nogil:
+    return &_c
+
+
+cdef int autotune_level(object name) except -2:
+    if name is None:
+        return options().autotune
+    level = _AUTOTUNE.get(name) if isinstance(name, str) else None
+    if level is None:
+        raise ValueError(f"autotune: expected None, 'off', 'auto' or 'exhaustive', got {name!r}")
+    return level
+
+
+_listeners = []
+
+
+def on_change(callback):
+    """Call `callback(changed_names)` after set_options changes options (caches that depend
+    on them register here)."""
+    _listeners.append(callback)
+
+
+def get_options():
+    """The options now, as a dict (see the module's table).
+
+    Returns
+    -------
+    dict
+        ``autotune``, ``autotune_min_macs``, ``tuning_mode``, ``tuning_cache`` (a path, or None
+        when tuning is kept in the process only), ``max_stream_workspaces``, ``plan_cache_size``.
+
+    Raises
+    ------
+    ValueError
+        An environment variable that gives an option's default is malformed (named).
+    """
+    _load()
+    return dict(_values)
+
+
+def set_options(**changes):
+    """Change cygemm's options for this process; returns the previous values of those changed.
+
+    Parameters
+    ----------
+    autotune : {"off", "auto", "exhaustive"}
+        How a large problem's way to run is chosen the first time: the heuristic's first
+        choice; a few candidates timed within max(50 ms, 25 GEMMs of it); or every candidate
+        timed, then the finalists again.
+    autotune_min_macs : float
+        Problems of fewer multiply-adds are never timed (their time is mostly launch cost).
+    tuning_mode : {"cold", "hot", "sustained"}
+        How a candidate is timed: after flushing L2, without flushing, or as back-to-back calls.
+    tuning_cache : str, os.PathLike or None
+        The tuning file (read at the first tuning lookup, one line appended per new result);
+        None or "off": tuning is kept in this process only; "default": the user's cache folder.
+    max_stream_workspaces : int
+        Eager cuBLAS workspaces (32 MiB each) kept per thread and device; the least recently
+        used stream's is freed beyond that.
+    plan_cache_size : int
+        Plans kept per thread; the least recently used is dropped beyond that.
+
+    Returns
+    -------
+    dict
+        The previous values of the options given, to restore with ``set_options(**old)``.
+
+    Raises
+    ------
+    ValueError
+        A value of the wrong kind (named), or an unknown option (TypeError).
+    """
+    _load()
+    checked = {name: _check(name, value, name) for name, value in changes.items()}
+    with _lock:
+        old = {name: _values[name] for name in checked}
+        _values.update(checked)
+        _publish()
+    for callback in list(_listeners):
+        callback(set(checked))
+    return old
+
+
+def tuning_cache_path():
+    """The tuning file now, or None (kept in the process only)."""
+    _load()
+    return _values["tuning_cache"]

@@ -1,0 +1,90 @@
+# The structs every layer shares, the limits, and the one compute-type rule. No code of its
+# own but inline functions: a module that needs a type cimports it from here, not from the
+# module that happens to produce it.
+from libc.stdint cimport int64_t, uint32_t, uintptr_t
+from cygemm.cudart cimport cudaDataType, CUDA_R_32F, CUDA_R_64F
+from cygemm.cublas cimport (cublasOperation_t, cublasComputeType_t, CUBLAS_COMPUTE_32F,
+                            CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_64F)
+
+cdef enum:
+    MAX_NDIM = 64               # dimensions of an array cygemm reads
+    WORKSPACE_ALIGNMENT = 256   # bytes: cuBLASLt's rule for a workspace pointer
+
+
+# A strided (batch, rows, cols) device array; strides in elements. 2-D arrays
+# have batch 1 and batch_stride 0, which is also how an operand is broadcast.
+ctypedef struct MatrixView:
+    char* ptr
+    int64_t batch
+    int64_t rows
+    int64_t cols
+    int64_t batch_stride
+    int64_t row_stride
+    int64_t col_stride
+    cudaDataType dtype
+    int itemsize
+    int device          # the memory's device as the array object says, -1: ask CUDA
+
+
+# Any device array as read once from its object: strides in elements.
+ctypedef struct ArrayDesc:
+    char* ptr
+    int ndim
+    int64_t shape[64]
+    int64_t strides[64]
+    cudaDataType dtype
+    int itemsize
+    int device          # as the array object says, -1: ask CUDA
+
+
+# The arguments of one column-major cuBLAS call: D(m x n) = op(a) @ op(b), over `batch`
+# matrices at element strides stride_a/b/c when strided_batched (0 broadcasts).
+ctypedef struct ColMajorGemm:
+    cublasOperation_t opa
+    cublasOperation_t opb
+    int64_t m
+    int64_t n
+    int64_t k
+    const void* a
+    int64_t lda
+    int64_t stride_a
+    const void* b
+    int64_t ldb
+    int64_t stride_b
+    void* c
+    int64_t ldc
+    int64_t stride_c
+    int64_t batch
+    bint strided_batched
+
+
+# How float32 products are computed: math="tf32" / "fp32"; "cupy" is resolved to one of the
+# two by the caller (CuPy's CUPY_TF32 rule).
+cdef enum Math:
+    MATH_TF32 = 0
+    MATH_FP32 = 1
+    MATH_CUPY = 2
+
+
+cdef inline cublasComputeType_t compute_type(cudaDataType dtype, Math math) noexcept nogil:
+    """The one compute-type rule: float64 in fp64; float32 in TF32 or strict fp32; the half
+    types accumulate in fp32 either way."""
+    if dtype == CUDA_R_64F:
+        return CUBLAS_COMPUTE_64F
+    if dtype == CUDA_R_32F and math == MATH_TF32:
+        return CUBLAS_COMPUTE_32F_FAST_TF32
+    return CUBLAS_COMPUTE_32F
+
+
+# The alignment cuBLASLt is told of a pointer: its largest power-of-two divisor, at most 256
+# (NULL counts as 256: nothing is read there).
+cdef inline uint32_t pointer_alignment(const void* p) noexcept nogil:
+    cdef uintptr_t v = <uintptr_t>p
+    if v == 0:
+        return 256
+    cdef uintptr_t a = v & (~v + 1)
+    return <uint32_t>(a if a < 256 else 256)
+
+
+cdef inline bint view_is_empty(const MatrixView* v) noexcept nogil:
+    return v.rows == 0 or v.cols == 0 or v.batch == 0
