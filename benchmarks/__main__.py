@@ -682,7 +682,7 @@ def main(argv=None):
     floor.close()
     path = os.path.join(args.out, "bench.json")
     with open(path, "w") as f:
-        json.dump({"environment": env, "rows": R.rows, "tuning": cygemm.plans.tuning_entries()}, f, indent=1)
+        json.dump({"environment": env, "rows": R.rows, "tuning": cygemm.tuning.tuning_entries()}, f, indent=1)
     R.section = "report"
     R.progress(f"wrote {path}")
     import report

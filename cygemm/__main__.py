@@ -109,24 +109,37 @@ def info(out=print):
             name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
             out(f"  {i}: {name}, sm_{p['major']}{p['minor']}, {p['totalGlobalMem'] / 2**30:.1f} GiB, "
                 f"L2 {p['l2CacheSize'] / 2**20:.0f} MiB")
-    env = os.environ.get
-    out("settings:")
-    out("  float32 math: TF32 by default (math='tf32'); math='fp32' is strict; matmul(math='cupy') "
-        f"follows CUPY_TF32 (now {env('CUPY_TF32', 'unset')})")
-    out(f"  CYGEMM_TUNING_CACHE={env('CYGEMM_TUNING_CACHE', '')!r} (tuning file; empty: tuning kept in the process)")
-    out(f"  CYGEMM_AUTOTUNE_MIN_MACS={env('CYGEMM_AUTOTUNE_MIN_MACS', '268435456 (default)')} "
-        "(problems this large time their candidates once)")
-    out(f"  CYGEMM_TUNING_MODE={env('CYGEMM_TUNING_MODE', 'cold (default)')} "
-        "(how candidates are timed: cold, hot or sustained)")
-    out(f"  CYGEMM_MAX_STREAM_WORKSPACES={env('CYGEMM_MAX_STREAM_WORKSPACES', '8 (default)')} "
-        "(32 MiB cuBLAS workspace per stream, per thread and device)")
-    out(f"  tuned problems in this process: {len(plans.tuning_entries())}")
+    from cygemm import _settings, tuning
+    out("settings (cygemm.set_options; environment variables give the defaults):")
+    out("  float32 math: TF32 by default (math='tf32'); math='fp32' is strict; math='cupy' "
+        f"follows CUPY_TF32 (now {os.environ.get('CUPY_TF32', 'unset')})")
+    try:
+        opts = _settings.get_options()
+    except ValueError as exc:
+        out(f"  invalid: {exc}")
+        return 1
+    what = {"autotune": "how a large problem's algorithm and route are chosen: off, auto, exhaustive",
+            "autotune_min_macs": "problems this large are timed once",
+            "tuning_mode": "how candidates are timed: cold, hot or sustained",
+            "tuning_cache": "the tuning file; None: kept in the process only",
+            "max_stream_workspaces": "32 MiB cuBLAS workspaces per thread and device",
+            "plan_cache_size": "plans kept per thread"}
+    for name, value in opts.items():
+        out(f"  {name} = {value!r} ({_settings._ENV[name]}; {what[name]})")
+    out(f"  tuned problems in this process: {len(tuning.tuning_entries())}")
     return 0
 
 
+def _parse(argv):
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m cygemm",
+                                     description="cygemm's self-check, and what it runs with.")
+    parser.add_argument("command", nargs="?", default="check", choices=["check", "info"],
+                        help="check: build, versions and a few GEMMs against NumPy (default); "
+                             "info: versions, libraries, GPUs and settings, for bug reports")
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
-    if sys.argv[1:] == ["info"]:
-        sys.exit(info())
-    if sys.argv[1:]:
-        sys.exit(f"usage: python -m cygemm [info]  (got {' '.join(sys.argv[1:])!r})")
-    sys.exit(main())
+    args = _parse(sys.argv[1:])
+    sys.exit(info() if args.command == "info" else main())

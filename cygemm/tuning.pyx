@@ -233,7 +233,7 @@ cdef int _load_cache_file() except -1:
     if os.path.exists(path):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")     # a stale cache (other driver) is simply replaced
-            _load(path, False)
+            _load(path)
     return 0
 
 
@@ -340,19 +340,19 @@ def _parse(text):
     return header, entries
 
 
-cdef int _load(path, bint strict) except -1:
+cdef int _load(path) except -1:
     try:
         with open(path) as f:
             header, added = _parse(f.read())
+        if header.get("format") not in (_FORMAT, _OLD_FORMAT):
+            warnings.warn(f"tuning file {path!r} ignored: format={header.get('format')!r}, expected "
+                          f"{_FORMAT!r}", RuntimeWarning, stacklevel=3)
+            return 0
         for k, v in _versions().items():
             if header.get(k) != v:
                 warnings.warn(f"tuning file {path!r} ignored: it was made with {k}={header.get(k)!r}, "
                               f"this process has {v!r}", RuntimeWarning, stacklevel=3)
                 return 0
-        if header.get("format") not in (_FORMAT, _OLD_FORMAT):
-            warnings.warn(f"tuning file {path!r} ignored: format={header.get('format')!r}, expected "
-                          f"{_FORMAT!r}", RuntimeWarning, stacklevel=3)
-            return 0
     except (OSError, ValueError, KeyError, TypeError) as exc:
         warnings.warn(f"tuning file {path!r} ignored: {type(exc).__name__}: {exc}", RuntimeWarning,
                       stacklevel=3)
@@ -448,7 +448,7 @@ def load_tuning(path):
     Nothing for a bad file: a missing, unreadable, corrupt or foreign one gives a
     ``RuntimeWarning`` and is ignored.
     """
-    return _load(os.fspath(path), True)
+    return _load(os.fspath(path))
 
 
 # ---------------------------------------------------------------- routes

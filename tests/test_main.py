@@ -25,20 +25,36 @@ def test_info_names_versions_libraries_gpus_and_settings():
         import cupy
         n = cupy.cuda.runtime.getDeviceCount()
         assert f"GPUs: {n}" in text and f"  {n - 1}: " in text
-    assert "CYGEMM_TUNING_CACHE='/tmp/cygemm-info-test.json'" in text
+    assert "tuning_cache = '/tmp/cygemm-info-test.json' (CYGEMM_TUNING_CACHE" in text
+    assert "autotune = 'auto' (CYGEMM_AUTOTUNE" in text
     assert "follows CUPY_TF32 (now 1)" in text
 
 
 def test_main_refuses_an_unknown_command():
     p = subprocess.run([sys.executable, "-m", "cygemm", "infos"], capture_output=True, text=True, timeout=120)
-    assert p.returncode != 0 and "usage: python -m cygemm [info]" in p.stderr
+    assert p.returncode != 0 and "usage: python -m cygemm" in p.stderr and "invalid choice: 'infos'" in p.stderr
+
+
+def test_help_lists_the_commands():
+    p = subprocess.run([sys.executable, "-m", "cygemm", "--help"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "check" in p.stdout and "info" in p.stdout
+
+
+def test_a_malformed_setting_is_a_clear_error_at_first_use_not_at_import():
+    code = ("import cygemm\n"
+            "try:\n    cygemm.get_options()\nexcept ValueError as e:\n    print('ERR', e)")
+    env = dict(os.environ, CYGEMM_AUTOTUNE_MIN_MACS="lots", CYGEMM_TUNING_MODE="warm")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    assert "ERR CYGEMM_AUTOTUNE_MIN_MACS: expected a number of multiply-adds >= 0, got 'lots'" in p.stdout
 
 
 def test_help_shows_each_public_signature_once():
     import pydoc
     from cygemm import gemm_ops, graph
     for fn in (cygemm.matmul, cygemm.gemm, cygemm.gemm_strided_batched, gemm_ops.forward_into,
-               gemm_ops.backward_into, cygemm.save_tuning, cygemm.load_tuning, graph.capture):
+               gemm_ops.backward_into, cygemm.save_tuning, cygemm.load_tuning, graph.capture,
+               cygemm.set_options, cygemm.GemmPlan.autotune):
         text = pydoc.render_doc(fn, renderer=pydoc.plaintext)
         name = fn.__name__
         lines = [line.strip() for line in text.splitlines()]

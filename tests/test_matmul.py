@@ -210,8 +210,6 @@ def test_shape_errors_name_the_argument_and_both_shapes(a, b, out, exc, words):
 
 
 def test_dtype_errors_name_the_argument():
-    with pytest.raises(TypeError, match=r"out: expected dtype float32 \(the result's\), got float16"):
-        cygemm.matmul(FakeDeviceArray((2, 2)), FakeDeviceArray((2, 2)), FakeDeviceArray((2, 2), "<f2"))
     with pytest.raises(TypeError, match="a: expected float16, bfloat16, float32 or float64"):
         cygemm.matmul(FakeDeviceArray((2, 2), "<i4"), FakeDeviceArray((2, 2)))
     with pytest.raises(ValueError, match="a: matmul needs at least 1 dimension"):

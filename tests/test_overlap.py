@@ -4,7 +4,7 @@ np.shares_memory on random views of one buffer, it never misses an overlap, and 
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from cygemm._core import arrays_overlap
+from cygemm._arrays import arrays_overlap
 from fakes import fake_view
 
 ROWS, COLS = 12, 16

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import cygemm
-from cygemm import _core, gemm_ops
+from cygemm import _context, gemm_ops
 from cygemm.gemm_ops import backward_into, forward_into
 from gpu_util import err_vs_scale, f64, poisoned, rand, rel_err
 
@@ -238,7 +238,7 @@ def test_eight_threads_thousands_of_mixed_calls():
         try:
             rng = np.random.default_rng(tid)
             s = cp.cuda.Stream(non_blocking=True)
-            handles[tid] = _core.context_info()["blas"]
+            handles[tid] = _context.context_info()["blas"]
             s.use()          # CuPy's own work (random inputs, poison) goes on s too: no race
             for i in range(calls_per_thread):
                 m, n, k = (int(x) for x in rng.integers(1, 96, 3))
@@ -295,7 +295,7 @@ def test_two_streams_write_different_outputs_concurrently():
     e1.synchronize()
     ref1 = cp.maximum(cp.matmul(A1.astype(cp.float64), B1.astype(cp.float64)), 0)
     assert float(cp.linalg.norm(C1 - ref1) / cp.linalg.norm(ref1)) < fp32_bound(n)
-    assert _core.context_info()["workspaces"] >= 2       # one cuBLAS workspace per stream
+    assert _context.context_info()["workspaces"] >= 2       # one cuBLAS workspace per stream
 
 
 # ------------------------------------------------------------------ soak and replays

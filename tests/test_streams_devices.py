@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import cygemm
-from cygemm import _core, fused, gemm_ops, plans
+from cygemm import _context, fused, gemm_ops, plans
 from cygemm.gemm_ops import backward_into, forward_into
 from gpu_util import f64, poisoned, rand, rel_err
 
@@ -203,7 +203,7 @@ def test_first_large_call_autotunes_without_holding_the_gil():
 
 def test_hundred_short_lived_streams_leave_memory_flat():
     A, B, C = rand(cp, (64, 64)), rand(cp, (64, 64)), poisoned(cp, (64, 64))
-    bound = _core.context_info()["max_eager_workspaces"]
+    bound = _context.context_info()["max_eager_workspaces"]
 
     def churn(n):
         for _ in range(n):
@@ -218,8 +218,8 @@ def test_hundred_short_lived_streams_leave_memory_flat():
     churn(100)
     gc.collect()
     used1 = device_bytes_in_use(release=False)
-    assert _core.context_info()["eager_workspaces"] <= bound
-    assert _core.pending_workspace_frees() == 0               # evicted ones were freed at once
+    assert _context.context_info()["eager_workspaces"] <= bound
+    assert _context.pending_workspace_frees() == 0               # evicted ones were freed at once
     assert used1 - used0 < 32 << 20, f"{(used1 - used0) >> 20} MiB more in use after 100 streams"
     assert rel_err(C.get(), f64(cp, A) @ f64(cp, B)) < 1e-5
 
@@ -227,10 +227,10 @@ def test_hundred_short_lived_streams_leave_memory_flat():
 def test_release_workspaces_frees_them_and_calls_still_work():
     A, B, C = rand(cp, (64, 64)), rand(cp, (64, 64)), poisoned(cp, (64, 64))
     cygemm.gemm(A, B, C, math="fp32")
-    assert _core.context_info()["workspaces"] >= 1
+    assert _context.context_info()["workspaces"] >= 1
     cp.cuda.Device().synchronize()
     cygemm.release_workspaces()
-    assert _core.context_info()["workspaces"] == 0
+    assert _context.context_info()["workspaces"] == 0
     C[...] = cp.nan
     cygemm.gemm(A, B, C, math="fp32")
     assert rel_err(C.get(), f64(cp, A) @ f64(cp, B)) < 1e-5
@@ -278,10 +278,10 @@ def test_graph_replayed_on_another_stream_while_eager_work_runs_on_the_capture_s
     kw = dict(act="gelu", math="fp32")
     backward_into(A, B, gY, Z, gA_out=gA, gBias_out=gb, work_dZ=dZ, stream=s, **kw)     # warm
     s.synchronize()
-    before = _core.context_info()["capture_workspaces"]
+    before = _context.context_info()["capture_workspaces"]
     with cygemm.graph.capture(s) as g:
         backward_into(A, B, gY, Z, gA_out=gA, gBias_out=gb, work_dZ=dZ, stream=s, **kw)
-    assert _core.context_info()["capture_workspaces"] == before + 1    # the graph's own workspace
+    assert _context.context_info()["capture_workspaces"] == before + 1    # the graph's own workspace
     for _ in range(20):                      # replays on t, eager backward (other data) on s
         g.launch(t)
         backward_into(A2, B2, gY2, Z2, gA_out=gA2, gBias_out=gb2, work_dZ=dZ2, stream=s, **kw)
@@ -355,7 +355,7 @@ def test_a_thread_ending_mid_capture_leaves_the_capture_valid():
     th.start()
     ready.wait()
     cygemm.release_workspaces()     # an empty queue (but for graph destructors CUDA runs late)
-    pending0 = _core.pending_workspace_frees()
+    pending0 = _context.pending_workspace_frees()
     with s:
         Y[...] = cp.nan
     with cygemm.graph.capture(s) as graph:
@@ -363,9 +363,9 @@ def test_a_thread_ending_mid_capture_leaves_the_capture_valid():
         go.set()
         th.join()                   # its thread-local context is gone once join returns
         gc.collect()
-        pending_mid = _core.pending_workspace_frees()
+        pending_mid = _context.pending_workspace_frees()
         forward_into(A, B, Y, bias, act="relu", math="fp32", stream=s)
-    pending_after = _core.pending_workspace_frees()
+    pending_after = _context.pending_workspace_frees()
     graph.launch(s)
     s.synchronize()
     ref = np.maximum(f64(cp, A) @ f64(cp, B) + f64(cp, bias), 0)
@@ -406,7 +406,7 @@ def test_each_device_computes_with_its_own_context_out_none_and_capture():
             Y, Z = gemm_ops.forward(A, B, bias, act="gelu", save_z=True, math="fp32", stream=s)
             s.synchronize()
             assert out.device.id == dev and Y.device.id == dev
-            assert _core.context_info()["device"] == dev
+            assert _context.context_info()["device"] == dev
             z = f64(cp, A) @ f64(cp, B)
             assert rel_err(out.get(), z) < 1e-5
             Y2 = poisoned(cp, (96, 80))

@@ -3,7 +3,7 @@
 from libc.stdint cimport int64_t, uintptr_t
 from cygemm.cudart cimport cudaStream_t, CUDA_R_32F
 from cygemm.cublas cimport CUBLAS_COMPUTE_32F
-from cygemm._core cimport GemmContext, current_context
+from cygemm._context cimport GemmContext, current_context
 from cygemm.rowmajor cimport gemm_rowmajor, gemm_rowmajor_strided_batched
 
 
