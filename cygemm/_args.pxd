@@ -36,6 +36,8 @@ cdef MatrixView* add_array(CallArgs* c, object x, const char* name, ArgRole role
 # A view the entry point made itself (e.g. out=None's result, once allocated).
 cdef MatrixView* add_view(CallArgs* c, const MatrixView* v, const char* name, ArgRole role) except NULL
 cdef int prepare_call(CallArgs* c, object math, cudaDataType dtype, object stream) except -1
+# The first part of prepare_call alone: overlaps and workspace rules (no GPU state).
+cdef int check_overlaps(CallArgs* c) except -1
 # The stream's and every given buffer's device against the context's (several GPUs only).
 cdef int check_devices(CallArgs* c) except -1
 

@@ -67,18 +67,23 @@ cdef int _check_scratch(const MatrixView* v, const char* name) except -1:
     return 0
 
 
-cdef int prepare_call(CallArgs* c, object math, cudaDataType dtype, object stream) except -1:
+cdef int check_overlaps(CallArgs* c) except -1:
     cdef int i, j
+    # Inputs come first: each output and workspace against everything before it.
+    for i in range(c.n):
+        if c.roles[i] == ARG_READ:
+            continue
+        if c.roles[i] == ARG_SCRATCH:
+            _check_scratch(&c.views[i], c.names[i])
+        for j in range(i):
+            if c.views[i].ptr != NULL and c.views[j].ptr != NULL:
+                check_no_overlap(&c.views[i], c.names[i].decode(), &c.views[j], c.names[j].decode())
+    return 0
+
+
+cdef int prepare_call(CallArgs* c, object math, cudaDataType dtype, object stream) except -1:
     if c.check_overlap:
-        # Inputs come first: each output and workspace against everything before it.
-        for i in range(c.n):
-            if c.roles[i] == ARG_READ:
-                continue
-            if c.roles[i] == ARG_SCRATCH:
-                _check_scratch(&c.views[i], c.names[i])
-            for j in range(i):
-                if c.views[i].ptr != NULL and c.views[j].ptr != NULL:
-                    check_no_overlap(&c.views[i], c.names[i].decode(), &c.views[j], c.names[j].decode())
+        check_overlaps(c)
     c.math = parse_math(math)
     c.compute = compute_type(dtype, c.math)
     stream_from_object(stream, &c.stream)

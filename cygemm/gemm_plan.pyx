@@ -20,7 +20,7 @@ from cygemm.cublaslt cimport CUBLASLT_EPILOGUE_DEFAULT
 from cygemm._types cimport ColMajorGemm, MatrixView, pointer_alignment
 from cygemm._errors cimport refuse_in_capture
 from cygemm._context cimport GemmContext, stream_workspace
-from cygemm._args cimport CallArgs, prepare_call
+from cygemm._args cimport CallArgs, prepare_call, check_overlaps, parse_math
 from cygemm._settings cimport autotune_level, AUTOTUNE_OFF
 from cygemm.plans cimport Plan, make_plan, decide_plan, run_with_fallback
 from cygemm.rowmajor cimport read_gemm
@@ -77,6 +77,9 @@ cdef class GemmPlan:
             raise ValueError("out: a GemmPlan writes into a given array, got None")
         self.alpha_f, self.beta_f = alpha, beta
         read_gemm(&self.args, A, B, out, trans_a, trans_b, batched, self.beta_f, &self.g)
+        check_overlaps(&self.args)          # every error an argument can cause, before anything is made
+        parse_math(math)
+        self.checked = True
         self.dtype = self.args.views[0].dtype
         self.trans_a, self.trans_b, self.batched, self.math = trans_a, trans_b, batched, math
         self.operands = (A, B, out)

@@ -1,8 +1,15 @@
 """GPU tests carry @pytest.mark.gpu and skip, with the reason, where no CUDA GPU is usable;
 tests that need several GPUs carry @pytest.mark.multigpu and skip where there is one."""
 import functools
+import os
+import tempfile
 
 import pytest
+
+# Tuning is kept in the user's cache folder by default: the tests keep theirs in a file of
+# their own (a test that checks the default sets its own environment), so that no run
+# depends on an earlier one, or on the user's.
+os.environ["CYGEMM_TUNING_CACHE"] = os.path.join(tempfile.mkdtemp(prefix="cygemm-tests-"), "tuning.jsonl")
 
 
 @functools.lru_cache(maxsize=None)

@@ -105,7 +105,10 @@ def fn(name):
             "forward": gemm_ops.forward, "backward": gemm_ops.backward,
             "as_tensor_2d": gemm_ops.as_tensor_2d, "assert_f32_2d": gemm_ops.assert_f32_2d,
             "ensure_workspaces": gemm_ops.ensure_workspaces, "ActAttrs.make": gemm_ops.ActAttrs.make,
-            "to_voidp_capsule": gemm_ops.to_voidp_capsule, "get_stream_ptr": gemm_ops.get_stream_ptr}[name]
+            "to_voidp_capsule": gemm_ops.to_voidp_capsule, "get_stream_ptr": gemm_ops.get_stream_ptr,
+            "matmul": cygemm.matmul, "GemmPlan": cygemm.GemmPlan, "set_options": cygemm.set_options,
+            "save_tuning": cygemm.save_tuning, "stream_pointer": cygemm.stream_pointer,
+            "empty_2d": gemm_ops.empty_2d, "empty_like_2d": gemm_ops.empty_like_2d}[name]
 
 
 # (function, build(mk) -> (args, kwargs), exception, words the message must hold, CPU-checkable)
@@ -230,6 +233,20 @@ CASES = {
     "forward_into/lt_workspace bytes": ("forward_into", lambda mk: (_layer(mk), {"lt_workspace": bytearray(16)}),
                                         TypeError, ["lt_workspace:"], True),
     "forward_into/stream float": ("forward_into", lambda mk: (_layer(mk), {"stream": 1.5}), TypeError, ["stream:"], True),
+    # A workspace that is a view of A's buffer: cuBLASLt would write into A mid-GEMM.
+    "forward_into/lt_workspace overlaps A": ("forward_into", lambda mk: (lambda P: ((mk.view(P, np.s_[:M]), mk.arr((K, N)),
+                                                                                     mk.out((M, N))),
+                                                                                    {"lt_workspace": P}))(mk.arr((M + 64, K))),
+                                             ValueError, ["lt_workspace:", "overlaps A"], True),
+    "forward_into/lt_workspace is out": ("forward_into", lambda mk: (lambda Y: ((mk.arr((M, K)), mk.arr((K, N)), Y),
+                                                                                {"lt_workspace": Y}))(mk.out((M, N))),
+                                         ValueError, ["lt_workspace:", "overlaps out"], True),
+    "forward_into/lt_workspace misaligned": ("forward_into", lambda mk: (_layer(mk), {"lt_workspace": mk.view(mk.arr((64, K)), np.s_[1:])}),
+                                             ValueError, ["lt_workspace:", "aligned to 256 bytes"], True),
+    "forward_into/lt_workspace strided": ("forward_into", lambda mk: (_layer(mk), {"lt_workspace": mk.strided((64,), (2,))}),
+                                          ValueError, ["lt_workspace:", "contiguous"], True),
+    "forward_into/autotune": ("forward_into", lambda mk: (_layer(mk), {"autotune": "always"}),
+                              ValueError, ["autotune:", "'exhaustive'"], True),
     "forward_into/out overlaps A": ("forward_into", lambda mk: (lambda P: ((mk.view(P, np.s_[:, :K]), mk.arr((K, N)),
                                                                             mk.view(P, np.s_[:, 2:2 + N])), {}))(mk.out((M, 8))),
                                     ValueError, ["out:", "overlaps A"], True),
@@ -277,6 +294,10 @@ CASES = {
                               ValueError, ["y:"], True),
     "backward_into/inf leaky_slope": ("backward_into", lambda mk: (_bwd(mk), {"act": "leaky_relu", "leaky_slope": math.inf}),
                                       ValueError, ["leaky_slope:"], True),
+    "backward_into/lt_workspace overlaps gY": ("backward_into", lambda mk: (lambda P: ((mk.arr((M, K)), mk.arr((K, N)),
+                                                                                        mk.view(P, np.s_[:M]), None),
+                                                                                       {"gA_out": mk.out((M, K)), "lt_workspace": P}))(mk.arr((M + 64, N))),
+                                               ValueError, ["lt_workspace:", "overlaps gY"], True),
     "backward_into/math": ("backward_into", lambda mk: (_bwd(mk)[:3] + (None,), {"math": "tf16"}), ValueError, ["math:"], True),
     "backward_into/gA_out overlaps gY": ("backward_into", lambda mk: (lambda P: ((mk.arr((M, K)), mk.arr((K, N)),
                                                                                   mk.view(P, np.s_[:, :N]), None),
@@ -297,6 +318,47 @@ CASES = {
                                                                                       mk.arr((M, N)), None),
                                                                                      {"gA_out": G, "gBias_out": mk.view(G, np.s_[1, :N])}))(mk.out((M, K))),
                                               ValueError, ["gBias_out:", "overlaps gA_out"], True),
+    # ---- matmul
+    "matmul/a numpy": ("matmul", lambda mk: ((np.ones((2, 2), np.float32), mk.arr((2, 2))), {}),
+                       TypeError, ["a:", "NumPy array in host memory"], True),
+    "matmul/b list": ("matmul", lambda mk: ((mk.arr((2, 2)), [[1.0]]), {}), TypeError, ["b:", "list"], True),
+    "matmul/int32": ("matmul", lambda mk: ((mk.arr((2, 2), "int32"), mk.arr((2, 2))), {}),
+                     TypeError, ["a:", "float16, bfloat16, float32 or float64", "int32"], True),
+    "matmul/0-D": ("matmul", lambda mk: ((mk.arr(()), mk.arr((2, 2))), {}), ValueError, ["a:", "1 dimension"], True),
+    "matmul/inner mismatch": ("matmul", lambda mk: ((mk.arr((3, 4)), mk.arr((5, 2))), {}),
+                              ValueError, ["b:", "a's last axis (4)"], True),
+    "matmul/batch broadcast": ("matmul", lambda mk: ((mk.arr((3, 2, 4)), mk.arr((2, 4, 2))), {}),
+                               ValueError, ["b:", "do not broadcast"], True),
+    "matmul/out shape": ("matmul", lambda mk: ((mk.arr((3, 4)), mk.arr((4, 2)), mk.out((3, 3))), {}),
+                         ValueError, ["out:", "(3, 2)", "(3, 3)"], True),
+    "matmul/out batch stride 0": ("matmul", lambda mk: ((mk.arr((3, 2, 4)), mk.arr((4, 2)), mk.strided((3, 2, 2), (0, 2, 1))), {}),
+                                  ValueError, ["out:", "stride 0"], True),
+    "matmul/math": ("matmul", lambda mk: ((mk.arr((2, 2)), mk.arr((2, 2)), mk.out((2, 2))), {"math": "tf16"}),
+                    ValueError, ["math:", "'cupy'"], True),
+    "matmul/autotune": ("matmul", lambda mk: ((mk.arr((2, 2)), mk.arr((2, 2)), mk.out((2, 2))), {"autotune": 1}),
+                        ValueError, ["autotune:"], True),
+    # ---- GemmPlan
+    "GemmPlan/out None": ("GemmPlan", lambda mk: ((mk.arr((2, 2)), mk.arr((2, 2)), None), {}), ValueError, ["out:"], True),
+    "GemmPlan/inner mismatch": ("GemmPlan", lambda mk: ((mk.arr((2, 3)), mk.arr((4, 2)), mk.out((2, 2))), {}),
+                                ValueError, ["B:", "3 rows"], True),
+    "GemmPlan/out overlaps A": ("GemmPlan", lambda mk: (lambda X: ((X, mk.arr((4, 4)), X), {}))(mk.out((4, 4))),
+                                ValueError, ["out:", "overlaps A"], True),
+    "GemmPlan/math": ("GemmPlan", lambda mk: ((mk.arr((2, 2)), mk.arr((2, 2)), mk.out((2, 2))), {"math": "fp8"}),
+                      ValueError, ["math:"], True),
+    "GemmPlan/batched out 2-D": ("GemmPlan", lambda mk: ((mk.arr((3, 2, 2)), mk.arr((3, 2, 2)), mk.out((2, 2))),
+                                                          {"batched": True}), ValueError, ["out:", "3-D"], True),
+    # ---- options and tuning files
+    "set_options/unknown": ("set_options", lambda mk: ((), {"autotuner": "auto"}), TypeError,
+                            ["set_options:", "autotuner"], True),
+    "set_options/autotune": ("set_options", lambda mk: ((), {"autotune": "sometimes"}), ValueError,
+                             ["autotune:", "'off', 'auto' or 'exhaustive'"], True),
+    "set_options/plan_cache_size": ("set_options", lambda mk: ((), {"plan_cache_size": 0}), ValueError,
+                                    ["plan_cache_size:", ">= 1"], True),
+    "set_options/tuning_mode": ("set_options", lambda mk: ((), {"tuning_mode": "warm"}), ValueError,
+                                ["tuning_mode:", "'sustained'"], True),
+    "save_tuning/unwritable": ("save_tuning", lambda mk: (("/etc/hostname/tuning.jsonl",), {}), OSError,
+                               ["/etc/hostname"], True),
+    "stream_pointer/str": ("stream_pointer", lambda mk: (("s",), {}), TypeError, ["stream:"], True),
     # ---- allocating forms (their own checks name the argument too)
     "forward/A numpy": ("forward", lambda mk: ((np.ones((M, K), np.float32), mk.arr((K, N))), {}), TypeError, ["A:"], True),
     "forward/B 3-D": ("forward", lambda mk: ((mk.arr((M, K)), mk.arr((1, K, N))), {}), ValueError, ["B:", "2-D"], True),
@@ -320,6 +382,8 @@ CASES = {
     "ActAttrs.make/negative slope": ("ActAttrs.make", lambda mk: (("leaky_relu",), {"leaky_slope": -0.5}),
                                      ValueError, ["leaky_slope:"], True),
     "to_voidp_capsule/null": ("to_voidp_capsule", lambda mk: ((0,), {}), ValueError, ["ptr:"], True),
+    "empty_2d/int dtype": ("empty_2d", lambda mk: ((2, 2), {"dtype": np.int32}), TypeError, ["dtype:", "int32"], False),
+    "empty_like_2d/3-D": ("empty_like_2d", lambda mk: ((mk.arr((2, 2, 2)),), {}), ValueError, ["x:"], True),
     "get_stream_ptr/str": ("get_stream_ptr", lambda mk: (("s",), {}), TypeError, ["stream:"], True),
 }
 
@@ -358,10 +422,29 @@ def test_bad_input_gpu_writes_nothing(name):
     np.testing.assert_allclose(got, cp.asnumpy(A).astype(np.float64) @ cp.asnumpy(B), rtol=1e-5, atol=1e-6)
 
 
+# Public names that take no argument a caller can get wrong (or only a file, whose faults are
+# warnings by design): each with the reason it has no row.
+NO_BAD_INPUT = {
+    "get_include": "takes no arguments", "gpu_unavailable_reason": "takes no arguments",
+    "device_count": "takes no arguments", "versions": "takes no arguments",
+    "release_workspaces": "takes no arguments", "get_options": "takes no arguments",
+    "load_tuning": "a missing or corrupt file is a RuntimeWarning and is ignored (tests/test_plans.py)",
+    "clear_ws_cache": "takes no arguments", "clear_plan_cache": "takes no arguments",
+    "ensure_cuda_dlls": "takes no arguments", "parse_activation": "covered through every act= row",
+    "GemmWorkspaces": "a NamedTuple of results", "TensorDesc": "a NamedTuple of results",
+    "ACTIVATIONS": "a dict", "ActAttrs": "covered as ActAttrs.make",
+}
+
+
 def test_table_covers_every_public_function():
-    covered = {c[0] for c in CASES.values()}
-    assert covered >= {"gemm", "gemm_strided_batched", "forward_into", "backward_into", "forward", "backward"}
-    assert len(CASES) >= 80
+    """Every public callable of cygemm and cygemm.gemm_ops has a row, or a reason above."""
+    public = {n for n in cygemm.__all__ if not isinstance(getattr(cygemm, n), type(cygemm))}
+    public |= set(gemm_ops.__all__)
+    public -= {n for n in public if isinstance(getattr(cygemm, n, None), type) and issubclass(getattr(cygemm, n), Exception)}
+    covered = {c[0].split(".")[0] for c in CASES.values()}
+    missing = public - covered - set(NO_BAD_INPUT)
+    assert not missing, f"public functions without a bad-input row: {sorted(missing)}"
+    assert not (set(NO_BAD_INPUT) - public), "exemptions for names that are not public"
 
 
 # ---- column blocks of one buffer do not overlap: accepted (exact check, not address ranges)
@@ -412,6 +495,19 @@ def test_array_on_another_device_is_refused():
 
 @pytest.mark.gpu
 @pytest.mark.multigpu
+def test_lt_workspace_on_another_device_is_refused():
+    cp = _two_gpus()
+    with cp.cuda.Device(1):
+        ws1 = cp.empty(1 << 20, cp.uint8)
+    with cp.cuda.Device(0):
+        A, B, out = cp.ones((8, 8), cp.float32), cp.ones((8, 8), cp.float32), cp.full((8, 8), cp.nan, cp.float32)
+        with pytest.raises(ValueError, match="lt_workspace: the array is on device 1"):
+            gemm_ops.forward_into(A, B, out, act="relu", lt_workspace=ws1)
+        assert bool(cp.isnan(out).all())
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu
 def test_stream_of_another_device_is_refused():
     cp = _two_gpus()
     with cp.cuda.Device(1):
@@ -423,10 +519,11 @@ def test_stream_of_another_device_is_refused():
         assert bool(cp.isnan(out).all())
 
 
-# ---- allocating calls while the stream is capturing: RuntimeError, and the capture survives
+# ---- allocating calls while the stream is capturing: one CaptureError, and the capture survives
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("call", ["forward", "backward", "ensure_workspaces", "gemm out=None"])
+@pytest.mark.parametrize("call", ["forward", "backward", "ensure_workspaces", "gemm out=None", "matmul out=None",
+                                  "matmul cast into out"])
 def test_allocating_call_during_capture_is_refused(call):
     import cupy as cp
     mk = Reals(cp)
@@ -439,13 +536,17 @@ def test_allocating_call_during_capture_is_refused(call):
     Y.fill(cp.nan)
     cp.cuda.Device().synchronize()
     with cygemm.graph.capture(s) as g:
-        with pytest.raises(RuntimeError, match="captur"):
+        with pytest.raises(cygemm.CaptureError, match="captur"):
             if call == "forward":
                 gemm_ops.forward(A, B, stream=s)
             elif call == "backward":
                 gemm_ops.backward(A, B, gY, None, stream=s)
             elif call == "ensure_workspaces":
                 gemm_ops.ensure_workspaces(1234, 567, stream=s)
+            elif call == "matmul out=None":
+                cygemm.matmul(A, B, stream=s)
+            elif call == "matmul cast into out":
+                cygemm.matmul(A, B, cp.empty((M, N), cp.float64), stream=s)
             else:
                 cygemm.gemm(A, B, stream=s)
         cygemm.gemm(A, B, Y, math="fp32", stream=s)    # the capture is still alive

@@ -80,12 +80,30 @@ def test_stream_none_without_gpu_raises_cygemms_cuda_error_not_cupys():
 
 
 @pytest.mark.nogpu
-def test_gemm_without_gpu_raises_cuda_error_naming_the_call():
+def test_gemm_without_gpu_raises_cuda_error_naming_the_call_in_plain_words():
     a = FakeDeviceArray((4, 4))
     with pytest.raises(cygemm.CudaError) as info:
         cygemm.gemm(a, a, FakeDeviceArray((4, 4), ptr=a.__cuda_array_interface__["data"][0] + 4096), stream=0)
     assert info.value.call in ("cudaGetDevice", "cudaGetDeviceCount", "cublasCreate")
     assert info.value.name.startswith("cuda")
+    # Not only "CUDA driver version is insufficient": what gpu_unavailable_reason says too.
+    assert cygemm.gpu_unavailable_reason() in str(info.value)
+
+
+@pytest.mark.nogpu
+def test_device_count_is_zero_without_a_gpu():
+    assert cygemm.device_count() == 0
+
+
+def test_a_driver_failure_is_its_own_error_type_naming_the_call():
+    err = cygemm.CudaDriverError(400, "cuStreamGetCtx")
+    assert isinstance(err, cygemm.CygemmError) and "CUresult 400" in str(err) and err.call == "cuStreamGetCtx"
+    import pickle
+    assert str(pickle.loads(pickle.dumps(err))) == str(err)
+
+
+def test_capture_refusals_are_one_exception_type():
+    assert issubclass(cygemm.CaptureError, cygemm.CygemmError) and issubclass(cygemm.CaptureError, RuntimeError)
 
 
 def test_get_include_lists_existing_folders_with_pxd_and_headers():

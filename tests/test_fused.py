@@ -38,28 +38,12 @@ def act_ref(act, z):
     raise AssertionError(act)
 
 
-def act_grad_ref(act, z):
-    if act == "none":
-        return np.ones_like(z)
-    if act == "relu":
-        return (z > 0).astype(z.dtype)
-    if act == "leaky_relu":
-        return np.where(z > 0, 1.0, SLOPE)
-    if act == "gelu":
-        u = np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)
-        t = np.tanh(u)
-        return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * z * z)
-    if act == "gelu_erf":
-        return 0.5 * (1 + _erf(z / np.sqrt(2))) + z * np.exp(-0.5 * z * z) / np.sqrt(2 * np.pi)
-    if act == "sigmoid":
-        s = 1 / (1 + np.exp(-z))
-        return s * (1 - s)
-    if act == "tanh":
-        return 1 - np.tanh(z) ** 2
-    if act == "silu":
-        s = 1 / (1 + np.exp(-z))
-        return s * (1 + z * (1 - s))
-    raise AssertionError(act)
+def act_grad_ref(act, z, h=1e-5):
+    """act'(z) by finite differences of the definition above, in float64: independent of how
+    cygemm's kernels write the derivative. One-sided of second order (error ~h^2, far below
+    the bounds), on z's own side of 0 so that relu's kink is never straddled."""
+    step = np.where(z >= 0, h, -h)
+    return (-3 * act_ref(act, z) + 4 * act_ref(act, z + step) - act_ref(act, z + 2 * step)) / (2 * step)
 
 
 def bound(math_mode, k):
@@ -149,7 +133,7 @@ def test_backward_bias_gradient_is_deterministic():
         np.testing.assert_array_equal(o, outs[0])
 
 
-@pytest.mark.parametrize("act", ["relu", "gelu", "tanh", "silu", "leaky_relu"])
+@pytest.mark.parametrize("act", ACTS)
 def test_against_torch_autograd(act):
     torch = pytest.importorskip("torch")
     import torch.nn.functional as Fn
@@ -162,7 +146,8 @@ def test_against_torch_autograd(act):
                   work_dZ=cp.empty((M, N), cp.float32), math="fp32")
     t = lambda x: torch.as_tensor(cp.asnumpy(x), dtype=torch.float64).requires_grad_()
     tA, tB, tb = t(A), t(B), t(bias)
-    fn = {"relu": torch.relu, "gelu": lambda z: Fn.gelu(z, approximate="tanh"), "tanh": torch.tanh,
+    fn = {"none": lambda z: z, "relu": torch.relu, "gelu": lambda z: Fn.gelu(z, approximate="tanh"),
+          "gelu_erf": lambda z: Fn.gelu(z, approximate="none"), "sigmoid": torch.sigmoid, "tanh": torch.tanh,
           "silu": Fn.silu, "leaky_relu": lambda z: Fn.leaky_relu(z, SLOPE)}[act]
     ty = fn(tA @ tB + tb)
     ty.backward(torch.as_tensor(cp.asnumpy(gY), dtype=torch.float64))
@@ -356,3 +341,35 @@ def test_torch_tensors_forward_backward_against_torch(dtype, act):
     y_t.backward(gY)
     assert err(Y, y_t.detach().double()) < bound
     assert err(gW, tt[1].grad.double()) < bound
+
+
+def test_an_lt_workspace_inside_A_is_refused_and_A_left_as_it_was():
+    """A workspace that is a view of A's buffer would be written by cuBLASLt mid-GEMM (on the
+    H200: A changed and a 5.9e-3 error at 256x256x16384 fp32). Refused before anything runs."""
+    M, K, N = 256, 16384, 256
+    P = rand(cp, (M + 512, K))
+    A, before = P[:M], cp.asnumpy(P)
+    B, Y = rand(cp, (K, N)), poisoned(cp, (M, N))
+    with pytest.raises(ValueError, match="lt_workspace: its memory overlaps A"):
+        forward_into(A, B, Y, None, act="relu", lt_workspace=P[M - 1:].reshape(-1), math="fp32")
+    cp.cuda.Device().synchronize()
+    np.testing.assert_array_equal(cp.asnumpy(P), before)
+    assert bool(cp.isnan(Y).all())
+    # Beside A (the rows after it), the same buffer is a valid workspace.
+    forward_into(A, B, Y, None, act="relu", lt_workspace=P[M:].reshape(-1), math="fp32")
+    assert rel_err(Y.get(), np.maximum(f64(cp, A) @ f64(cp, B), 0)) < bound("fp32", K)
+    np.testing.assert_array_equal(cp.asnumpy(A), before[:M])
+
+
+def test_cupy_bfloat16_arrays_are_read_like_torchs():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf16 = ml_dtypes.bfloat16
+    M, K, N = 64, 96, 48
+    rng = np.random.default_rng()
+    A = cp.asarray(rng.standard_normal((M, K)).astype(bf16))
+    B = cp.asarray(rng.standard_normal((K, N)).astype(bf16))
+    bias = cp.asarray(rng.standard_normal(N).astype(bf16))
+    Y = cp.asarray(np.full((M, N), np.nan, bf16))
+    forward_into(A, B, Y, bias, act="gelu")
+    a, b, c = (cp.asnumpy(x).astype(np.float64) for x in (A, B, bias))
+    assert rel_err(cp.asnumpy(Y).astype(np.float64), act_ref("gelu", a @ b + c)) < 2e-2

@@ -46,16 +46,6 @@ def _carve(buf, cursor, shape, order):
     return v
 
 
-def _readable(x):
-    """Whether cuBLAS can read x's matrices in place: one of the last two axes has unit
-    stride and the other a stride >= its length (axes of length <= 1 fit either way)."""
-    if x.ndim < 2 or x.size == 0:       # an empty array's strides mean nothing: read as C-ordered
-        return True
-    (r, c), (s0, s1) = x.shape[-2:], (st // x.itemsize for st in x.strides[-2:])
-    return ((s1 == 1 or c <= 1) and (r <= 1 or c == 0 or s0 >= c)) or \
-        ((s0 == 1 or r <= 1) and (c <= 1 or r == 0 or s1 >= r))
-
-
 CASES = [
     # a shape, b shape
     ((5, 7), (7, 3)), ((1, 7), (7, 1)), ((7,), (7, 4)), ((6, 7), (7,)), ((7,), (7,)),
@@ -66,6 +56,16 @@ CASES = [
 ]
 ORDERS = ["C", "F", "T", "pad", "bperm", "rev", "bcast"]
 OUT_ORDERS = ["C", "F", "pad", "bperm", "rev"]
+
+
+def _unit_stride_in_last_two(x):
+    """Whether one of x's matrix axes steps one element (or has one element): _carve's layouts
+    that have one are one matrix after another with rows or columns contiguous, which BLAS
+    reads in place with a leading dimension; "T" of 3 or more axes puts the unit step on the
+    first axis instead, which no leading dimension describes."""
+    if x.ndim < 2 or x.size == 0:
+        return True
+    return any(x.shape[i] == 1 or x.strides[i] == x.itemsize for i in (-2, -1))
 
 
 def _problem(buf, rng, a_shape, b_shape, oa, ob, oc):
@@ -83,6 +83,19 @@ def _problem(buf, rng, a_shape, b_shape, oa, ob, oc):
     return a, b, c, ref
 
 
+@pytest.mark.parametrize("which", ["a", "b", "out"])
+def test_a_matrix_without_a_unit_stride_axis_is_not_read_in_place(which):
+    """x[::2, ::2]: no axis of unit stride, which no cuBLAS leading dimension describes."""
+    buf = np.zeros(4000, np.float32)
+    views = {"a": buf[:400].reshape(20, 20)[::2, ::2], "b": buf[400:500].reshape(10, 10),
+             "out": buf[500:600].reshape(10, 10)}
+    if which != "a":
+        views["a"] = buf[1000:1100].reshape(10, 10)
+    views[which] = buf[2000:2400].reshape(20, 20)[::2, ::2]
+    with pytest.raises(ValueError, match="copy"):
+        describe_matmul(*(fake_view(buf, views[k]) for k in ("a", "b", "out")))
+
+
 @pytest.mark.parametrize("a_shape,b_shape", CASES)
 def test_calls_compute_numpy_matmul_for_every_layout(a_shape, b_shape):
     rng = np.random.default_rng(abs(hash((a_shape, b_shape))) % 2**32)
@@ -90,7 +103,7 @@ def test_calls_compute_numpy_matmul_for_every_layout(a_shape, b_shape):
         buf = np.zeros(20_000, np.float32)
         a, b, c, ref = _problem(buf, rng, a_shape, b_shape, oa, ob, oc)
         before = buf.copy()
-        if not all(_readable(x) for x in (a, b, c)):
+        if not all(_unit_stride_in_last_two(x) for x in (a, b, c)):
             with pytest.raises(ValueError, match="copy"):
                 describe_matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c))
             continue
@@ -340,11 +353,49 @@ def test_matmul_on_a_non_current_stream_and_captured_with_out(gpu):
     cp.cuda.Device().synchronize()
     with cygemm.graph.capture(s) as graph:
         cygemm.matmul(a, b, out, math="fp32", stream=s)
-        with pytest.raises(ValueError, match="out=None allocates"):
+        with pytest.raises(cygemm.CaptureError, match="out=None allocates"):
             cygemm.matmul(a, b, stream=s)
     graph.launch(s)
     s.synchronize()
     assert rel_err(cp.asnumpy(out), _ref(a, b)) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a_dtype,b_dtype,out_dtype", [
+    ("float32", "float64", "float32"), ("float16", "float16", "float32"), ("float64", "float64", "float32"),
+    ("float32", "float32", "float64"), ("float32", "float32", "float16")])
+def test_an_out_of_another_dtype_gets_the_result_cast_as_numpy_does(gpu, a_dtype, b_dtype, out_dtype):
+    """NumPy and cp.matmul compute in the inputs' promoted dtype and cast into out
+    (same_kind); so does cygemm.matmul, for CuPy and torch outs alike."""
+    a, b = rand(cp, (3, 40, 56), a_dtype), rand(cp, (56, 24), b_dtype)
+    out = poisoned(cp, (3, 40, 24), out_dtype)
+    assert cygemm.matmul(a, b, out, math="fp32") is out
+    computed = np.result_type(a_dtype, b_dtype)
+    ref = np.matmul(cp.asnumpy(a).astype(computed), cp.asnumpy(b).astype(computed)).astype(out_dtype)
+    exact = np.matmul(f64(cp, a), f64(cp, b))
+    bound = max(_tol(computed.type, 56, "fp32"), _tol(np.dtype(out_dtype).type, 56, "fp32"))
+    assert rel_err(cp.asnumpy(out), exact) < bound
+    assert rel_err(cp.asnumpy(out), ref.astype(np.float64)) < bound
+    torch = pytest.importorskip("torch")
+    tout = torch.full((3, 40, 24), float("nan"), device="cuda", dtype=getattr(torch, out_dtype))
+    assert cygemm.matmul(a, b, tout, math="fp32") is tout
+    torch.cuda.synchronize()
+    assert rel_err(tout.double().cpu().numpy(), exact) < bound
+
+
+@pytest.mark.gpu
+def test_cupy_bfloat16_matmul_allocates_bfloat16(gpu):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng()
+    a = cp.asarray(rng.standard_normal((2, 32, 48)).astype(ml_dtypes.bfloat16))
+    b = cp.asarray(rng.standard_normal((48, 16)).astype(ml_dtypes.bfloat16))
+    got = cygemm.matmul(a, b)
+    assert got.dtype == np.dtype(ml_dtypes.bfloat16) and got.shape == (2, 32, 16)
+    exact = np.matmul(cp.asnumpy(a).astype(np.float64), cp.asnumpy(b).astype(np.float64))
+    assert rel_err(cp.asnumpy(got).astype(np.float64), exact) < 2e-2
+    out = cp.asarray(np.full((2, 32, 16), np.nan, np.float32))         # and cast into float32
+    cygemm.matmul(a, b, out)
+    assert rel_err(cp.asnumpy(out), exact) < 2e-2
 
 
 @pytest.mark.gpu
@@ -424,7 +475,7 @@ def _matmul_problem(draw):
 def test_property_calls_compute_numpy_matmul(problem):
     buf = np.zeros(40_000, np.float32)
     a, b, c, ref = _problem(buf, np.random.default_rng(0), *problem)
-    if not all(_readable(x) for x in (a, b, c)):
+    if not all(_unit_stride_in_last_two(x) for x in (a, b, c)):
         return
     for d in describe_matmul(fake_view(buf, a), fake_view(buf, b), fake_view(buf, c)):
         cublas_gemm_model(buf, d, batched=True)
