@@ -12,9 +12,11 @@ import tarfile
 import tempfile
 import zipfile
 
-PXD = ["_core", "cublas", "cublaslt", "cudart", "kernels", "plans", "rowmajor", "timing"]
-PYX = ["_core", "plans", "rowmajor", "fused", "graph", "matmul"]
-STUBS = ["_core", "plans", "rowmajor", "fused", "graph", "matmul"]
+PYX = ["_errors", "_settings", "_context", "_arrays", "_alloc", "_args", "tuning", "plans", "rowmajor",
+       "gemm_plan", "matmul", "fused", "graph"]
+PXD = ["cublas", "cublaslt", "cudart", "kernels", "timing", "_types", "_errors", "_settings", "_context",
+       "_arrays", "_alloc", "_args", "tuning", "plans", "rowmajor"]
+STUBS = PYX
 WHEEL_NEEDS = ([f"cygemm/{m}.pxd" for m in PXD] + [f"cygemm/{m}.pyi" for m in STUBS]
                + ["cygemm/__init__.py", "cygemm/_cuda_paths.py", "cygemm/gemm_ops.py", "cygemm/py.typed",
                   "cygemm/include/cygemm/kernels.h"])

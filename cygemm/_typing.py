@@ -3,10 +3,10 @@
 Protocols, so a type checker accepts CuPy arrays, torch tensors, Numba and JAX arrays alike
 without cygemm importing any of them.
 """
-from typing import Any, Literal, Protocol, Tuple, Union, runtime_checkable
+from typing import Any, Literal, Optional, Protocol, Tuple, Union, runtime_checkable
 
 __all__ = ["CudaArrayInterface", "DLPackArray", "DeviceArray", "CudaStreamProtocol", "StreamLike", "Math",
-           "MatmulMath", "Activation"]
+           "MatmulMath", "Activation", "Autotune"]
 
 
 @runtime_checkable
@@ -42,3 +42,5 @@ StreamLike = Union[None, int, CudaStreamProtocol, Any]
 Math = Literal["tf32", "fp32"]
 MatmulMath = Literal["tf32", "fp32", "cupy"]
 Activation = Literal["none", "identity", "relu", "leaky_relu", "gelu", "gelu_erf", "sigmoid", "tanh", "silu"]
+
+Autotune = Optional[Literal["off", "auto", "exhaustive"]]

@@ -1,6 +1,6 @@
-from typing import Dict, Optional, Tuple, TypeVar
+from typing import Dict, List, Optional, Tuple, TypeVar
 
-from cygemm._typing import Activation, DeviceArray, Math, StreamLike
+from cygemm._typing import Activation, Autotune, DeviceArray, Math, StreamLike
 
 _Out = TypeVar("_Out", bound=DeviceArray)
 
@@ -9,17 +9,18 @@ FORWARD_ROUTES: Dict[str, str]
 BACKWARD_ROUTES: Dict[str, str]
 
 def parse_activation(act: str) -> int: ...
+def activation_table() -> List[dict]: ...
 def clear_plan_cache() -> None: ...
 def layer_shape(A: DeviceArray, B: DeviceArray) -> Tuple[int, int, int, str]: ...
 def plan_cache_size() -> int: ...
 def forward_into(A: DeviceArray, B: DeviceArray, out: _Out, bias: Optional[DeviceArray] = None, *,
                  with_bias: bool = True, act: Activation = "none", leaky_slope: float = 0.01, save_z: bool = False,
                  z_out: Optional[DeviceArray] = None, lt_workspace: Optional[DeviceArray] = None,
-                 math: Math = "tf32", stream: StreamLike = None) -> _Out: ...
+                 math: Math = "tf32", stream: StreamLike = None, autotune: Autotune = None) -> _Out: ...
 def backward_into(A: DeviceArray, B: DeviceArray, gY: DeviceArray, Z: Optional[DeviceArray], *,
                   with_bias: bool = True, act: Activation = "none", leaky_slope: float = 0.01,
                   gA_out: Optional[DeviceArray] = None, gB_out: Optional[DeviceArray] = None,
                   gBias_out: Optional[DeviceArray] = None, work_dZ: Optional[DeviceArray] = None,
                   lt_workspace: Optional[DeviceArray] = None, math: Math = "tf32", stream: StreamLike = None,
-                  accumulate: bool = False, y: Optional[DeviceArray] = None
+                  accumulate: bool = False, y: Optional[DeviceArray] = None, autotune: Autotune = None
                   ) -> Tuple[Optional[DeviceArray], Optional[DeviceArray], Optional[DeviceArray]]: ...

@@ -1,13 +1,13 @@
 from typing import List, Optional, TypeVar, overload
 
-from cygemm._typing import DeviceArray, MatmulMath, StreamLike
+from cygemm._typing import Autotune, DeviceArray, MatmulMath, StreamLike
 
 _Out = TypeVar("_Out", bound=DeviceArray)
 
 @overload
 def matmul(a: DeviceArray, b: DeviceArray, out: None = None, *, math: MatmulMath = "tf32",
-           stream: StreamLike = None) -> DeviceArray: ...
+           stream: StreamLike = None, autotune: Autotune = None) -> DeviceArray: ...
 @overload
 def matmul(a: DeviceArray, b: DeviceArray, out: _Out, *, math: MatmulMath = "tf32",
-           stream: StreamLike = None) -> _Out: ...
+           stream: StreamLike = None, autotune: Autotune = None) -> _Out: ...
 def describe_matmul(a: DeviceArray, b: DeviceArray, out: DeviceArray) -> List[dict]: ...
