@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Build another commit of cygemm beside this one, as the package `cygemm_old`, so that one
+# process can import both and time them interleaved on the same operands:
+#   bash scripts/build_renamed.sh COMMIT DIR      # then: PYTHONPATH=DIR python3 -m benchmarks.compare_builds
+# Every name of the package (modules, cimports, the header folder, the kernels' C symbols) is
+# renamed, so the two builds share nothing but cuBLAS.
+set -euo pipefail
+COMMIT=$1
+DIR=$(mkdir -p "$2" && cd "$2" && pwd)
+cd "$(dirname "$0")/.."
+rm -rf "$DIR/src" && mkdir -p "$DIR/src"
+git archive "$COMMIT" cygemm setup.py | tar -x -C "$DIR/src"
+cd "$DIR/src"
+mv cygemm cygemm_old
+mv cygemm_old/include/cygemm cygemm_old/include/cygemm_old
+grep -rlE "cygemm" --include='*.py' --include='*.pyx' --include='*.pxd' --include='*.cu' --include='*.h' . \
+    | xargs sed -i -E 's/\bcygemm\b/cygemm_old/g; s/\bcygemm_(act|bias|hold|mlp)/cygemm_old_\1/g; s/\bCYGEMM_(ACT|KERNELS_H|TIMING_H)/CYGEMM_OLD_\1/g'
+python3 setup.py build_ext --inplace > "$DIR/build.log" 2>&1 || { tail -30 "$DIR/build.log"; exit 1; }
+rm -rf "$DIR/cygemm_old" && mv cygemm_old "$DIR/cygemm_old"
+echo "built $COMMIT as cygemm_old in $DIR"
