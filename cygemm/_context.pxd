@@ -37,11 +37,11 @@ ctypedef struct GemmContext:
     cudaStream_t bound_stream
     void* bound_workspace
     # Workspaces, one per stream (work on one stream is serial, across streams it is
-    # not), at most max_eager eager ones: the least recently used is freed beyond that.
+    # not), at most max_stream_workspaces (an option) eager ones: the least recently used is
+    # freed beyond that.
     StreamWorkspace* workspaces
     int n_workspaces
     int cap_workspaces
-    int max_eager
     unsigned long long use_counter
     size_t workspace_bytes
 

@@ -18,7 +18,7 @@ from cygemm.cublas cimport *
 from cygemm.cublaslt cimport cublasLtHandle_t, cublasLtCreate, cublasLtDestroy, cublasLtGetVersion
 from cygemm._errors cimport check_cuda, check_cublas, check_driver
 from cygemm._errors import CudaError
-from cygemm._settings cimport options
+from cygemm._settings cimport options, loaded_options
 
 try:
     import cupy as _cupy
@@ -58,7 +58,6 @@ cdef class _Context:
     def __cinit__(self, int device):
         self.ctx.device = device
         self.ctx.workspace_bytes = WORKSPACE_BYTES
-        self.ctx.max_eager = options().max_stream_workspaces
         cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
         cdef cublasStatus_t st_blas, st_lt = CUBLAS_STATUS_SUCCESS
         # Creating handles may allocate: allowed even while another stream of this thread is
@@ -101,7 +100,8 @@ cdef class _Context:
             _defer_release(RELEASE_LT, self.ctx.device, <void*>self.ctx.lt)
         if self.ctx.blas != NULL:
             _defer_release(RELEASE_BLAS, self.ctx.device, <void*>self.ctx.blas)
-        _drain_if_safe()
+        with nogil:
+            _drain_if_safe()
 
     @property
     def device(self):
@@ -126,6 +126,10 @@ ctypedef struct _Deferred:
     void* ptr
 
 cdef PyThread_type_lock _deferred_lock = PyThread_allocate_lock()
+# Held while one queued item is released when no capture is known open, and by a capture about
+# to begin (begin_capture): a release never overlaps the start of a capture in another thread.
+cdef PyThread_type_lock _release_mutex = PyThread_allocate_lock()
+cdef int _n_opening = 0         # captures between begin_capture and their note_capture
 cdef _Deferred* _deferred = NULL
 cdef int _n_deferred = 0, _cap_deferred = 0
 
@@ -180,36 +184,44 @@ cdef void _release_now(_Deferred item) noexcept nogil:
     cudaThreadExchangeStreamCaptureMode(&mode)
 
 
-cdef void _free_deferred() noexcept nogil:
-    """Release the queue, graphs first (destroying one releases the workspaces it owns into
-    the queue, once CUDA runs their destructors)."""
+cdef bint _pop(_Deferred* item, bint graphs_only) noexcept nogil:
+    """Take one queued item (a graph first when graphs_only), under the queue's lock."""
     global _n_deferred
-    cdef _Deferred item
-    cdef int i, found
-    while True:
-        found = -1
-        PyThread_acquire_lock(_deferred_lock, WAIT_LOCK)
-        for i in range(_n_deferred):
-            if _deferred[i].kind == RELEASE_GRAPH_EXEC or _deferred[i].kind == RELEASE_GRAPH:
-                found = i
-                break
-        if found < 0:
-            PyThread_release_lock(_deferred_lock)
+    cdef int i, found = -1
+    PyThread_acquire_lock(_deferred_lock, WAIT_LOCK)
+    for i in range(_n_deferred):
+        if not graphs_only or _deferred[i].kind == RELEASE_GRAPH_EXEC or _deferred[i].kind == RELEASE_GRAPH:
+            found = i
             break
-        item = _deferred[found]
+    if found >= 0:
+        item[0] = _deferred[found]
         _deferred[found] = _deferred[_n_deferred - 1]
         _n_deferred -= 1
-        PyThread_release_lock(_deferred_lock)
-        _release_now(item)
+    PyThread_release_lock(_deferred_lock)
+    return found >= 0
+
+
+cdef void _free_deferred(bint only_if_safe) noexcept nogil:
+    """Release the queue, graphs first (destroying one releases the workspaces it owns into
+    the queue, once CUDA runs their destructors). only_if_safe: item by item, each only while
+    no capture is known open or about to open."""
+    cdef _Deferred item
+    cdef bint graphs_only = True, got
     while True:
-        PyThread_acquire_lock(_deferred_lock, WAIT_LOCK)
-        if _n_deferred == 0:
-            PyThread_release_lock(_deferred_lock)
-            return
-        _n_deferred -= 1
-        item = _deferred[_n_deferred]
-        PyThread_release_lock(_deferred_lock)
-        _release_now(item)
+        if only_if_safe:
+            PyThread_acquire_lock(_release_mutex, WAIT_LOCK)
+            if _n_open_captures != 0 or _n_opening != 0:
+                PyThread_release_lock(_release_mutex)
+                return
+        got = _pop(&item, graphs_only)
+        if got:
+            _release_now(item)
+        if only_if_safe:
+            PyThread_release_lock(_release_mutex)
+        if not got:
+            if not graphs_only:
+                return
+            graphs_only = False
 
 
 cdef void defer_release(ReleaseKind kind, int device, void* ptr) noexcept nogil:
@@ -218,8 +230,8 @@ cdef void defer_release(ReleaseKind kind, int device, void* ptr) noexcept nogil:
 
 
 cdef void _drain_if_safe() noexcept nogil:
-    if _n_open_captures == 0:
-        _free_deferred()
+    if _n_open_captures == 0 and _n_opening == 0:
+        _free_deferred(True)
 
 
 def pending_workspace_frees():
@@ -248,14 +260,31 @@ cdef int _note_capture(cudaStream_t stream, unsigned long long cid) except -1 wi
     return 0
 
 
-def note_capture(stream):
-    """Record whether `stream` is capturing now (cygemm.graph.capture calls this at both ends)."""
+def begin_capture():
+    """Call before cudaStreamBeginCapture (cygemm.graph.capture does): waits for a release in
+    progress, and no release starts until the matching note_capture(opening=True)."""
+    global _n_opening
+    with nogil:
+        PyThread_acquire_lock(_release_mutex, WAIT_LOCK)
+    _n_opening += 1
+    PyThread_release_lock(_release_mutex)
+
+
+def note_capture(stream, bint opening=False):
+    """Record whether `stream` is capturing now (cygemm.graph.capture calls this at both ends;
+    opening: the end of a begin_capture, whether or not the capture began)."""
+    global _n_opening
     cdef cudaStream_t s
     cdef unsigned long long cid = 0
-    stream_from_object(stream, &s)
-    _capture_info(s, &cid, NULL)
-    _note_capture(s, cid)
-    _drain_if_safe()            # what waited for the captures to end
+    try:
+        stream_from_object(stream, &s)
+        _capture_info(s, &cid, NULL)
+        _note_capture(s, cid)
+    finally:
+        if opening:
+            _n_opening -= 1
+    with nogil:
+        _drain_if_safe()        # what waited for the captures to end
 
 
 def open_capture_count():
@@ -369,7 +398,8 @@ def destroy_graph_when_safe(uintptr_t exec_, uintptr_t graph):
         _defer_release(RELEASE_GRAPH_EXEC, -1, <void*>exec_)
     if graph:
         _defer_release(RELEASE_GRAPH, -1, <void*>graph)
-    _drain_if_safe()
+    with nogil:                 # frees may synchronize the device: other threads run meanwhile
+        _drain_if_safe()
 
 
 def release_workspaces():
@@ -383,8 +413,10 @@ def release_workspaces():
     """
     cdef _Context owner
     for owner in getattr(_tls, "contexts", {}).values():
-        owner.release(True)
-    _free_deferred()
+        with nogil:
+            owner.release(True)
+    with nogil:
+        _free_deferred(False)
 
 
 def context_info():
@@ -395,7 +427,7 @@ def context_info():
         eager += ctx.workspaces[i].capture_id == 0
     return dict(device=ctx.device, blas=<uintptr_t>ctx.blas, lt=<uintptr_t>ctx.lt,
                 workspaces=ctx.n_workspaces, eager_workspaces=eager, capture_workspaces=ctx.n_workspaces - eager,
-                max_eager_workspaces=ctx.max_eager, workspace_bytes=ctx.workspace_bytes)
+                max_eager_workspaces=loaded_options().max_stream_workspaces, workspace_bytes=ctx.workspace_bytes)
 
 cdef int _capture_info(cudaStream_t stream, unsigned long long* cid, cudaGraph_t* graph) except -1 nogil:
     """cid: the id of the capture under way on `stream`, 0 if none; graph: its graph."""
@@ -463,7 +495,7 @@ cdef int _entry(GemmContext* ctx, cudaStream_t stream) except -1 nogil:
             ctx.workspaces[i].last_use = ctx.use_counter
             return i
         eager += ctx.workspaces[i].capture_id == 0
-    if cid == 0 and eager >= ctx.max_eager:
+    if cid == 0 and eager >= loaded_options().max_stream_workspaces:
         _evict_lru(ctx, False)
     elif cid != 0 and ctx.n_workspaces - eager >= MAX_CAPTURE_ENTRIES:
         _evict_lru(ctx, True)

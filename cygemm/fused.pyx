@@ -327,7 +327,8 @@ cdef int _bwd_run(BackwardCall* b, int route) except -1:
         return 0
     cdef cudaStream_t side
     cdef cudaEvent_t join
-    fork_side(b.ctx, b.s, &side, &join)
+    with nogil:             # the first fork creates a stream and allocates its workspace
+        fork_side(b.ctx, b.s, &side, &join)
     try:
         _gemm(b.ctx, side, &b.g_b, b.dtype, b.compute, b.beta, b.autotune)
         _gemm(b.ctx, b.s, &b.g_a, b.dtype, b.compute, b.beta, b.autotune)

@@ -120,7 +120,8 @@ cdef class GemmPlan:
 
     def autotune(self, mode="auto", stream=None):
         """Time the candidates on the planned operands now and keep the fastest (recorded in
-        the tuning file as the module functions' choices are).
+        the tuning file as the module functions' choices are). The timed runs write A @ B
+        into the planned ``out`` (with beta != 0 they write a scratch buffer instead).
 
         Parameters
         ----------
@@ -158,6 +159,8 @@ cdef class GemmPlan:
         """Run the GEMM on `stream` (None: CuPy's current one): on the planned operands, or
         on those given (each of the planned one's layout). Plans first if not yet planned.
         Allocates nothing; can be captured. Returns out."""
+        if self.closed:
+            raise ValueError("GemmPlan: the plan is closed")
         cdef ColMajorGemm g = self.g
         cdef CallArgs fresh
         cdef bint given = A is not None or B is not None or out is not None
@@ -178,6 +181,8 @@ cdef class GemmPlan:
                                  f"{fresh.ctx.device} is current")
         else:
             out = self.operands[2]
+        if g.m == 0 or g.n == 0 or g.batch == 0:
+            return out              # nothing to compute (as gemm: no plan for an empty problem)
         if self._plan is None:
             self.plan(stream)
         if not given:
@@ -186,8 +191,6 @@ cdef class GemmPlan:
         cdef void* ws
         with nogil:
             ws = stream_workspace(fresh.ctx, fresh.stream)
-        if g.m == 0 or g.n == 0 or g.batch == 0:
-            return out
         run_with_fallback(self._plan, fresh.ctx, fresh.stream, &g, ws, fresh.ctx.workspace_bytes,
                           &self.alpha_f, &self.beta_f)
         return out

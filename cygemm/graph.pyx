@@ -120,9 +120,13 @@ class capture:
 
     def __enter__(self):
         cdef cudaStream_t s = <cudaStream_t><uintptr_t>self.stream
-        check_cuda(cudaStreamBeginCapture(s, <cudaStreamCaptureMode>(<int>_MODES[self.mode])),
-                   "cudaStreamBeginCapture")
-        _context.note_capture(self.stream)       # cygemm frees nothing while it is open
+        cdef cudaError_t err
+        _context.begin_capture()                 # no release overlaps the capture's start
+        try:
+            err = cudaStreamBeginCapture(s, <cudaStreamCaptureMode>(<int>_MODES[self.mode]))
+        finally:
+            _context.note_capture(self.stream, opening=True)     # cygemm frees nothing while it is open
+        check_cuda(err, "cudaStreamBeginCapture")
         return self.graph
 
     def __exit__(self, exc_type, exc, tb):

@@ -84,6 +84,8 @@ cdef object _contiguous(object x, cudaDataType t, cudaStream_t s):
 
 cdef object _as_cupy(object x):
     import cupy
+    if _is_torch(x):        # torch's CAI refuses bfloat16 (and tensors that require grad)
+        return cupy.from_dlpack(x.detach())
     if hasattr(x, "__cuda_array_interface__"):
         return cupy.asarray(x)
     return cupy.from_dlpack(x)

@@ -40,6 +40,7 @@ ctypedef struct PlanData:
 cdef class Plan:
     cdef PlanData d
     cdef readonly object key
+    cdef object cache_key       # its key in the thread's cache (None: not cached)
 
 
 # cublasGemmEx / cublasGemmStridedBatchedEx (their _64 forms past 2**31 - 1), on the
@@ -69,7 +70,7 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
 cdef int plan_run(GemmContext* ctx, cudaStream_t stream, PlanData* d, const ColMajorGemm* g,
                   const void* bias, void* aux, void* ws, size_t ws_bytes,
                   const float* alpha, const float* beta) except -1 nogil
-# A plain GEMM's plan, with cublasGemmEx where cuBLASLt refuses it. Raises on failure.
+# A plain GEMM's plan (not None), with cublasGemmEx where cuBLASLt refuses it. Raises on failure.
 cdef int run_with_fallback(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
                            void* ws, size_t ws_bytes, const float* alpha, const float* beta) except -1
 

@@ -198,7 +198,12 @@ cdef class _PlanCache:
             self.plans.move_to_end(key)
         return plan
 
+    cdef void touch(self, Plan plan):
+        if plan.cache_key in self.plans:
+            self.plans.move_to_end(plan.cache_key)
+
     cdef void put(self, tuple key, Plan plan, int limit):
+        plan.cache_key = key
         self.plans[key] = plan
         self.plans.move_to_end(key)
         while len(self.plans) > limit:
@@ -304,6 +309,7 @@ cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
     if autotune < 0:
         autotune = options().autotune
     if plan is not None and plan.d.tune_level >= autotune:
+        cache.touch(plan)           # the least recently used is dropped, not the hottest
         return plan
     key = _key_tuple(&k)
     if plan is None:
@@ -317,6 +323,7 @@ cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
     if keep:
         decide_plan(plan, ctx, stream, g, bias, aux, ws, ws_bytes, autotune, c_is_input, &keep)
     if keep:
+        cache = _cache()            # deciding may have read the tuning file, which clears caches
         cache.put((k.device,) + key, plan, options().plan_cache_size)
         cache.recent.remember(&k, plan)
     return plan
@@ -378,6 +385,8 @@ cdef Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* 
                                             MAX_CANDIDATES, d.candidates, &found)
     if st != CUBLAS_STATUS_SUCCESS:
         found = 0
+        if capturing:               # perhaps the capture's fault: decided again eagerly
+            keep[0] = False
     if batch > 1 and not _lt_batch_ok(g):
         found = 0
     cdef int n_ok = 0
@@ -424,9 +433,8 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
     if autotune == AUTOTUNE_OFF or d.n_candidates + d.gemmex_ok < 2 or not (any_size or worth_tuning(macs)):
         d.tune_level = max(d.tune_level, autotune)
         return 0
-    if in_route_timing():           # a layer is timing its routes: the heuristic's choice here
-        d.tune_level = max(d.tune_level, autotune)
-        return 0
+    if in_route_timing():           # a layer is timing its routes: the heuristic's choice for now,
+        return 0                    # decided at the plan's first call outside route timing
     if stream_is_capturing(stream):
         keep[0] = False             # the heuristic's choice now; timed at the first eager call
         return 0
@@ -522,7 +530,7 @@ cdef int run_with_fallback(Plan plan, GemmContext* ctx, cudaStream_t stream, con
                            void* ws, size_t ws_bytes, const float* alpha, const float* beta) except -1:
     """Run a plain GEMM's plan; where cuBLASLt refuses it (nothing enqueued), cublasGemmEx."""
     cdef int st = CUBLAS_STATUS_NOT_SUPPORTED
-    if plan is not None and plan.d.usable and (plan.d.capture_ok or plan.d.route == PLAN_GEMMEX
+    if plan.d.usable and (plan.d.capture_ok or plan.d.route == PLAN_GEMMEX
                                                or not stream_is_capturing(stream)):
         with nogil:
             st = plan_run(ctx, stream, &plan.d, g, NULL, NULL, ws, ws_bytes, alpha, beta)
@@ -537,8 +545,7 @@ cdef int run_with_fallback(Plan plan, GemmContext* ctx, cudaStream_t stream, con
             return check_cublas(<cublasStatus_t>st, "cublasGemmEx")
     if st != CUBLAS_STATUS_SUCCESS:
         with nogil:
-            gemm_colmajor(ctx, stream, g, plan.d.dtype if plan is not None else CUDA_R_32F,
-                          plan.d.compute if plan is not None else CUBLAS_COMPUTE_32F, alpha, beta)
+            gemm_colmajor(ctx, stream, g, plan.d.dtype, plan.d.compute, alpha, beta)
     return 0
 
 
@@ -659,6 +666,9 @@ cdef int _tune_plan(GemmContext* ctx, cudaStream_t stream, PlanData* d, const Co
                     n_final += 1
             if n_final > 1:
                 time_choices(ctx, stream, _tune_enqueue, &a, final, n_final, FINAL_REPS, final_ms, 0)
+                for i in range(n):          # the choice is among the finalists, on their new times
+                    if not _listed(final, n_final, i):
+                        ms[i] = -1
                 for i in range(n_final):
                     ms[final[i]] = final_ms[i]
         # A default (cuBLASLt's first choice, cublasGemmEx) is left only for a candidate at
@@ -677,7 +687,8 @@ cdef int _tune_plan(GemmContext* ctx, cudaStream_t stream, PlanData* d, const Co
             best = base
     finally:
         if scratch != NULL:
-            defer_free(scratch)
+            with nogil:             # may free the queue: cudaFree synchronizes the device
+                defer_free(scratch)
     count_tuning()
     if best == found:
         d.route = PLAN_GEMMEX

@@ -74,23 +74,32 @@ cdef bint worth_tuning(double macs) noexcept nogil:
     return macs >= loaded_options().autotune_min_macs
 
 
-cdef int _route_timing_depth = 0
+# Per thread: another thread's plans are not part of this thread's route timing.
+cdef extern from *:
+    """
+    #if defined(_MSC_VER)
+    static __declspec(thread) int cg_route_timing_depth;
+    #else
+    static __thread int cg_route_timing_depth;
+    #endif
+    """
+    int cg_route_timing_depth
 
 
 cdef int enter_route_timing() noexcept:
-    global _route_timing_depth
-    _route_timing_depth += 1
+    global cg_route_timing_depth
+    cg_route_timing_depth += 1
     return 0
 
 
 cdef int leave_route_timing() noexcept:
-    global _route_timing_depth
-    _route_timing_depth -= 1
+    global cg_route_timing_depth
+    cg_route_timing_depth -= 1
     return 0
 
 
 cdef bint in_route_timing() noexcept:
-    return _route_timing_depth > 0
+    return cg_route_timing_depth > 0
 
 
 cdef int _sync(cudaEvent_t ev) except -1:
@@ -123,7 +132,7 @@ cdef int time_choices(GemmContext* ctx, cudaStream_t stream, enqueue_fn enqueue,
     cdef float* t = <float*>malloc(n * reps * sizeof(float))
     cdef float* column = <float*>malloc(reps * sizeof(float))
     cdef bint* ok = <bint*>malloc(n * sizeof(bint))
-    cdef double start = time.perf_counter(), round_ms = 0, fastest
+    cdef double start = time.perf_counter(), round_ms = 0, fastest, first_round_done = 0
     if ev == NULL or t == NULL or ok == NULL or column == NULL:
         free(ev); free(t); free(ok); free(column)
         raise MemoryError()
@@ -148,7 +157,10 @@ cdef int time_choices(GemmContext* ctx, cudaStream_t stream, enqueue_fn enqueue,
                                 fastest = t[i * reps] / calls
                     if fastest > 0:
                         budget_ms = min(budget_ms, tuning_budget_ms(fastest))
-                if (time.perf_counter() - start) * 1e3 + round_ms > budget_ms:
+                    first_round_done = (time.perf_counter() - start) * 1e3
+                # Rounds 1..r-1 are queued, not finished: where the GPU will be is the first
+                # round's end plus r - 1 rounds (the host clock alone would lag behind).
+                if first_round_done + r * round_ms > budget_ms:
                     break
             if calls > 1:
                 check_cuda(cygemm_hold_stream(<uint64_t>min(n * calls * HOLD_NS_PER_CALL + 100000, 20000000),
@@ -207,9 +219,12 @@ cdef str _gpu_id(int device):
     """The GPU model as tuning files key it: name and compute capability."""
     cdef cudaDeviceProp prop
     cdef int major = 0, minor = 0
+    cdef cudaError_t err
     gid = _gpu_ids.get(device)
     if gid is None:
-        check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties")
+        with nogil:         # it may take milliseconds
+            err = cudaGetDeviceProperties(&prop, device)
+        check_cuda(err, "cudaGetDeviceProperties")
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device)
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device)
         gid = f"{prop.name.decode(errors='replace')} sm_{major}{minor}"

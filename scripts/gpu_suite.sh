@@ -4,7 +4,10 @@
 # Results go to DIR (default: $OUT, else ./out); the logs are packed into DIR/logs.tar.gz
 # (the device tool brings back only a few files).
 #   bash scripts/gpu_suite.sh [DIR] [STAGES]
-# STAGES: a comma list of tests, sanitize, bench, bench-quick, bench-host (default tests,sanitize,bench).
+# STAGES: a comma list of tests, firstcall, compare, sanitize, bench, bench-quick, bench-host
+# (default tests,sanitize,bench). firstcall: the first-call, plan-count and thread-stall
+# measurements (their tests, with their printed figures); compare: this tree against
+# COMPARE_WITH (default 9579766) built beside it, interleaved (benchmarks/compare_builds.py).
 # The GPU property tests run CYGEMM_GPU_PROPERTY_EXAMPLES examples each (default here 500).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +30,8 @@ if ls .whl/*.whl > /dev/null 2>&1; then
         .whl/*.whl > "$LOGS/wheels.log" 2>&1 && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 echo "== build"
-if ! python3 -m pip install --no-build-isolation --no-deps -e . > "$LOGS/build.log" 2>&1; then
+if ! { python3 setup.py build_ext --inplace -j "$(nproc)" && python3 -m pip install --no-build-isolation --no-deps -e .; } \
+        > "$LOGS/build.log" 2>&1; then
     tail -40 "$LOGS/build.log"; exit 1
 fi
 status=0
@@ -40,6 +44,23 @@ if [[ $STAGES == *,tests,* ]]; then
     if (cd examples/cython_consumer && python3 -m pip install -q --no-build-isolation --no-deps . \
             > "$LOGS/consumer.log" 2>&1 && cd /tmp && python3 "$OLDPWD/check.py"); then :; else
         tail -20 "$LOGS/consumer.log"; status=1
+    fi
+fi
+if [[ $STAGES == *,firstcall,* ]]; then
+    echo "== first calls, plan count, thread stalls (figures printed by their tests)"
+    python3 -m pytest -q -s -p no:cacheprovider tests/test_plans.py \
+        -k "bounded or second_process or stalls or appended" 2>&1 | tee "$LOGS/firstcall.log" \
+        | grep -E "plans after|first call ms|first forward_into|passed|failed|Error" | tail -20
+    [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+if [[ $STAGES == *,compare,* ]]; then
+    echo "== this tree against ${COMPARE_WITH:-9579766}, interleaved"
+    if bash scripts/build_renamed.sh "${COMPARE_WITH:-9579766}" /tmp/cygemm_old > "$LOGS/compare_build.log" 2>&1; then
+        PYTHONPATH=/tmp/cygemm_old${PYTHONPATH:+:$PYTHONPATH} python3 -m benchmarks.compare_builds --out "$OUT_DIR" \
+            2>&1 | tee "$LOGS/compare.log" | tail -30
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+    else
+        tail -20 "$LOGS/compare_build.log"; status=1
     fi
 fi
 if [[ $STAGES == *,sanitize,* ]]; then
