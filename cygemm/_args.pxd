@@ -2,6 +2,7 @@
 # prepare_call checks what all calls share (overlaps of every output and workspace with every
 # other buffer, workspace alignment, the math, the stream, this thread's context, the device
 # of every buffer and of the stream) and fills in the call's context, stream and compute type.
+from cpython.object cimport PyObject
 from libc.stdint cimport int64_t
 from cygemm.cudart cimport cudaStream_t, cudaDataType
 from cygemm.cublas cimport cublasComputeType_t
@@ -18,7 +19,7 @@ cdef enum:
 
 ctypedef struct CallArgs:
     MatrixView views[10]
-    const char* names[10]
+    PyObject* names[10]     # borrowed: the callers pass str constants
     ArgRole roles[10]
     int n
     bint check_overlap      # False: the entry point resolves overlaps itself (matmul)
@@ -31,10 +32,10 @@ ctypedef struct CallArgs:
 
 cdef void args_init(CallArgs* c) noexcept nogil
 # Read `x` into the next slot (view_from_object; a workspace: read_buffer) and return it.
-cdef MatrixView* add_array(CallArgs* c, object x, const char* name, ArgRole role, int min_ndim,
+cdef MatrixView* add_array(CallArgs* c, object x, str name, ArgRole role, int min_ndim,
                            int max_ndim) except NULL
 # A view the entry point made itself (e.g. out=None's result, once allocated).
-cdef MatrixView* add_view(CallArgs* c, const MatrixView* v, const char* name, ArgRole role) except NULL
+cdef MatrixView* add_view(CallArgs* c, const MatrixView* v, str name, ArgRole role) except NULL
 cdef int prepare_call(CallArgs* c, object math, cudaDataType dtype, object stream) except -1
 # The first part of prepare_call alone: overlaps and workspace rules (no GPU state).
 cdef int check_overlaps(CallArgs* c) except -1
@@ -45,10 +46,10 @@ cdef int check_devices(CallArgs* c) except -1
 cdef Math parse_math(object math) except *
 
 # Shape, dtype and layout checks shared by the entry points (ValueError/TypeError naming x).
-cdef int expect_matrix(const MatrixView* v, const char* name, int64_t rows, int64_t cols,
+cdef int expect_matrix(const MatrixView* v, str name, int64_t rows, int64_t cols,
                        cudaDataType dtype) except -1
-cdef int expect_vector(const MatrixView* v, object x, const char* name, int64_t n,
+cdef int expect_vector(const MatrixView* v, object x, str name, int64_t n,
                        cudaDataType dtype) except -1
-cdef int expect_dtype(const MatrixView* v, const char* name, cudaDataType dtype, str whose) except -1
+cdef int expect_dtype(const MatrixView* v, str name, cudaDataType dtype, str whose) except -1
 
 

@@ -7,6 +7,7 @@ for what every call shares. Nothing is enqueued before prepare_call returns.
 """
 import os
 
+from cpython.object cimport PyObject
 from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.cudart cimport *
@@ -15,7 +16,7 @@ from cygemm._types cimport (MatrixView, Math, MATH_TF32, MATH_FP32, MATH_CUPY, c
 from cygemm._errors cimport check_cuda
 from cygemm._context cimport (GemmContext, current_context, stream_from_object, stream_device,
                               known_device_count)
-from cygemm._arrays cimport view_from_object, read_buffer, check_no_overlap, dtype_name
+from cygemm._arrays cimport view_from_object, read_buffer, views_overlap, check_no_overlap, dtype_name
 
 
 cdef void args_init(CallArgs* c) noexcept nogil:
@@ -25,25 +26,25 @@ cdef void args_init(CallArgs* c) noexcept nogil:
     c.stream = NULL
 
 
-cdef MatrixView* add_array(CallArgs* c, object x, const char* name, ArgRole role, int min_ndim,
+cdef MatrixView* add_array(CallArgs* c, object x, str name, ArgRole role, int min_ndim,
                            int max_ndim) except NULL:
     if c.n >= MAX_ARGS:
         raise RuntimeError("cygemm: too many buffers for one call (internal limit)")
     cdef MatrixView* v = &c.views[c.n]
     if role == ARG_SCRATCH:
-        read_buffer(x, v, name.decode())
+        read_buffer(x, v, name)
     else:
-        view_from_object(x, v, name.decode(), min_ndim, max_ndim)
-    c.names[c.n], c.roles[c.n] = name, role
+        view_from_object(x, v, name, min_ndim, max_ndim)
+    c.names[c.n], c.roles[c.n] = <PyObject*>name, role
     c.n += 1
     return v
 
 
-cdef MatrixView* add_view(CallArgs* c, const MatrixView* v, const char* name, ArgRole role) except NULL:
+cdef MatrixView* add_view(CallArgs* c, const MatrixView* v, str name, ArgRole role) except NULL:
     if c.n >= MAX_ARGS:
         raise RuntimeError("cygemm: too many buffers for one call (internal limit)")
     c.views[c.n] = v[0]
-    c.names[c.n], c.roles[c.n] = name, role
+    c.names[c.n], c.roles[c.n] = <PyObject*>name, role
     c.n += 1
     return &c.views[c.n - 1]
 
@@ -58,11 +59,11 @@ cdef Math parse_math(object math) except *:
     raise ValueError(f"math: expected 'tf32', 'fp32' or 'cupy', got {math!r}")
 
 
-cdef int _check_scratch(const MatrixView* v, const char* name) except -1:
+cdef int _check_scratch(const MatrixView* v, str name) except -1:
     # cuBLASLt requires a workspace pointer aligned to 256 bytes.
     cdef uintptr_t p = <uintptr_t>v.ptr
     if v.cols > 0 and p % WORKSPACE_ALIGNMENT:
-        raise ValueError(f"{name.decode()}: expected a workspace aligned to {WORKSPACE_ALIGNMENT} bytes, "
+        raise ValueError(f"{name}: expected a workspace aligned to {WORKSPACE_ALIGNMENT} bytes, "
                          f"got address {p:#x} ({p % WORKSPACE_ALIGNMENT} bytes past a boundary)")
     return 0
 
@@ -74,10 +75,10 @@ cdef int check_overlaps(CallArgs* c) except -1:
         if c.roles[i] == ARG_READ:
             continue
         if c.roles[i] == ARG_SCRATCH:
-            _check_scratch(&c.views[i], c.names[i])
+            _check_scratch(&c.views[i], <str>c.names[i])
         for j in range(i):
-            if c.views[i].ptr != NULL and c.views[j].ptr != NULL:
-                check_no_overlap(&c.views[i], c.names[i].decode(), &c.views[j], c.names[j].decode())
+            if c.views[i].ptr != NULL and c.views[j].ptr != NULL and views_overlap(&c.views[i], &c.views[j]):
+                check_no_overlap(&c.views[i], <str>c.names[i], &c.views[j], <str>c.names[j])
     return 0
 
 
@@ -111,37 +112,37 @@ cdef int check_devices(CallArgs* c) except -1:
             continue
         check_cuda(cudaPointerGetAttributes(&attr, v.ptr), "cudaPointerGetAttributes")
         if attr.type != cudaMemoryTypeDevice and attr.type != cudaMemoryTypeManaged:
-            raise ValueError(f"{c.names[i].decode()}: expected device memory, got a pointer of memory "
+            raise ValueError(f"{<str>c.names[i]}: expected device memory, got a pointer of memory "
                              f"type {<int>attr.type} (host memory)")
         if attr.type == cudaMemoryTypeDevice and attr.device != device:
-            raise ValueError(f"{c.names[i].decode()}: the array is on device {attr.device} but the call "
+            raise ValueError(f"{<str>c.names[i]}: the array is on device {attr.device} but the call "
                              f"runs on device {device} (make that device current)")
     return 0
 
 
-cdef int expect_dtype(const MatrixView* v, const char* name, cudaDataType dtype, str whose) except -1:
+cdef int expect_dtype(const MatrixView* v, str name, cudaDataType dtype, str whose) except -1:
     """TypeError unless v has `dtype` (whose: the operand it must match, or None)."""
     if v.dtype != dtype:
         what = f"the dtype of {whose} ({dtype_name(dtype)})" if whose else f"dtype {dtype_name(dtype)}"
-        raise TypeError(f"{name.decode()}: expected {what}, got {dtype_name(v.dtype)}")
+        raise TypeError(f"{name}: expected {what}, got {dtype_name(v.dtype)}")
     return 0
 
 
-cdef int expect_matrix(const MatrixView* v, const char* name, int64_t rows, int64_t cols,
+cdef int expect_matrix(const MatrixView* v, str name, int64_t rows, int64_t cols,
                        cudaDataType dtype) except -1:
     if v.rows != rows or v.cols != cols:
-        raise ValueError(f"{name.decode()}: expected shape ({rows}, {cols}), got ({v.rows}, {v.cols})")
+        raise ValueError(f"{name}: expected shape ({rows}, {cols}), got ({v.rows}, {v.cols})")
     return expect_dtype(v, name, dtype, None)
 
 
-cdef int expect_vector(const MatrixView* v, object x, const char* name, int64_t n,
+cdef int expect_vector(const MatrixView* v, object x, str name, int64_t n,
                        cudaDataType dtype) except -1:
     if v.rows != 1 or v.cols != n:
         shape = getattr(x, "shape", None)
         if shape is None:
             shape = x.__cuda_array_interface__["shape"]
-        raise ValueError(f"{name.decode()}: expected shape ({n},) or (1, {n}), got {tuple(shape)}")
+        raise ValueError(f"{name}: expected shape ({n},) or (1, {n}), got {tuple(shape)}")
     expect_dtype(v, name, dtype, None)
     if v.col_stride != 1 and n > 1:
-        raise ValueError(f"{name.decode()}: expected a contiguous vector, got element stride {v.col_stride}")
+        raise ValueError(f"{name}: expected a contiguous vector, got element stride {v.col_stride}")
     return 0

@@ -432,17 +432,17 @@ cdef int _bwd_route(BackwardCall* b, bint accumulate, int64_t M, int64_t N, int6
 
 # ---------------------------------------------------------------- validation helpers
 
-cdef MatrixView* _matrix(CallArgs* c, object x, const char* name, ArgRole role, int64_t rows, int64_t cols,
+cdef MatrixView* _matrix(CallArgs* c, object x, str name, ArgRole role, int64_t rows, int64_t cols,
                          cudaDataType dtype, bint row_major) except NULL:
     cdef MatrixView* v = add_array(c, x, name, role, 2, 2)
     expect_matrix(v, name, rows, cols, dtype)
     if row_major and not is_rowmajor(v):
-        raise ValueError(f"{name.decode()}: expected a row-major array (unit stride along the last axis, "
+        raise ValueError(f"{name}: expected a row-major array (unit stride along the last axis, "
                          f"rows not overlapping), got element strides ({v.row_stride}, {v.col_stride})")
     return v
 
 
-cdef MatrixView* _vector(CallArgs* c, object x, const char* name, ArgRole role, int64_t n,
+cdef MatrixView* _vector(CallArgs* c, object x, str name, ArgRole role, int64_t n,
                          cudaDataType dtype) except NULL:
     cdef MatrixView* v = add_array(c, x, name, role, 1, 2)
     expect_vector(v, x, name, n, dtype)
@@ -453,9 +453,9 @@ cdef int _layer_operands(CallArgs* c, object A, object B) except -1:
     """A layer's A (M, K) and B (K, N) into c's first two slots: 2-D, one dtype, inner
     dimensions that agree."""
     args_init(c)
-    cdef MatrixView* a = add_array(c, A, b"A", ARG_READ, 2, 2)
-    cdef MatrixView* b = add_array(c, B, b"B", ARG_READ, 2, 2)
-    expect_dtype(b, b"B", a.dtype, "A")
+    cdef MatrixView* a = add_array(c, A, "A", ARG_READ, 2, 2)
+    cdef MatrixView* b = add_array(c, B, "B", ARG_READ, 2, 2)
+    expect_dtype(b, "B", a.dtype, "A")
     if b.rows != a.cols:
         raise ValueError(f"B: A is ({a.rows}, {a.cols}) so B must have {a.cols} rows, got ({b.rows}, {b.cols})")
     return 0
@@ -550,16 +550,16 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
     cdef cudaDataType dtype = c.views[0].dtype
     cdef int64_t M = c.views[0].rows, K = c.views[0].cols, N = c.views[1].cols
     cdef bint use_bias = with_bias and bias is not None
-    cdef MatrixView* bv = _vector(&c, bias, b"bias", ARG_READ, N, dtype) if use_bias else NULL
-    cdef MatrixView* y = _matrix(&c, out, b"out", ARG_WRITE, M, N, dtype, True)
+    cdef MatrixView* bv = _vector(&c, bias, "bias", ARG_READ, N, dtype) if use_bias else NULL
+    cdef MatrixView* y = _matrix(&c, out, "out", ARG_WRITE, M, N, dtype, True)
     cdef MatrixView* z = NULL
     if save_z:
         if z_out is None:
             raise ValueError("z_out: save_z=True needs z_out (forward_into never allocates), got None")
-        z = _matrix(&c, z_out, b"z_out", ARG_WRITE, M, N, dtype, True)
+        z = _matrix(&c, z_out, "z_out", ARG_WRITE, M, N, dtype, True)
     elif z_out is not None:
         raise ValueError("z_out: given but save_z=False; pass save_z=True to write it")
-    cdef MatrixView* wv = add_array(&c, lt_workspace, b"lt_workspace", ARG_SCRATCH, 1, 1) \
+    cdef MatrixView* wv = add_array(&c, lt_workspace, "lt_workspace", ARG_SCRATCH, 1, 1) \
         if lt_workspace is not None else NULL
     cdef ColMajorGemm g, gz
     map_or_raise(&c.views[0], &c.views[1], y, False, False, &g, ("A", "B", "out"))
@@ -642,16 +642,16 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
     cdef MatrixView* b = &c.views[1]
     cdef cudaDataType dtype = a.dtype
     cdef int64_t M = a.rows, K = a.cols, N = b.cols
-    cdef MatrixView* gy = _matrix(&c, gY, b"gY", ARG_READ, M, N, dtype, True)
+    cdef MatrixView* gy = _matrix(&c, gY, "gY", ARG_READ, M, N, dtype, True)
     cdef MatrixView* zv = NULL
     cdef bint from_output = False
     if code != CYGEMM_ACT_NONE:
         if Z is not None:
-            zv = _matrix(&c, Z, b"Z", ARG_READ, M, N, dtype, True)
+            zv = _matrix(&c, Z, "Z", ARG_READ, M, N, dtype, True)
         elif y is not None:
             if not row.grad_from_output or (code == CYGEMM_ACT_LEAKY_RELU and slope <= 0):
                 raise ValueError(f"y: act={act!r} cannot be differentiated from its output; pass Z")
-            zv = _matrix(&c, y, b"y", ARG_READ, M, N, dtype, True)
+            zv = _matrix(&c, y, "y", ARG_READ, M, N, dtype, True)
             from_output = True
         else:
             raise ValueError(f"Z: act={act!r} needs the pre-activation Z (or, for relu, leaky_relu, "
@@ -659,18 +659,18 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
     cdef bint want_ga = gA_out is not None, want_gb = gB_out is not None
     cdef bint want_gbias = with_bias and gBias_out is not None
     # Outputs after the inputs: none may share memory with an input or another output.
-    cdef MatrixView* ga = _matrix(&c, gA_out, b"gA_out", ARG_WRITE, M, K, dtype, False) if want_ga else NULL
-    cdef MatrixView* gb = _matrix(&c, gB_out, b"gB_out", ARG_WRITE, K, N, dtype, False) if want_gb else NULL
-    cdef MatrixView* gbias = _vector(&c, gBias_out, b"gBias_out", ARG_WRITE, N, dtype) if want_gbias else NULL
+    cdef MatrixView* ga = _matrix(&c, gA_out, "gA_out", ARG_WRITE, M, K, dtype, False) if want_ga else NULL
+    cdef MatrixView* gb = _matrix(&c, gB_out, "gB_out", ARG_WRITE, K, N, dtype, False) if want_gb else NULL
+    cdef MatrixView* gbias = _vector(&c, gBias_out, "gBias_out", ARG_WRITE, N, dtype) if want_gbias else NULL
     cdef bint need_dz = code != CYGEMM_ACT_NONE and (want_ga or want_gb)
     cdef MatrixView* dz = NULL
     if need_dz:
         if work_dZ is None:
             raise ValueError(f"work_dZ: act={act!r} with gA_out/gB_out needs a ({M}, {N}) work_dZ "
                              "(backward_into never allocates; see ensure_workspaces), got None")
-        dz = _matrix(&c, work_dZ, b"work_dZ", ARG_WRITE, M, N, dtype, True)
+        dz = _matrix(&c, work_dZ, "work_dZ", ARG_WRITE, M, N, dtype, True)
     if lt_workspace is not None:
-        add_array(&c, lt_workspace, b"lt_workspace", ARG_SCRATCH, 1, 1)
+        add_array(&c, lt_workspace, "lt_workspace", ARG_SCRATCH, 1, 1)
     cdef MatrixView* dZ = dz if need_dz else gy
     dz_name = "work_dZ" if need_dz else "gY"
     cdef ColMajorGemm g_a, g_b

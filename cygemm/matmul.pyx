@@ -382,11 +382,11 @@ cdef int _check_call(CallArgs* c, const ArrayDesc* da, const ArrayDesc* db, cons
     c.check_overlap = False
     _device_view(&va, da)
     _device_view(&vb, db)
-    add_view(c, &va, b"a", ARG_READ)
-    add_view(c, &vb, b"b", ARG_READ)
+    add_view(c, &va, "a", ARG_READ)
+    add_view(c, &vb, "b", ARG_READ)
     if has_out:
         _device_view(&vc, dc)
-        add_view(c, &vc, b"out", ARG_WRITE)
+        add_view(c, &vc, "out", ARG_WRITE)
     if stream is None and torch_lib:
         import torch
         stream = torch.cuda.current_stream().cuda_stream

@@ -189,9 +189,9 @@ cdef int read_gemm(CallArgs* c, object A, object B, object out, bint trans_a, bi
     cdef int min_nd = 2
     cdef int max_nd = 3 if batched else 2
     args_init(c)
-    cdef MatrixView* a = add_array(c, A, b"A", ARG_READ, min_nd, max_nd)
-    cdef MatrixView* b = add_array(c, B, b"B", ARG_READ, min_nd, max_nd)
-    expect_dtype(b, b"B", a.dtype, "A")
+    cdef MatrixView* a = add_array(c, A, "A", ARG_READ, min_nd, max_nd)
+    cdef MatrixView* b = add_array(c, B, "B", ARG_READ, min_nd, max_nd)
+    expect_dtype(b, "B", a.dtype, "A")
     cdef int64_t M = a.cols if trans_a else a.rows
     cdef int64_t K = a.rows if trans_a else a.cols
     cdef int64_t K2 = b.cols if trans_b else b.rows
@@ -218,10 +218,10 @@ cdef int read_gemm(CallArgs* c, object A, object B, object out, bint trans_a, bi
         res.device = -1
         res.rows, res.cols, res.row_stride, res.col_stride = M, N, N, 1
         res.batch, res.batch_stride, res.dtype, res.itemsize = batch, M * N, a.dtype, a.itemsize
-        cv = add_view(c, &res, b"out", ARG_WRITE)
+        cv = add_view(c, &res, "out", ARG_WRITE)
     else:
-        cv = add_array(c, out, b"out", ARG_WRITE, max_nd, max_nd)
-        expect_dtype(cv, b"out", a.dtype, None)
+        cv = add_array(c, out, "out", ARG_WRITE, max_nd, max_nd)
+        expect_dtype(cv, "out", a.dtype, None)
         if cv.rows != M or cv.cols != N or cv.batch != batch:
             want = f"({batch}, {M}, {N})" if batched else f"({M}, {N})"
             raise ValueError(f"out: expected shape {want}, got {_shape_str(cv, batched)}")

@@ -236,19 +236,23 @@ def test_release_workspaces_frees_them_and_calls_still_work():
     assert rel_err(C.get(), f64(cp, A) @ f64(cp, B)) < 1e-5
 
 
-# ------------------------------------------------------------------ item 8: a misaligned workspace spoils no plan
+# ------------------------------------------------------------------ a misaligned workspace: refused, nothing spoiled
 
-def test_misaligned_lt_workspace_leaves_the_aligned_plan_usable():
+def test_misaligned_lt_workspace_is_refused_and_the_aligned_one_works():
+    """cuBLASLt needs a 256-byte aligned workspace: one byte off is refused before anything
+    runs (it once made a plan of its own), and the aligned one then computes right."""
     M, K, N = 256, 128, 192
     A, B, bias = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (N,))
     store = cp.empty((4 << 20) + 512, cp.uint8)
     plans.clear_plan_cache()
-    for ws in (store[1:1 + (4 << 20)], store[:4 << 20]):     # misaligned by one byte, then aligned
-        Y = poisoned(cp, (M, N))
-        forward_into(A, B, Y, bias, act="relu", lt_workspace=ws, math="fp32")
-        assert rel_err(Y.get(), np.maximum(f64(cp, A) @ f64(cp, B) + f64(cp, bias), 0)) < 1e-5
-    aligned = [p for key, p in plans.thread_plans().items() if key[-2] == 256]
-    assert aligned and all(p.usable for p in aligned)
+    Y = poisoned(cp, (M, N))
+    with pytest.raises(ValueError, match="lt_workspace: expected a workspace aligned to 256 bytes"):
+        forward_into(A, B, Y, bias, act="relu", lt_workspace=store[1:1 + (4 << 20)], math="fp32")
+    cp.cuda.Device().synchronize()
+    assert bool(cp.isnan(Y).all()) and plans.plan_cache_size() == 0
+    forward_into(A, B, Y, bias, act="relu", lt_workspace=store[:4 << 20], math="fp32")
+    assert rel_err(Y.get(), np.maximum(f64(cp, A) @ f64(cp, B) + f64(cp, bias), 0)) < 1e-5
+    assert all(p.usable for p in plans.thread_plans().values())
 
 
 # ------------------------------------------------------------------ a bias misaligned on its own (kept)
