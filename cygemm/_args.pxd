@@ -8,6 +8,7 @@ from cygemm.cudart cimport cudaStream_t, cudaDataType
 from cygemm.cublas cimport cublasComputeType_t
 from cygemm._types cimport MatrixView, Math
 from cygemm._context cimport GemmContext
+from cygemm._arrays cimport view_from_object, read_buffer
 
 cdef enum ArgRole:
     ARG_READ = 0        # read by the call
@@ -30,12 +31,37 @@ ctypedef struct CallArgs:
     Math math
 
 
-cdef void args_init(CallArgs* c) noexcept nogil
+cdef inline void args_init(CallArgs* c) noexcept nogil:
+    c.n = 0
+    c.check_overlap = True
+    c.ctx = NULL
+    c.stream = NULL
+
+
 # Read `x` into the next slot (view_from_object; a workspace: read_buffer) and return it.
-cdef MatrixView* add_array(CallArgs* c, object x, str name, ArgRole role, int min_ndim,
-                           int max_ndim) except NULL
+# Inline: every entry point calls it for each buffer (the hot path).
+cdef inline MatrixView* add_array(CallArgs* c, object x, str name, ArgRole role, int min_ndim,
+                                  int max_ndim) except NULL:
+    if c.n >= MAX_ARGS:
+        raise RuntimeError("cygemm: too many buffers for one call (internal limit)")
+    cdef MatrixView* v = &c.views[c.n]
+    if role == ARG_SCRATCH:
+        read_buffer(x, v, name)
+    else:
+        view_from_object(x, v, name, min_ndim, max_ndim)
+    c.names[c.n], c.roles[c.n] = <PyObject*>name, role
+    c.n += 1
+    return v
+
+
 # A view the entry point made itself (e.g. out=None's result, once allocated).
-cdef MatrixView* add_view(CallArgs* c, const MatrixView* v, str name, ArgRole role) except NULL
+cdef inline MatrixView* add_view(CallArgs* c, const MatrixView* v, str name, ArgRole role) except NULL:
+    if c.n >= MAX_ARGS:
+        raise RuntimeError("cygemm: too many buffers for one call (internal limit)")
+    c.views[c.n] = v[0]
+    c.names[c.n], c.roles[c.n] = <PyObject*>name, role
+    c.n += 1
+    return &c.views[c.n - 1]
 cdef int prepare_call(CallArgs* c, object math, cudaDataType dtype, object stream) except -1
 # The first part of prepare_call alone: overlaps and workspace rules (no GPU state).
 cdef int check_overlaps(CallArgs* c) except -1
@@ -50,6 +76,11 @@ cdef int expect_matrix(const MatrixView* v, str name, int64_t rows, int64_t cols
                        cudaDataType dtype) except -1
 cdef int expect_vector(const MatrixView* v, object x, str name, int64_t n,
                        cudaDataType dtype) except -1
-cdef int expect_dtype(const MatrixView* v, str name, cudaDataType dtype, str whose) except -1
+cdef int raise_dtype(const MatrixView* v, str name, cudaDataType dtype, str whose) except -1
+cdef inline int expect_dtype(const MatrixView* v, str name, cudaDataType dtype, str whose) except -1:
+    """TypeError unless v has `dtype` (whose: the operand it must match, or None)."""
+    if v.dtype != dtype:
+        raise_dtype(v, name, dtype, whose)
+    return 0
 
 

@@ -16,37 +16,7 @@ from cygemm._types cimport (MatrixView, Math, MATH_TF32, MATH_FP32, MATH_CUPY, c
 from cygemm._errors cimport check_cuda
 from cygemm._context cimport (GemmContext, current_context, stream_from_object, stream_device,
                               known_device_count)
-from cygemm._arrays cimport view_from_object, read_buffer, views_overlap, check_no_overlap, dtype_name
-
-
-cdef void args_init(CallArgs* c) noexcept nogil:
-    c.n = 0
-    c.check_overlap = True
-    c.ctx = NULL
-    c.stream = NULL
-
-
-cdef MatrixView* add_array(CallArgs* c, object x, str name, ArgRole role, int min_ndim,
-                           int max_ndim) except NULL:
-    if c.n >= MAX_ARGS:
-        raise RuntimeError("cygemm: too many buffers for one call (internal limit)")
-    cdef MatrixView* v = &c.views[c.n]
-    if role == ARG_SCRATCH:
-        read_buffer(x, v, name)
-    else:
-        view_from_object(x, v, name, min_ndim, max_ndim)
-    c.names[c.n], c.roles[c.n] = <PyObject*>name, role
-    c.n += 1
-    return v
-
-
-cdef MatrixView* add_view(CallArgs* c, const MatrixView* v, str name, ArgRole role) except NULL:
-    if c.n >= MAX_ARGS:
-        raise RuntimeError("cygemm: too many buffers for one call (internal limit)")
-    c.views[c.n] = v[0]
-    c.names[c.n], c.roles[c.n] = <PyObject*>name, role
-    c.n += 1
-    return &c.views[c.n - 1]
+from cygemm._arrays cimport views_overlap, check_no_overlap, dtype_name
 
 
 cdef Math parse_math(object math) except *:
@@ -120,12 +90,9 @@ cdef int check_devices(CallArgs* c) except -1:
     return 0
 
 
-cdef int expect_dtype(const MatrixView* v, str name, cudaDataType dtype, str whose) except -1:
-    """TypeError unless v has `dtype` (whose: the operand it must match, or None)."""
-    if v.dtype != dtype:
-        what = f"the dtype of {whose} ({dtype_name(dtype)})" if whose else f"dtype {dtype_name(dtype)}"
-        raise TypeError(f"{name}: expected {what}, got {dtype_name(v.dtype)}")
-    return 0
+cdef int raise_dtype(const MatrixView* v, str name, cudaDataType dtype, str whose) except -1:
+    what = f"the dtype of {whose} ({dtype_name(dtype)})" if whose else f"dtype {dtype_name(dtype)}"
+    raise TypeError(f"{name}: expected {what}, got {dtype_name(v.dtype)}")
 
 
 cdef int expect_matrix(const MatrixView* v, str name, int64_t rows, int64_t cols,

@@ -54,6 +54,8 @@ cdef enum:
 _DTYPES = {"float32": (CUDA_R_32F, 4), "float16": (CUDA_R_16F, 2), "bfloat16": (CUDA_R_16BF, 2)}
 _WIDE_DTYPES = dict(_DTYPES, float64=(CUDA_R_64F, 8))
 _TYPESTRS = {"<f4": "float32", "<f2": "float16", "<f8": "float64"}
+_CAI_DTYPES = {t: _DTYPES[n] for t, n in _TYPESTRS.items() if n in _DTYPES}     # CAI names no bfloat16
+_CAI_WIDE_DTYPES = {t: _WIDE_DTYPES[n] for t, n in _TYPESTRS.items()}
 _F32, _F16, _F64 = _DTYPES["float32"], _DTYPES["float16"], _WIDE_DTYPES["float64"]
 _NP_F32, _NP_F16 = _np.dtype("float32"), _np.dtype("float16")
 
@@ -136,7 +138,7 @@ cdef int read_array(object x, ArrayDesc* d, str name, bint wide) except -1:
     except (TypeError, BufferError, RuntimeError):  # e.g. torch bfloat16: use DLPack
         cai = None
     if cai is not None:
-        dt = (_WIDE_DTYPES if wide else _DTYPES).get(_TYPESTRS.get(cai["typestr"]))
+        dt = (_CAI_WIDE_DTYPES if wide else _CAI_DTYPES).get(cai["typestr"])
         if dt is None and hasattr(x, "__dlpack__"):
             # CAI has no bfloat16 typestr (torch says '<V2'); DLPack names it.
             return _read_dlpack(x, d, name, wide)

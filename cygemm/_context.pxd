@@ -53,6 +53,8 @@ cdef int bind_stream(GemmContext* ctx, cudaStream_t stream) except -1 nogil
 # The workspace of `stream`, or of the capture under way on it; allocated on first use
 # (cudaMalloc in relaxed capture mode, so an open capture survives).
 cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL nogil
+# The same from code that holds the GIL: released only when the workspace must be allocated.
+cdef void* call_workspace(GemmContext* ctx, cudaStream_t stream) except NULL
 # Fork work from `stream` onto its side stream (which then waits for everything enqueued on
 # `stream` so far): the side stream and its join event come back; join_side(those) makes
 # `stream` wait for the side's work (quiet: errors ignored, for a path already raising).

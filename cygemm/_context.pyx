@@ -481,8 +481,9 @@ cdef int _give_to_graph(void* ptr, cudaGraph_t graph) except -1 nogil:
     return 0
 
 
-cdef int _entry(GemmContext* ctx, cudaStream_t stream) except -1 nogil:
-    """Index of the workspace entry of `stream` (or of the capture under way on it), made on first use."""
+cdef int _entry(GemmContext* ctx, cudaStream_t stream, bint create=True) except -1 nogil:
+    """Index of the workspace entry of `stream` (or of the capture under way on it), made on
+    first use (create False: -2 instead of making it)."""
     cdef unsigned long long cid = 0
     cdef cudaGraph_t graph = NULL
     _capture_info(stream, &cid, &graph)
@@ -495,6 +496,8 @@ cdef int _entry(GemmContext* ctx, cudaStream_t stream) except -1 nogil:
             ctx.workspaces[i].last_use = ctx.use_counter
             return i
         eager += ctx.workspaces[i].capture_id == 0
+    if not create:
+        return -2
     if cid == 0 and eager >= loaded_options().max_stream_workspaces:
         _evict_lru(ctx, False)
     elif cid != 0 and ctx.n_workspaces - eager >= MAX_CAPTURE_ENTRIES:
@@ -526,12 +529,25 @@ cdef int _entry(GemmContext* ctx, cudaStream_t stream) except -1 nogil:
     return i
 
 
-cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL nogil:
+cdef void* _workspace_of(GemmContext* ctx, cudaStream_t stream, bint create) except? NULL nogil:
     cdef int i
     for i in range(ctx.n_workspaces):      # a side stream works in its owner's side workspace
         if ctx.workspaces[i].side == stream and stream != NULL and ctx.workspaces[i].side_ptr != NULL:
             return ctx.workspaces[i].side_ptr
-    return ctx.workspaces[_entry(ctx, stream)].ptr
+    i = _entry(ctx, stream, create)
+    return NULL if i == -2 else ctx.workspaces[i].ptr
+
+
+cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL nogil:
+    return _workspace_of(ctx, stream, True)
+
+
+cdef void* call_workspace(GemmContext* ctx, cudaStream_t stream) except NULL:
+    cdef void* ws = _workspace_of(ctx, stream, False)
+    if ws == NULL:
+        with nogil:         # the stream's (or capture's) first call allocates: other threads run
+            ws = _workspace_of(ctx, stream, True)
+    return ws
 
 
 cdef void _destroy_side(StreamWorkspace* w) noexcept nogil:

@@ -17,7 +17,7 @@ from cygemm.cublaslt cimport *
 from cygemm.kernels cimport *
 from cygemm._types cimport MatrixView, ColMajorGemm, pointer_alignment
 from cygemm._errors cimport check_cuda
-from cygemm._context cimport GemmContext, stream_workspace, stream_is_capturing, fork_side, join_side
+from cygemm._context cimport GemmContext, stream_workspace, call_workspace, stream_is_capturing, fork_side, join_side
 from cygemm._args cimport (CallArgs, ArgRole, args_init, add_array, prepare_call, expect_matrix,
                            expect_vector, expect_dtype, ARG_READ, ARG_WRITE, ARG_SCRATCH)
 from cygemm._arrays cimport dtype_name
@@ -472,8 +472,7 @@ def layer_shape(A, B):
 cdef int _workspace(CallArgs* c, object ws, MatrixView* wv, void** ptr, size_t* nbytes) except -1:
     """The caller's lt_workspace (checked with the call's other buffers) or this stream's own."""
     if wv == NULL:
-        with nogil:         # may allocate
-            ptr[0] = stream_workspace(c.ctx, c.stream)
+        ptr[0] = call_workspace(c.ctx, c.stream)
         nbytes[0] = c.ctx.workspace_bytes
         return 0
     ptr[0] = wv.ptr

@@ -19,7 +19,7 @@ from cygemm.cublas cimport cublasComputeType_t
 from cygemm.cublaslt cimport CUBLASLT_EPILOGUE_DEFAULT
 from cygemm._types cimport ColMajorGemm, MatrixView, pointer_alignment
 from cygemm._errors cimport refuse_in_capture
-from cygemm._context cimport GemmContext, stream_workspace
+from cygemm._context cimport GemmContext, call_workspace
 from cygemm._args cimport CallArgs, prepare_call, check_overlaps, parse_math
 from cygemm._settings cimport autotune_level, AUTOTUNE_OFF
 from cygemm.plans cimport Plan, make_plan, decide_plan, run_with_fallback
@@ -107,10 +107,8 @@ cdef class GemmPlan:
         self._prepare(stream)
         cdef GemmContext* ctx = self.args.ctx
         cdef cudaStream_t s = self.args.stream
-        cdef void* ws
+        cdef void* ws = call_workspace(ctx, s)
         cdef bint keep = True
-        with nogil:
-            ws = stream_workspace(ctx, s)
         if self._plan is None:
             self._plan = make_plan(ctx, s, &self.g, self.dtype, self.args.compute, CUBLASLT_EPILOGUE_DEFAULT,
                                    NULL, NULL, 0, ws, ctx.workspace_bytes)
@@ -147,10 +145,8 @@ cdef class GemmPlan:
         self.plan(stream)
         refuse_in_capture(self.args.stream, "GemmPlan.autotune: timing runs the GEMM many times")
         cdef GemmContext* ctx = self.args.ctx
-        cdef void* ws
+        cdef void* ws = call_workspace(ctx, self.args.stream)
         cdef bint keep = True
-        with nogil:
-            ws = stream_workspace(ctx, self.args.stream)
         decide_plan(self._plan, ctx, self.args.stream, &self.g, NULL, NULL, ws, ctx.workspace_bytes, level,
                     self.beta_f != 0, &keep, True)
         return self
@@ -188,9 +184,7 @@ cdef class GemmPlan:
         if not given:
             self._prepare(stream)
             fresh.ctx, fresh.stream = self.args.ctx, self.args.stream
-        cdef void* ws
-        with nogil:
-            ws = stream_workspace(fresh.ctx, fresh.stream)
+        cdef void* ws = call_workspace(fresh.ctx, fresh.stream)
         run_with_fallback(self._plan, fresh.ctx, fresh.stream, &g, ws, fresh.ctx.workspace_bytes,
                           &self.alpha_f, &self.beta_f)
         return out

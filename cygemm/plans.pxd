@@ -41,6 +41,7 @@ cdef class Plan:
     cdef PlanData d
     cdef readonly object key
     cdef object cache_key       # its key in the thread's cache (None: not cached)
+    cdef long touched_at        # the cache's put count when it was last moved to the recent end
 
 
 # cublasGemmEx / cublasGemmStridedBatchedEx (their _64 forms past 2**31 - 1), on the

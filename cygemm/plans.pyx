@@ -26,7 +26,7 @@ from cygemm._types cimport ColMajorGemm, pointer_alignment
 from cygemm._errors cimport check_cuda, check_cublas
 from cygemm._errors import CaptureError
 from cygemm._context cimport (GemmContext, bind_stream, stream_is_capturing, stream_workspace, defer_free)
-from cygemm._settings cimport options, AUTOTUNE_OFF, AUTOTUNE_AUTO, AUTOTUNE_EXHAUSTIVE
+from cygemm._settings cimport options, loaded_options, AUTOTUNE_OFF, AUTOTUNE_AUTO, AUTOTUNE_EXHAUSTIVE
 from cygemm.tuning cimport (time_choices, worth_tuning, in_route_timing, lookup, remember, count_tuning)
 from cygemm import _settings, tuning
 
@@ -187,10 +187,12 @@ cdef class _PlanCache:
     (its descriptors go when no caller holds it any more), and the C memo of recent ones."""
     cdef object plans           # OrderedDict: key -> Plan, most recent last
     cdef _RecentPlans recent
+    cdef long puts              # plans added so far: how stale a plan's place in the order is
 
     def __cinit__(self):
         self.plans = OrderedDict()
         self.recent = _RecentPlans()
+        self.puts = 0
 
     cdef Plan get(self, tuple key):
         plan = self.plans.get(key)
@@ -198,12 +200,17 @@ cdef class _PlanCache:
             self.plans.move_to_end(key)
         return plan
 
-    cdef void touch(self, Plan plan):
-        if plan.cache_key in self.plans:
+    cdef void touch(self, Plan plan, int limit):
+        # Moved to the recent end only once half the cache was added since: a repeated call
+        # costs no dict operation, and a plan in use never reaches the old end.
+        if self.puts - plan.touched_at > limit // 2 and plan.cache_key in self.plans:
             self.plans.move_to_end(plan.cache_key)
+            plan.touched_at = self.puts
 
     cdef void put(self, tuple key, Plan plan, int limit):
         plan.cache_key = key
+        self.puts += 1
+        plan.touched_at = self.puts
         self.plans[key] = plan
         self.plans.move_to_end(key)
         while len(self.plans) > limit:
@@ -309,7 +316,7 @@ cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
     if autotune < 0:
         autotune = options().autotune
     if plan is not None and plan.d.tune_level >= autotune:
-        cache.touch(plan)           # the least recently used is dropped, not the hottest
+        cache.touch(plan, loaded_options().plan_cache_size)     # the least recently used goes, not the hottest
         return plan
     key = _key_tuple(&k)
     if plan is None:
