@@ -14,6 +14,7 @@ used: a server that sees many batch sizes does not grow without bound.
 """
 from collections import OrderedDict
 import threading
+import time
 
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
@@ -27,7 +28,8 @@ from cygemm._errors cimport check_cuda, check_cublas
 from cygemm._errors import CaptureError
 from cygemm._context cimport (GemmContext, bind_stream, stream_is_capturing, stream_workspace, defer_free)
 from cygemm._settings cimport options, loaded_options, AUTOTUNE_OFF, AUTOTUNE_AUTO, AUTOTUNE_EXHAUSTIVE
-from cygemm.tuning cimport (time_choices, worth_tuning, in_route_timing, lookup, remember, count_tuning)
+from cygemm.tuning cimport (time_choices, worth_tuning, tuning_budget_ms, in_route_timing, lookup, remember,
+                            count_tuning)
 from cygemm import _settings, tuning
 
 cdef int64_t INT32_MAX = 2147483647
@@ -152,10 +154,9 @@ ctypedef struct PlanKey:
 
 cdef enum:
     RECENT_PLANS = 16
-    MAX_CANDIDATES = 8      # exhaustive: the heuristic's first eight
-    AUTO_CANDIDATES = 4     # auto: its first four (and cublasGemmEx)
+    MAX_CANDIDATES = 8      # the heuristic's first eight (and cublasGemmEx)
     TUNE_REPS = 5           # rounds for every candidate (auto: fewer when the budget says so)
-    FINAL_REPS = 11         # exhaustive: rounds for the finalists
+    FINAL_REPS = 11         # rounds for the finalists (auto: within what is left of the budget)
 
 
 cdef class _RecentPlans:
@@ -619,14 +620,15 @@ cdef int _tune_plan(GemmContext* ctx, cudaStream_t stream, PlanData* d, const Co
                     const void* bias, void* aux, void* ws, size_t ws_bytes, int autotune,
                     bint c_is_input) except -1:
     """Time the candidates on the call's own operands and keep the fastest. A GEMM whose C
-    is an input (beta != 0) is timed writing to a scratch output instead. auto: the
-    heuristic's first AUTO_CANDIDATES and cublasGemmEx, within the tuning budget; exhaustive:
-    every candidate, then the finalists again for FINAL_REPS rounds."""
+    is an input (beta != 0) is timed writing to a scratch output instead. Every candidate,
+    then the finalists again for FINAL_REPS rounds; auto: both within the tuning budget,
+    max(50 ms, 25 runs of the fastest), the finalists only if what is left holds 3 rounds."""
     cdef _TuneArg a
     cdef int choices[MAX_CANDIDATES + 1]
     cdef float ms[MAX_CANDIDATES + 1]
     cdef bint exhaustive = autotune == AUTOTUNE_EXHAUSTIVE
-    cdef int found = d.n_candidates if exhaustive else min(d.n_candidates, <int>AUTO_CANDIDATES)
+    cdef int found = d.n_candidates
+    cdef double start = time.perf_counter(), left_ms = 0, fastest
     cdef int i, n = found + (1 if d.gemmex_ok else 0), best = -1
     cdef void* scratch = NULL
     cdef size_t extent
@@ -663,21 +665,24 @@ cdef int _tune_plan(GemmContext* ctx, cudaStream_t stream, PlanData* d, const Co
                 second = i
         if best < 0:
             return 0
-        if exhaustive:
-            # Candidates often lie within a percent or two, as close as one timing's noise.
-            # The finalists (the two fastest and the defaults other libraries run: cuBLASLt's
-            # first choice and cublasGemmEx) are timed again, longer.
-            for i in (0, found if d.gemmex_ok else -1, best, second):
-                if i >= 0 and ms[i] >= 0 and not _listed(final, n_final, i):
-                    final[n_final] = i
-                    n_final += 1
-            if n_final > 1:
-                time_choices(ctx, stream, _tune_enqueue, &a, final, n_final, FINAL_REPS, final_ms, 0)
-                for i in range(n):          # the choice is among the finalists, on their new times
-                    if not _listed(final, n_final, i):
-                        ms[i] = -1
-                for i in range(n_final):
-                    ms[final[i]] = final_ms[i]
+        # Candidates often lie within a percent or two, as close as one timing's noise. The
+        # finalists (the two fastest and the defaults other libraries run: cuBLASLt's first
+        # choice and cublasGemmEx) are timed again, longer.
+        for i in (0, found if d.gemmex_ok else -1, best, second):
+            if i >= 0 and ms[i] >= 0 and not _listed(final, n_final, i):
+                final[n_final] = i
+                n_final += 1
+        fastest = ms[best]
+        if not exhaustive:
+            left_ms = tuning_budget_ms(fastest) - (time.perf_counter() - start) * 1e3
+        if n_final > 1 and (exhaustive or left_ms > 3 * n_final * fastest * 1.2):
+            time_choices(ctx, stream, _tune_enqueue, &a, final, n_final, FINAL_REPS, final_ms,
+                         0 if exhaustive else left_ms)
+            for i in range(n):          # the choice is among the finalists, on their new times
+                if not _listed(final, n_final, i):
+                    ms[i] = -1
+            for i in range(n_final):
+                ms[final[i]] = final_ms[i]
         # A default (cuBLASLt's first choice, cublasGemmEx) is left only for a candidate at
         # least 1% faster than it, so a choice does not hinge on noise.
         best = -1
