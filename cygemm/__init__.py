@@ -10,7 +10,8 @@ except _cuda_paths.CudaNotFoundError as exc:
     raise ImportError(f"cygemm: {exc}") from exc
 
 from cygemm._errors import CygemmError, CudaError, CudaDriverError, CublasError, CaptureError
-from cygemm._context import device_count, release_workspaces, stream_pointer, versions
+from cygemm._context import device_count, release_workspaces, versions
+from cygemm._streams import stream_pointer
 from cygemm._settings import get_options, set_options
 from cygemm.tuning import load_tuning, save_tuning
 from cygemm.rowmajor import gemm, gemm_strided_batched

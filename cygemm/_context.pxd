@@ -1,6 +1,5 @@
-# Per (device, thread): handles, per-stream workspaces, the release queue, capture tracking and
-# streams. Other Cython code cimports this; nothing here calls back into Python on the hot
-# path except to raise.
+# Per (device, thread): the cuBLAS/cuBLASLt handles and per-stream workspaces. Other Cython
+# code cimports this; nothing here calls back into Python on the hot path except to raise.
 from cygemm.cudart cimport cudaError_t, cudaStream_t, cudaEvent_t
 from cygemm.cublas cimport cublasHandle_t
 from cygemm.cublaslt cimport cublasLtHandle_t
@@ -64,30 +63,8 @@ cdef void* call_workspace(GemmContext* ctx, cudaStream_t stream) except NULL
 cdef int fork_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t* side, cudaEvent_t* join) except -1 nogil
 cdef int join_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t side, cudaEvent_t join,
                    bint quiet) except -1 nogil
-# Free device memory now if no capture is known to be open, else once none is (cudaFree
-# synchronizes the device, which would invalidate captures other threads have open).
-cdef void defer_free(void* ptr) noexcept nogil
 
 
 
-# What the release queue frees or destroys (see defer_release).
-cdef enum ReleaseKind:
-    RELEASE_WORKSPACE = 0
-    RELEASE_BLAS = 1
-    RELEASE_LT = 2
-    RELEASE_GRAPH_EXEC = 3
-    RELEASE_GRAPH = 4
-
-# Release now if no capture is known to be open, else once none is (cudaFree, cublasDestroy
-# and cudaGraphDestroy may invalidate captures other threads have open).
-cdef void defer_release(ReleaseKind kind, int device, void* ptr) noexcept nogil
-
-# The stream an argument names: None (CuPy's current stream), an int cudaStream_t, or an
-# object of CuPy, torch or the CUDA stream protocol.
-cdef int stream_from_object(object stream, cudaStream_t* out) except -1
-cdef bint stream_is_capturing(cudaStream_t stream) except -1 nogil
-# The stream's device; left as given when only a call that would break the stream's capture
-# could tell.
-cdef int stream_device(cudaStream_t stream, int* device) except -1
 # How many GPUs there are (-1 until the first context is made).
 cdef int known_device_count() noexcept nogil

@@ -17,7 +17,8 @@ from cygemm.cublaslt cimport *
 from cygemm.kernels cimport *
 from cygemm._types cimport MatrixView, ColMajorGemm, pointer_alignment
 from cygemm._errors cimport check_cuda
-from cygemm._context cimport GemmContext, stream_workspace, call_workspace, stream_is_capturing, fork_side, join_side
+from cygemm._streams cimport stream_is_capturing
+from cygemm._context cimport GemmContext, stream_workspace, call_workspace, fork_side, join_side
 from cygemm._args cimport (CallArgs, ArgRole, args_init, add_array, prepare_call, expect_matrix,
                            expect_vector, expect_dtype, ARG_READ, ARG_WRITE, ARG_SCRATCH)
 from cygemm._arrays cimport dtype_name

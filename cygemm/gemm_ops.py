@@ -13,7 +13,7 @@ from typing import Any, NamedTuple, Optional, Tuple
 
 import numpy as np
 
-from cygemm import _alloc, _arrays, _context
+from cygemm import _alloc, _arrays, _context, _streams
 from cygemm._errors import CaptureError
 from cygemm.fused import (ACTIVATIONS, backward_into, clear_plan_cache, forward_into, layer_shape,
                           parse_activation)
@@ -92,7 +92,7 @@ def empty_like_2d(x, stream=None):
 
 def get_stream_ptr(stream=None) -> int:
     """The cudaStream_t (int) of None (CuPy's current stream), a Stream object or an int."""
-    return _context.stream_pointer(stream)
+    return _streams.stream_pointer(stream)
 
 
 _PyCapsule_New = ctypes.pythonapi.PyCapsule_New
@@ -134,12 +134,12 @@ _stream_buffers_lock = threading.Lock()
 
 
 def _stream_buffer(name, shape, dtype, stream=None):
-    ptr = _context.stream_pointer(stream)
+    ptr = _streams.stream_pointer(stream)
     key = (_context.current_device(), ptr, name, shape, str(dtype))
     with _stream_buffers_lock:
         buf = _stream_buffers.get(key)
         if buf is None:
-            if _context.is_capturing(ptr):
+            if _streams.is_capturing(ptr):
                 raise CaptureError(f"{name}: allocating it would break the stream's capture; call "
                                    "ensure_workspaces once on this stream before capturing")
             buf = _alloc.empty_on(shape, dtype, ptr)

@@ -11,9 +11,9 @@ from libc.stdint cimport uintptr_t
 
 from cygemm.cudart cimport *
 from cygemm._errors cimport check_cuda
-from cygemm._context cimport stream_from_object
+from cygemm._streams cimport stream_from_object
 
-from cygemm import _context
+from cygemm import _context, _release
 
 _MODES = {"global": cudaStreamCaptureModeGlobal, "thread_local": cudaStreamCaptureModeThreadLocal,
           "relaxed": cudaStreamCaptureModeRelaxed}
@@ -78,7 +78,7 @@ cdef class Graph:
         # Destroying a graph while a capture is under way on the device (in any thread)
         # may invalidate that capture: the release queue destroys it once none is known open.
         if self.exec_ != NULL or self.graph != NULL:
-            _context.destroy_graph_when_safe(<uintptr_t>self.exec_, <uintptr_t>self.graph)
+            _release.destroy_graph_when_safe(<uintptr_t>self.exec_, <uintptr_t>self.graph)
 
 
 class capture:
@@ -121,11 +121,11 @@ class capture:
     def __enter__(self):
         cdef cudaStream_t s = <cudaStream_t><uintptr_t>self.stream
         cdef cudaError_t err
-        _context.begin_capture()                 # no release overlaps the capture's start
+        _release.begin_capture()                 # no release overlaps the capture's start
         try:
             err = cudaStreamBeginCapture(s, <cudaStreamCaptureMode>(<int>_MODES[self.mode]))
         finally:
-            _context.note_capture(self.stream, opening=True)     # cygemm frees nothing while it is open
+            _release.note_capture(self.stream, opening=True)     # cygemm frees nothing while it is open
         check_cuda(err, "cudaStreamBeginCapture")
         return self.graph
 
@@ -133,7 +133,7 @@ class capture:
         cdef cudaStream_t s = <cudaStream_t><uintptr_t>self.stream
         cdef cudaGraph_t graph = NULL
         cdef cudaError_t err = cudaStreamEndCapture(s, &graph)
-        _context.note_capture(self.stream)        # and releases what waited for it to end
+        _release.note_capture(self.stream)        # and releases what waited for it to end
         cdef Graph g = self.graph
         g.graph = graph
         if exc_type is not None:

@@ -26,7 +26,9 @@ from cygemm.cublaslt cimport *
 from cygemm._types cimport ColMajorGemm, pointer_alignment
 from cygemm._errors cimport check_cuda, check_cublas
 from cygemm._errors import CaptureError
-from cygemm._context cimport (GemmContext, bind_stream, stream_is_capturing, stream_workspace, defer_free)
+from cygemm._streams cimport stream_is_capturing
+from cygemm._release cimport defer_free
+from cygemm._context cimport GemmContext, bind_stream, stream_workspace
 from cygemm._settings cimport options, loaded_options, AUTOTUNE_OFF, AUTOTUNE_AUTO, AUTOTUNE_EXHAUSTIVE
 from cygemm.tuning cimport (time_choices, worth_tuning, tuning_budget_ms, in_route_timing, lookup, remember,
                             count_tuning)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import cygemm
-from cygemm import _context, fused, gemm_ops, plans
+from cygemm import _context, _release, fused, gemm_ops, plans
 from cygemm.gemm_ops import backward_into, forward_into
 from gpu_util import f64, poisoned, rand, rel_err
 
@@ -219,7 +219,7 @@ def test_hundred_short_lived_streams_leave_memory_flat():
     gc.collect()
     used1 = device_bytes_in_use(release=False)
     assert _context.context_info()["eager_workspaces"] <= bound
-    assert _context.pending_workspace_frees() == 0               # evicted ones were freed at once
+    assert _release.pending_workspace_frees() == 0               # evicted ones were freed at once
     assert used1 - used0 < 32 << 20, f"{(used1 - used0) >> 20} MiB more in use after 100 streams"
     assert rel_err(C.get(), f64(cp, A) @ f64(cp, B)) < 1e-5
 
@@ -359,7 +359,7 @@ def test_a_thread_ending_mid_capture_leaves_the_capture_valid():
     th.start()
     ready.wait()
     cygemm.release_workspaces()     # an empty queue (but for graph destructors CUDA runs late)
-    pending0 = _context.pending_workspace_frees()
+    pending0 = _release.pending_workspace_frees()
     with s:
         Y[...] = cp.nan
     with cygemm.graph.capture(s) as graph:
@@ -367,9 +367,9 @@ def test_a_thread_ending_mid_capture_leaves_the_capture_valid():
         go.set()
         th.join()                   # its thread-local context is gone once join returns
         gc.collect()
-        pending_mid = _context.pending_workspace_frees()
+        pending_mid = _release.pending_workspace_frees()
         forward_into(A, B, Y, bias, act="relu", math="fp32", stream=s)
-    pending_after = _context.pending_workspace_frees()
+    pending_after = _release.pending_workspace_frees()
     graph.launch(s)
     s.synchronize()
     ref = np.maximum(f64(cp, A) @ f64(cp, B) + f64(cp, bias), 0)

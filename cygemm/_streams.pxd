@@ -1,0 +1,10 @@
+# Streams: what a `stream=` argument names, capture status, the stream's device.
+from cygemm.cudart cimport cudaStream_t
+
+# The stream an argument names: None (CuPy's current stream), an int cudaStream_t, or an
+# object of CuPy, torch or the CUDA stream protocol.
+cdef int stream_from_object(object stream, cudaStream_t* out) except -1
+cdef bint stream_is_capturing(cudaStream_t stream) except -1 nogil
+# The stream's device; left as given when only a call that would break the stream's capture
+# could tell.
+cdef int stream_device(cudaStream_t stream, int* device) except -1
