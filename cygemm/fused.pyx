@@ -23,7 +23,8 @@ from cygemm._args cimport (CallArgs, ArgRole, args_init, add_array, prepare_call
                            expect_vector, expect_dtype, ARG_READ, ARG_WRITE, ARG_SCRATCH)
 from cygemm._arrays cimport dtype_name
 from cygemm._settings cimport autotune_level, AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE
-from cygemm.plans cimport Plan, get_plan, plan_run, run_gemm, check_capture_alive
+from cygemm._launch cimport plan_run
+from cygemm.plans cimport Plan, get_plan, run_gemm, check_capture_alive
 from cygemm.tuning cimport (enqueue_fn, time_choices, worth_tuning, enter_route_timing, leave_route_timing,
                             tuned_route, forced_route, remember_route, routes_generation)
 from cygemm.rowmajor cimport map_or_raise, rowmajor_ld, is_rowmajor

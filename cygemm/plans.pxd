@@ -3,38 +3,10 @@
 from libc.stdint cimport int64_t
 from cygemm.cudart cimport cudaStream_t, cudaDataType
 from cygemm.cublas cimport cublasComputeType_t
-from cygemm.cublaslt cimport (cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t,
-                              cublasLtMatmulAlgo_t, cublasLtEpilogue_t, cublasLtMatmulHeuristicResult_t)
+from cygemm.cublaslt cimport cublasLtEpilogue_t
 from cygemm._types cimport ColMajorGemm
+from cygemm._launch cimport PlanData
 from cygemm._context cimport GemmContext
-
-
-# How a plan runs its GEMM.
-cdef enum PlanRoute:
-    PLAN_GEMMEX = 0     # cublasGemmEx / cublasGemmStridedBatchedEx (cuBLAS's own choice)
-    PLAN_LT = 1         # cublasLtMatmul with the chosen algorithm (epilogues need this)
-
-
-ctypedef struct PlanData:
-    cublasLtMatmulDesc_t desc
-    cublasLtMatrixLayout_t la
-    cublasLtMatrixLayout_t lb
-    cublasLtMatrixLayout_t lc
-    cublasLtMatmulPreference_t pref
-    cublasLtMatmulAlgo_t algo
-    size_t workspace_needed
-    cudaDataType dtype
-    cublasComputeType_t compute
-    int device
-    PlanRoute route
-    bint usable         # False: cuBLASLt has no algorithm for it (or closed); the caller's fallback runs
-    bint capture_ok     # cleared if cuBLASLt refused this algorithm inside a capture
-    bint gemmex_ok      # a plain GEMM: cublasGemmEx is a candidate
-    bint tuned          # chosen by timing (here or in a loaded tuning file)
-    float tuned_ms      # the chosen candidate's median time (0: not timed)
-    int tune_level      # the autotune level it was decided under (-1: not yet)
-    int n_candidates
-    cublasLtMatmulHeuristicResult_t candidates[8]
 
 
 cdef class Plan:
@@ -43,12 +15,6 @@ cdef class Plan:
     cdef object cache_key       # its key in the thread's cache (None: not cached)
     cdef long touched_at        # the cache's put count when it was last moved to the recent end
 
-
-# cublasGemmEx / cublasGemmStridedBatchedEx (their _64 forms past 2**31 - 1), on the
-# context's handle bound to `stream`. No plan: cuBLAS chooses the algorithm.
-cdef int gemm_colmajor(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
-                       cudaDataType dtype, cublasComputeType_t compute,
-                       const float* alpha, const float* beta) except -1 nogil
 
 # The cached plan of one problem, made and decided on a miss (the tuning table, timing of the
 # candidates when the problem is large and the stream is not capturing, or the heuristic's
@@ -66,11 +32,6 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
                      const void* bias, void* aux, void* ws, size_t ws_bytes, int autotune,
                      bint c_is_input, bint* keep, bint any_size=*) except -1
 
-# Run a plan: the cuBLAS status (a refused call enqueues nothing; the caller decides), or -1
-# with an exception set when binding the stream failed.
-cdef int plan_run(GemmContext* ctx, cudaStream_t stream, PlanData* d, const ColMajorGemm* g,
-                  const void* bias, void* aux, void* ws, size_t ws_bytes,
-                  const float* alpha, const float* beta) except -1 nogil
 # A plain GEMM's plan (not None), with cublasGemmEx where cuBLASLt refuses it. Raises on failure.
 cdef int run_with_fallback(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
                            void* ws, size_t ws_bytes, const float* alpha, const float* beta) except -1

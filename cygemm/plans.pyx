@@ -14,7 +14,6 @@ used: a server that sees many batch sizes does not grow without bound.
 """
 from collections import OrderedDict
 import threading
-import time
 
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
@@ -27,60 +26,12 @@ from cygemm._types cimport ColMajorGemm, pointer_alignment
 from cygemm._errors cimport check_cuda, check_cublas
 from cygemm._errors import CaptureError
 from cygemm._streams cimport stream_is_capturing
-from cygemm._release cimport defer_free
-from cygemm._context cimport GemmContext, bind_stream, stream_workspace
+from cygemm._context cimport GemmContext, stream_workspace
+from cygemm._launch cimport PlanData, PlanRoute, PLAN_GEMMEX, PLAN_LT, gemm_colmajor, needs_64bit_api, plan_run
 from cygemm._settings cimport options, loaded_options, AUTOTUNE_OFF, AUTOTUNE_AUTO, AUTOTUNE_EXHAUSTIVE
-from cygemm.tuning cimport (time_choices, worth_tuning, tuning_budget_ms, in_route_timing, lookup, remember,
-                            count_tuning)
+from cygemm.tuning cimport worth_tuning, in_route_timing, lookup, remember
+from cygemm._candidates cimport tune_candidates
 from cygemm import _settings, tuning
-
-cdef int64_t INT32_MAX = 2147483647
-
-
-# ---------------------------------------------------------------- cublasGemmEx
-cdef int gemm_colmajor(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
-                       cudaDataType dtype, cublasComputeType_t compute,
-                       const float* alpha, const float* beta) except -1 nogil:
-    return check_cublas(<cublasStatus_t>_gemmex(ctx, stream, g, dtype, compute, alpha, beta),
-                        "cublasGemmEx" if not g.strided_batched else "cublasGemmStridedBatchedEx")
-
-
-cdef bint _wide(const ColMajorGemm* g) noexcept nogil:
-    return (g.m > INT32_MAX or g.n > INT32_MAX or g.k > INT32_MAX or g.lda > INT32_MAX
-            or g.ldb > INT32_MAX or g.ldc > INT32_MAX or g.batch > INT32_MAX)
-
-
-cdef int _gemmex(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
-                 cudaDataType dtype, cublasComputeType_t compute,
-                 const float* alpha, const float* beta) except -1 nogil:
-    """The cuBLAS status of one GemmEx call (-1: binding the stream raised)."""
-    bind_stream(ctx, stream)
-    cdef double alpha64, beta64
-    if compute == CUBLAS_COMPUTE_64F:       # the scalars take the compute type: double here
-        alpha64, beta64 = alpha[0], beta[0]
-        alpha, beta = <const float*>&alpha64, <const float*>&beta64
-    # Past 2**31 - 1 in any size or leading dimension take cuBLAS's 64-bit API;
-    # below it the 32-bit one, whose kernels and heuristics are the tuned ones.
-    if g.strided_batched and _wide(g):
-        return cublasGemmStridedBatchedEx_64(
-            ctx.blas, g.opa, g.opb, g.m, g.n, g.k, alpha,
-            g.a, dtype, g.lda, g.stride_a, g.b, dtype, g.ldb, g.stride_b,
-            beta, g.c, dtype, g.ldc, g.stride_c, g.batch, compute, CUBLAS_GEMM_DEFAULT)
-    if g.strided_batched:
-        return cublasGemmStridedBatchedEx(
-            ctx.blas, g.opa, g.opb, <int>g.m, <int>g.n, <int>g.k, alpha,
-            g.a, dtype, <int>g.lda, g.stride_a, g.b, dtype, <int>g.ldb, g.stride_b,
-            beta, g.c, dtype, <int>g.ldc, g.stride_c, <int>g.batch, compute, CUBLAS_GEMM_DEFAULT)
-    if _wide(g):
-        return cublasGemmEx_64(
-            ctx.blas, g.opa, g.opb, g.m, g.n, g.k, alpha, g.a, dtype, g.lda, g.b, dtype, g.ldb,
-            beta, g.c, dtype, g.ldc, compute, CUBLAS_GEMM_DEFAULT)
-    return cublasGemmEx(
-        ctx.blas, g.opa, g.opb, <int>g.m, <int>g.n, <int>g.k, alpha,
-        g.a, dtype, <int>g.lda, g.b, dtype, <int>g.ldb,
-        beta, g.c, dtype, <int>g.ldc, compute, CUBLAS_GEMM_DEFAULT)
-
-
 
 # ---------------------------------------------------------------- plans
 
@@ -156,9 +107,7 @@ ctypedef struct PlanKey:
 
 cdef enum:
     RECENT_PLANS = 16
-    MAX_CANDIDATES = 8      # the heuristic's first eight (and cublasGemmEx)
-    TUNE_REPS = 5           # rounds for every candidate (auto: fewer when the budget says so)
-    FINAL_REPS = 11         # rounds for the finalists (auto: within what is left of the budget)
+    MAX_CANDIDATES = 8      # the heuristic's first eight (and cublasGemmEx, timed beside them)
 
 
 cdef class _RecentPlans:
@@ -448,7 +397,7 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
     if stream_is_capturing(stream):
         keep[0] = False             # the heuristic's choice now; timed at the first eager call
         return 0
-    _tune_plan(ctx, stream, d, g, bias, aux, ws, ws_bytes, autotune, c_is_input)
+    tune_candidates(ctx, stream, d, g, bias, aux, ws, ws_bytes, autotune, c_is_input)
     d.tune_level = autotune
     if d.tuned:
         remember(ctx.device, "gemm", plan.key, _record_of(d))
@@ -504,30 +453,11 @@ cdef dict _record_of(PlanData* d):
 
 # ---------------------------------------------------------------- running a plan
 
-cdef int plan_run(GemmContext* ctx, cudaStream_t stream, PlanData* d, const ColMajorGemm* g,
-                  const void* bias, void* aux, void* ws, size_t ws_bytes,
-                  const float* alpha, const float* beta) except -1 nogil:
-    cdef cublasStatus_t st
-    if d.route == PLAN_GEMMEX:
-        return _gemmex(ctx, stream, g, d.dtype, d.compute, alpha, beta)
-    # Pointers change between calls that share a plan; setting them is a host-side copy.
-    if bias != NULL:
-        st = cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias))
-        if st != CUBLAS_STATUS_SUCCESS:
-            return st
-    if aux != NULL:
-        st = cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux))
-        if st != CUBLAS_STATUS_SUCCESS:
-            return st
-    return cublasLtMatmul(ctx.lt, d.desc, alpha, g.a, d.la, g.b, d.lb, beta, g.c, d.lc, g.c, d.lc,
-                          &d.algo, ws, ws_bytes, stream)
-
-
 cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                   cublasComputeType_t compute, const float* alpha, const float* beta,
                   int autotune) except -1 nogil:
     cdef int64_t batch = g.batch if g.strided_batched else 1
-    if _wide(g) or _force_gemm == 1 or g.k == 0 or compute == CUBLAS_COMPUTE_64F or (
+    if needs_64bit_api(g) or _force_gemm == 1 or g.k == 0 or compute == CUBLAS_COMPUTE_64F or (
             _force_gemm == 0 and not worth_tuning(<double>g.m * g.n * g.k * batch)):
         return gemm_colmajor(ctx, stream, g, dtype, compute, alpha, beta)
     cdef void* ws = stream_workspace(ctx, stream)       # may allocate: without the GIL
@@ -574,140 +504,4 @@ cdef int check_capture_alive(cudaStream_t stream) except -1:
     if status == cudaStreamCaptureStatusInvalidated:
         raise CaptureError("cublasLtMatmul invalidated the stream's capture; call the function once "
                            "before capturing, or capture with mode='relaxed'")
-    return 0
-
-
-# ---------------------------------------------------------------- timing a plan's candidates
-
-ctypedef struct _TuneArg:
-    GemmContext* ctx
-    cudaStream_t stream
-    PlanData* d
-    ColMajorGemm g
-    const void* bias
-    void* aux
-    void* ws
-    size_t ws_bytes
-    int n_lt
-
-
-cdef int _tune_enqueue(void* arg, int choice) except -1:
-    cdef _TuneArg* a = <_TuneArg*>arg
-    cdef float alpha = 1.0, beta = 0.0
-    cdef PlanRoute route = a.d.route
-    cdef cublasLtMatmulAlgo_t algo = a.d.algo
-    cdef int st
-    if choice == a.n_lt:            # the last choice: cublasGemmEx
-        a.d.route = PLAN_GEMMEX
-    else:
-        a.d.route = PLAN_LT
-        a.d.algo = a.d.candidates[choice].algo
-    try:
-        with nogil:
-            st = plan_run(a.ctx, a.stream, a.d, &a.g, a.bias, a.aux, a.ws, a.ws_bytes, &alpha, &beta)
-    finally:
-        a.d.route, a.d.algo = route, algo
-    return 0 if st == CUBLAS_STATUS_SUCCESS else 1
-
-
-cdef inline bint _listed(const int* xs, int n, int x) noexcept nogil:
-    cdef int i
-    for i in range(n):
-        if xs[i] == x:
-            return True
-    return False
-
-
-cdef int _tune_plan(GemmContext* ctx, cudaStream_t stream, PlanData* d, const ColMajorGemm* g,
-                    const void* bias, void* aux, void* ws, size_t ws_bytes, int autotune,
-                    bint c_is_input) except -1:
-    """Time the candidates on the call's own operands and keep the fastest. A GEMM whose C
-    is an input (beta != 0) is timed writing to a scratch output instead. Every candidate,
-    then the finalists again for FINAL_REPS rounds; auto: both within the tuning budget,
-    max(50 ms, 25 runs of the fastest), the finalists only if what is left holds 3 rounds."""
-    cdef _TuneArg a
-    cdef int choices[MAX_CANDIDATES + 1]
-    cdef float ms[MAX_CANDIDATES + 1]
-    cdef bint exhaustive = autotune == AUTOTUNE_EXHAUSTIVE
-    cdef int found = d.n_candidates
-    cdef double start = time.perf_counter(), left_ms = 0, fastest
-    cdef int i, n = found + (1 if d.gemmex_ok else 0), best = -1
-    cdef void* scratch = NULL
-    cdef size_t extent
-    cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
-    cdef cudaError_t err
-    a.ctx, a.stream, a.d, a.g = ctx, stream, d, g[0]
-    a.bias, a.aux, a.ws, a.ws_bytes, a.n_lt = bias, aux, ws, ws_bytes, found
-    if c_is_input:
-        extent = <size_t>((g.n - 1) * g.ldc + g.m)
-        if g.strided_batched and g.batch > 1:
-            extent += <size_t>((g.batch - 1) * g.stride_c)
-        extent *= 8 if d.dtype == CUDA_R_64F else (4 if d.dtype == CUDA_R_32F else 2)
-        with nogil:
-            cudaThreadExchangeStreamCaptureMode(&mode)
-            err = cudaMalloc(&scratch, extent)
-            cudaThreadExchangeStreamCaptureMode(&mode)
-        if err != cudaSuccess:
-            cudaGetLastError()
-            return 0            # no room to time it: the heuristic's first choice stays
-        a.g.c = scratch
-    for i in range(n):
-        choices[i] = i
-    cdef int second = -1, n_final = 0, base = -1
-    cdef int final[4]
-    cdef float final_ms[4]
-    try:
-        time_choices(ctx, stream, _tune_enqueue, &a, choices, n, TUNE_REPS, ms, 0 if exhaustive else 1e30)
-        for i in range(n):
-            if ms[i] < 0:
-                continue
-            if best < 0 or ms[i] < ms[best]:
-                best, second = i, best
-            elif second < 0 or ms[i] < ms[second]:
-                second = i
-        if best < 0:
-            return 0
-        # Candidates often lie within a percent or two, as close as one timing's noise. The
-        # finalists (the two fastest and the defaults other libraries run: cuBLASLt's first
-        # choice and cublasGemmEx) are timed again, longer.
-        for i in (0, found if d.gemmex_ok else -1, best, second):
-            if i >= 0 and ms[i] >= 0 and not _listed(final, n_final, i):
-                final[n_final] = i
-                n_final += 1
-        fastest = ms[best]
-        if not exhaustive:
-            left_ms = tuning_budget_ms(fastest) - (time.perf_counter() - start) * 1e3
-        if n_final > 1 and (exhaustive or left_ms > 3 * n_final * fastest * 1.2):
-            time_choices(ctx, stream, _tune_enqueue, &a, final, n_final, FINAL_REPS, final_ms,
-                         0 if exhaustive else left_ms)
-            for i in range(n):          # the choice is among the finalists, on their new times
-                if not _listed(final, n_final, i):
-                    ms[i] = -1
-            for i in range(n_final):
-                ms[final[i]] = final_ms[i]
-        # A default (cuBLASLt's first choice, cublasGemmEx) is left only for a candidate at
-        # least 1% faster than it, so a choice does not hinge on noise.
-        best = -1
-        for i in range(n):
-            if ms[i] < 0:
-                continue
-            if best < 0 or ms[i] < ms[best]:
-                best = i
-            if (i == 0 or i == found) and (base < 0 or ms[i] < ms[base]):
-                base = i
-        if best < 0:
-            return 0
-        if base >= 0 and ms[best] > 0.99 * ms[base]:
-            best = base
-    finally:
-        if scratch != NULL:
-            with nogil:             # may free the queue: cudaFree synchronizes the device
-                defer_free(scratch)
-    count_tuning()
-    if best == found:
-        d.route = PLAN_GEMMEX
-    else:
-        d.route, d.algo, d.workspace_needed = PLAN_LT, d.candidates[best].algo, d.candidates[best].workspaceSize
-    d.tuned = True
-    d.tuned_ms = ms[best]
     return 0

@@ -1,0 +1,12 @@
+# Timing a plan's candidates (see _candidates.pyx).
+from cygemm.cudart cimport cudaStream_t
+from cygemm._types cimport ColMajorGemm
+from cygemm._context cimport GemmContext
+from cygemm._launch cimport PlanData
+
+# Time d's candidates (and cublasGemmEx when d.gemmex_ok) on g's operands; on success d takes
+# the fastest (route, algorithm, tuned, tuned_ms). c_is_input: C is read (beta != 0), so the
+# timed runs write a scratch output. autotune: AUTOTUNE_AUTO or AUTOTUNE_EXHAUSTIVE.
+cdef int tune_candidates(GemmContext* ctx, cudaStream_t stream, PlanData* d, const ColMajorGemm* g,
+                         const void* bias, void* aux, void* ws, size_t ws_bytes, int autotune,
+                         bint c_is_input) except -1

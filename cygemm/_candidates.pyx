@@ -1,0 +1,155 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Timing a plan's candidates: cuBLASLt's heuristic algorithms and cublasGemmEx, on the call's
+own operands, within the tuning budget (see cygemm.tuning); the fastest becomes the plan's."""
+import time
+
+from libc.stdint cimport int64_t
+
+from cygemm.cudart cimport *
+from cygemm.cublas cimport *
+from cygemm.cublaslt cimport *
+from cygemm._types cimport ColMajorGemm
+from cygemm._context cimport GemmContext
+from cygemm._release cimport defer_free
+from cygemm._settings cimport AUTOTUNE_EXHAUSTIVE
+from cygemm._launch cimport PlanData, PlanRoute, PLAN_GEMMEX, PLAN_LT, plan_run
+from cygemm.tuning cimport time_choices, tuning_budget_ms, count_tuning
+
+cdef enum:
+    MAX_CANDIDATES = 8      # the heuristic's first eight (PlanData holds as many); cublasGemmEx besides
+    TUNE_REPS = 5           # rounds for every candidate (auto: fewer when the budget says so)
+    FINAL_REPS = 11         # rounds for the finalists (auto: within what is left of the budget)
+
+
+ctypedef struct _TuneArg:
+    GemmContext* ctx
+    cudaStream_t stream
+    PlanData* d
+    ColMajorGemm g
+    const void* bias
+    void* aux
+    void* ws
+    size_t ws_bytes
+    int n_lt
+
+
+cdef int _tune_enqueue(void* arg, int choice) except -1:
+    cdef _TuneArg* a = <_TuneArg*>arg
+    cdef float alpha = 1.0, beta = 0.0
+    cdef PlanRoute route = a.d.route
+    cdef cublasLtMatmulAlgo_t algo = a.d.algo
+    cdef int st
+    if choice == a.n_lt:            # the last choice: cublasGemmEx
+        a.d.route = PLAN_GEMMEX
+    else:
+        a.d.route = PLAN_LT
+        a.d.algo = a.d.candidates[choice].algo
+    try:
+        with nogil:
+            st = plan_run(a.ctx, a.stream, a.d, &a.g, a.bias, a.aux, a.ws, a.ws_bytes, &alpha, &beta)
+    finally:
+        a.d.route, a.d.algo = route, algo
+    return 0 if st == CUBLAS_STATUS_SUCCESS else 1
+
+
+cdef inline bint _listed(const int* xs, int n, int x) noexcept nogil:
+    cdef int i
+    for i in range(n):
+        if xs[i] == x:
+            return True
+    return False
+
+
+cdef int tune_candidates(GemmContext* ctx, cudaStream_t stream, PlanData* d, const ColMajorGemm* g,
+                    const void* bias, void* aux, void* ws, size_t ws_bytes, int autotune,
+                    bint c_is_input) except -1:
+    """Time the candidates on the call's own operands and keep the fastest. A GEMM whose C
+    is an input (beta != 0) is timed writing to a scratch output instead. Every candidate,
+    then the finalists again for FINAL_REPS rounds; auto: both within the tuning budget,
+    max(50 ms, 25 runs of the fastest), the finalists only if what is left holds 3 rounds."""
+    cdef _TuneArg a
+    cdef int choices[MAX_CANDIDATES + 1]
+    cdef float ms[MAX_CANDIDATES + 1]
+    cdef bint exhaustive = autotune == AUTOTUNE_EXHAUSTIVE
+    cdef int found = d.n_candidates
+    cdef double start = time.perf_counter(), left_ms = 0, fastest
+    cdef int i, n = found + (1 if d.gemmex_ok else 0), best = -1
+    cdef void* scratch = NULL
+    cdef size_t extent
+    cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
+    cdef cudaError_t err
+    a.ctx, a.stream, a.d, a.g = ctx, stream, d, g[0]
+    a.bias, a.aux, a.ws, a.ws_bytes, a.n_lt = bias, aux, ws, ws_bytes, found
+    if c_is_input:
+        extent = <size_t>((g.n - 1) * g.ldc + g.m)
+        if g.strided_batched and g.batch > 1:
+            extent += <size_t>((g.batch - 1) * g.stride_c)
+        extent *= 8 if d.dtype == CUDA_R_64F else (4 if d.dtype == CUDA_R_32F else 2)
+        with nogil:
+            cudaThreadExchangeStreamCaptureMode(&mode)
+            err = cudaMalloc(&scratch, extent)
+            cudaThreadExchangeStreamCaptureMode(&mode)
+        if err != cudaSuccess:
+            cudaGetLastError()
+            return 0            # no room to time it: the heuristic's first choice stays
+        a.g.c = scratch
+    for i in range(n):
+        choices[i] = i
+    cdef int second = -1, n_final = 0, base = -1
+    cdef int final[4]
+    cdef float final_ms[4]
+    try:
+        time_choices(ctx, stream, _tune_enqueue, &a, choices, n, TUNE_REPS, ms, 0 if exhaustive else 1e30)
+        for i in range(n):
+            if ms[i] < 0:
+                continue
+            if best < 0 or ms[i] < ms[best]:
+                best, second = i, best
+            elif second < 0 or ms[i] < ms[second]:
+                second = i
+        if best < 0:
+            return 0
+        # Candidates often lie within a percent or two, as close as one timing's noise. The
+        # finalists (the two fastest and the defaults other libraries run: cuBLASLt's first
+        # choice and cublasGemmEx) are timed again, longer.
+        for i in (0, found if d.gemmex_ok else -1, best, second):
+            if i >= 0 and ms[i] >= 0 and not _listed(final, n_final, i):
+                final[n_final] = i
+                n_final += 1
+        fastest = ms[best]
+        if not exhaustive:
+            left_ms = tuning_budget_ms(fastest) - (time.perf_counter() - start) * 1e3
+        if n_final > 1 and (exhaustive or left_ms > 3 * n_final * fastest * 1.2):
+            time_choices(ctx, stream, _tune_enqueue, &a, final, n_final, FINAL_REPS, final_ms,
+                         0 if exhaustive else left_ms)
+            for i in range(n):          # the choice is among the finalists, on their new times
+                if not _listed(final, n_final, i):
+                    ms[i] = -1
+            for i in range(n_final):
+                ms[final[i]] = final_ms[i]
+        # A default (cuBLASLt's first choice, cublasGemmEx) is left only for a candidate at
+        # least 1% faster than it, so a choice does not hinge on noise.
+        best = -1
+        for i in range(n):
+            if ms[i] < 0:
+                continue
+            if best < 0 or ms[i] < ms[best]:
+                best = i
+            if (i == 0 or i == found) and (base < 0 or ms[i] < ms[base]):
+                base = i
+        if best < 0:
+            return 0
+        if base >= 0 and ms[best] > 0.99 * ms[base]:
+            best = base
+    finally:
+        if scratch != NULL:
+            with nogil:             # may free the queue: cudaFree synchronizes the device
+                defer_free(scratch)
+    count_tuning()
+    if best == found:
+        d.route = PLAN_GEMMEX
+    else:
+        d.route, d.algo, d.workspace_needed = PLAN_LT, d.candidates[best].algo, d.candidates[best].workspaceSize
+    d.tuned = True
+    d.tuned_ms = ms[best]
+    return 0

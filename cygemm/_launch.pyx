@@ -1,0 +1,77 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Enqueueing one GEMM: cublasGemmEx / cublasGemmStridedBatchedEx (their _64 forms past
+2**31 - 1), or cublasLtMatmul by a plan's descriptors and algorithm. Below the plans: what
+runs, not how it was chosen."""
+from libc.stdint cimport int64_t
+
+from cygemm.cudart cimport cudaStream_t, cudaDataType
+from cygemm.cublas cimport *
+from cygemm.cublaslt cimport *
+from cygemm._types cimport ColMajorGemm
+from cygemm._errors cimport check_cublas
+from cygemm._context cimport GemmContext, bind_stream
+
+
+cdef int64_t INT32_MAX = 2147483647
+
+
+cdef int gemm_colmajor(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
+                       cudaDataType dtype, cublasComputeType_t compute,
+                       const float* alpha, const float* beta) except -1 nogil:
+    return check_cublas(<cublasStatus_t>_gemmex(ctx, stream, g, dtype, compute, alpha, beta),
+                        "cublasGemmEx" if not g.strided_batched else "cublasGemmStridedBatchedEx")
+
+
+cdef bint needs_64bit_api(const ColMajorGemm* g) noexcept nogil:
+    return (g.m > INT32_MAX or g.n > INT32_MAX or g.k > INT32_MAX or g.lda > INT32_MAX
+            or g.ldb > INT32_MAX or g.ldc > INT32_MAX or g.batch > INT32_MAX)
+
+
+cdef int _gemmex(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
+                 cudaDataType dtype, cublasComputeType_t compute,
+                 const float* alpha, const float* beta) except -1 nogil:
+    """The cuBLAS status of one GemmEx call (-1: binding the stream raised)."""
+    bind_stream(ctx, stream)
+    cdef double alpha64, beta64
+    if compute == CUBLAS_COMPUTE_64F:       # the scalars take the compute type: double here
+        alpha64, beta64 = alpha[0], beta[0]
+        alpha, beta = <const float*>&alpha64, <const float*>&beta64
+    # Past 2**31 - 1 in any size or leading dimension take cuBLAS's 64-bit API;
+    # below it the 32-bit one, whose kernels and heuristics are the tuned ones.
+    if g.strided_batched and needs_64bit_api(g):
+        return cublasGemmStridedBatchedEx_64(
+            ctx.blas, g.opa, g.opb, g.m, g.n, g.k, alpha,
+            g.a, dtype, g.lda, g.stride_a, g.b, dtype, g.ldb, g.stride_b,
+            beta, g.c, dtype, g.ldc, g.stride_c, g.batch, compute, CUBLAS_GEMM_DEFAULT)
+    if g.strided_batched:
+        return cublasGemmStridedBatchedEx(
+            ctx.blas, g.opa, g.opb, <int>g.m, <int>g.n, <int>g.k, alpha,
+            g.a, dtype, <int>g.lda, g.stride_a, g.b, dtype, <int>g.ldb, g.stride_b,
+            beta, g.c, dtype, <int>g.ldc, g.stride_c, <int>g.batch, compute, CUBLAS_GEMM_DEFAULT)
+    if needs_64bit_api(g):
+        return cublasGemmEx_64(
+            ctx.blas, g.opa, g.opb, g.m, g.n, g.k, alpha, g.a, dtype, g.lda, g.b, dtype, g.ldb,
+            beta, g.c, dtype, g.ldc, compute, CUBLAS_GEMM_DEFAULT)
+    return cublasGemmEx(
+        ctx.blas, g.opa, g.opb, <int>g.m, <int>g.n, <int>g.k, alpha,
+        g.a, dtype, <int>g.lda, g.b, dtype, <int>g.ldb,
+        beta, g.c, dtype, <int>g.ldc, compute, CUBLAS_GEMM_DEFAULT)
+
+
+cdef int plan_run(GemmContext* ctx, cudaStream_t stream, PlanData* d, const ColMajorGemm* g,
+                  const void* bias, void* aux, void* ws, size_t ws_bytes,
+                  const float* alpha, const float* beta) except -1 nogil:
+    cdef cublasStatus_t st
+    if d.route == PLAN_GEMMEX:
+        return _gemmex(ctx, stream, g, d.dtype, d.compute, alpha, beta)
+    # Pointers change between calls that share a plan; setting them is a host-side copy.
+    if bias != NULL:
+        st = cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias))
+        if st != CUBLAS_STATUS_SUCCESS:
+            return st
+    if aux != NULL:
+        st = cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux))
+        if st != CUBLAS_STATUS_SUCCESS:
+            return st
+    return cublasLtMatmul(ctx.lt, d.desc, alpha, g.a, d.la, g.b, d.lb, beta, g.c, d.lc, g.c, d.lc,
+                          &d.algo, ws, ws_bytes, stream)
