@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MODULES = {"_errors": [], "_settings": [], "_streams": [], "_release": [], "_context": [], "_arrays": [],
            "_alloc": [], "_args": [],
            "tuning": ["cygemm/timing.cu"], "_launch": [], "_candidates": [], "plans": [], "rowmajor": [], "gemm_plan": [], "matmul": [],
-           "fused": ["cygemm/kernels.cu"], "graph": []}
+           "epilogues": [], "_layer": [], "fused": ["cygemm/kernels.cu"], "graph": []}
 HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h"]
 RUNPATH = "$ORIGIN/../nvidia/cu13/lib"
 

@@ -11,12 +11,11 @@ from cpython.object cimport PyObject
 from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.cudart cimport *
-from cygemm._types cimport (MatrixView, Math, MATH_TF32, MATH_FP32, MATH_CUPY, compute_type,
-                            view_is_empty, WORKSPACE_ALIGNMENT, MAX_NDIM)
+from cygemm._types cimport (MatrixView, Math, MATH_TF32, MATH_FP32, compute_type, view_is_empty,
+                            WORKSPACE_ALIGNMENT)
 from cygemm._errors cimport check_cuda
 from cygemm._streams cimport stream_from_object, stream_device
-from cygemm._context cimport (GemmContext, current_context,
-                              known_device_count)
+from cygemm._context cimport current_context, known_device_count
 from cygemm._arrays cimport views_overlap, check_no_overlap, dtype_name
 
 

@@ -12,12 +12,12 @@ from libc.string cimport memset
 
 from cygemm.cudart cimport *
 from cygemm.cublas cimport *
-from cygemm.cublaslt cimport cublasLtHandle_t, cublasLtCreate, cublasLtDestroy, cublasLtGetVersion
+from cygemm.cublaslt cimport cublasLtCreate, cublasLtGetVersion
 from cygemm._errors cimport check_cuda, check_cublas
 from cygemm._settings cimport options, loaded_options
-from cygemm._streams cimport stream_from_object
-from cygemm._release cimport (ReleaseKind, RELEASE_BLAS, RELEASE_LT, defer_release, queue_free, free_now,
-                              drain_if_safe, release_all, note_capture_id, capture_info, open_captures)
+
+from cygemm._release cimport (RELEASE_BLAS, RELEASE_LT, defer_release, queue_free, free_now, drain_if_safe,
+                              release_all, note_capture_id, capture_info, open_captures)
 
 # cuBLAS recommends 32 MiB of workspace on Hopper; smaller chips use less.
 cdef enum:
@@ -35,6 +35,7 @@ cdef class _Context:
     def __cinit__(self, int device):
         self.ctx.device = device
         self.ctx.workspace_bytes = WORKSPACE_BYTES
+        options()           # loaded before any context exists: nogil code reads loaded_options()
         cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
         cdef cublasStatus_t st_blas, st_lt = CUBLAS_STATUS_SUCCESS
         # Creating handles may allocate: allowed even while another stream of this thread is

@@ -15,104 +15,28 @@ from cygemm.cudart cimport *
 from cygemm.cublas cimport *
 from cygemm.cublaslt cimport *
 from cygemm.kernels cimport *
+from cygemm.epilogues cimport Activation, NO_EPILOGUE, activation_row, leaky_slope_of
+from cygemm._layer cimport (layer_matrix, layer_vector, layer_operands, layer_workspace, layer_gemm,
+                            time_routes)
 from cygemm._types cimport MatrixView, ColMajorGemm, pointer_alignment
 from cygemm._errors cimport check_cuda
 from cygemm._streams cimport stream_is_capturing
-from cygemm._context cimport GemmContext, stream_workspace, call_workspace, fork_side, join_side
-from cygemm._args cimport (CallArgs, ArgRole, args_init, add_array, prepare_call, expect_matrix,
-                           expect_vector, expect_dtype, ARG_READ, ARG_WRITE, ARG_SCRATCH)
+from cygemm._context cimport GemmContext, stream_workspace, fork_side, join_side
+from cygemm._args cimport CallArgs, add_array, prepare_call, ARG_READ, ARG_WRITE, ARG_SCRATCH
 from cygemm._arrays cimport dtype_name
-from cygemm._settings cimport autotune_level, AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE
+from cygemm._settings cimport autotune_level, AUTOTUNE_OFF
 from cygemm._launch cimport plan_run
-from cygemm.plans cimport Plan, get_plan, run_gemm, check_capture_alive
-from cygemm.tuning cimport (enqueue_fn, time_choices, worth_tuning, enter_route_timing, leave_route_timing,
-                            tuned_route, forced_route, remember_route, routes_generation)
-from cygemm.rowmajor cimport map_or_raise, rowmajor_ld, is_rowmajor
+from cygemm.plans cimport Plan, get_plan, check_capture_alive
+from cygemm.tuning cimport worth_tuning, tuned_route, forced_route, remember_route, routes_generation
+from cygemm.rowmajor cimport map_or_raise, rowmajor_ld
 from cygemm.plans import clear_plan_cache, plan_cache_size
 from cygemm import tuning
 
 
-# ---------------------------------------------------------------- the epilogue table
-
-# One row per activation: its kernel code, the cuBLASLt epilogues that apply it in the GEMM
-# (-1: none), the AUX form that also writes Z with its rules (cuBLASLt: GELU_AUX's aux is Z
-# itself when its leading dimension is a multiple of 8 and it is 16-byte aligned), and
-# whether its derivative is fixed by its output (then the backward may take y instead of Z).
-# A new activation is one row here plus its device function in kernels.cu.
-ctypedef struct Activation:
-    const char* name
-    cygemm_act_t code
-    int epilogue            # bias and activation in one cuBLASLt call, Z not saved
-    int epilogue_bias
-    int aux_epilogue        # ... writing Z as its aux output too
-    int aux_epilogue_bias
-    int aux_ld_multiple
-    int aux_alignment
-    bint grad_from_output
-
-cdef enum:
-    N_ACTIVATIONS = 8
-    NO_EPILOGUE = -1
-
-cdef Activation _ACTS[8]
-_ACTS[0] = Activation(b"none", CYGEMM_ACT_NONE, CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS,
-                      NO_EPILOGUE, NO_EPILOGUE, 0, 0, True)
-_ACTS[1] = Activation(b"relu", CYGEMM_ACT_RELU, CUBLASLT_EPILOGUE_RELU, CUBLASLT_EPILOGUE_RELU_BIAS,
-                      NO_EPILOGUE, NO_EPILOGUE, 0, 0, True)
-_ACTS[2] = Activation(b"leaky_relu", CYGEMM_ACT_LEAKY_RELU, NO_EPILOGUE, NO_EPILOGUE,
-                      NO_EPILOGUE, NO_EPILOGUE, 0, 0, True)       # from its output when slope > 0
-_ACTS[3] = Activation(b"gelu", CYGEMM_ACT_GELU, CUBLASLT_EPILOGUE_GELU, CUBLASLT_EPILOGUE_GELU_BIAS,
-                      CUBLASLT_EPILOGUE_GELU_AUX, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, 8, 16, False)
-_ACTS[4] = Activation(b"gelu_erf", CYGEMM_ACT_GELU_ERF, NO_EPILOGUE, NO_EPILOGUE,
-                      NO_EPILOGUE, NO_EPILOGUE, 0, 0, False)
-_ACTS[5] = Activation(b"sigmoid", CYGEMM_ACT_SIGMOID, NO_EPILOGUE, NO_EPILOGUE,
-                      NO_EPILOGUE, NO_EPILOGUE, 0, 0, True)
-_ACTS[6] = Activation(b"tanh", CYGEMM_ACT_TANH, NO_EPILOGUE, NO_EPILOGUE,
-                      NO_EPILOGUE, NO_EPILOGUE, 0, 0, True)
-_ACTS[7] = Activation(b"silu", CYGEMM_ACT_SILU, NO_EPILOGUE, NO_EPILOGUE,
-                      NO_EPILOGUE, NO_EPILOGUE, 0, 0, False)
-
-_ALIASES = {"identity": "none"}
-ACTIVATIONS = {_ACTS[i].name.decode(): <int>_ACTS[i].code for i in range(N_ACTIVATIONS)}
-ACTIVATIONS.update({alias: ACTIVATIONS[name] for alias, name in _ALIASES.items()})
-
-
-cdef const Activation* _activation(object act) except NULL:
-    cdef int code = parse_activation(act)
-    cdef int i
-    for i in range(N_ACTIVATIONS):
-        if <int>_ACTS[i].code == code:
-            return &_ACTS[i]
-    raise AssertionError(f"act {act!r}: no row in the epilogue table")
-
-
-def parse_activation(act):
-    """Activation name (case-insensitive) -> kernel code; ValueError lists the valid names."""
-    try:
-        return ACTIVATIONS[act.lower()]
-    except (KeyError, AttributeError):
-        raise ValueError(f"act: expected one of {sorted(ACTIVATIONS)}, got {act!r}") from None
-
-
-def activation_table():
-    """The epilogue table, one dict per activation (for tests and docs)."""
-    return [dict(name=_ACTS[i].name.decode(), code=<int>_ACTS[i].code,
-                 epilogue=_ACTS[i].epilogue != NO_EPILOGUE, aux_epilogue=_ACTS[i].aux_epilogue != NO_EPILOGUE,
-                 grad_from_output=bool(_ACTS[i].grad_from_output)) for i in range(N_ACTIVATIONS)]
-
-
-cdef float _slope(object leaky_slope) except? -1:
-    cdef double s = leaky_slope
-    if not (s == s) or s in (float("inf"), float("-inf")) or s < 0:
-        raise ValueError(f"leaky_slope: expected a finite number >= 0, got {leaky_slope!r}")
-    return <float>s
+from cygemm.epilogues import ACTIVATIONS, activation_table, parse_activation
 
 
 # ---------------------------------------------------------------- route tables
-
-cdef enum:
-    ROUTE_REPS = 7          # timed rounds per route (median)
-
 
 # The forward's routes, in the order the fixed rule for small problems prefers them.
 cdef enum ForwardRoute:
@@ -247,7 +171,7 @@ cdef int _fwd_run(ForwardCall* f, int route) except -1:
                        "cygemm_bias_act_forward")
         return 0
     # FWD_GEMM_KERNEL: always runs (the plan layer falls back to cublasGemmEx itself).
-    _gemm(f.ctx, f.s, g, f.dtype, f.compute, 0.0, f.autotune)
+    layer_gemm(f.ctx, f.s, g, f.dtype, f.compute, 0.0, f.autotune)
     with nogil:
         check_cuda(cygemm_bias_act_forward(f.dtype, f.M, f.N, target, target_ld, f.bias,
                                            f.y, f.y_ld, f.z if f.save_z else NULL, f.z_ld,
@@ -286,7 +210,7 @@ cdef int _fwd_route(ForwardCall* f) except -1:
         if _fwd_applies(f, i):
             choices[n] = i
             n += 1
-    _time_routes(f.ctx, f.s, _fwd_enqueue, f, choices, n, ms, f.autotune)
+    time_routes(f.ctx, f.s, _fwd_enqueue, f, choices, n, ms, f.autotune)
     for i in range(n):
         if ms[i] >= 0 and (best < 0 or ms[i] < ms[best]):
             best = i
@@ -308,32 +232,18 @@ ctypedef struct BackwardCall:
     int autotune
 
 
-cdef int _time_routes(GemmContext* ctx, cudaStream_t s, enqueue_fn enqueue, void* arg, const int* choices,
-                      int n, float* ms, int autotune) except -1:
-    """Time a layer's routes. auto: the plans inside each route take the heuristic's choice
-    and the rounds stay within the tuning budget; exhaustive: each route's plans are timed
-    too, and every round runs."""
-    if autotune == AUTOTUNE_EXHAUSTIVE:
-        return time_choices(ctx, s, enqueue, arg, choices, n, ROUTE_REPS, ms, 0)
-    enter_route_timing()
-    try:
-        return time_choices(ctx, s, enqueue, arg, choices, n, ROUTE_REPS, ms, 1e30)
-    finally:
-        leave_route_timing()
-
-
 cdef int _bwd_run(BackwardCall* b, int route) except -1:
     if route == BWD_SERIAL:
-        _gemm(b.ctx, b.s, &b.g_a, b.dtype, b.compute, b.beta, b.autotune)
-        _gemm(b.ctx, b.s, &b.g_b, b.dtype, b.compute, b.beta, b.autotune)
+        layer_gemm(b.ctx, b.s, &b.g_a, b.dtype, b.compute, b.beta, b.autotune)
+        layer_gemm(b.ctx, b.s, &b.g_b, b.dtype, b.compute, b.beta, b.autotune)
         return 0
     cdef cudaStream_t side
     cdef cudaEvent_t join
     with nogil:             # the first fork creates a stream and allocates its workspace
         fork_side(b.ctx, b.s, &side, &join)
     try:
-        _gemm(b.ctx, side, &b.g_b, b.dtype, b.compute, b.beta, b.autotune)
-        _gemm(b.ctx, b.s, &b.g_a, b.dtype, b.compute, b.beta, b.autotune)
+        layer_gemm(b.ctx, side, &b.g_b, b.dtype, b.compute, b.beta, b.autotune)
+        layer_gemm(b.ctx, b.s, &b.g_a, b.dtype, b.compute, b.beta, b.autotune)
     except BaseException:
         join_side(b.ctx, b.s, side, join, True)      # the original error matters more
         raise
@@ -425,69 +335,19 @@ cdef int _bwd_route(BackwardCall* b, bint accumulate, int64_t M, int64_t N, int6
     cdef int choices[2]
     cdef float ms[2]
     choices[0], choices[1] = BWD_SERIAL, BWD_BRANCHES
-    _time_routes(b.ctx, b.s, _bwd_enqueue, b, choices, 2, ms, b.autotune)
+    time_routes(b.ctx, b.s, _bwd_enqueue, b, choices, 2, ms, b.autotune)
     cdef int best = BWD_SERIAL if ms[1] < 0 or (0 <= ms[0] <= ms[1]) else BWD_BRANCHES
     remember_route(b.ctx.device, key, _BACKWARD_NAMES[best], {"serial": ms[0], "branches": ms[1]})
     _bwd_memo_add(&ck, best, generation)
     return best
 
 
-# ---------------------------------------------------------------- validation helpers
-
-cdef MatrixView* _matrix(CallArgs* c, object x, str name, ArgRole role, int64_t rows, int64_t cols,
-                         cudaDataType dtype, bint row_major) except NULL:
-    cdef MatrixView* v = add_array(c, x, name, role, 2, 2)
-    expect_matrix(v, name, rows, cols, dtype)
-    if row_major and not is_rowmajor(v):
-        raise ValueError(f"{name}: expected a row-major array (unit stride along the last axis, "
-                         f"rows not overlapping), got element strides ({v.row_stride}, {v.col_stride})")
-    return v
-
-
-cdef MatrixView* _vector(CallArgs* c, object x, str name, ArgRole role, int64_t n,
-                         cudaDataType dtype) except NULL:
-    cdef MatrixView* v = add_array(c, x, name, role, 1, 2)
-    expect_vector(v, x, name, n, dtype)
-    return v
-
-
-cdef int _layer_operands(CallArgs* c, object A, object B) except -1:
-    """A layer's A (M, K) and B (K, N) into c's first two slots: 2-D, one dtype, inner
-    dimensions that agree."""
-    args_init(c)
-    cdef MatrixView* a = add_array(c, A, "A", ARG_READ, 2, 2)
-    cdef MatrixView* b = add_array(c, B, "B", ARG_READ, 2, 2)
-    expect_dtype(b, "B", a.dtype, "A")
-    if b.rows != a.cols:
-        raise ValueError(f"B: A is ({a.rows}, {a.cols}) so B must have {a.cols} rows, got ({b.rows}, {b.cols})")
-    return 0
-
-
 def layer_shape(A, B):
     """(M, K, N, dtype name) of a layer's A (M, K) and B (K, N), checked as forward_into and
     backward_into check them (any layout cuBLAS can read, e.g. W.T)."""
     cdef CallArgs c
-    _layer_operands(&c, A, B)
+    layer_operands(&c, A, B)
     return c.views[0].rows, c.views[0].cols, c.views[1].cols, dtype_name(c.views[0].dtype)
-
-
-cdef int _workspace(CallArgs* c, object ws, MatrixView* wv, void** ptr, size_t* nbytes) except -1:
-    """The caller's lt_workspace (checked with the call's other buffers) or this stream's own."""
-    if wv == NULL:
-        ptr[0] = call_workspace(c.ctx, c.stream)
-        nbytes[0] = c.ctx.workspace_bytes
-        return 0
-    ptr[0] = wv.ptr
-    nbytes[0] = <size_t>wv.cols
-    return 0
-
-
-cdef int _gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
-               cublasComputeType_t compute, float beta, int autotune) except -1:
-    cdef float alpha = 1.0
-    with nogil:
-        run_gemm(ctx, stream, g, dtype, compute, &alpha, &beta, autotune)
-    return 0
 
 
 # ---------------------------------------------------------------- forward
@@ -543,21 +403,21 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
     plus cygemm's kernel, ...) is chosen by the route table of ``cygemm.fused``: timed once
     for large problems, a fixed rule for small ones.
     """
-    cdef const Activation* row = _activation(act)
-    cdef float slope = _slope(leaky_slope)
+    cdef const Activation* row = activation_row(act)
+    cdef float slope = leaky_slope_of(leaky_slope)
     cdef int level = autotune_level(autotune)
     cdef CallArgs c
-    _layer_operands(&c, A, B)
+    layer_operands(&c, A, B)
     cdef cudaDataType dtype = c.views[0].dtype
     cdef int64_t M = c.views[0].rows, K = c.views[0].cols, N = c.views[1].cols
     cdef bint use_bias = with_bias and bias is not None
-    cdef MatrixView* bv = _vector(&c, bias, "bias", ARG_READ, N, dtype) if use_bias else NULL
-    cdef MatrixView* y = _matrix(&c, out, "out", ARG_WRITE, M, N, dtype, True)
+    cdef MatrixView* bv = layer_vector(&c, bias, "bias", ARG_READ, N, dtype) if use_bias else NULL
+    cdef MatrixView* y = layer_matrix(&c, out, "out", ARG_WRITE, M, N, dtype, True)
     cdef MatrixView* z = NULL
     if save_z:
         if z_out is None:
             raise ValueError("z_out: save_z=True needs z_out (forward_into never allocates), got None")
-        z = _matrix(&c, z_out, "z_out", ARG_WRITE, M, N, dtype, True)
+        z = layer_matrix(&c, z_out, "z_out", ARG_WRITE, M, N, dtype, True)
     elif z_out is not None:
         raise ValueError("z_out: given but save_z=False; pass save_z=True to write it")
     cdef MatrixView* wv = add_array(&c, lt_workspace, "lt_workspace", ARG_SCRATCH, 1, 1) \
@@ -572,7 +432,7 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
 
     cdef ForwardCall f
     f.ctx, f.s, f.g_y, f.dtype, f.compute = c.ctx, c.stream, g, dtype, c.compute
-    _workspace(&c, lt_workspace, wv, &f.ws, &f.ws_bytes)
+    layer_workspace(&c, lt_workspace, wv, &f.ws, &f.ws_bytes)
     if save_z:
         f.g_z = gz
     f.bias = bv.ptr if use_bias else NULL
@@ -633,26 +493,26 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
     timing found it faster, the weight gradient on a side stream forked from and joined to it
     (the ``branches`` route; a captured graph then has two branches).
     """
-    cdef const Activation* row = _activation(act)
+    cdef const Activation* row = activation_row(act)
     cdef cygemm_act_t code = row.code
-    cdef float slope = _slope(leaky_slope)
+    cdef float slope = leaky_slope_of(leaky_slope)
     cdef int level = autotune_level(autotune)
     cdef CallArgs c
-    _layer_operands(&c, A, B)
+    layer_operands(&c, A, B)
     cdef MatrixView* a = &c.views[0]
     cdef MatrixView* b = &c.views[1]
     cdef cudaDataType dtype = a.dtype
     cdef int64_t M = a.rows, K = a.cols, N = b.cols
-    cdef MatrixView* gy = _matrix(&c, gY, "gY", ARG_READ, M, N, dtype, True)
+    cdef MatrixView* gy = layer_matrix(&c, gY, "gY", ARG_READ, M, N, dtype, True)
     cdef MatrixView* zv = NULL
     cdef bint from_output = False
     if code != CYGEMM_ACT_NONE:
         if Z is not None:
-            zv = _matrix(&c, Z, "Z", ARG_READ, M, N, dtype, True)
+            zv = layer_matrix(&c, Z, "Z", ARG_READ, M, N, dtype, True)
         elif y is not None:
             if not row.grad_from_output or (code == CYGEMM_ACT_LEAKY_RELU and slope <= 0):
                 raise ValueError(f"y: act={act!r} cannot be differentiated from its output; pass Z")
-            zv = _matrix(&c, y, "y", ARG_READ, M, N, dtype, True)
+            zv = layer_matrix(&c, y, "y", ARG_READ, M, N, dtype, True)
             from_output = True
         else:
             raise ValueError(f"Z: act={act!r} needs the pre-activation Z (or, for relu, leaky_relu, "
@@ -660,16 +520,16 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
     cdef bint want_ga = gA_out is not None, want_gb = gB_out is not None
     cdef bint want_gbias = with_bias and gBias_out is not None
     # Outputs after the inputs: none may share memory with an input or another output.
-    cdef MatrixView* ga = _matrix(&c, gA_out, "gA_out", ARG_WRITE, M, K, dtype, False) if want_ga else NULL
-    cdef MatrixView* gb = _matrix(&c, gB_out, "gB_out", ARG_WRITE, K, N, dtype, False) if want_gb else NULL
-    cdef MatrixView* gbias = _vector(&c, gBias_out, "gBias_out", ARG_WRITE, N, dtype) if want_gbias else NULL
+    cdef MatrixView* ga = layer_matrix(&c, gA_out, "gA_out", ARG_WRITE, M, K, dtype, False) if want_ga else NULL
+    cdef MatrixView* gb = layer_matrix(&c, gB_out, "gB_out", ARG_WRITE, K, N, dtype, False) if want_gb else NULL
+    cdef MatrixView* gbias = layer_vector(&c, gBias_out, "gBias_out", ARG_WRITE, N, dtype) if want_gbias else NULL
     cdef bint need_dz = code != CYGEMM_ACT_NONE and (want_ga or want_gb)
     cdef MatrixView* dz = NULL
     if need_dz:
         if work_dZ is None:
             raise ValueError(f"work_dZ: act={act!r} with gA_out/gB_out needs a ({M}, {N}) work_dZ "
                              "(backward_into never allocates; see ensure_workspaces), got None")
-        dz = _matrix(&c, work_dZ, "work_dZ", ARG_WRITE, M, N, dtype, True)
+        dz = layer_matrix(&c, work_dZ, "work_dZ", ARG_WRITE, M, N, dtype, True)
     if lt_workspace is not None:
         add_array(&c, lt_workspace, "lt_workspace", ARG_SCRATCH, 1, 1)
     cdef MatrixView* dZ = dz if need_dz else gy
@@ -714,7 +574,7 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
         bc.g_a, bc.g_b = g_a, g_b
         _bwd_run(&bc, _bwd_route(&bc, accumulate, M, N, K))
     elif run_ga:
-        _gemm(ctx, s, &g_a, dtype, c.compute, beta, level)
+        layer_gemm(ctx, s, &g_a, dtype, c.compute, beta, level)
     elif run_gb:
-        _gemm(ctx, s, &g_b, dtype, c.compute, beta, level)
+        layer_gemm(ctx, s, &g_b, dtype, c.compute, beta, level)
     return (gA_out, gB_out, gBias_out)

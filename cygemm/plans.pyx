@@ -27,8 +27,8 @@ from cygemm._errors cimport check_cuda, check_cublas
 from cygemm._errors import CaptureError
 from cygemm._streams cimport stream_is_capturing
 from cygemm._context cimport GemmContext, stream_workspace
-from cygemm._launch cimport PlanData, PlanRoute, PLAN_GEMMEX, PLAN_LT, gemm_colmajor, needs_64bit_api, plan_run
-from cygemm._settings cimport options, loaded_options, AUTOTUNE_OFF, AUTOTUNE_AUTO, AUTOTUNE_EXHAUSTIVE
+from cygemm._launch cimport PlanData, PLAN_GEMMEX, PLAN_LT, gemm_colmajor, needs_64bit_api, plan_run
+from cygemm._settings cimport options, loaded_options, AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE
 from cygemm.tuning cimport worth_tuning, in_route_timing, lookup, remember
 from cygemm._candidates cimport tune_candidates
 from cygemm import _settings, tuning

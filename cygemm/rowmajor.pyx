@@ -7,10 +7,10 @@ from cygemm.cudart cimport cudaStream_t, cudaDataType
 from cygemm.cublas cimport *
 from cygemm._types cimport MatrixView, ColMajorGemm
 from cygemm._context cimport GemmContext
-from cygemm._arrays cimport dtype_name
+
 from cygemm._alloc cimport empty_array
-from cygemm._args cimport (CallArgs, args_init, add_array, add_view, prepare_call, expect_dtype,
-                           ARG_READ, ARG_WRITE)
+from cygemm._args cimport (CallArgs, args_init, add_array, add_view, prepare_call, expect_dtype, ARG_READ,
+                           ARG_WRITE)
 from cygemm._settings cimport autotune_level
 from cygemm.plans cimport run_gemm
 

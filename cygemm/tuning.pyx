@@ -27,7 +27,7 @@ from cygemm.cudart cimport *
 from cygemm.cublaslt cimport cublasLtGetVersion
 from cygemm.timing cimport cygemm_hold_stream
 from cygemm._errors cimport check_cuda
-from cygemm._settings cimport (options, loaded_options, Options, TUNING_COLD, TUNING_SUSTAINED, AUTOTUNE_EXHAUSTIVE)
+from cygemm._settings cimport options, loaded_options, Options, TUNING_COLD, TUNING_SUSTAINED
 from cygemm import _settings
 
 # ---------------------------------------------------------------- timing

@@ -46,3 +46,24 @@ def test_readme_shows_the_example_as_it_is(name):
 def test_consumer_computes_gemm_and_batched_gemm(consumer):
     _, check = consumer
     assert check.main() == 0
+
+
+@pytest.mark.gpu
+def test_the_c_api_alone_runs_with_the_options_loaded(consumer):
+    """A process that only calls the nogil C API still runs with the options (they are loaded
+    when its first context is made): a small GEMM is not planned, and eight stream
+    workspaces are kept, as the defaults say."""
+    folder = os.path.dirname(consumer[0].__file__)
+    code = (f"import sys; sys.path.insert(0, {folder!r})\n"
+            "import cupy as cp, consumer, cygemm\n"
+            "A, B, C = (cp.ones((16, 16), cp.float32) for _ in range(3))\n"
+            "for _ in range(3):\n"
+            "    s = cp.cuda.Stream(non_blocking=True)\n"
+            "    consumer.sgemm(A.data.ptr, B.data.ptr, C.data.ptr, 16, 16, 16, 1.0, 0.0, s.ptr)\n"
+            "    s.synchronize()\n"
+            "from cygemm import _context, plans\n"
+            "info = _context.context_info()\n"
+            "print(plans.plan_cache_size(), info['eager_workspaces'], info['max_eager_workspaces'], float(C[0, 0]))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["0", "3", "8", "16.0"], p.stdout

@@ -1,0 +1,1 @@
+# The dense layer's shared helpers have no Python API: cygemm.fused cimports them.

@@ -1,0 +1,6 @@
+from typing import Dict, List
+
+ACTIVATIONS: Dict[str, int]
+
+def parse_activation(act: str) -> int: ...
+def activation_table() -> List[dict]: ...
