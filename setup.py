@@ -22,7 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Lowest first: each module cimports only those before it.
 MODULES = {"_errors": [], "_settings": [], "_streams": [], "_release": [], "_context": [], "_arrays": [],
            "_alloc": [], "_args": [],
-           "tuning": ["cygemm/timing.cu"], "_launch": [], "_candidates": [], "plans": [], "rowmajor": [], "gemm_plan": [], "matmul": [],
+           "tuning": ["cygemm/timing.cu"], "_launch": [], "_candidates": [], "plans": [], "rowmajor": [], "gemm_plan": [], "_batch_layout": [], "matmul": [],
            "epilogues": [], "_layer": [], "fused": ["cygemm/kernels.cu"], "graph": []}
 HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h"]
 RUNPATH = "$ORIGIN/../nvidia/cu13/lib"

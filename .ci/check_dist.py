@@ -13,9 +13,9 @@ import tempfile
 import zipfile
 
 PYX = ["_errors", "_settings", "_streams", "_release", "_context", "_arrays", "_alloc", "_args", "tuning",
-       "_launch", "_candidates", "plans", "rowmajor", "gemm_plan", "matmul", "epilogues", "_layer", "fused", "graph"]
+       "_launch", "_candidates", "plans", "rowmajor", "gemm_plan", "_batch_layout", "matmul", "epilogues", "_layer", "fused", "graph"]
 PXD = ["cublas", "cublaslt", "cudart", "kernels", "timing", "_types", "_errors", "_settings", "_streams",
-       "_release", "_context", "_arrays", "_alloc", "_args", "tuning", "_launch", "_candidates", "plans", "rowmajor", "epilogues", "_layer"]
+       "_release", "_context", "_arrays", "_alloc", "_args", "tuning", "_launch", "_candidates", "plans", "rowmajor", "_batch_layout", "epilogues", "_layer"]
 STUBS = PYX
 WHEEL_NEEDS = ([f"cygemm/{m}.pxd" for m in PXD] + [f"cygemm/{m}.pyi" for m in STUBS]
                + ["cygemm/__init__.py", "cygemm/_cuda_paths.py", "cygemm/gemm_ops.py", "cygemm/py.typed",

@@ -262,7 +262,7 @@ cdef int _give_to_graph(void* ptr, cudaGraph_t graph) except -1 nogil:
     return 0
 
 
-cdef int _entry(GemmContext* ctx, cudaStream_t stream, bint create=True) except -1 nogil:
+cdef int _workspace_entry(GemmContext* ctx, cudaStream_t stream, bint create=True) except -1 nogil:
     """Index of the workspace entry of `stream` (or of the capture under way on it), made on
     first use (create False: -2 instead of making it)."""
     cdef unsigned long long cid = 0
@@ -315,7 +315,7 @@ cdef void* _workspace_of(GemmContext* ctx, cudaStream_t stream, bint create) exc
     for i in range(ctx.n_workspaces):      # a side stream works in its owner's side workspace
         if ctx.workspaces[i].side == stream and stream != NULL and ctx.workspaces[i].side_ptr != NULL:
             return ctx.workspaces[i].side_ptr
-    i = _entry(ctx, stream, create)
+    i = _workspace_entry(ctx, stream, create)
     return NULL if i == -2 else ctx.workspaces[i].ptr
 
 
@@ -349,7 +349,7 @@ cdef void _destroy_side(StreamWorkspace* w) noexcept nogil:
 
 
 cdef int fork_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t* side, cudaEvent_t* join) except -1 nogil:
-    cdef StreamWorkspace* w = &ctx.workspaces[_entry(ctx, stream)]
+    cdef StreamWorkspace* w = &ctx.workspaces[_workspace_entry(ctx, stream)]
     cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
     cdef cudaError_t err = cudaSuccess
     cdef unsigned long long cid = 0

@@ -13,11 +13,13 @@ from cygemm.cublas cimport cublasComputeType_t, CUBLAS_OP_T, CUBLAS_COMPUTE_32F
 from cygemm._types cimport ArrayDesc, MatrixView, ColMajorGemm
 from cygemm._errors cimport refuse_in_capture
 from cygemm._context cimport GemmContext
-from cygemm._arrays cimport read_array, desc_shape, dtype_name, views_overlap
+from cygemm._arrays cimport read_array, desc_shape, dtype_name
 from cygemm._args cimport CallArgs, args_init, add_view, prepare_call, ARG_READ, ARG_WRITE
 from cygemm._settings cimport autotune_level
 from cygemm.plans cimport run_gemm
 from cygemm.rowmajor cimport MapResult, MAP_OK, MAP_BAD_A, MAP_BAD_B, map_rowmajor_gemm, check_batch_disjoint
+from cygemm._batch_layout cimport (BatchLayout, read_layout, result_shape, has_result_shape, merge_out,
+                                   check_out, empty_batch, may_overlap_inputs, call_views)
 from cygemm import _alloc
 
 __all__ = ["matmul", "describe_matmul"]
@@ -103,258 +105,10 @@ cdef int _copy_into(object out, object src, cudaStream_t s) except -1:
     return 0
 
 
-# ------------------------------------------------------------ the batch layout
-
-cdef struct _Layout:
-    # The operands' last two axes, as row-major cores (1-D operands made 1 x K and K x 1).
-    int64_t M, N, K
-    int64_t a_rs, a_cs, b_rs, b_cs, c_rs, c_cs
-    # Broadcast batch axes after merging, innermost last: sizes and element strides.
-    int nb
-    int64_t size[64]
-    int64_t sa[64]
-    int64_t sb[64]
-    int64_t sc[64]
-    # Element offsets of the first matrix (batch axes of out with a negative stride run backwards).
-    int64_t base_a, base_b, base_c
-    # The result's shape.
-    int out_ndim
-    int64_t out_shape[64]
-
-
-cdef int _core_of(const ArrayDesc* d, bint is_a, int64_t* rows, int64_t* cols, int64_t* rs,
-                  int64_t* cs) noexcept:
-    cdef int n = d.ndim
-    if n == 1 and is_a:                 # (K,) -> (1, K)
-        rows[0], cols[0], rs[0], cs[0] = 1, d.shape[0], d.shape[0] * d.strides[0], d.strides[0]
-    elif n == 1:                        # (K,) -> (K, 1)
-        rows[0], cols[0], rs[0], cs[0] = d.shape[0], 1, d.strides[0], 1
-    else:
-        rows[0], cols[0] = d.shape[n - 2], d.shape[n - 1]
-        rs[0], cs[0] = d.strides[n - 2], d.strides[n - 1]
-    return 0
-
-
-cdef int _layout(const ArrayDesc* a, const ArrayDesc* b, _Layout* L) except -1:
-    """Check the shapes as NumPy does, fill the cores and the broadcast batch axes (not yet
-    merged, c's strides unset) and the result's shape."""
-    cdef int64_t ar, ac, br, bc, x, y
-    _core_of(a, True, &ar, &ac, &L.a_rs, &L.a_cs)
-    _core_of(b, False, &br, &bc, &L.b_rs, &L.b_cs)
-    if ac != br:
-        raise ValueError(f"b: matmul needs b's {'only' if b.ndim == 1 else 'second-to-last'} axis to "
-                         f"match a's last axis ({ac}), got shapes {desc_shape(a)} and {desc_shape(b)}")
-    L.M, L.K, L.N = ar, ac, bc
-    L.base_a = L.base_b = L.base_c = 0
-    cdef int na = a.ndim - 2 if a.ndim > 2 else 0
-    cdef int nbt = b.ndim - 2 if b.ndim > 2 else 0
-    cdef int n = na if na > nbt else nbt, i, ia, ib
-    L.nb = n
-    L.out_ndim = 0
-    for i in range(n):
-        ia, ib = i - (n - na), i - (n - nbt)
-        x = a.shape[ia] if ia >= 0 else 1
-        y = b.shape[ib] if ib >= 0 else 1
-        if x != y and x != 1 and y != 1:
-            raise ValueError(f"b: the batch axes of a {desc_shape(a)[:na]} and b {desc_shape(b)[:nbt]} "
-                             "do not broadcast")
-        L.size[i] = x if x != 1 else y
-        L.sa[i] = a.strides[ia] if ia >= 0 and x != 1 else 0
-        L.sb[i] = b.strides[ib] if ib >= 0 and y != 1 else 0
-        L.out_shape[L.out_ndim] = L.size[i]
-        L.out_ndim += 1
-    if a.ndim > 1:
-        L.out_shape[L.out_ndim] = L.M
-        L.out_ndim += 1
-    if b.ndim > 1:
-        L.out_shape[L.out_ndim] = L.N
-        L.out_ndim += 1
-    return 0
-
-
-cdef tuple _shape(const _Layout* L):
-    return tuple([L.out_shape[i] for i in range(L.out_ndim)])
-
-
-cdef bint _has_shape(const ArrayDesc* d, const _Layout* L) noexcept:
-    cdef int i
-    if d.ndim != L.out_ndim:
-        return False
-    for i in range(d.ndim):
-        if d.shape[i] != L.out_shape[i]:
-            return False
-    return True
-
-
-cdef int _out_strides(const ArrayDesc* c, bint a_vec, bint b_vec, _Layout* L) noexcept:
-    cdef int n = c.ndim, i
-    for i in range(L.nb):
-        L.sc[i] = c.strides[i]
-    if a_vec and b_vec:                 # a 0-D result
-        L.c_rs, L.c_cs = 1, 1
-    elif a_vec:                         # (.., N): one row
-        L.c_rs, L.c_cs = L.N * c.strides[n - 1], c.strides[n - 1]
-    elif b_vec:                         # (.., M): one column
-        L.c_rs, L.c_cs = c.strides[n - 1], 1
-    else:
-        L.c_rs, L.c_cs = c.strides[n - 2], c.strides[n - 1]
-    return 0
-
-
-cdef void _swap_axes(_Layout* L, int i, int j) noexcept:
-    L.size[i], L.size[j] = L.size[j], L.size[i]
-    L.sa[i], L.sa[j] = L.sa[j], L.sa[i]
-    L.sb[i], L.sb[j] = L.sb[j], L.sb[i]
-    L.sc[i], L.sc[j] = L.sc[j], L.sc[i]
-
-
-cdef inline bint _row_major(int64_t rows, int64_t cols, int64_t rs, int64_t cs) noexcept:
-    return (cs == 1 or cols <= 1) and (rows <= 1 or cols == 0 or rs >= cols)
-
-
-cdef int _merge_batch(_Layout* L) noexcept:
-    """Drop length-1 batch axes and merge neighbours whose strides chain in all three arrays
-    (an outer stride = inner stride x inner length, 0 with 0 included); fold inner axes that
-    broadcast b into M; then choose cuBLAS's batch axis (moved last), or add a length-1 one
-    when no axis qualifies."""
-    cdef int i, n = 0, big = -1
-    for i in range(L.nb):
-        if L.size[i] == 1:
-            continue
-        if n > 0 and L.sa[n - 1] == L.sa[i] * L.size[i] and L.sb[n - 1] == L.sb[i] * L.size[i] \
-                and L.sc[n - 1] == L.sc[i] * L.size[i]:
-            L.size[n - 1] *= L.size[i]
-            L.sa[n - 1], L.sb[n - 1], L.sc[n - 1] = L.sa[i], L.sb[i], L.sc[i]
-            continue
-        L.size[n], L.sa[n], L.sb[n], L.sc[n] = L.size[i], L.sa[i], L.sb[i], L.sc[i]
-        n += 1
-    # An inner axis that broadcasts b, along which a's and out's matrices follow one another
-    # row after row, folds into M: (s, M, K) @ (K, N) is one (s*M, K) @ (K, N) GEMM, as
-    # torch does, instead of s small ones.
-    cdef int64_t a_rs, c_rs, rows
-    while n > 0 and L.sb[n - 1] == 0:
-        i = n - 1
-        a_rs = L.sa[i] if L.M == 1 else L.a_rs
-        c_rs = L.sc[i] if L.M == 1 else L.c_rs
-        rows = L.M * L.size[i]
-        if L.sa[i] != L.M * a_rs or L.sc[i] != L.M * c_rs or not _row_major(rows, L.K, a_rs, L.a_cs) \
-                or not _row_major(rows, L.N, c_rs, L.c_cs):
-            break
-        L.M, L.a_rs, L.c_rs = rows, a_rs, c_rs
-        n -= 1
-    L.nb = n
-    # Any axis can be cuBLAS's batch (each has one stride per array): the longest, so that
-    # the loop over the others launches fewest calls; but cuBLAS documents no negative batch
-    # strides, so only an axis whose three strides share a sign (run backwards if negative:
-    # out's products are disjoint, any order will do).
-    for i in range(n):
-        if ((L.sa[i] >= 0 and L.sb[i] >= 0 and L.sc[i] >= 0) or (L.sa[i] <= 0 and L.sb[i] <= 0 and L.sc[i] <= 0)) \
-                and (big < 0 or L.size[i] > L.size[big]):
-            big = i
-    if big < 0:             # none: each call is one matrix, every batch axis a loop
-        L.size[n], L.sa[n], L.sb[n], L.sc[n] = 1, 0, 0, 0
-        L.nb = n + 1
-        return 0
-    if L.sa[big] < 0 or L.sb[big] < 0 or L.sc[big] < 0:
-        L.base_a += (L.size[big] - 1) * L.sa[big]
-        L.base_b += (L.size[big] - 1) * L.sb[big]
-        L.base_c += (L.size[big] - 1) * L.sc[big]
-        L.sa[big], L.sb[big], L.sc[big] = -L.sa[big], -L.sb[big], -L.sc[big]
-    if big != n - 1:
-        _swap_axes(L, big, n - 1)
-    return 0
-
-
-cdef int _check_out_disjoint(const _Layout* L, const ArrayDesc* c) except -1:
-    """ValueError unless out's elements are disjoint by nested strides: sorted by stride, each
-    axis steps past everything the smaller ones reach (sufficient, not necessary)."""
-    cdef int i, j, n = 0, order[66]
-    cdef int64_t size[66]
-    cdef int64_t stride[66]
-    cdef int64_t reach = 0
-    for i in range(L.nb):
-        size[n], stride[n] = L.size[i], L.sc[i] if L.sc[i] >= 0 else -L.sc[i]
-        n += 1
-    size[n], stride[n] = L.M, L.c_rs if L.c_rs >= 0 else -L.c_rs
-    n += 1
-    size[n], stride[n] = L.N, L.c_cs if L.c_cs >= 0 else -L.c_cs
-    n += 1
-    for i in range(n):
-        order[i] = i
-    for i in range(1, n):                   # insertion sort by stride
-        j = i
-        while j > 0 and stride[order[j - 1]] > stride[order[j]]:
-            order[j - 1], order[j] = order[j], order[j - 1]
-            j -= 1
-    for i in range(n):
-        j = order[i]
-        if size[j] <= 1:
-            continue
-        if stride[j] <= reach:
-            raise ValueError(f"out: its matrices may overlap one another (strides {desc_strides(c)} elements "
-                             f"for shape {desc_shape(c)}); pass an out whose batch axes do not overlap")
-        reach += (size[j] - 1) * stride[j]
-    return 0
-
-
-cdef tuple desc_strides(const ArrayDesc* d):
-    return tuple([d.strides[i] for i in range(d.ndim)])
-
-
-cdef void _view(MatrixView* v, char* ptr, int64_t rows, int64_t cols, int64_t rs, int64_t cs,
-                int64_t batch, int64_t bs, const ArrayDesc* d) noexcept:
-    v.ptr, v.rows, v.cols, v.row_stride, v.col_stride = ptr, rows, cols, rs, cs
-    v.batch, v.batch_stride, v.dtype, v.itemsize, v.device = batch, bs, d.dtype, d.itemsize, d.device
-
-
-cdef void _views(const _Layout* L, const ArrayDesc* a, const ArrayDesc* b, const ArrayDesc* c,
-                 int64_t off_a, int64_t off_b, int64_t off_c,
-                 MatrixView* va, MatrixView* vb, MatrixView* vc) noexcept:
-    """The views of one call: the innermost merged batch axis is cuBLAS's batch."""
-    cdef int64_t batch = L.size[L.nb - 1] if L.nb > 0 else 1
-    cdef int last = L.nb - 1
-    off_a += L.base_a
-    off_b += L.base_b
-    off_c += L.base_c
-    _view(va, a.ptr + off_a * a.itemsize, L.M, L.K, L.a_rs, L.a_cs, batch, L.sa[last] if last >= 0 else 0, a)
-    _view(vb, b.ptr + off_b * b.itemsize, L.K, L.N, L.b_rs, L.b_cs, batch, L.sb[last] if last >= 0 else 0, b)
-    _view(vc, c.ptr + off_c * c.itemsize, L.M, L.N, L.c_rs, L.c_cs, batch, L.sc[last] if last >= 0 else 0, c)
-
-
-cdef void _extent(const ArrayDesc* d, int64_t* lo, int64_t* hi) noexcept:
-    """Bytes [lo, hi) the array spans (hi == lo when it is empty)."""
-    cdef int i
-    cdef int64_t low = 0, high = 0
-    for i in range(d.ndim):
-        if d.shape[i] == 0:
-            lo[0] = hi[0] = <int64_t>d.ptr
-            return
-        if d.strides[i] < 0:
-            low += (d.shape[i] - 1) * d.strides[i]
-        else:
-            high += (d.shape[i] - 1) * d.strides[i]
-    lo[0] = <int64_t>d.ptr + low * d.itemsize
-    hi[0] = <int64_t>d.ptr + (high + 1) * d.itemsize
-
-
-cdef bint _may_overlap(const _Layout* L, const ArrayDesc* c, const ArrayDesc* x, bint x_is_a,
-                       const ArrayDesc* a, const ArrayDesc* b) noexcept:
-    cdef int64_t lo1, hi1, lo2, hi2
-    _extent(c, &lo1, &hi1)
-    _extent(x, &lo2, &hi2)
-    if hi1 <= lo1 or hi2 <= lo2 or hi1 <= lo2 or hi2 <= lo1:
-        return False
-    cdef MatrixView va, vb, vc
-    if L.nb <= 1:                       # one call: the exact test of two matrix views
-        _views(L, a, b, c, 0, 0, 0, &va, &vb, &vc)
-        return views_overlap(&vc, &va if x_is_a else &vb)
-    return True                         # several calls: by address range
-
-
 # ------------------------------------------------------------ matmul
 
 cdef int _read_operands(object a, object b, object out, ArrayDesc* da, ArrayDesc* db, ArrayDesc* dc,
-                        _Layout* L, cudaDataType* t) except -1:
+                        BatchLayout* L, cudaDataType* t) except -1:
     """matmul's argument path, shared with describe_matmul: read a, b (and out), check shapes
     as NumPy does, promote the dtype into t, and check out's shape and that its matrices do
     not overlap one another. Returns whether out has another dtype than t (a cast follows)."""
@@ -363,13 +117,13 @@ cdef int _read_operands(object a, object b, object out, ArrayDesc* da, ArrayDesc
     if da.ndim == 0 or db.ndim == 0:
         raise ValueError(f"{'a' if da.ndim == 0 else 'b'}: matmul needs at least 1 dimension, got a 0-D array")
     t[0] = _promote(da.dtype, db.dtype)
-    _layout(da, db, L)
+    read_layout(da, db, L)
     if out is None:
         return 0
     read_array(out, dc, "out", True)
-    if not _has_shape(dc, L):
-        raise ValueError(f"out: expected shape {_shape(L)}, got {desc_shape(dc)}")
-    _check_user_out(L, dc, da, db)
+    if not has_result_shape(dc, L):
+        raise ValueError(f"out: expected shape {result_shape(L)}, got {desc_shape(dc)}")
+    check_out(L, dc, da, db)
     return dc.dtype != t[0]
 
 
@@ -447,7 +201,7 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None):
     given, the call allocates nothing and can be captured into a CUDA graph.
     """
     cdef ArrayDesc da, db, dc
-    cdef _Layout L
+    cdef BatchLayout L
     cdef cudaDataType t
     cdef bint cast_out = _read_operands(a, b, out, &da, &db, &dc, &L, &t)
     cdef bint torch_lib = _is_torch(a) or _is_torch(b)
@@ -457,14 +211,14 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None):
     cdef GemmContext* ctx = c.ctx
     cdef cudaStream_t s = c.stream
     cdef cublasComputeType_t compute = c.compute
-    cdef bint empty = L.M == 0 or L.N == 0 or _empty_batch(&L)
+    cdef bint empty = L.M == 0 or L.N == 0 or empty_batch(&L)
     if empty:                           # nothing to compute (K == 0 is not empty: zeros)
-        return out if out is not None else _new_array(torch_lib, a if _is_torch(a) else b, _shape(&L), t, s)
+        return out if out is not None else _new_array(torch_lib, a if _is_torch(a) else b, result_shape(&L), t, s)
     # From here on the arguments are valid: what follows may copy, then computes.
     if cast_out:            # computed in the promoted dtype, then cast into out as NumPy does
         refuse_in_capture(s, f"out: its dtype {dtype_name(dc.dtype)} is not the result's "
                              f"({dtype_name(t)}), so the product goes to a new array first")
-        tmp = _new_array(torch_lib, a if _is_torch(a) else b, _shape(&L), t, s)
+        tmp = _new_array(torch_lib, a if _is_torch(a) else b, result_shape(&L), t, s)
         matmul(a, b, tmp, math=math, stream=<uintptr_t>s, autotune=autotune)
         _copy_into(out, tmp, s)
         return out
@@ -476,22 +230,22 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None):
         if db.dtype != t:
             b = _contiguous(b, t, s)
             read_array(b, &db, "b", True)
-        _layout(&da, &db, &L)
+        read_layout(&da, &db, &L)
     target = out
     if out is None:
         refuse_in_capture(s, "out: out=None allocates the result; pass out=")
-        target = out = _new_array(torch_lib, a if _is_torch(a) else b, _shape(&L), t, s)
+        target = out = _new_array(torch_lib, a if _is_torch(a) else b, result_shape(&L), t, s)
         read_array(out, &dc, "out", True)
-    elif _may_overlap_any(&L, &dc, &da, &db):
+    elif may_overlap_inputs(&L, &dc, &da, &db):
         refuse_in_capture(s, "out: it shares memory with a or b, so the product goes to a new array first")
-        target = _new_array(torch_lib, out if _is_torch(out) else (a if _is_torch(a) else b), _shape(&L), t, s)
+        target = _new_array(torch_lib, out if _is_torch(out) else (a if _is_torch(a) else b), result_shape(&L), t, s)
         read_array(target, &dc, "out", True)
-    _merged(&L, &dc, &da, &db, &L)
+    merge_out(&L, &dc, &da, &db, &L)
     # A matrix cuBLAS cannot read in place (no unit-stride axis) is copied; one it cannot
     # write goes through a temporary.
     cdef ColMajorGemm g
     cdef MatrixView va, vb, vc
-    _views(&L, &da, &db, &dc, 0, 0, 0, &va, &vb, &vc)
+    call_views(&L, &da, &db, &dc, 0, 0, 0, &va, &vb, &vc)
     cdef MapResult r = map_rowmajor_gemm(&va, &vb, &vc, False, False, &g)
     if r == MAP_BAD_A or r == MAP_BAD_B:
         refuse_in_capture(s, f"{'a' if r == MAP_BAD_A else 'b'}: its matrices have no unit-stride axis, "
@@ -504,7 +258,7 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None):
         return _finish(result, out, target, s)
     if r != MAP_OK:
         refuse_in_capture(s, "out: cuBLAS cannot write its layout, so the product goes to a new array first")
-        tmp = _new_array(torch_lib, out if _is_torch(out) else (a if _is_torch(a) else b), _shape(&L), t, s)
+        tmp = _new_array(torch_lib, out if _is_torch(out) else (a if _is_torch(a) else b), result_shape(&L), t, s)
         matmul(a, b, tmp, math=math, stream=<uintptr_t>s, autotune=autotune)
         _copy_into(out, tmp, s)
         return out
@@ -530,63 +284,7 @@ cdef void _device_view(MatrixView* v, const ArrayDesc* d) noexcept:
             v.batch = 0
 
 
-cdef void _merged(const _Layout* L0, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b,
-                  _Layout* L) noexcept:
-    """L0 with out's strides (from c) filled in and its batch axes merged, into L (may be L0)."""
-    if L != L0:
-        L[0] = L0[0]
-    _out_strides(c, a.ndim == 1, b.ndim == 1, L)
-    _merge_batch(L)
-
-
-cdef int _check_user_out(const _Layout* L0, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b) except -1:
-    """ValueError unless the caller's out can take the products without two of them sharing
-    memory: exact (check_batch_disjoint) for one batch axis cuBLAS can write, by nested
-    strides otherwise. Checked before anything runs, whether or not a temporary is used."""
-    cdef int i
-    cdef _Layout L
-    _merged(L0, c, a, b, &L)
-    cdef MatrixView va, vb, vc
-    cdef ColMajorGemm g
-    cdef int64_t batch = L.size[L.nb - 1] if L.nb > 0 else 1
-    # Row-major stand-ins for a and b: only out's side of the mapping matters here.
-    _view(&va, NULL, L.M, L.K, L.K, 1, batch, L.M * L.K, c)
-    _view(&vb, NULL, L.K, L.N, L.N, 1, batch, L.K * L.N, c)
-    _view(&vc, c.ptr, L.M, L.N, L.c_rs, L.c_cs, batch, L.sc[L.nb - 1] if L.nb > 0 else 0, c)
-    for i in range(L.nb):
-        if L.size[i] > 1 and L.sc[i] == 0:
-            raise ValueError("out: a batch axis of stride 0 would write several products to the same memory")
-    if L.nb <= 1 and map_rowmajor_gemm(&va, &vb, &vc, False, False, &g) == MAP_OK:
-        if g.batch > 1:
-            check_batch_disjoint(&g, "out")
-        return 0
-    return _check_out_disjoint(&L, c)
-
-
-cdef bint _empty_batch(const _Layout* L) noexcept:
-    cdef int i
-    for i in range(L.nb):
-        if L.size[i] == 0:
-            return True
-    return False
-
-
-cdef bint _apart(const ArrayDesc* x, const ArrayDesc* y) noexcept:
-    cdef int64_t lo1, hi1, lo2, hi2
-    _extent(x, &lo1, &hi1)
-    _extent(y, &lo2, &hi2)
-    return hi1 <= lo1 or hi2 <= lo2 or hi1 <= lo2 or hi2 <= lo1
-
-
-cdef bint _may_overlap_any(const _Layout* L, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b):
-    if _apart(c, a) and _apart(c, b):       # the common case: no shared bytes at all
-        return False
-    cdef _Layout M
-    _merged(L, c, a, b, &M)
-    return _may_overlap(&M, c, a, True, a, b) or _may_overlap(&M, c, b, False, a, b)
-
-
-cdef int _run_all(GemmContext* ctx, cudaStream_t s, const _Layout* L, const ArrayDesc* a,
+cdef int _run_all(GemmContext* ctx, cudaStream_t s, const BatchLayout* L, const ArrayDesc* a,
                   const ArrayDesc* b, const ArrayDesc* c, cudaDataType t,
                   cublasComputeType_t compute, int autotune, list calls=None) except -1:
     """One strided-batched GEMM per index of the outer batch axes (none: one call).
@@ -605,7 +303,7 @@ cdef int _run_all(GemmContext* ctx, cudaStream_t s, const _Layout* L, const Arra
             off_a += idx[i] * L.sa[i]
             off_b += idx[i] * L.sb[i]
             off_c += idx[i] * L.sc[i]
-        _views(L, a, b, c, off_a, off_b, off_c, &va, &vb, &vc)
+        call_views(L, a, b, c, off_a, off_b, off_c, &va, &vb, &vc)
         map_rowmajor_gemm(&va, &vb, &vc, False, False, &g)   # same strides as the checked call
         g.strided_batched = g.batch > 1
         if calls is not None:
@@ -637,21 +335,21 @@ def describe_matmul(a, b, out):
     layouts are read in place.
     """
     cdef ArrayDesc da, db, dc
-    cdef _Layout L
+    cdef BatchLayout L
     cdef cudaDataType t
     if out is None:
         raise ValueError("out: describe_matmul needs the out whose layout the calls write")
     if _read_operands(a, b, out, &da, &db, &dc, &L, &t) or da.dtype != db.dtype:
         raise ValueError("a/b/out: dtypes differ: matmul would cast")
-    if _may_overlap_any(&L, &dc, &da, &db):
+    if may_overlap_inputs(&L, &dc, &da, &db):
         raise ValueError("out: shares memory with a or b: matmul would use a temporary")
-    _merged(&L, &dc, &da, &db, &L)
+    merge_out(&L, &dc, &da, &db, &L)
     cdef MatrixView va, vb, vc
     cdef ColMajorGemm g
-    _views(&L, &da, &db, &dc, 0, 0, 0, &va, &vb, &vc)
+    call_views(&L, &da, &db, &dc, 0, 0, 0, &va, &vb, &vc)
     if map_rowmajor_gemm(&va, &vb, &vc, False, False, &g) != MAP_OK:
         raise ValueError("a/b/out: a layout cuBLAS cannot read or write in place: matmul would copy")
     calls = []
-    if L.M and L.N and not _empty_batch(&L):
+    if L.M and L.N and not empty_batch(&L):
         _run_all(NULL, NULL, &L, &da, &db, &dc, da.dtype, CUBLAS_COMPUTE_32F, 0, calls)
     return calls

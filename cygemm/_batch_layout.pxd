@@ -1,0 +1,42 @@
+# matmul's batch layout (see _batch_layout.pyx).
+from libc.stdint cimport int64_t
+from cygemm._types cimport ArrayDesc, MatrixView
+
+
+# Two operands' matrices and their broadcast batch axes, as one call or a loop of
+# strided-batched calls sees them; strides in elements.
+ctypedef struct BatchLayout:
+    # The operands' last two axes, as row-major cores (1-D operands made 1 x K and K x 1).
+    int64_t M, N, K
+    int64_t a_rs, a_cs, b_rs, b_cs, c_rs, c_cs
+    # Broadcast batch axes after merging, innermost last: sizes and element strides.
+    int nb
+    int64_t size[64]
+    int64_t sa[64]
+    int64_t sb[64]
+    int64_t sc[64]
+    # Element offsets of the first matrix (batch axes of out with a negative stride run backwards).
+    int64_t base_a, base_b, base_c
+    # The result's shape.
+    int out_ndim
+    int64_t out_shape[64]
+
+
+# Check the shapes as NumPy does; fill the cores and the broadcast batch axes (not yet merged,
+# out's strides unset) and the result's shape.
+cdef int read_layout(const ArrayDesc* a, const ArrayDesc* b, BatchLayout* L) except -1
+cdef tuple result_shape(const BatchLayout* L)
+cdef bint has_result_shape(const ArrayDesc* d, const BatchLayout* L) noexcept
+# L0 with out's strides (from c) and its batch axes merged, into L (may be L0).
+cdef void merge_out(const BatchLayout* L0, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b,
+                    BatchLayout* L) noexcept
+# ValueError unless out's matrices are disjoint (exact for one batch axis cuBLAS can write, by
+# nested strides otherwise).
+cdef int check_out(const BatchLayout* L0, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b) except -1
+cdef bint empty_batch(const BatchLayout* L) noexcept
+# Whether out may share memory with a or b (exact for one call; by address range otherwise).
+cdef bint may_overlap_inputs(const BatchLayout* L, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b)
+# The views of one call at element offsets off_*: the innermost merged batch axis is cuBLAS's batch.
+cdef void call_views(const BatchLayout* L, const ArrayDesc* a, const ArrayDesc* b, const ArrayDesc* c,
+                     int64_t off_a, int64_t off_b, int64_t off_c,
+                     MatrixView* va, MatrixView* vb, MatrixView* vc) noexcept

@@ -1,0 +1,1 @@
+# matmul's batch layout has no Python API: cygemm.matmul cimports it.
