@@ -27,45 +27,44 @@ cdef str _no_gpu_note(int status):
     return "; the NVIDIA driver is too old for this CUDA runtime (CUDA 13 needs driver >= 580)"
 
 
-class CudaError(CygemmError):
+class _StatusError(CygemmError):
+    """A failed call: its ``status``, the status's ``name`` and the ``call``; picklable."""
+
+    def __init__(self, int status, str call):
+        self.status = status
+        self.call = call
+        self.name, text = self._describe(status)
+        super().__init__(f"{call} failed with {self.name} ({status}): {text}" if text
+                         else f"{call} failed with {self.name}")
+
+    def __reduce__(self):
+        return (type(self), (self.status, self.call))
+
+
+class CudaError(_StatusError):
     """A CUDA runtime call failed: ``status`` (cudaError_t), its ``name`` and the ``call``."""
 
-    def __init__(self, int status, str call):
-        self.status = status
-        self.call = call
-        self.name = cudaGetErrorName(<cudaError_t>status).decode()
-        super().__init__(f"{call} failed with {self.name} ({status}): "
-                         f"{cudaGetErrorString(<cudaError_t>status).decode()}{_no_gpu_note(status)}")
-
-    def __reduce__(self):
-        return (type(self), (self.status, self.call))
+    @staticmethod
+    def _describe(int status):
+        return (cudaGetErrorName(<cudaError_t>status).decode(),
+                cudaGetErrorString(<cudaError_t>status).decode() + _no_gpu_note(status))
 
 
-class CudaDriverError(CygemmError):
+class CudaDriverError(_StatusError):
     """A CUDA driver call failed: ``status`` is its CUresult."""
 
-    def __init__(self, int status, str call):
-        self.status = status
-        self.call = call
-        self.name = f"CUresult {status}"
-        super().__init__(f"{call} failed with CUresult {status}")
-
-    def __reduce__(self):
-        return (type(self), (self.status, self.call))
+    @staticmethod
+    def _describe(int status):
+        return f"CUresult {status}", ""
 
 
-class CublasError(CygemmError):
+class CublasError(_StatusError):
     """A cuBLAS or cuBLASLt call failed: ``status`` (cublasStatus_t), its ``name`` and the ``call``."""
 
-    def __init__(self, int status, str call):
-        self.status = status
-        self.call = call
-        self.name = cublasGetStatusName(<cublasStatus_t>status).decode()
-        super().__init__(f"{call} failed with {self.name} ({status}): "
-                         f"{cublasGetStatusString(<cublasStatus_t>status).decode()}")
-
-    def __reduce__(self):
-        return (type(self), (self.status, self.call))
+    @staticmethod
+    def _describe(int status):
+        return (cublasGetStatusName(<cublasStatus_t>status).decode(),
+                cublasGetStatusString(<cublasStatus_t>status).decode())
 
 
 class CaptureError(CygemmError):
