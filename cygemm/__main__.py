@@ -12,7 +12,11 @@ import cygemm
 
 
 def main():
-    print(f"cygemm {cygemm.__version__}; versions {cygemm.versions()} (python -m cygemm info: more)")
+    v = cygemm.versions()
+    lt = v["cublasLt"]
+    driver = f"driver supports CUDA {_version(v['cuda_driver'])}" if v["cuda_driver"] else "no driver found"
+    print(f"cygemm {cygemm.__version__}: CUDA runtime {_version(v['cuda_runtime'])}, {driver}, "
+          f"cuBLASLt {lt // 10000}.{lt // 100 % 100}.{lt % 100} (python -m cygemm info: more)")
     reason = cygemm.gpu_unavailable_reason()
     if reason:
         print(f"No GPU check here: {reason}.")

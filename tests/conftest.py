@@ -45,3 +45,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=multigpu_unavailable_reason()))
         if not reason and "nogpu" in item.keywords:
             item.add_marker(pytest.mark.skip(reason="checks the no-GPU error path; a GPU is present"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The skips, one line per reason (pytest's -rs gives one per test location)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if not skipped:
+        return
+    reasons = {}
+    for report in skipped:
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")] = reasons.get(reason.removeprefix("Skipped: "), 0) + 1
+    terminalreporter.section("skipped, by reason")
+    for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"{n:5d}  {reason}")

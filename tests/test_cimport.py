@@ -1,6 +1,6 @@
 """examples/cython_consumer, a separate Cython extension that cimports cygemm's nogil C API,
-compiles against the installed cygemm (CI too) and computes right on a GPU. The README's
-"From Cython" section shows these files as they are."""
+compiles against the installed cygemm (CI too) and computes right on a GPU. The docs' "From
+Cython" page shows these files themselves."""
 import os
 import re
 import shutil
@@ -35,11 +35,9 @@ def test_consumer_compiles_against_get_include_and_imports(consumer):
 
 
 @pytest.mark.parametrize("name", ["consumer.pyx", "setup.py"])
-def test_readme_shows_the_example_as_it_is(name):
-    readme = open(os.path.join(EXAMPLE, "..", "..", "README.md")).read()
-    section = readme.split("### From Cython", 1)[1].split("\n## ", 1)[0]
-    blocks = [b.strip() for b in re.findall(r"```(?:cython|python)\n(.*?)```", section, re.S)]
-    assert open(os.path.join(EXAMPLE, name)).read().strip() in blocks
+def test_the_docs_show_the_example_files_themselves(name):
+    page = open(os.path.join(EXAMPLE, "..", "..", "docs", "cython.rst")).read()
+    assert f".. literalinclude:: ../examples/cython_consumer/{name}" in page
 
 
 @pytest.mark.gpu
@@ -67,3 +65,10 @@ def test_the_c_api_alone_runs_with_the_options_loaded(consumer):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]
     assert p.stdout.split() == ["0", "3", "8", "16.0"], p.stdout
+
+
+@pytest.mark.nogpu
+def test_the_consumer_check_says_plainly_that_it_needs_a_gpu(consumer, capsys):
+    _, check = consumer
+    assert check.main() == 0
+    assert "consumer built and imported; needs a GPU to run" in capsys.readouterr().out
