@@ -646,11 +646,20 @@ def torch_mlp_steps(s, sizes, batch):
 # ---------------------------------------------------------------- main
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(HERE, "results"))
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks",
+        description="cygemm against cp.matmul, PyTorch, nvmath-python and a C++ cuBLAS floor, in one "
+                    "process and one run. Needs a GPU, CuPy and nvcc; torch and nvmath-python are used "
+                    "when importable.")
+    ap.add_argument("--out", default=os.environ.get("OUT") or "benchmark-results",
+                    help="folder for bench.json, RESULTS.md and the plots (default: ./benchmark-results; "
+                         "the committed results are in benchmarks/results)")
     ap.add_argument("--quick", action="store_true", help="a run under a minute: fewer sizes and rounds")
     ap.add_argument("--only", default=",".join(SECTIONS), help=f"comma list of {SECTIONS}")
     args = ap.parse_args(argv)
+    reason = cygemm.gpu_unavailable_reason()
+    if reason:
+        ap.exit(1, f"python -m benchmarks needs a GPU: {reason}\n")
     only = [x for x in args.only.split(",") if x]
     bad = set(only) - set(SECTIONS)
     if bad:

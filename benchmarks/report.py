@@ -8,6 +8,7 @@ and prints the summary: cygemm against the best other contender, case by case.
 import argparse
 import json
 import os
+import sys
 from collections import OrderedDict
 
 PEAK_TFLOPS = {"tf32": 494.7, "fp32": 66.9, "fp16": 989.4, "bf16": 989.4}   # H200 SXM datasheet, dense
@@ -105,6 +106,7 @@ def plots(data, d):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        print("report: no plots (matplotlib is not installed: pip install -e \".[bench]\")", file=sys.stderr)
         return []
     rows = [r for r in data["rows"] if r.get("value") is not None]
     written = []

@@ -1,4 +1,4 @@
-from typing import List, Optional, TypeVar, overload
+from typing import Any, List, Optional, TypeVar, overload
 
 from cygemm._typing import Autotune, DeviceArray, MatmulMath, StreamLike
 
@@ -10,4 +10,4 @@ def matmul(a: DeviceArray, b: DeviceArray, out: None = None, *, math: MatmulMath
 @overload
 def matmul(a: DeviceArray, b: DeviceArray, out: _Out, *, math: MatmulMath = "tf32",
            stream: StreamLike = None, autotune: Autotune = None) -> _Out: ...
-def describe_matmul(a: DeviceArray, b: DeviceArray, out: DeviceArray) -> List[dict]: ...
+def describe_matmul(a: Any, b: Any, out: Any = None) -> List[dict]: ...

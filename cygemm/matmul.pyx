@@ -17,10 +17,13 @@ from cygemm._arrays cimport read_array, desc_shape, dtype_name
 from cygemm._args cimport CallArgs, args_init, add_view, prepare_call, ARG_READ, ARG_WRITE
 from cygemm._settings cimport autotune_level
 from cygemm.plans cimport run_gemm
-from cygemm.rowmajor cimport MapResult, MAP_OK, MAP_BAD_A, MAP_BAD_B, map_rowmajor_gemm, check_batch_disjoint
+from cygemm.rowmajor cimport (MapResult, MAP_OK, MAP_BAD_A, MAP_BAD_B, map_rowmajor_gemm, check_batch_disjoint,
+                              is_rowmajor)
 from cygemm._batch_layout cimport (BatchLayout, read_layout, result_shape, has_result_shape, merge_out,
                                    check_out, empty_batch, may_overlap_inputs, call_views)
 from cygemm import _alloc
+
+import numpy as np
 
 __all__ = ["matmul", "describe_matmul"]
 
@@ -284,6 +287,23 @@ cdef void _device_view(MatrixView* v, const ArrayDesc* d) noexcept:
             v.batch = 0
 
 
+cdef dict _described_call(const MatrixView* va, const MatrixView* vb, const MatrixView* vc,
+                          const ColMajorGemm* g):
+    """One call in the user's row-major terms first, then cuBLAS's (column-major) arguments."""
+    cdef bint swapped = is_rowmajor(vc) and not (vc.rows == 1 and vc.cols == 1 and g.a == <const void*>va.ptr)
+    if swapped:
+        why = ("out is row-major, which column-major cuBLAS reads as out^T: it computes "
+               "out^T = b^T @ a^T, so its first operand is b and its m, n are out's columns, rows")
+    else:
+        why = "out is column-major as cuBLAS is: it computes out = a @ b as written"
+    return dict(M=vc.rows, N=vc.cols, K=va.cols, batch=g.batch, swapped=swapped,
+                cublas_a="b" if swapped else "a", cublas_b="a" if swapped else "b", why=why,
+                opa="T" if g.opa == CUBLAS_OP_T else "N", opb="T" if g.opb == CUBLAS_OP_T else "N",
+                m=g.m, n=g.n, k=g.k, a=<uintptr_t>g.a, lda=g.lda, stride_a=g.stride_a,
+                b=<uintptr_t>g.b, ldb=g.ldb, stride_b=g.stride_b, c=<uintptr_t>g.c,
+                ldc=g.ldc, stride_c=g.stride_c)
+
+
 cdef int _run_all(GemmContext* ctx, cudaStream_t s, const BatchLayout* L, const ArrayDesc* a,
                   const ArrayDesc* b, const ArrayDesc* c, cudaDataType t,
                   cublasComputeType_t compute, int autotune, list calls=None) except -1:
@@ -307,10 +327,7 @@ cdef int _run_all(GemmContext* ctx, cudaStream_t s, const BatchLayout* L, const 
         map_rowmajor_gemm(&va, &vb, &vc, False, False, &g)   # same strides as the checked call
         g.strided_batched = g.batch > 1
         if calls is not None:
-            calls.append(dict(opa="T" if g.opa == CUBLAS_OP_T else "N", opb="T" if g.opb == CUBLAS_OP_T else "N",
-                              m=g.m, n=g.n, k=g.k, a=<uintptr_t>g.a, lda=g.lda, stride_a=g.stride_a,
-                              b=<uintptr_t>g.b, ldb=g.ldb, stride_b=g.stride_b, c=<uintptr_t>g.c,
-                              ldc=g.ldc, stride_c=g.stride_c, batch=g.batch))
+            calls.append(_described_call(&va, &vb, &vc, &g))
         else:
             with nogil:
                 run_gemm(ctx, s, &g, t, compute, &alpha, &beta, autotune)
@@ -325,20 +342,68 @@ cdef int _run_all(GemmContext* ctx, cudaStream_t s, const BatchLayout* L, const 
             return 0
 
 
-def describe_matmul(a, b, out):
-    """The cuBLAS calls ``matmul(a, b, out)`` makes, as a list of dicts of cublasGemmEx /
-    cublasGemmStridedBatchedEx arguments (pointers as ints); launches nothing and needs no GPU.
+class _Described:
+    """A host NumPy array, or a (shape, dtype) description, as describe_matmul reads it: its
+    layout at its own address (NumPy) or at a made-up one (shape and dtype: C order)."""
 
-    Reads and checks the arguments as matmul does (the same function), then raises
-    ValueError where matmul would copy instead (dtypes differ, a layout cuBLAS cannot read or
-    write in place, an ``out`` sharing memory with ``a`` or ``b``), so a test can check which
-    layouts are read in place.
+    def __init__(self, x, address):
+        if isinstance(x, np.ndarray):
+            shape, strides, address, dtype = x.shape, x.strides, x.__array_interface__["data"][0], x.dtype
+        else:
+            try:
+                shape, dtype = x
+                shape, dtype, strides = tuple(int(n) for n in shape), np.dtype(dtype), None
+            except (TypeError, ValueError):
+                raise TypeError(f"expected a device array, a NumPy array or a (shape, dtype) pair, "
+                                f"got {x!r}") from None
+        self.shape = tuple(shape)
+        self.__cuda_array_interface__ = {"shape": self.shape, "typestr": dtype.str, "strides": strides,
+                                         "data": (address, True), "version": 3}
+
+
+cdef object _readable(object x, uintptr_t address):
+    if isinstance(x, (np.ndarray, tuple, list)):
+        return _Described(x, address)
+    return x
+
+
+def describe_matmul(a, b, out=None):
+    """The cuBLAS calls ``matmul(a, b, out)`` makes, without launching anything (no GPU needed).
+
+    Parameters
+    ----------
+    a, b : device arrays, NumPy arrays, or (shape, dtype) pairs
+        What ``matmul`` would take; NumPy arrays and (shape, dtype) pairs (C order) are read for
+        their layout only, so the calls can be seen on a machine without a GPU.
+    out : the same, optional
+        None: a new C-ordered result of the promoted dtype, as ``matmul(a, b)`` makes.
+
+    Returns
+    -------
+    list of dict
+        One dict per cuBLAS call. In row-major terms first: ``M``, ``N``, ``K`` and ``batch`` of
+        the call, whether the operands were swapped (``swapped``: cuBLAS computes
+        ``out^T = b^T @ a^T`` for a row-major ``out``), which of a and b is cuBLAS's first and
+        second operand (``cublas_a``, ``cublas_b``) and ``why``; then cuBLAS's arguments:
+        ``opa``, ``opb``, ``m``, ``n``, ``k``, the pointers ``a``, ``b``, ``c``, leading
+        dimensions and batch strides.
+
+    Raises
+    ------
+    ValueError
+        Where matmul would copy instead (dtypes differ, a layout cuBLAS cannot read or write in
+        place, an ``out`` sharing memory with ``a`` or ``b``), and for the errors matmul raises.
+    TypeError
+        As matmul.
     """
+    a, b = _readable(a, 0x10_0000_0000), _readable(b, 0x20_0000_0000)
+    if out is None:         # the result's shape by NumPy's rules (read_layout checks them again)
+        out = _Described(_result_of(a, b), 0x30_0000_0000)
+    else:
+        out = _readable(out, 0x30_0000_0000)
     cdef ArrayDesc da, db, dc
     cdef BatchLayout L
     cdef cudaDataType t
-    if out is None:
-        raise ValueError("out: describe_matmul needs the out whose layout the calls write")
     if _read_operands(a, b, out, &da, &db, &dc, &L, &t) or da.dtype != db.dtype:
         raise ValueError("a/b/out: dtypes differ: matmul would cast")
     if may_overlap_inputs(&L, &dc, &da, &db):
@@ -353,3 +418,15 @@ def describe_matmul(a, b, out):
     if L.M and L.N and not empty_batch(&L):
         _run_all(NULL, NULL, &L, &da, &db, &dc, da.dtype, CUBLAS_COMPUTE_32F, 0, calls)
     return calls
+
+
+cdef tuple _result_of(object a, object b):
+    """(shape, dtype) of matmul(a, b)'s new result, checked as matmul checks them."""
+    cdef ArrayDesc da, db
+    cdef BatchLayout L
+    read_array(a, &da, "a", True)
+    read_array(b, &db, "b", True)
+    if da.ndim == 0 or db.ndim == 0:
+        raise ValueError(f"{'a' if da.ndim == 0 else 'b'}: matmul needs at least 1 dimension, got a 0-D array")
+    read_layout(&da, &db, &L)
+    return result_shape(&L), _alloc.numpy_dtype(dtype_name(_promote(da.dtype, db.dtype)))

@@ -83,6 +83,25 @@ def _problem(buf, rng, a_shape, b_shape, oa, ob, oc):
     return a, b, c, ref
 
 
+def test_describe_matmul_takes_host_arrays_and_descriptions_and_speaks_row_major_first():
+    a, b = np.ones((3, 8, 5), np.float32), np.ones((5, 4), np.float32)
+    [call] = describe_matmul(a, b)                       # out=None: a C-ordered (3, 8, 4) result
+    assert (call["M"], call["N"], call["K"], call["batch"]) == (24, 4, 5, 1)    # batch folded into M
+    assert call["swapped"] and (call["cublas_a"], call["cublas_b"]) == ("b", "a") and "b^T @ a^T" in call["why"]
+    assert (call["m"], call["n"], call["k"], call["a"]) == (4, 24, 5, b.__array_interface__["data"][0])
+    described = describe_matmul(((3, 8, 5), "float32"), ((5, 4), "float32"))
+    assert [{k: v for k, v in c.items() if k not in ("a", "b", "c")} for c in described] == \
+        [{k: v for k, v in call.items() if k not in ("a", "b", "c")}]
+    [col] = describe_matmul(((6, 5), "float32"), ((5, 4), "float32"), np.empty((4, 6), np.float32).T)
+    assert not col["swapped"] and (col["m"], col["n"], col["cublas_a"]) == (6, 4, "a")
+    with pytest.raises(ValueError, match="b: matmul needs b's second-to-last axis"):
+        describe_matmul(((3, 4), "float32"), ((5, 2), "float32"))
+    with pytest.raises(ValueError, match="dtypes differ"):
+        describe_matmul(((3, 4), "float32"), ((4, 2), "float64"))
+    with pytest.raises(TypeError, match="a NumPy array or a \\(shape, dtype\\) pair"):
+        describe_matmul([1, 2, 3], ((4, 2), "float32"))
+
+
 @pytest.mark.parametrize("which", ["a", "b", "out"])
 def test_a_matrix_without_a_unit_stride_axis_is_not_read_in_place(which):
     """x[::2, ::2]: no axis of unit stride, which no cuBLAS leading dimension describes."""
