@@ -195,7 +195,7 @@ def write(d, md_path=None):
     rel = os.path.relpath(d, os.path.dirname(os.path.abspath(md_path)))
     comps = comparisons(rows)
     L = ["# Benchmark results", "",
-         "Produced by `python -m benchmarks` (on the lent GPU: `bash scripts/gpu_suite.sh DIR`), regenerated "
+         "Produced by `python -m benchmarks` (on a GPU machine: `bash scripts/gpu_suite.sh DIR`), regenerated "
          "by `python benchmarks/report.py DIR`. GPU times: CUDA events around the timed calls after a warm-up of "
          "at least 50 ms, median (min, max) of 15-30 repeats; a sleeping kernel queued ahead of the first event "
          "holds the GPU while the host enqueues, so GPU times exclude launch gaps and host overhead, for every "
