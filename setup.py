@@ -11,9 +11,13 @@ Environment:
   CYGEMM_CUDA_ARCHS      e.g. "80;90" (default: Turing..Hopper, plus PTX of the newest)
 """
 import glob
+import hashlib
 import importlib.util
 import os
+import shutil
 import subprocess
+import sys
+import sysconfig
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -84,6 +88,32 @@ class BuildExt(build_ext):
     def build_extension(self, ext):
         cu_sources = [s for s in ext.sources if s.endswith(".cu")]
         ext.sources = [s for s in ext.sources if not s.endswith(".cu")]
+        target = self.get_ext_fullpath(ext.name)
+        cached = os.path.join(HERE, "build", "ext-cache", f"{ext.name}-{self._key(ext, cu_sources)}.so")
+        if os.path.isfile(cached):
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            shutil.copy2(cached, target)
+            print(f"{ext.name}: unchanged, copied from build/ext-cache", flush=True)
+            return
+        self._compile(ext, cu_sources)
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        shutil.copy2(target, cached + ".tmp")
+        os.replace(cached + ".tmp", cached)
+
+    def _key(self, ext, cu_sources):
+        """What goes into the extension: its sources' contents, the headers, the flags, the
+        compilers, Python's ABI (link paths by name only: they move with the build env)."""
+        h = hashlib.sha256()
+        for path in sorted(ext.sources + cu_sources + HEADERS) + CUBLAS_HEADERS:
+            with open(os.path.join(HERE, path), "rb") as f:        # (cuBLAS's: absolute paths)
+                h.update(os.path.basename(path).encode() + b"\0" + f.read())
+        flags = [*ext.extra_compile_args, *[os.path.basename(a) for a in ext.extra_link_args],
+                 *gencode_flags(NVCC), " ".join(self.compiler.compiler_so), sys.version,
+                 sysconfig.get_config_var("EXT_SUFFIX") or "", str(nvcc_version(NVCC))]
+        h.update("\0".join(flags).encode())
+        return h.hexdigest()[:24]
+
+    def _compile(self, ext, cu_sources):
         objects = []
         for src in cu_sources:
             obj = os.path.join(self.build_temp, os.path.splitext(src)[0] + ".o")
@@ -110,6 +140,7 @@ check_sources()
 paths = _cuda_paths()
 NVCC = paths.find_nvcc()
 INCLUDE_DIRS = ["cygemm/include", paths.header_dir("cudart"), paths.header_dir("cublas")]
+CUBLAS_HEADERS = [os.path.join(paths.header_dir("cublas"), h) for h in ("cublas_api.h", "cublasLt.h")]
 CUBLAS = paths.load_cublas()
 # Linked by path; the DT_NEEDED entries are the sonames (libcublas.so.13), not paths.
 LINK_ARGS = [CUBLAS["cublas"], CUBLAS["cublasLt"], cudart_static(NVCC), "-ldl", "-lpthread", "-lrt",
