@@ -1,9 +1,11 @@
 """Tables, plots and the summary from the suite's JSON.
 
-    python benchmarks/report.py DIR [--md PATH]
+    python benchmarks/report.py DIR [--md PATH] [--rst PATH]
 
-Reads DIR/bench.json; writes DIR/*.png and the Markdown (DIR/RESULTS.md, or PATH),
-and prints the summary: cygemm against the best other contender, case by case.
+Reads DIR/bench.json; writes DIR/*.png, the Markdown (DIR/RESULTS.md, or PATH) and, with --rst,
+the documentation's page of every measurement; prints the summary: cygemm against the best
+other contender, case by case. Values have three significant digits; the fastest of each case
+is in bold.
 """
 import argparse
 import json
@@ -80,9 +82,22 @@ def comparisons(rows):
 
 
 def fmt(v):
+    """Three significant digits (whole numbers from 1000)."""
     if v is None:
         return ""
-    return f"{v:.4g}" if abs(v) < 1000 else f"{v:.0f}"
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+
+
+def fastest_in_case(rows):
+    """id() of the fastest timed row of each case (the winner to mark)."""
+    best = {}
+    for r in rows:
+        if r.get("value") is None or r["metric"] not in ("gpu_ms", "host_us", "graph_us", "step_us"):
+            continue
+        key = (r["section"], r["case"], r["metric"] == "host_us" and host_api(r["contender"]))
+        if key not in best or r["value"] < best[key]["value"]:
+            best[key] = r
+    return {id(r) for r in best.values()}
 
 
 def pct_of_peak(r):
@@ -100,55 +115,66 @@ def env_lines(env):
 
 
 def plots(data, d):
-    """throughput.png, host.png, fused.png in d; returns the files written."""
+    """relative.png, host.png, fused.png in d; returns the files written."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
     except ImportError:
         print("report: no plots (matplotlib is not installed: pip install -e \".[bench]\")", file=sys.stderr)
         return []
     rows = [r for r in data["rows"] if r.get("value") is not None]
+    gpu = data["environment"].get("gpu", "GPU")
     written = []
-    sq = [r for r in rows if r.get("group", "") and str(r.get("group")).startswith("square") and r.get("tflops")]
+    sq = [r for r in rows if str(r.get("group", "")).startswith("square") and r["metric"] == "gpu_ms"]
     if sq:
-        fig, axes = plt.subplots(1, 4, figsize=(18, 4.2), sharex=True)
-        for ax, p in zip(axes, ("tf32", "fp32", "fp16", "bf16")):
+        # Speed relative to the fastest contender at each size: every contender calls cuBLAS, so
+        # their absolute throughputs lie on top of one another; the ratios show who wins where.
+        precisions = [p for p in ("tf32", "fp32", "fp16", "bf16") if any(r["group"] == f"square {p}" for r in sq)]
+        fig, axes = plt.subplots(1, len(precisions), figsize=(4.6 * len(precisions), 4.2), sharey=True, squeeze=False)
+        handles = {}
+        for ax, p in zip(axes[0], precisions):
+            group = [r for r in sq if r["group"] == f"square {p}"]
+            best = {}
+            for r in group:
+                best[r["size"][0]] = min(best.get(r["size"][0], float("inf")), r["value"])
             series = OrderedDict()
-            for r in sq:
-                if r["group"] == f"square {p}":
-                    series.setdefault(r["contender"], []).append((r["size"][0], r["tflops"]))
+            for r in group:
+                series.setdefault(r["contender"], []).append((r["size"][0], best[r["size"][0]] / r["value"]))
             for name, pts in series.items():
                 pts.sort()
-                ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", lw=2.2 if is_ours(name) else 1.2,
-                        ls="-" if is_ours(name) else ("--" if "C++" in name else "-"), label=name)
-            ax.axhline(PEAK_TFLOPS[p], color="gray", ls=":", lw=1)
-            ax.text(64, PEAK_TFLOPS[p] * 0.92, "datasheet peak", color="gray", fontsize=8)
+                (line,) = ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", ms=4,
+                                  lw=2.4 if is_ours(name) else 1.2, ls="--" if "C++" in name else "-")
+                handles.setdefault(name, line)
+                line.set_color(handles[name].get_color())
             ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
             ax.set_title(f"square GEMM, {p}")
             ax.set_xlabel("n (n×n×n)")
+            ax.axhline(1.0, color="gray", lw=0.8)
             ax.grid(alpha=0.3)
-        axes[0].set_ylabel("TFLOP/s (median)")
-        axes[0].legend(fontsize=8)
-        fig.suptitle(f"{data['environment']['gpu']}: throughput against size (higher is better)")
-        fig.tight_layout()
-        fig.savefig(os.path.join(d, "throughput.png"), dpi=110)
+        axes[0][0].set_ylabel("speed relative to the fastest (1.0 = fastest)")
+        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(6, len(handles)), fontsize=8)
+        fig.suptitle(f"{gpu}: square GEMMs, each contender's speed relative to the fastest at each size")
+        fig.tight_layout(rect=(0, 0.1, 1, 0.95))
+        fig.savefig(os.path.join(d, "relative.png"), dpi=110)
         plt.close(fig)
-        written.append("throughput.png")
+        written.append("relative.png")
     host = [r for r in rows if r["metric"] == "host_us"]
     if host:
-        fig, ax = plt.subplots(figsize=(9, 0.32 * len(host) + 1.2))
-        labels = [f"{r['contender']}" + ("  [after torch import]" if "after" in r["case"] else "") for r in host]
-        colors = ["tab:blue" if is_ours(r["contender"]) else ("tab:gray" if r.get("floor") else "tab:orange")
-                  for r in host]
-        ax.barh(range(len(host)), [r["value"] for r in host], color=colors,
+        fig, ax = plt.subplots(figsize=(10, 0.32 * len(host) + 1.6))
+        labels = [r["contender"] + ("  (after torch is imported)" if "after" in r["case"] else "")
+                  + ("  (matmul section)" if r["section"] != "host" else "") for r in host]
+        color = lambda r: "tab:blue" if is_ours(r["contender"]) else ("tab:gray" if r.get("floor") else "tab:orange")
+        ax.barh(range(len(host)), [r["value"] for r in host], color=[color(r) for r in host],
                 xerr=[[r["value"] - r["lo"] for r in host], [r["hi"] - r["value"] for r in host]])
         ax.set_yticks(range(len(host)))
         ax.set_yticklabels(labels, fontsize=8)
         ax.invert_yaxis()
-        ax.set_xlabel("host µs per call, 64×64×64, back-to-back (median; bars: min–max of rounds)")
-        ax.set_title("Host time per call (lower is better): cygemm blue, C++ floor gray, others orange")
+        ax.set_xlabel("µs per call (median of rounds; bars: min to max)")
+        ax.set_title(f"{gpu}: host time per 64×64×64 call, back to back (lower is better)")
+        ax.legend(handles=[Patch(color="tab:blue", label="cygemm"), Patch(color="tab:gray", label="C++ floor"),
+                           Patch(color="tab:orange", label="others")], fontsize=8, loc="lower right")
         ax.grid(axis="x", alpha=0.3)
         fig.tight_layout()
         fig.savefig(os.path.join(d, "host.png"), dpi=110)
@@ -159,7 +185,7 @@ def plots(data, d):
         cases = list(OrderedDict.fromkeys(r["case"] for r in fused if "plain" not in r["contender"]
                                           and "save Z" not in r["case"]))
         names = list(OrderedDict.fromkeys(r["contender"] for r in fused if r["case"] in cases))
-        fig, ax = plt.subplots(figsize=(13, 4.5))
+        fig, ax = plt.subplots(figsize=(13, 4.8))
         w = 0.8 / max(1, len(names))
         for i, name in enumerate(names):
             xs, ys = [], []
@@ -171,15 +197,16 @@ def plots(data, d):
             ax.bar(xs, ys, w, label=name)
         for r in fused:
             if "plain" in r["contender"]:
-                j = [k for k, c in enumerate(cases) if c.startswith(r["case"])]
-                for k in j:
+                for k in [k for k, c in enumerate(cases) if c.startswith(r["case"])]:
                     ax.hlines(r["value"], k - 0.1, k + 0.8, colors="black", linestyles="dashed", lw=1)
+        ax.set_yscale("log")          # CuPy's unfused layers take up to 15x the fused ones
         ax.set_xticks([j + 0.4 - w / 2 for j in range(len(cases))])
         ax.set_xticklabels([c.split(" ", 2)[0] + " " + c.split(" ")[-1] for c in cases])
-        ax.set_ylabel("ms (median)")
-        ax.set_title(f"Dense layer {cases[0].split(' ')[1]}: fused vs unfused (lower is better; dashed: plain GEMM(s))")
+        ax.set_ylabel("ms per call (median, log scale)")
+        ax.set_title(f"{gpu}: dense layer {cases[0].split(' ')[1]}, fused and unfused "
+                     "(lower is better; dashed: the plain GEMMs alone)")
         ax.legend(fontsize=8, ncol=3)
-        ax.grid(axis="y", alpha=0.3)
+        ax.grid(axis="y", alpha=0.3, which="both")
         fig.tight_layout()
         fig.savefig(os.path.join(d, "fused.png"), dpi=110)
         plt.close(fig)
@@ -212,8 +239,11 @@ def write(d, md_path=None):
     for c in comps:
         o = c.get("other")
         unit = UNITS[c["ours"]["metric"]]
-        L.append(f"| {c['case']} | {fmt(c['ours']['value'])} {unit} | "
-                 + (f"{o['contender']}: {fmt(o['value'])} | **{c['ratio']:.2f}×** |" if o else " | |")
+        ours_wins = not o or c["ratio"] >= 1
+        mine = f"{fmt(c['ours']['value'])} {unit}"
+        L.append(f"| {c['case']} | {'**' + mine + '**' if ours_wins else mine} | "
+                 + (f"{o['contender']}: {fmt(o['value']) if ours_wins else '**' + fmt(o['value']) + '**'} | "
+                    f"{c['ratio']:.2f}× |" if o else " | |")
                  + (f" {fmt(c['floor']['value'])} | {1 / c['floor_ratio']:.2f}× |" if c.get("floor") else " | |"))
     L += ["", "## Where cygemm is slower than a contender", "",
           "Every case where another contender's median time is below cygemm's, the C++ floor included.", ""]
@@ -251,6 +281,7 @@ def write(d, md_path=None):
     sections = OrderedDict()
     for r in rows:
         sections.setdefault(r["section"], []).append(r)
+    winners = fastest_in_case(rows)
     for sec, rs in sections.items():
         L += ["", f"## {sec}", "", "| case | contender | median | min | max | unit | TFLOP/s | of peak |",
               "|---|---|---|---|---|---|---|---|"]
@@ -258,7 +289,9 @@ def write(d, md_path=None):
             if r["metric"] == "skipped":
                 L.append(f"| {r['case']} | {r['contender']} | skipped: {r['reason']} | | | | | |")
                 continue
-            L.append(f"| {r['case']} | {r['contender']} | {fmt(r['value'])} | {fmt(r.get('lo'))} | {fmt(r.get('hi'))} | "
+            med = fmt(r["value"])
+            L.append(f"| {r['case']} | {r['contender']} | {'**' + med + '**' if id(r) in winners else med} | "
+                     f"{fmt(r.get('lo'))} | {fmt(r.get('hi'))} | "
                      f"{UNITS.get(r['metric'], r['metric'])} | {fmt(r.get('tflops'))} | {pct_of_peak(r)} |")
     with open(md_path, "w") as f:
         f.write("\n".join(L) + "\n")
@@ -315,9 +348,51 @@ def print_summary(comps, env):
         print(left + right + fl)
 
 
+def md_to_rst(md, image_dir):
+    """The report's Markdown as reStructuredText for the documentation: headings, paragraphs,
+    bullets, pipe tables (list-tables), images (from image_dir, relative to the page)."""
+    import re
+    out, lines, i = [], md.splitlines(), 0
+    inline = lambda t: re.sub(r"(?<!`)`([^`]+)`(?!`)", r"``\1``", t)
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("#"):
+            level, title = len(line) - len(line.lstrip("#")), inline(line.lstrip("#").strip())
+            out += [title, ("=" if level == 1 else "-" if level == 2 else "~") * len(title), ""]
+        elif line.startswith("|"):
+            table = []
+            while i < len(lines) and lines[i].startswith("|"):
+                cells = [c.strip() for c in lines[i].strip().strip("|").split("|")]
+                if not all(set(c) <= set("-: ") for c in cells):
+                    table.append(cells)
+                i += 1
+            width = max(len(r) for r in table)
+            out += [".. list-table::", "   :header-rows: 1", ""]
+            for r in table:
+                r = r + [""] * (width - len(r))
+                out.append(f"   * - {inline(r[0]) or '..'}")
+                out += [f"     - {inline(c) if c else '..'}" for c in r[1:]]
+            out.append("")
+            continue
+        elif line.startswith("!["):
+            path = re.match(r"!\[[^\]]*\]\(([^)]+)\)", line).group(1)
+            out += [f".. image:: {image_dir}/{os.path.basename(path)}", ""]
+        else:
+            out.append(inline(line))
+        i += 1
+    text = "\n".join(out)
+    return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
+
+
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    ap.add_argument("dir")
-    ap.add_argument("--md", default=None)
+    ap = argparse.ArgumentParser(description="Tables, plots and the summary from a benchmark run's bench.json.")
+    ap.add_argument("dir", help="the run's folder (its bench.json; the plots are written there)")
+    ap.add_argument("--md", default=None, help="where to write the Markdown (default: DIR/RESULTS.md)")
+    ap.add_argument("--rst", default=None, help="also write the documentation's page of every measurement here")
     a = ap.parse_args()
-    write(a.dir, a.md)
+    md_path = write(a.dir, a.md)
+    if a.rst:
+        images = os.path.relpath(os.path.abspath(a.dir), os.path.dirname(os.path.abspath(a.rst)))
+        with open(md_path) as f, open(a.rst, "w") as g:
+            g.write(".. This page is generated by benchmarks/report.py from the run's bench.json.\n\n")
+            g.write(md_to_rst(f.read(), images))

@@ -49,3 +49,16 @@ def test_report_compares_like_with_like_and_lists_slower_cases(tmp_path):
     assert "C++ cublasGemmEx: 0.0101" not in slower          # cygemm is faster than that floor
     assert "skipped: CuPy has no bfloat16" in md
     assert "| tf32 matrix rate, TFLOP/s | 494.7 | 4 (1%) | torch.mm" in md
+
+
+def test_report_marks_winners_rounds_to_three_digits_and_writes_the_docs_page(tmp_path):
+    (tmp_path / "bench.json").write_text(json.dumps({"environment": {"gpu": "TestGPU", "date": "d"}, "rows": ROWS}))
+    md = open(report.write(str(tmp_path))).read()
+    summary = md.split("## Summary")[1].split("## Where")[0]
+    assert "| **12 µs** | cp.matmul(out=): 20 | 1.67× |" in summary          # cygemm wins: in bold
+    assert "| 0.01 ms | torch.mm: **0.008** | 0.80× |" in summary            # torch wins: in bold
+    square = md.split("## square")[1]
+    assert "| square 256^3 tf32 | torch.mm | **0.008** |" in square and "| cygemm.gemm | 0.01 |" in square
+    rst = report.md_to_rst(md, "../results")
+    assert ".. list-table::" in rst and "   * - case" in rst and "Summary: cygemm against the best other contender\n---" in rst
+    assert "|" not in "".join(l for l in rst.splitlines() if l.startswith("   * -") or l.startswith("     -"))
