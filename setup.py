@@ -99,19 +99,27 @@ class BuildExt(build_ext):
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         shutil.copy2(target, cached + ".tmp")
         os.replace(cached + ".tmp", cached)
+        with open(cached[:-3] + ".key", "w") as f:
+            f.write("\n".join(self._key_parts) + "\n")
 
     def _key(self, ext, cu_sources):
         """What goes into the extension: its sources' contents, the headers, the flags, the
         compilers, Python's ABI (link paths by name only: they move with the build env)."""
-        h = hashlib.sha256()
+        parts = []
         for path in sorted(ext.sources + cu_sources + HEADERS) + CUBLAS_HEADERS:
             with open(os.path.join(HERE, path), "rb") as f:        # (cuBLAS's: absolute paths)
-                h.update(os.path.basename(path).encode() + b"\0" + f.read())
-        flags = [*ext.extra_compile_args, *[os.path.basename(a) for a in ext.extra_link_args],
-                 *gencode_flags(NVCC), " ".join(self.compiler.compiler_so), sys.version,
-                 sysconfig.get_config_var("EXT_SUFFIX") or "", str(nvcc_version(NVCC))]
-        h.update("\0".join(flags).encode())
-        return h.hexdigest()[:24]
+                text = f.read()
+            # Cython's metadata block names the build env's folders (pip makes a new one each time).
+            start, end = text.find(b"/* BEGIN: Cython Metadata"), text.find(b"END: Cython Metadata */")
+            if start >= 0 and end > start:
+                text = text[:start] + text[end:]
+            parts.append(f"{os.path.basename(path)} {hashlib.sha256(text).hexdigest()}")
+        parts += [*ext.extra_compile_args, *[os.path.basename(a) for a in ext.extra_link_args],
+                  *gencode_flags(NVCC), " ".join(self.compiler.compiler_so), sys.version,
+                  sysconfig.get_config_var("EXT_SUFFIX") or "", str(nvcc_version(NVCC))]
+        key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+        self._key_parts = parts         # written beside the cached extension: what a miss differed in
+        return key
 
     def _compile(self, ext, cu_sources):
         objects = []
