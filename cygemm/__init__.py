@@ -16,12 +16,12 @@ from cygemm._settings import get_options, set_options
 from cygemm.tuning import load_tuning, save_tuning
 from cygemm.rowmajor import gemm, gemm_strided_batched
 from cygemm.gemm_plan import GemmPlan
-from cygemm.matmul import matmul
+from cygemm.matmul import matmul, describe_matmul
 from cygemm import gemm_ops, graph, plans, tuning
 
-__version__ = "0.1.0"
+__version__ = "0.2.0.dev0"
 
-__all__ = ["matmul", "gemm", "gemm_strided_batched", "GemmPlan", "gemm_ops", "graph", "plans", "tuning",
+__all__ = ["matmul", "describe_matmul", "gemm", "gemm_strided_batched", "GemmPlan", "gemm_ops", "graph", "plans", "tuning",
            "load_tuning", "save_tuning", "get_options", "set_options", "CygemmError", "CudaError",
            "CudaDriverError", "CublasError", "CaptureError", "device_count", "release_workspaces",
            "stream_pointer", "versions", "get_include", "gpu_unavailable_reason"]

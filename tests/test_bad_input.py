@@ -106,7 +106,7 @@ def fn(name):
             "as_tensor_2d": gemm_ops.as_tensor_2d, "assert_f32_2d": gemm_ops.assert_f32_2d,
             "ensure_workspaces": gemm_ops.ensure_workspaces, "ActAttrs.make": gemm_ops.ActAttrs.make,
             "to_voidp_capsule": gemm_ops.to_voidp_capsule, "get_stream_ptr": gemm_ops.get_stream_ptr,
-            "matmul": cygemm.matmul, "GemmPlan": cygemm.GemmPlan, "set_options": cygemm.set_options,
+            "matmul": cygemm.matmul, "describe_matmul": cygemm.describe_matmul, "GemmPlan": cygemm.GemmPlan, "set_options": cygemm.set_options,
             "save_tuning": cygemm.save_tuning, "stream_pointer": cygemm.stream_pointer,
             "empty_2d": gemm_ops.empty_2d, "empty_like_2d": gemm_ops.empty_like_2d}[name]
 
@@ -337,6 +337,10 @@ CASES = {
                     ValueError, ["math:", "'cupy'"], True),
     "matmul/autotune": ("matmul", lambda mk: ((mk.arr((2, 2)), mk.arr((2, 2)), mk.out((2, 2))), {"autotune": 1}),
                         ValueError, ["autotune:"], True),
+    "describe_matmul/inner mismatch": ("describe_matmul", lambda mk: ((mk.arr((3, 4)), mk.arr((5, 2))), {}),
+                                       ValueError, ["b:", "a's last axis (4)"], True),
+    "describe_matmul/not an array": ("describe_matmul", lambda mk: (([1, 2, 3], mk.arr((3, 2))), {}),
+                                     TypeError, ["a NumPy array or a (shape, dtype) pair"], True),
     # ---- GemmPlan
     "GemmPlan/out None": ("GemmPlan", lambda mk: ((mk.arr((2, 2)), mk.arr((2, 2)), None), {}), ValueError, ["out:"], True),
     "GemmPlan/inner mismatch": ("GemmPlan", lambda mk: ((mk.arr((2, 3)), mk.arr((4, 2)), mk.out((2, 2))), {}),
