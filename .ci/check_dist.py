@@ -19,7 +19,10 @@ PXD = ["cublas", "cublaslt", "cudart", "kernels", "timing", "_types", "_errors",
 STUBS = PYX
 WHEEL_NEEDS = ([f"cygemm/{m}.pxd" for m in PXD] + [f"cygemm/{m}.pyi" for m in STUBS]
                + ["cygemm/__init__.py", "cygemm/_cuda_paths.py", "cygemm/gemm_ops.py", "cygemm/py.typed",
-                  "cygemm/include/cygemm/kernels.h"])
+                  "cygemm/include/cygemm/kernels.h"]
+               + [f"cygemm/nn/{m}.py" for m in ("__init__", "_kernels", "layers", "losses", "optimizers", "step")]
+               + [f"cygemm/backend/{m}.py" for m in ("__init__", "protocol", "_base", "_convert", "_kernels",
+                                                     "numpy_backend", "cuda_backend")])
 SDIST_NEEDS = (WHEEL_NEEDS + [f"cygemm/{m}.pyx" for m in PYX]
                + ["cygemm/kernels.cu", "setup.py", "pyproject.toml", "README.md", "LICENSE",
                   "tests/conftest.py", "tests/fakes.py", "tests/gpu_util.py", "tests/test_cimport.py",

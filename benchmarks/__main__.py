@@ -31,8 +31,10 @@ sys.path.insert(0, HERE)
 import contenders as C  # noqa: E402
 from common import L2_BYTES, build_floor, clocks, environment, gpu_ms, host_us, run_floor  # noqa: E402
 from mlp import MLP  # noqa: E402
+from training import backend_section, train_section  # noqa: E402,F401  (run by name below)
 
-SECTIONS = ["host", "ceilings", "square", "shapes", "transposes", "batched", "matmul", "fused", "mlp", "graph"]
+SECTIONS = ["host", "ceilings", "square", "shapes", "transposes", "batched", "matmul", "fused", "mlp", "graph",
+            "train", "backend"]
 
 
 class Recorder:

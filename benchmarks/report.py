@@ -14,7 +14,7 @@ import sys
 from collections import OrderedDict
 
 PEAK_TFLOPS = {"tf32": 494.7, "fp32": 66.9, "fp16": 989.4, "bf16": 989.4}   # H200 SXM datasheet, dense
-UNITS = {"gpu_ms": "ms", "host_us": "µs", "graph_us": "µs", "step_us": "µs", "gbps": "GB/s",
+UNITS = {"gpu_ms": "ms", "host_us": "µs", "graph_us": "µs", "step_us": "µs", "fit_ms": "ms", "gbps": "GB/s",
          "tflops_peak": "TFLOP/s", "gbps_peak": "GB/s"}
 
 
@@ -53,7 +53,7 @@ def host_api(contender):
 def by_case(rows):
     cases = OrderedDict()
     for r in rows:
-        if r["metric"] in ("gpu_ms", "host_us", "graph_us", "step_us"):
+        if r["metric"] in ("gpu_ms", "host_us", "graph_us", "step_us", "fit_ms"):
             case = f"{r['case']}: {host_api(r['contender'])}" if r["metric"] == "host_us" else r["case"]
             cases.setdefault((r["section"], case), []).append(r)
     return cases
@@ -92,7 +92,7 @@ def fastest_in_case(rows):
     """id() of the fastest timed row of each case (the winner to mark)."""
     best = {}
     for r in rows:
-        if r.get("value") is None or r["metric"] not in ("gpu_ms", "host_us", "graph_us", "step_us"):
+        if r.get("value") is None or r["metric"] not in ("gpu_ms", "host_us", "graph_us", "step_us", "fit_ms"):
             continue
         key = (r["section"], r["case"], r["metric"] == "host_us" and host_api(r["contender"]))
         if key not in best or r["value"] < best[key]["value"]:

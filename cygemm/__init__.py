@@ -21,10 +21,18 @@ from cygemm import gemm_ops, graph, plans, tuning
 
 __version__ = "0.2.0.dev0"
 
-__all__ = ["matmul", "describe_matmul", "gemm", "gemm_strided_batched", "GemmPlan", "gemm_ops", "graph", "plans", "tuning",
+__all__ = ["nn", "backend", "matmul", "describe_matmul", "gemm", "gemm_strided_batched", "GemmPlan", "gemm_ops", "graph", "plans", "tuning",
            "load_tuning", "save_tuning", "get_options", "set_options", "CygemmError", "CudaError",
            "CudaDriverError", "CublasError", "CaptureError", "device_count", "release_workspaces",
            "stream_pointer", "versions", "get_include", "gpu_unavailable_reason"]
+
+
+def __getattr__(name):
+    # cygemm.nn and cygemm.backend load on first use: `import cygemm` stays light.
+    if name in ("nn", "backend"):
+        import importlib
+        return importlib.import_module(f"cygemm.{name}")
+    raise AttributeError(f"module 'cygemm' has no attribute {name!r}")
 
 
 def get_include():

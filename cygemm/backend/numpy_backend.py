@@ -1,0 +1,75 @@
+"""The CPU reference backend: NumPy, float64 by default."""
+import numpy as np
+
+from cygemm.backend._base import ArrayBackend, check_matrix
+from cygemm.backend._convert import host_numbers, is_torch
+
+
+class NumPyBackend(ArrayBackend):
+    """The :class:`~cygemm.backend.Backend` protocol on NumPy (the CPU reference).
+
+    Parameters
+    ----------
+    dtype : {"float64", "float32"}
+        The one floating dtype of every array it makes.
+    """
+    name = "numpy"
+    xp = np
+
+    def __init__(self, dtype="float64"):
+        super().__init__(dtype)
+
+    def asarray(self, x, name="x"):
+        if hasattr(x, "__cuda_array_interface__") or is_torch(x):
+            x = _to_host(x)
+        return host_numbers(x, self.dtype, name)
+
+    def to_numpy(self, x):
+        return np.asarray(x)
+
+    def _from_host(self, arr):
+        return arr
+
+    def _index_array(self, labels):
+        return np.asarray(labels).astype(np.intp)
+
+    def matmul(self, a, b, out=None):
+        return np.matmul(a, b, out=out)
+
+    def gram(self, x):
+        check_matrix(x, "x")
+        return x.T @ x
+
+    def dot(self, x, y, out=None):
+        r = np.asarray(np.dot(x, y), dtype=self.dtype)
+        if out is not None:
+            out[...] = r
+            return out
+        return r
+
+    def softmax(self, x, axis=-1, out=None):
+        z = x - x.max(axis=axis, keepdims=True)
+        e = np.exp(z)
+        return np.divide(e, e.sum(axis=axis, keepdims=True), out=out)
+
+    def log_softmax(self, x, axis=-1, out=None):
+        z = x - x.max(axis=axis, keepdims=True)
+        return np.subtract(z, np.log(np.exp(z).sum(axis=axis, keepdims=True)), out=out)
+
+    def sigmoid(self, x, out=None):
+        e = np.exp(-np.abs(x))
+        return np.divide(np.where(x >= 0, 1, e), 1 + e, out=out)
+
+    def _cholesky_solve(self, a, b):
+        lower = np.linalg.cholesky(a)
+        return np.linalg.solve(lower.T, np.linalg.solve(lower, b))
+
+    def solve(self, a, b):
+        return np.linalg.solve(a, b)
+
+
+def _to_host(x):
+    if is_torch(x):
+        return x.detach().cpu().numpy()
+    import cupy
+    return cupy.asnumpy(cupy.asarray(x))

@@ -1,0 +1,15 @@
+"""Neural-network training on cygemm: dense layers, losses, optimizers and a training step
+captured whole into one CUDA graph.
+
+    model = cygemm.nn.MLP([64, 128, 128, 10], act="relu", seed=0)
+    step = cygemm.nn.compile_step(model, cygemm.nn.SoftmaxCrossEntropy(),
+                                  cygemm.nn.Adam(model, lr=1e-3), batch=64)
+    loss = step(x_batch, y_batch)        # a 0-d device array; no synchronisation
+"""
+from cygemm.nn.layers import MLP, Dense
+from cygemm.nn.losses import MeanSquaredError, SoftmaxCrossEntropy
+from cygemm.nn.optimizers import SGD, Adam, AdamW
+from cygemm.nn.step import TrainStep, compile_step
+
+__all__ = ["Dense", "MLP", "SoftmaxCrossEntropy", "MeanSquaredError", "SGD", "Adam", "AdamW",
+           "compile_step", "TrainStep"]

@@ -1,0 +1,199 @@
+"""The CUDA kernels of cygemm.nn: the losses (forward and backward in one launch) and the
+optimizers (one launch for every parameter of a model, which lives in one flat buffer).
+
+Compiled by CuPy (NVRTC) at first use and cached by it. Every kernel that reduces to a scalar
+does so in one launch: each block writes its partial sum, and the last block to finish (found
+with an atomic counter, which it resets) adds the partials in block order, so the result is
+deterministic and no memset or second launch is needed. The same trick lets the optimizers
+advance their device step count once per launch.
+"""
+import functools
+
+import cupy as cp
+
+THREADS = 256
+MAX_BLOCKS = 1024
+
+_SOURCE = r"""
+// The last block to finish (its partial already written) adds the partials in block order.
+__device__ bool last_block_done(unsigned int* done) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned int prev = atomicAdd(done, 1u);
+        last = (prev == gridDim.x - 1);
+    }
+    __syncthreads();
+    return last;
+}
+
+__device__ float block_sum(float v) {
+    __shared__ float warp_sums[32];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();
+    if (lane == 0) warp_sums[warp] = v;
+    __syncthreads();
+    float t = 0.f;
+    if (threadIdx.x == 0)
+        for (int w = 0; w < (blockDim.x + 31) / 32; ++w) t += warp_sums[w];
+    return t;        // valid in thread 0
+}
+
+__device__ void finish_sum(float mine, float* partial, unsigned int* done, float* out, float scale) {
+    float t = block_sum(mine);
+    if (threadIdx.x == 0) partial[blockIdx.x] = t;
+    if (last_block_done(done) && threadIdx.x == 0) {
+        float total = 0.f;
+        for (unsigned int b = 0; b < gridDim.x; ++b) total += ((volatile float*)partial)[b];
+        *out = total * scale;
+        *done = 0u;
+    }
+}
+
+// Softmax cross-entropy, mean over rows: loss = mean(logsumexp(z) - z[y]);
+// grad = (softmax(z) - onehot(y)) * grad_scale. One warp per row; max-subtracted, so logits
+// of any finite size give finite results. A label outside [0, C) sets *bad and adds nothing.
+template <typename L>
+__device__ void softmax_xent(const float* logits, long long ld, const L* labels, float* grad,
+                             long long gld, int B, int C, float grad_scale, float loss_scale,
+                             float* partial, unsigned int* done, float* loss, int* bad) {
+    int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    float mine = 0.f;
+    for (long long row = (long long)blockIdx.x * warps + warp; row < B; row += (long long)gridDim.x * warps) {
+        const float* z = logits + row * ld;
+        float m = z[0];
+        for (int j = lane; j < C; j += 32) m = fmaxf(m, z[j]);
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        float s = 0.f;
+        for (int j = lane; j < C; j += 32) s += __expf(z[j] - m);
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        float lse = m + logf(s);
+        long long y = (long long)labels[row];
+        bool ok = y >= 0 && y < C;
+        if (!ok && lane == 0) atomicOr(bad, 1);
+        float* g = grad + row * gld;
+        for (int j = lane; j < C; j += 32) {
+            float p = __expf(z[j] - lse);
+            g[j] = (p - (j == y ? 1.f : 0.f)) * grad_scale;
+        }
+        if (lane == 0 && ok) mine += lse - z[y];
+    }
+    finish_sum(mine, partial, done, loss, loss_scale);
+}
+
+extern "C" __global__ void softmax_xent_i32(const float* logits, long long ld, const int* labels,
+        float* grad, long long gld, int B, int C, float grad_scale, float loss_scale,
+        float* partial, unsigned int* done, float* loss, int* bad) {
+    softmax_xent<int>(logits, ld, labels, grad, gld, B, C, grad_scale, loss_scale, partial, done, loss, bad);
+}
+
+extern "C" __global__ void softmax_xent_i64(const float* logits, long long ld, const long long* labels,
+        float* grad, long long gld, int B, int C, float grad_scale, float loss_scale,
+        float* partial, unsigned int* done, float* loss, int* bad) {
+    softmax_xent<long long>(logits, ld, labels, grad, gld, B, C, grad_scale, loss_scale, partial, done, loss, bad);
+}
+
+// Mean squared error: loss = mean((y - t)^2); grad = 2 (y - t) / n.
+extern "C" __global__ void mse(const float* y, long long yld, const float* t, long long tld, float* grad,
+        long long gld, int B, int C, float grad_scale, float loss_scale,
+        float* partial, unsigned int* done, float* loss) {
+    long long n = (long long)B * C;
+    float mine = 0.f;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        long long r = i / C, c = i % C;
+        float d = y[r * yld + c] - t[r * tld + c];
+        grad[r * gld + c] = grad_scale * d;
+        mine += d * d;
+    }
+    finish_sum(mine, partial, done, loss, loss_scale);
+}
+
+// The learning rate at step t (1-based) of a schedule: 0 constant, 1 linear decay to
+// final_factor at total, 2 cosine to final_factor at total; a linear warm-up over the first
+// `warmup` steps in each.
+__device__ float scheduled_lr(float lr, int t, int kind, int warmup, int total, float final_factor) {
+    float f = 1.f;
+    if (warmup > 0 && t <= warmup) return lr * (float)t / (float)warmup;
+    if (kind != 0 && total > warmup) {
+        float p = fminf(1.f, (float)(t - warmup) / (float)(total - warmup));
+        float shape = kind == 1 ? 1.f - p : 0.5f * (1.f + cospif(p));
+        f = final_factor + (1.f - final_factor) * shape;
+    }
+    return lr * f;
+}
+
+__device__ void advance_step(int* step, unsigned int* done) {
+    if (last_block_done(done) && threadIdx.x == 0) {
+        *step += 1;
+        *done = 0u;
+    }
+}
+
+// SGD as torch.optim.SGD: d = g + wd p; buf = momentum buf + (1 - dampening) d (buf = d at the
+// first step); d = nesterov ? d + momentum buf : buf; p -= lr d.
+extern "C" __global__ void sgd(float* p, const float* g, float* buf, long long n, const float* lr_ptr,
+        int* step, float momentum, float dampening, float weight_decay, int nesterov,
+        int kind, int warmup, int total, float final_factor, unsigned int* done) {
+    int t = *step + 1;
+    float lr = scheduled_lr(*lr_ptr, t, kind, warmup, total, final_factor);
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        float d = g[i];
+        if (weight_decay != 0.f) d += weight_decay * p[i];
+        if (momentum != 0.f) {
+            float b = t == 1 ? d : momentum * buf[i] + (1.f - dampening) * d;
+            buf[i] = b;
+            d = nesterov ? d + momentum * b : b;
+        }
+        p[i] -= lr * d;
+    }
+    advance_step(step, done);
+}
+
+// Adam and AdamW as torch.optim.Adam / AdamW (decoupled=1: p *= 1 - lr wd first; else the
+// decay joins the gradient).
+extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, long long n,
+        const float* lr_ptr, int* step, float beta1, float beta2, float eps, float weight_decay,
+        int decoupled, int kind, int warmup, int total, float final_factor, unsigned int* done) {
+    int t = *step + 1;
+    float lr = scheduled_lr(*lr_ptr, t, kind, warmup, total, final_factor);
+    float bc1 = 1.f - powf(beta1, (float)t), bc2_sqrt = sqrtf(1.f - powf(beta2, (float)t));
+    float step_size = lr / bc1;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        float gi = g[i], pi = p[i];
+        if (weight_decay != 0.f) {
+            if (decoupled) pi *= 1.f - lr * weight_decay;
+            else gi += weight_decay * pi;
+        }
+        float mi = beta1 * m[i] + (1.f - beta1) * gi;
+        float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        p[i] = pi - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+    }
+    advance_step(step, done);
+}
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def _module(device_id):
+    # One module per device: CuPy loads a RawModule on the device current at first use.
+    return cp.RawModule(code=_SOURCE, options=("-std=c++17",), name_expressions=None)
+
+
+def kernel(name):
+    """The compiled kernel `name` for the current device."""
+    return _module(cp.cuda.Device().id).get_function(name)
+
+
+def launch(name, blocks, args, stream):
+    """Launch kernel `name` with `blocks` blocks of THREADS threads on `stream` (a CuPy stream)."""
+    with stream:
+        kernel(name)((blocks,), (THREADS,), args)
+
+
+def grid_for(n, threads=THREADS):
+    """Blocks for a grid-stride loop over n items (at least one, at most MAX_BLOCKS)."""
+    return max(1, min(MAX_BLOCKS, (int(n) + threads - 1) // threads))

@@ -1,0 +1,351 @@
+"""Dense layers and MLPs on cygemm's fused forward and backward.
+
+A layer's parameters and their gradients are views into flat buffers (one for parameters, one
+for gradients, at the same offsets): an optimizer updates a whole model in one launch. After
+``bind(batch)`` every buffer a step needs exists, and ``forward``/``backward`` allocate
+nothing, so a step can be captured into a CUDA graph.
+"""
+import cupy as cp
+import numpy as np
+
+from cygemm.epilogues import activation_table, parse_activation
+from cygemm.gemm_ops import backward_into, forward, forward_into
+
+__all__ = ["Dense", "MLP"]
+
+_FROM_OUTPUT = {row["name"] for row in activation_table() if row["grad_from_output"]}
+_CANONICAL = {row["code"]: row["name"] for row in activation_table()}
+
+
+def _activation(act, name="act"):
+    if act is None:
+        return "none"
+    try:
+        return _CANONICAL[parse_activation(act)]
+    except ValueError as exc:
+        raise ValueError(f"{name}: {str(exc).split(': ', 1)[1]}") from None
+
+
+def _float32(dtype):
+    if np.dtype(dtype) != np.float32:
+        raise TypeError(f"dtype: cygemm.nn trains in float32, got {np.dtype(dtype).name}")
+    return np.float32
+
+
+def _math(math_):
+    if math_ not in ("tf32", "fp32"):
+        raise ValueError(f"math: expected 'tf32' or 'fp32', got {math_!r}")
+    return math_
+
+
+def _stream_of(stream):
+    if stream is None:
+        return cp.cuda.get_current_stream()
+    if isinstance(stream, cp.cuda.Stream) or isinstance(stream, cp.cuda.ExternalStream):
+        return stream
+    return cp.cuda.ExternalStream(int(stream))
+
+
+def _check_array(x, name, shape, dtype=np.float32):
+    if not isinstance(x, cp.ndarray):
+        raise TypeError(f"{name}: expected a CuPy array of shape {shape}, got {type(x).__name__} "
+                        "(move host data with cp.asarray, or pass it to the compiled step)")
+    if tuple(x.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
+    if x.dtype != dtype:
+        raise TypeError(f"{name}: expected {np.dtype(dtype).name}, got {x.dtype.name}")
+
+
+class _FlatStorage:
+    """Parameters and gradients of one or more layers: two flat float32 buffers."""
+
+    def __init__(self, size):
+        self.params = cp.empty(size, np.float32)
+        self.grads = cp.zeros(size, np.float32)
+
+
+class Dense:
+    """A dense layer: ``y = act(x @ weight.T + bias)``, trained through cygemm's fused kernels.
+
+    Parameters
+    ----------
+    in_features, out_features : int
+        Sizes of the input and output rows.
+    act : str or None
+        The activation after the bias: "relu" (default), "none" (or None), "leaky_relu",
+        "gelu", "gelu_erf", "sigmoid", "tanh", "silu".
+    bias : bool
+        Whether the layer has a bias.
+    dtype : str
+        "float32" (the only one trained here).
+    math : {"tf32", "fp32"}
+        The GEMMs' math mode.
+    seed : int, numpy.random.Generator or None
+        Seeds the initialisation: torch's default for ``nn.Linear``, weight and bias uniform in
+        ±1/sqrt(in_features).
+
+    Attributes
+    ----------
+    weight : cupy.ndarray (out_features, in_features)
+        Stored as ``torch.nn.Linear.weight`` is; assigning an array copies into it.
+    bias : cupy.ndarray (out_features,) or None
+    weight_grad, bias_grad : cupy.ndarray
+        The gradients the last ``backward`` wrote.
+    y : cupy.ndarray (batch, out_features)
+        The output of the last ``forward`` (after ``bind``).
+
+    Examples
+    --------
+    >>> layer = cygemm.nn.Dense(64, 32, act="relu", seed=0)   # doctest: +SKIP
+    >>> layer.bind(128)                                      # doctest: +SKIP
+    >>> y = layer.forward(x)                                 # doctest: +SKIP
+    >>> gx = layer.backward(gy)                              # doctest: +SKIP
+    """
+
+    def __init__(self, in_features, out_features, act="relu", bias=True, dtype="float32", math="tf32",
+                 seed=None):
+        for name, v in (("in_features", in_features), ("out_features", out_features)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name}: expected a positive int, got {v!r}")
+        self.in_features, self.out_features = int(in_features), int(out_features)
+        self.act = _activation(act)
+        self.has_bias = bool(bias)
+        self.dtype = _float32(dtype)
+        self.math = _math(math)
+        self.needs_input_grad = True
+        self.batch = None
+        self.stream = None
+        self.n_params = self.out_features * self.in_features + (self.out_features if self.has_bias else 0)
+        self._home(_FlatStorage(self.n_params), 0)
+        rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        bound = 1.0 / np.sqrt(self.in_features)
+        self.weight[...] = cp.asarray(rng.uniform(-bound, bound, (self.out_features, self.in_features))
+                                      .astype(np.float32))
+        if self.has_bias:
+            self.bias[...] = cp.asarray(rng.uniform(-bound, bound, self.out_features).astype(np.float32))
+
+    # ---------------------------------------------------------------- parameters
+
+    def _home(self, storage, offset):
+        """Place the parameters at `offset` of `storage` (keeping their values if any)."""
+        old = (self._weight, self._bias) if hasattr(self, "_weight") else None
+        nw = self.out_features * self.in_features
+        shape = (self.out_features, self.in_features)
+        self.storage, self.offset = storage, offset
+        self._weight = storage.params[offset:offset + nw].reshape(shape)
+        self._weight_grad = storage.grads[offset:offset + nw].reshape(shape)
+        if self.has_bias:
+            self._bias = storage.params[offset + nw:offset + nw + self.out_features]
+            self._bias_grad = storage.grads[offset + nw:offset + nw + self.out_features]
+        else:
+            self._bias = self._bias_grad = None
+        if old is not None:
+            self._weight[...] = old[0]
+            if self.has_bias:
+                self._bias[...] = old[1]
+
+    @property
+    def weight(self):
+        return self._weight
+
+    @weight.setter
+    def weight(self, value):
+        self._weight[...] = self._as_param(value, "weight", self._weight.shape)
+
+    @property
+    def bias(self):
+        return self._bias
+
+    @bias.setter
+    def bias(self, value):
+        if not self.has_bias:
+            raise ValueError("bias: this layer was made with bias=False")
+        self._bias[...] = self._as_param(value, "bias", self._bias.shape)
+
+    @property
+    def weight_grad(self):
+        return self._weight_grad
+
+    @property
+    def bias_grad(self):
+        return self._bias_grad
+
+    @staticmethod
+    def _as_param(value, name, shape):
+        arr = cp.asarray(value, dtype=np.float32)
+        if arr.shape != shape:
+            raise ValueError(f"{name}: expected shape {shape}, got {arr.shape}")
+        return arr
+
+    @property
+    def flat_parameters(self):
+        """The parameters as one flat array (a view of the storage), for an optimizer."""
+        return self.storage.params[self.offset:self.offset + self.n_params]
+
+    @property
+    def flat_gradients(self):
+        return self.storage.grads[self.offset:self.offset + self.n_params]
+
+    def load_torch(self, linear):
+        """Copy a ``torch.nn.Linear``'s weight and bias (same shapes) into this layer."""
+        w = linear.weight.detach()
+        self.weight = cp.from_dlpack(w.contiguous().float())
+        if self.has_bias:
+            if linear.bias is None:
+                raise ValueError("linear: has no bias, this layer has one")
+            self.bias = cp.from_dlpack(linear.bias.detach().contiguous().float())
+        cp.cuda.get_current_stream().synchronize()
+
+    # ---------------------------------------------------------------- buffers
+
+    def bind(self, batch, stream=None):
+        """Allocate every buffer of a step for `batch` rows, on `stream` (which forward and
+        backward then use). Rebinding to another batch size or stream allocates anew."""
+        if not isinstance(batch, (int, np.integer)) or isinstance(batch, bool) or batch < 1:
+            raise ValueError(f"batch: expected a positive int, got {batch!r}")
+        self.batch, self.stream = int(batch), _stream_of(stream)
+        M, N = self.batch, self.out_features
+        self._save_z = self.act not in _FROM_OUTPUT and self.act != "none"
+        with self.stream:
+            self.y = cp.empty((M, N), np.float32)
+            self.z = cp.empty((M, N), np.float32) if self._save_z else None
+            self.dz = cp.empty((M, N), np.float32) if self.act != "none" else None
+            self.gx = cp.empty((M, self.in_features), np.float32) if self.needs_input_grad else None
+        self._x = None
+        return self
+
+    def _require_bound(self, what):
+        if self.batch is None:
+            raise RuntimeError(f"{what}: call bind(batch) first (it allocates the layer's buffers)")
+
+    def forward(self, x):
+        """``y = act(x @ weight.T + bias)`` into ``self.y``; x is (batch, in_features) float32.
+        Keeps a reference to x for backward. Returns ``self.y``."""
+        self._require_bound("forward")
+        _check_array(x, "x", (self.batch, self.in_features))
+        forward_into(x, self._weight.T, self.y, self._bias, with_bias=self.has_bias, act=self.act,
+                     save_z=self._save_z, z_out=self.z, math=self.math, stream=self.stream.ptr)
+        self._x = x
+        return self.y
+
+    def predict(self, x, stream=None):
+        """The layer's output for any number of rows, in a new array (for evaluation: it
+        allocates, and keeps nothing for backward)."""
+        if not isinstance(x, cp.ndarray) or x.ndim != 2 or x.shape[1] != self.in_features:
+            raise ValueError(f"x: expected a CuPy array (rows, {self.in_features}), got "
+                             f"{getattr(x, 'shape', type(x).__name__)}")
+        s = _stream_of(stream if stream is not None else self.stream)
+        return forward(x, self._weight.T, self._bias, with_bias=self.has_bias, act=self.act, math=self.math,
+                       stream=s.ptr)[0]
+
+    def backward(self, gy):
+        """Gradients for ``gy`` = dL/dy: writes ``weight_grad``, ``bias_grad`` and (unless
+        ``needs_input_grad`` is False) dL/dx, which it returns (else None)."""
+        self._require_bound("backward")
+        if self._x is None:
+            raise RuntimeError("backward: call forward first (backward reads its input and output)")
+        _check_array(gy, "gy", (self.batch, self.out_features))
+        backward_into(self._x, self._weight.T, gy, self.z, y=None if self._save_z else
+                      (self.y if self.act != "none" else None),
+                      with_bias=self.has_bias, act=self.act, gA_out=self.gx, gB_out=self._weight_grad.T,
+                      gBias_out=self._bias_grad, work_dZ=self.dz, math=self.math, stream=self.stream.ptr)
+        return self.gx
+
+    def __repr__(self):
+        return (f"Dense({self.in_features}, {self.out_features}, act={self.act!r}, bias={self.has_bias}, "
+                f"math={self.math!r})")
+
+
+class MLP:
+    """A chain of :class:`Dense` layers whose parameters share one flat buffer.
+
+    Parameters
+    ----------
+    sizes : sequence of int
+        ``[d0, d1, ..., dn]``: n layers, di -> d(i+1).
+    act : str
+        The activation of every layer but the last.
+    out_act : str or None
+        The last layer's activation (None: none, as logits for a loss).
+    bias, dtype, math : as :class:`Dense`
+    seed : int or None
+        One generator initialises the layers in order.
+
+    Examples
+    --------
+    >>> model = cygemm.nn.MLP([64, 128, 10], act="relu", seed=0)   # doctest: +SKIP
+    >>> model.bind(32)                                            # doctest: +SKIP
+    >>> logits = model.forward(x)                                 # doctest: +SKIP
+    """
+
+    def __init__(self, sizes, act="relu", out_act=None, bias=True, dtype="float32", math="tf32", seed=None):
+        sizes = list(sizes)
+        if len(sizes) < 2:
+            raise ValueError(f"sizes: expected at least two sizes (one layer), got {sizes}")
+        rng = np.random.default_rng(seed)
+        self.layers = [Dense(i, o, act=act if k < len(sizes) - 2 else out_act, bias=bias, dtype=dtype,
+                             math=math, seed=rng) for k, (i, o) in enumerate(zip(sizes[:-1], sizes[1:]))]
+        self.layers[0].needs_input_grad = False
+        self.sizes = sizes
+        storage = _FlatStorage(sum(layer.n_params for layer in self.layers))
+        offset = 0
+        for layer in self.layers:
+            layer._home(storage, offset)
+            offset += layer.n_params
+        self.storage = storage
+        self.batch = None
+        self.stream = None
+
+    @property
+    def in_features(self):
+        return self.sizes[0]
+
+    @property
+    def out_features(self):
+        return self.sizes[-1]
+
+    @property
+    def flat_parameters(self):
+        """Every parameter, as one flat float32 array (layer by layer: weight, then bias)."""
+        return self.storage.params
+
+    @property
+    def flat_gradients(self):
+        return self.storage.grads
+
+    def bind(self, batch, stream=None):
+        """Bind every layer to `batch` rows on `stream` (see :meth:`Dense.bind`)."""
+        for layer in self.layers:
+            layer.bind(batch, stream)
+        self.batch, self.stream = self.layers[0].batch, self.layers[0].stream
+        return self
+
+    def forward(self, x):
+        """The output of the last layer (its ``y`` buffer)."""
+        for layer in self.layers:
+            x = layer.forward(x)
+        return x
+
+    def predict(self, x, stream=None):
+        """The model's output for any number of rows, in new arrays (for evaluation)."""
+        for layer in self.layers:
+            x = layer.predict(x, stream)
+        return x
+
+    def backward(self, gy):
+        """Back-propagate dL/d(output) through every layer, writing every gradient."""
+        for layer in reversed(self.layers):
+            gy = layer.backward(gy)
+        return gy
+
+    def load_torch(self, linears):
+        """Copy the weights of a sequence of ``torch.nn.Linear`` (or an ``nn.Sequential``, whose
+        Linear modules are taken in order) into the layers."""
+        linears = [m for m in linears if type(m).__name__ == "Linear"]
+        if len(linears) != len(self.layers):
+            raise ValueError(f"linears: expected {len(self.layers)} Linear modules, got {len(linears)}")
+        for layer, lin in zip(self.layers, linears):
+            layer.load_torch(lin)
+
+    def __repr__(self):
+        return "MLP(" + ", ".join(repr(layer) for layer in self.layers) + ")"
