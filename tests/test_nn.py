@@ -217,10 +217,13 @@ def test_schedule_runs_on_the_device_inside_a_graph():
     s = cp.cuda.Stream(non_blocking=True)
     opt = nn.SGD(model, lr=1.0, schedule="cosine", total_steps=10, warmup_steps=2, stream=s)
     model.flat_gradients.fill(1.0)
-    s.synchronize()
+    cp.cuda.Device().synchronize()
+    from cygemm.nn import _kernels
+    _kernels.kernel("sgd")                           # compiled and loaded before the capture
     with cygemm.graph.capture(s) as g:
         opt.step()
     p = [model.flat_parameters.get()[0]]
+    assert g.num_nodes == 1                          # the update is one kernel
     for _ in range(10):
         g.launch(s)
         s.synchronize()

@@ -59,8 +59,9 @@ class ArrayBackend:
 
     def sum_squares(self, x):
         """Sum of x's squared elements (an L2 term), a 0-d array."""
-        flat = x.reshape(-1)
-        return self.dot(flat, flat)
+        with self._on():
+            flat = x.reshape(-1)
+            return self.dot(flat, flat)
 
     def l2_normalize(self, x, axis=-1, eps=1e-12):
         """x / max(||x||_2 along axis, eps)."""

@@ -18,7 +18,7 @@ extern "C" __global__ void {name}(const {T}* x, {T}* y, long long rows, int cols
         {T} s = 0;
         for (int j = lane; j < cols; j += 32) s += exp(xr[j] - m);
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        {T} lse = m + log(s);
+        {T} log_s = log(s);
         for (int j = lane; j < cols; j += 32) yr[j] = {expr};
     }}
 }}
@@ -31,7 +31,9 @@ _C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 def _row_kernel(kind, dtype, device_id):
     T = _C_TYPES[np.dtype(dtype)]
     name = f"cygemm_{kind}_{T}"
-    expr = "exp(xr[j] - lse)" if kind == "softmax" else "xr[j] - lse"
+    # (x - m) is exact for the row's largest values; subtracting log(s) after keeps their
+    # small results accurate (x - (m + log s) would lose half an ulp of m).
+    expr = "exp(xr[j] - m) / s" if kind == "softmax" else "(xr[j] - m) - log_s"
     return cp.RawKernel(_ROW_TEMPLATE.format(name=name, T=T, expr=expr), name)
 
 

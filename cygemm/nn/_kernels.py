@@ -67,7 +67,7 @@ __device__ void softmax_xent(const float* logits, long long ld, const L* labels,
         for (int j = lane; j < C; j += 32) m = fmaxf(m, z[j]);
         for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
         float s = 0.f;
-        for (int j = lane; j < C; j += 32) s += __expf(z[j] - m);
+        for (int j = lane; j < C; j += 32) s += expf(z[j] - m);
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         float lse = m + logf(s);
         long long y = (long long)labels[row];
@@ -75,7 +75,7 @@ __device__ void softmax_xent(const float* logits, long long ld, const L* labels,
         if (!ok && lane == 0) atomicOr(bad, 1);
         float* g = grad + row * gld;
         for (int j = lane; j < C; j += 32) {
-            float p = __expf(z[j] - lse);
+            float p = expf(z[j] - lse);
             g[j] = (p - (j == y ? 1.f : 0.f)) * grad_scale;
         }
         if (lane == 0 && ok) mine += lse - z[y];

@@ -188,13 +188,17 @@ class Dense:
 
     def load_torch(self, linear):
         """Copy a ``torch.nn.Linear``'s weight and bias (same shapes) into this layer."""
-        w = linear.weight.detach()
-        self.weight = cp.from_dlpack(w.contiguous().float())
+        if self.has_bias and linear.bias is None:
+            raise ValueError("linear: has no bias, this layer has one")
+        # The tensors stay referenced until the copies from them have finished.
+        w = linear.weight.detach().contiguous().float()
+        b = linear.bias.detach().contiguous().float() if self.has_bias else None
+        import torch
+        torch.cuda.synchronize()
+        self.weight = cp.from_dlpack(w)
         if self.has_bias:
-            if linear.bias is None:
-                raise ValueError("linear: has no bias, this layer has one")
-            self.bias = cp.from_dlpack(linear.bias.detach().contiguous().float())
-        cp.cuda.get_current_stream().synchronize()
+            self.bias = cp.from_dlpack(b)
+        cp.cuda.Device().synchronize()
 
     # ---------------------------------------------------------------- buffers
 

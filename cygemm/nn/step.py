@@ -71,8 +71,8 @@ class TrainStep:
         self.loss = loss.loss
         self.graph = None
         self.eager = bool(eager)
+        cp.cuda.Device().synchronize()           # parameters and state were written on other streams
         if not self.eager:
-            cp.cuda.Device().synchronize()       # the state may have been written on another stream
             with self.stream:
                 saved = [a.copy() for a in optimizer.state()]      # the warm-up must change nothing
                 self._run()
