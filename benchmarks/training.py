@@ -2,9 +2,9 @@
 sections: cygemm.nn (captured and eager) against CuPy's unfused operations, torch eager and a
 torch CUDA graph with torch's fused optimizer; CUDABackend against CuPy-only code of the same
 algorithms and NumPy."""
+import os
 import statistics
 import sys
-import os
 import time
 
 import cupy as cp
@@ -15,11 +15,6 @@ from common import host_us
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
-
-
-def wall_us(fn, sync, steps):
-    vals = [host_us(fn, sync, calls=steps, reps=1, warmup=20) for _ in range(5)]
-    return statistics.median(vals), min(vals), max(vals)
 
 
 def _batch(sizes, batch, seed=0):
