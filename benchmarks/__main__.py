@@ -626,18 +626,14 @@ def torch_mlp_steps(s, sizes, batch):
     def eager():
         with torch.cuda.stream(ts):
             step()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    opt.zero_grad(set_to_none=True)
-    with torch.cuda.graph(g):
+    def captured():
         loss_fn(model(x), t).backward()
         opt.step()
-    torch.cuda.synchronize()
+
+    def warm_then_clear():
+        step()
+        opt.zero_grad(set_to_none=True)       # the graph's backward allocates its own gradients
+    g = C.torch_cuda_graph(warm_then_clear, captured)
 
     def replay():
         with torch.cuda.stream(ts):

@@ -160,3 +160,19 @@ def batched_contenders(A, B, C, prec, stream):
     except Exception as exc:   # e.g. a broadcast layout nvmath does not take
         out["nvmath Matmul"] = Skip(f"{type(exc).__name__}: {str(exc)[:120]}")
     return out
+
+
+def torch_cuda_graph(warm, capture=None, rounds=3):
+    """A torch.cuda.CUDAGraph of `capture` (default: `warm`), after `rounds` runs of `warm` on a
+    side stream, as torch's documentation prescribes before capturing."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(rounds):
+            warm()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        (capture or warm)()
+    torch.cuda.synchronize()
+    return g

@@ -103,16 +103,7 @@ def torch_steps(sizes, batch, opt_name, x, y, s):
                     step()
             out["torch eager (fused optimizer)"] = eager
             continue
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                step()
-        torch.cuda.current_stream().wait_stream(side)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            step()
-        torch.cuda.synchronize()
+        g = C.torch_cuda_graph(step)
 
         def replay(g=g):
             with torch.cuda.stream(ts):

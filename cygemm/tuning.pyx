@@ -533,6 +533,11 @@ def force_routes(**routes):
     _routes_changed()
 
 
+def forced_routes():
+    """The routes forced now, kind -> name: ``force_routes(**forced_routes())`` restores them."""
+    return dict(_forced_routes)
+
+
 cdef object forced_route(str kind):
     return _forced_routes.get(kind) if _forced_routes else None
 

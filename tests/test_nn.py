@@ -352,3 +352,22 @@ def test_bad_input_is_refused_before_anything_is_written():
         nn.Dense(4, 3, dtype="float16")
     with pytest.raises(ValueError, match="lr: expected a finite number"):
         nn.SGD(model, lr=-1)
+
+
+def test_compile_step_keeps_a_forced_backward_route_and_restores_the_forcing():
+    import cygemm.nn as nn
+    from cygemm import tuning
+    try:
+        tuning.force_routes(backward="serial")
+        _, step = _model_and_step(nn, False, 0)
+        assert step.backward_route == "serial"
+        assert tuning.forced_routes() == {"backward": "serial"}
+        tuning.force_routes(backward="branches")
+        _, step = _model_and_step(nn, False, 0)
+        assert step.backward_route == "branches"
+        assert len(step.graph.edges) > step.graph.num_nodes - 1     # the branches fork
+    finally:
+        tuning.force_routes()
+    _, step = _model_and_step(nn, False, 0)
+    assert step.backward_route in ("serial", "branches")
+    assert tuning.forced_routes() == {}

@@ -3,6 +3,7 @@ import cupy as cp
 import numpy as np
 
 import cygemm.graph
+from cygemm import tuning
 from cygemm.nn.layers import _stream_of
 from cygemm.nn.losses import SoftmaxCrossEntropy, _check_labels_host
 
@@ -34,8 +35,11 @@ def compile_step(model, loss, optimizer, batch, *, stream=None, eager=False):
     Notes
     -----
     Capturing needs the step's plans and workspaces made first, so the step runs once eagerly
-    at compile time on a copy of the parameters and optimizer state, which are then restored:
-    compiling changes nothing.
+    at compile time. It is captured twice, with the layers' backward GEMMs in sequence and on
+    two branches, and the graph whose replays are faster is kept (a forced backward route,
+    :func:`cygemm.tuning.force_routes`, is captured alone). All of this works on a copy of the
+    parameters and optimizer state, which are then restored: compiling changes nothing. Like
+    ``force_routes``, it clears the calling thread's cached plans (not the tuning).
     """
     return TrainStep(model, loss, optimizer, batch, stream=stream, eager=eager)
 
@@ -52,6 +56,9 @@ class TrainStep:
         The 0-d device array the step writes its loss to.
     graph : cygemm.graph.Graph or None
         The captured step (None with ``eager=True``).
+    backward_route : str or None
+        The layers' backward route in the graph, "serial" or "branches" (the weight gradient on
+        a forked stream): the faster of the two captured, unless one was forced.
     """
 
     def __init__(self, model, loss, optimizer, batch, *, stream=None, eager=False):
@@ -71,18 +78,53 @@ class TrainStep:
         self.loss = loss.loss
         self.graph = None
         self.eager = bool(eager)
+        self.backward_route = None
         cp.cuda.Device().synchronize()           # parameters and state were written on other streams
         if not self.eager:
-            with self.stream:
-                saved = [a.copy() for a in optimizer.state()]      # the warm-up must change nothing
-                self._run()
-                for a, s in zip(optimizer.state(), saved):
-                    a[...] = s
-            self.stream.synchronize()
-            with cygemm.graph.capture(self.stream) as g:
-                self._run()
-            self.graph = g
-            self.stream.synchronize()
+            self.graph, self.backward_route = self._capture()
+
+    def _capture(self):
+        """Capture the step. Unless a backward route is forced (cygemm.tuning.force_routes),
+        capture it with each route and keep the graph whose replays are fastest: a route's
+        eager timing pays for the events that fork and join its branches, which a graph turns
+        into free edges. Every run here works on a copy of the state, restored at the end."""
+        state = self.optimizer.state()
+        with self.stream:
+            saved = [a.copy() for a in state]
+        forced = tuning.forced_routes()
+        routes = [forced["backward"]] if "backward" in forced else ["serial", "branches"]
+        graphs = []
+        try:
+            for route in routes:
+                if len(routes) > 1:
+                    tuning.force_routes(**dict(forced, backward=route))
+                with self.stream:
+                    self._run()              # the route's plans and workspaces, before capture
+                self.stream.synchronize()
+                with cygemm.graph.capture(self.stream) as g:
+                    self._run()
+                graphs.append((g, route))
+        finally:
+            if len(routes) > 1:
+                tuning.force_routes(**forced)
+        best = graphs[0] if len(graphs) == 1 else graphs[int(np.argmin([self._replay_ms(g) for g, _ in graphs]))]
+        with self.stream:
+            for a, s in zip(state, saved):
+                a[...] = s
+        self.stream.synchronize()
+        return best
+
+    def _replay_ms(self, graph, warmup=3, reps=20):
+        """GPU time of `reps` back-to-back replays of `graph`, in ms."""
+        for _ in range(warmup):
+            graph.launch(self.stream)
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record(self.stream)
+        for _ in range(reps):
+            graph.launch(self.stream)
+        end.record(self.stream)
+        end.synchronize()
+        return cp.cuda.get_elapsed_time(start, end)
 
     def _run(self):
         out = self.model.forward(self.x)
