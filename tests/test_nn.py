@@ -371,3 +371,43 @@ def test_compile_step_keeps_a_forced_backward_route_and_restores_the_forcing():
     _, step = _model_and_step(nn, False, 0)
     assert step.backward_route in ("serial", "branches")
     assert tuning.forced_routes() == {}
+
+
+def test_cross_entropy_sums_the_bias_gradient_in_its_kernel():
+    import cupy as cp
+    import cygemm.nn as nn
+    rng = np.random.default_rng()
+    for B, C in ((5, 3), (300, 10), (1000, 1024)):
+        loss = nn.SoftmaxCrossEntropy().bind(B, C)
+        z = cp.asarray(rng.standard_normal((B, C)).astype(np.float32) * 4)
+        labels = cp.asarray(rng.integers(0, C, B).astype(np.int32))
+        bias_grad = cp.full(C, cp.nan, np.float32)
+        loss(z, labels, bias_grad=bias_grad)
+        ref = f64(cp, loss.grad).sum(axis=0)
+        assert np.abs(f64(cp, bias_grad) - ref).max() <= 1e-6 * max(1.0, np.abs(ref).max())
+    with pytest.raises(ValueError, match="bias_grad: fused for at most 1024 classes"):
+        nn.SoftmaxCrossEntropy().bind(4, 1025)(cp.zeros((4, 1025), cp.float32), cp.zeros(4, cp.int32),
+                                               bias_grad=cp.zeros(1025, cp.float32))
+
+
+@pytest.mark.parametrize("sizes", [(20, 32, 5), (20, 16)])
+def test_compiled_step_equals_forward_loss_backward_update_by_hand(sizes):
+    """The compiled step sums the last bias gradient in the loss's kernel; by hand, the layer
+    does: one SGD step must give the same parameters."""
+    import cupy as cp
+    import cygemm.nn as nn
+    rng = np.random.default_rng()
+    x = rng.standard_normal((16, sizes[0])).astype(np.float32)
+    y = rng.integers(0, sizes[-1], 16)
+    m1 = nn.MLP(list(sizes), seed=5, math="fp32")
+    step = nn.compile_step(m1, nn.SoftmaxCrossEntropy(), nn.SGD(m1, lr=0.5), batch=16)
+    assert step._fused_bias is not None
+    step(x, y)
+    m2 = nn.MLP(list(sizes), seed=5, math="fp32").bind(16)
+    loss = nn.SoftmaxCrossEntropy()
+    loss(m2.forward(cp.asarray(x)), cp.asarray(y))
+    m2.flat_gradients.fill(cp.nan)
+    m2.backward(loss.grad)
+    m2.flat_parameters[...] -= 0.5 * m2.flat_gradients
+    cp.cuda.Device().synchronize()
+    assert np.abs(m1.flat_parameters.get() - m2.flat_parameters.get()).max() < 1e-6

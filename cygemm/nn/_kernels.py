@@ -55,11 +55,20 @@ __device__ void finish_sum(float mine, float* partial, unsigned int* done, float
 // Softmax cross-entropy, mean over rows: loss = mean(logsumexp(z) - z[y]);
 // grad = (softmax(z) - onehot(y)) * grad_scale. One warp per row; max-subtracted, so logits
 // of any finite size give finite results. A label outside [0, C) sets *bad and adds nothing.
+// With bias_grad (C floats; dynamic shared memory of warps * C floats, col_partial of
+// gridDim.x * C), also the column sums of grad: the gradient of the bias of the layer that
+// made the logits, which then needs no pass of its own.
 template <typename L>
 __device__ void softmax_xent(const float* logits, long long ld, const L* labels, float* grad,
                              long long gld, int B, int C, float grad_scale, float loss_scale,
-                             float* partial, unsigned int* done, float* loss, int* bad) {
+                             float* partial, unsigned int* done, float* loss, int* bad,
+                             float* col_partial, float* bias_grad) {
+    extern __shared__ float col_sums[];
     int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (bias_grad) {
+        for (int i = threadIdx.x; i < warps * C; i += blockDim.x) col_sums[i] = 0.f;
+        __syncthreads();
+    }
     float mine = 0.f;
     for (long long row = (long long)blockIdx.x * warps + warp; row < B; row += (long long)gridDim.x * warps) {
         const float* z = logits + row * ld;
@@ -76,23 +85,51 @@ __device__ void softmax_xent(const float* logits, long long ld, const L* labels,
         float* g = grad + row * gld;
         for (int j = lane; j < C; j += 32) {
             float p = expf(z[j] - lse);
-            g[j] = (p - (j == y ? 1.f : 0.f)) * grad_scale;
+            float gj = (p - (j == y ? 1.f : 0.f)) * grad_scale;
+            g[j] = gj;
+            if (bias_grad) col_sums[warp * C + j] += gj;       // this warp's own row of sums
         }
         if (lane == 0 && ok) mine += lse - z[y];
     }
-    finish_sum(mine, partial, done, loss, loss_scale);
+    float t = block_sum(mine);
+    if (threadIdx.x == 0) partial[blockIdx.x] = t;
+    if (bias_grad) {
+        __syncthreads();
+        for (int j = threadIdx.x; j < C; j += blockDim.x) {
+            float s = 0.f;
+            for (int w = 0; w < warps; ++w) s += col_sums[w * C + j];
+            col_partial[(long long)blockIdx.x * C + j] = s;
+        }
+    }
+    if (last_block_done(done)) {          // every block's partials are written: add them in order
+        if (threadIdx.x == 0) {
+            float total = 0.f;
+            for (unsigned int b = 0; b < gridDim.x; ++b) total += ((volatile float*)partial)[b];
+            *loss = total * loss_scale;
+        }
+        if (bias_grad)
+            for (int j = threadIdx.x; j < C; j += blockDim.x) {
+                float s = 0.f;
+                for (unsigned int b = 0; b < gridDim.x; ++b) s += ((volatile float*)col_partial)[(long long)b * C + j];
+                bias_grad[j] = s;
+            }
+        __syncthreads();
+        if (threadIdx.x == 0) *done = 0u;
+    }
 }
 
 extern "C" __global__ void softmax_xent_i32(const float* logits, long long ld, const int* labels,
         float* grad, long long gld, int B, int C, float grad_scale, float loss_scale,
-        float* partial, unsigned int* done, float* loss, int* bad) {
-    softmax_xent<int>(logits, ld, labels, grad, gld, B, C, grad_scale, loss_scale, partial, done, loss, bad);
+        float* partial, unsigned int* done, float* loss, int* bad, float* col_partial, float* bias_grad) {
+    softmax_xent<int>(logits, ld, labels, grad, gld, B, C, grad_scale, loss_scale, partial, done, loss, bad,
+                      col_partial, bias_grad);
 }
 
 extern "C" __global__ void softmax_xent_i64(const float* logits, long long ld, const long long* labels,
         float* grad, long long gld, int B, int C, float grad_scale, float loss_scale,
-        float* partial, unsigned int* done, float* loss, int* bad) {
-    softmax_xent<long long>(logits, ld, labels, grad, gld, B, C, grad_scale, loss_scale, partial, done, loss, bad);
+        float* partial, unsigned int* done, float* loss, int* bad, float* col_partial, float* bias_grad) {
+    softmax_xent<long long>(logits, ld, labels, grad, gld, B, C, grad_scale, loss_scale, partial, done, loss, bad,
+                            col_partial, bias_grad);
 }
 
 // Mean squared error: loss = mean((y - t)^2); grad = 2 (y - t) / n.
@@ -188,10 +225,10 @@ def kernel(name):
     return _module(cp.cuda.Device().id).get_function(name)
 
 
-def launch(name, blocks, args, stream):
+def launch(name, blocks, args, stream, shared_mem=0):
     """Launch kernel `name` with `blocks` blocks of THREADS threads on `stream` (a CuPy stream)."""
     with stream:
-        kernel(name)((blocks,), (THREADS,), args)
+        kernel(name)((blocks,), (THREADS,), args, shared_mem=shared_mem)
 
 
 def grid_for(n, threads=THREADS):

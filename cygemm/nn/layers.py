@@ -242,9 +242,10 @@ class Dense:
         return forward(x, self._weight.T, self._bias, with_bias=self.has_bias, act=self.act, math=self.math,
                        stream=s.ptr)[0]
 
-    def backward(self, gy):
-        """Gradients for ``gy`` = dL/dy: writes ``weight_grad``, ``bias_grad`` and (unless
-        ``needs_input_grad`` is False) dL/dx, which it returns (else None)."""
+    def backward(self, gy, bias_grad_done=False):
+        """Gradients for ``gy`` = dL/dy: writes ``weight_grad``, ``bias_grad`` (unless
+        `bias_grad_done`: a loss already wrote it) and (unless ``needs_input_grad`` is False)
+        dL/dx, which it returns (else None)."""
         self._require_bound("backward")
         if self._x is None:
             raise RuntimeError("backward: call forward first (backward reads its input and output)")
@@ -252,7 +253,7 @@ class Dense:
         backward_into(self._x, self._weight.T, gy, self.z, y=None if self._save_z else
                       (self.y if self.act != "none" else None),
                       with_bias=self.has_bias, act=self.act, gA_out=self.gx, gB_out=self._weight_grad.T,
-                      gBias_out=self._bias_grad, work_dZ=self.dz, math=self.math, stream=self.stream.ptr)
+                      gBias_out=None if bias_grad_done else self._bias_grad, work_dZ=self.dz, math=self.math, stream=self.stream.ptr)
         return self.gx
 
     def __repr__(self):
@@ -336,10 +337,11 @@ class MLP:
             x = layer.predict(x, stream)
         return x
 
-    def backward(self, gy):
-        """Back-propagate dL/d(output) through every layer, writing every gradient."""
-        for layer in reversed(self.layers):
-            gy = layer.backward(gy)
+    def backward(self, gy, last_bias_grad_done=False):
+        """Back-propagate dL/d(output) through every layer, writing every gradient (but the last
+        layer's bias gradient with `last_bias_grad_done`: a loss already wrote it)."""
+        for k, layer in enumerate(reversed(self.layers)):
+            gy = layer.backward(gy, bias_grad_done=last_bias_grad_done and k == 0)
         return gy
 
     def load_torch(self, linears):

@@ -8,6 +8,8 @@ from cygemm.nn.layers import _check_array, _stream_of
 
 __all__ = ["SoftmaxCrossEntropy", "MeanSquaredError"]
 
+_NULL = np.uint64(0)        # a null pointer argument (8 bytes by value, as a pointer is passed)
+
 
 class _Loss:
     """What both losses share: buffers made by ``bind``, the one-launch reduction."""
@@ -52,14 +54,28 @@ class SoftmaxCrossEntropy(_Loss):
     ``check=False`` to leave it to :meth:`check`, as a captured step does).
     """
     _pred_name = "logits"
+    # The largest C whose bias gradient the kernel sums too (its shared memory: 8 warps x C floats).
+    MAX_FUSED_BIAS_CLASSES = 1024
 
     def _grid(self):
         return max(1, min(_kernels.MAX_BLOCKS, (self.batch + 7) // 8))     # 8 warps a block, a row a warp
 
-    def __call__(self, logits, labels, check=True):
+    def __call__(self, logits, labels, check=True, bias_grad=None):
         """Loss (0-d device array) of `logits` against `labels`; the gradient goes to
-        ``self.grad``. Returns ``self.loss``."""
+        ``self.grad``, and with `bias_grad` (a (C,) float32 array, C at most
+        ``MAX_FUSED_BIAS_CLASSES``) its column sums too: the gradient of the bias of the layer
+        that made the logits, in the same kernel. Returns ``self.loss``."""
         self._ready(logits)
+        if bias_grad is not None:
+            if self.features > self.MAX_FUSED_BIAS_CLASSES:
+                raise ValueError(f"bias_grad: fused for at most {self.MAX_FUSED_BIAS_CLASSES} classes, got "
+                                 f"{self.features}")
+            _check_array(bias_grad, "bias_grad", (self.features,))
+            if bias_grad.strides[0] != 4:
+                raise ValueError(f"bias_grad: expected a contiguous array, got strides {bias_grad.strides}")
+            if getattr(self, "_col_partial", None) is None or self._col_partial.size != self._blocks * self.features:
+                with self.stream:
+                    self._col_partial = cp.empty(self._blocks * self.features, np.float32)
         if isinstance(labels, np.ndarray):
             _check_labels_host(labels, self.batch, self.features)
             with self.stream:
@@ -75,7 +91,9 @@ class SoftmaxCrossEntropy(_Loss):
         _kernels.launch(name, self._blocks, (
             logits, np.int64(logits.strides[0] // 4), labels, self.grad, np.int64(self.features),
             np.int32(self.batch), np.int32(self.features), np.float32(1.0 / self.batch),
-            np.float32(1.0 / self.batch), self._partial, self._done, self.loss, self._bad), self.stream)
+            np.float32(1.0 / self.batch), self._partial, self._done, self.loss, self._bad,
+            *((self._col_partial, bias_grad) if bias_grad is not None else (_NULL, _NULL))), self.stream,
+            shared_mem=(_kernels.THREADS // 32) * self.features * 4 if bias_grad is not None else 0)
         if check:
             self.check()
         return self.loss

@@ -76,6 +76,10 @@ class TrainStep:
             self.target = (cp.zeros(self.batch, np.int32) if self.classification
                            else cp.zeros((self.batch, model.out_features), np.float32))
         self.loss = loss.loss
+        last = model.layers[-1] if hasattr(model, "layers") else model
+        self._fused_bias = (last.bias_grad if self.classification and last.has_bias and last.act == "none"
+                            and model.out_features <= loss.MAX_FUSED_BIAS_CLASSES else None)
+        self._bias_done = {"last_bias_grad_done" if hasattr(model, "layers") else "bias_grad_done": True}
         self.graph = None
         self.eager = bool(eager)
         self.backward_route = None
@@ -128,8 +132,12 @@ class TrainStep:
 
     def _run(self):
         out = self.model.forward(self.x)
-        self.loss_fn(out, self.target, check=False)
-        self.model.backward(self.loss_fn.grad)
+        if self._fused_bias is not None:        # the loss's kernel sums the last bias gradient too
+            self.loss_fn(out, self.target, check=False, bias_grad=self._fused_bias)
+            self.model.backward(self.loss_fn.grad, **self._bias_done)
+        else:
+            self.loss_fn(out, self.target, check=False)
+            self.model.backward(self.loss_fn.grad)
         self.optimizer.step()
 
     def _load(self, x, target):
