@@ -27,8 +27,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MODULES = {"_errors": [], "_settings": [], "_streams": [], "_release": [], "_context": [], "_arrays": [],
            "_alloc": [], "_args": [],
            "tuning": ["cygemm/timing.cu"], "_launch": [], "_candidates": [], "plans": [], "rowmajor": [], "gemm_plan": [], "_batch_layout": [], "matmul": [],
-           "epilogues": [], "_layer": [], "fused": ["cygemm/kernels.cu"], "graph": []}
-HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h"]
+           "epilogues": [], "_layer": [], "fused": ["cygemm/kernels.cu"], "fp8": ["cygemm/fp8_kernels.cu"],
+           "graph": []}
+HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h",
+           "cygemm/include/cygemm/fp8_kernels.h"]
 RUNPATH = "$ORIGIN/../nvidia/cu13/lib"
 
 

@@ -4,7 +4,8 @@ without touching the GPU; and the geometry of views in memory (whether two overl
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
 
-from cygemm.cudart cimport cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F
+from cygemm.cudart cimport (cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F, CUDA_R_8F_E4M3,
+                            CUDA_R_8F_E5M2)
 from cygemm._types cimport MatrixView, ArrayDesc, MAX_NDIM, view_is_empty
 
 import numpy as _np
@@ -69,6 +70,10 @@ cdef object dtype_name(cudaDataType dtype):
         return "bfloat16"
     if dtype == CUDA_R_64F:
         return "float64"
+    if dtype == CUDA_R_8F_E4M3:
+        return "float8_e4m3"
+    if dtype == CUDA_R_8F_E5M2:
+        return "float8_e5m2"
     return f"cudaDataType {<int>dtype}"
 
 
@@ -160,20 +165,24 @@ cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, in
     a 1-D array is one row."""
     cdef ArrayDesc d
     read_array(x, &d, name, False)
-    cdef int ndim = d.ndim
+    return view_from_desc(&d, view, name, min_ndim, max_ndim)
+
+
+cdef int view_from_desc(const ArrayDesc* dp, MatrixView* view, str name, int min_ndim, int max_ndim) except -1:
+    cdef int ndim = dp.ndim
     if ndim < min_ndim or ndim > max_ndim:
         want = f"{min_ndim}-D" if min_ndim == max_ndim else f"{min_ndim}-D or {max_ndim}-D"
-        raise ValueError(f"{name}: expected a {want} array, got {ndim}-D with shape {desc_shape(&d)}")
-    view.ptr, view.itemsize, view.device, view.dtype = d.ptr, d.itemsize, d.device, d.dtype
+        raise ValueError(f"{name}: expected a {want} array, got {ndim}-D with shape {desc_shape(dp)}")
+    view.ptr, view.itemsize, view.device, view.dtype = dp.ptr, dp.itemsize, dp.device, dp.dtype
     if ndim == 1:                             # a vector is one row
-        view.rows, view.cols = 1, d.shape[0]
-        view.row_stride, view.col_stride = d.shape[0], d.strides[0]
+        view.rows, view.cols = 1, dp.shape[0]
+        view.row_stride, view.col_stride = dp.shape[0], dp.strides[0]
         view.batch, view.batch_stride = 1, 0
         return 0
-    view.rows, view.cols = d.shape[ndim - 2], d.shape[ndim - 1]
-    view.row_stride, view.col_stride = d.strides[ndim - 2], d.strides[ndim - 1]
+    view.rows, view.cols = dp.shape[ndim - 2], dp.shape[ndim - 1]
+    view.row_stride, view.col_stride = dp.strides[ndim - 2], dp.strides[ndim - 1]
     if ndim == 3:
-        view.batch, view.batch_stride = d.shape[0], d.strides[0]
+        view.batch, view.batch_stride = dp.shape[0], dp.strides[0]
     else:
         view.batch, view.batch_stride = 1, 0
     return 0
@@ -380,3 +389,65 @@ def arrays_overlap(x, y):
     view_from_object(x, &a, "x", 1, 3)
     view_from_object(y, &b, "y", 1, 3)
     return views_overlap(&a, &b)
+
+
+# ---------------------------------------------------------------- FP8 arrays
+
+FP8_FORMATS = {"e4m3": CUDA_R_8F_E4M3, "e5m2": CUDA_R_8F_E5M2}
+cdef dict _torch_fp8 = None
+
+
+cdef dict _torch_fp8_dtypes():
+    global _torch_fp8
+    if _torch_fp8 is None:
+        import torch
+        _torch_fp8 = {getattr(torch, "float8_e4m3fn", None): CUDA_R_8F_E4M3,
+                      getattr(torch, "float8_e5m2", None): CUDA_R_8F_E5M2, torch.uint8: None}
+        _torch_fp8.pop(None, None)
+    return _torch_fp8
+
+
+cdef int read_fp8(object x, ArrayDesc* d, str name, object fmt, str fmt_arg) except -1:
+    """Read an FP8 array: a torch float8_e4m3fn / float8_e5m2 tensor (its format from its
+    dtype), or uint8 bytes (CuPy, torch, __cuda_array_interface__) whose format `fmt` names."""
+    cdef object found = False         # None: bytes of either format; else the tensor's format
+    if fmt is not None and fmt not in FP8_FORMATS:
+        raise ValueError(f"{fmt_arg}: expected 'e4m3' or 'e5m2', got {fmt!r}")
+    if _cupy_ndarray is not None and type(x) is _cupy_ndarray:
+        if x.dtype.name != "uint8":
+            raise TypeError(f"{name}: expected FP8 bytes (a uint8 array, with {fmt_arg}=), got {x.dtype}")
+        mem = x.data
+        _fill_desc(d, name, mem.ptr, x.shape, x.strides, 1, mem.device_id)
+        found = None
+    elif (_torch_tensor is not None or (type(x).__module__.startswith("torch") and _find_torch())) \
+            and isinstance(x, _torch_tensor):
+        if not x.is_cuda:
+            raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {x.device}")
+        table = _torch_fp8_dtypes()
+        if x.dtype not in table:
+            raise TypeError(f"{name}: expected float8_e4m3fn, float8_e5m2 or uint8, got "
+                            f"{str(x.dtype).replace('torch.', '')}")
+        found = table[x.dtype]
+        _fill_desc(d, name, x.data_ptr(), tuple(x.shape), tuple(x.stride()), 1, x.get_device())
+    else:
+        try:
+            cai = x.__cuda_array_interface__
+        except AttributeError:
+            raise TypeError(f"{name}: expected a CUDA device array of FP8 bytes, got "
+                            f"{type(x).__module__}.{type(x).__name__}") from None
+        if cai["typestr"] != "|u1":
+            raise TypeError(f"{name}: expected FP8 bytes (a uint8 array, with {fmt_arg}=), got "
+                            f"{_typestr_name(cai['typestr'])}")
+        _fill_desc(d, name, cai["data"][0], tuple(cai["shape"]), cai.get("strides"), 1, -1)
+        found = None
+    if found is None:
+        if fmt is None:
+            raise TypeError(f"{name}: a uint8 array can hold either FP8 format; say which with "
+                            f"{fmt_arg}='e4m3' or {fmt_arg}='e5m2'")
+        d.dtype = FP8_FORMATS[fmt]
+    else:
+        if fmt is not None and FP8_FORMATS[fmt] != found:
+            raise TypeError(f"{name}: its dtype is {dtype_name(found)} but {fmt_arg}={fmt!r}")
+        d.dtype = found
+    d.itemsize = 1
+    return 0

@@ -4,7 +4,7 @@ from cygemm.cudart cimport cudaStream_t, cudaDataType
 from cygemm.cublas cimport cublasComputeType_t
 from cygemm.cublaslt cimport (cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t,
                               cublasLtMatmulAlgo_t, cublasLtMatmulHeuristicResult_t)
-from cygemm._types cimport ColMajorGemm
+from cygemm._types cimport ColMajorGemm, GemmTypes
 from cygemm._context cimport GemmContext
 
 
@@ -19,6 +19,7 @@ ctypedef struct PlanData:
     cublasLtMatrixLayout_t la
     cublasLtMatrixLayout_t lb
     cublasLtMatrixLayout_t lc
+    cublasLtMatrixLayout_t ld   # D's layout where its type differs from C's (FP8 outputs), else NULL
     cublasLtMatmulPreference_t pref
     cublasLtMatmulAlgo_t algo
     size_t workspace_needed
@@ -50,3 +51,7 @@ cdef bint needs_64bit_api(const ColMajorGemm* g) noexcept nogil
 cdef int plan_run(GemmContext* ctx, cudaStream_t stream, PlanData* d, const ColMajorGemm* g,
                   const void* bias, void* aux, void* ws, size_t ws_bytes,
                   const float* alpha, const float* beta) except -1 nogil
+
+# Point a plan's descriptor at this call's scales and amax (FP8; pointers change between calls
+# that share a plan, as bias and aux do): the cuBLAS status.
+cdef int set_scale_pointers(PlanData* d, const GemmTypes* t) noexcept nogil

@@ -7,7 +7,7 @@ from libc.stdint cimport int64_t
 from cygemm.cudart cimport cudaStream_t, cudaDataType
 from cygemm.cublas cimport *
 from cygemm.cublaslt cimport *
-from cygemm._types cimport ColMajorGemm
+from cygemm._types cimport ColMajorGemm, GemmTypes
 from cygemm._errors cimport check_cublas
 from cygemm._context cimport GemmContext, bind_stream
 
@@ -73,5 +73,21 @@ cdef int plan_run(GemmContext* ctx, cudaStream_t stream, PlanData* d, const ColM
         st = cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux))
         if st != CUBLAS_STATUS_SUCCESS:
             return st
+    if d.ld != NULL:        # an FP8 D: C (not read, beta is 0) has a type of its own
+        return cublasLtMatmul(ctx.lt, d.desc, alpha, g.a, d.la, g.b, d.lb, beta, NULL, d.lc, g.c, d.ld,
+                              &d.algo, ws, ws_bytes, stream)
     return cublasLtMatmul(ctx.lt, d.desc, alpha, g.a, d.la, g.b, d.lb, beta, g.c, d.lc, g.c, d.lc,
                           &d.algo, ws, ws_bytes, stream)
+
+
+cdef int set_scale_pointers(PlanData* d, const GemmTypes* t) noexcept nogil:
+    cdef cublasStatus_t st = CUBLAS_STATUS_SUCCESS
+    if t.a_scale != NULL:
+        st = cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &t.a_scale, sizeof(void*))
+    if st == CUBLAS_STATUS_SUCCESS and t.b_scale != NULL:
+        st = cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &t.b_scale, sizeof(void*))
+    if st == CUBLAS_STATUS_SUCCESS and t.d_scale != NULL:
+        st = cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &t.d_scale, sizeof(void*))
+    if st == CUBLAS_STATUS_SUCCESS and t.amax_d != NULL:
+        st = cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &t.amax_d, sizeof(void*))
+    return st

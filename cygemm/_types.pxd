@@ -58,6 +58,23 @@ ctypedef struct ColMajorGemm:
     bint strided_batched
 
 
+# The storage types of a GEMM whose operands and output differ (FP8), and its device scalars
+# for this call. Plain GEMMs pass none: one dtype throughout. a and b are cuBLAS's A and B
+# (after the row-major swap); c is C's layout type, which equals d except for an FP8 output
+# (cuBLASLt then takes C as bfloat16 or float16).
+ctypedef struct GemmTypes:
+    cudaDataType a
+    cudaDataType b
+    cudaDataType c
+    cudaDataType d
+    cudaDataType bias
+    const float* a_scale        # dequantizing scales of A and B (NULL: 1)
+    const float* b_scale
+    const float* d_scale        # D's quantizing scale (FP8 outputs only; NULL: 1)
+    float* amax_d               # receives max |D| before d_scale (NULL: not computed)
+    bint fast_accum             # FP8: skip the periodic promotion of partial sums
+
+
 # How float32 products are computed: math="tf32" / "fp32"; "cupy" is resolved to one of the
 # two by the caller (CuPy's CUPY_TF32 rule).
 cdef enum Math:

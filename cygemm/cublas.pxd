@@ -1,4 +1,4 @@
-# cuBLAS (cublas_v2.h) as cygemm uses it: handles, streams, workspace, GemmEx.
+# cuBLAS (cublas_v2.h) as cygemm uses it: handles, streams, workspace, GemmEx, grouped GEMMs.
 # Every function is nogil and returns cublasStatus_t; check it with
 # cygemm._core.check_cublas.
 from libc.stdint cimport int64_t
@@ -81,3 +81,13 @@ cdef extern from "cublas_v2.h" nogil:
         const void* B, cudaDataType Btype, int64_t ldb, long long strideB,
         const void* beta, void* C, cudaDataType Ctype, int64_t ldc, long long strideC,
         int64_t batchCount, cublasComputeType_t computeType, cublasGemmAlgo_t algo)
+
+    # Groups of GEMMs in one call (cuBLAS >= 12.5): the size arrays live on the host, the
+    # pointer arrays (one entry per matrix, groups one after another) in device memory.
+    cublasStatus_t cublasGemmGroupedBatchedEx(
+        cublasHandle_t handle, const cublasOperation_t* transa_array, const cublasOperation_t* transb_array,
+        const int* m_array, const int* n_array, const int* k_array, const void* alpha_array,
+        const void* const* Aarray, cudaDataType Atype, const int* lda_array,
+        const void* const* Barray, cudaDataType Btype, const int* ldb_array,
+        const void* beta_array, void* const* Carray, cudaDataType Ctype, const int* ldc_array,
+        int group_count, const int* group_size, cublasComputeType_t computeType)

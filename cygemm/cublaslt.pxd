@@ -1,5 +1,5 @@
 # cuBLASLt (cublasLt.h) as cygemm uses it: matmul descriptors, layouts,
-# preferences, heuristics and the epilogues of a dense layer.
+# preferences, heuristics, the epilogues of a dense layer and FP8's scale attributes.
 # Every function is nogil and returns cublasStatus_t.
 from libc.stdint cimport uint64_t
 from cygemm.cudart cimport cudaStream_t, cudaDataType
@@ -31,6 +31,11 @@ cdef extern from "cublasLt.h" nogil:
         CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER
         CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD
         CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE
+        CUBLASLT_MATMUL_DESC_A_SCALE_POINTER
+        CUBLASLT_MATMUL_DESC_B_SCALE_POINTER
+        CUBLASLT_MATMUL_DESC_D_SCALE_POINTER
+        CUBLASLT_MATMUL_DESC_AMAX_D_POINTER
+        CUBLASLT_MATMUL_DESC_FAST_ACCUM
 
     ctypedef enum cublasLtMatrixLayoutAttribute_t:
         CUBLASLT_MATRIX_LAYOUT_TYPE

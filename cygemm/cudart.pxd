@@ -34,6 +34,7 @@ cdef extern from "cuda_runtime_api.h" nogil:
         cudaDevAttrL2CacheSize
         cudaDevAttrComputeCapabilityMajor
         cudaDevAttrComputeCapabilityMinor
+        cudaDevAttrMultiProcessorCount
 
     cdef struct cudaDeviceProp:   # only the fields cygemm reads; the header has the rest
         char name[256]
@@ -110,3 +111,6 @@ cdef extern from "library_types.h" nogil:
         CUDA_R_16BF
         CUDA_R_32F
         CUDA_R_64F
+        CUDA_R_8U
+        CUDA_R_8F_E4M3
+        CUDA_R_8F_E5M2

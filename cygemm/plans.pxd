@@ -4,7 +4,7 @@ from libc.stdint cimport int64_t
 from cygemm.cudart cimport cudaStream_t, cudaDataType
 from cygemm.cublas cimport cublasComputeType_t
 from cygemm.cublaslt cimport cublasLtEpilogue_t
-from cygemm._types cimport ColMajorGemm
+from cygemm._types cimport ColMajorGemm, GemmTypes
 from cygemm._launch cimport PlanData
 from cygemm._context cimport GemmContext
 
@@ -19,10 +19,12 @@ cdef class Plan:
 # The cached plan of one problem, made and decided on a miss (the tuning table, timing of the
 # candidates when the problem is large and the stream is not capturing, or the heuristic's
 # first choice). bias/aux are epilogue pointers (NULL when the epilogue has none); ws the
-# workspace the call will pass. autotune: an Autotune level, -1 for the option's.
+# workspace the call will pass. autotune: an Autotune level, -1 for the option's. types: the
+# storage types and scales of a mixed-type GEMM (FP8; dtype is then D's), NULL for one dtype.
 cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                    cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
-                   int64_t aux_ld, void* ws, size_t ws_bytes, int autotune, bint c_is_input)
+                   int64_t aux_ld, void* ws, size_t ws_bytes, int autotune, bint c_is_input,
+                   const GemmTypes* types=*)
 # A new plan of its owner's (not cached): the heuristic's candidates, its first chosen.
 cdef Plan make_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                     cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,

@@ -15,19 +15,20 @@ used: a server that sees many batch sizes does not grow without bound.
 from collections import OrderedDict
 import threading
 
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcmp, memset, memcpy
 
 from cygemm.cudart cimport *
 from cygemm.cublas cimport *
 from cygemm.cublaslt cimport *
-from cygemm._types cimport ColMajorGemm, pointer_alignment
+from cygemm._types cimport ColMajorGemm, GemmTypes, pointer_alignment
 from cygemm._errors cimport check_cuda, check_cublas
 from cygemm._errors import CaptureError
 from cygemm._streams cimport stream_is_capturing
 from cygemm._context cimport GemmContext, stream_workspace
-from cygemm._launch cimport PlanData, PLAN_GEMMEX, PLAN_LT, gemm_colmajor, needs_64bit_api, plan_run
+from cygemm._launch cimport (PlanData, PLAN_GEMMEX, PLAN_LT, gemm_colmajor, needs_64bit_api, plan_run,
+                             set_scale_pointers)
 from cygemm._settings cimport options, loaded_options, AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE
 from cygemm.tuning cimport worth_tuning, in_route_timing, lookup, remember
 from cygemm._candidates cimport tune_candidates
@@ -47,6 +48,8 @@ cdef class Plan:
         self.d.usable = False
         if self.d.pref != NULL:
             cublasLtMatmulPreferenceDestroy(self.d.pref)
+        if self.d.ld != NULL:
+            cublasLtMatrixLayoutDestroy(self.d.ld)
         if self.d.lc != NULL:
             cublasLtMatrixLayoutDestroy(self.d.lc)
         if self.d.lb != NULL:
@@ -55,7 +58,7 @@ cdef class Plan:
             cublasLtMatrixLayoutDestroy(self.d.la)
         if self.d.desc != NULL:
             cublasLtMatmulDescDestroy(self.d.desc)
-        self.d.pref, self.d.lc, self.d.lb, self.d.la, self.d.desc = NULL, NULL, NULL, NULL, NULL
+        self.d.pref, self.d.ld, self.d.lc, self.d.lb, self.d.la, self.d.desc = NULL, NULL, NULL, NULL, NULL, NULL
 
 
     @property
@@ -104,6 +107,12 @@ ctypedef struct PlanKey:
     uint32_t al_aux
     uint32_t al_ws
     size_t ws_bytes
+    bint typed          # GemmTypes given (FP8): the fields below count
+    int a_type
+    int b_type
+    int c_type
+    int bias_type
+    uint32_t scale_flags    # which of a_scale, b_scale, d_scale, amax_d are set; fast_accum
 
 cdef enum:
     RECENT_PLANS = 16
@@ -236,7 +245,8 @@ cdef int _layout(cublasLtMatrixLayout_t* layout, cudaDataType dtype, int64_t row
 
 cdef PlanKey _plan_key(GemmContext* ctx, const ColMajorGemm* g, cudaDataType dtype,
                        cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias,
-                       void* aux, int64_t aux_ld, void* ws, size_t ws_bytes) noexcept nogil:
+                       void* aux, int64_t aux_ld, void* ws, size_t ws_bytes,
+                       const GemmTypes* types) noexcept nogil:
     cdef int64_t batch = g.batch if g.strided_batched else 1
     cdef PlanKey k
     memset(&k, 0, sizeof(k))            # padding too: keys are compared with memcmp
@@ -250,19 +260,28 @@ cdef PlanKey _plan_key(GemmContext* ctx, const ColMajorGemm* g, cudaDataType dty
     # A refused call (e.g. a misaligned lt_workspace) marks its own plan, not the aligned one's.
     k.al_ws = pointer_alignment(ws)
     k.ws_bytes = ws_bytes
+    if types != NULL:
+        k.typed = True
+        k.a_type, k.b_type, k.c_type, k.bias_type = types.a, types.b, types.c, types.bias
+        k.scale_flags = ((types.a_scale != NULL) | (types.b_scale != NULL) << 1 | (types.d_scale != NULL) << 2
+                         | (types.amax_d != NULL) << 3 | (<uint32_t>types.fast_accum) << 4)
     return k
 
 
 cdef tuple _key_tuple(const PlanKey* k):
-    return (k.dtype, k.compute, k.epi, k.opa, k.opb, k.m, k.n, k.k, k.lda, k.ldb, k.ldc, k.aux_ld,
-            k.batch, k.stride_a, k.stride_b, k.stride_c, k.al_a, k.al_b, k.al_c, k.al_bias, k.al_aux,
-            k.al_ws, k.ws_bytes)
+    key = (k.dtype, k.compute, k.epi, k.opa, k.opb, k.m, k.n, k.k, k.lda, k.ldb, k.ldc, k.aux_ld,
+           k.batch, k.stride_a, k.stride_b, k.stride_c, k.al_a, k.al_b, k.al_c, k.al_bias, k.al_aux,
+           k.al_ws, k.ws_bytes)
+    if k.typed:         # (plain GEMMs keep the keys their tuning files were written with)
+        key += ("types", k.a_type, k.b_type, k.c_type, k.bias_type, k.scale_flags)
+    return key
 
 
 cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                    cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
-                   int64_t aux_ld, void* ws, size_t ws_bytes, int autotune, bint c_is_input):
-    cdef PlanKey k = _plan_key(ctx, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes)
+                   int64_t aux_ld, void* ws, size_t ws_bytes, int autotune, bint c_is_input,
+                   const GemmTypes* types=NULL):
+    cdef PlanKey k = _plan_key(ctx, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, types)
     cdef _PlanCache cache = _cache()
     cdef Plan plan = cache.recent.find(&k)
     if autotune < 0:
@@ -278,7 +297,8 @@ cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
         return plan
     cdef bint keep = True
     if plan is None:
-        plan = _make_plan(ctx, stream, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, &k, key, &keep)
+        plan = _make_plan(ctx, stream, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, &k, key, &keep,
+                          types)
     if keep:
         decide_plan(plan, ctx, stream, g, bias, aux, ws, ws_bytes, autotune, c_is_input, &keep)
     if keep:
@@ -291,7 +311,7 @@ cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
 cdef Plan make_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                     cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
                     int64_t aux_ld, void* ws, size_t ws_bytes):
-    cdef PlanKey k = _plan_key(ctx, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes)
+    cdef PlanKey k = _plan_key(ctx, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, NULL)
     cdef bint keep = True
     return _make_plan(ctx, stream, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, &k,
                       _key_tuple(&k), &keep)
@@ -299,7 +319,8 @@ cdef Plan make_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g
 
 cdef Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                      cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
-                     int64_t aux_ld, void* ws, size_t ws_bytes, const PlanKey* k, tuple key, bint* keep):
+                     int64_t aux_ld, void* ws, size_t ws_bytes, const PlanKey* k, tuple key, bint* keep,
+                     const GemmTypes* types=NULL):
     """A new plan with the heuristic's candidates; keep[0] False when it must not be cached:
     made during a capture, where a heuristic may be refused (the next eager call decides)."""
     cdef Plan plan = Plan()
@@ -320,11 +341,25 @@ cdef Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* 
     if aux != NULL:
         _set_desc(d.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux))
         _set_desc(d.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld))
-    _layout(&d.la, dtype, g.m if g.opa == CUBLAS_OP_N else g.k, g.k if g.opa == CUBLAS_OP_N else g.m,
+    cdef cudaDataType a_type = dtype, b_type = dtype, c_type = dtype
+    cdef int8_t fast
+    cdef int32_t bias_type
+    if types != NULL:
+        a_type, b_type, c_type = types.a, types.b, types.c
+        if set_scale_pointers(d, types) != CUBLAS_STATUS_SUCCESS:
+            check_cublas(<cublasStatus_t>set_scale_pointers(d, types), "cublasLtMatmulDescSetAttribute(scales)")
+        fast = 1 if types.fast_accum else 0
+        _set_desc(d.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast))
+        if bias != NULL:
+            bias_type = types.bias
+            _set_desc(d.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type))
+    _layout(&d.la, a_type, g.m if g.opa == CUBLAS_OP_N else g.k, g.k if g.opa == CUBLAS_OP_N else g.m,
             g.lda, batch, g.stride_a, "cublasLtMatrixLayoutCreate(A)")
-    _layout(&d.lb, dtype, g.k if g.opb == CUBLAS_OP_N else g.n, g.n if g.opb == CUBLAS_OP_N else g.k,
+    _layout(&d.lb, b_type, g.k if g.opb == CUBLAS_OP_N else g.n, g.n if g.opb == CUBLAS_OP_N else g.k,
             g.ldb, batch, g.stride_b, "cublasLtMatrixLayoutCreate(B)")
-    _layout(&d.lc, dtype, g.m, g.n, g.ldc, batch, g.stride_c, "cublasLtMatrixLayoutCreate(D)")
+    _layout(&d.lc, c_type, g.m, g.n, g.ldc, batch, g.stride_c, "cublasLtMatrixLayoutCreate(C)")
+    if c_type != dtype:
+        _layout(&d.ld, dtype, g.m, g.n, g.ldc, batch, g.stride_c, "cublasLtMatrixLayoutCreate(D)")
     check_cublas(cublasLtMatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate")
     cdef uint64_t ws64 = ws_bytes
     check_cublas(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -335,13 +370,13 @@ cdef Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* 
                      (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, k.al_c)):
         _set_pref_u32(d.pref, attr, al)
     # cublasGemmEx is a candidate for plain GEMMs (it has no epilogues).
-    d.gemmex_ok = epi == CUBLASLT_EPILOGUE_DEFAULT and bias == NULL and aux == NULL
+    d.gemmex_ok = epi == CUBLASLT_EPILOGUE_DEFAULT and bias == NULL and aux == NULL and types == NULL
     cdef int found = 0, i
     cdef bint capturing = stream_is_capturing(stream)
     cdef cublasStatus_t st
     with nogil:         # the first heuristic query of a process loads cuBLASLt's tables
-        st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.desc, d.la, d.lb, d.lc, d.lc, d.pref,
-                                            MAX_CANDIDATES, d.candidates, &found)
+        st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld if d.ld != NULL else d.lc,
+                                            d.pref, MAX_CANDIDATES, d.candidates, &found)
     if st != CUBLAS_STATUS_SUCCESS:
         found = 0
         if capturing:               # perhaps the capture's fault: decided again eagerly
@@ -431,7 +466,8 @@ cdef bint _apply_record(GemmContext* ctx, PlanData* d, dict record, size_t ws_by
             if len(raw) != sizeof(cublasLtMatmulAlgo_t):
                 return False
             memcpy(&algo, <const char*>raw, sizeof(algo))
-            if cublasLtMatmulAlgoCheck(ctx.lt, d.desc, d.la, d.lb, d.lc, d.lc, &algo, &check) != CUBLAS_STATUS_SUCCESS:
+            if cublasLtMatmulAlgoCheck(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld if d.ld != NULL else d.lc,
+                                       &algo, &check) != CUBLAS_STATUS_SUCCESS:
                 return False
             if check.workspaceSize > ws_bytes:
                 return False

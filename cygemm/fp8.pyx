@@ -1,0 +1,578 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""FP8 GEMMs and conversions (Hopper and later).
+
+:func:`scaled_matmul` computes ``out = act(scale_a * scale_b * (a @ b) + bias)`` with ``a`` and
+``b`` in FP8 (E4M3 or E5M2) through cuBLASLt, in the plan layer like every other GEMM (one plan
+per problem, timed once when large). Scales are device float32 scalars, read when the GEMM runs,
+so a captured graph replays with whatever scales the buffers hold then (delayed scaling). An
+FP8 output has its own quantizing scale, and the output's amax can be written to a device
+scalar on the way.
+
+Hopper's FP8 kernels read both operands K-contiguous: ``a`` row-major (M, K) and ``b`` (K, N)
+column-major, i.e. ``b = w.T`` for a C-contiguous weight ``w`` of shape (N, K), the layout of a
+linear layer's weight and of ``torch._scaled_mm``. Any other layout is refused (nothing runs).
+
+:func:`quantize` and :func:`dequantize` convert between FP8 and float32/float16/bfloat16 with
+cygemm's kernels (16-byte accesses, grid sized to the GPU, allocation-free, capturable).
+
+CuPy has no FP8 dtype: FP8 data live in ``uint8`` arrays, and the ``format_*`` arguments say
+which format the bytes hold. torch's ``float8_e4m3fn`` and ``float8_e5m2`` tensors carry theirs.
+"""
+from libc.stdint cimport int64_t, uintptr_t
+
+import numpy as _np
+
+from cygemm.cudart cimport *
+from cygemm.cublas cimport *
+from cygemm.cublaslt cimport *
+from cygemm.kernels cimport CYGEMM_ACT_NONE, CYGEMM_ACT_RELU, CYGEMM_ACT_GELU
+from cygemm.fp8_kernels cimport cygemm_fp8_quantize, cygemm_fp8_dequantize, cygemm_amax
+from cygemm.epilogues cimport Activation, activation_row, NO_EPILOGUE
+from cygemm._types cimport MatrixView, ArrayDesc, ColMajorGemm, GemmTypes
+from cygemm._errors cimport check_cuda, check_cublas, refuse_in_capture
+from cygemm._arrays cimport read_fp8, read_array, view_from_desc, dtype_name, desc_shape
+from cygemm._args cimport CallArgs, ArgRole, args_init, add_view, prepare_call, ARG_READ, ARG_WRITE
+from cygemm._context cimport GemmContext, call_workspace, stream_workspace
+from cygemm._streams cimport stream_is_capturing
+from cygemm._launch cimport plan_run, set_scale_pointers
+from cygemm.plans cimport Plan, get_plan, check_capture_alive
+from cygemm.rowmajor cimport map_or_raise, is_rowmajor
+from cygemm._alloc import empty_on, numpy_dtype
+
+from cygemm._arrays import FP8_FORMATS
+
+#: The largest finite value of each format: quantize saturates there.
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+
+_OUT_DTYPES = {"bfloat16": CUDA_R_16BF, "float16": CUDA_R_16F, "float32": CUDA_R_32F,
+               "e4m3": CUDA_R_8F_E4M3, "e5m2": CUDA_R_8F_E5M2}
+_FP8_NAMES = ("uint8", "float8_e4m3fn", "float8_e5m2")
+
+
+cdef inline bint _is_fp8_type(cudaDataType t) noexcept nogil:
+    return t == CUDA_R_8F_E4M3 or t == CUDA_R_8F_E5M2
+
+
+cdef bint _holds_fp8(object x):
+    """Whether x is an FP8 (or uint8) array, read by read_fp8 rather than read_array."""
+    dt = getattr(x, "dtype", None)
+    if dt is not None:
+        return str(dt).replace("torch.", "") in _FP8_NAMES
+    cai = getattr(x, "__cuda_array_interface__", None)
+    return cai is not None and cai.get("typestr") == "|u1"
+
+
+cdef MatrixView* _fp8_matrix(CallArgs* c, object x, str name, object fmt, str fmt_arg, ArgRole role) except NULL:
+    cdef ArrayDesc d
+    cdef MatrixView v
+    read_fp8(x, &d, name, fmt, fmt_arg)
+    view_from_desc(&d, &v, name, 2, 2)
+    return add_view(c, &v, name, role)
+
+
+cdef MatrixView* _scalar(CallArgs* c, object x, str name, ArgRole role) except NULL:
+    """A device float32 scalar (one element, any shape)."""
+    cdef ArrayDesc d
+    cdef MatrixView v
+    read_array(x, &d, name, False)
+    cdef int64_t size = 1
+    for i in range(d.ndim):
+        size *= d.shape[i]
+    if d.dtype != CUDA_R_32F or size != 1:
+        raise ValueError(f"{name}: expected a device float32 scalar (one element), got "
+                         f"{dtype_name(d.dtype)} of shape {desc_shape(&d)}")
+    v.ptr, v.device, v.dtype, v.itemsize = d.ptr, d.device, d.dtype, 4
+    v.batch, v.rows, v.cols, v.batch_stride, v.row_stride, v.col_stride = 1, 1, 1, 0, 1, 1
+    return add_view(c, &v, name, role)
+
+
+cdef int _aligned16(const MatrixView* v, str name, int64_t ld) except -1:
+    if (<uintptr_t>v.ptr) % 16:
+        raise ValueError(f"{name}: FP8 GEMMs need 16-byte aligned operands, got address "
+                         f"{<uintptr_t>v.ptr:#x}")
+    if v.rows > 1 and (ld * v.itemsize) % 16:
+        raise ValueError(f"{name}: FP8 GEMMs need a leading dimension that is a multiple of 16 bytes, "
+                         f"got {ld} elements of {v.itemsize} bytes")
+    return 0
+
+
+ctypedef struct ScaledCall:
+    ColMajorGemm g
+    GemmTypes types
+    cublasLtEpilogue_t epi
+    const void* bias
+
+
+cdef int _epilogue(const Activation* act, bint has_bias, cublasLtEpilogue_t* epi) except -1:
+    if act.epilogue == NO_EPILOGUE:
+        raise ValueError(f"act: FP8 GEMMs apply 'none', 'relu' or 'gelu' (cuBLASLt epilogues), got "
+                         f"{act.name.decode()!r}")
+    epi[0] = <cublasLtEpilogue_t>(act.epilogue_bias if has_bias else act.epilogue)
+    return 0
+
+
+cdef int _run_scaled(GemmContext* ctx, cudaStream_t stream, ScaledCall* s) except -1:
+    """The one way an FP8 GEMM runs: its plan (made, and timed when large, on a miss), this
+    call's scale pointers, cublasLtMatmul. Raises before launching when cuBLASLt has no kernel."""
+    cdef void* ws = call_workspace(ctx, stream)
+    cdef size_t ws_bytes = ctx.workspace_bytes
+    cdef Plan plan = get_plan(ctx, stream, &s.g, s.types.d, CUBLAS_COMPUTE_32F, s.epi, s.bias, NULL, 0,
+                              ws, ws_bytes, -1, False, &s.types)
+    if not plan.d.usable or plan.d.n_candidates == 0:
+        raise ValueError(
+            f"a/b/out: cuBLASLt has no FP8 kernel for this problem on this GPU ({_describe_types(&s.types)}, "
+            f"M={s.g.n} N={s.g.m} K={s.g.k}, epilogue {<int>s.epi}; FP8 GEMMs need compute capability "
+            f">= 8.9, K-contiguous operands with 16-byte aligned rows, and bias/out types as documented)")
+    if not plan.d.capture_ok and stream_is_capturing(stream):
+        raise ValueError("cublasLtMatmul refused this FP8 GEMM inside a capture; run it once eagerly first")
+    cdef float alpha = 1.0, beta = 0.0
+    cdef int st
+    with nogil:
+        st = set_scale_pointers(&plan.d, &s.types)
+        if st == CUBLAS_STATUS_SUCCESS:
+            st = plan_run(ctx, stream, &plan.d, &s.g, s.bias, NULL, ws, ws_bytes, &alpha, &beta)
+    if st != CUBLAS_STATUS_SUCCESS:
+        if stream_is_capturing(stream):
+            check_capture_alive(stream)
+            plan.d.capture_ok = False
+        check_cublas(<cublasStatus_t>st, "cublasLtMatmul (FP8)")
+    return 0
+
+
+cdef str _describe_types(const GemmTypes* t):
+    return f"a {dtype_name(t.b)}, b {dtype_name(t.a)}, out {dtype_name(t.d)}"
+
+
+cdef int scaled_gemm_rowmajor(GemmContext* ctx, cudaStream_t stream, cudaDataType a_type,
+                              cudaDataType w_type, cudaDataType d_type, int64_t m, int64_t n, int64_t k,
+                              const void* A, int64_t lda, const void* W, int64_t ldw, void* D, int64_t ldd,
+                              const float* scale_a, const float* scale_w, const float* scale_d,
+                              float* amax_d, const void* bias, int act, bint fast_accum) except -1 nogil:
+    cdef ScaledCall s
+    # Row-major D = A @ W^T is, to column-major cuBLAS, D^T (n x m) = W (op T) @ A^T (op N).
+    s.g.opa, s.g.opb = CUBLAS_OP_T, CUBLAS_OP_N
+    s.g.m, s.g.n, s.g.k = n, m, k
+    s.g.a, s.g.lda, s.g.stride_a = W, ldw, 0
+    s.g.b, s.g.ldb, s.g.stride_b = A, lda, 0
+    s.g.c, s.g.ldc, s.g.stride_c = D, ldd, 0
+    s.g.batch, s.g.strided_batched = 1, False
+    s.types.a, s.types.b, s.types.d = w_type, a_type, d_type
+    s.types.c = CUDA_R_16BF if _is_fp8_type(d_type) else d_type
+    s.types.bias = CUDA_R_16F if d_type == CUDA_R_16F else CUDA_R_16BF
+    s.types.a_scale, s.types.b_scale, s.types.d_scale, s.types.amax_d = scale_w, scale_a, scale_d, amax_d
+    s.types.fast_accum = fast_accum
+    s.bias = bias
+    if act == CYGEMM_ACT_RELU:
+        s.epi = CUBLASLT_EPILOGUE_RELU_BIAS if bias != NULL else CUBLASLT_EPILOGUE_RELU
+    elif act == CYGEMM_ACT_GELU:
+        s.epi = CUBLASLT_EPILOGUE_GELU_BIAS if bias != NULL else CUBLASLT_EPILOGUE_GELU
+    else:
+        s.epi = CUBLASLT_EPILOGUE_BIAS if bias != NULL else CUBLASLT_EPILOGUE_DEFAULT
+    if m == 0 or n == 0:
+        return 0
+    with gil:
+        _run_scaled(ctx, stream, &s)
+    return 0
+
+
+cdef int _read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scale_a, object scale_b,
+                      object out, object out_dtype, object bias, object act, object scale_out,
+                      object amax_out, object format_a, object format_b, object format_out,
+                      bint fast_accum) except -1:
+    """Every check of scaled_matmul, before anything runs; fills s (out's pointer NULL when
+    out is None: allocated by the caller)."""
+    args_init(c)
+    cdef MatrixView* va = _fp8_matrix(c, a, "a", format_a, "format_a", ARG_READ)
+    cdef MatrixView* vb = _fp8_matrix(c, b, "b", format_b, "format_b", ARG_READ)
+    if vb.rows != va.cols:
+        raise ValueError(f"b: a is ({va.rows}, {va.cols}) so b must have {va.cols} rows, got ({vb.rows}, {vb.cols})")
+    if va.dtype == CUDA_R_8F_E5M2 and vb.dtype == CUDA_R_8F_E5M2:
+        raise TypeError("a/b: cuBLASLt has no E5M2 x E5M2 GEMM; hold one operand in E4M3 (gradients "
+                        "in E5M2 pair with weights or activations in E4M3)")
+    if va.cols == 0:
+        raise ValueError("a: K = 0 (an empty inner dimension) has no FP8 GEMM; the product is zero")
+    cdef MatrixView* vsa = _scalar(c, scale_a, "scale_a", ARG_READ)
+    cdef MatrixView* vsb = _scalar(c, scale_b, "scale_b", ARG_READ)
+    # The output's type: out's own, out_dtype, or bfloat16.
+    cdef cudaDataType d_type
+    cdef ArrayDesc dd
+    cdef MatrixView vo
+    if out_dtype is not None and out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"out_dtype: expected one of {sorted(_OUT_DTYPES)}, got {out_dtype!r}")
+    if out is not None:
+        if _holds_fp8(out):
+            read_fp8(out, &dd, "out", format_out if format_out is not None else (
+                out_dtype if out_dtype in FP8_FORMATS else None), "format_out")
+        else:
+            read_array(out, &dd, "out", False)
+        view_from_desc(&dd, &vo, "out", 2, 2)
+        if out_dtype is not None and _OUT_DTYPES[out_dtype] != vo.dtype:
+            raise TypeError(f"out: its dtype is {dtype_name(vo.dtype)} but out_dtype={out_dtype!r}")
+        if vo.rows != va.rows or vo.cols != vb.cols:
+            raise ValueError(f"out: expected shape ({va.rows}, {vb.cols}), got ({vo.rows}, {vo.cols})")
+        if not is_rowmajor(&vo):
+            raise ValueError(f"out: expected a row-major array (unit stride along the last axis), got "
+                             f"element strides ({vo.row_stride}, {vo.col_stride})")
+    else:
+        d_name = out_dtype if out_dtype is not None else (format_out if format_out is not None else "bfloat16")
+        if d_name not in _OUT_DTYPES:
+            raise ValueError(f"format_out: expected 'e4m3' or 'e5m2', got {d_name!r}")
+        vo.dtype = _OUT_DTYPES[d_name]
+        vo.itemsize = 1 if _is_fp8_type(vo.dtype) else (4 if vo.dtype == CUDA_R_32F else 2)
+        vo.ptr, vo.device = NULL, -1
+        vo.batch, vo.rows, vo.cols, vo.batch_stride = 1, va.rows, vb.cols, 0
+        vo.row_stride, vo.col_stride = max(vb.cols, 1), 1
+    d_type = vo.dtype
+    cdef bint fp8_out = _is_fp8_type(d_type)
+    cdef cudaDataType bias_type = CUDA_R_16F if d_type == CUDA_R_16F else CUDA_R_16BF
+    cdef ArrayDesc db
+    cdef MatrixView vbias
+    cdef MatrixView* pbias = NULL
+    if bias is not None:
+        read_array(bias, &db, "bias", False)
+        view_from_desc(&db, &vbias, "bias", 1, 1)
+        if vbias.cols != vb.cols:
+            raise ValueError(f"bias: expected shape ({vb.cols},), got {desc_shape(&db)}")
+        if vbias.dtype != bias_type:
+            raise TypeError(f"bias: an FP8 GEMM with a {dtype_name(d_type)} output takes a "
+                            f"{dtype_name(bias_type)} bias, got {dtype_name(vbias.dtype)}")
+        if vbias.col_stride != 1 and vbias.cols > 1:
+            raise ValueError(f"bias: expected a contiguous vector, got element stride {vbias.col_stride}")
+        pbias = add_view(c, &vbias, "bias", ARG_READ)
+    cdef MatrixView* vso = NULL
+    if scale_out is not None:
+        if not fp8_out:
+            raise ValueError(f"scale_out: quantizes an FP8 output; out is {dtype_name(d_type)}")
+        vso = _scalar(c, scale_out, "scale_out", ARG_READ)
+    cdef MatrixView* pout = add_view(c, &vo, "out", ARG_WRITE)
+    cdef MatrixView* vam = NULL
+    if amax_out is not None:
+        vam = _scalar(c, amax_out, "amax_out", ARG_WRITE)
+    # The layout: Hopper's FP8 kernels are "TN" (cuBLAS's A transposed, B not), which under the
+    # row-major swap is a row-major a and a column-major b. The one mapping says what we have.
+    map_or_raise(va, vb, pout, False, False, &s.g, ("a", "b", "out"))
+    if s.g.opb != CUBLAS_OP_N:
+        raise ValueError(f"a: FP8 GEMMs need a row-major a (K contiguous: element strides (K', 1)), got "
+                         f"element strides ({va.row_stride}, {va.col_stride}); make one with "
+                         f"cupy.ascontiguousarray(a)")
+    if s.g.opa != CUBLAS_OP_T:
+        raise ValueError(f"b: FP8 GEMMs need b column-major (K contiguous): b = w.T for a C-contiguous w "
+                         f"of shape (N, K), got element strides ({vb.row_stride}, {vb.col_stride}); make "
+                         f"one with cupy.ascontiguousarray(b.T).T")
+    _aligned16(va, "a", s.g.ldb)
+    _aligned16(vb, "b", s.g.lda)
+    if pout.ptr != NULL:
+        _aligned16(pout, "out", s.g.ldc)
+    elif (s.g.ldc * pout.itemsize) % 16:
+        raise ValueError(f"out: FP8 GEMMs need a leading dimension that is a multiple of 16 bytes; a new "
+                         f"({va.rows}, {vb.cols}) {dtype_name(d_type)} result has rows of {vb.cols * pout.itemsize} "
+                         f"bytes: pass an out with padded rows")
+    if pbias != NULL and (<uintptr_t>pbias.ptr) % 16:
+        raise ValueError(f"bias: FP8 GEMMs need a 16-byte aligned bias, got address {<uintptr_t>pbias.ptr:#x}")
+    cdef const Activation* row = activation_row(act)
+    _epilogue(row, bias is not None, &s.epi)
+    s.types.a, s.types.b, s.types.d = vb.dtype, va.dtype, d_type
+    s.types.c = CUDA_R_16BF if fp8_out else d_type
+    s.types.bias = bias_type
+    s.types.a_scale, s.types.b_scale = <const float*>vsb.ptr, <const float*>vsa.ptr
+    s.types.d_scale = <const float*>vso.ptr if vso != NULL else NULL
+    s.types.amax_d = <float*>vam.ptr if vam != NULL else NULL
+    s.types.fast_accum = fast_accum
+    s.bias = pbias.ptr if pbias != NULL else NULL
+    return 0
+
+
+def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None, act="none",
+                  scale_out=None, amax_out=None, format_a=None, format_b=None, format_out=None,
+                  bint fast_accum=False, stream=None):
+    """``out = act(scale_a * scale_b * (a @ b) + bias)`` with FP8 operands, through cuBLASLt.
+
+    Parameters
+    ----------
+    a : device array, (M, K), FP8, row-major
+        torch ``float8_e4m3fn``/``float8_e5m2``, or ``uint8`` bytes with ``format_a``.
+    b : device array, (K, N), FP8, column-major
+        ``w.T`` for a C-contiguous weight ``w`` of shape (N, K) (Hopper's FP8 kernels read both
+        operands K-contiguous). Not both operands E5M2.
+    scale_a, scale_b : device float32 scalars
+        Dequantizing scales (``a``'s real values are ``scale_a * a``), read when the GEMM runs.
+    out : device array, (M, N), row-major, optional
+        bfloat16, float16, float32, or FP8 (torch float8, or ``uint8`` with ``format_out``).
+        None: a new CuPy array of ``out_dtype``.
+    out_dtype : {'bfloat16', 'float16', 'float32', 'e4m3', 'e5m2'}, optional
+        The new result's type (default bfloat16), or a check of ``out``'s.
+    bias : device array, (N,), optional
+        bfloat16 (float16 for a float16 out), added before the activation.
+    act : {'none', 'relu', 'gelu'}
+        Applied in cuBLASLt's epilogue (gelu: the tanh approximation).
+    scale_out : device float32 scalar, optional
+        An FP8 out's quantizing scale: ``out = saturate(scale_out * result)``.
+    amax_out : device float32 scalar, optional
+        Receives ``max |result|`` (before ``scale_out``): what delayed scaling records.
+    format_a, format_b, format_out : {'e4m3', 'e5m2'}, optional
+        The format of ``uint8`` bytes (required for them; a torch float8 tensor's must agree).
+    fast_accum : bool
+        cuBLASLt's FP8 fast accumulation (no periodic promotion of partial sums: faster, less
+        accurate over long K).
+    stream : optional
+        The stream (default: CuPy's current stream).
+
+    Returns
+    -------
+    device array
+        ``out``, or the new result.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Before anything runs: a layout other than row-major ``a`` / column-major ``b``, shapes,
+        dtypes and formats, alignment (16-byte pointers and rows), or a problem cuBLASLt has no
+        FP8 kernel for; each names the argument and what it needs.
+    CublasError
+        cuBLASLt refused the call (status and call named).
+    """
+    cdef CallArgs c
+    cdef ScaledCall s
+    _read_scaled(&c, &s, a, b, scale_a, scale_b, out, out_dtype, bias, act, scale_out, amax_out,
+                 format_a, format_b, format_out, fast_accum)
+    prepare_call(&c, "fp32", CUDA_R_32F, stream)
+    cdef int i
+    if out is None:
+        refuse_in_capture(c.stream, "scaled_matmul(out=None): allocating the result")
+        out = empty_on((s.g.n, s.g.m), _np.dtype("uint8") if _is_fp8_type(s.types.d) else
+                       numpy_dtype(dtype_name(s.types.d)), <uintptr_t>c.stream)
+        s.g.c = <void*><uintptr_t>out.data.ptr
+    if s.g.m == 0 or s.g.n == 0:
+        return out
+    _run_scaled(c.ctx, c.stream, &s)
+    return out
+
+
+def describe_scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None, act="none",
+                           scale_out=None, amax_out=None, format_a=None, format_b=None, format_out=None,
+                           bint fast_accum=False):
+    """What :func:`scaled_matmul` with these arguments runs, without running it.
+
+    Parameters
+    ----------
+    a, b, scale_a, scale_b, out, out_dtype, bias, act, scale_out, amax_out, format_a, format_b, format_out, fast_accum
+        As :func:`scaled_matmul`.
+
+    Returns
+    -------
+    dict
+        ``M``, ``N``, ``K``; cuBLAS's operands after the row-major swap (``opa``/``opb``, ``m``,
+        ``n``, ``k``, leading dimensions); the types of A, B, C, D and the bias; the epilogue;
+        which scalars are set.
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`scaled_matmul`.
+    """
+    cdef CallArgs c
+    cdef ScaledCall s
+    _read_scaled(&c, &s, a, b, scale_a, scale_b, out, out_dtype, bias, act, scale_out, amax_out,
+                 format_a, format_b, format_out, fast_accum)
+    epilogues = {CUBLASLT_EPILOGUE_DEFAULT: "default", CUBLASLT_EPILOGUE_BIAS: "bias",
+                 CUBLASLT_EPILOGUE_RELU: "relu", CUBLASLT_EPILOGUE_RELU_BIAS: "relu_bias",
+                 CUBLASLT_EPILOGUE_GELU: "gelu", CUBLASLT_EPILOGUE_GELU_BIAS: "gelu_bias"}
+    return dict(M=s.g.n, N=s.g.m, K=s.g.k, call="cublasLtMatmul", swapped=True,
+                cublas_a="b", cublas_b="a", opa="T" if s.g.opa == CUBLAS_OP_T else "N",
+                opb="T" if s.g.opb == CUBLAS_OP_T else "N", m=s.g.m, n=s.g.n, k=s.g.k,
+                lda=s.g.lda, ldb=s.g.ldb, ldc=s.g.ldc,
+                a_type=dtype_name(s.types.a), b_type=dtype_name(s.types.b), c_type=dtype_name(s.types.c),
+                d_type=dtype_name(s.types.d), bias_type=dtype_name(s.types.bias) if s.bias != NULL else None,
+                epilogue=epilogues.get(s.epi, str(<int>s.epi)),
+                scales=dict(a=s.types.b_scale != NULL, b=s.types.a_scale != NULL, out=s.types.d_scale != NULL),
+                amax=s.types.amax_d != NULL, fast_accum=bool(s.types.fast_accum))
+
+
+# ---------------------------------------------------------------- conversions
+
+cdef int64_t _contiguous(const ArrayDesc* d, str name) except -1:
+    """Element count of a C-contiguous array (ValueError otherwise)."""
+    cdef int64_t n = 1, expect = 1
+    cdef int i
+    for i in range(d.ndim):
+        n *= d.shape[i]
+    if n == 0:
+        return 0
+    for i in range(d.ndim - 1, -1, -1):
+        if d.shape[i] != 1 and d.strides[i] != expect:
+            raise ValueError(f"{name}: expected a C-contiguous array, got element strides "
+                             f"{tuple([d.strides[j] for j in range(d.ndim)])} for shape {desc_shape(d)}")
+        expect *= d.shape[i]
+    return n
+
+
+cdef MatrixView _flat(const ArrayDesc* d, int64_t n):
+    cdef MatrixView v
+    v.ptr, v.device, v.dtype, v.itemsize = d.ptr, d.device, d.dtype, d.itemsize
+    v.batch, v.rows, v.cols, v.batch_stride, v.row_stride, v.col_stride = 1, 1, n, 0, n, 1
+    return v
+
+
+def quantize(x, scale, *, out=None, format="e4m3", amax=None, stream=None):
+    """``out = saturate(x * scale)`` in FP8, and optionally ``amax = max |x|``.
+
+    Parameters
+    ----------
+    x : device array
+        float32, float16 or bfloat16, C-contiguous, any shape.
+    scale : device float32 scalar
+        The quantizing scale (read when the kernel runs: capturable with changing scales).
+    out : device array, optional
+        ``x``'s shape: ``uint8`` (the format from ``format``) or a torch float8 tensor.
+        None: a new CuPy ``uint8`` array.
+    format : {'e4m3', 'e5m2'}
+        The FP8 format; values beyond its largest finite value (448, 57344) saturate to it.
+    amax : device float32 scalar, optional
+        Receives ``max |x|`` (NaN ignored), for the next step's scale.
+    stream : optional
+        The stream (default: CuPy's current stream).
+
+    Returns
+    -------
+    device array
+        ``out``, or the new array.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Before anything runs: dtypes, shapes, a non-contiguous array, the format.
+    """
+    cdef CallArgs c
+    cdef ArrayDesc dx, dq
+    cdef MatrixView v
+    args_init(&c)
+    read_array(x, &dx, "x", False)
+    cdef int64_t n = _contiguous(&dx, "x")
+    v = _flat(&dx, n)
+    add_view(&c, &v, "x", ARG_READ)
+    cdef MatrixView* vs = _scalar(&c, scale, "scale", ARG_READ)
+    if format not in FP8_FORMATS:
+        raise ValueError(f"format: expected 'e4m3' or 'e5m2', got {format!r}")
+    cdef cudaDataType fmt = FP8_FORMATS[format]
+    cdef MatrixView* vq
+    if out is not None:
+        read_fp8(out, &dq, "out", format, "format")
+        if desc_shape(&dq) != desc_shape(&dx):
+            raise ValueError(f"out: expected shape {desc_shape(&dx)}, got {desc_shape(&dq)}")
+        _contiguous(&dq, "out")
+        v = _flat(&dq, n)
+    else:
+        v = _flat(&dx, n)
+        v.ptr, v.dtype, v.itemsize, v.device = NULL, fmt, 1, -1
+    vq = add_view(&c, &v, "out", ARG_WRITE)
+    cdef MatrixView* va = _scalar(&c, amax, "amax", ARG_WRITE) if amax is not None else NULL
+    prepare_call(&c, "fp32", CUDA_R_32F, stream)
+    if out is None:
+        refuse_in_capture(c.stream, "quantize(out=None): allocating the result")
+        out = empty_on(desc_shape(&dx), _np.dtype("uint8"), <uintptr_t>c.stream)
+        vq.ptr = <char*><uintptr_t>out.data.ptr
+    cdef float* amax_p = <float*>va.ptr if va != NULL else NULL
+    with nogil:
+        check_cuda(cygemm_fp8_quantize(dx.dtype, fmt, n, dx.ptr, <const float*>vs.ptr, vq.ptr, amax_p,
+                                       c.stream), "cygemm_fp8_quantize")
+    return out
+
+
+def dequantize(q, scale_inv, *, out=None, dtype="float32", format=None, stream=None):
+    """``out = q * scale_inv`` from FP8.
+
+    Parameters
+    ----------
+    q : device array
+        FP8: torch float8, or ``uint8`` with ``format``; C-contiguous, any shape.
+    scale_inv : device float32 scalar
+        The dequantizing scale (1 / the scale ``q`` was quantized with).
+    out : device array, optional
+        ``q``'s shape, float32, float16 or bfloat16. None: a new CuPy array of ``dtype``.
+    dtype : {'float32', 'float16', 'bfloat16'}
+        The new result's dtype (ignored when ``out`` is given).
+    format : {'e4m3', 'e5m2'}, optional
+        The format of ``uint8`` bytes.
+    stream : optional
+        The stream (default: CuPy's current stream).
+
+    Returns
+    -------
+    device array
+        ``out``, or the new array.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Before anything runs: dtypes, shapes, a non-contiguous array, the format.
+    """
+    cdef CallArgs c
+    cdef ArrayDesc dq, dy
+    cdef MatrixView v
+    args_init(&c)
+    read_fp8(q, &dq, "q", format, "format")
+    cdef int64_t n = _contiguous(&dq, "q")
+    v = _flat(&dq, n)
+    add_view(&c, &v, "q", ARG_READ)
+    cdef MatrixView* vs = _scalar(&c, scale_inv, "scale_inv", ARG_READ)
+    cdef MatrixView* vy
+    if out is not None:
+        read_array(out, &dy, "out", False)
+        if desc_shape(&dy) != desc_shape(&dq):
+            raise ValueError(f"out: expected shape {desc_shape(&dq)}, got {desc_shape(&dy)}")
+        _contiguous(&dy, "out")
+        v = _flat(&dy, n)
+    else:
+        if dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype: expected 'float32', 'float16' or 'bfloat16', got {dtype!r}")
+        v = _flat(&dq, n)
+        v.ptr, v.device = NULL, -1
+        v.dtype = _OUT_DTYPES[dtype]
+        v.itemsize = 4 if v.dtype == CUDA_R_32F else 2
+    vy = add_view(&c, &v, "out", ARG_WRITE)
+    prepare_call(&c, "fp32", CUDA_R_32F, stream)
+    if out is None:
+        refuse_in_capture(c.stream, "dequantize(out=None): allocating the result")
+        out = empty_on(desc_shape(&dq), numpy_dtype(dtype), <uintptr_t>c.stream)
+        vy.ptr = <char*><uintptr_t>out.data.ptr
+    with nogil:
+        check_cuda(cygemm_fp8_dequantize(dq.dtype, vy.dtype, n, dq.ptr, <const float*>vs.ptr, vy.ptr, c.stream),
+                   "cygemm_fp8_dequantize")
+    return out
+
+
+def amax(x, out, *, stream=None):
+    """``out = max |x|`` (NaN ignored) into a device float32 scalar, nothing else written.
+
+    Parameters
+    ----------
+    x : device array
+        float32, float16 or bfloat16, C-contiguous, any shape.
+    out : device float32 scalar
+        Receives the maximum (0 for an empty x).
+    stream : optional
+        The stream (default: CuPy's current stream).
+
+    Returns
+    -------
+    device array
+        ``out``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Before anything runs: dtypes, a non-contiguous array.
+    """
+    cdef CallArgs c
+    cdef ArrayDesc dx
+    cdef MatrixView v
+    args_init(&c)
+    read_array(x, &dx, "x", False)
+    cdef int64_t n = _contiguous(&dx, "x")
+    v = _flat(&dx, n)
+    add_view(&c, &v, "x", ARG_READ)
+    cdef MatrixView* vo = _scalar(&c, out, "out", ARG_WRITE)
+    prepare_call(&c, "fp32", CUDA_R_32F, stream)
+    with nogil:
+        check_cuda(cygemm_amax(dx.dtype, n, dx.ptr, <float*>vo.ptr, c.stream), "cygemm_amax")
+    return out

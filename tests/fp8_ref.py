@@ -1,0 +1,49 @@
+"""FP8 E4M3 (OCP "fn": no infinities, NaN at 0x7F/0xFF) and E5M2 from their definitions, in
+NumPy: every code's value, and float -> code by round-to-nearest-even with saturation. The
+tests' references for FP8 data, independent of cygemm's kernels and of torch."""
+import numpy as np
+
+_LAYOUT = {"e4m3": (4, 3, 7), "e5m2": (5, 2, 15)}       # exponent bits, mantissa bits, bias
+
+
+def values(fmt):
+    """float64 value of each of the 256 codes (NaN where the code is NaN, inf for E5M2's)."""
+    e_bits, m_bits, bias = _LAYOUT[fmt]
+    codes = np.arange(256)
+    sign = np.where(codes & 0x80, -1.0, 1.0)
+    e = (codes >> m_bits) & ((1 << e_bits) - 1)
+    m = codes & ((1 << m_bits) - 1)
+    frac = m / float(1 << m_bits)
+    v = np.where(e == 0, frac * 2.0 ** (1 - bias), (1 + frac) * 2.0 ** (e - bias)) * sign
+    top = (1 << e_bits) - 1
+    if fmt == "e4m3":
+        v = np.where((e == top) & (m == (1 << m_bits) - 1), np.nan, v)
+    else:
+        v = np.where(e == top, np.where(m == 0, sign * np.inf, np.nan), v)
+    return v
+
+
+def largest(fmt):
+    v = values(fmt)
+    return float(np.nanmax(v[np.isfinite(v)]))
+
+
+def to_codes(x, fmt):
+    """uint8 codes of x: nearest finite value, ties to the even code, saturating at the largest
+    finite value (as CUDA's __NV_SATFINITE conversion); NaN -> a NaN code."""
+    x = np.asarray(x, dtype=np.float64)
+    v = values(fmt)[:128]                      # non-negative codes, in increasing order of value
+    finite = np.isfinite(v)
+    mags, codes = v[finite], np.arange(128)[finite]
+    a = np.minimum(np.abs(x), mags[-1])
+    hi = np.clip(np.searchsorted(mags, a), 0, len(mags) - 1)
+    lo = np.clip(hi - 1, 0, len(mags) - 1)
+    d_lo, d_hi = a - mags[lo], mags[hi] - a
+    pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & (codes[hi] % 2 == 0))
+    out = np.where(pick_hi, codes[hi], codes[lo]).astype(np.uint8)
+    out = np.where(np.signbit(x) & (out != 0), out | 0x80, out).astype(np.uint8)
+    return np.where(np.isnan(x), np.uint8(0x7F), out).astype(np.uint8)
+
+
+def decode(codes, fmt):
+    return values(fmt)[np.asarray(codes, dtype=np.uint8)]

@@ -1,0 +1,288 @@
+"""FP8: scaled_matmul against float64 references computed from the FP8 values themselves,
+quantize/dequantize against FP8 defined from first principles (tests/fp8_ref.py), and every
+refused layout with nothing written. The CPU tests read fake device arrays."""
+import numpy as np
+import pytest
+
+import cygemm
+from cygemm import fp8
+from fakes import FakeDeviceArray, BASE
+import fp8_ref
+from gpu_util import rel_err
+
+
+def fake(shape, typestr="|u1", strides=None, ptr=BASE):
+    return FakeDeviceArray(shape, typestr, strides, ptr)
+
+
+def kmajor_b(k, n, ptr=BASE + 0x100000):
+    """(K, N) FP8 bytes that are w.T of a C-contiguous (N, K) w."""
+    return fake((k, n), strides=(1, k), ptr=ptr)
+
+
+SCALE = fake((1,), "<f4", ptr=BASE + 0x200000)
+
+
+# ------------------------------------------------------------------ CPU: layout and checks
+
+def test_describe_maps_a_rowmajor_b_kmajor_to_cublas_tn():
+    d = fp8.describe_scaled_matmul(fake((64, 128)), kmajor_b(128, 32), SCALE, SCALE,
+                                   format_a="e4m3", format_b="e4m3")
+    assert (d["opa"], d["opb"], d["m"], d["n"], d["k"]) == ("T", "N", 32, 64, 128)
+    assert (d["M"], d["N"], d["K"]) == (64, 32, 128)
+    assert (d["a_type"], d["b_type"], d["d_type"]) == ("float8_e4m3", "float8_e4m3", "bfloat16")
+    assert d["epilogue"] == "default" and d["lda"] == 128 and d["ldb"] == 128 and d["ldc"] == 32
+
+
+def test_describe_fp8_output_takes_bfloat16_c_and_the_epilogue():
+    d = fp8.describe_scaled_matmul(fake((64, 128)), kmajor_b(128, 32), SCALE, SCALE, format_a="e4m3",
+                                   format_b="e5m2", out_dtype="e4m3", scale_out=SCALE, amax_out=SCALE,
+                                   act="gelu")
+    assert (d["c_type"], d["d_type"], d["epilogue"]) == ("bfloat16", "float8_e4m3", "gelu")
+    assert d["scales"] == {"a": True, "b": True, "out": True} and d["amax"]
+    assert d["a_type"] == "float8_e5m2"            # cuBLAS's A is our b
+
+
+@pytest.mark.parametrize("case, exc, words", [
+    (dict(a=fake((64, 128), strides=(1, 64))), ValueError, ["a:", "row-major", "ascontiguousarray(a)"]),
+    (dict(b=fake((128, 32))), ValueError, ["b:", "w.T", "ascontiguousarray(b.T).T"]),
+    (dict(format_a=None), TypeError, ["a:", "format_a"]),
+    (dict(format_a="e5m2", format_b="e5m2"), TypeError, ["E5M2 x E5M2"]),
+    (dict(format_a="fp8"), ValueError, ["format_a", "'e4m3' or 'e5m2'"]),
+    (dict(scale_a=fake((2,), "<f4")), ValueError, ["scale_a", "float32 scalar"]),
+    (dict(scale_b=fake((1,), "<f2")), ValueError, ["scale_b", "float32 scalar"]),
+    (dict(scale_out=SCALE), ValueError, ["scale_out", "FP8 output"]),
+    (dict(a=fake((64, 24)), b=kmajor_b(24, 32)), ValueError, ["a:", "multiple of 16 bytes"]),
+    (dict(a=fake((64, 128), ptr=BASE + 8)), ValueError, ["a:", "16-byte aligned"]),
+    (dict(b=kmajor_b(64, 32)), ValueError, ["b:", "must have 128 rows"]),
+    (dict(act="silu"), ValueError, ["act:", "'relu' or 'gelu'"]),
+    (dict(out=fake((64, 32), "<f4"), out_dtype="bfloat16"), TypeError, ["out:", "out_dtype"]),
+    (dict(out=fake((64, 16), "<f4")), ValueError, ["out:", "(64, 32)"]),
+    (dict(out=fake((64, 32), "<f4", strides=(4, 256))), ValueError, ["out:", "row-major"]),
+    (dict(bias=fake((32,), "<f4")), TypeError, ["bias:", "bfloat16"]),
+    (dict(out=fake((64, 32), "<f2"), bias=fake((32,), "<f4")), TypeError, ["bias:", "float16"]),
+    (dict(bias=fake((16,), "<f2")), ValueError, ["bias:", "(32,)"]),
+    (dict(out_dtype="float64"), ValueError, ["out_dtype"]),
+])
+def test_bad_arguments_are_refused_naming_the_argument(case, exc, words):
+    kw = dict(a=fake((64, 128)), b=kmajor_b(128, 32), scale_a=SCALE, scale_b=SCALE, format_a="e4m3",
+              format_b="e4m3")
+    kw.update(case)
+    with pytest.raises(exc) as info:
+        fp8.describe_scaled_matmul(**kw)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+def test_reference_codes_round_to_nearest_even_and_saturate():
+    # The test reference itself, against values any FP8 table gives.
+    c = fp8_ref.to_codes([1.0, 1.0625, 1.1875, 1e6, -1e6, 0.0], "e4m3")
+    assert list(fp8_ref.decode(c, "e4m3")) == [1.0, 1.0, 1.25, 448.0, -448.0, 0.0]
+    assert fp8_ref.largest("e5m2") == 57344.0 and fp8.FP8_MAX == {"e4m3": 448.0, "e5m2": 57344.0}
+
+
+# ------------------------------------------------------------------ GPU
+
+def _fp8_device(cp, x, fmt):
+    """FP8 bytes of x (host float64) on the GPU, and the float64 values they hold."""
+    codes = fp8_ref.to_codes(x, fmt)
+    return cp.asarray(codes), fp8_ref.decode(codes, fmt)
+
+
+def _act(name, z):
+    if name == "relu":
+        return np.maximum(z, 0)
+    if name == "gelu":
+        return 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))
+    return z
+
+
+def _scalar(cp, v):
+    return cp.asarray(np.array([v], dtype=np.float32))
+
+
+OUT_TOL = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-4, "e4m3": 6e-2, "e5m2": 1.2e-1}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float16", "float32", "e4m3"])
+@pytest.mark.parametrize("act", ["none", "relu", "gelu"])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_scaled_matmul_matches_float64_of_the_fp8_values(out_dtype, act, with_bias):
+    import cupy as cp
+    rng = np.random.default_rng()
+    M, K, N = 96, 192, 80
+    a, a64 = _fp8_device(cp, rng.standard_normal((M, K)) * 4, "e4m3")
+    w, w64 = _fp8_device(cp, rng.standard_normal((N, K)) * 4, "e4m3")
+    sa, sb = 0.37, 1.9
+    ref = sa * sb * (a64 @ w64.T)
+    bias = None
+    if with_bias:
+        bias_dtype = "float16" if out_dtype == "float16" else "bfloat16"
+        from cygemm._alloc import numpy_dtype
+        b32 = rng.standard_normal(N).astype(np.float32) * 5
+        if bias_dtype == "float16":
+            bias = cp.asarray(b32.astype(np.float16))
+            ref = ref + b32.astype(np.float16).astype(np.float64)
+        else:
+            torch = pytest.importorskip("torch")
+            bias = torch.from_numpy(b32).to("cuda", torch.bfloat16)
+            ref = ref + bias.float().cpu().numpy().astype(np.float64)
+    ref = _act(act, ref)
+    amax = _scalar(cp, np.nan)
+    kw = dict(bias=bias, act=act, amax_out=amax)
+    if out_dtype in ("e4m3", "e5m2"):
+        s_out = 448.0 / np.abs(ref).max() * 0.5
+        out = cp.full((M, N), 0x7F, dtype=cp.uint8)            # NaN codes
+        fp8.scaled_matmul(a, w.T, _scalar(cp, sa), _scalar(cp, sb), out=out, format_a="e4m3",
+                          format_b="e4m3", format_out=out_dtype, scale_out=_scalar(cp, s_out), **kw)
+        got = fp8_ref.decode(cp.asnumpy(out), out_dtype) / s_out
+    elif out_dtype == "bfloat16":
+        torch = pytest.importorskip("torch")
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        fp8.scaled_matmul(a, w.T, _scalar(cp, sa), _scalar(cp, sb), out=out, format_a="e4m3",
+                          format_b="e4m3", **kw)
+        got = out.float().cpu().numpy()
+    else:
+        out = cp.full((M, N), cp.nan, dtype=out_dtype)
+        fp8.scaled_matmul(a, w.T, _scalar(cp, sa), _scalar(cp, sb), out=out, format_a="e4m3",
+                          format_b="e4m3", **kw)
+        got = cp.asnumpy(out)
+    assert rel_err(got, ref) < OUT_TOL[out_dtype]
+    assert abs(float(amax.get()[0]) - np.abs(ref).max()) <= 1e-3 * np.abs(ref).max()
+
+
+@pytest.mark.gpu
+def test_e5m2_operand_and_new_result():
+    import cupy as cp
+    pytest.importorskip("torch")
+    rng = np.random.default_rng()
+    M, K, N = 64, 128, 64
+    g, g64 = _fp8_device(cp, rng.standard_normal((M, K)) * 100, "e5m2")      # a gradient
+    w, w64 = _fp8_device(cp, rng.standard_normal((N, K)), "e4m3")
+    out = fp8.scaled_matmul(g, w.T, _scalar(cp, 0.01), _scalar(cp, 1.0), format_a="e5m2",
+                            format_b="e4m3", out_dtype="float32")
+    assert out.dtype == cp.float32 and out.shape == (M, N)
+    assert rel_err(cp.asnumpy(out), 0.01 * g64 @ w64.T) < 1e-4
+
+
+@pytest.mark.gpu
+def test_torch_float8_tensors_against_torch_scaled_mm_and_float64():
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch, "_scaled_mm"):
+        pytest.skip("this torch has no _scaled_mm")
+    M, K, N = 128, 256, 96
+    a = (torch.randn(M, K, device="cuda") * 3).to(torch.float8_e4m3fn)
+    w = (torch.randn(N, K, device="cuda") * 3).to(torch.float8_e4m3fn)
+    sa, sb = torch.tensor([0.5], device="cuda"), torch.tensor([0.25], device="cuda")
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+    fp8.scaled_matmul(a, w.t(), sa, sb, out=out)
+    ref = 0.125 * (a.double().cpu().numpy() @ w.double().cpu().numpy().T)
+    assert rel_err(out.float().cpu().numpy(), ref) < 1e-2
+    theirs = torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+    assert rel_err(out.float().cpu().numpy(), theirs.double().cpu().numpy()) < 1e-2
+
+
+@pytest.mark.gpu
+def test_refused_layouts_write_nothing():
+    import cupy as cp
+    a = cp.asarray(fp8_ref.to_codes(np.random.default_rng().standard_normal((64, 128)), "e4m3"))
+    w = cp.asarray(fp8_ref.to_codes(np.random.default_rng().standard_normal((32, 128)), "e4m3"))
+    out = cp.full((64, 32), cp.nan, dtype=cp.float32)
+    amax = _scalar(cp, -1.0)
+    one = _scalar(cp, 1.0)
+    for a_, b_ in ((a, cp.ascontiguousarray(w.T)), (cp.asfortranarray(a), w.T)):
+        with pytest.raises(ValueError):
+            fp8.scaled_matmul(a_, b_, one, one, out=out, format_a="e4m3", format_b="e4m3", amax_out=amax)
+    cp.cuda.runtime.deviceSynchronize()
+    assert bool(cp.isnan(out).all()) and float(amax.get()[0]) == -1.0
+
+
+@pytest.mark.gpu
+def test_captured_graph_replays_with_new_scales():
+    import cupy as cp
+    rng = np.random.default_rng()
+    M, K, N = 128, 256, 128
+    a, a64 = _fp8_device(cp, rng.standard_normal((M, K)), "e4m3")
+    w, w64 = _fp8_device(cp, rng.standard_normal((N, K)), "e4m3")
+    sa, sb = _scalar(cp, 1.0), _scalar(cp, 1.0)
+    out = cp.full((M, N), cp.nan, dtype=cp.float32)
+    amax = _scalar(cp, 0.0)
+    s = cp.cuda.Stream(non_blocking=True)
+    run = lambda: fp8.scaled_matmul(a, w.T, sa, sb, out=out, format_a="e4m3", format_b="e4m3",
+                                    amax_out=amax, stream=s)
+    run()                                # plan made eagerly
+    with cygemm.graph.capture(s) as g:
+        run()
+    sa.set(np.array([2.0], np.float32))
+    out.fill(cp.nan)
+    g.replay(s)
+    s.synchronize()
+    ref = 2.0 * a64 @ w64.T
+    assert rel_err(cp.asnumpy(out), ref) < 1e-4
+    assert abs(float(amax.get()[0]) - np.abs(ref).max()) <= 1e-3 * np.abs(ref).max()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("n, offset", [(1 << 20, 0), (100_003, 1), (7, 0)])
+def test_quantize_matches_the_definition_and_amax_the_host_maximum(fmt, dtype, n, offset):
+    import cupy as cp
+    rng = np.random.default_rng()
+    host = (rng.standard_normal(n + offset) * 50).astype(dtype)
+    x = cp.asarray(host)[offset:]              # offset 1: misaligned, the scalar path
+    scale = 3.0 if fmt == "e4m3" else 300.0      # pushes the tails past the largest value
+    out = cp.full(n, 0x55, dtype=cp.uint8)
+    amax = _scalar(cp, np.nan)
+    fp8.quantize(x, _scalar(cp, scale), out=out, format=fmt, amax=amax)
+    got = cp.asnumpy(out)
+    # float32 x * scale is rounded once before the conversion (as the kernel does).
+    want = fp8_ref.to_codes((host[offset:].astype(np.float32) * np.float32(scale)).astype(np.float64), fmt)
+    assert np.array_equal(got, want), np.flatnonzero(got != want)[:10]
+    assert float(amax.get()[0]) == float(np.abs(host[offset:].astype(np.float32)).max())
+    values = fp8_ref.decode(got, fmt)
+    assert np.abs(values).max() <= fp8_ref.largest(fmt)
+
+
+@pytest.mark.gpu
+def test_quantize_saturates_at_the_format_limits_and_keeps_nan():
+    import cupy as cp
+    x = cp.asarray(np.array([1e9, -1e9, 449.0, 60000.0, np.inf, -np.inf, np.nan, 0.5], np.float32))
+    one = _scalar(cp, 1.0)
+    e4 = fp8_ref.decode(cp.asnumpy(fp8.quantize(x, one, format="e4m3")), "e4m3")
+    e5 = fp8_ref.decode(cp.asnumpy(fp8.quantize(x, one, format="e5m2")), "e5m2")
+    assert list(e4[:6]) == [448.0, -448.0, 448.0, 448.0, 448.0, -448.0] and np.isnan(e4[6]) and e4[7] == 0.5
+    assert list(e5[:6]) == [57344.0, -57344.0, 448.0, 57344.0, 57344.0, -57344.0] and np.isnan(e5[6])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_dequantize_is_code_value_times_scale(dtype):
+    import cupy as cp
+    codes = np.arange(256, dtype=np.uint8).repeat(41)[: 256 * 41 - 3]
+    q = cp.asarray(codes)
+    out = cp.full(codes.shape, cp.nan, dtype=dtype)
+    fp8.dequantize(q, _scalar(cp, 0.5), out=out, format="e4m3")
+    want = (fp8_ref.decode(codes, "e4m3") * 0.5).astype(dtype)
+    got = cp.asnumpy(out)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    finite = ~np.isnan(want)
+    assert np.array_equal(got[finite], want[finite])
+
+
+@pytest.mark.gpu
+def test_amax_alone_and_bad_inputs_write_nothing():
+    import cupy as cp
+    x = cp.asarray(np.random.default_rng().standard_normal((333, 77)).astype(np.float32))
+    out = _scalar(cp, -1.0)
+    fp8.amax(x, out)
+    assert float(out.get()[0]) == float(cp.abs(x).max().get())
+    q = cp.full(10, 7, dtype=cp.uint8)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        fp8.quantize(x[:, ::2], _scalar(cp, 1.0), out=cp.zeros(333 * 39, cp.uint8).reshape(333, 39))
+    with pytest.raises(ValueError, match="out: expected shape"):
+        fp8.quantize(x[:2, :5], _scalar(cp, 1.0), out=q)
+    with pytest.raises(TypeError, match="format"):
+        fp8.dequantize(q, _scalar(cp, 1.0))
+    assert (q == 7).all()
