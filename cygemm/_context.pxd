@@ -52,7 +52,14 @@ cdef int bind_stream(GemmContext* ctx, cudaStream_t stream) except -1 nogil
 # The workspace of `stream`, or of the capture under way on it; allocated on first use
 # (cudaMalloc in relaxed capture mode, so an open capture survives).
 cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL nogil
-# The same from code that holds the GIL: released only when the workspace must be allocated.
+# The stream's (or its capture's, or its side stream's) table of STREAM_TABLE_BYTES: device
+# memory past its workspace, with the workspace's owner, for what one call hands to cuBLAS in
+# device memory (the pointer arrays of a grouped GEMM). Work on one stream is serial, so a
+# call may rewrite it; calls on other streams have tables of their own.
+cdef enum:
+    STREAM_TABLE_BYTES = 64 * 1024
+cdef void* stream_table(GemmContext* ctx, cudaStream_t stream) except NULL nogil
+# The same as stream_workspace from code that holds the GIL: released only when it must be allocated.
 cdef void* call_workspace(GemmContext* ctx, cudaStream_t stream) except NULL
 # Fork work from `stream` onto its side stream (which then waits for everything enqueued on
 # `stream` so far): the side stream and its join event come back; join_side(those) makes

@@ -295,7 +295,7 @@ cdef int _workspace_entry(GemmContext* ctx, cudaStream_t stream, bint create=Tru
     cdef void* ptr = NULL
     cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
     check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "cudaThreadExchangeStreamCaptureMode")
-    cdef cudaError_t err = cudaMalloc(&ptr, ctx.workspace_bytes)
+    cdef cudaError_t err = cudaMalloc(&ptr, ctx.workspace_bytes + STREAM_TABLE_BYTES)
     cudaThreadExchangeStreamCaptureMode(&mode)
     check_cuda(err, "cudaMalloc(workspace)")
     if cid != 0:
@@ -321,6 +321,12 @@ cdef void* _workspace_of(GemmContext* ctx, cudaStream_t stream, bint create) exc
 
 cdef void* stream_workspace(GemmContext* ctx, cudaStream_t stream) except NULL nogil:
     return _workspace_of(ctx, stream, True)
+
+
+cdef void* stream_table(GemmContext* ctx, cudaStream_t stream) except NULL nogil:
+    # The table sits past the workspace cuBLAS is given: bound with workspace_bytes, cuBLAS
+    # never reaches it, and it has the workspace's owner (the context, or a capture's graph).
+    return <char*>_workspace_of(ctx, stream, True) + ctx.workspace_bytes
 
 
 cdef void* call_workspace(GemmContext* ctx, cudaStream_t stream) except NULL:
@@ -369,7 +375,7 @@ cdef int fork_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t* side, cu
             check_cuda(err, "cudaStreamCreateWithFlags/cudaEventCreateWithFlags(side stream)")
     if w.side_ptr == NULL:
         cudaThreadExchangeStreamCaptureMode(&mode)
-        err = cudaMalloc(&w.side_ptr, ctx.workspace_bytes)
+        err = cudaMalloc(&w.side_ptr, ctx.workspace_bytes + STREAM_TABLE_BYTES)
         cudaThreadExchangeStreamCaptureMode(&mode)
         if err != cudaSuccess:
             w.side_ptr = NULL
