@@ -1,0 +1,27 @@
+from typing import Any, Dict, Literal, Optional
+
+from cygemm._typing import DeviceArray, StreamLike
+
+Format = Literal["e4m3", "e5m2"]
+FP8_MAX: Dict[str, float]
+FP8_FORMATS: Dict[str, int]
+
+def scaled_matmul(a: DeviceArray, b: DeviceArray, scale_a: DeviceArray, scale_b: DeviceArray, *,
+                  out: Optional[DeviceArray] = None,
+                  out_dtype: Optional[Literal["bfloat16", "float16", "float32", "e4m3", "e5m2"]] = None,
+                  bias: Optional[DeviceArray] = None, act: Literal["none", "relu", "gelu"] = "none",
+                  scale_out: Optional[DeviceArray] = None, amax_out: Optional[DeviceArray] = None,
+                  format_a: Optional[Format] = None, format_b: Optional[Format] = None,
+                  format_out: Optional[Format] = None, fast_accum: bool = False,
+                  stream: StreamLike = None) -> DeviceArray: ...
+def describe_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out: Any = None,
+                           out_dtype: Optional[str] = None, bias: Any = None, act: str = "none",
+                           scale_out: Any = None, amax_out: Any = None, format_a: Optional[Format] = None,
+                           format_b: Optional[Format] = None, format_out: Optional[Format] = None,
+                           fast_accum: bool = False) -> Dict[str, Any]: ...
+def quantize(x: DeviceArray, scale: DeviceArray, *, out: Optional[DeviceArray] = None, format: Format = "e4m3",
+             amax: Optional[DeviceArray] = None, stream: StreamLike = None) -> DeviceArray: ...
+def dequantize(q: DeviceArray, scale_inv: DeviceArray, *, out: Optional[DeviceArray] = None,
+               dtype: Literal["float32", "float16", "bfloat16"] = "float32", format: Optional[Format] = None,
+               stream: StreamLike = None) -> DeviceArray: ...
+def amax(x: DeviceArray, out: DeviceArray, *, stream: StreamLike = None) -> DeviceArray: ...
