@@ -4,8 +4,8 @@
 # Results go to DIR (default: $OUT, else ./out); the logs are packed into DIR/logs.tar.gz
 # (the device tool brings back only a few files).
 #   bash scripts/gpu_suite.sh [DIR] [STAGES]
-# STAGES: a comma list of tests, firstcall, compare, sanitize, bench, bench-quick, bench-host
-# (default tests,sanitize,bench). firstcall: the first-call, plan-count and thread-stall
+# TESTS: the test paths (default: tests). STAGES: a comma list of tests, firstcall, compare, sanitize, bench, bench-quick, bench-host
+# (default tests,sanitize,bench); BENCH_ONLY=a,b limits the benchmark sections. firstcall: the first-call, plan-count and thread-stall
 # measurements (their tests, with their printed figures); compare: this tree against
 # COMPARE_WITH (default 9579766) built beside it, interleaved (benchmarks/compare_builds.py).
 # The GPU property tests run CYGEMM_GPU_PROPERTY_EXAMPLES examples each (default here 500).
@@ -37,7 +37,7 @@ fi
 status=0
 if [[ $STAGES == *,tests,* ]]; then
     echo "== tests"
-    python3 -m pytest -q -rs -p no:cacheprovider --durations=12 tests 2>&1 | tee "$LOGS/tests.log" \
+    python3 -m pytest -q -rs -p no:cacheprovider --durations=12 ${TESTS:-tests} 2>&1 | tee "$LOGS/tests.log" \
         | grep -vE '^[.sF]+ *(\[ *[0-9]+%\])?$' | tail -60
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
     echo "== the Cython consumer example, as the README builds and runs it"
@@ -91,6 +91,7 @@ if [[ $STAGES == *,bench,* || $STAGES == *,bench-quick,* || $STAGES == *,bench-h
     echo "== benchmarks"
     quick=""; [[ $STAGES == *,bench-quick,* ]] && quick="--quick"
     [[ $STAGES == *,bench-host,* ]] && quick="--only host"
+    [[ -n ${BENCH_ONLY:-} ]] && quick="$quick --only $BENCH_ONLY"      # e.g. BENCH_ONLY=fp8,grouped
     CUBLASLT_LOG_LEVEL=1 python3 -m benchmarks --out "$OUT_DIR" $quick 2>&1 | tee "$LOGS/bench.log" \
         | grep -v '^\s*\[' | tail -60
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
