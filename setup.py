@@ -28,9 +28,10 @@ MODULES = {"_errors": [], "_settings": [], "_streams": [], "_release": [], "_con
            "_alloc": [], "_args": [],
            "tuning": ["cygemm/timing.cu"], "_launch": [], "_candidates": [], "plans": [], "rowmajor": [], "gemm_plan": [], "_batch_layout": [], "matmul": [],
            "epilogues": [], "_layer": [], "fused": ["cygemm/kernels.cu"], "fp8": ["cygemm/fp8_kernels.cu"],
-           "graph": []}
+           "elementwise": ["cygemm/kernels.cu"],
+           "grouped": ["cygemm/grouped_kernels.cu"], "graph": []}
 HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h",
-           "cygemm/include/cygemm/fp8_kernels.h"]
+           "cygemm/include/cygemm/fp8_kernels.h", "cygemm/include/cygemm/grouped_kernels.h"]
 RUNPATH = "$ORIGIN/../nvidia/cu13/lib"
 
 

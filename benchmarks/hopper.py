@@ -4,10 +4,10 @@ cygemm's elementwise passes against a device-to-device copy of the same bytes an
 
 Every case: the same operands for every contender, interleaved rounds (Recorder.measure)."""
 import cupy as cp
-import numpy as np
 
 import cygemm
-from cygemm import fp8
+from cygemm import elementwise, fp8
+from cygemm.gemm_ops import forward_into
 import contenders as C
 
 FP8_SHAPES = ((8192, 8192, 8192), (4096, 4096, 4096), (16384, 4096, 1024))     # M, N, K
@@ -57,5 +57,87 @@ def fp8_section(R, s, floor):
             "torch bf16 mm": _on_torch_stream(s, lambda: torch.mm(a_bf, w_bf.t(), out=out_theirs)),
         }
         R.measure(case, contenders, s, flop=2.0 * M * N * K, reps=20)
-        del a_bf, w_bf, a8, w8, out_ours, out_fused, out_bf, out_theirs
+        contenders.clear()
         torch.cuda.empty_cache()
+
+
+def _copy(s, nbytes):
+    """A device-to-device copy moving nbytes in all (nbytes / 2 read, nbytes / 2 written)."""
+    half = nbytes // 2
+    src, dst = cp.empty(half, cp.uint8), cp.empty(half, cp.uint8)
+    D2D = cp.cuda.runtime.memcpyDeviceToDevice
+    return lambda: cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, half, D2D, s.ptr)
+
+
+def _measure_bandwidth(R, case, contenders, s, nbytes):
+    """Time contenders that each move nbytes, beside a copy of the same bytes; rows get GB/s
+    and their fraction of the copy's."""
+    contenders = dict(contenders, **{"device-to-device copy": _copy(s, nbytes)})
+    rows = R.measure(case, contenders, s, reps=30, bytes=nbytes)
+    copy = next((r for r in rows if r["contender"] == "device-to-device copy"), None)
+    for r in rows:
+        r["gbps"] = nbytes / r["value"] / 1e6
+        if copy:
+            r["of_copy"] = copy["value"] / r["value"]
+    return rows
+
+
+def elementwise_section(R, s, floor):
+    """cygemm's elementwise passes (the dense layer's, and FP8 quantize) at 8192 x 8192, in GB/s
+    against a copy of the same bytes; torch's activations beside them; then the dense forward
+    with Z saved (8192 x 8192 x 1024, TF32, weight stored (N, K)) against torch's F.linear +
+    activation."""
+    torch = _torch()
+    F = torch.nn.functional
+    M = N = 4096 if R.quick else 8192
+    ptr = s.ptr
+    for dtype in ("float32", "bfloat16"):
+        tdt = getattr(torch, dtype)
+        size = 4 if dtype == "float32" else 2
+        g = torch.Generator(device="cuda").manual_seed(7)
+        x = torch.randn(M, N, device="cuda", generator=g).to(tdt)
+        gy = torch.randn(M, N, device="cuda", generator=g).to(tdt)
+        b = torch.randn(N, device="cuda", generator=g).to(tdt)
+        y, z, dz = (torch.empty_like(x) for _ in range(3))
+        db = torch.empty(N, device="cuda", dtype=tdt)
+        one = torch.ones(1, device="cuda")
+        q = torch.empty(M, N, device="cuda", dtype=torch.uint8)
+        amax = torch.empty(1, device="cuda")
+        n = M * N
+        torch.cuda.synchronize()
+        for act, tact in (("gelu", lambda t: F.gelu(t, approximate="tanh")), ("silu", F.silu)):
+            case = f"{act} forward pass {M}x{N} {dtype}"
+            R.progress(case)
+            _measure_bandwidth(R, case, {
+                "cygemm bias_act": lambda: elementwise.bias_act(x, b, out=y, act=act, stream=ptr),
+                f"torch {act}": _on_torch_stream(s, lambda: tact(x)),
+            }, s, 2 * n * size)
+            _measure_bandwidth(R, f"{act} forward pass saving Z {M}x{N} {dtype}", {
+                "cygemm bias_act (z_out)": lambda: elementwise.bias_act(x, b, out=y, z_out=z, act=act, stream=ptr),
+            }, s, 3 * n * size)
+            _measure_bandwidth(R, f"{act} backward dZ + bias gradient {M}x{N} {dtype}", {
+                "cygemm act_backward": lambda: elementwise.act_backward(gy, z, dz_out=dz, dbias_out=db, act=act,
+                                                                        stream=ptr),
+            }, s, 3 * n * size)
+        _measure_bandwidth(R, f"fp8 quantize {M}x{N} {dtype} -> e4m3 with amax", {
+            "cygemm quantize": lambda: fp8.quantize(x, one, out=q, format="e4m3", amax=amax, stream=ptr),
+            "torch cast (no scale, no amax)": _on_torch_stream(s, lambda: x.to(torch.float8_e4m3fn)),
+        }, s, n * size + n)
+    # The dense forward, Z saved: cygemm's fused routes against torch's GEMM + activation.
+    Md, Nd, Kd = (4096, 4096, 1024) if R.quick else (8192, 8192, 1024)
+    g = torch.Generator(device="cuda").manual_seed(8)
+    A = torch.randn(Md, Kd, device="cuda", generator=g)
+    W = torch.randn(Nd, Kd, device="cuda", generator=g)
+    b = torch.randn(Nd, device="cuda", generator=g)
+    out, z = torch.empty(Md, Nd, device="cuda"), torch.empty(Md, Nd, device="cuda")
+    torch.backends.cuda.matmul.allow_tf32 = True
+    for act, tact in (("gelu", lambda t: F.gelu(t, approximate="tanh")), ("silu", F.silu)):
+        case = f"dense {act} forward saving Z {Md}x{Nd}x{Kd} tf32"
+        R.progress(case)
+        forward_into(A, W.T, out, b, act=act, save_z=True, z_out=z, stream=ptr)     # tuned before timing
+        s.synchronize()
+        R.measure(case, {
+            "cygemm forward_into (save_z)": lambda: forward_into(A, W.T, out, b, act=act, save_z=True, z_out=z,
+                                                                 stream=ptr),
+            "torch F.linear + activation": _on_torch_stream(s, lambda: tact(F.linear(A, W, b))),
+        }, s, flop=2.0 * Md * Nd * Kd, reps=20)

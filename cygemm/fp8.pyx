@@ -247,6 +247,11 @@ cdef int _read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object sca
     cdef MatrixView* pout = add_view(c, &vo, "out", ARG_WRITE)
     cdef MatrixView* vam = NULL
     if amax_out is not None:
+        # cuBLASLt (13.0 on the H200) computes amax only for FP8 outputs: other outputs find no
+        # kernel. Measure those with cygemm.fp8.amax(out).
+        if not fp8_out:
+            raise ValueError(f"amax_out: cuBLASLt computes the output's amax only for an FP8 out; out is "
+                             f"{dtype_name(d_type)} (use cygemm.fp8.amax(out, amax) after the GEMM)")
         vam = _scalar(c, amax_out, "amax_out", ARG_WRITE)
     # The layout: Hopper's FP8 kernels are "TN" (cuBLAS's A transposed, B not), which under the
     # row-major swap is a row-major a and a column-major b. The one mapping says what we have.
@@ -308,7 +313,8 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
     scale_out : device float32 scalar, optional
         An FP8 out's quantizing scale: ``out = saturate(scale_out * result)``.
     amax_out : device float32 scalar, optional
-        Receives ``max |result|`` (before ``scale_out``): what delayed scaling records.
+        Receives ``max |result|`` (before ``scale_out``): what delayed scaling records. FP8
+        outputs only (cuBLASLt computes it for no other); for others use :func:`amax`.
     format_a, format_b, format_out : {'e4m3', 'e5m2'}, optional
         The format of ``uint8`` bytes (required for them; a torch float8 tensor's must agree).
     fast_accum : bool

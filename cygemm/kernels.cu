@@ -1,7 +1,8 @@
 // cygemm's own kernels: bias + activation forward for what cuBLASLt epilogues
 // lack, and the backward's dZ = gY * act'(Z) fused with the bias-gradient column
 // sum. Memory-bound: each element is read once and written once, 16-byte
-// accesses where the layout allows, float math for every storage type.
+// accesses where the layout allows (4 floats or 8 halves per access), float math
+// for every storage type.
 #include "cygemm/kernels.h"
 
 #include <cuda_bf16.h>
@@ -12,10 +13,13 @@
 
 namespace {
 
-constexpr int kVec = 4;              // columns per thread
+constexpr int kVec = 4;              // columns per thread of the float kernels: one 16-byte access
 constexpr int kColThreads = 32;      // threads across columns in a block
 constexpr int kRowThreads = 8;       // threads across rows in a block
-constexpr int kColsPerBlock = kColThreads * kVec;
+constexpr int kColsPerBlock = kColThreads * kVec;   // of float; the chunking of rows uses it for every type
+
+// Columns per thread for T: one 16-byte access (4 floats, 8 halves).
+template <typename T> constexpr int cols_per_thread() { return 16 / int(sizeof(T)); }
 
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
@@ -74,25 +78,33 @@ __device__ __forceinline__ float act_grad_from_output(cygemm_act_t act, float y,
     }
 }
 
-// Load / store kVec consecutive elements; VEC: one 16-byte access (float only).
+// Load / store CV = cols_per_thread<T>() consecutive elements; VEC: one 16-byte access.
 template <typename T, bool VEC>
-__device__ __forceinline__ void load4(const T* p, int64_t col, int64_t n, float v[kVec]) {
+__device__ __forceinline__ void loadv(const T* p, int64_t col, int64_t n, float* v) {
+    constexpr int CV = cols_per_thread<T>();
     if (VEC) {
-        float4 q = *reinterpret_cast<const float4*>(p);
-        v[0] = q.x; v[1] = q.y; v[2] = q.z; v[3] = q.w;
+        uint4 raw = *reinterpret_cast<const uint4*>(p);
+        const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < CV; ++i) v[i] = to_f(e[i]);
     } else {
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) v[i] = col + i < n ? to_f(p[i]) : 0.f;
+        for (int i = 0; i < CV; ++i) v[i] = col + i < n ? to_f(p[i]) : 0.f;
     }
 }
 
 template <typename T, bool VEC>
-__device__ __forceinline__ void store4(T* p, int64_t col, int64_t n, const float v[kVec]) {
+__device__ __forceinline__ void storev(T* p, int64_t col, int64_t n, const float* v) {
+    constexpr int CV = cols_per_thread<T>();
     if (VEC) {
-        *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+        uint4 raw;
+        T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+        for (int i = 0; i < CV; ++i) e[i] = from_f<T>(v[i]);
+        *reinterpret_cast<uint4*>(p) = raw;
     } else {
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) if (col + i < n) p[i] = from_f<T>(v[i]);
+        for (int i = 0; i < CV; ++i) if (col + i < n) p[i] = from_f<T>(v[i]);
     }
 }
 
@@ -104,25 +116,28 @@ template <typename T, bool VEC, int ACT>
 __global__ void bias_act_forward_kernel(int64_t m, int64_t n, const T* x, int64_t ldx, const T* __restrict__ bias,
                                         T* y, int64_t ldy, T* z, int64_t ldz, float slope) {
     constexpr cygemm_act_t act = static_cast<cygemm_act_t>(ACT);
-    const int64_t col = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * kVec;
+    constexpr int CV = cols_per_thread<T>();
+    const int64_t col = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * CV;
     if (col >= n) return;
-    float b[kVec] = {0.f, 0.f, 0.f, 0.f};
-    if (bias) load4<T, VEC>(bias + col, col, n, b);
+    float b[CV];
+#pragma unroll
+    for (int i = 0; i < CV; ++i) b[i] = 0.f;
+    if (bias) loadv<T, VEC>(bias + col, col, n, b);
     // x may alias y or z: each thread loads its rows before it stores them.
     for (int64_t row0 = int64_t(blockIdx.y) * kFwdRows; row0 < m; row0 += int64_t(gridDim.y) * kFwdRows) {
-        float v[kFwdRows][kVec];
+        float v[kFwdRows][CV];
 #pragma unroll
         for (int r = 0; r < kFwdRows; ++r)
-            if (row0 + r < m) load4<T, VEC>(x + (row0 + r) * ldx + col, col, n, v[r]);
+            if (row0 + r < m) loadv<T, VEC>(x + (row0 + r) * ldx + col, col, n, v[r]);
 #pragma unroll
         for (int r = 0; r < kFwdRows; ++r) {
             if (row0 + r >= m) break;
 #pragma unroll
-            for (int i = 0; i < kVec; ++i) v[r][i] += b[i];
-            if (z) store4<T, VEC>(z + (row0 + r) * ldz + col, col, n, v[r]);
+            for (int i = 0; i < CV; ++i) v[r][i] += b[i];
+            if (z) storev<T, VEC>(z + (row0 + r) * ldz + col, col, n, v[r]);
 #pragma unroll
-            for (int i = 0; i < kVec; ++i) v[r][i] = act_f(act, v[r][i], slope);
-            store4<T, VEC>(y + (row0 + r) * ldy + col, col, n, v[r]);
+            for (int i = 0; i < CV; ++i) v[r][i] = act_f(act, v[r][i], slope);
+            storev<T, VEC>(y + (row0 + r) * ldy + col, col, n, v[r]);
         }
     }
 }
@@ -133,35 +148,39 @@ __global__ void act_backward_kernel(int64_t m, int64_t n, int64_t rows_per_chunk
                                     const T* __restrict__ gy, int64_t ldgy, const T* __restrict__ z, int64_t ldz,
                                     T* __restrict__ dz, int64_t lddz,
                                     float* partial, cygemm_act_t act, float slope, bool from_output) {
-    __shared__ float sums[kRowThreads][kColsPerBlock];
-    const int64_t col = int64_t(blockIdx.x) * kColsPerBlock + threadIdx.x * kVec;
+    constexpr int CV = cols_per_thread<T>();
+    constexpr int kBlockCols = kColThreads * CV;
+    __shared__ float sums[kRowThreads][kBlockCols];
+    const int64_t col = int64_t(blockIdx.x) * kBlockCols + threadIdx.x * CV;
     const int64_t row0 = int64_t(blockIdx.y) * rows_per_chunk;
     const int64_t row1 = min(m, row0 + rows_per_chunk);
-    float acc[kVec] = {0.f, 0.f, 0.f, 0.f};
+    float acc[CV];
+#pragma unroll
+    for (int i = 0; i < CV; ++i) acc[i] = 0.f;
     if (col < n) {
         // Unrolled so that several rows' loads are in flight at once (memory-bound).
 #pragma unroll 4
         for (int64_t row = row0 + threadIdx.y; row < row1; row += kRowThreads) {
-            float g[kVec], zz[kVec];
-            load4<T, VEC>(gy + row * ldgy + col, col, n, g);
+            float g[CV], zz[CV];
+            loadv<T, VEC>(gy + row * ldgy + col, col, n, g);
             if (act != CYGEMM_ACT_NONE) {
-                load4<T, VEC>(z + row * ldz + col, col, n, zz);
+                loadv<T, VEC>(z + row * ldz + col, col, n, zz);
 #pragma unroll
-                for (int i = 0; i < kVec; ++i)
+                for (int i = 0; i < CV; ++i)
                     g[i] *= from_output ? act_grad_from_output(act, zz[i], slope) : act_grad(act, zz[i], slope);
             }
-            if (dz) store4<T, VEC>(dz + row * lddz + col, col, n, g);
+            if (dz) storev<T, VEC>(dz + row * lddz + col, col, n, g);
 #pragma unroll
-            for (int i = 0; i < kVec; ++i) acc[i] += g[i];
+            for (int i = 0; i < CV; ++i) acc[i] += g[i];
         }
     }
     if (!partial) return;
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) sums[threadIdx.y][threadIdx.x * kVec + i] = acc[i];
+    for (int i = 0; i < CV; ++i) sums[threadIdx.y][threadIdx.x * CV + i] = acc[i];
     __syncthreads();
     // Fixed-order sum over the block's rows: the result does not depend on timing.
-    for (int c = threadIdx.y * kColThreads + threadIdx.x; c < kColsPerBlock; c += kColThreads * kRowThreads) {
-        const int64_t gc = int64_t(blockIdx.x) * kColsPerBlock + c;
+    for (int c = threadIdx.y * kColThreads + threadIdx.x; c < kBlockCols; c += kColThreads * kRowThreads) {
+        const int64_t gc = int64_t(blockIdx.x) * kBlockCols + c;
         if (gc >= n) continue;
         float s = 0.f;
 #pragma unroll
@@ -195,11 +214,12 @@ template <typename T>
 cudaError_t forward(int64_t m, int64_t n, const void* x, int64_t ldx, const void* bias, void* y, int64_t ldy,
                     void* z, int64_t ldz, cygemm_act_t act, float slope, cudaStream_t stream) {
     if (m == 0 || n == 0) return cudaSuccess;
+    constexpr int CV = cols_per_thread<T>();
     dim3 block(256);
-    dim3 grid(unsigned((n + 256 * kVec - 1) / (256 * kVec)),
+    dim3 grid(unsigned((n + 256 * CV - 1) / (256 * CV)),
               unsigned(std::min<int64_t>((m + kFwdRows - 1) / kFwdRows, 65535)));
-    const bool vec = sizeof(T) == 4 && n % kVec == 0 && ldx % kVec == 0 && ldy % kVec == 0 &&
-                     (z == nullptr || ldz % kVec == 0) && aligned16(x) && aligned16(y) && aligned16(z) &&
+    const bool vec = n % CV == 0 && ldx % CV == 0 && ldy % CV == 0 &&
+                     (z == nullptr || ldz % CV == 0) && aligned16(x) && aligned16(y) && aligned16(z) &&
                      aligned16(bias);
     auto args = [&](auto kernel) {
         kernel<<<grid, block, 0, stream>>>(m, n, static_cast<const T*>(x), ldx, static_cast<const T*>(bias),
@@ -230,10 +250,11 @@ cudaError_t backward(int64_t m, int64_t n, const void* gy, int64_t ldgy, const v
     const int64_t rows = chunk_rows(m, n);
     const int64_t chunks = m == 0 ? 0 : (m + rows - 1) / rows;
     if (chunks > 0) {
+        constexpr int CV = cols_per_thread<T>();
         dim3 block(kColThreads, kRowThreads);
-        dim3 grid(unsigned((n + kColsPerBlock - 1) / kColsPerBlock), unsigned(chunks));
-        const bool vec = sizeof(T) == 4 && n % kVec == 0 && ldgy % kVec == 0 && ldz % kVec == 0 &&
-                         lddz % kVec == 0 && aligned16(gy) && aligned16(z) && aligned16(dz);
+        dim3 grid(unsigned((n + kColThreads * CV - 1) / (kColThreads * CV)), unsigned(chunks));
+        const bool vec = n % CV == 0 && ldgy % CV == 0 && ldz % CV == 0 &&
+                         lddz % CV == 0 && aligned16(gy) && aligned16(z) && aligned16(dz);
         float* partial = dbias ? scratch : nullptr;
         auto args = [&](auto kernel) {
             kernel<<<grid, block, 0, stream>>>(m, n, rows, static_cast<const T*>(gy), ldgy, static_cast<const T*>(z),

@@ -52,6 +52,7 @@ def test_describe_fp8_output_takes_bfloat16_c_and_the_epilogue():
     (dict(scale_a=fake((2,), "<f4")), ValueError, ["scale_a", "float32 scalar"]),
     (dict(scale_b=fake((1,), "<f2")), ValueError, ["scale_b", "float32 scalar"]),
     (dict(scale_out=SCALE), ValueError, ["scale_out", "FP8 output"]),
+    (dict(amax_out=SCALE), ValueError, ["amax_out", "FP8 out", "fp8.amax"]),
     (dict(a=fake((64, 24)), b=kmajor_b(24, 32)), ValueError, ["a:", "multiple of 16 bytes"]),
     (dict(a=fake((64, 128), ptr=BASE + 8)), ValueError, ["a:", "16-byte aligned"]),
     (dict(b=kmajor_b(64, 32)), ValueError, ["b:", "must have 128 rows"]),
@@ -101,7 +102,9 @@ def _scalar(cp, v):
     return cp.asarray(np.array([v], dtype=np.float32))
 
 
-OUT_TOL = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 1e-4, "e4m3": 6e-2, "e5m2": 1.2e-1}
+# float32 out: FP8 tensor-core sums are not kept in full fp32 between promotions (measured
+# 1.0e-4 at K=128 on the H200), so the bound is looser than strict fp32's 1e-5.
+OUT_TOL = {"bfloat16": 1e-2, "float16": 2e-3, "float32": 4e-4, "e4m3": 6e-2, "e5m2": 1.2e-1}
 
 
 @pytest.mark.gpu
@@ -130,8 +133,9 @@ def test_scaled_matmul_matches_float64_of_the_fp8_values(out_dtype, act, with_bi
             ref = ref + bias.float().cpu().numpy().astype(np.float64)
     ref = _act(act, ref)
     amax = _scalar(cp, np.nan)
-    kw = dict(bias=bias, act=act, amax_out=amax)
-    if out_dtype in ("e4m3", "e5m2"):
+    fp8_out = out_dtype in ("e4m3", "e5m2")
+    kw = dict(bias=bias, act=act, amax_out=amax if fp8_out else None)
+    if fp8_out:
         s_out = 448.0 / np.abs(ref).max() * 0.5
         out = cp.full((M, N), 0x7F, dtype=cp.uint8)            # NaN codes
         fp8.scaled_matmul(a, w.T, _scalar(cp, sa), _scalar(cp, sb), out=out, format_a="e4m3",
@@ -149,7 +153,8 @@ def test_scaled_matmul_matches_float64_of_the_fp8_values(out_dtype, act, with_bi
                           format_b="e4m3", **kw)
         got = cp.asnumpy(out)
     assert rel_err(got, ref) < OUT_TOL[out_dtype]
-    assert abs(float(amax.get()[0]) - np.abs(ref).max()) <= 1e-3 * np.abs(ref).max()
+    if fp8_out:
+        assert abs(float(amax.get()[0]) - np.abs(ref).max()) <= 1e-3 * np.abs(ref).max()
 
 
 @pytest.mark.gpu
@@ -163,7 +168,7 @@ def test_e5m2_operand_and_new_result():
     out = fp8.scaled_matmul(g, w.T, _scalar(cp, 0.01), _scalar(cp, 1.0), format_a="e5m2",
                             format_b="e4m3", out_dtype="float32")
     assert out.dtype == cp.float32 and out.shape == (M, N)
-    assert rel_err(cp.asnumpy(out), 0.01 * g64 @ w64.T) < 1e-4
+    assert rel_err(cp.asnumpy(out), 0.01 * g64 @ w64.T) < OUT_TOL["float32"]
 
 
 @pytest.mark.gpu
@@ -188,14 +193,15 @@ def test_refused_layouts_write_nothing():
     import cupy as cp
     a = cp.asarray(fp8_ref.to_codes(np.random.default_rng().standard_normal((64, 128)), "e4m3"))
     w = cp.asarray(fp8_ref.to_codes(np.random.default_rng().standard_normal((32, 128)), "e4m3"))
-    out = cp.full((64, 32), cp.nan, dtype=cp.float32)
+    out = cp.full((64, 32), 0x7F, dtype=cp.uint8)
     amax = _scalar(cp, -1.0)
     one = _scalar(cp, 1.0)
     for a_, b_ in ((a, cp.ascontiguousarray(w.T)), (cp.asfortranarray(a), w.T)):
-        with pytest.raises(ValueError):
-            fp8.scaled_matmul(a_, b_, one, one, out=out, format_a="e4m3", format_b="e4m3", amax_out=amax)
+        with pytest.raises(ValueError, match="K contiguous"):
+            fp8.scaled_matmul(a_, b_, one, one, out=out, format_a="e4m3", format_b="e4m3",
+                              format_out="e4m3", scale_out=one, amax_out=amax)
     cp.cuda.runtime.deviceSynchronize()
-    assert bool(cp.isnan(out).all()) and float(amax.get()[0]) == -1.0
+    assert bool((out == 0x7F).all()) and float(amax.get()[0]) == -1.0
 
 
 @pytest.mark.gpu
@@ -206,20 +212,22 @@ def test_captured_graph_replays_with_new_scales():
     a, a64 = _fp8_device(cp, rng.standard_normal((M, K)), "e4m3")
     w, w64 = _fp8_device(cp, rng.standard_normal((N, K)), "e4m3")
     sa, sb = _scalar(cp, 1.0), _scalar(cp, 1.0)
-    out = cp.full((M, N), cp.nan, dtype=cp.float32)
+    out = cp.full((M, N), 0x7F, dtype=cp.uint8)
     amax = _scalar(cp, 0.0)
+    s_out = _scalar(cp, 4.0)
     s = cp.cuda.Stream(non_blocking=True)
     run = lambda: fp8.scaled_matmul(a, w.T, sa, sb, out=out, format_a="e4m3", format_b="e4m3",
-                                    amax_out=amax, stream=s)
+                                    format_out="e4m3", scale_out=s_out, amax_out=amax, stream=s)
     run()                                # plan made eagerly
     with cygemm.graph.capture(s) as g:
         run()
     sa.set(np.array([2.0], np.float32))
-    out.fill(cp.nan)
+    s_out.set(np.array([1.0], np.float32))
+    out.fill(0x7F)
     g.replay(s)
     s.synchronize()
     ref = 2.0 * a64 @ w64.T
-    assert rel_err(cp.asnumpy(out), ref) < 1e-4
+    assert rel_err(fp8_ref.decode(cp.asnumpy(out), "e4m3"), ref) < OUT_TOL["e4m3"]
     assert abs(float(amax.get()[0]) - np.abs(ref).max()) <= 1e-3 * np.abs(ref).max()
 
 
@@ -239,7 +247,8 @@ def test_quantize_matches_the_definition_and_amax_the_host_maximum(fmt, dtype, n
     got = cp.asnumpy(out)
     # float32 x * scale is rounded once before the conversion (as the kernel does).
     want = fp8_ref.to_codes((host[offset:].astype(np.float32) * np.float32(scale)).astype(np.float64), fmt)
-    assert np.array_equal(got, want), np.flatnonzero(got != want)[:10]
+    bad = np.flatnonzero(got != want)[:5]
+    assert not len(bad), [(float(host[offset:][i]) * scale, int(got[i]), int(want[i])) for i in bad]
     assert float(amax.get()[0]) == float(np.abs(host[offset:].astype(np.float32)).max())
     values = fp8_ref.decode(got, fmt)
     assert np.abs(values).max() <= fp8_ref.largest(fmt)
@@ -282,7 +291,7 @@ def test_amax_alone_and_bad_inputs_write_nothing():
     with pytest.raises(ValueError, match="C-contiguous"):
         fp8.quantize(x[:, ::2], _scalar(cp, 1.0), out=cp.zeros(333 * 39, cp.uint8).reshape(333, 39))
     with pytest.raises(ValueError, match="out: expected shape"):
-        fp8.quantize(x[:2, :5], _scalar(cp, 1.0), out=q)
+        fp8.quantize(x[:2], _scalar(cp, 1.0), out=q)
     with pytest.raises(TypeError, match="format"):
         fp8.dequantize(q, _scalar(cp, 1.0))
     assert (q == 7).all()
