@@ -295,3 +295,13 @@ def test_amax_alone_and_bad_inputs_write_nothing():
     with pytest.raises(TypeError, match="format"):
         fp8.dequantize(q, _scalar(cp, 1.0))
     assert (q == 7).all()
+
+
+@pytest.mark.gpu
+def test_fp8_digits_example_trains_within_a_point_of_bfloat16():
+    pytest.importorskip("sklearn")
+    import examples_path  # noqa: F401
+    import train_digits_fp8 as ex
+    acc_fp8, acc_bf16 = ex.main(["--epochs", "15"])
+    assert acc_bf16 > 90.0
+    assert acc_fp8 >= acc_bf16 - 1.0, (acc_fp8, acc_bf16)
