@@ -17,6 +17,7 @@ from cygemm.tuning import load_tuning, save_tuning
 from cygemm.rowmajor import gemm, gemm_strided_batched
 from cygemm.gemm_plan import GemmPlan
 from cygemm.matmul import matmul, describe_matmul
+from cygemm.grouped import grouped_gemm, moe_gemm, describe_grouped
 from cygemm import gemm_ops, graph, plans, tuning
 
 __version__ = "0.2.0.dev0"
