@@ -108,7 +108,9 @@ def fn(name):
             "to_voidp_capsule": gemm_ops.to_voidp_capsule, "get_stream_ptr": gemm_ops.get_stream_ptr,
             "matmul": cygemm.matmul, "describe_matmul": cygemm.describe_matmul, "GemmPlan": cygemm.GemmPlan, "set_options": cygemm.set_options,
             "save_tuning": cygemm.save_tuning, "stream_pointer": cygemm.stream_pointer,
-            "empty_2d": gemm_ops.empty_2d, "empty_like_2d": gemm_ops.empty_like_2d}[name]
+            "empty_2d": gemm_ops.empty_2d, "empty_like_2d": gemm_ops.empty_like_2d,
+            "grouped_gemm": cygemm.grouped_gemm, "moe_gemm": cygemm.moe_gemm,
+            "describe_grouped": cygemm.describe_grouped}[name]
 
 
 # (function, build(mk) -> (args, kwargs), exception, words the message must hold, CPU-checkable)
@@ -389,6 +391,30 @@ CASES = {
     "empty_2d/int dtype": ("empty_2d", lambda mk: ((2, 2), {"dtype": np.int32}), TypeError, ["dtype:", "int32"], False),
     "empty_like_2d/3-D": ("empty_like_2d", lambda mk: ((mk.arr((2, 2, 2)),), {}), ValueError, ["x:"], True),
     "get_stream_ptr/str": ("get_stream_ptr", lambda mk: (("s",), {}), TypeError, ["stream:"], True),
+    # ---- grouped GEMMs
+    "grouped_gemm/lengths differ": ("grouped_gemm", lambda mk: (([mk.arr((2, 3))], [mk.arr((3, 2))] * 2,
+                                                                 [mk.out((2, 2))]), {}),
+                                    ValueError, ["Bs:", "one matrix per group"], True),
+    "grouped_gemm/inner mismatch": ("grouped_gemm", lambda mk: (([mk.arr((2, 3)), mk.arr((2, 3))],
+                                                                 [mk.arr((3, 2)), mk.arr((4, 2))],
+                                                                 [mk.out((2, 2)), mk.out((2, 2))]), {}),
+                                    ValueError, ["Bs[1]:", "3 rows", "4x2"], True),
+    "grouped_gemm/mixed dtypes": ("grouped_gemm", lambda mk: (([mk.arr((2, 3)), mk.arr((2, 3), "float16")],
+                                                               [mk.arr((3, 2))] * 2, [mk.out((2, 2)), mk.out((2, 2))]),
+                                                              {}), TypeError, ["As[1]:", "float16"], True),
+    "grouped_gemm/out is an input": ("grouped_gemm", lambda mk: (lambda P: (([mk.view(P, np.s_[:, :3])], [mk.arr((3, 2))],
+                                                                              [mk.view(P, np.s_[:, 2:4])]), {}))(mk.out((2, 4))),
+                                     ValueError, ["outs[0]:", "overlaps As[0]"], True),
+    "grouped_gemm/unknown route": ("grouped_gemm", lambda mk: (([mk.arr((2, 3))], [mk.arr((3, 2))], [mk.out((2, 2))]),
+                                                               {"route": "fast"}), ValueError, ["route:", "'fast'"], True),
+    "moe_gemm/decreasing offsets": ("moe_gemm", lambda mk: ((mk.arr((4, 3)), mk.arr((2, 3, 2)), [0, 3, 2],
+                                                             mk.out((4, 2))), {}),
+                                    ValueError, ["group_offsets:", "non-decreasing"], True),
+    "moe_gemm/bad w_layout": ("moe_gemm", lambda mk: ((mk.arr((4, 3)), mk.arr((2, 3, 2)), [0, 2, 4], mk.out((4, 2))),
+                                                      {"w_layout": "kt"}), ValueError, ["w_layout:", "'kt'"], True),
+    "describe_grouped/inner mismatch": ("describe_grouped", lambda mk: (([mk.arr((2, 3))], [mk.arr((4, 2))],
+                                                                         [mk.out((2, 2))]), {}),
+                                        ValueError, ["Bs[0]:", "3 rows"], True),
 }
 
 

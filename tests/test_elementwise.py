@@ -15,8 +15,17 @@ def _act(name, z):
 
 
 def _grad(name, z):
-    h = 1e-6
-    return (_act(name, z + h) - _act(name, z - h)) / (2 * h)
+    """The derivatives, from their formulas (exact at relu's kink, where differences are not)."""
+    if name == "none":
+        return np.ones_like(z)
+    if name == "relu":
+        return (z > 0).astype(np.float64)
+    if name == "silu":
+        s = 1 / (1 + np.exp(-z))
+        return s * (1 + z * (1 - s))
+    c = np.sqrt(2 / np.pi)
+    t = np.tanh(c * (z + 0.044715 * z ** 3))
+    return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * c * (1 + 3 * 0.044715 * z * z)
 
 
 def test_bad_arguments_are_refused_before_anything_runs():
