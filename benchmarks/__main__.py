@@ -32,10 +32,10 @@ import contenders as C  # noqa: E402
 from common import L2_BYTES, build_floor, clocks, environment, gpu_ms, host_us, run_floor  # noqa: E402
 from mlp import MLP  # noqa: E402
 from training import backend_section, train_section  # noqa: E402,F401  (run by name below)
-from hopper import elementwise_section, fp8_section  # noqa: E402,F401
+from hopper import elementwise_section, fp8_section, grouped_section  # noqa: E402,F401
 
 SECTIONS = ["host", "ceilings", "square", "shapes", "transposes", "batched", "matmul", "fused", "mlp", "graph",
-            "train", "backend", "fp8", "elementwise"]
+            "train", "backend", "fp8", "grouped", "elementwise"]
 
 
 class Recorder:

@@ -5,6 +5,11 @@
 //   batched M N K BATCH PREC BCAST   cublasGemmStridedBatchedEx (BCAST 1: B's stride is 0)
 //   lt      M N K EPI           cublasLtMatmul, TF32, epilogue relu_bias|gelu_bias|bias|none,
 //                                the heuristic's first algorithm chosen once before timing
+//   grouped ROUTE PREC K N R1,R2,..   a mixture-of-experts layer: out_g (R_g x N) = x_g @ W_g^T,
+//                                x (sum R x K) and out stacked, W (G x N x K); ROUTE loop (a
+//                                cublasGemmEx per group), grouped (cublasGemmGroupedBatchedEx,
+//                                its arrays prepared once) or batched (cublasGemmStridedBatchedEx,
+//                                uniform groups)
 // followed by MODE: gpu (CUDA-event time per call), host (wall time per call over
 // thousands of back-to-back calls, one sync), graph (time per call replayed from a graph).
 // PREC: tf32 | fp32 | fp16 | bf16. A case's operands are made once and kept for later
@@ -179,6 +184,13 @@ struct Case {
     cublasLtMatmulPreference_t pref = nullptr;
     cublasLtMatmulHeuristicResult_t res;
     float alpha = 1.f, beta = 0.f;
+    // grouped: the groups' rows, and cublasGemmGroupedBatchedEx's arrays (pointers on the device).
+    std::string route_s;
+    std::vector<long long> rows;
+    std::vector<int> gm, gn, gk, glda, gldb, gldc, gsize;
+    std::vector<cublasOperation_t> gta, gtb;
+    std::vector<float> galpha, gbeta;
+    void** dptrs = nullptr;
 
     Case(const std::string& spec, cublasHandle_t h_, cublasLtHandle_t lt_, void* ws_, size_t wsb, cudaStream_t s_)
         : h(h_), lt(lt_), ws(ws_), ws_bytes(wsb), s(s_) {
@@ -187,6 +199,39 @@ struct Case {
         if (kind == "gemm") in >> M >> N >> K >> prec_s >> ta >> tb;
         else if (kind == "batched") in >> M >> N >> K >> batch >> prec_s >> bcast;
         else if (kind == "lt") in >> M >> N >> K >> epi_s;
+        else if (kind == "grouped") {
+            std::string list;
+            in >> route_s >> prec_s >> K >> N >> list;
+            std::istringstream ls(list);
+            for (std::string r; std::getline(ls, r, ',');) rows.push_back(std::stoll(r));
+            M = 0;
+            for (long long r : rows) M += r;
+            p = parse_prec(prec_s);
+            // x (M x K), W (G x N x K), out (M x N): one set (these layers are far larger than L2).
+            sets.push_back({random_device(size_t(M) * K, p, 1), random_device(size_t(rows.size()) * N * K, p, 2),
+                            random_device(size_t(M) * N, p, 3)});
+            std::vector<void*> host;
+            long long off = 0;
+            const Set& o = sets[0];
+            for (size_t g = 0; g < rows.size(); off += rows[g], ++g) {
+                if (rows[g] == 0) continue;
+                host.push_back(static_cast<char*>(o.B) + g * N * K * p.bytes);
+                gm.push_back(int(N)); gn.push_back(int(rows[g])); gk.push_back(int(K));
+                glda.push_back(int(K)); gldb.push_back(int(K)); gldc.push_back(int(N)); gsize.push_back(1);
+                gta.push_back(CUBLAS_OP_T); gtb.push_back(CUBLAS_OP_N); galpha.push_back(1.f); gbeta.push_back(0.f);
+            }
+            const size_t n = gm.size();
+            off = 0;
+            for (size_t g = 0; g < rows.size(); off += rows[g], ++g)
+                if (rows[g]) host.push_back(static_cast<char*>(o.A) + off * K * p.bytes);
+            off = 0;
+            for (size_t g = 0; g < rows.size(); off += rows[g], ++g)
+                if (rows[g]) host.push_back(static_cast<char*>(o.C) + off * N * p.bytes);
+            CUDA_CHECK(cudaMalloc(&dptrs, host.size() * sizeof(void*)));
+            CUDA_CHECK(cudaMemcpy(dptrs, host.data(), host.size() * sizeof(void*), cudaMemcpyHostToDevice));
+            (void)n;
+            return;
+        }
         else { fprintf(stderr, "unknown case %s\n", kind.c_str()); exit(1); }
         p = parse_prec(prec_s);
         const size_t na = size_t(M) * K * batch, nb = size_t(K) * N * (bcast ? 1 : batch), nc = size_t(M) * N * batch;
@@ -224,6 +269,33 @@ struct Case {
             const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
             CUBLAS_CHECK(cublasGemmEx(h, opb, opa, N, M, K, &alpha, o.B, p.data, tb ? K : N, o.A, p.data,
                                       ta ? M : K, &beta, o.C, p.data, N, p.compute, CUBLAS_GEMM_DEFAULT));
+        } else if (kind == "grouped") {
+            const int n = int(gm.size());
+            if (route_s == "grouped") {
+                CUBLAS_CHECK(cublasGemmGroupedBatchedEx(h, gta.data(), gtb.data(), gm.data(), gn.data(), gk.data(),
+                                                        galpha.data(), (const void* const*)dptrs, p.data, glda.data(),
+                                                        (const void* const*)(dptrs + n), p.data, gldb.data(),
+                                                        gbeta.data(), dptrs + 2 * n, p.data, gldc.data(), n,
+                                                        gsize.data(), p.compute));
+            } else if (route_s == "batched") {
+                const long long r = rows[0];
+                CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, r, K, &alpha, o.B, p.data, K,
+                                                        N * K, o.A, p.data, K, r * K, &beta, o.C, p.data, N, r * N,
+                                                        int(rows.size()), p.compute, CUBLAS_GEMM_DEFAULT));
+            } else {
+                long long off = 0;
+                for (long long r : rows) {
+                    if (r) {
+                        const size_t g = &r - rows.data();
+                        CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, r, K, &alpha,
+                                                  static_cast<const char*>(o.B) + g * N * K * p.bytes, p.data, K,
+                                                  static_cast<const char*>(o.A) + off * K * p.bytes, p.data, K, &beta,
+                                                  static_cast<char*>(o.C) + off * N * p.bytes, p.data, N, p.compute,
+                                                  CUBLAS_GEMM_DEFAULT));
+                    }
+                    off += r;
+                }
+            }
         } else if (kind == "batched") {
             CUBLAS_CHECK(cublasGemmStridedBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, N, M, K, &alpha, o.B, p.data, N,
                                                     bcast ? 0 : K * N, o.A, p.data, K, M * K, &beta, o.C, p.data, N,
@@ -241,6 +313,7 @@ struct Case {
             cublasLtMatmulDescDestroy(desc);
         }
         for (auto& o : sets) { cudaFree(o.A); cudaFree(o.B); cudaFree(o.C); }
+        if (dptrs) cudaFree(dptrs);
         if (bias) cudaFree(bias);
     }
 };

@@ -141,3 +141,50 @@ def elementwise_section(R, s, floor):
                                                                  stream=ptr),
             "torch F.linear + activation": _on_torch_stream(s, lambda: tact(F.linear(A, W, b))),
         }, s, flop=2.0 * Md * Nd * Kd, reps=20)
+
+
+# The mixture-of-experts shapes: (name, rows per expert, K, N). The ragged one: 16 experts of
+# 128..1664 rows, 13056 in all.
+_RAGGED = [128 * i for i in range(1, 14)] + [128, 640, 640]
+GROUPED_SHAPES = (("16 ragged", _RAGGED, 4096, 1024), ("64 x 256", [256] * 64, 4096, 1024),
+                  ("8 x 2048", [2048] * 8, 4096, 4096))
+
+
+def grouped_section(R, s, floor):
+    """Grouped bf16 GEMMs out_g = x_g @ W_g^T (W stored (G, N, K)) in the mixture-of-experts
+    form: cygemm.moe_gemm (its measured route), torch._grouped_mm and, for uniform groups,
+    torch.bmm; the cuBLAS routes timed from C++ on operands of the same shapes."""
+    import numpy as np
+    from cygemm import grouped
+    torch = _torch()
+    ptr = s.ptr
+    for name, rows, K, N in (GROUPED_SHAPES[1:2] if R.quick else GROUPED_SHAPES):
+        G, T = len(rows), sum(rows)
+        case = f"grouped bf16 {name}, K={K}, N={N}"
+        R.progress(case)
+        g = torch.Generator(device="cuda").manual_seed(G)
+        x = torch.randn(T, K, device="cuda", generator=g).to(torch.bfloat16)
+        w = torch.randn(G, N, K, device="cuda", generator=g).to(torch.bfloat16)
+        out = torch.empty(T, N, device="cuda", dtype=torch.bfloat16)
+        out_t = torch.empty(T, N, device="cuda", dtype=torch.bfloat16)
+        offsets = [0] + list(np.cumsum(rows))
+        ends = torch.tensor(offsets[1:], device="cuda", dtype=torch.int32)
+        grouped.moe_gemm(x, w, offsets, out, w_layout="nk", stream=ptr)       # routes timed here, once
+        s.synchronize()
+        chosen = grouped.last_route()
+        contenders = {f"cygemm moe_gemm ({chosen})": lambda: grouped.moe_gemm(x, w, offsets, out, w_layout="nk",
+                                                                             stream=ptr)}
+        if hasattr(torch, "_grouped_mm"):
+            contenders["torch._grouped_mm"] = _on_torch_stream(s, lambda: torch._grouped_mm(
+                x, w.transpose(-2, -1), offs=ends, out_dtype=torch.bfloat16))
+        else:
+            contenders["torch._grouped_mm"] = C.Skip("this torch has no _grouped_mm")
+        if len(set(rows)) == 1:
+            xb, ob = x.view(G, rows[0], K), out_t.view(G, rows[0], N)
+            contenders["torch.bmm"] = _on_torch_stream(s, lambda: torch.bmm(xb, w.transpose(-2, -1), out=ob))
+        listed = ",".join(map(str, rows))
+        floors = [(f"C++ cuBLAS {route}", f"grouped {route} bf16 {K} {N} {listed} gpu")
+                  for route in ("loop", "grouped") + (("batched",) if len(set(rows)) == 1 else ())]
+        R.measure(case, contenders, s, flop=2.0 * T * N * K, reps=20, floors=floors, route=chosen)
+        contenders.clear()
+        torch.cuda.empty_cache()
