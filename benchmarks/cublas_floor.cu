@@ -284,9 +284,9 @@ struct Case {
                                                         int(rows.size()), p.compute, CUBLAS_GEMM_DEFAULT));
             } else {
                 long long off = 0;
-                for (long long r : rows) {
+                for (size_t g = 0; g < rows.size(); ++g) {
+                    const long long r = rows[g];
                     if (r) {
-                        const size_t g = &r - rows.data();
                         CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, r, K, &alpha,
                                                   static_cast<const char*>(o.B) + g * N * K * p.bytes, p.data, K,
                                                   static_cast<const char*>(o.A) + off * K * p.bytes, p.data, K, &beta,
