@@ -10,6 +10,9 @@
 //                                cublasGemmEx per group), grouped (cublasGemmGroupedBatchedEx,
 //                                its arrays prepared once) or batched (cublasGemmStridedBatchedEx,
 //                                uniform groups)
+//   fp8     M N K EPI           cublasLtMatmul, E4M3 x E4M3 -> bf16, row-major out = x @ W^T
+//                                (x M x K, W N x K), epilogue none|gelu_bias; the fastest of the
+//                                heuristic's first eight algorithms, timed once before
 // followed by MODE: gpu (CUDA-event time per call), host (wall time per call over
 // thousands of back-to-back calls, one sync), graph (time per call replayed from a graph).
 // PREC: tf32 | fp32 | fp16 | bf16. A case's operands are made once and kept for later
@@ -76,6 +79,24 @@ __global__ void init_normal(T* p, size_t n, unsigned seed) {
         const float u1 = (x >> 8) * (1.f / 16777216.f) + 1e-7f, u2 = (y >> 8) * (1.f / 16777216.f);
         p[i] = T(sqrtf(-2.f * logf(u1)) * cospif(2.f * u2));
     }
+}
+
+// FP8 E4M3 codes of magnitude <= 120 (no NaN code), either sign.
+__global__ void init_fp8(unsigned char* p, size_t n, unsigned seed) {
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+        unsigned h = (unsigned(i) ^ (seed * 0x9E3779B9u)) * 0x85EBCA6Bu;
+        h ^= h >> 13;
+        p[i] = (unsigned char)((h % 0x70u) | (h & 0x80u));
+    }
+}
+
+void* random_fp8(size_t n, unsigned seed) {
+    void* ptr;
+    CUDA_CHECK(cudaMalloc(&ptr, std::max<size_t>(n, 1)));
+    init_fp8<<<1024, 256>>>(static_cast<unsigned char*>(ptr), n, seed);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaDeviceSynchronize());
+    return ptr;
 }
 
 void* random_device(size_t n, const Prec& p, unsigned seed) {
@@ -232,6 +253,11 @@ struct Case {
             (void)n;
             return;
         }
+        else if (kind == "fp8") {
+            in >> M >> N >> K >> epi_s;
+            prepare_fp8();
+            return;
+        }
         else { fprintf(stderr, "unknown case %s\n", kind.c_str()); exit(1); }
         p = parse_prec(prec_s);
         const size_t na = size_t(M) * K * batch, nb = size_t(K) * N * (bcast ? 1 : batch), nc = size_t(M) * N * batch;
@@ -262,6 +288,57 @@ struct Case {
         }
     }
 
+    void prepare_fp8() {
+        p = parse_prec("bf16");
+        sets.push_back({random_fp8(size_t(M) * K, 1), random_fp8(size_t(N) * K, 2), random_device(size_t(M) * N, p, 3)});
+        bias = random_device(size_t(N), p, 99);
+        CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        const cublasOperation_t t = CUBLAS_OP_T, n = CUBLAS_OP_N;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)));
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &n, sizeof(n)));
+        const cublasLtEpilogue_t epi = epi_s == "gelu_bias" ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+        CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+        if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
+            const cudaDataType bt = CUDA_R_16BF;
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof(bt)));
+        }
+        // Row-major out (M x N) = x @ W^T is column-major out^T (N x M) = W (op T) @ x^T.
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, K, N, K));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, K, M, K));
+        CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N));
+        CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+        uint64_t wsb64 = ws_bytes;
+        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb64,
+                                                          sizeof(wsb64)));
+        cublasLtMatmulHeuristicResult_t cand[8];
+        int found = 0;
+        CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 8, cand, &found));
+        if (!found) { fprintf(stderr, "no FP8 algorithm for %s\n", kind.c_str()); exit(1); }
+        // The fastest candidate: median of 7 timed runs each, after 3 warm-up runs.
+        cudaEvent_t e0, e1;
+        CUDA_CHECK(cudaEventCreate(&e0));
+        CUDA_CHECK(cudaEventCreate(&e1));
+        float best = 1e30f;
+        for (int i = 0; i < found; ++i) {
+            std::vector<double> ms;
+            for (int r = 0; r < 10; ++r) {
+                CUDA_CHECK(cudaEventRecord(e0, s));
+                if (cublasLtMatmul(lt, desc, &alpha, sets[0].B, la, sets[0].A, lb, &beta, sets[0].C, lc, sets[0].C, lc,
+                                   &cand[i].algo, ws, ws_bytes, s) != CUBLAS_STATUS_SUCCESS) break;
+                CUDA_CHECK(cudaEventRecord(e1, s));
+                CUDA_CHECK(cudaEventSynchronize(e1));
+                float t_ms = 0;
+                CUDA_CHECK(cudaEventElapsedTime(&t_ms, e0, e1));
+                if (r >= 3) ms.push_back(t_ms);
+            }
+            if (ms.size() == 7 && median(ms) < best) { best = float(median(ms)); res = cand[i]; }
+        }
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+        if (best == 1e30f) { fprintf(stderr, "no FP8 algorithm ran for %s\n", kind.c_str()); exit(1); }
+    }
+
     void call() {
         const Set& o = sets[rotate ? next++ % sets.size() : 0];
         // Row-major C (M x N) = op(A) op(B) is column-major C^T (N x M) = op(B)^T op(A)^T.
@@ -269,6 +346,9 @@ struct Case {
             const cublasOperation_t opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
             CUBLAS_CHECK(cublasGemmEx(h, opb, opa, N, M, K, &alpha, o.B, p.data, tb ? K : N, o.A, p.data,
                                       ta ? M : K, &beta, o.C, p.data, N, p.compute, CUBLAS_GEMM_DEFAULT));
+        } else if (kind == "fp8") {
+            CUBLAS_CHECK(cublasLtMatmul(lt, desc, &alpha, o.B, la, o.A, lb, &beta, o.C, lc, o.C, lc, &res.algo, ws,
+                                        ws_bytes, s));
         } else if (kind == "grouped") {
             const int n = int(gm.size());
             if (route_s == "grouped") {

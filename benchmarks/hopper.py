@@ -31,7 +31,9 @@ def _on_torch_stream(s, fn):
 
 def fp8_section(R, s, floor):
     """FP8 E4M3 GEMMs, bf16 out, a (M, K) row-major and w (N, K) (b = w.T): cygemm's FP8 plain and
-    with bias + gelu fused, cygemm's bf16 GEMM on the same shapes, torch._scaled_mm and torch's bf16."""
+    with bias + gelu fused, cygemm's bf16 GEMM on the same shapes, torch._scaled_mm and torch's bf16,
+    and cuBLASLt's fastest FP8 kernels (plain, bias + gelu) timed from C++ on operands of the
+    same shapes."""
     torch = _torch()
     shapes = FP8_SHAPES[1:2] if R.quick else FP8_SHAPES
     for M, N, K in shapes:
@@ -56,7 +58,9 @@ def fp8_section(R, s, floor):
                 a8, w8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16, out=out_theirs)),
             "torch bf16 mm": _on_torch_stream(s, lambda: torch.mm(a_bf, w_bf.t(), out=out_theirs)),
         }
-        R.measure(case, contenders, s, flop=2.0 * M * N * K, reps=20)
+        floors = [("C++ cuBLASLt fp8 (fastest of 8)", f"fp8 {M} {N} {K} none gpu"),
+                  ("C++ cuBLASLt fp8 + bias + gelu (fastest of 8)", f"fp8 {M} {N} {K} gelu_bias gpu")]
+        R.measure(case, contenders, s, flop=2.0 * M * N * K, reps=20, floors=floors)
         contenders.clear()
         torch.cuda.empty_cache()
 
