@@ -38,8 +38,24 @@ def main():
     stream.synchronize()
     ref3 = a3.astype(np.float64) @ b2.astype(np.float64)
     err3 = np.linalg.norm(C3.get() - ref3) / np.linalg.norm(ref3)
-    ok = err < 1e-5 and err3 < 1e-5       # strict fp32; NaN fails the comparison
-    print(f"sgemm rel. error {err:.1e}, sgemm_batched rel. error {err3:.1e}: {'ok' if ok else 'FAIL'}")
+
+    # FP8 E4M3 operands of small integers (exact in E4M3: codes of -2, -1, 0, 1, 2), so the
+    # float64 reference is exact; the GEMM accumulates integers, exact in float32 too.
+    codes = np.array([0xC0, 0xB8, 0x00, 0x38, 0x40], np.uint8)
+    values = np.array([-2.0, -1.0, 0.0, 1.0, 2.0])
+    m8, n8, k8 = 32, 16, 64
+    ia, iw = rng.integers(0, 5, (m8, k8)), rng.integers(0, 5, (n8, k8))
+    with stream:
+        A8, W8 = cp.asarray(codes[ia]), cp.asarray(codes[iw])
+        D8 = cp.full((m8, n8), cp.nan, cp.float32)
+        sa, sw = cp.asarray(np.array([0.5], np.float32)), cp.asarray(np.array([3.0], np.float32))
+    consumer.fp8_gemm(A8.data.ptr, W8.data.ptr, D8.data.ptr, m8, n8, k8, sa.data.ptr, sw.data.ptr, stream.ptr)
+    stream.synchronize()
+    ref8 = 1.5 * values[ia] @ values[iw].T
+    err8 = np.abs(D8.get() - ref8).max()
+    ok = err < 1e-5 and err3 < 1e-5 and err8 == 0      # strict fp32; NaN fails the comparison
+    print(f"sgemm rel. error {err:.1e}, sgemm_batched rel. error {err3:.1e}, fp8 max error {err8:.1e}: "
+          f"{'ok' if ok else 'FAIL'}")
     return 0 if ok else 1
 
 

@@ -1,10 +1,11 @@
 # cython: language_level=3
 """Row-major GEMMs through cygemm's C API, with the GIL released: no Python objects on the hot path."""
 from libc.stdint cimport int64_t, uintptr_t
-from cygemm.cudart cimport cudaStream_t, CUDA_R_32F
+from cygemm.cudart cimport cudaStream_t, CUDA_R_32F, CUDA_R_8F_E4M3
 from cygemm.cublas cimport CUBLAS_COMPUTE_32F
 from cygemm._context cimport GemmContext, current_context
 from cygemm.rowmajor cimport gemm_rowmajor, gemm_rowmajor_strided_batched
+from cygemm.fp8 cimport scaled_gemm_rowmajor
 
 
 def sgemm(uintptr_t A, uintptr_t B, uintptr_t C, int64_t m, int64_t n, int64_t k,
@@ -29,3 +30,13 @@ def sgemm_batched(uintptr_t A, uintptr_t B, uintptr_t C, int64_t m, int64_t n, i
                                       <const void*>A, k, m * k,    # lda, batch stride
                                       <const void*>B, n, 0,        # ldb, stride 0: broadcast
                                       0.0, <void*>C, n, m * n, batch)
+
+
+def fp8_gemm(uintptr_t A, uintptr_t W, uintptr_t D, int64_t m, int64_t n, int64_t k,
+             uintptr_t scale_a, uintptr_t scale_w, uintptr_t stream):
+    """D (m, n) float32 = scale_a * scale_w * A (m, k) @ W (n, k).T, A and W in FP8 E4M3."""
+    cdef GemmContext* ctx = current_context()
+    with nogil:
+        scaled_gemm_rowmajor(ctx, <cudaStream_t>stream, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_32F,
+                             m, n, k, <const void*>A, k, <const void*>W, k, <void*>D, n,
+                             <const float*>scale_a, <const float*>scale_w, NULL, NULL, NULL, 0, False)
