@@ -306,3 +306,26 @@ def test_fp8_digits_example_trains_within_a_point_of_bfloat16():
     acc_fp8, acc_bf16 = ex.main(["--epochs", "15"])
     assert acc_bf16 > 90.0
     assert acc_fp8 >= acc_bf16 - 1.0, (acc_fp8, acc_bf16)
+
+
+@pytest.mark.gpu
+def test_quantize_and_dequantize_capture_and_replay_with_new_scales():
+    import cupy as cp
+    rng = np.random.default_rng()
+    host = rng.standard_normal(4099).astype(np.float32)
+    x = cp.asarray(host)
+    scale, inv = _scalar(cp, 1.0), _scalar(cp, 1.0)
+    q, amax = cp.zeros(4099, cp.uint8), _scalar(cp, -1.0)
+    y = cp.full(4099, cp.nan, cp.float32)
+    s = cp.cuda.Stream(non_blocking=True)
+    with cygemm.graph.capture(s) as g:
+        fp8.quantize(x, scale, out=q, format="e4m3", amax=amax, stream=s)
+        fp8.dequantize(q, inv, out=y, format="e4m3", stream=s)
+    scale.set(np.array([8.0], np.float32))
+    inv.set(np.array([0.125], np.float32))
+    g.launch(s)
+    s.synchronize()
+    want = fp8_ref.decode(fp8_ref.to_codes(host * np.float32(8.0), "e4m3"), "e4m3")
+    assert np.array_equal(fp8_ref.decode(cp.asnumpy(q), "e4m3"), want)
+    assert np.array_equal(cp.asnumpy(y), (want * 0.125).astype(np.float32))
+    assert float(amax.get()[0]) == float(np.abs(host).max())
