@@ -86,11 +86,13 @@ cdef MatrixView* _scalar(CallArgs* c, object x, str name, ArgRole role) except N
     return add_view(c, &v, name, role)
 
 
-cdef int _aligned16(const MatrixView* v, str name, int64_t ld) except -1:
+cdef int _aligned16(const MatrixView* v, str name, int64_t ld, int64_t lines) except -1:
+    """16-byte aligned pointer, and ld (elements between its `lines` rows or columns) a
+    multiple of 16 bytes where there is more than one."""
     if (<uintptr_t>v.ptr) % 16:
         raise ValueError(f"{name}: FP8 GEMMs need 16-byte aligned operands, got address "
                          f"{<uintptr_t>v.ptr:#x}")
-    if v.rows > 1 and (ld * v.itemsize) % 16:
+    if lines > 1 and (ld * v.itemsize) % 16:
         raise ValueError(f"{name}: FP8 GEMMs need a leading dimension that is a multiple of 16 bytes, "
                          f"got {ld} elements of {v.itemsize} bytes")
     return 0
@@ -166,8 +168,12 @@ cdef int scaled_gemm_rowmajor(GemmContext* ctx, cudaStream_t stream, cudaDataTyp
         s.epi = CUBLASLT_EPILOGUE_RELU_BIAS if bias != NULL else CUBLASLT_EPILOGUE_RELU
     elif act == CYGEMM_ACT_GELU:
         s.epi = CUBLASLT_EPILOGUE_GELU_BIAS if bias != NULL else CUBLASLT_EPILOGUE_GELU
-    else:
+    elif act == CYGEMM_ACT_NONE:
         s.epi = CUBLASLT_EPILOGUE_BIAS if bias != NULL else CUBLASLT_EPILOGUE_DEFAULT
+    else:
+        with gil:
+            raise ValueError(f"act: FP8 GEMMs apply none (0), relu (1) or gelu (3) in cuBLASLt's epilogue, "
+                             f"got {act}")
     if m == 0 or n == 0:
         return 0
     with gil:
@@ -253,6 +259,17 @@ cdef int _read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object sca
             raise ValueError(f"amax_out: cuBLASLt computes the output's amax only for an FP8 out; out is "
                              f"{dtype_name(d_type)} (use cygemm.fp8.amax(out, amax) after the GEMM)")
         vam = _scalar(c, amax_out, "amax_out", ARG_WRITE)
+    if va.rows == 0 or vb.cols == 0:          # an empty result: nothing runs, no layout to check
+        _epilogue(activation_row(act), bias is not None, &s.epi)
+        s.g.m, s.g.n, s.g.k = vb.cols, va.rows, va.cols
+        s.g.c = pout.ptr
+        s.g.opa, s.g.opb, s.g.lda, s.g.ldb, s.g.ldc = CUBLAS_OP_T, CUBLAS_OP_N, 0, 0, 0
+        s.types.a, s.types.b, s.types.d, s.types.c, s.types.bias = vb.dtype, va.dtype, d_type, d_type, bias_type
+        s.types.a_scale = s.types.b_scale = s.types.d_scale = NULL
+        s.types.amax_d = NULL
+        s.types.fast_accum = fast_accum
+        s.epi, s.bias = CUBLASLT_EPILOGUE_DEFAULT, NULL
+        return 0
     # The layout: Hopper's FP8 kernels are "TN" (cuBLAS's A transposed, B not), which under the
     # row-major swap is a row-major a and a column-major b. The one mapping says what we have.
     map_or_raise(va, vb, pout, False, False, &s.g, ("a", "b", "out"))
@@ -264,10 +281,10 @@ cdef int _read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object sca
         raise ValueError(f"b: FP8 GEMMs need b column-major (K contiguous): b = w.T for a C-contiguous w "
                          f"of shape (N, K), got element strides ({vb.row_stride}, {vb.col_stride}); make "
                          f"one with cupy.ascontiguousarray(b.T).T")
-    _aligned16(va, "a", s.g.ldb)
-    _aligned16(vb, "b", s.g.lda)
+    _aligned16(va, "a", s.g.ldb, va.rows)
+    _aligned16(vb, "b", s.g.lda, vb.cols)           # column-major: ld steps between columns
     if pout.ptr != NULL:
-        _aligned16(pout, "out", s.g.ldc)
+        _aligned16(pout, "out", s.g.ldc, pout.rows)
     elif (s.g.ldc * pout.itemsize) % 16:
         raise ValueError(f"out: FP8 GEMMs need a leading dimension that is a multiple of 16 bytes; a new "
                          f"({va.rows}, {vb.cols}) {dtype_name(d_type)} result has rows of {vb.cols * pout.itemsize} "
@@ -303,7 +320,7 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
         Dequantizing scales (``a``'s real values are ``scale_a * a``), read when the GEMM runs.
     out : device array, (M, N), row-major, optional
         bfloat16, float16, float32, or FP8 (torch float8, or ``uint8`` with ``format_out``).
-        None: a new CuPy array of ``out_dtype``.
+        None: a new CuPy array of ``out_dtype`` (bfloat16 through ``ml_dtypes``).
     out_dtype : {'bfloat16', 'float16', 'float32', 'e4m3', 'e5m2'}, optional
         The new result's type (default bfloat16), or a check of ``out``'s.
     bias : device array, (N,), optional

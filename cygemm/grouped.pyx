@@ -562,9 +562,28 @@ cdef int _run_grouped(const GroupedCall* f) except -1 nogil:
     return 0
 
 
+# Groups whose host arrays a capture under way recorded: the next graph captured on this thread
+# keeps them (cuBLAS may read its host size arrays when the graph replays, not only now).
+_tls_captured = threading.local()
+
+
+def _captured_groups():
+    kept = getattr(_tls_captured, "groups", [])
+    _tls_captured.groups = []
+    return kept
+
+
+from cygemm._context import add_capture_keepalive
+add_capture_keepalive(_captured_groups)
+
+
 cdef int _bind_host_arrays(_Groups grp, GroupedCall* f) except -1:
     grp.fill_host_arrays(f.alpha, f.beta)
     f.dims, f.ops, f.scalars, f.ones = grp.dims, grp.ops, grp.scalars, grp.ones
+    if stream_is_capturing(f.s):
+        if not hasattr(_tls_captured, "groups"):
+            _tls_captured.groups = []
+        _tls_captured.groups.append(grp)
     return 0
 
 

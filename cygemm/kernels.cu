@@ -148,8 +148,8 @@ __global__ void bias_act_forward_kernel(int64_t m, int64_t n, const T* x, int64_
 // third of its bandwidth on the H200.
 template <typename T, bool VEC, int ACT>
 __global__ void act_backward_kernel(int64_t m, int64_t n, int64_t rows_per_chunk,
-                                    const T* __restrict__ gy, int64_t ldgy, const T* __restrict__ z, int64_t ldz,
-                                    T* __restrict__ dz, int64_t lddz,
+                                    const T* gy, int64_t ldgy, const T* __restrict__ z, int64_t ldz,
+                                    T* dz, int64_t lddz,      // dz may be gy (in place): not restrict
                                     float* partial, float slope, bool from_output) {
     constexpr cygemm_act_t act = static_cast<cygemm_act_t>(ACT);
     constexpr int CV = cols_per_thread<T>();

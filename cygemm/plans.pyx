@@ -299,6 +299,10 @@ cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
     if plan is None:
         plan = _make_plan(ctx, stream, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, &k, key, &keep,
                           types)
+    elif types != NULL and plan.d.desc != NULL:
+        # Deciding runs the GEMM: with this call's scales and amax, not those an earlier call
+        # left in the descriptor (their buffers may be gone, and amax would be written there).
+        check_cublas(<cublasStatus_t>set_scale_pointers(&plan.d, types), "cublasLtMatmulDescSetAttribute(scales)")
     if keep:
         decide_plan(plan, ctx, stream, g, bias, aux, ws, ws_bytes, autotune, c_is_input, &keep)
     if keep:

@@ -82,3 +82,16 @@ def test_bias_gradient_accumulates_and_dz_may_be_gy():
     elementwise.act_backward(gy, z, dz_out=gy, dbias_out=db, act="relu", accumulate=True)
     assert rel_err(cp.asnumpy(gy), want) < 1e-6
     assert rel_err(cp.asnumpy(db), want.sum(axis=0) + start) < 1e-5
+
+
+def test_shifted_outputs_are_refused_exact_in_place_is_not():
+    import numpy as np
+    buf = np.zeros((9, 16), np.float32)
+    from fakes import fake_view
+    x, shifted = fake_view(buf, buf[:8]), fake_view(buf, buf[1:])
+    with pytest.raises(ValueError, match="out"):
+        elementwise.bias_act(x, out=shifted)
+    with pytest.raises(ValueError, match="dz_out"):
+        elementwise.act_backward(x, None, dz_out=shifted)
+    with pytest.raises(ValueError, match="z_out"):
+        elementwise.bias_act(x, out=fake_view(buf, buf[:8]), z_out=fake_view(buf, buf[:8]))
