@@ -57,7 +57,7 @@ class Recorder:
         self.rows.append(dict(section=self.section, case=case, contender=contender, metric="skipped",
                               value=None, reason=str(reason)))
 
-    def measure(self, case, contenders, stream, flop=None, inner=1, reps=30, floors=(), **extra):
+    def measure(self, case, contenders, stream, flop=None, inner=1, reps=30, floors=(), rounds=None, **extra):
         """GPU-time several contenders on one case in interleaved rounds: each round runs
         every contender once (the order rotated), so that drifts of clock or temperature
         fall on all alike. contenders: name -> callable(s) or a Skip; floors: (name, line)
@@ -70,7 +70,7 @@ class Recorder:
                 entries.append((False, name, calls))
         entries += [(True, name, line) for name, line in floors]
         got, failed = {name: [] for _, name, _ in entries}, {}
-        rounds = 2 if self.quick else 3
+        rounds = rounds or (2 if self.quick else 3)
         for r in range(rounds):
             k = r % max(1, len(entries))
             for is_floor, name, x in entries[k:] + entries[:k]:
