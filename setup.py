@@ -31,7 +31,8 @@ MODULES = {"_errors": [], "_settings": [], "_streams": [], "_release": [], "_con
            "elementwise": ["cygemm/kernels.cu"],
            "grouped": ["cygemm/grouped_kernels.cu"], "graph": []}
 HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h",
-           "cygemm/include/cygemm/fp8_kernels.h", "cygemm/include/cygemm/grouped_kernels.h"]
+           "cygemm/include/cygemm/fp8_kernels.h", "cygemm/include/cygemm/grouped_kernels.h",
+           "cygemm/include/cygemm/convert.h"]
 RUNPATH = "$ORIGIN/../nvidia/cu13/lib"
 
 

@@ -3,6 +3,7 @@
 // moves 16 elements per step with 16-byte loads and stores where both pointers are 16-byte
 // aligned, a scalar loop otherwise and for the tail; the grid is sized to the GPU and strides.
 #include "cygemm/fp8_kernels.h"
+#include "cygemm/convert.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -15,13 +16,8 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kChunk = 16;           // elements per thread per step: 16 bytes of FP8
 
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_f(float x);
-template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+using cygemm_convert::to_f;
+using cygemm_convert::from_f;
 
 __device__ __forceinline__ unsigned char quantize1(float v, __nv_fp8_interpretation_t fmt) {
     return __nv_cvt_float_to_fp8(v, __NV_SATFINITE, fmt);

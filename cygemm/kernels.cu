@@ -4,6 +4,7 @@
 // accesses where the layout allows (4 floats or 8 halves per access), float math
 // for every storage type.
 #include "cygemm/kernels.h"
+#include "cygemm/convert.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -19,13 +20,8 @@ constexpr int kRowThreads = 8;       // threads across rows in a block
 // Columns per thread for T: one 16-byte access (4 floats, 8 halves).
 template <typename T> constexpr int cols_per_thread() { return 16 / int(sizeof(T)); }
 
-__device__ __forceinline__ float to_f(float x) { return x; }
-__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_f(float x);
-template <> __device__ __forceinline__ float from_f<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+using cygemm_convert::to_f;
+using cygemm_convert::from_f;
 
 // __fdividef: a division of a few instructions (IEEE division cost the GELU pass 16% of its
 // bandwidth on the H200); for 1 + exp(-z) = inf it gives 0, the limit.
