@@ -18,22 +18,31 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Lowest first: each module cimports only those before it.
+# Each module's kernels (cygemm/kernels/*.cu): every .cu is compiled once, its object linked into
+# the modules that launch it.
 MODULES = {"_errors": [], "_settings": [], "_streams": [], "_release": [], "_context": [], "_arrays": [],
            "_alloc": [], "_args": [],
-           "tuning": ["cygemm/timing.cu"], "_launch": [], "_candidates": [], "plans": [], "rowmajor": [], "gemm_plan": [], "_batch_layout": [], "matmul": [],
-           "epilogues": [], "_layer": [], "fused": ["cygemm/kernels.cu"], "fp8": ["cygemm/fp8_kernels.cu"],
-           "elementwise": ["cygemm/kernels.cu"],
-           "grouped": ["cygemm/grouped_kernels.cu"], "graph": []}
+           "tuning": ["timing"], "_launch": [], "_candidates": [], "plans": [], "rowmajor": [], "gemm_plan": [],
+           "_batch_layout": [], "matmul": [],
+           "epilogues": [], "_layer": [], "fused": ["elementwise"], "fp8": ["fp8"],
+           "elementwise": ["elementwise"],
+           "grouped": ["grouped"], "graph": []}
 HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h",
            "cygemm/include/cygemm/fp8_kernels.h", "cygemm/include/cygemm/grouped_kernels.h",
            "cygemm/include/cygemm/convert.h"]
 RUNPATH = "$ORIGIN/../nvidia/cu13/lib"
+KERNELS = sorted({k for kernels in MODULES.values() for k in kernels})
+
+
+def kernel_source(name):
+    return f"cygemm/kernels/{name}.cu"
 
 
 def _cuda_paths():
@@ -46,7 +55,7 @@ def _cuda_paths():
 
 def check_sources():
     """A missing source is a build error, never a smaller wheel."""
-    needed = [f"cygemm/{m}.pyx" for m in MODULES] + [s for srcs in MODULES.values() for s in srcs] + HEADERS
+    needed = [f"cygemm/{m}.pyx" for m in MODULES] + [kernel_source(k) for k in KERNELS] + HEADERS
     missing = [p for p in needed if not os.path.isfile(os.path.join(HERE, p))]
     if missing:
         raise SystemExit(f"cygemm: sources missing from this source tree: {', '.join(missing)}")
@@ -81,36 +90,79 @@ def gencode_flags(nvcc):
 
 
 class BuildExt(build_ext):
-    """Compile each extension's .cu sources with nvcc into objects, then link as usual."""
+    """Compile every kernel file once with nvcc (in parallel), then build the extensions
+    (in parallel with -j; setup.cfg's default is every core), each linking the objects of the
+    kernels it launches."""
 
     def build_extensions(self):
         # Python's own LDSHARED may carry -Wl,-rpath,<its lib folder> (pyenv, conda): a path
         # of the build machine that must not reach the wheel. Our RUNPATH is added per extension.
         self.compiler.linker_so = [a for a in self.compiler.linker_so if not a.startswith("-Wl,-rpath")]
+        self._kernel_objects = {}
+        needed = sorted({s for ext in self.extensions for s in ext.sources if s.endswith(".cu")})
+        missing = [s for s in needed if not self._cached(ext_for_source(self.extensions, s))]
+        if missing:
+            self._compile_kernels(missing)
         super().build_extensions()
+
+    def _cached(self, exts):
+        return all(os.path.isfile(self._cache_path(e, [s for s in e.sources if s.endswith(".cu")]))
+                   for e in exts)
+
+    def _compile_kernels(self, sources):
+        from concurrent.futures import ThreadPoolExecutor
+        jobs = max(1, min(len(sources), int(self.parallel or 0) or os.cpu_count() or 1))
+        print(f"cygemm: compiling {len(sources)} kernel files with nvcc ({jobs} at a time; "
+              f"architectures {os.environ.get('CYGEMM_CUDA_ARCHS') or 'default'}): {', '.join(sources)}",
+              flush=True)
+
+        def compile_one(src):
+            obj = os.path.join(self.build_temp, os.path.splitext(src)[0] + ".o")
+            os.makedirs(os.path.dirname(obj), exist_ok=True)
+            cmd = [NVCC, "-c", src, "-o", obj, "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-g0",
+                   "--expt-relaxed-constexpr", *[f"-I{d}" for d in INCLUDE_DIRS], *gencode_flags(NVCC)]
+            start = time.monotonic()
+            subprocess.run(cmd, check=True)
+            print(f"cygemm: nvcc {src}: {time.monotonic() - start:.0f} s", flush=True)
+            return src, obj
+
+        with ThreadPoolExecutor(jobs) as pool:
+            self._kernel_objects.update(pool.map(compile_one, sources))
 
     def build_extension(self, ext):
         cu_sources = [s for s in ext.sources if s.endswith(".cu")]
         ext.sources = [s for s in ext.sources if not s.endswith(".cu")]
         target = self.get_ext_fullpath(ext.name)
-        cached = os.path.join(HERE, "build", "ext-cache", f"{ext.name}-{self._key(ext, cu_sources)}.so")
+        cached = self._cache_path(ext, cu_sources)
         if os.path.isfile(cached):
             os.makedirs(os.path.dirname(target), exist_ok=True)
             shutil.copy2(cached, target)
             print(f"{ext.name}: unchanged, copied from build/ext-cache", flush=True)
             return
-        self._compile(ext, cu_sources)
+        start = time.monotonic()
+        missing = [s for s in cu_sources if s not in self._kernel_objects]
+        if missing:                     # (an extension built alone, e.g. after a cache miss)
+            self._compile_kernels(missing)
+        ext.extra_objects = [self._kernel_objects[s] for s in cu_sources] + list(ext.extra_objects or [])
+        super().build_extension(ext)
+        print(f"cygemm: {ext.name} built in {time.monotonic() - start:.0f} s", flush=True)
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         shutil.copy2(target, cached + ".tmp")
         os.replace(cached + ".tmp", cached)
         with open(cached[:-3] + ".key", "w") as f:
-            f.write("\n".join(self._key_parts) + "\n")
+            f.write("\n".join(self._key_parts(ext, cu_sources)) + "\n")
 
-    def _key(self, ext, cu_sources):
+    def _cache_path(self, ext, cu_sources):
+        key = hashlib.sha256("\n".join(self._key_parts(ext, cu_sources)).encode()).hexdigest()[:24]
+        return os.path.join(HERE, "build", "ext-cache", f"{ext.name}-{key}.so")
+
+    def _key_parts(self, ext, cu_sources):
         """What goes into the extension: its sources' contents, the headers, the flags, the
-        compilers, Python's ABI (link paths by name only: they move with the build env)."""
+        compilers, Python's ABI (link paths by name only: they move with the build env).
+        Written beside the cached extension: what a miss differed in."""
         parts = []
-        for path in sorted(ext.sources + cu_sources + HEADERS) + CUBLAS_HEADERS:
+        sources = [s for s in ext.sources if not s.endswith(".cu")]
+        for path in sorted(sources + cu_sources + HEADERS) + CUBLAS_HEADERS:
             with open(os.path.join(HERE, path), "rb") as f:        # (cuBLAS's: absolute paths)
                 text = f.read()
             # Cython's metadata block names the build env's folders (pip makes a new one each time).
@@ -121,29 +173,18 @@ class BuildExt(build_ext):
         parts += [*ext.extra_compile_args, *[os.path.basename(a) for a in ext.extra_link_args],
                   *gencode_flags(NVCC), " ".join(self.compiler.compiler_so), sys.version,
                   sysconfig.get_config_var("EXT_SUFFIX") or "", str(nvcc_version(NVCC))]
-        key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
-        self._key_parts = parts         # written beside the cached extension: what a miss differed in
-        return key
-
-    def _compile(self, ext, cu_sources):
-        objects = []
-        for src in cu_sources:
-            obj = os.path.join(self.build_temp, os.path.splitext(src)[0] + ".o")
-            os.makedirs(os.path.dirname(obj), exist_ok=True)
-            cmd = [NVCC, "-c", src, "-o", obj, "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-g0",
-                   "--expt-relaxed-constexpr", *[f"-I{d}" for d in INCLUDE_DIRS], *gencode_flags(NVCC)]
-            print(" ".join(cmd), flush=True)
-            subprocess.run(cmd, check=True)
-            objects.append(obj)
-        ext.extra_objects = objects + list(ext.extra_objects or [])
-        super().build_extension(ext)
+        return parts
 
 
-def extension(name, extra_sources):
+def ext_for_source(extensions, src):
+    return [e for e in extensions if src in e.sources]
+
+
+def extension(name, kernels):
     # nvcc objects are C++: their runtime support comes from libstdc++.
-    cxx = ["-lstdc++"] if extra_sources else []
+    cxx = ["-lstdc++"] if kernels else []
     # -g0: Python's CFLAGS often say -g, and debug info names the build folder.
-    return Extension(f"cygemm.{name}", [f"cygemm/{name}.pyx", *extra_sources],
+    return Extension(f"cygemm.{name}", [f"cygemm/{name}.pyx", *map(kernel_source, kernels)],
                      include_dirs=INCLUDE_DIRS, extra_link_args=LINK_ARGS + cxx,
                      extra_compile_args=["-O2", "-g0", "-Wno-unused-function"])
 
@@ -161,8 +202,10 @@ LINK_ARGS = [CUBLAS["cublas"], CUBLAS["cublasLt"], cudart_static(NVCC), "-ldl", 
 
 def ext_modules():
     from Cython.Build import cythonize
-    return cythonize([extension(name, srcs) for name, srcs in MODULES.items()],
-                     compiler_directives={"language_level": 3, "binding": True})
+    return cythonize([extension(name, kernels) for name, kernels in MODULES.items()],
+                     compiler_directives={"language_level": 3, "binding": True}, nthreads=os.cpu_count() or 1)
 
 
-setup(ext_modules=ext_modules(), cmdclass={"build_ext": BuildExt})
+# build_ext -j: the extensions compile in parallel on every core (pip passes no -j).
+setup(ext_modules=ext_modules(), cmdclass={"build_ext": BuildExt},
+      options={"build_ext": {"parallel": os.cpu_count() or 1}})

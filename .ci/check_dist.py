@@ -15,9 +15,9 @@ import zipfile
 PYX = ["_errors", "_settings", "_streams", "_release", "_context", "_arrays", "_alloc", "_args", "tuning",
        "_launch", "_candidates", "plans", "rowmajor", "gemm_plan", "_batch_layout", "matmul", "epilogues", "_layer", "fused", "fp8", "elementwise",
        "grouped", "graph"]
-PXD = ["cublas", "cublaslt", "cudart", "kernels", "timing", "_types", "_errors", "_settings", "_streams",
-       "_release", "_context", "_arrays", "_alloc", "_args", "tuning", "_launch", "_candidates", "plans", "rowmajor", "_batch_layout", "epilogues", "_layer",
-       "fp8_kernels", "fp8", "grouped_kernels"]
+PXD = ["bindings/cublas", "bindings/cublaslt", "bindings/cudart", "kernels/elementwise", "kernels/timing",
+       "kernels/fp8", "kernels/grouped", "_types", "_errors", "_settings", "_streams",
+       "_release", "_context", "_arrays", "_alloc", "_args", "tuning", "_launch", "_candidates", "plans", "rowmajor", "_batch_layout", "epilogues", "_layer", "fp8"]
 STUBS = PYX
 WHEEL_NEEDS = ([f"cygemm/{m}.pxd" for m in PXD] + [f"cygemm/{m}.pyi" for m in STUBS]
                + ["cygemm/__init__.py", "cygemm/_cuda_paths.py", "cygemm/gemm_ops.py", "cygemm/py.typed",
@@ -27,7 +27,8 @@ WHEEL_NEEDS = ([f"cygemm/{m}.pxd" for m in PXD] + [f"cygemm/{m}.pyi" for m in ST
                + [f"cygemm/backend/{m}.py" for m in ("__init__", "protocol", "_base", "_convert", "_kernels",
                                                      "numpy_backend", "cuda_backend")])
 SDIST_NEEDS = (WHEEL_NEEDS + [f"cygemm/{m}.pyx" for m in PYX]
-               + ["cygemm/kernels.cu", "cygemm/fp8_kernels.cu", "cygemm/grouped_kernels.cu", "setup.py", "pyproject.toml", "README.md", "LICENSE",
+               + ["cygemm/kernels/elementwise.cu", "cygemm/kernels/fp8.cu", "cygemm/kernels/grouped.cu",
+                  "cygemm/kernels/timing.cu", "setup.py", "pyproject.toml", "README.md", "LICENSE",
                   "tests/conftest.py", "tests/fakes.py", "tests/gpu_util.py", "tests/test_cimport.py",
                   "examples/cython_consumer/consumer.pyx", "examples/cython_consumer/setup.py"])
 GENERATED = (".c", ".cpp", ".o", ".so")

@@ -9,7 +9,7 @@ import contextlib
 
 from libc.stdint cimport uintptr_t
 
-from cygemm.cudart cimport cudaStream_t, cudaDataType
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm._streams cimport stream_from_object
 from cygemm._errors cimport refuse_in_capture
 from cygemm._arrays cimport dtype_name

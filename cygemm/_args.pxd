@@ -4,8 +4,8 @@
 # of every buffer and of the stream) and fills in the call's context, stream and compute type.
 from cpython.object cimport PyObject
 from libc.stdint cimport int64_t
-from cygemm.cudart cimport cudaStream_t, cudaDataType
-from cygemm.cublas cimport cublasComputeType_t
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
+from cygemm.bindings.cublas cimport cublasComputeType_t
 from cygemm._types cimport MatrixView, Math
 from cygemm._context cimport GemmContext
 from cygemm._arrays cimport view_from_object, read_buffer

@@ -10,7 +10,7 @@ import os
 from cpython.object cimport PyObject
 from libc.stdint cimport int64_t, uintptr_t
 
-from cygemm.cudart cimport *
+from cygemm.bindings.cudart cimport *
 from cygemm._types cimport (MatrixView, Math, MATH_TF32, MATH_FP32, compute_type, view_is_empty,
                             WORKSPACE_ALIGNMENT)
 from cygemm._errors cimport check_cuda

@@ -1,6 +1,6 @@
 # Device arrays read into views (CuPy, torch, __cuda_array_interface__, DLPack), and the
 # geometry of views in memory.
-from cygemm.cudart cimport cudaDataType
+from cygemm.bindings.cudart cimport cudaDataType
 from cygemm._types cimport MatrixView, ArrayDesc
 
 # Read pointer, shape, strides (elements), dtype and device of a device array, once, without

@@ -4,7 +4,7 @@ without touching the GPU; and the geometry of views in memory (whether two overl
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
 
-from cygemm.cudart cimport (cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F, CUDA_R_8F_E4M3,
+from cygemm.bindings.cudart cimport (cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F, CUDA_R_8F_E4M3,
                             CUDA_R_8F_E5M2)
 from cygemm._types cimport MatrixView, ArrayDesc, MAX_NDIM, view_is_empty
 

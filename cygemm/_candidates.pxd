@@ -1,5 +1,5 @@
 # Timing a plan's candidates (see _candidates.pyx).
-from cygemm.cudart cimport cudaStream_t
+from cygemm.bindings.cudart cimport cudaStream_t
 from cygemm._types cimport ColMajorGemm
 from cygemm._context cimport GemmContext
 from cygemm._launch cimport PlanData

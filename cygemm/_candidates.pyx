@@ -5,9 +5,9 @@ import time
 
 from libc.stdint cimport int64_t
 
-from cygemm.cudart cimport *
-from cygemm.cublas cimport *
-from cygemm.cublaslt cimport *
+from cygemm.bindings.cudart cimport *
+from cygemm.bindings.cublas cimport *
+from cygemm.bindings.cublaslt cimport *
 from cygemm._types cimport ColMajorGemm
 from cygemm._context cimport GemmContext
 from cygemm._release cimport defer_free

@@ -1,8 +1,8 @@
 # Per (device, thread): the cuBLAS/cuBLASLt handles and per-stream workspaces. Other Cython
 # code cimports this; nothing here calls back into Python on the hot path except to raise.
-from cygemm.cudart cimport cudaError_t, cudaStream_t, cudaEvent_t
-from cygemm.cublas cimport cublasHandle_t
-from cygemm.cublaslt cimport cublasLtHandle_t
+from cygemm.bindings.cudart cimport cudaError_t, cudaStream_t, cudaEvent_t
+from cygemm.bindings.cublas cimport cublasHandle_t
+from cygemm.bindings.cublaslt cimport cublasLtHandle_t
 
 
 # A cuBLAS/cuBLASLt workspace (also the backward's scratch) and the stream it belongs to.

@@ -10,9 +10,9 @@ from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from libc.stdlib cimport realloc, free
 from libc.string cimport memset
 
-from cygemm.cudart cimport *
-from cygemm.cublas cimport *
-from cygemm.cublaslt cimport cublasLtCreate, cublasLtGetVersion
+from cygemm.bindings.cudart cimport *
+from cygemm.bindings.cublas cimport *
+from cygemm.bindings.cublaslt cimport cublasLtCreate, cublasLtGetVersion
 from cygemm._errors cimport check_cuda, check_cublas
 from cygemm._settings cimport options, loaded_options
 

@@ -1,7 +1,7 @@
 # One exception hierarchy and the status checks every module calls after a CUDA, cuBLAS or
 # driver call. The checks run without the GIL and take it only to raise.
-from cygemm.cudart cimport cudaError_t, cudaStream_t
-from cygemm.cublas cimport cublasStatus_t
+from cygemm.bindings.cudart cimport cudaError_t, cudaStream_t
+from cygemm.bindings.cublas cimport cublasStatus_t
 
 cdef int check_cuda(cudaError_t status, const char* call) except -1 nogil
 cdef int check_cublas(cublasStatus_t status, const char* call) except -1 nogil

@@ -5,8 +5,8 @@ Every failure cygemm raises is one of these: a CUDA, driver or cuBLAS call that 
 (naming its status and the call), or a call refused because the stream is being captured.
 Argument errors are plain ``TypeError`` / ``ValueError`` naming the argument.
 """
-from cygemm.cudart cimport *
-from cygemm.cublas cimport cublasGetStatusName, cublasGetStatusString, CUBLAS_STATUS_SUCCESS
+from cygemm.bindings.cudart cimport *
+from cygemm.bindings.cublas cimport cublasGetStatusName, cublasGetStatusString, CUBLAS_STATUS_SUCCESS
 
 
 class CygemmError(RuntimeError):

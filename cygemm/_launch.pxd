@@ -1,8 +1,8 @@
 # Enqueueing one GEMM: cublasGemmEx, or cublasLtMatmul by a plan's descriptors.
 from libc.stdint cimport int64_t
-from cygemm.cudart cimport cudaStream_t, cudaDataType
-from cygemm.cublas cimport cublasComputeType_t
-from cygemm.cublaslt cimport (cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t,
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
+from cygemm.bindings.cublas cimport cublasComputeType_t
+from cygemm.bindings.cublaslt cimport (cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t,
                               cublasLtMatmulAlgo_t, cublasLtMatmulHeuristicResult_t)
 from cygemm._types cimport ColMajorGemm, GemmTypes
 from cygemm._context cimport GemmContext

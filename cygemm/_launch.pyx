@@ -4,9 +4,9 @@
 runs, not how it was chosen."""
 from libc.stdint cimport int64_t
 
-from cygemm.cudart cimport cudaStream_t, cudaDataType
-from cygemm.cublas cimport *
-from cygemm.cublaslt cimport *
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
+from cygemm.bindings.cublas cimport *
+from cygemm.bindings.cublaslt cimport *
 from cygemm._types cimport ColMajorGemm, GemmTypes
 from cygemm._errors cimport check_cublas
 from cygemm._context cimport GemmContext, bind_stream

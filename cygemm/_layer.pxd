@@ -1,7 +1,7 @@
 # What the dense layer's forward and backward share (see _layer.pyx).
 from libc.stdint cimport int64_t
-from cygemm.cudart cimport cudaStream_t, cudaDataType
-from cygemm.cublas cimport cublasComputeType_t
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
+from cygemm.bindings.cublas cimport cublasComputeType_t
 from cygemm._types cimport MatrixView, ColMajorGemm
 from cygemm._context cimport GemmContext
 from cygemm._args cimport CallArgs, ArgRole

@@ -3,8 +3,8 @@
 argument path, the workspace a call uses, its plain GEMMs, and timing its routes."""
 from libc.stdint cimport int64_t
 
-from cygemm.cudart cimport cudaStream_t, cudaDataType
-from cygemm.cublas cimport cublasComputeType_t
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
+from cygemm.bindings.cublas cimport cublasComputeType_t
 from cygemm._types cimport MatrixView, ColMajorGemm
 from cygemm._context cimport GemmContext, call_workspace
 from cygemm._args cimport (CallArgs, ArgRole, args_init, add_array, expect_matrix, expect_vector,

@@ -1,5 +1,5 @@
 # The release queue (what waits for open captures to end) and capture tracking.
-from cygemm.cudart cimport cudaStream_t, cudaGraph_t
+from cygemm.bindings.cudart cimport cudaStream_t, cudaGraph_t
 
 # What the release queue frees or destroys.
 cdef enum ReleaseKind:

@@ -12,9 +12,9 @@ from libc.stdlib cimport realloc
 from cpython.pythread cimport (PyThread_type_lock, PyThread_allocate_lock, PyThread_acquire_lock,
                                PyThread_release_lock, WAIT_LOCK)
 
-from cygemm.cudart cimport *
-from cygemm.cublas cimport cublasHandle_t, cublasDestroy
-from cygemm.cublaslt cimport cublasLtHandle_t, cublasLtDestroy
+from cygemm.bindings.cudart cimport *
+from cygemm.bindings.cublas cimport cublasHandle_t, cublasDestroy
+from cygemm.bindings.cublaslt cimport cublasLtHandle_t, cublasLtDestroy
 from cygemm._errors cimport check_cuda
 from cygemm._streams cimport stream_from_object
 

@@ -1,5 +1,5 @@
 # Streams: what a `stream=` argument names, capture status, the stream's device.
-from cygemm.cudart cimport cudaStream_t
+from cygemm.bindings.cudart cimport cudaStream_t
 
 # The stream an argument names: None (CuPy's current stream), an int cudaStream_t, or an
 # object of CuPy, torch or the CUDA stream protocol.

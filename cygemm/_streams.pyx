@@ -2,7 +2,7 @@
 """Streams as cygemm's arguments name them, whether one is being captured, and its device."""
 from libc.stdint cimport uintptr_t
 
-from cygemm.cudart cimport *
+from cygemm.bindings.cudart cimport *
 from cygemm._errors cimport check_cuda, check_driver
 from cygemm._errors import CudaError
 

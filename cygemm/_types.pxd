@@ -2,8 +2,8 @@
 # own but inline functions: a module that needs a type cimports it from here, not from the
 # module that happens to produce it.
 from libc.stdint cimport int64_t, uint32_t, uintptr_t
-from cygemm.cudart cimport cudaDataType, CUDA_R_32F, CUDA_R_64F
-from cygemm.cublas cimport (cublasOperation_t, cublasComputeType_t, CUBLAS_COMPUTE_32F,
+from cygemm.bindings.cudart cimport cudaDataType, CUDA_R_32F, CUDA_R_64F
+from cygemm.bindings.cublas cimport (cublasOperation_t, cublasComputeType_t, CUBLAS_COMPUTE_32F,
                             CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_64F)
 
 cdef enum:

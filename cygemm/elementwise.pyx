@@ -3,15 +3,15 @@
 ``z = x + bias``) and the backward's ``dz = gy * act'(z)`` with the bias gradient's column sum.
 
 They are the kernels :func:`cygemm.gemm_ops.forward_into` and ``backward_into`` run where no
-cuBLASLt epilogue applies (kernels.cu): memory-bound, 16-byte loads and stores where the rows
+cuBLASLt epilogue applies (kernels/elementwise.cu): memory-bound, 16-byte loads and stores where the rows
 are aligned (4 floats or 8 halves per access), a scalar path otherwise, float math for every
 storage type, the bias gradient reduced in a fixed order (deterministic). Allocation-free and
 capturable: the bias gradient's partial sums go to the stream's workspace.
 """
 from libc.stdint cimport int64_t
 
-from cygemm.cudart cimport *
-from cygemm.kernels cimport *
+from cygemm.bindings.cudart cimport *
+from cygemm.kernels.elementwise cimport *
 from cygemm.epilogues cimport Activation, activation_row, leaky_slope_of
 from cygemm._types cimport MatrixView
 from cygemm._errors cimport check_cuda

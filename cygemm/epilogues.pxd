@@ -1,5 +1,5 @@
 # The epilogue table (see epilogues.pyx).
-from cygemm.kernels cimport cygemm_act_t
+from cygemm.kernels.elementwise cimport cygemm_act_t
 
 # One row per activation: its kernel code, the cuBLASLt epilogues that apply it in the GEMM
 # (NO_EPILOGUE: none), the AUX form that also writes Z with its rules, and whether its

@@ -2,17 +2,17 @@
 """The epilogue table: for each activation, the cuBLASLt epilogues that apply it inside the
 GEMM, the rules of the AUX form that also writes Z, and whether its derivative is fixed by its
 output. The dense layer (cygemm.fused) chooses its routes from these rows; cygemm's kernels
-(kernels.cu) apply what no epilogue does.
+(kernels/elementwise.cu) apply what no epilogue does.
 """
-from cygemm.cublaslt cimport *
-from cygemm.kernels cimport *
+from cygemm.bindings.cublaslt cimport *
+from cygemm.kernels.elementwise cimport *
 
 
 # One row per activation: its kernel code, the cuBLASLt epilogues that apply it in the GEMM
 # (-1: none), the AUX form that also writes Z with its rules (cuBLASLt: GELU_AUX's aux is Z
 # itself when its leading dimension is a multiple of 8 and it is 16-byte aligned), and
 # whether its derivative is fixed by its output (then the backward may take y instead of Z).
-# A new activation is one row here plus its device function in kernels.cu.
+# A new activation is one row here plus its device function in kernels/elementwise.cu.
 
 cdef Activation _ACTS[8]
 _ACTS[0] = Activation(b"none", CYGEMM_ACT_NONE, CUBLASLT_EPILOGUE_DEFAULT, CUBLASLT_EPILOGUE_BIAS,

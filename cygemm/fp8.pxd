@@ -1,6 +1,6 @@
 # FP8 GEMMs through the plan layer, and the cimport API.
 from libc.stdint cimport int64_t
-from cygemm.cudart cimport cudaStream_t, cudaDataType
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm._types cimport ColMajorGemm, GemmTypes
 from cygemm._context cimport GemmContext
 

@@ -22,11 +22,11 @@ from libc.stdint cimport int64_t, uintptr_t
 
 import numpy as _np
 
-from cygemm.cudart cimport *
-from cygemm.cublas cimport *
-from cygemm.cublaslt cimport *
-from cygemm.kernels cimport CYGEMM_ACT_NONE, CYGEMM_ACT_RELU, CYGEMM_ACT_GELU
-from cygemm.fp8_kernels cimport cygemm_fp8_quantize, cygemm_fp8_dequantize, cygemm_amax
+from cygemm.bindings.cudart cimport *
+from cygemm.bindings.cublas cimport *
+from cygemm.bindings.cublaslt cimport *
+from cygemm.kernels.elementwise cimport CYGEMM_ACT_NONE, CYGEMM_ACT_RELU, CYGEMM_ACT_GELU
+from cygemm.kernels.fp8 cimport cygemm_fp8_quantize, cygemm_fp8_dequantize, cygemm_amax
 from cygemm.epilogues cimport Activation, activation_row, NO_EPILOGUE
 from cygemm._types cimport MatrixView, ArrayDesc, ColMajorGemm, GemmTypes
 from cygemm._errors cimport check_cuda, check_cublas, refuse_in_capture

@@ -11,10 +11,10 @@ Epilogues need a column-major D, which is why Y must be row-major here.
 from libc.stdint cimport int64_t, uintptr_t
 from libc.string cimport memcmp, memset
 
-from cygemm.cudart cimport *
-from cygemm.cublas cimport *
-from cygemm.cublaslt cimport *
-from cygemm.kernels cimport *
+from cygemm.bindings.cudart cimport *
+from cygemm.bindings.cublas cimport *
+from cygemm.bindings.cublaslt cimport *
+from cygemm.kernels.elementwise cimport *
 from cygemm.epilogues cimport Activation, NO_EPILOGUE, activation_row, leaky_slope_of
 from cygemm._layer cimport (layer_matrix, layer_vector, layer_operands, layer_workspace, layer_gemm,
                             time_routes)

@@ -14,9 +14,9 @@ per thread and decide when to tune. A GemmPlan leaves both to you, as nvmath-pyt
 """
 from libc.stdint cimport int64_t, uintptr_t
 
-from cygemm.cudart cimport cudaStream_t, cudaDataType
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 
-from cygemm.cublaslt cimport CUBLASLT_EPILOGUE_DEFAULT
+from cygemm.bindings.cublaslt cimport CUBLASLT_EPILOGUE_DEFAULT
 from cygemm._types cimport ColMajorGemm, pointer_alignment
 from cygemm._errors cimport refuse_in_capture
 from cygemm._context cimport GemmContext, call_workspace

@@ -9,7 +9,7 @@ CUDA runtime directly: the same on every CuPy version, old ones included.
 from libc.stdlib cimport malloc, free
 from libc.stdint cimport uintptr_t
 
-from cygemm.cudart cimport *
+from cygemm.bindings.cudart cimport *
 from cygemm._errors cimport check_cuda
 from cygemm._streams cimport stream_from_object
 

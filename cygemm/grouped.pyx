@@ -17,9 +17,9 @@ import threading
 from libc.stdint cimport int64_t, uint32_t, uintptr_t
 from libc.stdlib cimport malloc, free, qsort
 
-from cygemm.cudart cimport *
-from cygemm.cublas cimport *
-from cygemm.grouped_kernels cimport (cygemm_ptr_triples, cygemm_write_pointer_table,
+from cygemm.bindings.cudart cimport *
+from cygemm.bindings.cublas cimport *
+from cygemm.kernels.grouped cimport (cygemm_ptr_triples, cygemm_write_pointer_table,
                                      CYGEMM_GROUPED_PTRS_PER_LAUNCH)
 from cygemm._types cimport MatrixView, ColMajorGemm, Math, compute_type, pointer_alignment
 from cygemm._errors cimport check_cuda, check_cublas

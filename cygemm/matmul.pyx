@@ -8,8 +8,8 @@ GEMM (the others, if any, a loop of such calls with no copy).
 """
 from libc.stdint cimport int64_t, uintptr_t
 
-from cygemm.cudart cimport cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F
-from cygemm.cublas cimport cublasComputeType_t, CUBLAS_OP_T, CUBLAS_COMPUTE_32F
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F
+from cygemm.bindings.cublas cimport cublasComputeType_t, CUBLAS_OP_T, CUBLAS_COMPUTE_32F
 from cygemm._types cimport ArrayDesc, MatrixView, ColMajorGemm
 from cygemm._errors cimport refuse_in_capture
 from cygemm._context cimport GemmContext

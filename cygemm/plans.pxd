@@ -1,9 +1,9 @@
 # Plans: how each GEMM runs. Every GEMM of cygemm (gemm, batched, matmul, the dense forward
 # with its epilogues, the backward's two GEMMs, GemmPlan) goes through here.
 from libc.stdint cimport int64_t
-from cygemm.cudart cimport cudaStream_t, cudaDataType
-from cygemm.cublas cimport cublasComputeType_t
-from cygemm.cublaslt cimport cublasLtEpilogue_t
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
+from cygemm.bindings.cublas cimport cublasComputeType_t
+from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t
 from cygemm._types cimport ColMajorGemm, GemmTypes
 from cygemm._launch cimport PlanData
 from cygemm._context cimport GemmContext

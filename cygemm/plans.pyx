@@ -19,9 +19,9 @@ from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t, uintptr_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcmp, memset, memcpy
 
-from cygemm.cudart cimport *
-from cygemm.cublas cimport *
-from cygemm.cublaslt cimport *
+from cygemm.bindings.cudart cimport *
+from cygemm.bindings.cublas cimport *
+from cygemm.bindings.cublaslt cimport *
 from cygemm._types cimport ColMajorGemm, GemmTypes, pointer_alignment
 from cygemm._errors cimport check_cuda, check_cublas
 from cygemm._errors import CaptureError

@@ -1,7 +1,7 @@
 # Row-major GEMM over cuBLAS: the operand-swap mapping and the nogil C API.
 from libc.stdint cimport int64_t
-from cygemm.cudart cimport cudaStream_t, cudaDataType
-from cygemm.cublas cimport cublasOperation_t, cublasComputeType_t
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
+from cygemm.bindings.cublas cimport cublasOperation_t, cublasComputeType_t
 from cygemm._types cimport MatrixView, ColMajorGemm
 from cygemm._context cimport GemmContext
 from cygemm._args cimport CallArgs

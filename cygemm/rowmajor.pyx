@@ -3,8 +3,8 @@
 array views to cuBLAS arguments, and the gemm/gemm_strided_batched surface over the plan layer."""
 from libc.stdint cimport int64_t, uintptr_t
 
-from cygemm.cudart cimport cudaStream_t, cudaDataType
-from cygemm.cublas cimport *
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
+from cygemm.bindings.cublas cimport *
 from cygemm._types cimport MatrixView, ColMajorGemm
 from cygemm._context cimport GemmContext
 

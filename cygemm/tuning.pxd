@@ -1,6 +1,6 @@
 # Timing candidates, the table of tuned choices (what tuning files hold) and the registry of
 # routes that layers register. Below the plans: it knows no plan and no layer.
-from cygemm.cudart cimport cudaStream_t
+from cygemm.bindings.cudart cimport cudaStream_t
 from cygemm._context cimport GemmContext
 
 # Timing choices: enqueue(arg, choice) enqueues one run of `choice` on `stream` (0: done,

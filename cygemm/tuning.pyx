@@ -23,9 +23,9 @@ from libc.stdint cimport uint64_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset
 
-from cygemm.cudart cimport *
-from cygemm.cublaslt cimport cublasLtGetVersion
-from cygemm.timing cimport cygemm_hold_stream
+from cygemm.bindings.cudart cimport *
+from cygemm.bindings.cublaslt cimport cublasLtGetVersion
+from cygemm.kernels.timing cimport cygemm_hold_stream
 from cygemm._errors cimport check_cuda
 from cygemm._settings cimport options, loaded_options, Options, TUNING_COLD, TUNING_SUSTAINED
 from cygemm import _settings

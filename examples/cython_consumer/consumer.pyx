@@ -1,8 +1,8 @@
 # cython: language_level=3
 """Row-major GEMMs through cygemm's C API, with the GIL released: no Python objects on the hot path."""
 from libc.stdint cimport int64_t, uintptr_t
-from cygemm.cudart cimport cudaStream_t, CUDA_R_32F, CUDA_R_8F_E4M3
-from cygemm.cublas cimport CUBLAS_COMPUTE_32F
+from cygemm.bindings.cudart cimport cudaStream_t, CUDA_R_32F, CUDA_R_8F_E4M3
+from cygemm.bindings.cublas cimport CUBLAS_COMPUTE_32F
 from cygemm._context cimport GemmContext, current_context
 from cygemm.rowmajor cimport gemm_rowmajor, gemm_rowmajor_strided_batched
 from cygemm.fp8 cimport scaled_gemm_rowmajor

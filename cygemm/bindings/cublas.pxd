@@ -2,7 +2,7 @@
 # Every function is nogil and returns cublasStatus_t; check it with
 # cygemm._core.check_cublas.
 from libc.stdint cimport int64_t
-from cygemm.cudart cimport cudaStream_t, cudaDataType
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 
 cdef extern from "cublas_v2.h" nogil:
     ctypedef void* cublasHandle_t 'cublasHandle_t'

@@ -2,8 +2,8 @@
 # preferences, heuristics, the epilogues of a dense layer and FP8's scale attributes.
 # Every function is nogil and returns cublasStatus_t.
 from libc.stdint cimport uint64_t
-from cygemm.cudart cimport cudaStream_t, cudaDataType
-from cygemm.cublas cimport cublasStatus_t, cublasComputeType_t
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
+from cygemm.bindings.cublas cimport cublasStatus_t, cublasComputeType_t
 
 cdef extern from "cublasLt.h" nogil:
     ctypedef void* cublasLtHandle_t 'cublasLtHandle_t'

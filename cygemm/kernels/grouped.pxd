@@ -1,5 +1,5 @@
 # cygemm's grouped-GEMM kernel (cygemm/include/cygemm/grouped_kernels.h, in cygemm/grouped_kernels.cu).
-from cygemm.cudart cimport cudaError_t, cudaStream_t
+from cygemm.bindings.cudart cimport cudaError_t, cudaStream_t
 
 cdef extern from "cygemm/grouped_kernels.h" nogil:
     enum: CYGEMM_GROUPED_PTRS_PER_LAUNCH

@@ -1,6 +1,6 @@
 # cygemm's own CUDA kernels (cygemm/include/cygemm/kernels.h, defined in cygemm/kernels.cu).
 from libc.stdint cimport int64_t
-from cygemm.cudart cimport cudaError_t, cudaStream_t, cudaDataType
+from cygemm.bindings.cudart cimport cudaError_t, cudaStream_t, cudaDataType
 
 cdef extern from "cygemm/kernels.h" nogil:
     ctypedef enum cygemm_act_t:

@@ -1,6 +1,6 @@
 # cygemm's FP8 conversion kernels (cygemm/include/cygemm/fp8_kernels.h, in cygemm/fp8_kernels.cu).
 from libc.stdint cimport int64_t
-from cygemm.cudart cimport cudaError_t, cudaStream_t, cudaDataType
+from cygemm.bindings.cudart cimport cudaError_t, cudaStream_t, cudaDataType
 
 cdef extern from "cygemm/fp8_kernels.h" nogil:
     cudaError_t cygemm_fp8_quantize(cudaDataType dtype, cudaDataType format, int64_t n, const void* x,
