@@ -246,9 +246,7 @@ cdef int _load_cache_file() except -1:
         return 0
     _loaded_from = path
     if os.path.exists(path):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")     # a stale cache (other driver) is simply replaced
-            _load(path)
+        _load(path, quiet_when_ignored=True)    # a stale cache (other driver) is simply replaced
     return 0
 
 
@@ -286,13 +284,19 @@ def _read_header(path):
 def _append(path, entry):
     """Add one entry line to the file, made (atomically, with this process's header) when it
     is missing or of another format, driver or cuBLASLt version. One write() per line, on a
-    file opened for appending: lines of concurrent processes do not interleave."""
+    file opened for appending: lines of concurrent processes do not interleave. A file that
+    does not end with a newline (a process killed mid-append left a torn line) gets one
+    first, in the same write: the torn line stays apart, and is skipped when read."""
     line = json.dumps(entry, separators=(",", ":")) + "\n"
     header = _header()
     old = _read_header(path)
     if old is not None and all(old.get(k) == v for k, v in header.items()):
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND)
         try:
+            if os.fstat(fd).st_size > 0:
+                os.lseek(fd, -1, os.SEEK_END)      # (the write still goes to the end: O_APPEND)
+                if os.read(fd, 1) != b"\n":
+                    line = "\n" + line
             os.write(fd, line.encode())
         finally:
             os.close(fd)
@@ -327,8 +331,9 @@ def _entry_of(e):
 
 
 def _parse(text):
-    """(header, entries) of a tuning file's text: JSON lines (a header line, one entry per
-    line; malformed lines skipped one by one), or the older single JSON object."""
+    """(header, entries, skipped) of a tuning file's text: JSON lines (a header line, one
+    entry per line; malformed lines skipped one by one, and `skipped` counts those that are
+    not JSON, torn lines among them), or the older single JSON object."""
     try:
         first, _, rest = text.partition("\n")
         header = json.loads(first)
@@ -337,6 +342,7 @@ def _parse(text):
     if not isinstance(header, dict):
         raise ValueError("not a JSON object")
     entries = {}
+    skipped = 0
     if header.get("format") == _OLD_FORMAT or "entries" in header:
         if not isinstance(header.get("entries"), list):
             raise ValueError("no list of entries")
@@ -344,34 +350,49 @@ def _parse(text):
     else:
         raw = []
         for line in rest.splitlines():
+            if not line.strip():        # racing appenders may each end the same torn line
+                continue
             try:
                 raw.append(json.loads(line))
             except (ValueError, RecursionError):
-                continue
+                skipped += 1
     for e in raw:
         found = _entry_of(e)
         if found is not None:
             entries[found[0]] = found[1]
-    return header, entries
+    return header, entries, skipped
 
 
-cdef int _load(path) except -1:
+def _warn_skipped(path, int skipped, int stacklevel):
+    if skipped:
+        warnings.warn(f"tuning file {path!r}: {skipped} line{'s' if skipped > 1 else ''} skipped (not "
+                      "JSON: torn by a process that ended mid-write?); the other entries are used",
+                      RuntimeWarning, stacklevel=stacklevel + 1)
+
+
+cdef int _load(path, bint quiet_when_ignored=False) except -1:
+    """Add a tuning file's entries to the table. A file ignored as a whole (unreadable, of
+    another format or versions) warns unless quiet_when_ignored; skipped lines always warn."""
     try:
         with open(path) as f:
-            header, added = _parse(f.read())
+            header, added, skipped = _parse(f.read())
         if header.get("format") not in (_FORMAT, _OLD_FORMAT):
-            warnings.warn(f"tuning file {path!r} ignored: format={header.get('format')!r}, expected "
-                          f"{_FORMAT!r}", RuntimeWarning, stacklevel=3)
+            if not quiet_when_ignored:
+                warnings.warn(f"tuning file {path!r} ignored: format={header.get('format')!r}, expected "
+                              f"{_FORMAT!r}", RuntimeWarning, stacklevel=3)
             return 0
         for k, v in _versions().items():
             if header.get(k) != v:
-                warnings.warn(f"tuning file {path!r} ignored: it was made with {k}={header.get(k)!r}, "
-                              f"this process has {v!r}", RuntimeWarning, stacklevel=3)
+                if not quiet_when_ignored:
+                    warnings.warn(f"tuning file {path!r} ignored: it was made with {k}={header.get(k)!r}, "
+                                  f"this process has {v!r}", RuntimeWarning, stacklevel=3)
                 return 0
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        warnings.warn(f"tuning file {path!r} ignored: {type(exc).__name__}: {exc}", RuntimeWarning,
-                      stacklevel=3)
+        if not quiet_when_ignored:
+            warnings.warn(f"tuning file {path!r} ignored: {type(exc).__name__}: {exc}", RuntimeWarning,
+                          stacklevel=3)
         return 0
+    _warn_skipped(path, skipped, 3)
     with _tuned_lock:
         _tuned.update(added)
     _routes_changed()
@@ -426,9 +447,10 @@ def save_tuning(path):
     merged = {}
     try:
         with open(path) as f:
-            old, entries = _parse(f.read())
+            old, entries, skipped = _parse(f.read())
         if all(old.get(k) == v for k, v in _versions().items()):
             merged = entries
+            _warn_skipped(path, skipped, 2)     # those lines are not written back
     except (OSError, ValueError, KeyError, TypeError):
         pass
     with _tuned_lock:

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 
 import numpy as np
@@ -80,7 +81,8 @@ def test_malformed_entries_are_skipped_one_by_one(tmp_path):
                 "record": {"route": "branches", "gpu": "shadowed"}}]
     path.write_text("\n".join([json.dumps(header)] + [json.dumps(e) for e in entries] + ["{torn line"]) + "\n")
     try:
-        assert tuning.load_tuning(path) == 1
+        with pytest.warns(RuntimeWarning, match="1 line skipped"):     # the torn one (not JSON)
+            assert tuning.load_tuning(path) == 1
         got = [e for e in tuning.tuning_entries() if e["kind"] == "backward" and e["key"] == [3, 4]]
         assert got == [{"route": "branches", "gpu": "G sm_90", "kind": "backward", "key": [3, 4]}]
     finally:
@@ -114,6 +116,102 @@ def test_a_file_of_the_older_single_object_format_is_still_read(tmp_path):
         assert tuning.load_tuning(path) == 1
     finally:
         tuning.clear_tuning()
+
+
+_TORN = '{"gpu": "G sm_90", "kind": "gemm", "key": [1, 2'       # a process killed mid-append
+
+
+def _runtime_warnings(fn):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn()
+    return result, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def test_an_entry_appended_after_a_torn_line_starts_a_line_of_its_own(tmp_path):
+    """A torn last line (no newline) neither swallows the next entry nor costs earlier ones:
+    the file is appended to in place, and reading it skips the torn line with one warning."""
+    path = tmp_path / "t.jsonl"
+    header = json.dumps(tuning._header())
+    kept = {"gpu": "G sm_90", "kind": "backward", "key": [5, 6], "record": {"route": "serial"}}
+    path.write_text(header + "\n" + json.dumps(kept) + "\n" + _TORN)
+    inode = path.stat().st_ino
+    added = {"gpu": "G sm_90", "kind": "forward", "key": [7, 8], "record": {"route": "epilogue"}}
+    tuning._append(str(path), added)
+    assert path.stat().st_ino == inode, "appended in place, not replaced"
+    assert path.read_text() == header + "\n" + json.dumps(kept) + "\n" + _TORN + "\n" + \
+        json.dumps(added, separators=(",", ":")) + "\n"
+    try:
+        added_count, messages = _runtime_warnings(lambda: tuning.load_tuning(path))
+        assert added_count == 2
+        assert len(messages) == 1, messages
+        assert str(path) in messages[0] and "1 line" in messages[0], messages
+        got = {(e["kind"], tuple(e["key"])): e["route"] for e in tuning.tuning_entries() if e["gpu"] == "G sm_90"}
+        assert got == {("backward", (5, 6)): "serial", ("forward", (7, 8)): "epilogue"}
+    finally:
+        tuning.clear_tuning()
+
+
+def test_save_tuning_keeps_the_entries_around_a_torn_line_and_warns_once(tmp_path):
+    path = tmp_path / "t.jsonl"
+    header = json.dumps(tuning._header())
+    entries = [{"gpu": "G sm_90", "kind": "forward", "key": [i], "record": {"route": "epilogue"}} for i in range(3)]
+    path.write_text("\n".join([header, json.dumps(entries[0]), _TORN, _TORN, json.dumps(entries[1]),
+                               json.dumps(entries[2])]) + "\n")
+    n, messages = _runtime_warnings(lambda: tuning.save_tuning(path))
+    assert len(messages) == 1 and str(path) in messages[0] and "2 lines" in messages[0], messages
+    lines = _lines(path)                                # every line parses now
+    assert lines[0] == json.loads(header) and n == len(lines) - 1
+    assert all(e in lines[1:] for e in entries)
+
+
+_APPENDER = """
+    import os, sys, threading, time
+    from cygemm import tuning
+    path, go, proc, n_threads, n_entries = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    open(go + f".ready{proc}", "w").close()
+    while not os.path.exists(go):           # every process starts appending at once
+        time.sleep(0.001)
+    def append(thread):
+        for i in range(n_entries):
+            tuning._append(path, {"gpu": "G sm_90", "kind": "forward", "key": [proc, thread, i],
+                                  "record": {"route": "epilogue", "ms": {"epilogue": 0.25 * i}}})
+    threads = [threading.Thread(target=append, args=(t,)) for t in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+"""
+
+
+def test_concurrent_appends_of_processes_and_threads_each_land_as_one_whole_line(tmp_path):
+    """Four processes of three threads append 150 entries each to a file that ends in a torn
+    line: every entry is a line that parses, none lost or doubled, the torn line left alone."""
+    path, go = tmp_path / "t.jsonl", tmp_path / "go"
+    header = json.dumps(tuning._header())
+    path.write_text(header + "\n" + _TORN)
+    n_procs, n_threads, n_entries = 4, 3, 150
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(_APPENDER), str(path), str(go), str(p),
+                               str(n_threads), str(n_entries)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for p in range(n_procs)]
+    try:
+        deadline = time.monotonic() + 240
+        while not all(os.path.exists(f"{go}.ready{p}") for p in range(n_procs)):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                [p.communicate() for p in procs if p.poll() is not None]
+            time.sleep(0.01)
+        go.touch()
+        for p in procs:
+            out, err = p.communicate(timeout=240)
+            assert p.returncode == 0, out + err[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    lines = [line for line in path.read_text().split("\n") if line]   # racing appenders may each end the torn line
+    assert lines[0] == header and lines[1] == _TORN
+    keys = [tuple(json.loads(line)["key"]) for line in lines[2:]]
+    assert sorted(keys) == [(p, t, i) for p in range(n_procs) for t in range(n_threads) for i in range(n_entries)]
 
 
 # ------------------------------------------------------------------ GPU: every route against float64
