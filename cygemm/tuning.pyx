@@ -11,8 +11,14 @@ and then the finalists again, longer; ``"off"`` times nothing.
 Tuned choices are kept in a process-wide table keyed by GPU model, driver and cuBLASLt version
 and the problem, and persist in a tuning file (by default in the user's cache folder; see
 :func:`cygemm.set_options`): read at the first lookup, one line appended per new result, so a
-second process runs its first call of a tuned shape with no timing.
+second process runs its first call of a tuned shape with no timing. A line torn by a process
+that ended mid-write costs nothing else: the next entry starts a line of its own, and readers
+skip lines that do not parse (one RuntimeWarning per file, with the count).
+
+A problem is timed once even when threads meet it at once: the first claims it
+(claim_tuning), the others wait without the GIL until it is done and take its record.
 """
+import functools
 import json
 import os
 import threading
@@ -267,6 +273,92 @@ cdef int remember(int device, str kind, tuple key, dict record) except -1:
         except OSError as exc:
             warnings.warn(f"tuning_cache: could not write {path!r} ({exc}); tuning is kept in this "
                           "process only", RuntimeWarning, stacklevel=2)
+    return 0
+
+
+# ---------------------------------------------------------------- single flight
+
+class _SingleFlight:
+    """At most one thread at a time works on a key; the others wait until it is done.
+
+    The work (timing a problem) is done once: threads that ask for a key while its owner
+    works wait for the owner's release, then find its result. Generic: keys are any hashable.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._owners = {}           # key -> (the owning thread's ident, Event set at release)
+
+    def claim(self, key, settled):
+        """Whether this thread is to do the work of `key` now.
+
+        Parameters
+        ----------
+        key : hashable
+            What the work is for.
+        settled : callable
+            ``settled()`` is true when a result of the work is there (then nothing is claimed).
+            Called with the lock held, so a result recorded before the owner's release is
+            always seen.
+
+        Returns
+        -------
+        bool
+            True: this thread owns `key` and must call ``release(key)`` when done, in a
+            ``finally`` (waiters are released on errors too). False: it must not do the work,
+            because ``settled()`` (use the result) or because this thread owns `key` already
+            (a nested claim: no deadlock). While another thread owns `key`, this waits first
+            (without the GIL) and then decides again: a waiter whose owner left no result
+            claims `key` itself.
+        """
+        me = threading.get_ident()
+        while True:
+            with self._lock:
+                owner = self._owners.get(key)
+                if owner is None:
+                    if settled():
+                        return False
+                    self._owners[key] = (me, threading.Event())
+                    return True
+                if owner[0] == me:
+                    return False
+                released = owner[1]
+            released.wait()
+
+    def release(self, key):
+        """End this thread's claim of `key` and wake the threads waiting for it.
+
+        Raises
+        ------
+        RuntimeError
+            This thread does not own `key`.
+        """
+        me = threading.get_ident()
+        with self._lock:
+            owner = self._owners.get(key)
+            if owner is None or owner[0] != me:
+                raise RuntimeError(f"release({key!r}): the key is not claimed by this thread")
+            del self._owners[key]
+        owner[1].set()
+
+
+_timing_flights = _SingleFlight()      # keyed as the table is: (gpu, kind, key)
+
+
+def _has_new_record(entry, seen):
+    with _tuned_lock:
+        record = _tuned.get(entry)
+    return record is not None and record is not seen
+
+
+cdef int claim_tuning(int device, str kind, tuple key, object seen) except -1:
+    _load_cache_file()
+    entry = (_gpu_id(device), kind, key)
+    return 1 if _timing_flights.claim(entry, functools.partial(_has_new_record, entry, seen)) else 0
+
+
+cdef int release_tuning(int device, str kind, tuple key) except -1:
+    _timing_flights.release((_gpu_id(device), kind, key))
     return 0
 
 

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import warnings
 
@@ -212,6 +213,87 @@ def test_concurrent_appends_of_processes_and_threads_each_land_as_one_whole_line
     assert lines[0] == header and lines[1] == _TORN
     keys = [tuple(json.loads(line)["key"]) for line in lines[2:]]
     assert sorted(keys) == [(p, t, i) for p in range(n_procs) for t in range(n_threads) for i in range(n_entries)]
+
+
+# ------------------------------------------------------------------ CPU: single flight (one timing per problem)
+
+def _in_threads(n, target):
+    """Run target(i) in n threads started at once; their results (or exceptions), in order."""
+    barrier, results = threading.Barrier(n), [None] * n
+
+    def run(i):
+        barrier.wait()
+        try:
+            results[i] = target(i)
+        except Exception as exc:        # the test sees it as the thread's result
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a thread is still waiting: deadlock"
+    return results
+
+
+def test_single_flight_eight_threads_one_owner_and_the_waiters_see_its_result():
+    flights, result, owners = tuning._SingleFlight(), [], []
+
+    def first_call(i):
+        if flights.claim("shape", lambda: bool(result)):
+            try:
+                owners.append(i)
+                time.sleep(0.3)         # the waiters arrive meanwhile
+                result.append(i)
+            finally:
+                flights.release("shape")
+            return "timed"
+        return ("used", list(result))   # what this thread found when it was let go
+
+    got = _in_threads(8, first_call)
+    assert len(owners) == 1 and got.count("timed") == 1, got
+    assert [r for r in got if r != "timed"] == [("used", owners)] * 7, got     # none let go early
+
+
+def test_single_flight_a_failing_owner_lets_a_waiter_do_the_work():
+    flights, result, claims = tuning._SingleFlight(), [], []
+
+    def first_call(i):
+        if not flights.claim("shape", lambda: bool(result)):
+            return "used"
+        try:
+            claims.append(i)
+            time.sleep(0.2)
+            if len(claims) == 1:
+                raise ValueError("the first owner fails")
+            result.append(i)
+            return "timed"
+        finally:
+            flights.release("shape")
+
+    got = _in_threads(4, first_call)
+    assert len(claims) == 2, claims                  # the failed owner, then one waiter
+    assert sum(isinstance(r, ValueError) for r in got) == 1 and got.count("timed") == 1
+    assert got.count("used") == 2 and result == [claims[1]]
+
+
+def test_single_flight_a_nested_claim_does_not_deadlock_and_other_keys_do_not_wait():
+    flights = tuning._SingleFlight()
+
+    def nested(_):
+        assert flights.claim("a", lambda: False)
+        try:
+            nested_claim = flights.claim("a", lambda: False)        # the owner again
+            other = _in_threads(1, lambda _: flights.claim("b", lambda: False))[0]
+            return nested_claim, other
+        finally:
+            flights.release("a")
+
+    assert _in_threads(1, nested) == [(False, True)]
+    with pytest.raises(RuntimeError, match="not claimed by this thread"):
+        flights.release("b")                        # claimed by the helper thread, not this one
+    assert flights.claim("a", lambda: True) is False                # settled: nothing to claim
 
 
 # ------------------------------------------------------------------ GPU: every route against float64
@@ -538,6 +620,63 @@ def test_a_new_result_is_one_appended_line_not_a_rewrite(gpu, tmp_path):
         A, B, C = rand(cp, (144, 144)), rand(cp, (144, 144)), poisoned(cp, (144, 144))
         cygemm.gemm(A, B, C, math="fp32")
         assert path.stat().st_ino == inode, "appended in place, not replaced"
+    finally:
+        cygemm.set_options(**old)
+        tuning.clear_tuning()
+
+
+@pytest.mark.gpu
+def test_eight_threads_making_the_first_call_of_one_new_problem_at_once_time_it_once(gpu, tmp_path):
+    """Eight threads (their handles made beforehand) make the first call of one new
+    2048x1536x1024 fp32 GEMM, above the tuning threshold, at once: one thread times the
+    candidates, the seven others wait for its choice and use it (each timed them itself
+    before: 8 timings, 8 entries in the tuning file)."""
+    path = tmp_path / "t.jsonl"
+    old = cygemm.set_options(tuning_cache=path, autotune="auto", autotune_min_macs=2.0 ** 28)
+    try:
+        tuning.clear_tuning()
+        M, K, N = 2048, 1536, 1024
+        assert M * K * N >= tuning.autotune_threshold()
+        rng = np.random.default_rng(11)
+        A, B = rand(cp, (M, K), rng=rng), rand(cp, (K, N), rng=rng)
+        outs = [poisoned(cp, (M, N)) for _ in range(8)]
+        cp.cuda.Device().synchronize()
+        barrier, errors, thread_plans = threading.Barrier(8), [], [None] * 8
+        before = tuning.tuning_count()
+
+        def first_call(i):
+            try:
+                s = cp.cuda.Stream(non_blocking=True)
+                small = cp.ones((8, 8), cp.float32)
+                cygemm.gemm(small, small, stream=s)         # this thread's handles: below the threshold
+                s.synchronize()
+                barrier.wait()
+                cygemm.gemm(A, B, outs[i], math="fp32", stream=s)
+                s.synchronize()
+                thread_plans[i] = [(p.route, p.tuned, p.tuned_ms) for p in plans.thread_plans().values()]
+            except Exception as exc:        # reported below, with the thread
+                errors.append((i, repr(exc)))
+                barrier.abort()
+
+        threads = [threading.Thread(target=first_call, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=240)
+        assert not any(t.is_alive() for t in threads), "a thread is still waiting"
+        assert not errors, errors
+        assert tuning.tuning_count() - before == 1
+        ref = f64(cp, A) @ f64(cp, B)
+        for i, out in enumerate(outs):
+            assert rel_err(out.get(), ref) < 1e-5, i
+        # Each thread holds one plan (the 8x8 warm-up makes none), tuned: the same choice.
+        assert all(len(p) == 1 and p[0][1] for p in thread_plans), thread_plans
+        assert len({p[0] for p in thread_plans}) == 1, thread_plans
+        lines = path.read_text().splitlines()
+        assert len(lines) == 2, lines                   # the header and one entry
+        entry = json.loads(lines[1])
+        assert entry["kind"] == "gemm" and entry["record"]["route"] == thread_plans[0][0][0]
+        assert [e["kind"] for e in tuning.tuning_entries()] == ["gemm"]
     finally:
         cygemm.set_options(**old)
         tuning.clear_tuning()
