@@ -30,7 +30,7 @@ from cygemm._context cimport GemmContext, stream_workspace
 from cygemm._launch cimport (PlanData, PLAN_GEMMEX, PLAN_LT, gemm_colmajor, needs_64bit_api, plan_run,
                              set_scale_pointers)
 from cygemm._settings cimport options, loaded_options, AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE
-from cygemm.tuning cimport worth_tuning, in_route_timing, lookup, remember
+from cygemm.tuning cimport worth_tuning, in_route_timing, lookup, remember, claim_tuning, release_tuning
 from cygemm._candidates cimport tune_candidates
 from cygemm import _settings, tuning
 
@@ -413,7 +413,8 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
                      bint c_is_input, bint* keep, bint any_size=False) except -1:
     """Choose among the plan's candidates as `autotune` says: a forced route, a tuned choice
     from the table, timing (large problems, or any size when any_size; not during a capture),
-    or the heuristic's first."""
+    or the heuristic's first. Threads deciding one new problem at once time it once: the
+    others wait for that thread's choice (cygemm.tuning.claim_tuning)."""
     cdef PlanData* d = &plan.d
     if d.tune_level >= autotune or not d.usable:
         return 0
@@ -436,10 +437,20 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
     if stream_is_capturing(stream):
         keep[0] = False             # the heuristic's choice now; timed at the first eager call
         return 0
-    tune_candidates(ctx, stream, d, g, bias, aux, ws, ws_bytes, autotune, c_is_input)
-    d.tune_level = autotune
-    if d.tuned:
-        remember(ctx.device, "gemm", plan.key, _record_of(d))
+    if not claim_tuning(ctx.device, "gemm", plan.key, record):
+        # Another thread timed this problem (perhaps while this one waited): its choice.
+        # Or this thread is timing it already: the heuristic's for now, decided next call.
+        record = lookup(ctx.device, "gemm", plan.key)
+        if record is not None and _apply_record(ctx, d, record, ws_bytes):
+            d.tune_level = AUTOTUNE_EXHAUSTIVE
+        return 0
+    try:
+        tune_candidates(ctx, stream, d, g, bias, aux, ws, ws_bytes, autotune, c_is_input)
+        d.tune_level = autotune
+        if d.tuned:
+            remember(ctx.device, "gemm", plan.key, _record_of(d))
+    finally:
+        release_tuning(ctx.device, "gemm", plan.key)
     return 0
 
 

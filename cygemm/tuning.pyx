@@ -11,8 +11,14 @@ and then the finalists again, longer; ``"off"`` times nothing.
 Tuned choices are kept in a process-wide table keyed by GPU model, driver and cuBLASLt version
 and the problem, and persist in a tuning file (by default in the user's cache folder; see
 :func:`cygemm.set_options`): read at the first lookup, one line appended per new result, so a
-second process runs its first call of a tuned shape with no timing.
+second process runs its first call of a tuned shape with no timing. A line torn by a process
+that ended mid-write costs nothing else: the next entry starts a line of its own, and readers
+skip lines that do not parse (one RuntimeWarning per file, with the count).
+
+A problem is timed once even when threads meet it at once: the first claims it
+(claim_tuning), the others wait without the GIL until it is done and take its record.
 """
+import functools
 import json
 import os
 import threading
@@ -246,9 +252,7 @@ cdef int _load_cache_file() except -1:
         return 0
     _loaded_from = path
     if os.path.exists(path):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")     # a stale cache (other driver) is simply replaced
-            _load(path)
+        _load(path, quiet_when_ignored=True)    # a stale cache (other driver) is simply replaced
     return 0
 
 
@@ -272,6 +276,92 @@ cdef int remember(int device, str kind, tuple key, dict record) except -1:
     return 0
 
 
+# ---------------------------------------------------------------- single flight
+
+class _SingleFlight:
+    """At most one thread at a time works on a key; the others wait until it is done.
+
+    The work (timing a problem) is done once: threads that ask for a key while its owner
+    works wait for the owner's release, then find its result. Generic: keys are any hashable.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._owners = {}           # key -> (the owning thread's ident, Event set at release)
+
+    def claim(self, key, settled):
+        """Whether this thread is to do the work of `key` now.
+
+        Parameters
+        ----------
+        key : hashable
+            What the work is for.
+        settled : callable
+            ``settled()`` is true when a result of the work is there (then nothing is claimed).
+            Called with the lock held, so a result recorded before the owner's release is
+            always seen.
+
+        Returns
+        -------
+        bool
+            True: this thread owns `key` and must call ``release(key)`` when done, in a
+            ``finally`` (waiters are released on errors too). False: it must not do the work,
+            because ``settled()`` (use the result) or because this thread owns `key` already
+            (a nested claim: no deadlock). While another thread owns `key`, this waits first
+            (without the GIL) and then decides again: a waiter whose owner left no result
+            claims `key` itself.
+        """
+        me = threading.get_ident()
+        while True:
+            with self._lock:
+                owner = self._owners.get(key)
+                if owner is None:
+                    if settled():
+                        return False
+                    self._owners[key] = (me, threading.Event())
+                    return True
+                if owner[0] == me:
+                    return False
+                released = owner[1]
+            released.wait()
+
+    def release(self, key):
+        """End this thread's claim of `key` and wake the threads waiting for it.
+
+        Raises
+        ------
+        RuntimeError
+            This thread does not own `key`.
+        """
+        me = threading.get_ident()
+        with self._lock:
+            owner = self._owners.get(key)
+            if owner is None or owner[0] != me:
+                raise RuntimeError(f"release({key!r}): the key is not claimed by this thread")
+            del self._owners[key]
+        owner[1].set()
+
+
+_timing_flights = _SingleFlight()      # keyed as the table is: (gpu, kind, key)
+
+
+def _has_new_record(entry, seen):
+    with _tuned_lock:
+        record = _tuned.get(entry)
+    return record is not None and record is not seen
+
+
+cdef int claim_tuning(int device, str kind, tuple key, object seen) except -1:
+    _load_cache_file()
+    entry = (_gpu_id(device), kind, key)
+    return 1 if _timing_flights.claim(entry, functools.partial(_has_new_record, entry, seen)) else 0
+
+
+cdef int release_tuning(int device, str kind, tuple key) except -1:
+    _timing_flights.release((_gpu_id(device), kind, key))
+    return 0
+
+
 def _read_header(path):
     """The header of a tuning file (None when it has none that parses)."""
     try:
@@ -286,13 +376,19 @@ def _read_header(path):
 def _append(path, entry):
     """Add one entry line to the file, made (atomically, with this process's header) when it
     is missing or of another format, driver or cuBLASLt version. One write() per line, on a
-    file opened for appending: lines of concurrent processes do not interleave."""
+    file opened for appending: lines of concurrent processes do not interleave. A file that
+    does not end with a newline (a process killed mid-append left a torn line) gets one
+    first, in the same write: the torn line stays apart, and is skipped when read."""
     line = json.dumps(entry, separators=(",", ":")) + "\n"
     header = _header()
     old = _read_header(path)
     if old is not None and all(old.get(k) == v for k, v in header.items()):
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND)
         try:
+            if os.fstat(fd).st_size > 0:
+                os.lseek(fd, -1, os.SEEK_END)      # (the write still goes to the end: O_APPEND)
+                if os.read(fd, 1) != b"\n":
+                    line = "\n" + line
             os.write(fd, line.encode())
         finally:
             os.close(fd)
@@ -327,8 +423,9 @@ def _entry_of(e):
 
 
 def _parse(text):
-    """(header, entries) of a tuning file's text: JSON lines (a header line, one entry per
-    line; malformed lines skipped one by one), or the older single JSON object."""
+    """(header, entries, skipped) of a tuning file's text: JSON lines (a header line, one
+    entry per line; malformed lines skipped one by one, and `skipped` counts those that are
+    not JSON, torn lines among them), or the older single JSON object."""
     try:
         first, _, rest = text.partition("\n")
         header = json.loads(first)
@@ -337,6 +434,7 @@ def _parse(text):
     if not isinstance(header, dict):
         raise ValueError("not a JSON object")
     entries = {}
+    skipped = 0
     if header.get("format") == _OLD_FORMAT or "entries" in header:
         if not isinstance(header.get("entries"), list):
             raise ValueError("no list of entries")
@@ -344,34 +442,49 @@ def _parse(text):
     else:
         raw = []
         for line in rest.splitlines():
+            if not line.strip():        # racing appenders may each end the same torn line
+                continue
             try:
                 raw.append(json.loads(line))
             except (ValueError, RecursionError):
-                continue
+                skipped += 1
     for e in raw:
         found = _entry_of(e)
         if found is not None:
             entries[found[0]] = found[1]
-    return header, entries
+    return header, entries, skipped
 
 
-cdef int _load(path) except -1:
+def _warn_skipped(path, int skipped, int stacklevel):
+    if skipped:
+        warnings.warn(f"tuning file {path!r}: {skipped} line{'s' if skipped > 1 else ''} skipped (not "
+                      "JSON: torn by a process that ended mid-write?); the other entries are used",
+                      RuntimeWarning, stacklevel=stacklevel + 1)
+
+
+cdef int _load(path, bint quiet_when_ignored=False) except -1:
+    """Add a tuning file's entries to the table. A file ignored as a whole (unreadable, of
+    another format or versions) warns unless quiet_when_ignored; skipped lines always warn."""
     try:
         with open(path) as f:
-            header, added = _parse(f.read())
+            header, added, skipped = _parse(f.read())
         if header.get("format") not in (_FORMAT, _OLD_FORMAT):
-            warnings.warn(f"tuning file {path!r} ignored: format={header.get('format')!r}, expected "
-                          f"{_FORMAT!r}", RuntimeWarning, stacklevel=3)
+            if not quiet_when_ignored:
+                warnings.warn(f"tuning file {path!r} ignored: format={header.get('format')!r}, expected "
+                              f"{_FORMAT!r}", RuntimeWarning, stacklevel=3)
             return 0
         for k, v in _versions().items():
             if header.get(k) != v:
-                warnings.warn(f"tuning file {path!r} ignored: it was made with {k}={header.get(k)!r}, "
-                              f"this process has {v!r}", RuntimeWarning, stacklevel=3)
+                if not quiet_when_ignored:
+                    warnings.warn(f"tuning file {path!r} ignored: it was made with {k}={header.get(k)!r}, "
+                                  f"this process has {v!r}", RuntimeWarning, stacklevel=3)
                 return 0
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        warnings.warn(f"tuning file {path!r} ignored: {type(exc).__name__}: {exc}", RuntimeWarning,
-                      stacklevel=3)
+        if not quiet_when_ignored:
+            warnings.warn(f"tuning file {path!r} ignored: {type(exc).__name__}: {exc}", RuntimeWarning,
+                          stacklevel=3)
         return 0
+    _warn_skipped(path, skipped, 3)
     with _tuned_lock:
         _tuned.update(added)
     _routes_changed()
@@ -426,9 +539,10 @@ def save_tuning(path):
     merged = {}
     try:
         with open(path) as f:
-            old, entries = _parse(f.read())
+            old, entries, skipped = _parse(f.read())
         if all(old.get(k) == v for k, v in _versions().items()):
             merged = entries
+            _warn_skipped(path, skipped, 2)     # those lines are not written back
     except (OSError, ValueError, KeyError, TypeError):
         pass
     with _tuned_lock:

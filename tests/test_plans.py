@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import warnings
 
 import numpy as np
@@ -80,7 +82,8 @@ def test_malformed_entries_are_skipped_one_by_one(tmp_path):
                 "record": {"route": "branches", "gpu": "shadowed"}}]
     path.write_text("\n".join([json.dumps(header)] + [json.dumps(e) for e in entries] + ["{torn line"]) + "\n")
     try:
-        assert tuning.load_tuning(path) == 1
+        with pytest.warns(RuntimeWarning, match="1 line skipped"):     # the torn one (not JSON)
+            assert tuning.load_tuning(path) == 1
         got = [e for e in tuning.tuning_entries() if e["kind"] == "backward" and e["key"] == [3, 4]]
         assert got == [{"route": "branches", "gpu": "G sm_90", "kind": "backward", "key": [3, 4]}]
     finally:
@@ -114,6 +117,183 @@ def test_a_file_of_the_older_single_object_format_is_still_read(tmp_path):
         assert tuning.load_tuning(path) == 1
     finally:
         tuning.clear_tuning()
+
+
+_TORN = '{"gpu": "G sm_90", "kind": "gemm", "key": [1, 2'       # a process killed mid-append
+
+
+def _runtime_warnings(fn):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn()
+    return result, [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+
+
+def test_an_entry_appended_after_a_torn_line_starts_a_line_of_its_own(tmp_path):
+    """A torn last line (no newline) neither swallows the next entry nor costs earlier ones:
+    the file is appended to in place, and reading it skips the torn line with one warning."""
+    path = tmp_path / "t.jsonl"
+    header = json.dumps(tuning._header())
+    kept = {"gpu": "G sm_90", "kind": "backward", "key": [5, 6], "record": {"route": "serial"}}
+    path.write_text(header + "\n" + json.dumps(kept) + "\n" + _TORN)
+    inode = path.stat().st_ino
+    added = {"gpu": "G sm_90", "kind": "forward", "key": [7, 8], "record": {"route": "epilogue"}}
+    tuning._append(str(path), added)
+    assert path.stat().st_ino == inode, "appended in place, not replaced"
+    assert path.read_text() == header + "\n" + json.dumps(kept) + "\n" + _TORN + "\n" + \
+        json.dumps(added, separators=(",", ":")) + "\n"
+    try:
+        added_count, messages = _runtime_warnings(lambda: tuning.load_tuning(path))
+        assert added_count == 2
+        assert len(messages) == 1, messages
+        assert str(path) in messages[0] and "1 line" in messages[0], messages
+        got = {(e["kind"], tuple(e["key"])): e["route"] for e in tuning.tuning_entries() if e["gpu"] == "G sm_90"}
+        assert got == {("backward", (5, 6)): "serial", ("forward", (7, 8)): "epilogue"}
+    finally:
+        tuning.clear_tuning()
+
+
+def test_save_tuning_keeps_the_entries_around_a_torn_line_and_warns_once(tmp_path):
+    path = tmp_path / "t.jsonl"
+    header = json.dumps(tuning._header())
+    entries = [{"gpu": "G sm_90", "kind": "forward", "key": [i], "record": {"route": "epilogue"}} for i in range(3)]
+    path.write_text("\n".join([header, json.dumps(entries[0]), _TORN, _TORN, json.dumps(entries[1]),
+                               json.dumps(entries[2])]) + "\n")
+    n, messages = _runtime_warnings(lambda: tuning.save_tuning(path))
+    assert len(messages) == 1 and str(path) in messages[0] and "2 lines" in messages[0], messages
+    lines = _lines(path)                                # every line parses now
+    assert lines[0] == json.loads(header) and n == len(lines) - 1
+    assert all(e in lines[1:] for e in entries)
+
+
+_APPENDER = """
+    import os, sys, threading, time
+    from cygemm import tuning
+    path, go, proc, n_threads, n_entries = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    open(go + f".ready{proc}", "w").close()
+    while not os.path.exists(go):           # every process starts appending at once
+        time.sleep(0.001)
+    def append(thread):
+        for i in range(n_entries):
+            tuning._append(path, {"gpu": "G sm_90", "kind": "forward", "key": [proc, thread, i],
+                                  "record": {"route": "epilogue", "ms": {"epilogue": 0.25 * i}}})
+    threads = [threading.Thread(target=append, args=(t,)) for t in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+"""
+
+
+def test_concurrent_appends_of_processes_and_threads_each_land_as_one_whole_line(tmp_path):
+    """Four processes of three threads append 150 entries each to a file that ends in a torn
+    line: every entry is a line that parses, none lost or doubled, the torn line left alone."""
+    path, go = tmp_path / "t.jsonl", tmp_path / "go"
+    header = json.dumps(tuning._header())
+    path.write_text(header + "\n" + _TORN)
+    n_procs, n_threads, n_entries = 4, 3, 150
+    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(_APPENDER), str(path), str(go), str(p),
+                               str(n_threads), str(n_entries)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for p in range(n_procs)]
+    try:
+        deadline = time.monotonic() + 240
+        while not all(os.path.exists(f"{go}.ready{p}") for p in range(n_procs)):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                [p.communicate() for p in procs if p.poll() is not None]
+            time.sleep(0.01)
+        go.touch()
+        for p in procs:
+            out, err = p.communicate(timeout=240)
+            assert p.returncode == 0, out + err[-3000:]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    lines = [line for line in path.read_text().split("\n") if line]   # racing appenders may each end the torn line
+    assert lines[0] == header and lines[1] == _TORN
+    keys = [tuple(json.loads(line)["key"]) for line in lines[2:]]
+    assert sorted(keys) == [(p, t, i) for p in range(n_procs) for t in range(n_threads) for i in range(n_entries)]
+
+
+# ------------------------------------------------------------------ CPU: single flight (one timing per problem)
+
+def _in_threads(n, target):
+    """Run target(i) in n threads started at once; their results (or exceptions), in order."""
+    barrier, results = threading.Barrier(n), [None] * n
+
+    def run(i):
+        barrier.wait()
+        try:
+            results[i] = target(i)
+        except Exception as exc:        # the test sees it as the thread's result
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a thread is still waiting: deadlock"
+    return results
+
+
+def test_single_flight_eight_threads_one_owner_and_the_waiters_see_its_result():
+    flights, result, owners = tuning._SingleFlight(), [], []
+
+    def first_call(i):
+        if flights.claim("shape", lambda: bool(result)):
+            try:
+                owners.append(i)
+                time.sleep(0.3)         # the waiters arrive meanwhile
+                result.append(i)
+            finally:
+                flights.release("shape")
+            return "timed"
+        return ("used", list(result))   # what this thread found when it was let go
+
+    got = _in_threads(8, first_call)
+    assert len(owners) == 1 and got.count("timed") == 1, got
+    assert [r for r in got if r != "timed"] == [("used", owners)] * 7, got     # none let go early
+
+
+def test_single_flight_a_failing_owner_lets_a_waiter_do_the_work():
+    flights, result, claims = tuning._SingleFlight(), [], []
+
+    def first_call(i):
+        if not flights.claim("shape", lambda: bool(result)):
+            return "used"
+        try:
+            claims.append(i)
+            time.sleep(0.2)
+            if len(claims) == 1:
+                raise ValueError("the first owner fails")
+            result.append(i)
+            return "timed"
+        finally:
+            flights.release("shape")
+
+    got = _in_threads(4, first_call)
+    assert len(claims) == 2, claims                  # the failed owner, then one waiter
+    assert sum(isinstance(r, ValueError) for r in got) == 1 and got.count("timed") == 1
+    assert got.count("used") == 2 and result == [claims[1]]
+
+
+def test_single_flight_a_nested_claim_does_not_deadlock_and_other_keys_do_not_wait():
+    flights = tuning._SingleFlight()
+
+    def nested(_):
+        assert flights.claim("a", lambda: False)
+        try:
+            nested_claim = flights.claim("a", lambda: False)        # the owner again
+            other = _in_threads(1, lambda _: flights.claim("b", lambda: False))[0]
+            return nested_claim, other
+        finally:
+            flights.release("a")
+
+    assert _in_threads(1, nested) == [(False, True)]
+    with pytest.raises(RuntimeError, match="not claimed by this thread"):
+        flights.release("b")                        # claimed by the helper thread, not this one
+    assert flights.claim("a", lambda: True) is False                # settled: nothing to claim
 
 
 # ------------------------------------------------------------------ GPU: every route against float64
@@ -440,6 +620,63 @@ def test_a_new_result_is_one_appended_line_not_a_rewrite(gpu, tmp_path):
         A, B, C = rand(cp, (144, 144)), rand(cp, (144, 144)), poisoned(cp, (144, 144))
         cygemm.gemm(A, B, C, math="fp32")
         assert path.stat().st_ino == inode, "appended in place, not replaced"
+    finally:
+        cygemm.set_options(**old)
+        tuning.clear_tuning()
+
+
+@pytest.mark.gpu
+def test_eight_threads_making_the_first_call_of_one_new_problem_at_once_time_it_once(gpu, tmp_path):
+    """Eight threads (their handles made beforehand) make the first call of one new
+    2048x1536x1024 fp32 GEMM, above the tuning threshold, at once: one thread times the
+    candidates, the seven others wait for its choice and use it (each timed them itself
+    before: 8 timings, 8 entries in the tuning file)."""
+    path = tmp_path / "t.jsonl"
+    old = cygemm.set_options(tuning_cache=path, autotune="auto", autotune_min_macs=2.0 ** 28)
+    try:
+        tuning.clear_tuning()
+        M, K, N = 2048, 1536, 1024
+        assert M * K * N >= tuning.autotune_threshold()
+        rng = np.random.default_rng(11)
+        A, B = rand(cp, (M, K), rng=rng), rand(cp, (K, N), rng=rng)
+        outs = [poisoned(cp, (M, N)) for _ in range(8)]
+        cp.cuda.Device().synchronize()
+        barrier, errors, thread_plans = threading.Barrier(8), [], [None] * 8
+        before = tuning.tuning_count()
+
+        def first_call(i):
+            try:
+                s = cp.cuda.Stream(non_blocking=True)
+                small = cp.ones((8, 8), cp.float32)
+                cygemm.gemm(small, small, stream=s)         # this thread's handles: below the threshold
+                s.synchronize()
+                barrier.wait()
+                cygemm.gemm(A, B, outs[i], math="fp32", stream=s)
+                s.synchronize()
+                thread_plans[i] = [(p.route, p.tuned, p.tuned_ms) for p in plans.thread_plans().values()]
+            except Exception as exc:        # reported below, with the thread
+                errors.append((i, repr(exc)))
+                barrier.abort()
+
+        threads = [threading.Thread(target=first_call, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=240)
+        assert not any(t.is_alive() for t in threads), "a thread is still waiting"
+        assert not errors, errors
+        assert tuning.tuning_count() - before == 1
+        ref = f64(cp, A) @ f64(cp, B)
+        for i, out in enumerate(outs):
+            assert rel_err(out.get(), ref) < 1e-5, i
+        # Each thread holds one plan (the 8x8 warm-up makes none), tuned: the same choice.
+        assert all(len(p) == 1 and p[0][1] for p in thread_plans), thread_plans
+        assert len({p[0] for p in thread_plans}) == 1, thread_plans
+        lines = path.read_text().splitlines()
+        assert len(lines) == 2, lines                   # the header and one entry
+        entry = json.loads(lines[1])
+        assert entry["kind"] == "gemm" and entry["record"]["route"] == thread_plans[0][0][0]
+        assert [e["kind"] for e in tuning.tuning_entries()] == ["gemm"]
     finally:
         cygemm.set_options(**old)
         tuning.clear_tuning()
