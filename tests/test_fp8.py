@@ -1,5 +1,5 @@
 """FP8: scaled_matmul against float64 references computed from the FP8 values themselves,
-quantize/dequantize against FP8 defined from first principles (tests/fp8_ref.py), and every
+quantize/dequantize against FP8 defined from first principles (tests/refs/fp8.py), and every
 refused layout with nothing written. The CPU tests read fake device arrays."""
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ import pytest
 import cygemm
 from cygemm import fp8
 from fakes import FakeDeviceArray, BASE
-import fp8_ref
+from refs import fp8 as fp8_ref
 from gpu_util import rel_err
 
 

@@ -157,7 +157,7 @@ def test_batched_each_route_against_float64_broadcast_and_beta(gpu, route):
 @pytest.mark.parametrize("route", list(fused.FORWARD_ROUTES))
 @pytest.mark.parametrize("act", ["none", "relu", "gelu", "silu"])
 def test_forward_each_route_against_float64(gpu, route, act):
-    from test_fused import act_ref
+    from test_dense import act_ref
     from cygemm.gemm_ops import forward_into
     tuning.force_routes(forward=route)
     M, K, N = 64, 96, 48                     # N a multiple of 8: gelu_aux applies with save_z
@@ -176,7 +176,7 @@ def test_forward_each_route_against_float64(gpu, route, act):
 @pytest.mark.gpu
 @pytest.mark.parametrize("accumulate", [False, True])
 def test_backward_branches_against_float64_on_a_non_current_stream(gpu, accumulate):
-    from test_fused import act_grad_ref
+    from test_dense import act_grad_ref
     from cygemm.gemm_ops import backward_into
     tuning.force_routes(backward="branches")
     M, K, N = 80, 72, 56
@@ -199,7 +199,7 @@ def test_backward_branches_against_float64_on_a_non_current_stream(gpu, accumula
 
 @pytest.mark.gpu
 def test_backward_branches_capture_into_a_graph_with_two_branches_and_replay(gpu):
-    from test_fused import act_grad_ref
+    from test_dense import act_grad_ref
     from cygemm.gemm_ops import backward_into
     tuning.force_routes(backward="branches")
     M, K, N = 64, 40, 48
