@@ -48,7 +48,7 @@ if [[ $STAGES == *,tests,* ]]; then
 fi
 if [[ $STAGES == *,firstcall,* ]]; then
     echo "== first calls, plan count, thread stalls (figures printed by their tests)"
-    python3 -m pytest -q -s -p no:cacheprovider tests/test_plans.py \
+    python3 -m pytest -q -s -p no:cacheprovider tests/test_plans.py tests/test_tuning.py \
         -k "bounded or second_process or stalls or appended" 2>&1 | tee "$LOGS/firstcall.log" \
         | grep -E "plans after|first call ms|first forward_into|passed|failed|Error" | tail -20
     [ "${PIPESTATUS[0]}" = 0 ] || status=1

@@ -1,6 +1,6 @@
-"""cygemm.nn: layers, losses and optimizers against float64 references (torch autograd in
-float64, finite differences), the captured step against the eager one, no allocation after
-bind, and bad input."""
+"""cygemm.nn's training step (compile_step): the captured step against the eager one and against
+the steps written out by hand, gradients against torch autograd in float64, no allocation after
+compiling, a forced backward route kept, and bad input refused before anything is written."""
 import numpy as np
 import pytest
 
@@ -8,235 +8,8 @@ from gpu_util import f64, rel_err
 
 pytestmark = pytest.mark.gpu
 
-ACTS = ["none", "relu", "gelu", "silu", "tanh", "sigmoid"]
-
-
 def _torch():
     return pytest.importorskip("torch")
-
-
-def _torch_act(torch, act):
-    import torch.nn.functional as F
-    return {"none": lambda z: z, "relu": torch.relu, "gelu": lambda z: F.gelu(z, approximate="tanh"),
-            "silu": F.silu, "tanh": torch.tanh, "sigmoid": torch.sigmoid}[act]
-
-
-@pytest.mark.parametrize("act", ACTS)
-@pytest.mark.parametrize("math", ["fp32", "tf32"])
-def test_dense_forward_backward_against_torch_float64(act, math):
-    import cupy as cp
-    import cygemm.nn as nn
-    torch = _torch()
-    rng = np.random.default_rng()
-    B, I, O = 37, 48, 29
-    layer = nn.Dense(I, O, act=act, math=math, seed=int(rng.integers(1 << 30)))
-    layer.bind(B)
-    x = cp.asarray(rng.standard_normal((B, I)).astype(np.float32))
-    gy = cp.asarray(rng.standard_normal((B, O)).astype(np.float32))
-    layer.y.fill(cp.nan)
-    layer.gx.fill(cp.nan)
-    layer.weight_grad.fill(cp.nan)
-    layer.bias_grad.fill(cp.nan)
-    y = layer.forward(x)
-    if act == "relu":
-        # Where z is within the GEMM's rounding of 0 (TF32: ~1e-3), relu' may fall either side of
-        # the kink: no gradient flows from there, so the check does not hinge on a coin flip.
-        z64 = f64(cp, x) @ f64(cp, layer.weight).T + f64(cp, layer.bias)
-        gy[cp.asarray(np.abs(z64) < (1e-5 if math == "fp32" else 1e-2))] = 0
-    gx = layer.backward(gy)
-    t = lambda a: torch.tensor(f64(cp, a), requires_grad=True)
-    tx, tw, tb = t(x), t(layer.weight), t(layer.bias)
-    ty = _torch_act(torch, act)(tx @ tw.T + tb)
-    ty.backward(torch.tensor(f64(cp, gy)))
-    bound = 1e-5 if math == "fp32" else 3e-3
-    assert rel_err(f64(cp, y), ty.detach().numpy()) < bound
-    assert rel_err(f64(cp, gx), tx.grad.numpy()) < bound
-    assert rel_err(f64(cp, layer.weight_grad), tw.grad.numpy()) < bound
-    assert rel_err(f64(cp, layer.bias_grad), tb.grad.numpy()) < bound
-
-
-def test_dense_initialisation_is_torchs_kaiming_uniform_and_seeded():
-    import cygemm.nn as nn
-    a, b = nn.Dense(300, 200, seed=3), nn.Dense(300, 200, seed=3)
-    w = a.weight.get()
-    assert np.array_equal(w, b.weight.get())
-    bound = 1 / np.sqrt(300)
-    assert w.min() >= -bound and w.max() <= bound
-    # U(-bound, bound) has standard deviation bound / sqrt(3).
-    assert abs(w.std() - bound / np.sqrt(3)) < 0.02 * bound
-    assert not np.array_equal(w, nn.Dense(300, 200, seed=4).weight.get())
-
-
-def test_dense_loads_torch_linear_and_matches_its_output():
-    import cupy as cp
-    import cygemm.nn as nn
-    torch = _torch()
-    lin = torch.nn.Linear(33, 17).cuda()
-    layer = nn.Dense(33, 17, act="none", math="fp32")
-    layer.load_torch(lin)
-    layer.bind(8)
-    x = torch.randn(8, 33, device="cuda")
-    y = layer.forward(cp.from_dlpack(x))
-    ref = torch.nn.functional.linear(x.double(), lin.weight.double(), lin.bias.double())
-    assert rel_err(f64(cp, y), ref.detach().cpu().numpy()) < 1e-5
-
-
-def _finite_difference_grad(f, w, eps=1e-3):
-    g = np.zeros_like(w)
-    for idx in np.ndindex(w.shape):
-        wp, wm = w.copy(), w.copy()
-        wp[idx] += eps
-        wm[idx] -= eps
-        g[idx] = (f(wp) - f(wm)) / (2 * eps)
-    return g
-
-
-def test_softmax_cross_entropy_against_finite_differences_and_extremes():
-    import cupy as cp
-    import cygemm.nn as nn
-    rng = np.random.default_rng()
-    B, C = 13, 7
-    z = rng.standard_normal((B, C))
-    labels = rng.integers(0, C, B).astype(np.int32)
-    loss = nn.SoftmaxCrossEntropy().bind(B, C)
-    loss.grad.fill(cp.nan)
-    val = loss(cp.asarray(z.astype(np.float32)), cp.asarray(labels))
-
-    def ref(zz):
-        m = zz.max(1, keepdims=True)
-        lse = (m + np.log(np.exp(zz - m).sum(1, keepdims=True)))[:, 0]
-        return float(np.mean(lse - zz[np.arange(B), labels]))
-    assert abs(float(val) - ref(z)) < 1e-5 * max(1, abs(ref(z)))
-    assert rel_err(f64(cp, loss.grad), _finite_difference_grad(ref, z)) < 1e-4
-    # Logits of +-1e4: exact, finite results (the log-sum-exp has its maximum taken out).
-    big = np.zeros((B, C))
-    big[:, 0], big[:, 1] = 1e4, -1e4
-    val = float(loss(cp.asarray(big.astype(np.float32)), cp.asarray(labels)))
-    assert np.isfinite(val) and abs(val - ref(big)) <= 1e-3 * max(1.0, abs(ref(big)))
-    assert np.isfinite(loss.grad.get()).all()
-
-
-def test_softmax_cross_entropy_int64_labels_and_against_torch():
-    import cupy as cp
-    import cygemm.nn as nn
-    torch = _torch()
-    rng = np.random.default_rng()
-    B, C = 300, 45
-    z = rng.standard_normal((B, C)) * 5
-    labels = rng.integers(0, C, B)
-    loss = nn.SoftmaxCrossEntropy()
-    val = loss(cp.asarray(z.astype(np.float32)), cp.asarray(labels))
-    tz = torch.tensor(z, requires_grad=True)
-    tl = torch.nn.functional.cross_entropy(tz, torch.tensor(labels))
-    tl.backward()
-    assert abs(float(val) - tl.item()) < 1e-5 * abs(tl.item())
-    assert rel_err(f64(cp, loss.grad), tz.grad.numpy()) < 1e-5
-
-
-def test_labels_out_of_range_raise_eagerly_and_set_the_flag_in_a_graph():
-    import cupy as cp
-    import cygemm.graph
-    import cygemm.nn as nn
-    loss = nn.SoftmaxCrossEntropy().bind(4, 3)
-    z = cp.asarray(np.random.default_rng().standard_normal((4, 3)).astype(np.float32))
-    loss.grad.fill(cp.nan)
-    with pytest.raises(ValueError, match=r"labels: expected integers in \[0, 3\)"):
-        loss(z, np.array([0, 1, 3, 2]))              # host labels: checked before any launch
-    assert np.isnan(loss.grad.get()).all()
-    with pytest.raises(ValueError, match="labels"):
-        loss(z, cp.asarray(np.array([0, -1, 1, 2], np.int32)))
-    loss.check()                                      # the flag was cleared
-    s = cp.cuda.Stream(non_blocking=True)
-    loss.bind(4, 3, s)
-    bad = cp.asarray(np.array([0, 1, 7, 2], np.int32))
-    with s:
-        zz = z.copy()
-    loss(zz, bad, check=False)                        # left to check(): no synchronisation
-    with pytest.raises(ValueError, match="labels"):
-        loss.check()
-    loss.check()
-    s.synchronize()
-    with cygemm.graph.capture(s) as g:
-        loss(zz, bad, check=False)
-    g.launch(s)
-    with pytest.raises(ValueError, match="labels"):
-        loss.check()
-
-
-def test_mse_against_float64():
-    import cupy as cp
-    import cygemm.nn as nn
-    rng = np.random.default_rng()
-    y, t = rng.standard_normal((19, 5)), rng.standard_normal((19, 5))
-    loss = nn.MeanSquaredError()
-    val = loss(cp.asarray(y.astype(np.float32)), cp.asarray(t.astype(np.float32)))
-    assert abs(float(val) - np.mean((y - t) ** 2)) < 1e-5
-    assert rel_err(f64(cp, loss.grad), 2 * (y - t) / y.size) < 1e-5
-
-
-class _Params:
-    """A bare model for the optimizers: flat parameters and gradients."""
-
-    def __init__(self, cp, n, rng):
-        self.flat_parameters = cp.asarray(rng.standard_normal(n).astype(np.float32))
-        self.flat_gradients = cp.asarray(rng.standard_normal(n).astype(np.float32))
-        self.stream = None
-
-
-@pytest.mark.parametrize("name,kwargs", [
-    ("SGD", dict(lr=0.1)),
-    ("SGD", dict(lr=0.1, momentum=0.9, weight_decay=0.01)),
-    ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True)),
-    ("SGD", dict(lr=0.05, momentum=0.5, dampening=0.3)),
-    ("Adam", dict(lr=0.01)),
-    ("Adam", dict(lr=0.01, weight_decay=0.1, betas=(0.8, 0.99))),
-    ("AdamW", dict(lr=0.01, weight_decay=0.1)),
-])
-def test_optimizer_steps_match_torch(name, kwargs):
-    import cupy as cp
-    import cygemm.nn as nn
-    torch = _torch()
-    rng = np.random.default_rng()
-    n = 10007                                        # not a multiple of the block size
-    model = _Params(cp, n, rng)
-    p0 = model.flat_parameters.get().astype(np.float64)
-    opt = getattr(nn, name)(model, **kwargs)
-    tp = torch.tensor(p0, requires_grad=True)
-    topt = getattr(torch.optim, name)([tp], **kwargs)
-    for _ in range(5):
-        g = rng.standard_normal(n).astype(np.float32)
-        model.flat_gradients[...] = cp.asarray(g)
-        opt.step()
-        tp.grad = torch.tensor(g.astype(np.float64))
-        topt.step()
-    assert int(opt.steps.get()) == 5
-    assert rel_err(f64(cp, model.flat_parameters) - p0, tp.detach().numpy() - p0) < 1e-4
-
-
-def test_schedule_runs_on_the_device_inside_a_graph():
-    import cupy as cp
-    import cygemm.graph
-    import cygemm.nn as nn
-    rng = np.random.default_rng()
-    model = _Params(cp, 1000, rng)
-    s = cp.cuda.Stream(non_blocking=True)
-    opt = nn.SGD(model, lr=1.0, schedule="cosine", total_steps=10, warmup_steps=2, stream=s)
-    model.flat_gradients.fill(1.0)
-    cp.cuda.Device().synchronize()
-    from cygemm.nn import _kernels
-    _kernels.kernel("sgd")                           # compiled and loaded before the capture
-    with cygemm.graph.capture(s) as g:
-        opt.step()
-    p = [model.flat_parameters.get()[0]]
-    assert g.num_nodes == 1                          # the update is one kernel
-    for _ in range(10):
-        g.launch(s)
-        s.synchronize()
-        p.append(model.flat_parameters.get()[0])
-    lrs = -np.diff(p)
-    expect = [0.5, 1.0] + [0.5 * (1 + np.cos(np.pi * k / 8)) for k in range(1, 9)]
-    assert np.allclose(lrs, expect, atol=1e-5)
-    assert int(opt.steps.get()) == 10
 
 
 def _model_and_step(nn, eager, seed, opt_name="Adam", sizes=(20, 32, 32, 5), batch=16):
@@ -359,40 +132,37 @@ def test_bad_input_is_refused_before_anything_is_written():
         nn.SGD(model, lr=-1)
 
 
+def _forks(graph):
+    """Whether a captured graph forks: a capture of one stream is a chain (edges = nodes - 1)."""
+    return len(graph.edges) > graph.num_nodes - 1
+
+
 def test_compile_step_keeps_a_forced_backward_route_and_restores_the_forcing():
-    import cygemm.nn as nn
-    from cygemm import tuning
-    try:
-        tuning.force_routes(backward="serial")
-        _, step = _model_and_step(nn, False, 0)
-        assert step.backward_route == "serial"
-        assert tuning.forced_routes() == {"backward": "serial"}
-        tuning.force_routes(backward="branches")
-        _, step = _model_and_step(nn, False, 0)
-        assert step.backward_route == "branches"
-        assert len(step.graph.edges) > step.graph.num_nodes - 1     # the branches fork
-    finally:
-        tuning.force_routes()
-    _, step = _model_and_step(nn, False, 0)
-    assert step.backward_route in ("serial", "branches")
-    assert tuning.forced_routes() == {}
-
-
-def test_cross_entropy_sums_the_bias_gradient_in_its_kernel():
     import cupy as cp
     import cygemm.nn as nn
+    from cygemm import tuning
     rng = np.random.default_rng()
-    for B, C in ((5, 3), (300, 10), (1000, 1024)):
-        loss = nn.SoftmaxCrossEntropy().bind(B, C)
-        z = cp.asarray(rng.standard_normal((B, C)).astype(np.float32) * 4)
-        labels = cp.asarray(rng.integers(0, C, B).astype(np.int32))
-        bias_grad = cp.full(C, cp.nan, np.float32)
-        loss(z, labels, bias_grad=bias_grad)
-        ref = f64(cp, loss.grad).sum(axis=0)
-        assert np.abs(f64(cp, bias_grad) - ref).max() <= 1e-6 * max(1.0, np.abs(ref).max())
-    with pytest.raises(ValueError, match="bias_grad: fused for at most 1024 classes"):
-        nn.SoftmaxCrossEntropy().bind(4, 1025)(cp.zeros((4, 1025), cp.float32), cp.zeros(4, cp.int32),
-                                               bias_grad=cp.zeros(1025, cp.float32))
+    x = rng.standard_normal((16, 20)).astype(np.float32)
+    y = rng.integers(0, 5, 16)
+    try:
+        for route in ("serial", "branches"):
+            tuning.force_routes(backward=route)
+            model, step = _model_and_step(nn, False, 0)
+            assert step.backward_route == route
+            assert tuning.forced_routes() == {"backward": route}
+            assert _forks(step.graph) == (route == "branches"), (route, step.graph.num_nodes, len(step.graph.edges))
+            # The forced route's graph computes the step: the same loss and parameters as the
+            # eager step under the same forcing.
+            model_e, step_e = _model_and_step(nn, True, 0)
+            assert float(step(x, y)) == float(step_e(x, y))
+            cp.cuda.Device().synchronize()
+            assert np.array_equal(model.flat_parameters.get(), model_e.flat_parameters.get()), route
+    finally:
+        tuning.force_routes()
+    # Unforced, the step keeps one of the two graphs: its shape is the route it reports.
+    _, step = _model_and_step(nn, False, 0)
+    assert _forks(step.graph) == (step.backward_route == "branches"), step.backward_route
+    assert tuning.forced_routes() == {}
 
 
 @pytest.mark.parametrize("sizes", [(20, 32, 5), (20, 16)])
