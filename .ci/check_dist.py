@@ -29,7 +29,8 @@ WHEEL_NEEDS = ([f"cygemm/{m}.pxd" for m in PXD] + [f"cygemm/{m}.pyi" for m in ST
 SDIST_NEEDS = (WHEEL_NEEDS + [f"cygemm/{m}.pyx" for m in PYX]
                + ["cygemm/kernels/elementwise.cu", "cygemm/kernels/fp8.cu", "cygemm/kernels/grouped.cu",
                   "cygemm/kernels/timing.cu", "setup.py", "pyproject.toml", "README.md", "LICENSE",
-                  "tests/conftest.py", "tests/fakes.py", "tests/gpu_util.py", "tests/test_cimport.py",
+                  "tests/conftest.py", "tests/fakes.py", "tests/gpu_util.py", "tests/refs/cublas.py",
+                  "tests/contracts/test_cimport.py",
                   "examples/cython_consumer/consumer.pyx", "examples/cython_consumer/setup.py"])
 GENERATED = (".c", ".cpp", ".o", ".so")
 NOT_IN_WHEEL = (".c", ".cpp", ".o", ".pyx", ".cu")

@@ -48,7 +48,7 @@ if [[ $STAGES == *,tests,* ]]; then
 fi
 if [[ $STAGES == *,firstcall,* ]]; then
     echo "== first calls, plan count, thread stalls (figures printed by their tests)"
-    python3 -m pytest -q -s -p no:cacheprovider tests/test_plans.py \
+    python3 -m pytest -q -s -p no:cacheprovider tests/test_plans.py tests/test_tuning.py \
         -k "bounded or second_process or stalls or appended" 2>&1 | tee "$LOGS/firstcall.log" \
         | grep -E "plans after|first call ms|first forward_into|passed|failed|Error" | tail -20
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
@@ -72,7 +72,7 @@ if [[ $STAGES == *,sanitize,* ]]; then
     RACECHECK_K='backward'
     echo "== compute-sanitizer memcheck"
     timeout 300 "$SAN" --tool memcheck --error-exitcode 99 --print-limit 20 \
-        python3 -m pytest -q -p no:cacheprovider tests/test_fused.py tests/test_reliability.py tests/test_graph.py \
+        python3 -m pytest -q -p no:cacheprovider tests/test_dense.py tests/test_reliability.py tests/test_graph.py \
         tests/test_elementwise.py tests/test_fp8.py \
         "tests/test_streams_devices.py::test_one_row_out_and_z_out_of_row_stride_0_or_1" \
         "tests/test_streams_devices.py::test_graph_replayed_on_another_stream_while_eager_work_runs_on_the_capture_stream" \
@@ -83,7 +83,7 @@ if [[ $STAGES == *,sanitize,* ]]; then
     [ $rc = 0 ] || status=1
     echo "== compute-sanitizer racecheck"
     timeout 200 "$SAN" --tool racecheck --error-exitcode 99 --print-limit 20 \
-        python3 -m pytest -q -p no:cacheprovider tests/test_fused.py -k "$RACECHECK_K" \
+        python3 -m pytest -q -p no:cacheprovider tests/test_dense.py -k "$RACECHECK_K" \
         > "$LOGS/racecheck.log" 2>&1
     rc=$?; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|passed|failed" "$LOGS/racecheck.log" | tail -3; echo "racecheck rc=$rc"
     [ $rc = 0 ] || status=1

@@ -6,26 +6,7 @@ import pytest
 from cygemm import elementwise
 from fakes import FakeDeviceArray
 from gpu_util import rel_err
-
-
-def _act(name, z):
-    return {"none": z, "relu": np.maximum(z, 0),
-            "gelu": 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3))),
-            "silu": z / (1 + np.exp(-z)), "tanh": np.tanh(z)}[name]
-
-
-def _grad(name, z):
-    """The derivatives, from their formulas (exact at relu's kink, where differences are not)."""
-    if name == "none":
-        return np.ones_like(z)
-    if name == "relu":
-        return (z > 0).astype(np.float64)
-    if name == "silu":
-        s = 1 / (1 + np.exp(-z))
-        return s * (1 + z * (1 - s))
-    c = np.sqrt(2 / np.pi)
-    t = np.tanh(c * (z + 0.044715 * z ** 3))
-    return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * c * (1 + 3 * 0.044715 * z * z)
+from refs import activations
 
 
 def test_bad_arguments_are_refused_before_anything_runs():
@@ -61,11 +42,11 @@ def test_forward_and_backward_passes_match_float64(dtype, act, cols, col0):
     elementwise.bias_act(x, b, out=out, z_out=z, act=act)
     z64 = xh[:, col0:].astype(np.float64) + bh.astype(np.float64)
     assert rel_err(cp.asnumpy(z), z64) < tol
-    assert rel_err(cp.asnumpy(out), _act(act, z64)) < tol
+    assert rel_err(cp.asnumpy(out), activations.act(act, z64)) < tol
     gy_h = rng.standard_normal((M, cols)).astype(dtype)
     dz, db = cp.full((M, cols), cp.nan, dtype), cp.full(cols, cp.nan, dtype)
     elementwise.act_backward(cp.asarray(gy_h), z, dz_out=dz, dbias_out=db, act=act)
-    dz64 = gy_h.astype(np.float64) * _grad(act, cp.asnumpy(z).astype(np.float64))
+    dz64 = gy_h.astype(np.float64) * activations.act_grad(act, cp.asnumpy(z).astype(np.float64))
     assert rel_err(cp.asnumpy(dz), dz64) < (1e-4 if dtype == "float32" else 3e-3)
     assert rel_err(cp.asnumpy(db), dz64.sum(axis=0)) < (1e-4 if dtype == "float32" else 3e-3)
 

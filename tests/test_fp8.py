@@ -1,5 +1,5 @@
 """FP8: scaled_matmul against float64 references computed from the FP8 values themselves,
-quantize/dequantize against FP8 defined from first principles (tests/fp8_ref.py), and every
+quantize/dequantize against FP8 defined from first principles (tests/refs/fp8.py), and every
 refused layout with nothing written. The CPU tests read fake device arrays."""
 import numpy as np
 import pytest
@@ -7,7 +7,8 @@ import pytest
 import cygemm
 from cygemm import fp8
 from fakes import FakeDeviceArray, BASE
-import fp8_ref
+from refs import activations, fp8 as fp8_ref
+from refs.cublas import cublas_gemm_model
 from gpu_util import rel_err
 
 
@@ -41,6 +42,45 @@ def test_describe_fp8_output_takes_bfloat16_c_and_the_epilogue():
     assert (d["c_type"], d["d_type"], d["epilogue"]) == ("bfloat16", "float8_e4m3", "gelu")
     assert d["scales"] == {"a": True, "b": True, "out": True} and d["amax"]
     assert d["a_type"] == "float8_e5m2"            # cuBLAS's A is our b
+
+
+# The cuBLAS arguments describe_scaled_matmul reports, run by a NumPy model of column-major
+# cuBLAS (tests/refs/cublas.py) over FP8 bytes in host memory: they must compute a @ b. The values
+# are small integers, exact in FP8 and in float32 sums, so the check is exact.
+FP8_CASES = [  # M, K, N, a's row padding, b's column padding (bytes), out's row padding (elements)
+    (16, 16, 16, 0, 0, 0), (32, 48, 16, 0, 0, 0), (64, 128, 32, 0, 0, 0), (48, 32, 80, 0, 0, 0),
+    (5, 64, 12, 0, 0, 0), (40, 32, 24, 16, 32, 4)]
+
+
+@pytest.mark.parametrize("M, K, N, pad_a, pad_b, pad_out", FP8_CASES)
+@pytest.mark.parametrize("format_a, format_b", [("e4m3", "e4m3"), ("e4m3", "e5m2"), ("e5m2", "e4m3")])
+def test_describe_gives_cublas_arguments_that_compute_a_times_b(M, K, N, pad_a, pad_b, pad_out, format_a,
+                                                                 format_b):
+    rng = np.random.default_rng(M * 1000 + K * 10 + N)
+    lda, ldb, ldo = K + pad_a, K + pad_b, N + pad_out
+    a_off, b_off, out_off = 0, 16 * ((M * lda + 15) // 16) + 64, 1 << 20
+    codes = np.zeros(b_off + N * ldb, np.uint8)
+    values = np.full(codes.shape, np.nan)               # the value of each byte, as cuBLAS reads it
+    a_vals = rng.integers(-4, 5, (M, K)).astype(np.float64)
+    b_vals = rng.integers(-4, 5, (K, N)).astype(np.float64)
+    a_bytes = codes[a_off:a_off + M * lda].reshape(M, lda)
+    a_bytes[:, :K] = fp8_ref.to_codes(a_vals, format_a)
+    b_bytes = codes[b_off:b_off + N * ldb].reshape(N, ldb)      # b = w.T, w (N, K) row-major
+    b_bytes[:, :K] = fp8_ref.to_codes(b_vals.T, format_b)
+    values[a_off:a_off + M * lda] = fp8_ref.decode(codes[a_off:a_off + M * lda], format_a)
+    values[b_off:b_off + N * ldb] = fp8_ref.decode(codes[b_off:b_off + N * ldb], format_b)
+    out_mem = np.full(out_off // 4 + M * ldo, np.nan)
+    ptr = {"a": BASE + a_off, "b": BASE + b_off}
+    d = fp8.describe_scaled_matmul(
+        fake((M, K), strides=(lda, 1), ptr=ptr["a"]), fake((K, N), strides=(1, ldb), ptr=ptr["b"]), SCALE, SCALE,
+        out=fake((M, N), "<f4", strides=(4 * ldo, 4), ptr=BASE + out_off), format_a=format_a, format_b=format_b)
+    fmt = {"a": format_a, "b": format_b}
+    assert (d["a_type"], d["b_type"]) == (f"float8_{fmt[d['cublas_a']]}", f"float8_{fmt[d['cublas_b']]}")
+    cublas_gemm_model(values, dict(d, a=ptr[d["cublas_a"]], b=ptr[d["cublas_b"]], c=BASE + out_off), itemsize=1,
+                      c_mem=out_mem, c_itemsize=4)
+    out = out_mem[out_off // 4:].reshape(M, ldo)
+    np.testing.assert_array_equal(out[:, :N], a_vals @ b_vals, err_msg=str(d))
+    assert np.isnan(out[:, N:]).all() and np.isnan(out_mem[:out_off // 4]).all(), "written outside out"
 
 
 @pytest.mark.parametrize("case, exc, words", [
@@ -90,14 +130,6 @@ def _fp8_device(cp, x, fmt):
     return cp.asarray(codes), fp8_ref.decode(codes, fmt)
 
 
-def _act(name, z):
-    if name == "relu":
-        return np.maximum(z, 0)
-    if name == "gelu":
-        return 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))
-    return z
-
-
 def _scalar(cp, v):
     return cp.asarray(np.array([v], dtype=np.float32))
 
@@ -131,7 +163,7 @@ def test_scaled_matmul_matches_float64_of_the_fp8_values(out_dtype, act, with_bi
             torch = pytest.importorskip("torch")
             bias = torch.from_numpy(b32).to("cuda", torch.bfloat16)
             ref = ref + bias.float().cpu().numpy().astype(np.float64)
-    ref = _act(act, ref)
+    ref = activations.act(act, ref)
     amax = _scalar(cp, np.nan)
     fp8_out = out_dtype in ("e4m3", "e5m2")
     kw = dict(bias=bias, act=act, amax_out=amax if fp8_out else None)

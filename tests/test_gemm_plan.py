@@ -35,10 +35,14 @@ def test_plan_autotune_execute_on_other_operands_and_streams(gpu, batched):
     shape_a, shape_b = ((5, 256, 192), (5, 192, 320)) if batched else ((256, 192), (192, 320))
     A, B = rand(cp, shape_a), rand(cp, shape_b)
     C = poisoned(cp, A.shape[:-1] + (B.shape[-1],))
+    tuning.clear_tuning()                                # the only gemm entry will be this plan's
     with cygemm.GemmPlan(A, B, C, math="fp32", batched=batched) as p:
-        assert p.plan() is p and p.route in ("cublasLt", "cublasGemmEx")
+        assert p.plan() is p and p.route is not None and not p.tuned
         p.autotune()                                     # any size: it was asked for
         assert p.tuned and p.tuned_ms > 0
+        # What autotune chose is what it recorded for the module functions: route and time.
+        (entry,) = [e for e in tuning.tuning_entries() if e["kind"] == "gemm"]
+        assert entry["route"] == p.route and entry["ms"] == pytest.approx(p.tuned_ms, rel=1e-6)
         assert p.execute() is C
         assert rel_err(C.get(), np.matmul(f64(cp, A), f64(cp, B))) < 1e-5
         s = cp.cuda.Stream(non_blocking=True)
@@ -92,3 +96,20 @@ def test_autotune_records_the_choice_for_the_module_functions(gpu, tmp_path):
     finally:
         cygemm.set_options(**old)
         tuning.clear_tuning()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("route", ["cublasGemmEx", "cublasLt"])
+def test_a_forced_route_is_the_plans_route_and_computes_right(gpu, route):
+    A, B = rand(cp, (96, 64)), rand(cp, (64, 80))
+    C = poisoned(cp, (96, 80))
+    old = tuning.forced_routes()
+    try:
+        tuning.force_routes(**dict(old, gemm=route))
+        with cygemm.GemmPlan(A, B, C, math="fp32") as p:
+            assert p.plan().route == route
+            assert p.execute() is C
+            cp.cuda.Device().synchronize()
+            assert rel_err(C.get(), f64(cp, A) @ f64(cp, B)) < 1e-5
+    finally:
+        tuning.force_routes(**old)

@@ -10,7 +10,7 @@ import cygemm
 from cygemm.matmul import describe_matmul
 from fakes import BASE, FakeDeviceArray, fake_view
 from gpu_util import err_vs_scale, f64, poisoned, rand, rel_err
-from test_rowmajor_mapping import cublas_gemm_model
+from refs.cublas import cublas_gemm_model
 
 
 # ------------------------------------------------------------------ CPU: the calls, modelled

@@ -10,6 +10,7 @@ import cygemm
 from cygemm import _context, gemm_ops
 from cygemm.gemm_ops import backward_into, forward_into
 from gpu_util import err_vs_scale, f64, poisoned, rand, rel_err
+from refs import activations
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -23,6 +24,7 @@ def fp32_bound(k):
 
 # GPU property tests: examples each (scripts/gpu_suite.sh sets 500).
 GPU_EXAMPLES = int(os.environ.get("CYGEMM_GPU_PROPERTY_EXAMPLES", "40"))
+SLOPE = 0.07          # not leaky_relu's default 0.01: a kernel that ignores the slope fails
 
 
 # ------------------------------------------------------------------ zero sizes
@@ -111,8 +113,7 @@ def test_misaligned_forward_and_backward_are_correct(dtype, act):
     gb, dZ = poisoned(cp, (N + off,), dtype)[off:], poisoned(cp, (M * N + off,), dtype)[off:].reshape(M, N)
     backward_into(A, B, gY, Z, act=act, gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=dZ, math="fp32")
     zz = f64(cp, Z)
-    from test_fused import act_grad_ref
-    dz = f64(cp, gY) * act_grad_ref(act, zz)
+    dz = f64(cp, gY) * activations.act_grad(act, zz)
     tol = 2e-5 if dtype == "float32" else 2e-2
     assert rel_err(gA.get(), dz @ f64(cp, B).T) < tol
     assert rel_err(gB.get(), f64(cp, A).T @ dz) < tol
@@ -177,7 +178,6 @@ def test_batched_property_against_float64(batch, m, n, k, broadcast, gap, ta, tb
        act=st.sampled_from(["none", "relu", "leaky_relu", "gelu", "gelu_erf", "sigmoid", "tanh", "silu"]),
        with_bias=st.booleans(), save_z=st.booleans(), seed=st.integers(0, 2**32 - 1))
 def test_forward_backward_property_against_float64(m, n, k, act, with_bias, save_z, seed):
-    from test_fused import SLOPE, act_grad_ref, act_ref
     rng = np.random.default_rng(seed)
     A, B, bias, gY = (rand(cp, s, rng=rng) for s in ((m, k), (k, n), (n,), (m, n)))
     Y, Z = poisoned(cp, (m, n)), poisoned(cp, (m, n))
@@ -189,12 +189,12 @@ def test_forward_backward_property_against_float64(m, n, k, act, with_bias, save
     # norm-wise relative error then has no bound (item 9 of issue 10: n=1, k=77, gelu).
     z_scale = np.abs(a) @ np.abs(b) + np.abs(c)
     assert err_vs_scale(Z.get(), z, z_scale) < fp32_bound(k) * 3
-    y_ref = act_ref(act, z)
+    y_ref = activations.act(act, z, SLOPE)
     assert err_vs_scale(Y.get(), y_ref, z_scale) < fp32_bound(k) * 12
     gA, gB, gb, dZ = poisoned(cp, (m, k)), poisoned(cp, (k, n)), poisoned(cp, (n,)), poisoned(cp, (m, n))
     backward_into(A, B, gY, Z, act=act, leaky_slope=SLOPE, gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=dZ,
                   math="fp32")
-    dz = g * act_grad_ref(act, f64(cp, Z))
+    dz = g * activations.act_grad(act, f64(cp, Z), SLOPE)
     # act' is evaluated in fp32 from terms of size <= ~1 (gelu' = 0.5(1 + t) + ...): its error
     # is ~1e-7 absolute, so dZ's scale is |gY|, not |dZ| (gelu' = 0 at z = -0.75).
     dz_scale = np.abs(g)
@@ -207,7 +207,6 @@ def test_property_bound_is_met_where_norm_relative_error_fails():
     """Item 9: at n = 1 the old bound (||out - ref|| / ||ref|| < 1e-4) fails for correct
     results whose reference cancels: Z at gelu's stationary point makes gelu'(Z) ~ 0 and gA
     tiny; a column sum of +x and -x makes gBias ~ 0. The magnitude-scaled bound holds."""
-    from test_fused import act_grad_ref
     m, k = 2, 77
     rng = np.random.default_rng(7)
     a = rng.standard_normal((m, k)).astype(np.float32)
@@ -223,7 +222,7 @@ def test_property_bound_is_met_where_norm_relative_error_fails():
     gA, gb, dZ = poisoned(cp, (m, k)), poisoned(cp, (1,)), poisoned(cp, (m, 1))
     backward_into(A, B, gY, Z, with_bias=True, act="gelu", gA_out=gA, gBias_out=gb, work_dZ=dZ, math="fp32")
     g, bb = f64(cp, gY), b.astype(np.float64)
-    dz = g * act_grad_ref("gelu", f64(cp, Z))
+    dz = g * activations.act_grad("gelu", f64(cp, Z))
     assert np.abs(dz).max() < 1e-4                       # the reference nearly vanishes
     assert err_vs_scale(gA.get(), dz @ bb.T, np.abs(g) @ np.abs(bb).T) < 1e-4
     assert err_vs_scale(gb.get(), dz.sum(0), np.abs(g).sum(0)) < 1e-4
@@ -335,11 +334,10 @@ def test_soak_100k_mixed_calls_memory_flat():
     assert after[2] == before[2], f"free device memory changed by {after[2] - before[2]} bytes"
     assert after[3] - before[3] < 8 << 20, f"host RSS grew by {(after[3] - before[3]) / 2**20:.1f} MiB"
     # ... and the last results are right (the last block's i was 24999: relu).
-    from test_fused import act_grad_ref
     z = f64(cp, A) @ f64(cp, B) + f64(cp, bias)
     assert rel_err(C.get(), f64(cp, A) @ f64(cp, B)) < 1e-5
     assert rel_err(Z.get(), z) < 1e-5
-    dz = f64(cp, gY) * act_grad_ref(("relu", "gelu", "silu")[24999 % 3], z)
+    dz = f64(cp, gY) * activations.act_grad(("relu", "gelu", "silu")[24999 % 3], z)
     assert rel_err(gA.get(), dz @ f64(cp, B).T) < 2e-5
 
 

@@ -13,6 +13,7 @@ import cygemm
 from cygemm import _context, _release, fused, gemm_ops, plans
 from cygemm.gemm_ops import backward_into, forward_into
 from gpu_util import f64, poisoned, rand, rel_err
+from refs import activations
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
@@ -104,9 +105,8 @@ def test_backward_on_two_streams_at_once_gives_both_right_gradients():
                                           math="fp32", stream=s2)[0])
     s1.synchronize()
     s2.synchronize()
-    from test_fused import act_grad_ref
-    ref1 = (f64(cp, gY1) * act_grad_ref("gelu", f64(cp, Z1))) @ f64(cp, B1).T
-    ref2 = (f64(cp, gY2) * act_grad_ref("gelu", f64(cp, Z2))) @ f64(cp, B2).T
+    ref1 = (f64(cp, gY1) * activations.act_grad("gelu", f64(cp, Z1))) @ f64(cp, B1).T
+    ref2 = (f64(cp, gY2) * activations.act_grad("gelu", f64(cp, Z2))) @ f64(cp, B2).T
     assert rel_err(gA1.get(), ref1) < 1e-4
     assert max(rel_err(r.get(), ref2) for r in results2) < 1e-4
 
@@ -122,17 +122,16 @@ def _one_row_views(N, kind):
 @pytest.mark.parametrize("kind", ["y1d[None]", "x.T"])
 @pytest.mark.parametrize("act,K", [("gelu", 64), ("silu", 64), ("relu", 64), ("none", 64), ("gelu", 0)])
 def test_one_row_out_and_z_out_of_row_stride_0_or_1(kind, act, K):
-    from test_fused import act_ref
     N = 64                                   # a multiple of 8: GELU_AUX may write Z as its aux
     A, B, bias = rand(cp, (1, K)), rand(cp, (K, N)), rand(cp, (N,))
     Y, Z = _one_row_views(N, kind)
     assert Y.strides[0] in (0, 4)
     forward_into(A, B, Y, bias, act=act, save_z=True, z_out=Z, math="fp32")
     z = f64(cp, A) @ f64(cp, B) + f64(cp, bias)
-    assert rel_err(Z.get(), z) < 1e-5 and rel_err(Y.get(), act_ref(act, z)) < 1e-5
+    assert rel_err(Z.get(), z) < 1e-5 and rel_err(Y.get(), activations.act(act, z)) < 1e-5
     Y2, _ = _one_row_views(N, kind)
     forward_into(A, B, Y2, bias, act=act, math="fp32")          # the single-epilogue route
-    assert rel_err(Y2.get(), act_ref(act, z)) < 1e-5
+    assert rel_err(Y2.get(), activations.act(act, z)) < 1e-5
 
 
 # ------------------------------------------------------------------ item 4: interleaved batched outputs
@@ -291,9 +290,8 @@ def test_graph_replayed_on_another_stream_while_eager_work_runs_on_the_capture_s
         backward_into(A2, B2, gY2, Z2, gA_out=gA2, gBias_out=gb2, work_dZ=dZ2, stream=s, **kw)
     s.synchronize()
     t.synchronize()
-    from test_fused import act_grad_ref
-    dz = f64(cp, gY) * act_grad_ref("gelu", f64(cp, Z))
-    dz2 = f64(cp, gY2) * act_grad_ref("gelu", f64(cp, Z2))
+    dz = f64(cp, gY) * activations.act_grad("gelu", f64(cp, Z))
+    dz2 = f64(cp, gY2) * activations.act_grad("gelu", f64(cp, Z2))
     assert rel_err(gA.get(), dz @ f64(cp, B).T) < 1e-4 and rel_err(gb.get(), dz.sum(0)) < 1e-4
     assert rel_err(gA2.get(), dz2 @ f64(cp, B2).T) < 1e-4 and rel_err(gb2.get(), dz2.sum(0)) < 1e-4
 
@@ -540,9 +538,8 @@ def test_stress_threads_streams_allocating_and_into_forms_capture_and_replay():
             else:
                 forward_into(A, B, Y2, bias, act="gelu", math="fp32", stream=s)
                 backward_into(A, B, gY, Z, act="relu", gA_out=gA2, work_dZ=dZ2, math="fp32", stream=s)
-            from test_fused import act_ref
             checks = [(out, a @ b), (Y, np.maximum(z, 0)), (gA, dz @ b.T), (gB, a.T @ dz), (gb, dz.sum(0)),
-                      (Y2, act_ref("gelu", z)), (gA2, dz @ b.T)]
+                      (Y2, activations.act("gelu", z)), (gA2, dz @ b.T)]
             with sync_lock:
                 t.synchronize()
                 s.synchronize()

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "cython_consumer")
+EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "cython_consumer")
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""CPU: the row-major -> column-major cuBLAS mapping, checked against a NumPy model of
-what cuBLAS does with the arguments cygemm would pass. No GPU is touched."""
+"""CPU: the row-major -> column-major cuBLAS mapping (rowmajor.describe_gemm), checked against a
+NumPy model of what cuBLAS does with the arguments cygemm would pass (tests/refs/cublas.py), and
+the batched output's overlap check against brute force. No GPU is touched."""
 import itertools
 
 import numpy as np
@@ -7,26 +8,9 @@ import pytest
 
 import cygemm.rowmajor as cg
 from fakes import BASE, FakeDeviceArray as F, fake_view
+from refs.cublas import cublas_gemm_model
 
-ITEM = 4  # float32
-
-
-def cublas_gemm_model(mem, d, batched=False):
-    """Column-major GemmEx / GemmStridedBatchedEx on flat memory `mem`, as cuBLAS defines it."""
-    def load(ptr, ld, rows, cols, stride, i):
-        start = (ptr - BASE) // ITEM + i * stride
-        idx = start + np.arange(rows)[:, None] + ld * np.arange(cols)[None, :]
-        return mem[idx].astype(np.float64)
-
-    m, n, k = d["m"], d["n"], d["k"]
-    for i in range(d["batch"] if batched else 1):
-        a = load(d["a"], d["lda"], *((m, k) if d["opa"] == "N" else (k, m)), d["stride_a"], i)
-        b = load(d["b"], d["ldb"], *((k, n) if d["opb"] == "N" else (n, k)), d["stride_b"], i)
-        a = a if d["opa"] == "N" else a.T
-        b = b if d["opb"] == "N" else b.T
-        start = (d["c"] - BASE) // ITEM + i * d["stride_c"]
-        idx = start + np.arange(m)[:, None] + d["ldc"] * np.arange(n)[None, :]
-        mem[idx] = a @ b
+ITEM = 4  # float32: the buffers' element size, in bytes
 
 
 def layouts(rows, cols, rng, buf, cursor):

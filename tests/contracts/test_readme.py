@@ -9,7 +9,7 @@ import pytest
 
 from gpu_util import f64, rel_err
 
-README = os.path.join(os.path.dirname(__file__), "..", "README.md")
+README = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
 
 
 def _blocks():

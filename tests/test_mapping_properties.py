@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 
 import cygemm.rowmajor as cg
 from fakes import fake_view
-from test_rowmajor_mapping import cublas_gemm_model
+from refs.cublas import cublas_gemm_model
 
 LAYOUTS = ["C", "F", "C-pad", "F-pad"]
 

@@ -1,18 +1,42 @@
-"""CPU: activation parsing, attributes and helpers of gemm_ops (the arrays are fakes never
-dereferenced). The fused API's argument checks are in test_bad_input.py."""
+"""CPU: cygemm.gemm_ops's activation parsing (against the codes kernels.h defines), attributes
+and helpers (the arrays are fakes never dereferenced). The dense layer's argument checks are in
+test_bad_input.py."""
+import os
+import re
+
 import numpy as np
 import pytest
 
+import cygemm
 from cygemm import gemm_ops
+from cygemm.epilogues import activation_table
 from cygemm.gemm_ops import ActAttrs, parse_activation
 from fakes import BASE, FakeDeviceArray as F
 
 
-@pytest.mark.parametrize("name,code", [("none", 0), ("identity", 0), ("relu", 1), ("leaky_relu", 2),
-                                       ("gelu", 3), ("gelu_erf", 4), ("sigmoid", 5), ("tanh", 6),
-                                       ("silu", 7), ("ReLU", 1)])
-def test_parse_activation(name, code):
-    assert parse_activation(name) == code
+def _header_activation_codes():
+    """{name: code} of the cygemm_act_t enum, read from kernels.h where get_include() says it is
+    (the codes the kernels switch on)."""
+    for folder in cygemm.get_include():
+        path = os.path.join(folder, "cygemm", "kernels.h")
+        if os.path.isfile(path):
+            text = open(path).read()
+            enum = re.search(r"typedef enum \{(.*?)\} cygemm_act_t;", text, re.S)
+            assert enum, f"{path}: no cygemm_act_t enum"
+            return {name.lower(): int(code) for name, code in re.findall(r"CYGEMM_ACT_(\w+)\s*=\s*(\d+)", enum.group(1))}
+    raise AssertionError(f"cygemm/kernels.h is in none of {cygemm.get_include()}")
+
+
+def test_parse_activation_gives_the_kernels_codes():
+    codes = _header_activation_codes()
+    assert len(codes) >= 8 and len(set(codes.values())) == len(codes), codes
+    # Every activation of the epilogue table, and nothing else, is a code of the kernels.
+    assert {row["name"]: row["code"] for row in activation_table()} == codes
+    for name, code in codes.items():
+        assert parse_activation(name) == code
+        assert parse_activation(name.upper()) == code          # names are case-insensitive
+    assert set(gemm_ops.ACTIVATIONS) == set(codes) | {"identity"}
+    assert parse_activation("identity") == codes["none"]        # the one alias
 
 
 @pytest.mark.parametrize("bad", ["swish", "", None, 3])

@@ -1,11 +1,45 @@
-"""CPU property test of the overlap check every output goes through: against NumPy's exact
-np.shares_memory on random views of one buffer, it never misses an overlap, and for two
-2-D views of one leading dimension (blocks of one matrix) it is exact. Derandomized."""
+"""CPU: cygemm._arrays. describe_array reads __cuda_array_interface__ into element strides and
+refuses what cuBLAS cannot read, naming the argument. The overlap check every output goes
+through, a property test against NumPy's exact np.shares_memory on random views of one buffer:
+it never misses an overlap, and for two 2-D views of one leading dimension (blocks of one
+matrix) it is exact. Derandomized."""
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
+from cygemm import _arrays
 from cygemm._arrays import arrays_overlap
-from fakes import fake_view
+from fakes import BASE, FakeDeviceArray, fake_view
+
+
+def test_describe_array_reads_cai_in_elements():
+    x = FakeDeviceArray((3, 4, 5), "<f2", strides=(80, 20, 2), ptr=BASE + 64)
+    d = _arrays.describe_array(x)
+    assert d == dict(ptr=BASE + 64, batch=3, rows=4, cols=5, batch_stride=40,
+                     row_stride=10, col_stride=1, dtype="float16")
+
+
+def test_describe_array_c_contiguous_when_strides_missing():
+    d = _arrays.describe_array(FakeDeviceArray((6, 7)))
+    assert (d["batch"], d["row_stride"], d["col_stride"], d["batch_stride"]) == (1, 7, 1, 0)
+
+
+@pytest.mark.parametrize("bad,exc,words", [
+    (np.ones((2, 2), np.float32), TypeError, ["x:", "NumPy array in host memory", "cupy.asarray"]),
+    ([[1.0]], TypeError, ["x:", "list"]),
+    (FakeDeviceArray((2, 2), "<f8"), TypeError, ["x:", "expected float16, bfloat16 or float32, got float64"]),
+    (FakeDeviceArray((4,)), ValueError, ["x:", "1-D"]),
+    (FakeDeviceArray((2, 2, 2, 2)), ValueError, ["x:", "4-D"]),
+    (FakeDeviceArray((2, 2), strides=(8, 2)), ValueError, ["x:", "multiple"]),
+])
+def test_describe_array_rejects_with_named_argument(bad, exc, words):
+    with pytest.raises(exc) as info:
+        _arrays.describe_array(bad, "x")
+    for w in words:
+        assert w in str(info.value)
+
+
+# ---------------------------------------------------------------- the overlap check
 
 ROWS, COLS = 12, 16
 

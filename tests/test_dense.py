@@ -1,49 +1,22 @@
-"""GPU: fused forward/backward for every activation against float64 NumPy (and PyTorch
-autograd where installed), fresh random inputs, NaN-poisoned outputs."""
+"""GPU: the dense layer (forward_into/backward_into, cygemm.dense): forward and backward for every
+activation against float64 NumPy (tests/refs) and PyTorch autograd where installed, each of its
+forward and backward routes forced, on fresh random inputs with NaN-poisoned outputs."""
 import itertools
-import math
 
 import numpy as np
 import pytest
 
-from cygemm import gemm_ops
+import cygemm
+from cygemm import gemm_ops, tuning
 from cygemm.gemm_ops import backward_into, forward_into
 from gpu_util import err_vs_scale, f64, poisoned, rand, rel_err
+from refs import activations
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
 
 ACTS = ["none", "relu", "leaky_relu", "gelu", "gelu_erf", "sigmoid", "tanh", "silu"]
-SLOPE = 0.07
-_erf = np.vectorize(math.erf)
-
-
-def act_ref(act, z):
-    if act == "none":
-        return z
-    if act == "relu":
-        return np.maximum(z, 0)
-    if act == "leaky_relu":
-        return np.where(z > 0, z, SLOPE * z)
-    if act == "gelu":
-        return 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z ** 3)))
-    if act == "gelu_erf":
-        return 0.5 * z * (1 + _erf(z / np.sqrt(2)))
-    if act == "sigmoid":
-        return 1 / (1 + np.exp(-z))
-    if act == "tanh":
-        return np.tanh(z)
-    if act == "silu":
-        return z / (1 + np.exp(-z))
-    raise AssertionError(act)
-
-
-def act_grad_ref(act, z, h=1e-5):
-    """act'(z) by finite differences of the definition above, in float64: independent of how
-    cygemm's kernels write the derivative. One-sided of second order (error ~h^2, far below
-    the bounds), on z's own side of 0 so that relu's kink is never straddled."""
-    step = np.where(z >= 0, h, -h)
-    return (-3 * act_ref(act, z) + 4 * act_ref(act, z + step) - act_ref(act, z + 2 * step)) / (2 * step)
+SLOPE = 0.07          # not leaky_relu's default 0.01: a kernel that ignores the slope fails
 
 
 def bound(math_mode, k):
@@ -65,7 +38,7 @@ def test_forward_matches_float64(M, K, N, act, with_bias, save_z):
                  math=math_mode)
     z = f64(cp, A) @ f64(cp, B) + (f64(cp, bias) if with_bias else 0)
     tol = bound(math_mode, K)
-    assert rel_err(Y.get(), act_ref(act, z)) < tol * 4
+    assert rel_err(Y.get(), activations.act(act, z, SLOPE)) < tol * 4
     if save_z:
         assert rel_err(Z.get(), z) < tol
 
@@ -78,7 +51,7 @@ def test_forward_bias_as_row_and_transposed_weight(act):
     forward_into(A, W.T, Y, bias, act=act, leaky_slope=SLOPE, save_z=True, z_out=Z, math="fp32")
     z = f64(cp, A) @ f64(cp, W).T + f64(cp, bias)
     assert rel_err(Z.get(), z) < 1e-5
-    assert rel_err(Y.get(), act_ref(act, z)) < 4e-5
+    assert rel_err(Y.get(), activations.act(act, z, SLOPE)) < 4e-5
 
 
 @pytest.mark.parametrize("M,K,N", [(1, 7, 33), (33, 1000, 7), (1000, 33, 1), (256, 128, 520)])
@@ -93,7 +66,7 @@ def test_backward_matches_float64(M, K, N, act, want):
     res = backward_into(A, B, gY, Z, act=act, leaky_slope=SLOPE, gA_out=gA, gB_out=gB, gBias_out=gBias,
                         work_dZ=dZ, math="fp32")
     assert res == (gA, gB, gBias)
-    dz = f64(cp, gY) * act_grad_ref(act, f64(cp, Z))
+    dz = f64(cp, gY) * activations.act_grad(act, f64(cp, Z), SLOPE)
     # Against the magnitudes that went in, not the result: with N = 1 the bias gradient is one
     # sum of M terms that can cancel to ~0 (seen: 1.9e-4 norm-relative at M=1000, N=1 under
     # racecheck), as in issue 10's item 9.
@@ -114,7 +87,7 @@ def test_backward_accumulates_into_grads():
     gA, gB, gb = gA0.copy(), gB0.copy(), gb0.copy()
     backward_into(A, B, gY, Z, act="silu", gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=cp.empty((M, N), cp.float32),
                   math="fp32", accumulate=True)
-    dz = f64(cp, gY) * act_grad_ref("silu", f64(cp, Z))
+    dz = f64(cp, gY) * activations.act_grad("silu", f64(cp, Z))
     assert rel_err(gA.get(), f64(cp, gA0) + dz @ f64(cp, B).T) < 2e-5
     assert rel_err(gB.get(), f64(cp, gB0) + f64(cp, A).T @ dz) < 2e-5
     assert rel_err(gb.get(), f64(cp, gb0) + dz.sum(0)) < 2e-5
@@ -164,10 +137,10 @@ def test_half_precision_forward_backward(dtype, act):
     Y, Z = poisoned(cp, (M, N), dtype), poisoned(cp, (M, N), dtype)
     forward_into(A, B, Y, bias, act=act, save_z=True, z_out=Z)
     z = f64(cp, A) @ f64(cp, B) + f64(cp, bias)
-    assert rel_err(Y.get(), act_ref(act, z)) < 1e-2
+    assert rel_err(Y.get(), activations.act(act, z, SLOPE)) < 1e-2
     gA, gB, gb = poisoned(cp, (M, K), dtype), poisoned(cp, (K, N), dtype), poisoned(cp, (N,), dtype)
     backward_into(A, B, gY, Z, act=act, gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=cp.empty((M, N), dtype))
-    dz = f64(cp, gY) * act_grad_ref(act, f64(cp, Z))
+    dz = f64(cp, gY) * activations.act_grad(act, f64(cp, Z), SLOPE)
     assert rel_err(gA.get(), dz @ f64(cp, B).T) < 1e-2
     assert rel_err(gb.get(), dz.sum(0)) < 1e-2
 
@@ -247,7 +220,7 @@ def test_backward_from_output_equals_backward_from_z(act):
         backward_into(A, B, gY, z, act=act, leaky_slope=SLOPE, gA_out=g[0], gB_out=g[1], gBias_out=g[2],
                       work_dZ=cp.empty((M, N), cp.float32), math="fp32", **kw)
         grads.append(g)
-    dz = f64(cp, gY) * act_grad_ref(act, f64(cp, Z))
+    dz = f64(cp, gY) * activations.act_grad(act, f64(cp, Z), SLOPE)
     for ours, ref in zip(grads[1], (dz @ f64(cp, B).T, f64(cp, A).T @ dz, dz.sum(0))):
         assert rel_err(ours.get(), ref) < 1e-4
 
@@ -260,8 +233,7 @@ def test_large_problem_paths_autotune_and_gelu_route_in_a_subprocess():
     import textwrap
     code = textwrap.dedent("""
         import numpy as np, cupy as cp
-        from cygemm.gemm_ops import forward_into
-        from cygemm import plans
+            from cygemm import plans
         rng = np.random.default_rng()
         M, K, N = 96, 64, 80
         a, b, bias = (rng.standard_normal(s).astype(np.float32) for s in ((M, K), (K, N), (N,)))
@@ -289,7 +261,7 @@ def test_forward_k_zero_is_act_of_bias(act):
     Y, Z = poisoned(cp, (M, N)), poisoned(cp, (M, N))
     forward_into(A, B, Y, bias, act=act, save_z=True, z_out=Z)
     z = np.broadcast_to(f64(cp, bias), (M, N))
-    assert rel_err(Z.get(), z) < 1e-6 and rel_err(Y.get(), act_ref(act, z)) < 1e-5
+    assert rel_err(Z.get(), z) < 1e-6 and rel_err(Y.get(), activations.act(act, z, SLOPE)) < 1e-5
 
 
 def test_plan_cache_reuses_plans_across_alternating_layers_and_clears():
@@ -372,4 +344,105 @@ def test_cupy_bfloat16_arrays_are_read_like_torchs():
     Y = cp.asarray(np.full((M, N), np.nan, bf16))
     forward_into(A, B, Y, bias, act="gelu")
     a, b, c = (cp.asnumpy(x).astype(np.float64) for x in (A, B, bias))
-    assert rel_err(cp.asnumpy(Y).astype(np.float64), act_ref("gelu", a @ b + c)) < 2e-2
+    assert rel_err(cp.asnumpy(Y).astype(np.float64), activations.act("gelu", a @ b + c)) < 2e-2
+
+
+# ------------------------------------------------------------------ each route, forced
+
+@pytest.fixture
+def unforced_routes():
+    """The test forces routes; none stay forced after it."""
+    yield
+    tuning.force_routes()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("route", list(tuning.registered_routes()["forward"]))
+@pytest.mark.parametrize("act", ["none", "relu", "gelu", "silu"])
+def test_forward_each_route_against_float64(unforced_routes, route, act):
+    tuning.force_routes(forward=route)
+    M, K, N = 64, 96, 48                     # N a multiple of 8: gelu_aux applies with save_z
+    A, B, bias = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (N,))
+    for with_bias in (True, False):
+        for save_z in (False, True):
+            Y, Z = poisoned(cp, (M, N)), poisoned(cp, (M, N))
+            forward_into(A, B, Y, bias, with_bias=with_bias, act=act, save_z=save_z,
+                         z_out=Z if save_z else None, math="fp32")
+            z = f64(cp, A) @ f64(cp, B) + (f64(cp, bias) if with_bias else 0)
+            assert rel_err(Y.get(), activations.act(act, z)) < 1e-5, (route, act, with_bias, save_z)
+            if save_z:
+                assert rel_err(Z.get(), z) < 1e-5, (route, act, with_bias)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_backward_branches_against_float64_on_a_non_current_stream(unforced_routes, accumulate):
+    tuning.force_routes(backward="branches")
+    M, K, N = 80, 72, 56
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        A, B, gY, Z = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (M, N)), rand(cp, (M, N))
+        gA0, gB0, gb0 = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (N,))
+        gA, gB, gb = (x.copy() if accumulate else poisoned(cp, x.shape) for x in (gA0, gB0, gb0))
+        dZ = poisoned(cp, (M, N))
+    s.synchronize()
+    backward_into(A, B, gY, Z, act="gelu", gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=dZ, math="fp32",
+                  stream=s, accumulate=accumulate)
+    s.synchronize()
+    dz = f64(cp, gY) * activations.act_grad("gelu", f64(cp, Z))
+    extra = [f64(cp, x) if accumulate else 0 for x in (gA0, gB0, gb0)]
+    assert rel_err(gA.get(), dz @ f64(cp, B).T + extra[0]) < 1e-5
+    assert rel_err(gB.get(), f64(cp, A).T @ dz + extra[1]) < 1e-5
+    assert rel_err(gb.get(), dz.sum(0) + extra[2]) < 1e-5
+
+
+@pytest.mark.gpu
+def test_backward_branches_capture_into_a_graph_with_two_branches_and_replay(unforced_routes):
+    tuning.force_routes(backward="branches")
+    M, K, N = 64, 40, 48
+    s = cp.cuda.Stream(non_blocking=True)
+    A, B, gY, Z = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (M, N)), rand(cp, (M, N))
+    gA, gB, gb, dZ = poisoned(cp, (M, K)), poisoned(cp, (K, N)), poisoned(cp, (N,)), poisoned(cp, (M, N))
+    kw = dict(act="relu", gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=dZ, math="fp32", stream=s)
+    backward_into(A, B, gY, Z, **kw)                   # once eagerly, as the README asks
+    s.synchronize()
+    for x in (gA, gB, gb):
+        x[...] = cp.nan
+    cp.cuda.Device().synchronize()
+    with cygemm.graph.capture(s) as graph:
+        backward_into(A, B, gY, Z, **kw)
+    assert graph.num_nodes >= 3
+    for _ in range(3):
+        graph.launch(s)
+    s.synchronize()
+    dz = f64(cp, gY) * (f64(cp, Z) > 0)
+    assert rel_err(gA.get(), dz @ f64(cp, B).T) < 1e-5
+    assert rel_err(gB.get(), f64(cp, A).T @ dz) < 1e-5
+    assert rel_err(gb.get(), dz.sum(0)) < 1e-5
+    assert cygemm._release.open_capture_count() == 0, "the side stream's part of the capture is over too"
+
+
+@pytest.mark.gpu
+def test_backward_follows_a_route_forced_after_its_route_was_remembered(unforced_routes):
+    """A backward remembers its route in a C memo; force_routes must still take effect."""
+    M, K, N = 64, 40, 48
+    s = cp.cuda.Stream(non_blocking=True)
+    A, B, gY, Z = rand(cp, (M, K)), rand(cp, (K, N)), rand(cp, (M, N)), rand(cp, (M, N))
+    gA, gB, gb, dZ = poisoned(cp, (M, K)), poisoned(cp, (K, N)), poisoned(cp, (N,)), poisoned(cp, (M, N))
+    kw = dict(act="relu", gA_out=gA, gB_out=gB, gBias_out=gb, work_dZ=dZ, math="fp32", stream=s)
+    forks = {}
+    for route in ("branches", "serial", "branches"):
+        tuning.force_routes(backward=route)
+        backward_into(A, B, gY, Z, **kw)       # remembered eagerly, then captured
+        s.synchronize()
+        with cygemm.graph.capture(s) as graph:
+            backward_into(A, B, gY, Z, **kw)
+        successors = [f for f, _ in graph.edges]
+        forks.setdefault(route, []).append(max(successors.count(f) for f in set(successors)))
+    assert forks["serial"] == [1], f"serial must capture a chain, got out-degrees {forks}"
+    assert min(forks["branches"]) >= 2, f"branches must fork, got out-degrees {forks}"
+    graph.launch(s)
+    s.synchronize()
+    dz = f64(cp, gY) * (f64(cp, Z) > 0)
+    assert rel_err(gA.get(), dz @ f64(cp, B).T) < 1e-5
+    assert rel_err(gB.get(), f64(cp, A).T @ dz) < 1e-5
