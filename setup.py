@@ -4,7 +4,8 @@ cuBLAS/cuBLASLt and the static CUDA runtime.
 Where CUDA is comes from cygemm/_cuda_paths.py (cuda-pathfinder), the same answer the
 installed package uses at run time. The build writes no build-machine path into what it
 makes: the only RUNPATH is $ORIGIN/../nvidia/cu13/lib (the nvidia-cublas wheel beside an
-installed cygemm); elsewhere `import cygemm` loads cuBLAS through cuda-pathfinder.
+installed cygemm; one more ../ for a module of a subpackage); elsewhere `import cygemm` loads
+cuBLAS through cuda-pathfinder.
 
 Environment:
   NVCC                   the nvcc to use (else CUDA_HOME/CUDA_PATH, PATH, /usr/local/cuda)
@@ -24,7 +25,8 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Lowest first: each module cimports only those before it.
+# Lowest first: each module cimports only those before it. A dotted name is a module of a
+# subpackage ("nn._kernels": cygemm/nn/_kernels.pyx, cygemm.nn._kernels).
 # Each module's kernels (cygemm/kernels/*.cu): every .cu is compiled once, its object linked into
 # the modules that launch it.
 MODULES = {"_errors": [], "_settings": [], "_streams": [], "_release": [], "_context": [], "_arrays": [],
@@ -33,16 +35,26 @@ MODULES = {"_errors": [], "_settings": [], "_streams": [], "_release": [], "_con
            "_batch_layout": [], "matmul": [],
            "epilogues": [], "_layer": [], "fused": ["elementwise"], "fp8": ["fp8"],
            "elementwise": ["elementwise"],
-           "grouped": ["grouped"], "graph": []}
+           "grouped": ["grouped"], "graph": [],
+           "nn._kernels": ["nn"], "backend._kernels": ["backend"]}
 HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h",
            "cygemm/include/cygemm/fp8_kernels.h", "cygemm/include/cygemm/grouped_kernels.h",
-           "cygemm/include/cygemm/convert.h"]
-RUNPATH = "$ORIGIN/../nvidia/cu13/lib"
+           "cygemm/include/cygemm/convert.h", "cygemm/include/cygemm/nn_kernels.h",
+           "cygemm/include/cygemm/backend_kernels.h"]
 KERNELS = sorted({k for kernels in MODULES.values() for k in kernels})
 
 
 def kernel_source(name):
     return f"cygemm/kernels/{name}.cu"
+
+
+def module_source(name):
+    return f"cygemm/{name.replace('.', '/')}.pyx"
+
+
+def runpath(name):
+    """The nvidia-cublas wheel's libraries, relative to the module's folder (site-packages/nvidia/)."""
+    return "$ORIGIN/" + "../" * (name.count(".") + 1) + "nvidia/cu13/lib"
 
 
 def _cuda_paths():
@@ -55,7 +67,7 @@ def _cuda_paths():
 
 def check_sources():
     """A missing source is a build error, never a smaller wheel."""
-    needed = [f"cygemm/{m}.pyx" for m in MODULES] + [kernel_source(k) for k in KERNELS] + HEADERS
+    needed = [module_source(m) for m in MODULES] + [kernel_source(k) for k in KERNELS] + HEADERS
     missing = [p for p in needed if not os.path.isfile(os.path.join(HERE, p))]
     if missing:
         raise SystemExit(f"cygemm: sources missing from this source tree: {', '.join(missing)}")
@@ -184,8 +196,8 @@ def extension(name, kernels):
     # nvcc objects are C++: their runtime support comes from libstdc++.
     cxx = ["-lstdc++"] if kernels else []
     # -g0: Python's CFLAGS often say -g, and debug info names the build folder.
-    return Extension(f"cygemm.{name}", [f"cygemm/{name}.pyx", *map(kernel_source, kernels)],
-                     include_dirs=INCLUDE_DIRS, extra_link_args=LINK_ARGS + cxx,
+    return Extension(f"cygemm.{name}", [module_source(name), *map(kernel_source, kernels)],
+                     include_dirs=INCLUDE_DIRS, extra_link_args=LINK_ARGS + [f"-Wl,-rpath,{runpath(name)}"] + cxx,
                      extra_compile_args=["-O2", "-g0", "-Wno-unused-function"])
 
 
@@ -196,8 +208,7 @@ INCLUDE_DIRS = ["cygemm/include", paths.header_dir("cudart"), paths.header_dir("
 CUBLAS_HEADERS = [os.path.join(paths.header_dir("cublas"), h) for h in ("cublas_api.h", "cublasLt.h")]
 CUBLAS = paths.load_cublas()
 # Linked by path; the DT_NEEDED entries are the sonames (libcublas.so.13), not paths.
-LINK_ARGS = [CUBLAS["cublas"], CUBLAS["cublasLt"], cudart_static(NVCC), "-ldl", "-lpthread", "-lrt",
-             f"-Wl,-rpath,{RUNPATH}"]
+LINK_ARGS = [CUBLAS["cublas"], CUBLAS["cublasLt"], cudart_static(NVCC), "-ldl", "-lpthread", "-lrt"]
 
 
 def ext_modules():

@@ -14,21 +14,23 @@ import zipfile
 
 PYX = ["_errors", "_settings", "_streams", "_release", "_context", "_arrays", "_alloc", "_args", "tuning",
        "_launch", "_candidates", "plans", "rowmajor", "gemm_plan", "_batch_layout", "matmul", "epilogues", "_layer", "fused", "fp8", "elementwise",
-       "grouped", "graph"]
+       "grouped", "graph", "nn/_kernels", "backend/_kernels"]
 PXD = ["bindings/cublas", "bindings/cublaslt", "bindings/cudart", "kernels/elementwise", "kernels/timing",
-       "kernels/fp8", "kernels/grouped", "_types", "_errors", "_settings", "_streams",
+       "kernels/fp8", "kernels/grouped", "kernels/nn", "kernels/backend", "_types", "_errors", "_settings", "_streams",
        "_release", "_context", "_arrays", "_alloc", "_args", "tuning", "_launch", "_candidates", "plans", "rowmajor", "_batch_layout", "epilogues", "_layer", "fp8"]
 STUBS = PYX
 WHEEL_NEEDS = ([f"cygemm/{m}.pxd" for m in PXD] + [f"cygemm/{m}.pyi" for m in STUBS]
                + ["cygemm/__init__.py", "cygemm/_cuda_paths.py", "cygemm/gemm_ops.py", "cygemm/py.typed",
                   "cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/fp8_kernels.h",
-                  "cygemm/include/cygemm/grouped_kernels.h"]
-               + [f"cygemm/nn/{m}.py" for m in ("__init__", "_kernels", "layers", "losses", "optimizers", "step")]
-               + [f"cygemm/backend/{m}.py" for m in ("__init__", "protocol", "_base", "_convert", "_kernels",
+                  "cygemm/include/cygemm/grouped_kernels.h", "cygemm/include/cygemm/nn_kernels.h",
+                  "cygemm/include/cygemm/backend_kernels.h"]
+               + [f"cygemm/nn/{m}.py" for m in ("__init__", "layers", "losses", "optimizers", "step")]
+               + [f"cygemm/backend/{m}.py" for m in ("__init__", "protocol", "_base", "_convert",
                                                      "numpy_backend", "cuda_backend")])
 SDIST_NEEDS = (WHEEL_NEEDS + [f"cygemm/{m}.pyx" for m in PYX]
                + ["cygemm/kernels/elementwise.cu", "cygemm/kernels/fp8.cu", "cygemm/kernels/grouped.cu",
-                  "cygemm/kernels/timing.cu", "setup.py", "pyproject.toml", "README.md", "LICENSE",
+                  "cygemm/kernels/timing.cu", "cygemm/kernels/nn.cu", "cygemm/kernels/backend.cu",
+                  "setup.py", "pyproject.toml", "README.md", "LICENSE",
                   "tests/conftest.py", "tests/fakes.py", "tests/gpu_util.py", "tests/refs/cublas.py",
                   "tests/contracts/test_cimport.py",
                   "examples/cython_consumer/consumer.pyx", "examples/cython_consumer/setup.py"])

@@ -134,7 +134,9 @@ class CUDABackend(ArrayBackend):
         ``out is x``)."""
         self._check_float(x, "x")
         with self.stream:
-            return _kernels.sigmoid(x, out) if out is not None else _kernels.sigmoid(x)
+            if out is None:
+                out = cp.empty(x.shape, x.dtype)
+            return _kernels.sigmoid(x, out, self.stream)
 
     def _check_float(self, x, name):
         if not isinstance(x, cp.ndarray) or x.dtype not in (np.float32, np.float64):

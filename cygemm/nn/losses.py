@@ -8,9 +8,6 @@ from cygemm.nn.layers import _check_array, _stream_of
 
 __all__ = ["SoftmaxCrossEntropy", "MeanSquaredError"]
 
-_NULL = np.uint64(0)        # a null pointer argument (8 bytes by value, as a pointer is passed)
-
-
 class _Loss:
     """What both losses share: buffers made by ``bind``, the one-launch reduction."""
 
@@ -87,13 +84,10 @@ class SoftmaxCrossEntropy(_Loss):
         if labels.dtype not in (np.int32, np.int64) or labels.strides[0] != labels.itemsize:
             raise TypeError(f"labels: expected a contiguous int32 or int64 array, got {labels.dtype.name} "
                             f"with strides {labels.strides}")
-        name = "softmax_xent_i32" if labels.dtype == np.int32 else "softmax_xent_i64"
-        _kernels.launch(name, self._blocks, (
-            logits, np.int64(logits.strides[0] // 4), labels, self.grad, np.int64(self.features),
-            np.int32(self.batch), np.int32(self.features), np.float32(1.0 / self.batch),
-            np.float32(1.0 / self.batch), self._partial, self._done, self.loss, self._bad,
-            *((self._col_partial, bias_grad) if bias_grad is not None else (_NULL, _NULL))), self.stream,
-            shared_mem=(_kernels.THREADS // 32) * self.features * 4 if bias_grad is not None else 0)
+        _kernels.softmax_xent(logits, labels, self.grad, 1.0 / self.batch, 1.0 / self.batch, self._partial,
+                              self._done, self.loss, self._bad, self._blocks, self.stream,
+                              col_partial=self._col_partial if bias_grad is not None else None,
+                              bias_grad=bias_grad)
         if check:
             self.check()
         return self.loss
@@ -132,10 +126,8 @@ class MeanSquaredError(_Loss):
         if target.strides[1] != 4:
             raise ValueError(f"target: expected unit stride along its last axis, got strides {target.strides}")
         n = self.batch * self.features
-        _kernels.launch("mse", self._blocks, (
-            y, np.int64(y.strides[0] // 4), target, np.int64(target.strides[0] // 4), self.grad,
-            np.int64(self.features), np.int32(self.batch), np.int32(self.features), np.float32(2.0 / n),
-            np.float32(1.0 / n), self._partial, self._done, self.loss), self.stream)
+        _kernels.mse(y, target, self.grad, 2.0 / n, 1.0 / n, self._partial, self._done, self.loss, self._blocks,
+                     self.stream)
         return self.loss
 
     def check(self):

@@ -33,8 +33,8 @@ class _Optimizer:
             raise ValueError(f"schedule: expected one of None, 'constant', 'linear', 'cosine', got {schedule!r}")
         self.model, self.params, self.grads = model, params, grads
         self.stream = _stream_of(stream if stream is not None else getattr(model, "stream", None))
-        self._schedule = (np.int32(_SCHEDULES[schedule]), np.int32(int(warmup_steps)),
-                          np.int32(int(total_steps or 0)), np.float32(_number(final_lr_factor, "final_lr_factor")))
+        self._schedule = (_SCHEDULES[schedule], int(warmup_steps), int(total_steps or 0),
+                          _number(final_lr_factor, "final_lr_factor"))
         if schedule in ("linear", "cosine") and not total_steps:
             raise ValueError(f"total_steps: schedule={schedule!r} needs total_steps, got {total_steps!r}")
         with self.stream:
@@ -89,10 +89,8 @@ class SGD(_Optimizer):
 
     def _launch(self):
         buf = self.momentum_buffer if self.momentum_buffer is not None else self.params   # unread
-        _kernels.launch("sgd", self._blocks, (
-            self.params, self.grads, buf, np.int64(self.params.size), self.lr, self.steps,
-            np.float32(self.momentum), np.float32(self.dampening), np.float32(self.weight_decay),
-            np.int32(self.nesterov), *self._schedule, self._done), self.stream)
+        _kernels.sgd(self.params, self.grads, buf, self.lr, self.steps, self._done, self.momentum, self.dampening,
+                     self.weight_decay, self.nesterov, *self._schedule, self._blocks, self.stream)
 
 
 class Adam(_Optimizer):
@@ -121,10 +119,9 @@ class Adam(_Optimizer):
         self._state = [self.exp_avg, self.exp_avg_sq]
 
     def _launch(self):
-        _kernels.launch("adam", self._blocks, (
-            self.params, self.grads, self.exp_avg, self.exp_avg_sq, np.int64(self.params.size), self.lr,
-            self.steps, np.float32(self.betas[0]), np.float32(self.betas[1]), np.float32(self.eps),
-            np.float32(self.weight_decay), np.int32(self._decoupled), *self._schedule, self._done), self.stream)
+        _kernels.adam(self.params, self.grads, self.exp_avg, self.exp_avg_sq, self.lr, self.steps, self._done,
+                      self.betas[0], self.betas[1], self.eps, self.weight_decay, self._decoupled, *self._schedule,
+                      self._blocks, self.stream)
 
 
 class AdamW(Adam):

@@ -8,16 +8,18 @@ def test_every_compiled_module_has_a_stub_naming_its_public_functions():
     import importlib
     import importlib.machinery
     import os
-    folder = os.path.dirname(cygemm.__file__)
+    root = os.path.dirname(cygemm.__file__)
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    modules = sorted({n.split(".")[0] for n in os.listdir(folder) if n.endswith(suffixes)})
-    assert "_context" in modules and "plans" in modules     # the compiled modules, installed or built
+    modules = sorted({os.path.join(sub, n.split(".")[0]) for sub in ("", "nn", "backend")
+                      for n in os.listdir(os.path.join(root, sub)) if n.endswith(suffixes)})
+    # The compiled modules, installed or built, those of the subpackages too.
+    assert {"_context", "plans", "nn/_kernels", "backend/_kernels"} <= set(modules)
     for name in modules:
-        stub = os.path.join(folder, f"{name}.pyi")
+        stub = os.path.join(root, f"{name}.pyi")
         assert os.path.isfile(stub), f"{name}: no stub"
         declared = {n.name for n in ast.walk(ast.parse(open(stub).read()))
                     if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
-        mod = importlib.import_module(f"cygemm.{name}")
+        mod = importlib.import_module("cygemm." + name.replace("/", "."))
         public = {k for k, v in vars(mod).items() if not k.startswith("_") and callable(v)
                   and getattr(v, "__module__", None) == mod.__name__}
         assert public <= declared, f"{name}.pyi lacks {sorted(public - declared)}"

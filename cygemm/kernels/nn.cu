@@ -1,20 +1,8 @@
-"""The CUDA kernels of cygemm.nn: the losses (forward and backward in one launch) and the
-optimizers (one launch for every parameter of a model, which lives in one flat buffer).
+// The kernels of cygemm.nn (cygemm/include/cygemm/nn_kernels.h): the losses and the optimizers,
+// one launch each.
+#include "cygemm/nn_kernels.h"
 
-Compiled by CuPy (NVRTC) at first use and cached by it. Every kernel that reduces to a scalar
-does so in one launch: each block writes its partial sum, and the last block to finish (found
-with an atomic counter, which it resets) adds the partials in block order, so the result is
-deterministic and no memset or second launch is needed. The same trick lets the optimizers
-advance their device step count once per launch.
-"""
-import functools
-
-import cupy as cp
-
-THREADS = 256
-MAX_BLOCKS = 1024
-
-_SOURCE = r"""
+namespace {
 // The last block to finish (its partial already written) adds the partials in block order.
 __device__ bool last_block_done(unsigned int* done) {
     __shared__ bool last;
@@ -118,14 +106,14 @@ __device__ void softmax_xent(const float* logits, long long ld, const L* labels,
     }
 }
 
-extern "C" __global__ void softmax_xent_i32(const float* logits, long long ld, const int* labels,
+__global__ void softmax_xent_i32(const float* logits, long long ld, const int* labels,
         float* grad, long long gld, int B, int C, float grad_scale, float loss_scale,
         float* partial, unsigned int* done, float* loss, int* bad, float* col_partial, float* bias_grad) {
     softmax_xent<int>(logits, ld, labels, grad, gld, B, C, grad_scale, loss_scale, partial, done, loss, bad,
                       col_partial, bias_grad);
 }
 
-extern "C" __global__ void softmax_xent_i64(const float* logits, long long ld, const long long* labels,
+__global__ void softmax_xent_i64(const float* logits, long long ld, const long long* labels,
         float* grad, long long gld, int B, int C, float grad_scale, float loss_scale,
         float* partial, unsigned int* done, float* loss, int* bad, float* col_partial, float* bias_grad) {
     softmax_xent<long long>(logits, ld, labels, grad, gld, B, C, grad_scale, loss_scale, partial, done, loss, bad,
@@ -133,7 +121,7 @@ extern "C" __global__ void softmax_xent_i64(const float* logits, long long ld, c
 }
 
 // Mean squared error: loss = mean((y - t)^2); grad = 2 (y - t) / n.
-extern "C" __global__ void mse(const float* y, long long yld, const float* t, long long tld, float* grad,
+__global__ void mse(const float* y, long long yld, const float* t, long long tld, float* grad,
         long long gld, int B, int C, float grad_scale, float loss_scale,
         float* partial, unsigned int* done, float* loss) {
     long long n = (long long)B * C;
@@ -170,7 +158,7 @@ __device__ void advance_step(int* step, unsigned int* done) {
 
 // SGD as torch.optim.SGD: d = g + wd p; buf = momentum buf + (1 - dampening) d (buf = d at the
 // first step); d = nesterov ? d + momentum buf : buf; p -= lr d.
-extern "C" __global__ void sgd(float* p, const float* g, float* buf, long long n, const float* lr_ptr,
+__global__ void sgd(float* p, const float* g, float* buf, long long n, const float* lr_ptr,
         int* step, float momentum, float dampening, float weight_decay, int nesterov,
         int kind, int warmup, int total, float final_factor, unsigned int* done) {
     int t = *step + 1;
@@ -190,7 +178,7 @@ extern "C" __global__ void sgd(float* p, const float* g, float* buf, long long n
 
 // Adam and AdamW as torch.optim.Adam / AdamW (decoupled=1: p *= 1 - lr wd first; else the
 // decay joins the gradient).
-extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, long long n,
+__global__ void adam(float* p, const float* g, float* m, float* v, long long n,
         const float* lr_ptr, int* step, float beta1, float beta2, float eps, float weight_decay,
         int decoupled, int kind, int warmup, int total, float final_factor, unsigned int* done) {
     int t = *step + 1;
@@ -211,26 +199,53 @@ extern "C" __global__ void adam(float* p, const float* g, float* m, float* v, lo
     }
     advance_step(step, done);
 }
-"""
+}  // namespace
 
+extern "C" cudaError_t cygemm_softmax_xent_i32(const float* logits, int64_t ld, const int32_t* labels, float* grad,
+                                               int64_t gld, int B, int C, float grad_scale, float loss_scale,
+                                               float* partial, unsigned int* done, float* loss, int* bad,
+                                               float* col_partial, float* bias_grad, int blocks, cudaStream_t stream) {
+    // Each warp keeps its own row of column sums: warps * C floats.
+    size_t shared = bias_grad ? (size_t)(CYGEMM_NN_THREADS / 32) * (size_t)C * sizeof(float) : 0;
+    softmax_xent_i32<<<blocks, CYGEMM_NN_THREADS, shared, stream>>>(
+        logits, ld, labels, grad, gld, B, C, grad_scale, loss_scale, partial, done, loss, bad, col_partial, bias_grad);
+    return cudaGetLastError();
+}
 
-@functools.lru_cache(maxsize=None)
-def _module(device_id):
-    # One module per device: CuPy loads a RawModule on the device current at first use.
-    return cp.RawModule(code=_SOURCE, options=("-std=c++17",), name_expressions=None)
+extern "C" cudaError_t cygemm_softmax_xent_i64(const float* logits, int64_t ld, const int64_t* labels, float* grad,
+                                               int64_t gld, int B, int C, float grad_scale, float loss_scale,
+                                               float* partial, unsigned int* done, float* loss, int* bad,
+                                               float* col_partial, float* bias_grad, int blocks, cudaStream_t stream) {
+    size_t shared = bias_grad ? (size_t)(CYGEMM_NN_THREADS / 32) * (size_t)C * sizeof(float) : 0;
+    // (int64_t is long here, the kernel's labels long long: the same 8 bytes.)
+    softmax_xent_i64<<<blocks, CYGEMM_NN_THREADS, shared, stream>>>(
+        logits, ld, reinterpret_cast<const long long*>(labels), grad, gld, B, C, grad_scale, loss_scale, partial,
+        done, loss, bad, col_partial, bias_grad);
+    return cudaGetLastError();
+}
 
+extern "C" cudaError_t cygemm_mse(const float* y, int64_t yld, const float* t, int64_t tld, float* grad, int64_t gld,
+                                  int B, int C, float grad_scale, float loss_scale, float* partial, unsigned int* done,
+                                  float* loss, int blocks, cudaStream_t stream) {
+    mse<<<blocks, CYGEMM_NN_THREADS, 0, stream>>>(y, yld, t, tld, grad, gld, B, C, grad_scale, loss_scale,
+                                                  partial, done, loss);
+    return cudaGetLastError();
+}
 
-def kernel(name):
-    """The compiled kernel `name` for the current device."""
-    return _module(cp.cuda.Device().id).get_function(name)
+extern "C" cudaError_t cygemm_sgd(float* p, const float* g, float* buf, int64_t n, const float* lr, int* step,
+                                  float momentum, float dampening, float weight_decay, int nesterov,
+                                  int schedule, int warmup, int total, float final_factor, unsigned int* done,
+                                  int blocks, cudaStream_t stream) {
+    sgd<<<blocks, CYGEMM_NN_THREADS, 0, stream>>>(p, g, buf, n, lr, step, momentum, dampening, weight_decay,
+                                                  nesterov, schedule, warmup, total, final_factor, done);
+    return cudaGetLastError();
+}
 
-
-def launch(name, blocks, args, stream, shared_mem=0):
-    """Launch kernel `name` with `blocks` blocks of THREADS threads on `stream` (a CuPy stream)."""
-    with stream:
-        kernel(name)((blocks,), (THREADS,), args, shared_mem=shared_mem)
-
-
-def grid_for(n, threads=THREADS):
-    """Blocks for a grid-stride loop over n items (at least one, at most MAX_BLOCKS)."""
-    return max(1, min(MAX_BLOCKS, (int(n) + threads - 1) // threads))
+extern "C" cudaError_t cygemm_adam(float* p, const float* g, float* m, float* v, int64_t n, const float* lr, int* step,
+                                   float beta1, float beta2, float eps, float weight_decay, int decoupled,
+                                   int schedule, int warmup, int total, float final_factor, unsigned int* done,
+                                   int blocks, cudaStream_t stream) {
+    adam<<<blocks, CYGEMM_NN_THREADS, 0, stream>>>(p, g, m, v, n, lr, step, beta1, beta2, eps, weight_decay,
+                                                   decoupled, schedule, warmup, total, final_factor, done);
+    return cudaGetLastError();
+}
