@@ -35,7 +35,13 @@ cdef void merge_out(const BatchLayout* L0, const ArrayDesc* c, const ArrayDesc* 
 cdef int check_out(const BatchLayout* L0, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b) except -1
 cdef bint empty_batch(const BatchLayout* L) noexcept
 # Whether out may share memory with a or b (exact for one call; by address range otherwise).
-cdef bint may_overlap_inputs(const BatchLayout* L, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b)
+# fresh_a/fresh_b: that operand is a new array of the call's own (its address not yet known),
+# which shares memory with nothing.
+cdef bint may_overlap_inputs(const BatchLayout* L, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b,
+                             bint fresh_a=*, bint fresh_b=*)
+# The bytes an array spans, as one row of elements from its lowest address (batch 0 when it is
+# empty): where it lies, for the device checks of the one argument path.
+cdef void span_view(const ArrayDesc* d, MatrixView* v) noexcept
 # The views of one call at element offsets off_*: the innermost merged batch axis is cuBLAS's batch.
 cdef void call_views(const BatchLayout* L, const ArrayDesc* a, const ArrayDesc* b, const ArrayDesc* c,
                      int64_t off_a, int64_t off_b, int64_t off_c,

@@ -7,7 +7,7 @@ from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm._types cimport ArrayDesc, MatrixView, ColMajorGemm
 from cygemm._arrays cimport desc_shape, views_overlap
-from cygemm.rowmajor cimport MAP_OK, map_rowmajor_gemm, check_batch_disjoint
+from cygemm._mapping cimport MAP_OK, map_rowmajor_gemm, check_batch_disjoint
 
 
 cdef int _matrix_axes(const ArrayDesc* d, bint is_a, int64_t* rows, int64_t* cols, int64_t* rs,
@@ -288,9 +288,19 @@ cdef bint _apart(const ArrayDesc* x, const ArrayDesc* y) noexcept:
     return hi1 <= lo1 or hi2 <= lo2 or hi1 <= lo2 or hi2 <= lo1
 
 
-cdef bint may_overlap_inputs(const BatchLayout* L, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b):
-    if _apart(c, a) and _apart(c, b):       # the common case: no shared bytes at all
+cdef bint may_overlap_inputs(const BatchLayout* L, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b,
+                             bint fresh_a=False, bint fresh_b=False):
+    if (fresh_a or _apart(c, a)) and (fresh_b or _apart(c, b)):     # the common case: no shared bytes
         return False
     cdef BatchLayout M
     merge_out(L, c, a, b, &M)
-    return _may_overlap(&M, c, a, True, a, b) or _may_overlap(&M, c, b, False, a, b)
+    return (not fresh_a and _may_overlap(&M, c, a, True, a, b)) or (not fresh_b and _may_overlap(&M, c, b, False, a, b))
+
+
+cdef void span_view(const ArrayDesc* d, MatrixView* v) noexcept:
+    cdef int64_t lo, hi
+    _extent(d, &lo, &hi)
+    v.ptr, v.device, v.dtype, v.itemsize = <char*>lo, d.device, d.dtype, d.itemsize
+    v.rows, v.cols = 1, (hi - lo) // d.itemsize
+    v.row_stride, v.col_stride, v.batch_stride = v.cols, 1, 0
+    v.batch = 1 if hi > lo else 0
