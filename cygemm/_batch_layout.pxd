@@ -1,5 +1,6 @@
 # matmul's batch layout (see _batch_layout.pyx).
 from libc.stdint cimport int64_t
+from cygemm.bindings.cudart cimport cudaDataType
 from cygemm._types cimport ArrayDesc, MatrixView
 
 
@@ -46,3 +47,19 @@ cdef void span_view(const ArrayDesc* d, MatrixView* v) noexcept
 cdef void call_views(const BatchLayout* L, const ArrayDesc* a, const ArrayDesc* b, const ArrayDesc* c,
                      int64_t off_a, int64_t off_b, int64_t off_c,
                      MatrixView* va, MatrixView* vb, MatrixView* vc) noexcept
+
+
+# What a matmul call does besides its GEMMs, decided from the arrays' layouts before anything runs.
+ctypedef struct MatmulPlan:
+    bint empty          # nothing to compute (K == 0 is not empty: zeros)
+    bint new_result     # out=None: the GEMMs write a new C-ordered array, the result
+    bint copy_a         # a goes to a new C-ordered array of the product's dtype first (its dtype
+    bint copy_b         #   differs, or its matrices have no unit-stride axis); b likewise
+    bint via_temp       # the GEMMs write a new C-ordered temporary, then it is copied into out
+    bint temp_like_out  # the temporary is of out's library (else of a's or b's)
+
+# Decide the copies, casts and temporaries of matmul(a, b, out) of product dtype t (L0: the
+# read_layout of a and b; L receives the layout merged with the final target). Returns the
+# reason for the first of them as a capture refuses it, None when there is none.
+cdef object decide_copies(const ArrayDesc* da, const ArrayDesc* db, const ArrayDesc* dc, bint has_out,
+                          cudaDataType t, const BatchLayout* L0, BatchLayout* L, MatmulPlan* p)

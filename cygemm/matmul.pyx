@@ -5,7 +5,8 @@ Each operand's last two axes go to cuBLAS through the one mapping (_mapping: lea
 op flags, so transposed views and slices are not copied); the batch axes are broadcast with
 stride 0, merged where their strides allow, and the innermost run becomes one strided-batched
 GEMM (the others, if any, a loop of such calls with no copy). What a call copies, casts or
-allocates is decided once, from the layouts, before anything runs (_decide); then it runs.
+allocates is decided once, from the layouts, before anything runs (_batch_layout's
+decide_copies); then it runs.
 """
 from libc.stdint cimport int64_t, uintptr_t
 
@@ -18,10 +19,10 @@ from cygemm._arrays cimport read_array, desc_shape, dtype_name
 from cygemm._args cimport CallArgs, args_init, add_view, resolve_call, ARG_READ, ARG_WRITE
 from cygemm._settings cimport autotune_level
 from cygemm.plans cimport run_gemm
-from cygemm._mapping cimport (MapResult, MAP_OK, MAP_BAD_A, MAP_BAD_B, MAP_BAD_OUT, map_rowmajor_gemm,
-                              check_batch_disjoint, is_rowmajor)
-from cygemm._batch_layout cimport (BatchLayout, read_layout, result_shape, has_result_shape, merge_out,
-                                   check_out, empty_batch, may_overlap_inputs, call_views, span_view)
+from cygemm._mapping cimport MAP_OK, map_rowmajor_gemm, check_batch_disjoint, is_rowmajor
+from cygemm._batch_layout cimport (BatchLayout, MatmulPlan, read_layout, result_shape, has_result_shape,
+                                   merge_out, check_out, empty_batch, may_overlap_inputs, call_views, span_view,
+                                   decide_copies)
 from cygemm import _alloc
 
 import numpy as np
@@ -151,107 +152,6 @@ cdef int _check_call(CallArgs* c, const ArrayDesc* da, const ArrayDesc* db, cons
     return resolve_call(c, math, t, stream)
 
 
-# ------------------------------------------------------------ the plan of one call
-
-# What a call does besides its GEMMs, decided from the arrays' layouts before anything runs.
-ctypedef struct MatmulPlan:
-    bint empty          # nothing to compute (K == 0 is not empty: zeros)
-    bint new_result     # out=None: the GEMMs write a new C-ordered array, the result
-    bint copy_a         # a goes to a new C-ordered array of the product's dtype first (its dtype
-    bint copy_b         #   differs, or its matrices have no unit-stride axis); b likewise
-    bint via_temp       # the GEMMs write a new C-ordered temporary, then it is copied into out
-    bint temp_like_out  # the temporary is of out's library (else of a's or b's)
-
-
-cdef int _itemsize(cudaDataType t) noexcept:
-    return 8 if t == CUDA_R_64F else (4 if t == CUDA_R_32F else 2)
-
-
-cdef const ArrayDesc* _c_order(ArrayDesc* d, int ndim, const int64_t* shape, cudaDataType t) noexcept:
-    """d as a new C-ordered array of dtype t (its address not known yet: NULL); returns d.
-    shape may be d's own."""
-    cdef int i
-    cdef int64_t stride = 1
-    d.ndim, d.ptr, d.dtype, d.itemsize, d.device = ndim, NULL, t, _itemsize(t), -1
-    for i in range(ndim - 1, -1, -1):
-        d.shape[i], d.strides[i] = shape[i], stride
-        stride *= shape[i]
-    return d
-
-
-cdef object _decide(const ArrayDesc* da, const ArrayDesc* db, const ArrayDesc* dc, bint has_out,
-                    cudaDataType t, const BatchLayout* L0, BatchLayout* L, MatmulPlan* p):
-    """Decide the copies, casts and temporaries of matmul(a, b, out), in the order the checks
-    below meet them (L0: read_layout's of a and b; L receives the layout merged with the final
-    target, which is the call's own when nothing is copied or allocated). Returns the reason
-    for the first of them, as a capture refuses it (None: nothing is copied or allocated)."""
-    p.empty = L0.M == 0 or L0.N == 0 or empty_batch(L0)
-    p.new_result = not has_out
-    p.copy_a = p.copy_b = p.via_temp = p.temp_like_out = False
-    if p.empty:
-        return None
-    reason = None
-    # The arrays as the GEMMs will see them: the caller's, or new C-ordered ones (ca, cb, ct).
-    cdef const ArrayDesc* a = da
-    cdef const ArrayDesc* b = db
-    cdef const ArrayDesc* target = dc
-    cdef const BatchLayout* cores = L0
-    cdef ArrayDesc ca, cb, ct
-    cdef BatchLayout recast
-    if has_out and dc.dtype != t:       # computed in the promoted dtype, then cast into out as NumPy does
-        reason = (f"out: its dtype {dtype_name(dc.dtype)} is not the result's ({dtype_name(t)}), so the "
-                  "product goes to a new array first")
-        p.via_temp = True
-    if da.dtype != t or db.dtype != t:  # the narrower operand becomes a copy of the promoted dtype
-        reason = reason or "a/b: mixing dtypes casts an operand into a new array"
-        if da.dtype != t:
-            p.copy_a = True
-            a = _c_order(&ca, da.ndim, da.shape, t)
-        if db.dtype != t:
-            p.copy_b = True
-            b = _c_order(&cb, db.ndim, db.shape, t)
-        read_layout(a, b, &recast)
-        cores = &recast
-    if not has_out:
-        reason = reason or "out: out=None allocates the result; pass out="
-    cdef bint target_is_out = has_out and not p.via_temp
-    if not target_is_out:
-        target = _c_order(&ct, L0.out_ndim, L0.out_shape, t)
-    cdef MatrixView va, vb, vc
-    cdef ColMajorGemm g
-    cdef MapResult r
-    cdef int step
-    for step in range(5):               # each step changes one array to a new C-ordered one
-        if target_is_out and may_overlap_inputs(cores, target, a, b, p.copy_a, p.copy_b):
-            reason = reason or "out: it shares memory with a or b, so the product goes to a new array first"
-            p.via_temp, p.temp_like_out, target_is_out = True, True, False
-            target = _c_order(&ct, L0.out_ndim, L0.out_shape, t)
-        merge_out(cores, target, a, b, L)
-        # A matrix cuBLAS cannot read in place (no unit-stride axis) is copied; one it cannot
-        # write goes through a temporary.
-        call_views(L, a, b, target, 0, 0, 0, &va, &vb, &vc)
-        r = map_rowmajor_gemm(&va, &vb, &vc, False, False, &g)
-        if r == MAP_OK:
-            return reason
-        if r == MAP_BAD_OUT and target_is_out:
-            reason = reason or "out: cuBLAS cannot write its layout, so the product goes to a new array first"
-            p.via_temp, p.temp_like_out, target_is_out = True, True, False
-            target = _c_order(&ct, L0.out_ndim, L0.out_shape, t)
-        elif r == MAP_BAD_A and a != &ca:
-            reason = reason or "a: its matrices have no unit-stride axis, so it is copied"
-            p.copy_a = True
-            a = _c_order(&ca, a.ndim, a.shape, t)
-        elif r == MAP_BAD_B and b != &cb:
-            reason = reason or "b: its matrices have no unit-stride axis, so it is copied"
-            p.copy_b = True
-            b = _c_order(&cb, b.ndim, b.shape, t)
-        else:
-            break
-        read_layout(a, b, &recast)
-        cores = &recast
-    raise RuntimeError("cygemm.matmul: no layout of new arrays maps to cuBLAS (internal error)")
-
-
 def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None):
     """Matrix product with NumPy's ``matmul`` semantics, on CUDA arrays, through cuBLAS.
 
@@ -315,7 +215,7 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None):
     _check_call(&c, &da, &db, &dc, out is not None, math, t, stream, torch_lib)
     cdef cudaStream_t s = c.stream
     cdef MatmulPlan p
-    reason = _decide(&da, &db, &dc, out is not None, t, &L0, &L, &p)
+    reason = decide_copies(&da, &db, &dc, out is not None, t, &L0, &L, &p)
     if p.empty:
         return out if out is not None else _new_array(torch_lib, a if _is_torch(a) else b, result_shape(&L0), t, s)
     # From here on the arguments are valid: the plan's copies, then the GEMMs.
