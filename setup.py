@@ -30,10 +30,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Each module's kernels (cygemm/kernels/*.cu): every .cu is compiled once, its object linked into
 # the modules that launch it.
 MODULES = {"_errors": [], "_settings": [], "_streams": [], "_release": [], "_context": [], "_arrays": [],
-           "_alloc": [], "_args": [],
-           "tuning": ["timing"], "_launch": [], "_candidates": [], "plans": [], "rowmajor": [], "gemm_plan": [],
+           "_alloc": [], "_mapping": [], "_args": [],
+           "tuning": ["timing"], "_launch": [], "_lt_desc": [], "_candidates": [], "plans": [], "rowmajor": [], "gemm_plan": [],
            "_batch_layout": [], "matmul": [],
-           "epilogues": [], "_layer": [], "fused": ["elementwise"], "fp8": ["fp8"],
+           "epilogues": [], "_layer": [], "fused": ["elementwise"], "fp8_convert": ["fp8"], "fp8": [],
            "elementwise": ["elementwise"],
            "grouped": ["grouped"], "graph": [],
            "nn._kernels": ["nn"], "backend._kernels": ["backend"]}

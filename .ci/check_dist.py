@@ -12,12 +12,13 @@ import tarfile
 import tempfile
 import zipfile
 
-PYX = ["_errors", "_settings", "_streams", "_release", "_context", "_arrays", "_alloc", "_args", "tuning",
-       "_launch", "_candidates", "plans", "rowmajor", "gemm_plan", "_batch_layout", "matmul", "epilogues", "_layer", "fused", "fp8", "elementwise",
-       "grouped", "graph", "nn/_kernels", "backend/_kernels"]
+PYX = ["_errors", "_settings", "_streams", "_release", "_context", "_arrays", "_alloc", "_mapping", "_args", "tuning",
+       "_launch", "_lt_desc", "_candidates", "plans", "rowmajor", "gemm_plan", "_batch_layout", "matmul", "epilogues",
+       "_layer", "fused", "fp8_convert", "fp8", "elementwise", "grouped", "graph", "nn/_kernels", "backend/_kernels"]
 PXD = ["bindings/cublas", "bindings/cublaslt", "bindings/cudart", "kernels/elementwise", "kernels/timing",
        "kernels/fp8", "kernels/grouped", "kernels/nn", "kernels/backend", "_types", "_errors", "_settings", "_streams",
-       "_release", "_context", "_arrays", "_alloc", "_args", "tuning", "_launch", "_candidates", "plans", "rowmajor", "_batch_layout", "epilogues", "_layer", "fp8"]
+       "_release", "_context", "_arrays", "_alloc", "_mapping", "_args", "tuning", "_launch", "_lt_desc", "_candidates",
+       "plans", "rowmajor", "_batch_layout", "epilogues", "_layer", "fp8"]
 STUBS = PYX
 WHEEL_NEEDS = ([f"cygemm/{m}.pxd" for m in PXD] + [f"cygemm/{m}.pyi" for m in STUBS]
                + ["cygemm/__init__.py", "cygemm/_cuda_paths.py", "cygemm/gemm_ops.py", "cygemm/py.typed",

@@ -1,12 +1,21 @@
 # The one argument path: every entry point reads its buffers into a CallArgs, then
 # prepare_call checks what all calls share (overlaps of every output and workspace with every
-# other buffer, workspace alignment, the math, the stream, this thread's context, the device
-# of every buffer and of the stream) and fills in the call's context, stream and compute type.
+# other buffer, by role; workspace alignment; the stream, this thread's context, the device of
+# every buffer and of the stream) and fills in the call's context, stream and, for a GEMM, the
+# compute type derived from its storage types.
+#
+# Each entry point takes one of these paths, explicitly:
+#   prepare_call(c, math, dtype, stream)    a GEMM of one dtype (gemm, the dense layer)
+#   prepare_typed_call(c, types, stream)    a GEMM of mixed storage types (FP8)
+#   prepare_kernel_call(c, stream)          no GEMM: cygemm's kernels (elementwise, FP8 conversions)
+#   check_overlaps(c), later resolve_call   where the overlaps of the buffers were settled apart
+#                                           from the call: GemmPlan (at construction), grouped
+#                                           (its sweep over the groups), matmul (a temporary)
 from cpython.object cimport PyObject
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint32_t
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm.bindings.cublas cimport cublasComputeType_t
-from cygemm._types cimport MatrixView, Math
+from cygemm._types cimport MatrixView, Math, GemmTypes
 from cygemm._context cimport GemmContext
 from cygemm._arrays cimport view_from_object, read_buffer
 
@@ -22,8 +31,8 @@ ctypedef struct CallArgs:
     MatrixView views[10]
     PyObject* names[10]     # borrowed: the callers pass str constants
     ArgRole roles[10]
+    uint32_t in_place_of[10]    # bit j: this output may be exactly input j (see allow_in_place)
     int n
-    bint check_overlap      # False: the entry point resolves overlaps itself (matmul)
     # Filled by prepare_call:
     GemmContext* ctx
     cudaStream_t stream
@@ -33,7 +42,6 @@ ctypedef struct CallArgs:
 
 cdef inline void args_init(CallArgs* c) noexcept nogil:
     c.n = 0
-    c.check_overlap = True
     c.ctx = NULL
     c.stream = NULL
 
@@ -49,7 +57,7 @@ cdef inline MatrixView* add_array(CallArgs* c, object x, str name, ArgRole role,
         read_buffer(x, v, name)
     else:
         view_from_object(x, v, name, min_ndim, max_ndim)
-    c.names[c.n], c.roles[c.n] = <PyObject*>name, role
+    c.names[c.n], c.roles[c.n], c.in_place_of[c.n] = <PyObject*>name, role, 0
     c.n += 1
     return v
 
@@ -59,12 +67,32 @@ cdef inline MatrixView* add_view(CallArgs* c, const MatrixView* v, str name, Arg
     if c.n >= MAX_ARGS:
         raise RuntimeError("cygemm: too many buffers for one call (internal limit)")
     c.views[c.n] = v[0]
-    c.names[c.n], c.roles[c.n] = <PyObject*>name, role
+    c.names[c.n], c.roles[c.n], c.in_place_of[c.n] = <PyObject*>name, role, 0
     c.n += 1
     return &c.views[c.n - 1]
+
+
+# Read a device float32 scalar (one element, any shape) into the next slot, as a 1 x 1 view
+# (ValueError naming `name` otherwise).
+cdef MatrixView* add_scalar(CallArgs* c, object x, str name, ArgRole role) except NULL
+
+
+# Output `out` (added after `inp`) may be exactly the input `inp` (same pointer, shape and
+# strides): a kernel that reads each element before the thread that writes it (cygemm's
+# elementwise passes). Any other overlap is still refused.
+cdef inline void allow_in_place(CallArgs* c, const MatrixView* out, const MatrixView* inp) noexcept nogil:
+    if out != NULL and inp != NULL:
+        c.in_place_of[out - &c.views[0]] |= 1u << (inp - &c.views[0])
+
+
 cdef int prepare_call(CallArgs* c, object math, cudaDataType dtype, object stream) except -1
-# The first part of prepare_call alone: overlaps and workspace rules (no GPU state).
+cdef int prepare_typed_call(CallArgs* c, const GemmTypes* types, object stream) except -1
+cdef int prepare_kernel_call(CallArgs* c, object stream) except -1
+# Overlaps (by role) and workspace rules alone: no GPU state. The first step of every prepare_*.
 cdef int check_overlaps(CallArgs* c) except -1
+# prepare_call without check_overlaps: for the entry points whose overlaps were settled apart
+# from this call (see above).
+cdef int resolve_call(CallArgs* c, object math, cudaDataType dtype, object stream) except -1
 # The stream's and every given buffer's device against the context's (several GPUs only).
 cdef int check_devices(CallArgs* c) except -1
 

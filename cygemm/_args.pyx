@@ -2,8 +2,8 @@
 """The one argument path of every entry point (see _args.pxd).
 
 An entry point reads each buffer it touches into a CallArgs (inputs first, then outputs, then
-workspaces), checks what is its own (shapes, the mapping to cuBLAS), then calls prepare_call
-for what every call shares. Nothing is enqueued before prepare_call returns.
+workspaces), checks what is its own (shapes, the mapping to cuBLAS), then calls one prepare_*
+for what every call shares. Nothing is enqueued before it returns.
 """
 import os
 
@@ -11,12 +11,12 @@ from cpython.object cimport PyObject
 from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.bindings.cudart cimport *
-from cygemm._types cimport (MatrixView, Math, MATH_TF32, MATH_FP32, compute_type, view_is_empty,
-                            WORKSPACE_ALIGNMENT)
+from cygemm._types cimport (MatrixView, ArrayDesc, Math, GemmTypes, MATH_TF32, MATH_FP32, compute_type,
+                            typed_compute_type, view_is_empty, WORKSPACE_ALIGNMENT)
 from cygemm._errors cimport check_cuda
 from cygemm._streams cimport stream_from_object, stream_device
 from cygemm._context cimport current_context, known_device_count
-from cygemm._arrays cimport views_overlap, check_no_overlap, dtype_name
+from cygemm._arrays cimport views_overlap, check_no_overlap, dtype_name, read_array, desc_shape
 
 
 cdef Math parse_math(object math) except *:
@@ -38,6 +38,12 @@ cdef int _check_scratch(const MatrixView* v, str name) except -1:
     return 0
 
 
+cdef inline bint _same_view(const MatrixView* x, const MatrixView* y) noexcept nogil:
+    return (x.ptr == y.ptr and x.rows == y.rows and x.cols == y.cols and x.row_stride == y.row_stride
+            and x.col_stride == y.col_stride and x.batch == y.batch
+            and (x.batch <= 1 or x.batch_stride == y.batch_stride))
+
+
 cdef int check_overlaps(CallArgs* c) except -1:
     cdef int i, j
     # Inputs come first: each output and workspace against everything before it.
@@ -48,19 +54,40 @@ cdef int check_overlaps(CallArgs* c) except -1:
             _check_scratch(&c.views[i], <str>c.names[i])
         for j in range(i):
             if c.views[i].ptr != NULL and c.views[j].ptr != NULL and views_overlap(&c.views[i], &c.views[j]):
+                if (c.in_place_of[i] >> j) & 1 and _same_view(&c.views[i], &c.views[j]):
+                    continue            # exactly its input, as the entry point allows
                 check_no_overlap(&c.views[i], <str>c.names[i], &c.views[j], <str>c.names[j])
     return 0
 
 
-cdef int prepare_call(CallArgs* c, object math, cudaDataType dtype, object stream) except -1:
-    if c.check_overlap:
-        check_overlaps(c)
-    c.math = parse_math(math)
-    c.compute = compute_type(dtype, c.math)
+cdef inline int _bind(CallArgs* c, object stream) except -1:
+    """The stream, this thread's context, the devices of the stream and of every buffer."""
     stream_from_object(stream, &c.stream)
     c.ctx = current_context()
-    check_devices(c)
-    return 0
+    return check_devices(c)
+
+
+cdef int resolve_call(CallArgs* c, object math, cudaDataType dtype, object stream) except -1:
+    c.math = parse_math(math)
+    c.compute = compute_type(dtype, c.math)
+    return _bind(c, stream)
+
+
+cdef int prepare_call(CallArgs* c, object math, cudaDataType dtype, object stream) except -1:
+    check_overlaps(c)
+    return resolve_call(c, math, dtype, stream)
+
+
+cdef int prepare_typed_call(CallArgs* c, const GemmTypes* types, object stream) except -1:
+    check_overlaps(c)
+    c.math = MATH_FP32
+    c.compute = typed_compute_type(types)
+    return _bind(c, stream)
+
+
+cdef int prepare_kernel_call(CallArgs* c, object stream) except -1:
+    check_overlaps(c)
+    return _bind(c, stream)
 
 
 cdef int check_devices(CallArgs* c) except -1:
@@ -88,6 +115,22 @@ cdef int check_devices(CallArgs* c) except -1:
             raise ValueError(f"{<str>c.names[i]}: the array is on device {attr.device} but the call "
                              f"runs on device {device} (make that device current)")
     return 0
+
+
+cdef MatrixView* add_scalar(CallArgs* c, object x, str name, ArgRole role) except NULL:
+    cdef ArrayDesc d
+    cdef MatrixView v
+    read_array(x, &d, name, False)
+    cdef int64_t size = 1
+    cdef int i
+    for i in range(d.ndim):
+        size *= d.shape[i]
+    if d.dtype != CUDA_R_32F or size != 1:
+        raise ValueError(f"{name}: expected a device float32 scalar (one element), got "
+                         f"{dtype_name(d.dtype)} of shape {desc_shape(&d)}")
+    v.ptr, v.device, v.dtype, v.itemsize = d.ptr, d.device, d.dtype, 4
+    v.batch, v.rows, v.cols, v.batch_stride, v.row_stride, v.col_stride = 1, 1, 1, 0, 1, 1
+    return add_view(c, &v, name, role)
 
 
 cdef int raise_dtype(const MatrixView* v, str name, cudaDataType dtype, str whose) except -1:

@@ -1,5 +1,6 @@
 # matmul's batch layout (see _batch_layout.pyx).
 from libc.stdint cimport int64_t
+from cygemm.bindings.cudart cimport cudaDataType
 from cygemm._types cimport ArrayDesc, MatrixView
 
 
@@ -35,8 +36,30 @@ cdef void merge_out(const BatchLayout* L0, const ArrayDesc* c, const ArrayDesc* 
 cdef int check_out(const BatchLayout* L0, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b) except -1
 cdef bint empty_batch(const BatchLayout* L) noexcept
 # Whether out may share memory with a or b (exact for one call; by address range otherwise).
-cdef bint may_overlap_inputs(const BatchLayout* L, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b)
+# fresh_a/fresh_b: that operand is a new array of the call's own (its address not yet known),
+# which shares memory with nothing.
+cdef bint may_overlap_inputs(const BatchLayout* L, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b,
+                             bint fresh_a=*, bint fresh_b=*)
+# The bytes an array spans, as one row of elements from its lowest address (batch 0 when it is
+# empty): where it lies, for the device checks of the one argument path.
+cdef void span_view(const ArrayDesc* d, MatrixView* v) noexcept
 # The views of one call at element offsets off_*: the innermost merged batch axis is cuBLAS's batch.
 cdef void call_views(const BatchLayout* L, const ArrayDesc* a, const ArrayDesc* b, const ArrayDesc* c,
                      int64_t off_a, int64_t off_b, int64_t off_c,
                      MatrixView* va, MatrixView* vb, MatrixView* vc) noexcept
+
+
+# What a matmul call does besides its GEMMs, decided from the arrays' layouts before anything runs.
+ctypedef struct MatmulPlan:
+    bint empty          # nothing to compute (K == 0 is not empty: zeros)
+    bint new_result     # out=None: the GEMMs write a new C-ordered array, the result
+    bint copy_a         # a goes to a new C-ordered array of the product's dtype first (its dtype
+    bint copy_b         #   differs, or its matrices have no unit-stride axis); b likewise
+    bint via_temp       # the GEMMs write a new C-ordered temporary, then it is copied into out
+    bint temp_like_out  # the temporary is of out's library (else of a's or b's)
+
+# Decide the copies, casts and temporaries of matmul(a, b, out) of product dtype t (L0: the
+# read_layout of a and b; L receives the layout merged with the final target). Returns the
+# reason for the first of them as a capture refuses it, None when there is none.
+cdef object decide_copies(const ArrayDesc* da, const ArrayDesc* db, const ArrayDesc* dc, bint has_out,
+                          cudaDataType t, const BatchLayout* L0, BatchLayout* L, MatmulPlan* p)

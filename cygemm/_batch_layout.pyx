@@ -1,13 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """matmul's batch layout: NumPy's broadcasting of two operands' batch axes, merged where their
 strides chain in all three arrays, folded into M where b is broadcast, with one axis chosen as
-cuBLAS's batch; checks that out's matrices do not overlap one another; and the views of each
-strided-batched call (one per index of the other axes)."""
+cuBLAS's batch; checks that out's matrices do not overlap one another; the views of each
+strided-batched call (one per index of the other axes); and which arrays a call must copy or
+allocate for cuBLAS to read and write them in place (decide_copies)."""
 from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm._types cimport ArrayDesc, MatrixView, ColMajorGemm
-from cygemm._arrays cimport desc_shape, views_overlap
-from cygemm.rowmajor cimport MAP_OK, map_rowmajor_gemm, check_batch_disjoint
+from cygemm._arrays cimport desc_shape, views_overlap, dtype_name
+from cygemm.bindings.cudart cimport cudaDataType, CUDA_R_32F, CUDA_R_64F
+from cygemm._mapping cimport MapResult, MAP_OK, MAP_BAD_A, MAP_BAD_B, MAP_BAD_OUT, map_rowmajor_gemm, check_batch_disjoint
 
 
 cdef int _matrix_axes(const ArrayDesc* d, bint is_a, int64_t* rows, int64_t* cols, int64_t* rs,
@@ -288,9 +290,110 @@ cdef bint _apart(const ArrayDesc* x, const ArrayDesc* y) noexcept:
     return hi1 <= lo1 or hi2 <= lo2 or hi1 <= lo2 or hi2 <= lo1
 
 
-cdef bint may_overlap_inputs(const BatchLayout* L, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b):
-    if _apart(c, a) and _apart(c, b):       # the common case: no shared bytes at all
+cdef bint may_overlap_inputs(const BatchLayout* L, const ArrayDesc* c, const ArrayDesc* a, const ArrayDesc* b,
+                             bint fresh_a=False, bint fresh_b=False):
+    if (fresh_a or _apart(c, a)) and (fresh_b or _apart(c, b)):     # the common case: no shared bytes
         return False
     cdef BatchLayout M
     merge_out(L, c, a, b, &M)
-    return _may_overlap(&M, c, a, True, a, b) or _may_overlap(&M, c, b, False, a, b)
+    return (not fresh_a and _may_overlap(&M, c, a, True, a, b)) or (not fresh_b and _may_overlap(&M, c, b, False, a, b))
+
+
+cdef void span_view(const ArrayDesc* d, MatrixView* v) noexcept:
+    cdef int64_t lo, hi
+    _extent(d, &lo, &hi)
+    v.ptr, v.device, v.dtype, v.itemsize = <char*>lo, d.device, d.dtype, d.itemsize
+    v.rows, v.cols = 1, (hi - lo) // d.itemsize
+    v.row_stride, v.col_stride, v.batch_stride = v.cols, 1, 0
+    v.batch = 1 if hi > lo else 0
+
+
+# ------------------------------------------------------------ the copies of one call
+
+cdef int _itemsize(cudaDataType t) noexcept:
+    return 8 if t == CUDA_R_64F else (4 if t == CUDA_R_32F else 2)
+
+
+cdef const ArrayDesc* _c_order(ArrayDesc* d, int ndim, const int64_t* shape, cudaDataType t) noexcept:
+    """d as a new C-ordered array of dtype t (its address not known yet: NULL); returns d.
+    shape may be d's own."""
+    cdef int i
+    cdef int64_t stride = 1
+    d.ndim, d.ptr, d.dtype, d.itemsize, d.device = ndim, NULL, t, _itemsize(t), -1
+    for i in range(ndim - 1, -1, -1):
+        d.shape[i], d.strides[i] = shape[i], stride
+        stride *= shape[i]
+    return d
+
+
+cdef object decide_copies(const ArrayDesc* da, const ArrayDesc* db, const ArrayDesc* dc, bint has_out,
+                    cudaDataType t, const BatchLayout* L0, BatchLayout* L, MatmulPlan* p):
+    """Decide the copies, casts and temporaries of matmul(a, b, out), in the order the checks
+    below meet them (L0: read_layout's of a and b; L receives the layout merged with the final
+    target, which is the call's own when nothing is copied or allocated). Returns the reason
+    for the first of them, as a capture refuses it (None: nothing is copied or allocated)."""
+    p.empty = L0.M == 0 or L0.N == 0 or empty_batch(L0)
+    p.new_result = not has_out
+    p.copy_a = p.copy_b = p.via_temp = p.temp_like_out = False
+    if p.empty:
+        return None
+    reason = None
+    # The arrays as the GEMMs will see them: the caller's, or new C-ordered ones (ca, cb, ct).
+    cdef const ArrayDesc* a = da
+    cdef const ArrayDesc* b = db
+    cdef const ArrayDesc* target = dc
+    cdef const BatchLayout* cores = L0
+    cdef ArrayDesc ca, cb, ct
+    cdef BatchLayout recast
+    if has_out and dc.dtype != t:       # computed in the promoted dtype, then cast into out as NumPy does
+        reason = (f"out: its dtype {dtype_name(dc.dtype)} is not the result's ({dtype_name(t)}), so the "
+                  "product goes to a new array first")
+        p.via_temp = True
+    if da.dtype != t or db.dtype != t:  # the narrower operand becomes a copy of the promoted dtype
+        reason = reason or "a/b: mixing dtypes casts an operand into a new array"
+        if da.dtype != t:
+            p.copy_a = True
+            a = _c_order(&ca, da.ndim, da.shape, t)
+        if db.dtype != t:
+            p.copy_b = True
+            b = _c_order(&cb, db.ndim, db.shape, t)
+        read_layout(a, b, &recast)
+        cores = &recast
+    if not has_out:
+        reason = reason or "out: out=None allocates the result; pass out="
+    cdef bint target_is_out = has_out and not p.via_temp
+    if not target_is_out:
+        target = _c_order(&ct, L0.out_ndim, L0.out_shape, t)
+    cdef MatrixView va, vb, vc
+    cdef ColMajorGemm g
+    cdef MapResult r
+    cdef int step
+    for step in range(5):               # each step changes one array to a new C-ordered one
+        if target_is_out and may_overlap_inputs(cores, target, a, b, p.copy_a, p.copy_b):
+            reason = reason or "out: it shares memory with a or b, so the product goes to a new array first"
+            p.via_temp, p.temp_like_out, target_is_out = True, True, False
+            target = _c_order(&ct, L0.out_ndim, L0.out_shape, t)
+        merge_out(cores, target, a, b, L)
+        # A matrix cuBLAS cannot read in place (no unit-stride axis) is copied; one it cannot
+        # write goes through a temporary.
+        call_views(L, a, b, target, 0, 0, 0, &va, &vb, &vc)
+        r = map_rowmajor_gemm(&va, &vb, &vc, False, False, &g)
+        if r == MAP_OK:
+            return reason
+        if r == MAP_BAD_OUT and target_is_out:
+            reason = reason or "out: cuBLAS cannot write its layout, so the product goes to a new array first"
+            p.via_temp, p.temp_like_out, target_is_out = True, True, False
+            target = _c_order(&ct, L0.out_ndim, L0.out_shape, t)
+        elif r == MAP_BAD_A and a != &ca:
+            reason = reason or "a: its matrices have no unit-stride axis, so it is copied"
+            p.copy_a = True
+            a = _c_order(&ca, a.ndim, a.shape, t)
+        elif r == MAP_BAD_B and b != &cb:
+            reason = reason or "b: its matrices have no unit-stride axis, so it is copied"
+            p.copy_b = True
+            b = _c_order(&cb, b.ndim, b.shape, t)
+        else:
+            break
+        read_layout(a, b, &recast)
+        cores = &recast
+    raise RuntimeError("cygemm.matmul: no layout of new arrays maps to cuBLAS (internal error)")

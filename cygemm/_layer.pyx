@@ -12,7 +12,7 @@ from cygemm._args cimport (CallArgs, ArgRole, args_init, add_array, expect_matri
 from cygemm._settings cimport AUTOTUNE_EXHAUSTIVE
 from cygemm.plans cimport run_gemm
 from cygemm.tuning cimport enqueue_fn, time_choices, enter_route_timing, leave_route_timing
-from cygemm.rowmajor cimport is_rowmajor
+from cygemm._mapping cimport is_rowmajor
 
 cdef enum:
     ROUTE_REPS = 7          # timed rounds per route (median)

@@ -2,7 +2,7 @@
 # own but inline functions: a module that needs a type cimports it from here, not from the
 # module that happens to produce it.
 from libc.stdint cimport int64_t, uint32_t, uintptr_t
-from cygemm.bindings.cudart cimport cudaDataType, CUDA_R_32F, CUDA_R_64F
+from cygemm.bindings.cudart cimport cudaDataType, CUDA_R_32F, CUDA_R_64F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2
 from cygemm.bindings.cublas cimport (cublasOperation_t, cublasComputeType_t, CUBLAS_COMPUTE_32F,
                             CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_64F)
 
@@ -91,6 +91,25 @@ cdef inline cublasComputeType_t compute_type(cudaDataType dtype, Math math) noex
     if dtype == CUDA_R_32F and math == MATH_TF32:
         return CUBLAS_COMPUTE_32F_FAST_TF32
     return CUBLAS_COMPUTE_32F
+
+
+cdef inline bint is_fp8_type(cudaDataType t) noexcept nogil:
+    return t == CUDA_R_8F_E4M3 or t == CUDA_R_8F_E5M2
+
+
+cdef inline cublasComputeType_t typed_compute_type(const GemmTypes* t) noexcept nogil:
+    """The compute type of a GEMM of mixed storage types, from the operands' real types: FP8
+    operands accumulate in fp32 (cuBLASLt's one FP8 compute type); others as compute_type
+    says for A's type under strict fp32."""
+    if is_fp8_type(t.a) or is_fp8_type(t.b):
+        return CUBLAS_COMPUTE_32F
+    return compute_type(t.a, MATH_FP32)
+
+
+cdef inline cudaDataType scale_type(cublasComputeType_t compute) noexcept nogil:
+    """The type of alpha and beta (cuBLASLt's scale type) for a compute type: double for fp64,
+    float for every other (FP8 included)."""
+    return CUDA_R_64F if compute == CUBLAS_COMPUTE_64F else CUDA_R_32F
 
 
 # The alignment cuBLASLt is told of a pointer: its largest power-of-two divisor, at most 256

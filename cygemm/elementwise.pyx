@@ -15,25 +15,11 @@ from cygemm.kernels.elementwise cimport *
 from cygemm.epilogues cimport Activation, activation_row, leaky_slope_of
 from cygemm._types cimport MatrixView
 from cygemm._errors cimport check_cuda
-from cygemm._args cimport CallArgs, args_init, add_array, prepare_call, expect_dtype, ARG_READ, ARG_WRITE
+from cygemm._args cimport (CallArgs, args_init, add_array, allow_in_place, prepare_kernel_call, expect_dtype,
+                           ARG_READ, ARG_WRITE)
 from cygemm._layer cimport layer_matrix, layer_vector
 from cygemm._context cimport call_workspace
-from cygemm.rowmajor cimport rowmajor_ld, is_rowmajor
-from cygemm._arrays cimport views_overlap, check_no_overlap
-
-
-cdef int _in_place_or_apart(const MatrixView* out, str out_name, const MatrixView* other,
-                            str other_name) except -1:
-    """An output may be exactly an input (each element is read before it is written, by the
-    thread that writes it) or share no memory with it; a shifted view would race."""
-    if other == NULL or out == NULL:
-        return 0
-    if (out.ptr == other.ptr and out.row_stride == other.row_stride and out.col_stride == other.col_stride
-            and out.rows == other.rows and out.cols == other.cols):
-        return 0
-    if views_overlap(out, other):
-        check_no_overlap(out, out_name, other, other_name)
-    return 0
+from cygemm._mapping cimport rowmajor_ld, is_rowmajor
 
 
 cdef int _row_major(const MatrixView* v, str name) except -1:
@@ -78,7 +64,6 @@ def bias_act(x, bias=None, *, out, z_out=None, act="none", leaky_slope=0.01, str
     """
     cdef CallArgs c
     args_init(&c)
-    c.check_overlap = False          # in place is allowed (checked below): each element is read first
     cdef MatrixView* vx = add_array(&c, x, "x", ARG_READ, 2, 2)
     cdef int64_t M = vx.rows, N = vx.cols
     _row_major(vx, "x")
@@ -87,14 +72,13 @@ def bias_act(x, bias=None, *, out, z_out=None, act="none", leaky_slope=0.01, str
     cdef MatrixView* vz = layer_matrix(&c, z_out, "z_out", ARG_WRITE, M, N, vx.dtype, True) if z_out is not None else NULL
     cdef const Activation* row = activation_row(act)
     cdef float slope = leaky_slope_of(leaky_slope)
-    _in_place_or_apart(vo, "out", vx, "x")
-    _in_place_or_apart(vz, "z_out", vx, "x")
-    if vz != NULL and views_overlap(vo, vz):
-        check_no_overlap(vo, "out", vz, "z_out")
-    if vb != NULL:
-        _in_place_or_apart(vo, "out", vb, "bias")
-        _in_place_or_apart(vz, "z_out", vb, "bias")
-    prepare_call(&c, "fp32", vx.dtype, stream)
+    # An output may be exactly an input (each element is read before the thread that writes it
+    # writes it) or share no memory with it: a shifted view would race.
+    allow_in_place(&c, vo, vx)
+    allow_in_place(&c, vz, vx)
+    allow_in_place(&c, vo, vb)
+    allow_in_place(&c, vz, vb)
+    prepare_kernel_call(&c, stream)
     with nogil:
         check_cuda(cygemm_bias_act_forward(vx.dtype, M, N, vx.ptr, rowmajor_ld(vx),
                                            vb.ptr if vb != NULL else NULL, vo.ptr, rowmajor_ld(vo),
@@ -140,7 +124,6 @@ def act_backward(gy, z, *, dz_out=None, dbias_out=None, act="none", leaky_slope=
     """
     cdef CallArgs c
     args_init(&c)
-    c.check_overlap = False          # dz may overwrite gy (read first, element by element)
     cdef MatrixView* vg = add_array(&c, gy, "gy", ARG_READ, 2, 2)
     cdef int64_t M = vg.rows, N = vg.cols
     _row_major(vg, "gy")
@@ -156,17 +139,8 @@ def act_backward(gy, z, *, dz_out=None, dbias_out=None, act="none", leaky_slope=
         raise ValueError("dz_out/dbias_out: give at least one output")
     cdef MatrixView* vd = layer_matrix(&c, dz_out, "dz_out", ARG_WRITE, M, N, vg.dtype, True) if dz_out is not None else NULL
     cdef MatrixView* vb = layer_vector(&c, dbias_out, "dbias_out", ARG_WRITE, N, vg.dtype) if dbias_out is not None else NULL
-    _in_place_or_apart(vd, "dz_out", vg, "gy")
-    if vd != NULL and vz != NULL and views_overlap(vd, vz):
-        check_no_overlap(vd, "dz_out", vz, "z")
-    if vb != NULL:
-        if views_overlap(vb, vg):
-            check_no_overlap(vb, "dbias_out", vg, "gy")
-        if vz != NULL and views_overlap(vb, vz):
-            check_no_overlap(vb, "dbias_out", vz, "z")
-        if vd != NULL and views_overlap(vb, vd):
-            check_no_overlap(vb, "dbias_out", vd, "dz_out")
-    prepare_call(&c, "fp32", vg.dtype, stream)
+    allow_in_place(&c, vd, vg)          # dz may overwrite gy (read first, element by element)
+    prepare_kernel_call(&c, stream)
     cdef int64_t scratch_floats = cygemm_act_backward_scratch_floats(M, N) if vb != NULL else 0
     if <size_t>scratch_floats * 4 > c.ctx.workspace_bytes:
         raise ValueError(f"dbias_out: N={N} needs {scratch_floats * 4} bytes of scratch, more than the "

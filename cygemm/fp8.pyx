@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""FP8 GEMMs and conversions (Hopper and later).
+"""FP8 GEMMs (Hopper and later), and the conversions of :mod:`cygemm.fp8_convert` re-exported.
 
 :func:`scaled_matmul` computes ``out = act(scale_a * scale_b * (a @ b) + bias)`` with ``a`` and
 ``b`` in FP8 (E4M3 or E5M2) through cuBLASLt, in the plan layer like every other GEMM (one plan
@@ -13,7 +13,8 @@ column-major, i.e. ``b = w.T`` for a C-contiguous weight ``w`` of shape (N, K), 
 linear layer's weight and of ``torch._scaled_mm``. Any other layout is refused (nothing runs).
 
 :func:`quantize` and :func:`dequantize` convert between FP8 and float32/float16/bfloat16 with
-cygemm's kernels (16-byte accesses, grid sized to the GPU, allocation-free, capturable).
+cygemm's kernels (16-byte accesses, grid sized to the GPU, allocation-free, capturable); they
+live in :mod:`cygemm.fp8_convert` and are re-exported here with :func:`amax`.
 
 CuPy has no FP8 dtype: FP8 data live in ``uint8`` arrays, and the ``format_*`` arguments say
 which format the bytes hold. torch's ``float8_e4m3fn`` and ``float8_e5m2`` tensors carry theirs.
@@ -26,20 +27,22 @@ from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm.kernels.elementwise cimport CYGEMM_ACT_NONE, CYGEMM_ACT_RELU, CYGEMM_ACT_GELU
-from cygemm.kernels.fp8 cimport cygemm_fp8_quantize, cygemm_fp8_dequantize, cygemm_amax
 from cygemm.epilogues cimport Activation, activation_row, NO_EPILOGUE
-from cygemm._types cimport MatrixView, ArrayDesc, ColMajorGemm, GemmTypes
-from cygemm._errors cimport check_cuda, check_cublas, refuse_in_capture
+from cygemm._types cimport (MatrixView, ArrayDesc, ColMajorGemm, GemmTypes, is_fp8_type,
+                            typed_compute_type)
+from cygemm._errors cimport check_cublas, refuse_in_capture
 from cygemm._arrays cimport read_fp8, read_array, view_from_desc, dtype_name, desc_shape
-from cygemm._args cimport CallArgs, ArgRole, args_init, add_view, prepare_call, ARG_READ, ARG_WRITE
-from cygemm._context cimport GemmContext, call_workspace, stream_workspace
+from cygemm._args cimport (CallArgs, ArgRole, args_init, add_view, add_scalar, prepare_typed_call, ARG_READ,
+                           ARG_WRITE)
+from cygemm._context cimport GemmContext, call_workspace
 from cygemm._streams cimport stream_is_capturing
-from cygemm._launch cimport plan_run, set_scale_pointers
-from cygemm.plans cimport Plan, get_plan, check_capture_alive
-from cygemm.rowmajor cimport map_or_raise, is_rowmajor
+from cygemm._launch cimport set_scale_pointers
+from cygemm.plans cimport Plan, get_plan, execute_plan
+from cygemm._mapping cimport map_rowmajor_gemm, map_or_raise, is_rowmajor, rowmajor_view
 from cygemm._alloc import empty_on, numpy_dtype
 
 from cygemm._arrays import FP8_FORMATS
+from cygemm.fp8_convert import quantize, dequantize, amax
 
 #: The largest finite value of each format: quantize saturates there.
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
@@ -47,10 +50,6 @@ FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
 _OUT_DTYPES = {"bfloat16": CUDA_R_16BF, "float16": CUDA_R_16F, "float32": CUDA_R_32F,
                "e4m3": CUDA_R_8F_E4M3, "e5m2": CUDA_R_8F_E5M2}
 _FP8_NAMES = ("uint8", "float8_e4m3fn", "float8_e5m2")
-
-
-cdef inline bint _is_fp8_type(cudaDataType t) noexcept nogil:
-    return t == CUDA_R_8F_E4M3 or t == CUDA_R_8F_E5M2
 
 
 cdef bint _holds_fp8(object x):
@@ -67,22 +66,6 @@ cdef MatrixView* _fp8_matrix(CallArgs* c, object x, str name, object fmt, str fm
     cdef MatrixView v
     read_fp8(x, &d, name, fmt, fmt_arg)
     view_from_desc(&d, &v, name, 2, 2)
-    return add_view(c, &v, name, role)
-
-
-cdef MatrixView* _scalar(CallArgs* c, object x, str name, ArgRole role) except NULL:
-    """A device float32 scalar (one element, any shape)."""
-    cdef ArrayDesc d
-    cdef MatrixView v
-    read_array(x, &d, name, False)
-    cdef int64_t size = 1
-    for i in range(d.ndim):
-        size *= d.shape[i]
-    if d.dtype != CUDA_R_32F or size != 1:
-        raise ValueError(f"{name}: expected a device float32 scalar (one element), got "
-                         f"{dtype_name(d.dtype)} of shape {desc_shape(&d)}")
-    v.ptr, v.device, v.dtype, v.itemsize = d.ptr, d.device, d.dtype, 4
-    v.batch, v.rows, v.cols, v.batch_stride, v.row_stride, v.col_stride = 1, 1, 1, 0, 1, 1
     return add_view(c, &v, name, role)
 
 
@@ -113,12 +96,12 @@ cdef int _epilogue(const Activation* act, bint has_bias, cublasLtEpilogue_t* epi
     return 0
 
 
-cdef int _run_scaled(GemmContext* ctx, cudaStream_t stream, ScaledCall* s) except -1:
+cdef int _run_scaled(GemmContext* ctx, cudaStream_t stream, cublasComputeType_t compute, ScaledCall* s) except -1:
     """The one way an FP8 GEMM runs: its plan (made, and timed when large, on a miss), this
-    call's scale pointers, cublasLtMatmul. Raises before launching when cuBLASLt has no kernel."""
+    call's scale pointers, the plan executor. Raises before launching when cuBLASLt has no kernel."""
     cdef void* ws = call_workspace(ctx, stream)
     cdef size_t ws_bytes = ctx.workspace_bytes
-    cdef Plan plan = get_plan(ctx, stream, &s.g, s.types.d, CUBLAS_COMPUTE_32F, s.epi, s.bias, NULL, 0,
+    cdef Plan plan = get_plan(ctx, stream, &s.g, s.types.d, compute, s.epi, s.bias, NULL, 0,
                               ws, ws_bytes, -1, False, &s.types)
     if not plan.d.usable or plan.d.n_candidates == 0:
         raise ValueError(
@@ -128,16 +111,10 @@ cdef int _run_scaled(GemmContext* ctx, cudaStream_t stream, ScaledCall* s) excep
     if not plan.d.capture_ok and stream_is_capturing(stream):
         raise ValueError("cublasLtMatmul refused this FP8 GEMM inside a capture; run it once eagerly first")
     cdef float alpha = 1.0, beta = 0.0
-    cdef int st
-    with nogil:
-        st = set_scale_pointers(&plan.d, &s.types)
-        if st == CUBLAS_STATUS_SUCCESS:
-            st = plan_run(ctx, stream, &plan.d, &s.g, s.bias, NULL, ws, ws_bytes, &alpha, &beta)
-    if st != CUBLAS_STATUS_SUCCESS:
-        if stream_is_capturing(stream):
-            check_capture_alive(stream)
-            plan.d.capture_ok = False
-        check_cublas(<cublasStatus_t>st, "cublasLtMatmul (FP8)")
+    cdef int st = CUBLAS_STATUS_SUCCESS
+    check_cublas(<cublasStatus_t>set_scale_pointers(&plan.d, &s.types), "cublasLtMatmulDescSetAttribute(scales)")
+    if execute_plan(plan, ctx, stream, &s.g, s.bias, NULL, ws, ws_bytes, &alpha, &beta, &st):
+        check_cublas(<cublasStatus_t>st, "cublasLtMatmul (FP8)")      # refused: nothing ran
     return 0
 
 
@@ -151,15 +128,15 @@ cdef int scaled_gemm_rowmajor(GemmContext* ctx, cudaStream_t stream, cudaDataTyp
                               const float* scale_a, const float* scale_w, const float* scale_d,
                               float* amax_d, const void* bias, int act, bint fast_accum) except -1 nogil:
     cdef ScaledCall s
-    # Row-major D = A @ W^T is, to column-major cuBLAS, D^T (n x m) = W (op T) @ A^T (op N).
-    s.g.opa, s.g.opb = CUBLAS_OP_T, CUBLAS_OP_N
-    s.g.m, s.g.n, s.g.k = n, m, k
-    s.g.a, s.g.lda, s.g.stride_a = W, ldw, 0
-    s.g.b, s.g.ldb, s.g.stride_b = A, lda, 0
-    s.g.c, s.g.ldc, s.g.stride_c = D, ldd, 0
-    s.g.batch, s.g.strided_batched = 1, False
+    cdef MatrixView a, w, d
+    # Row-major D = A @ W^T, mapped as every GEMM is (to cuBLAS: D^T = W (op T) @ A^T (op N)).
+    rowmajor_view(&a, A, m, k, lda, 0, 1)
+    rowmajor_view(&w, W, n, k, ldw, 0, 1)
+    rowmajor_view(&d, D, m, n, ldd, 0, 1)
+    map_rowmajor_gemm(&a, &w, &d, False, True, &s.g)      # row-major views always map
+    s.g.strided_batched = False
     s.types.a, s.types.b, s.types.d = w_type, a_type, d_type
-    s.types.c = CUDA_R_16BF if _is_fp8_type(d_type) else d_type
+    s.types.c = CUDA_R_16BF if is_fp8_type(d_type) else d_type
     s.types.bias = CUDA_R_16F if d_type == CUDA_R_16F else CUDA_R_16BF
     s.types.a_scale, s.types.b_scale, s.types.d_scale, s.types.amax_d = scale_w, scale_a, scale_d, amax_d
     s.types.fast_accum = fast_accum
@@ -177,7 +154,7 @@ cdef int scaled_gemm_rowmajor(GemmContext* ctx, cudaStream_t stream, cudaDataTyp
     if m == 0 or n == 0:
         return 0
     with gil:
-        _run_scaled(ctx, stream, &s)
+        _run_scaled(ctx, stream, typed_compute_type(&s.types), &s)
     return 0
 
 
@@ -197,8 +174,8 @@ cdef int _read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object sca
                         "in E5M2 pair with weights or activations in E4M3)")
     if va.cols == 0:
         raise ValueError("a: K = 0 (an empty inner dimension) has no FP8 GEMM; the product is zero")
-    cdef MatrixView* vsa = _scalar(c, scale_a, "scale_a", ARG_READ)
-    cdef MatrixView* vsb = _scalar(c, scale_b, "scale_b", ARG_READ)
+    cdef MatrixView* vsa = add_scalar(c, scale_a, "scale_a", ARG_READ)
+    cdef MatrixView* vsb = add_scalar(c, scale_b, "scale_b", ARG_READ)
     # The output's type: out's own, out_dtype, or bfloat16.
     cdef cudaDataType d_type
     cdef ArrayDesc dd
@@ -224,12 +201,12 @@ cdef int _read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object sca
         if d_name not in _OUT_DTYPES:
             raise ValueError(f"format_out: expected 'e4m3' or 'e5m2', got {d_name!r}")
         vo.dtype = _OUT_DTYPES[d_name]
-        vo.itemsize = 1 if _is_fp8_type(vo.dtype) else (4 if vo.dtype == CUDA_R_32F else 2)
+        vo.itemsize = 1 if is_fp8_type(vo.dtype) else (4 if vo.dtype == CUDA_R_32F else 2)
         vo.ptr, vo.device = NULL, -1
         vo.batch, vo.rows, vo.cols, vo.batch_stride = 1, va.rows, vb.cols, 0
         vo.row_stride, vo.col_stride = max(vb.cols, 1), 1
     d_type = vo.dtype
-    cdef bint fp8_out = _is_fp8_type(d_type)
+    cdef bint fp8_out = is_fp8_type(d_type)
     cdef cudaDataType bias_type = CUDA_R_16F if d_type == CUDA_R_16F else CUDA_R_16BF
     cdef ArrayDesc db
     cdef MatrixView vbias
@@ -249,7 +226,7 @@ cdef int _read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object sca
     if scale_out is not None:
         if not fp8_out:
             raise ValueError(f"scale_out: quantizes an FP8 output; out is {dtype_name(d_type)}")
-        vso = _scalar(c, scale_out, "scale_out", ARG_READ)
+        vso = add_scalar(c, scale_out, "scale_out", ARG_READ)
     cdef MatrixView* pout = add_view(c, &vo, "out", ARG_WRITE)
     cdef MatrixView* vam = NULL
     if amax_out is not None:
@@ -258,7 +235,7 @@ cdef int _read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object sca
         if not fp8_out:
             raise ValueError(f"amax_out: cuBLASLt computes the output's amax only for an FP8 out; out is "
                              f"{dtype_name(d_type)} (use cygemm.fp8.amax(out, amax) after the GEMM)")
-        vam = _scalar(c, amax_out, "amax_out", ARG_WRITE)
+        vam = add_scalar(c, amax_out, "amax_out", ARG_WRITE)
     if va.rows == 0 or vb.cols == 0:          # an empty result: nothing runs, no layout to check
         _epilogue(activation_row(act), bias is not None, &s.epi)
         s.g.m, s.g.n, s.g.k = vb.cols, va.rows, va.cols
@@ -358,16 +335,15 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
     cdef ScaledCall s
     _read_scaled(&c, &s, a, b, scale_a, scale_b, out, out_dtype, bias, act, scale_out, amax_out,
                  format_a, format_b, format_out, fast_accum)
-    prepare_call(&c, "fp32", CUDA_R_32F, stream)
-    cdef int i
+    prepare_typed_call(&c, &s.types, stream)      # the compute type from a's, b's and out's types
     if out is None:
         refuse_in_capture(c.stream, "scaled_matmul(out=None): allocating the result")
-        out = empty_on((s.g.n, s.g.m), _np.dtype("uint8") if _is_fp8_type(s.types.d) else
+        out = empty_on((s.g.n, s.g.m), _np.dtype("uint8") if is_fp8_type(s.types.d) else
                        numpy_dtype(dtype_name(s.types.d)), <uintptr_t>c.stream)
         s.g.c = <void*><uintptr_t>out.data.ptr
     if s.g.m == 0 or s.g.n == 0:
         return out
-    _run_scaled(c.ctx, c.stream, &s)
+    _run_scaled(c.ctx, c.stream, c.compute, &s)
     return out
 
 
@@ -409,193 +385,3 @@ def describe_scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, 
                 epilogue=epilogues.get(s.epi, str(<int>s.epi)),
                 scales=dict(a=s.types.b_scale != NULL, b=s.types.a_scale != NULL, out=s.types.d_scale != NULL),
                 amax=s.types.amax_d != NULL, fast_accum=bool(s.types.fast_accum))
-
-
-# ---------------------------------------------------------------- conversions
-
-cdef int64_t _contiguous(const ArrayDesc* d, str name) except -1:
-    """Element count of a C-contiguous array (ValueError otherwise)."""
-    cdef int64_t n = 1, expect = 1
-    cdef int i
-    for i in range(d.ndim):
-        n *= d.shape[i]
-    if n == 0:
-        return 0
-    for i in range(d.ndim - 1, -1, -1):
-        if d.shape[i] != 1 and d.strides[i] != expect:
-            raise ValueError(f"{name}: expected a C-contiguous array, got element strides "
-                             f"{tuple([d.strides[j] for j in range(d.ndim)])} for shape {desc_shape(d)}")
-        expect *= d.shape[i]
-    return n
-
-
-cdef MatrixView _flat(const ArrayDesc* d, int64_t n):
-    cdef MatrixView v
-    v.ptr, v.device, v.dtype, v.itemsize = d.ptr, d.device, d.dtype, d.itemsize
-    v.batch, v.rows, v.cols, v.batch_stride, v.row_stride, v.col_stride = 1, 1, n, 0, n, 1
-    return v
-
-
-def quantize(x, scale, *, out=None, format="e4m3", amax=None, stream=None):
-    """``out = saturate(x * scale)`` in FP8, and optionally ``amax = max |x|``.
-
-    Parameters
-    ----------
-    x : device array
-        float32, float16 or bfloat16, C-contiguous, any shape.
-    scale : device float32 scalar
-        The quantizing scale (read when the kernel runs: capturable with changing scales).
-    out : device array, optional
-        ``x``'s shape: ``uint8`` (the format from ``format``) or a torch float8 tensor.
-        None: a new CuPy ``uint8`` array.
-    format : {'e4m3', 'e5m2'}
-        The FP8 format; values beyond its largest finite value (448, 57344) saturate to it.
-    amax : device float32 scalar, optional
-        Receives ``max |x|`` (NaN ignored), for the next step's scale.
-    stream : optional
-        The stream (default: CuPy's current stream).
-
-    Returns
-    -------
-    device array
-        ``out``, or the new array.
-
-    Raises
-    ------
-    ValueError, TypeError
-        Before anything runs: dtypes, shapes, a non-contiguous array, the format.
-    """
-    cdef CallArgs c
-    cdef ArrayDesc dx, dq
-    cdef MatrixView v
-    args_init(&c)
-    read_array(x, &dx, "x", False)
-    cdef int64_t n = _contiguous(&dx, "x")
-    v = _flat(&dx, n)
-    add_view(&c, &v, "x", ARG_READ)
-    cdef MatrixView* vs = _scalar(&c, scale, "scale", ARG_READ)
-    if format not in FP8_FORMATS:
-        raise ValueError(f"format: expected 'e4m3' or 'e5m2', got {format!r}")
-    cdef cudaDataType fmt = FP8_FORMATS[format]
-    cdef MatrixView* vq
-    if out is not None:
-        read_fp8(out, &dq, "out", format, "format")
-        if desc_shape(&dq) != desc_shape(&dx):
-            raise ValueError(f"out: expected shape {desc_shape(&dx)}, got {desc_shape(&dq)}")
-        _contiguous(&dq, "out")
-        v = _flat(&dq, n)
-    else:
-        v = _flat(&dx, n)
-        v.ptr, v.dtype, v.itemsize, v.device = NULL, fmt, 1, -1
-    vq = add_view(&c, &v, "out", ARG_WRITE)
-    cdef MatrixView* va = _scalar(&c, amax, "amax", ARG_WRITE) if amax is not None else NULL
-    prepare_call(&c, "fp32", CUDA_R_32F, stream)
-    if out is None:
-        refuse_in_capture(c.stream, "quantize(out=None): allocating the result")
-        out = empty_on(desc_shape(&dx), _np.dtype("uint8"), <uintptr_t>c.stream)
-        vq.ptr = <char*><uintptr_t>out.data.ptr
-    cdef float* amax_p = <float*>va.ptr if va != NULL else NULL
-    with nogil:
-        check_cuda(cygemm_fp8_quantize(dx.dtype, fmt, n, dx.ptr, <const float*>vs.ptr, vq.ptr, amax_p,
-                                       c.stream), "cygemm_fp8_quantize")
-    return out
-
-
-def dequantize(q, scale_inv, *, out=None, dtype="float32", format=None, stream=None):
-    """``out = q * scale_inv`` from FP8.
-
-    Parameters
-    ----------
-    q : device array
-        FP8: torch float8, or ``uint8`` with ``format``; C-contiguous, any shape.
-    scale_inv : device float32 scalar
-        The dequantizing scale (1 / the scale ``q`` was quantized with).
-    out : device array, optional
-        ``q``'s shape, float32, float16 or bfloat16. None: a new CuPy array of ``dtype``.
-    dtype : {'float32', 'float16', 'bfloat16'}
-        The new result's dtype (ignored when ``out`` is given).
-    format : {'e4m3', 'e5m2'}, optional
-        The format of ``uint8`` bytes.
-    stream : optional
-        The stream (default: CuPy's current stream).
-
-    Returns
-    -------
-    device array
-        ``out``, or the new array.
-
-    Raises
-    ------
-    ValueError, TypeError
-        Before anything runs: dtypes, shapes, a non-contiguous array, the format.
-    """
-    cdef CallArgs c
-    cdef ArrayDesc dq, dy
-    cdef MatrixView v
-    args_init(&c)
-    read_fp8(q, &dq, "q", format, "format")
-    cdef int64_t n = _contiguous(&dq, "q")
-    v = _flat(&dq, n)
-    add_view(&c, &v, "q", ARG_READ)
-    cdef MatrixView* vs = _scalar(&c, scale_inv, "scale_inv", ARG_READ)
-    cdef MatrixView* vy
-    if out is not None:
-        read_array(out, &dy, "out", False)
-        if desc_shape(&dy) != desc_shape(&dq):
-            raise ValueError(f"out: expected shape {desc_shape(&dq)}, got {desc_shape(&dy)}")
-        _contiguous(&dy, "out")
-        v = _flat(&dy, n)
-    else:
-        if dtype not in ("float32", "float16", "bfloat16"):
-            raise ValueError(f"dtype: expected 'float32', 'float16' or 'bfloat16', got {dtype!r}")
-        v = _flat(&dq, n)
-        v.ptr, v.device = NULL, -1
-        v.dtype = _OUT_DTYPES[dtype]
-        v.itemsize = 4 if v.dtype == CUDA_R_32F else 2
-    vy = add_view(&c, &v, "out", ARG_WRITE)
-    prepare_call(&c, "fp32", CUDA_R_32F, stream)
-    if out is None:
-        refuse_in_capture(c.stream, "dequantize(out=None): allocating the result")
-        out = empty_on(desc_shape(&dq), numpy_dtype(dtype), <uintptr_t>c.stream)
-        vy.ptr = <char*><uintptr_t>out.data.ptr
-    with nogil:
-        check_cuda(cygemm_fp8_dequantize(dq.dtype, vy.dtype, n, dq.ptr, <const float*>vs.ptr, vy.ptr, c.stream),
-                   "cygemm_fp8_dequantize")
-    return out
-
-
-def amax(x, out, *, stream=None):
-    """``out = max |x|`` (NaN ignored) into a device float32 scalar, nothing else written.
-
-    Parameters
-    ----------
-    x : device array
-        float32, float16 or bfloat16, C-contiguous, any shape.
-    out : device float32 scalar
-        Receives the maximum (0 for an empty x).
-    stream : optional
-        The stream (default: CuPy's current stream).
-
-    Returns
-    -------
-    device array
-        ``out``.
-
-    Raises
-    ------
-    ValueError, TypeError
-        Before anything runs: dtypes, a non-contiguous array.
-    """
-    cdef CallArgs c
-    cdef ArrayDesc dx
-    cdef MatrixView v
-    args_init(&c)
-    read_array(x, &dx, "x", False)
-    cdef int64_t n = _contiguous(&dx, "x")
-    v = _flat(&dx, n)
-    add_view(&c, &v, "x", ARG_READ)
-    cdef MatrixView* vo = _scalar(&c, out, "out", ARG_WRITE)
-    prepare_call(&c, "fp32", CUDA_R_32F, stream)
-    with nogil:
-        check_cuda(cygemm_amax(dx.dtype, n, dx.ptr, <float*>vo.ptr, c.stream), "cygemm_amax")
-    return out

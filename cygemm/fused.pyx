@@ -28,7 +28,7 @@ from cygemm._settings cimport autotune_level, AUTOTUNE_OFF
 from cygemm._launch cimport plan_run
 from cygemm.plans cimport Plan, get_plan, check_capture_alive
 from cygemm.tuning cimport worth_tuning, tuned_route, forced_route, remember_route, routes_generation
-from cygemm.rowmajor cimport map_or_raise, rowmajor_ld
+from cygemm._mapping cimport map_or_raise, rowmajor_ld
 from cygemm.plans import clear_plan_cache, plan_cache_size
 from cygemm import tuning
 

@@ -20,7 +20,7 @@ from cygemm.bindings.cublaslt cimport CUBLASLT_EPILOGUE_DEFAULT
 from cygemm._types cimport ColMajorGemm, pointer_alignment
 from cygemm._errors cimport refuse_in_capture
 from cygemm._context cimport GemmContext, call_workspace
-from cygemm._args cimport CallArgs, prepare_call, check_overlaps, parse_math
+from cygemm._args cimport CallArgs, prepare_call, resolve_call, check_overlaps, parse_math
 from cygemm._settings cimport autotune_level, AUTOTUNE_OFF
 from cygemm.plans cimport Plan, make_plan, decide_plan, run_with_fallback
 from cygemm.rowmajor cimport read_gemm
@@ -64,7 +64,7 @@ cdef class GemmPlan:
     cdef ColMajorGemm g
     cdef cudaDataType dtype
     cdef float alpha_f, beta_f
-    cdef bint trans_a, trans_b, batched, checked
+    cdef bint trans_a, trans_b, batched
     cdef int device
     cdef Plan _plan
     cdef object operands
@@ -77,9 +77,10 @@ cdef class GemmPlan:
             raise ValueError("out: a GemmPlan writes into a given array, got None")
         self.alpha_f, self.beta_f = alpha, beta
         read_gemm(&self.args, A, B, out, trans_a, trans_b, batched, self.beta_f, &self.g)
-        check_overlaps(&self.args)          # every error an argument can cause, before anything is made
+        # Every error an argument can cause, before anything is made. The planned operands do
+        # not change, so their overlaps are checked here once (later calls only resolve_call).
+        check_overlaps(&self.args)
         parse_math(math)
-        self.checked = True
         self.dtype = self.args.views[0].dtype
         self.trans_a, self.trans_b, self.batched, self.math = trans_a, trans_b, batched, math
         self.operands = (A, B, out)
@@ -87,13 +88,11 @@ cdef class GemmPlan:
         self.closed = False
 
     cdef int _prepare(self, object stream) except -1:
-        """Check devices and resolve the stream and this thread's context (the overlap checks
-        ran once, at the first call)."""
+        """Check devices and resolve the stream and this thread's context for the planned
+        operands (their overlaps were checked when the plan was made)."""
         if self.closed:
             raise ValueError("GemmPlan: the plan is closed")
-        self.args.check_overlap = not self.checked
-        prepare_call(&self.args, self.math, self.dtype, stream)
-        self.checked = True
+        resolve_call(&self.args, self.math, self.dtype, stream)
         if self.device < 0:
             self.device = self.args.ctx.device
         elif self.args.ctx.device != self.device:
@@ -170,8 +169,7 @@ cdef class GemmPlan:
                     or pointer_alignment(g.c) < pointer_alignment(self.g.c)):
                 raise ValueError("A/B/out: less aligned than the planned operands (cuBLASLt's algorithm "
                                  "may need their alignment); make a new GemmPlan")
-            fresh.check_overlap = True
-            prepare_call(&fresh, self.math, self.dtype, stream)
+            prepare_call(&fresh, self.math, self.dtype, stream)     # new operands: checked now
             if fresh.ctx.device != self.device and self.device >= 0:
                 raise ValueError(f"stream: the plan was made on device {self.device} but device "
                                  f"{fresh.ctx.device} is current")

@@ -24,7 +24,7 @@ from cygemm.kernels.grouped cimport (cygemm_ptr_triples, cygemm_write_pointer_ta
 from cygemm._types cimport MatrixView, ColMajorGemm, Math, compute_type, pointer_alignment
 from cygemm._errors cimport check_cuda, check_cublas
 from cygemm._arrays cimport view_from_object, views_overlap, check_no_overlap, dtype_name
-from cygemm._args cimport (CallArgs, args_init, add_array, add_view, prepare_call, check_overlaps,
+from cygemm._args cimport (CallArgs, args_init, add_array, add_view, resolve_call, check_overlaps,
                            check_devices, expect_dtype, parse_math, ARG_READ, ARG_WRITE, MAX_ARGS)
 from cygemm._context cimport (GemmContext, bind_stream, stream_table, fork_side, join_side,
                               known_device_count, STREAM_TABLE_BYTES)
@@ -34,7 +34,7 @@ from cygemm._layer cimport time_routes
 from cygemm._settings cimport autotune_level, AUTOTUNE_OFF
 from cygemm.plans cimport run_gemm
 from cygemm.tuning cimport worth_tuning, tuned_route, forced_route, remember_route
-from cygemm.rowmajor cimport map_rowmajor_gemm, map_or_raise, MAP_OK
+from cygemm._mapping cimport map_rowmajor_gemm, map_or_raise, MAP_OK
 from cygemm import tuning
 
 
@@ -709,7 +709,8 @@ cdef int _check_group_devices(CallArgs* c, _Groups grp) except -1:
 cdef int _run(_Groups grp, CallArgs* c, object alpha, object beta, object math, object stream,
               object route) except -1:
     """The engine of grouped_gemm and moe_gemm: grp read and checked, c holding the buffers
-    prepare_call is still to check (moe_gemm's x, w, out; none for grouped_gemm)."""
+    whose devices resolve_call checks (moe_gemm's x, w, out, their overlaps checked by moe_gemm; none for
+    grouped_gemm)."""
     cdef GroupedCall f
     f.alpha, f.beta = alpha, beta
     cdef Math m = parse_math(math)
@@ -720,8 +721,7 @@ cdef int _run(_Groups grp, CallArgs* c, object alpha, object beta, object math, 
         _tls.route = None
         return 0
     f.autotune = autotune_level(None)
-    c.check_overlap = False             # checked before (the groups, or x/w/out as a whole)
-    prepare_call(c, math, grp.dtype, stream)
+    resolve_call(c, math, grp.dtype, stream)    # overlaps checked before: the groups' sweep, moe's x/w/out
     _check_group_devices(c, grp)
     f.ctx, f.s = c.ctx, c.stream
     f.gs, f.n = grp.act, grp.n_act

@@ -1,10 +1,12 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """cygemm.matmul: NumPy's matmul on device arrays of any library, read in place.
 
-Each operand's last two axes go to cuBLAS through rowmajor's mapping (leading dimensions and
+Each operand's last two axes go to cuBLAS through the one mapping (_mapping: leading dimensions and
 op flags, so transposed views and slices are not copied); the batch axes are broadcast with
 stride 0, merged where their strides allow, and the innermost run becomes one strided-batched
-GEMM (the others, if any, a loop of such calls with no copy).
+GEMM (the others, if any, a loop of such calls with no copy). What a call copies, casts or
+allocates is decided once, from the layouts, before anything runs (_batch_layout's
+decide_copies); then it runs.
 """
 from libc.stdint cimport int64_t, uintptr_t
 
@@ -14,13 +16,13 @@ from cygemm._types cimport ArrayDesc, MatrixView, ColMajorGemm
 from cygemm._errors cimport refuse_in_capture
 from cygemm._context cimport GemmContext
 from cygemm._arrays cimport read_array, desc_shape, dtype_name
-from cygemm._args cimport CallArgs, args_init, add_view, prepare_call, ARG_READ, ARG_WRITE
+from cygemm._args cimport CallArgs, args_init, add_view, resolve_call, ARG_READ, ARG_WRITE
 from cygemm._settings cimport autotune_level
 from cygemm.plans cimport run_gemm
-from cygemm.rowmajor cimport (MapResult, MAP_OK, MAP_BAD_A, MAP_BAD_B, map_rowmajor_gemm, check_batch_disjoint,
-                              is_rowmajor)
-from cygemm._batch_layout cimport (BatchLayout, read_layout, result_shape, has_result_shape, merge_out,
-                                   check_out, empty_batch, may_overlap_inputs, call_views)
+from cygemm._mapping cimport MAP_OK, map_rowmajor_gemm, check_batch_disjoint, is_rowmajor
+from cygemm._batch_layout cimport (BatchLayout, MatmulPlan, read_layout, result_shape, has_result_shape,
+                                   merge_out, check_out, empty_batch, may_overlap_inputs, call_views, span_view,
+                                   decide_copies)
 from cygemm import _alloc
 
 import numpy as np
@@ -132,22 +134,22 @@ cdef int _read_operands(object a, object b, object out, ArrayDesc* da, ArrayDesc
 
 cdef int _check_call(CallArgs* c, const ArrayDesc* da, const ArrayDesc* db, const ArrayDesc* dc,
                      bint has_out, str math, cudaDataType t, object stream, bint torch_lib) except -1:
-    """The common preamble (math, stream, context, devices) through the one argument path;
-    overlaps are matmul's own (it computes into a temporary instead)."""
-    cdef MatrixView va, vb, vc
+    """The common preamble (math, stream, context, devices) through the one argument path. The
+    overlaps are matmul's own (an out sharing memory with a or b is written through a
+    temporary), so its path is resolve_call on the memory each array spans."""
+    cdef MatrixView v
     args_init(c)
-    c.check_overlap = False
-    _device_view(&va, da)
-    _device_view(&vb, db)
-    add_view(c, &va, "a", ARG_READ)
-    add_view(c, &vb, "b", ARG_READ)
+    span_view(da, &v)
+    add_view(c, &v, "a", ARG_READ)
+    span_view(db, &v)
+    add_view(c, &v, "b", ARG_READ)
     if has_out:
-        _device_view(&vc, dc)
-        add_view(c, &vc, "out", ARG_WRITE)
+        span_view(dc, &v)
+        add_view(c, &v, "out", ARG_WRITE)
     if stream is None and torch_lib:
         import torch
         stream = torch.cuda.current_stream().cuda_stream
-    return prepare_call(c, math, t, stream)
+    return resolve_call(c, math, t, stream)
 
 
 def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None):
@@ -204,87 +206,54 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None):
     given, the call allocates nothing and can be captured into a CUDA graph.
     """
     cdef ArrayDesc da, db, dc
-    cdef BatchLayout L
+    cdef BatchLayout L0, L
     cdef cudaDataType t
-    cdef bint cast_out = _read_operands(a, b, out, &da, &db, &dc, &L, &t)
+    _read_operands(a, b, out, &da, &db, &dc, &L0, &t)
     cdef bint torch_lib = _is_torch(a) or _is_torch(b)
     cdef int level = autotune_level(autotune)
     cdef CallArgs c
     _check_call(&c, &da, &db, &dc, out is not None, math, t, stream, torch_lib)
-    cdef GemmContext* ctx = c.ctx
     cdef cudaStream_t s = c.stream
-    cdef cublasComputeType_t compute = c.compute
-    cdef bint empty = L.M == 0 or L.N == 0 or empty_batch(&L)
-    if empty:                           # nothing to compute (K == 0 is not empty: zeros)
-        return out if out is not None else _new_array(torch_lib, a if _is_torch(a) else b, result_shape(&L), t, s)
-    # From here on the arguments are valid: what follows may copy, then computes.
-    if cast_out:            # computed in the promoted dtype, then cast into out as NumPy does
-        refuse_in_capture(s, f"out: its dtype {dtype_name(dc.dtype)} is not the result's "
-                             f"({dtype_name(t)}), so the product goes to a new array first")
-        tmp = _new_array(torch_lib, a if _is_torch(a) else b, result_shape(&L), t, s)
-        matmul(a, b, tmp, math=math, stream=<uintptr_t>s, autotune=autotune)
-        _copy_into(out, tmp, s)
-        return out
-    if da.dtype != t or db.dtype != t:  # the narrower operand becomes a copy of the promoted dtype
-        refuse_in_capture(s, "a/b: mixing dtypes casts an operand into a new array")
-        if da.dtype != t:
+    cdef MatmulPlan p
+    reason = decide_copies(&da, &db, &dc, out is not None, t, &L0, &L, &p)
+    if p.empty:
+        return out if out is not None else _new_array(torch_lib, a if _is_torch(a) else b, result_shape(&L0), t, s)
+    # From here on the arguments are valid: the plan's copies, then the GEMMs.
+    target = out
+    if reason is not None:
+        refuse_in_capture(s, reason)
+        like = a if _is_torch(a) else b     # the library and device of new arrays
+        if p.copy_a:
             a = _contiguous(a, t, s)
             read_array(a, &da, "a", True)
-        if db.dtype != t:
+        if p.copy_b:
             b = _contiguous(b, t, s)
             read_array(b, &db, "b", True)
+        if p.new_result or p.via_temp:
+            target = _new_array(torch_lib, out if p.temp_like_out and _is_torch(out) else like,
+                                result_shape(&L0), t, s)
+            read_array(target, &dc, "out", True)
         read_layout(&da, &db, &L)
-    target = out
-    if out is None:
-        refuse_in_capture(s, "out: out=None allocates the result; pass out=")
-        target = out = _new_array(torch_lib, a if _is_torch(a) else b, result_shape(&L), t, s)
-        read_array(out, &dc, "out", True)
-    elif may_overlap_inputs(&L, &dc, &da, &db):
-        refuse_in_capture(s, "out: it shares memory with a or b, so the product goes to a new array first")
-        target = _new_array(torch_lib, out if _is_torch(out) else (a if _is_torch(a) else b), result_shape(&L), t, s)
-        read_array(target, &dc, "out", True)
-    merge_out(&L, &dc, &da, &db, &L)
-    # A matrix cuBLAS cannot read in place (no unit-stride axis) is copied; one it cannot
-    # write goes through a temporary.
+        merge_out(&L, &dc, &da, &db, &L)
+    _run_plan(c.ctx, s, &L, &da, &db, &dc, t, c.compute, level)
+    if p.via_temp:          # computed into a temporary: now into out (cast as NumPy does)
+        _copy_into(out, target, s)
+        return out
+    return target
+
+
+cdef int _run_plan(GemmContext* ctx, cudaStream_t s, const BatchLayout* L, const ArrayDesc* da,
+                   const ArrayDesc* db, const ArrayDesc* dc, cudaDataType t, cublasComputeType_t compute,
+                   int level) except -1:
+    """The GEMMs of a decided call: every operand now reads and writes in place."""
     cdef ColMajorGemm g
     cdef MatrixView va, vb, vc
-    call_views(&L, &da, &db, &dc, 0, 0, 0, &va, &vb, &vc)
-    cdef MapResult r = map_rowmajor_gemm(&va, &vb, &vc, False, False, &g)
-    if r == MAP_BAD_A or r == MAP_BAD_B:
-        refuse_in_capture(s, f"{'a' if r == MAP_BAD_A else 'b'}: its matrices have no unit-stride axis, "
-                              "so it is copied")
-        if r == MAP_BAD_A:
-            a = _contiguous(a, t, s)
-        else:
-            b = _contiguous(b, t, s)
-        result = matmul(a, b, target, math=math, stream=<uintptr_t>s, autotune=autotune)    # the copy reads in place
-        return _finish(result, out, target, s)
-    if r != MAP_OK:
-        refuse_in_capture(s, "out: cuBLAS cannot write its layout, so the product goes to a new array first")
-        tmp = _new_array(torch_lib, out if _is_torch(out) else (a if _is_torch(a) else b), result_shape(&L), t, s)
-        matmul(a, b, tmp, math=math, stream=<uintptr_t>s, autotune=autotune)
-        _copy_into(out, tmp, s)
-        return out
+    call_views(L, da, db, dc, 0, 0, 0, &va, &vb, &vc)
+    if map_rowmajor_gemm(&va, &vb, &vc, False, False, &g) != MAP_OK:
+        raise RuntimeError("cygemm.matmul: the arrays it made do not have the layout it decided (internal error)")
     if g.batch > 1:
         check_batch_disjoint(&g, "out")       # a temporary's: always passes; out's was checked first
-    _run_all(ctx, s, &L, &da, &db, &dc, t, compute, level)
-    return _finish(target, out, target, s)
-
-
-cdef object _finish(object result, object out, object target, cudaStream_t s):
-    if target is not out:           # computed into a temporary: now into out
-        _copy_into(out, result, s)
-        return out
-    return result
-
-
-cdef void _device_view(MatrixView* v, const ArrayDesc* d) noexcept:
-    """Enough of a view for check_devices: where the array is, whether it is empty."""
-    cdef int i
-    v.ptr, v.device, v.rows, v.cols, v.batch = d.ptr, d.device, 1, 1, 1
-    for i in range(d.ndim):
-        if d.shape[i] == 0:
-            v.batch = 0
+    return _run_all(ctx, s, L, da, db, dc, t, compute, level)
 
 
 cdef dict _described_call(const MatrixView* va, const MatrixView* vb, const MatrixView* vc,

@@ -34,6 +34,15 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
                      const void* bias, void* aux, void* ws, size_t ws_bytes, int autotune,
                      bint c_is_input, bint* keep, bint any_size=*) except -1
 
+# The one plan executor: run `plan` (epilogue pointers bias/aux, NULL where none). Returns 0
+# when it ran; 1 when it was refused with nothing enqueued: unusable, an algorithm that failed a
+# capture before (while capturing), or cuBLASLt refusing it now (then, inside a capture, the
+# plan is marked capture_ok = False once the capture is found alive, else usable = False;
+# refused_status receives cuBLASLt's status). A failed cublasGemmEx route raises.
+cdef int execute_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
+                      const void* bias, void* aux, void* ws, size_t ws_bytes, const float* alpha,
+                      const float* beta, int* refused_status=*) except -1
+
 # A plain GEMM's plan (not None), with cublasGemmEx where cuBLASLt refuses it. Raises on failure.
 cdef int run_with_fallback(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
                            void* ws, size_t ws_bytes, const float* alpha, const float* beta) except -1

@@ -15,7 +15,7 @@ used: a server that sees many batch sizes does not grow without bound.
 from collections import OrderedDict
 import threading
 
-from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t, uintptr_t
+from libc.stdint cimport int64_t, uint32_t, uintptr_t
 from libc.stdlib cimport malloc, free
 from libc.string cimport memcmp, memset, memcpy
 
@@ -29,6 +29,7 @@ from cygemm._streams cimport stream_is_capturing
 from cygemm._context cimport GemmContext, stream_workspace
 from cygemm._launch cimport (PlanData, PLAN_GEMMEX, PLAN_LT, gemm_colmajor, needs_64bit_api, plan_run,
                              set_scale_pointers)
+from cygemm._lt_desc cimport make_descriptors, free_descriptors
 from cygemm._settings cimport options, loaded_options, AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE
 from cygemm.tuning cimport worth_tuning, in_route_timing, lookup, remember, claim_tuning, release_tuning
 from cygemm._candidates cimport tune_candidates
@@ -46,20 +47,7 @@ cdef class Plan:
     def close(self):
         """Free the cuBLASLt descriptors now; the plan then runs nothing (usable is False)."""
         self.d.usable = False
-        if self.d.pref != NULL:
-            cublasLtMatmulPreferenceDestroy(self.d.pref)
-        if self.d.ld != NULL:
-            cublasLtMatrixLayoutDestroy(self.d.ld)
-        if self.d.lc != NULL:
-            cublasLtMatrixLayoutDestroy(self.d.lc)
-        if self.d.lb != NULL:
-            cublasLtMatrixLayoutDestroy(self.d.lb)
-        if self.d.la != NULL:
-            cublasLtMatrixLayoutDestroy(self.d.la)
-        if self.d.desc != NULL:
-            cublasLtMatmulDescDestroy(self.d.desc)
-        self.d.pref, self.d.ld, self.d.lc, self.d.lb, self.d.la, self.d.desc = NULL, NULL, NULL, NULL, NULL, NULL
-
+        free_descriptors(&self.d)
 
     @property
     def route(self):
@@ -220,29 +208,6 @@ def _on_routes_changed():
 tuning.register_routes("gemm", ("cublasGemmEx", "cublasLt"), _on_routes_changed)
 
 
-cdef int _set_desc(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attr, const void* buf,
-                   size_t size) except -1 nogil:
-    return check_cublas(cublasLtMatmulDescSetAttribute(desc, attr, buf, size), "cublasLtMatmulDescSetAttribute")
-
-
-cdef int _set_pref_u32(cublasLtMatmulPreference_t pref, int attr, uint32_t value) except -1:
-    return check_cublas(cublasLtMatmulPreferenceSetAttribute(
-        pref, <cublasLtMatmulPreferenceAttributes_t>attr, &value, sizeof(value)),
-        "cublasLtMatmulPreferenceSetAttribute")
-
-
-cdef int _layout(cublasLtMatrixLayout_t* layout, cudaDataType dtype, int64_t rows, int64_t cols,
-                 int64_t ld, int64_t batch, int64_t stride, const char* what) except -1:
-    check_cublas(cublasLtMatrixLayoutCreate(layout, dtype, rows, cols, ld), what)
-    cdef int32_t count = <int32_t>batch
-    if batch > 1:
-        check_cublas(cublasLtMatrixLayoutSetAttribute(layout[0], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                                                      &count, sizeof(count)), what)
-        check_cublas(cublasLtMatrixLayoutSetAttribute(layout[0], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                                      &stride, sizeof(stride)), what)
-    return 0
-
-
 cdef PlanKey _plan_key(GemmContext* ctx, const ColMajorGemm* g, cudaDataType dtype,
                        cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias,
                        void* aux, int64_t aux_ld, void* ws, size_t ws_bytes,
@@ -334,45 +299,7 @@ cdef Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* 
     d.dtype, d.compute, d.device = dtype, compute, ctx.device
     d.tune_level = -1
     cdef int64_t batch = k.batch
-    check_cublas(cublasLtMatmulDescCreate(&d.desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate")
-    cdef int32_t opa = g.opa, opb = g.opb
-    cdef uint32_t epi32 = epi
-    _set_desc(d.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa))
-    _set_desc(d.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb))
-    _set_desc(d.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi32, sizeof(epi32))
-    if bias != NULL:
-        _set_desc(d.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias))
-    if aux != NULL:
-        _set_desc(d.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux, sizeof(aux))
-        _set_desc(d.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof(aux_ld))
-    cdef cudaDataType a_type = dtype, b_type = dtype, c_type = dtype
-    cdef int8_t fast
-    cdef int32_t bias_type
-    if types != NULL:
-        a_type, b_type, c_type = types.a, types.b, types.c
-        if set_scale_pointers(d, types) != CUBLAS_STATUS_SUCCESS:
-            check_cublas(<cublasStatus_t>set_scale_pointers(d, types), "cublasLtMatmulDescSetAttribute(scales)")
-        fast = 1 if types.fast_accum else 0
-        _set_desc(d.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast))
-        if bias != NULL:
-            bias_type = types.bias
-            _set_desc(d.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type))
-    _layout(&d.la, a_type, g.m if g.opa == CUBLAS_OP_N else g.k, g.k if g.opa == CUBLAS_OP_N else g.m,
-            g.lda, batch, g.stride_a, "cublasLtMatrixLayoutCreate(A)")
-    _layout(&d.lb, b_type, g.k if g.opb == CUBLAS_OP_N else g.n, g.n if g.opb == CUBLAS_OP_N else g.k,
-            g.ldb, batch, g.stride_b, "cublasLtMatrixLayoutCreate(B)")
-    _layout(&d.lc, c_type, g.m, g.n, g.ldc, batch, g.stride_c, "cublasLtMatrixLayoutCreate(C)")
-    if c_type != dtype:
-        _layout(&d.ld, dtype, g.m, g.n, g.ldc, batch, g.stride_c, "cublasLtMatrixLayoutCreate(D)")
-    check_cublas(cublasLtMatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate")
-    cdef uint64_t ws64 = ws_bytes
-    check_cublas(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                      &ws64, sizeof(ws64)), "cublasLtMatmulPreferenceSetAttribute")
-    for attr, al in ((CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, k.al_a),
-                     (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, k.al_b),
-                     (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, k.al_c),
-                     (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, k.al_c)):
-        _set_pref_u32(d.pref, attr, al)
+    make_descriptors(d, g, batch, dtype, compute, epi, bias, aux, aux_ld, ws_bytes, k.al_a, k.al_b, k.al_c, types)
     # cublasGemmEx is a candidate for plain GEMMs (it has no epilogues).
     d.gemmex_ok = epi == CUBLASLT_EPILOGUE_DEFAULT and bias == NULL and aux == NULL and types == NULL
     cdef int found = 0, i
@@ -517,24 +444,36 @@ cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, 
     return 0
 
 
+cdef int execute_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
+                      const void* bias, void* aux, void* ws, size_t ws_bytes, const float* alpha,
+                      const float* beta, int* refused_status=NULL) except -1:
+    if not plan.d.usable:
+        return 1
+    if plan.d.route == PLAN_LT and not plan.d.capture_ok and stream_is_capturing(stream):
+        return 1
+    cdef int st
+    with nogil:
+        st = plan_run(ctx, stream, &plan.d, g, bias, aux, ws, ws_bytes, alpha, beta)
+    if st == CUBLAS_STATUS_SUCCESS:
+        return 0
+    if plan.d.route == PLAN_GEMMEX:         # cuBLAS's own choice failed: nothing to fall back to
+        return check_cublas(<cublasStatus_t>st, "cublasGemmEx")
+    # cuBLASLt refused the call (nothing enqueued). Inside a capture, remember that this
+    # algorithm does not capture; outside, that it does not run.
+    if refused_status != NULL:
+        refused_status[0] = st
+    if stream_is_capturing(stream):
+        check_capture_alive(stream)
+        plan.d.capture_ok = False
+    else:
+        plan.d.usable = False
+    return 1
+
+
 cdef int run_with_fallback(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
                            void* ws, size_t ws_bytes, const float* alpha, const float* beta) except -1:
     """Run a plain GEMM's plan; where cuBLASLt refuses it (nothing enqueued), cublasGemmEx."""
-    cdef int st = CUBLAS_STATUS_NOT_SUPPORTED
-    if plan.d.usable and (plan.d.capture_ok or plan.d.route == PLAN_GEMMEX
-                                               or not stream_is_capturing(stream)):
-        with nogil:
-            st = plan_run(ctx, stream, &plan.d, g, NULL, NULL, ws, ws_bytes, alpha, beta)
-        if st != CUBLAS_STATUS_SUCCESS and plan.d.route == PLAN_LT:
-            # Inside a capture, remember that this algorithm does not capture.
-            if stream_is_capturing(stream):
-                check_capture_alive(stream)
-                plan.d.capture_ok = False
-            else:
-                plan.d.usable = False
-        elif st != CUBLAS_STATUS_SUCCESS:
-            return check_cublas(<cublasStatus_t>st, "cublasGemmEx")
-    if st != CUBLAS_STATUS_SUCCESS:
+    if execute_plan(plan, ctx, stream, g, NULL, NULL, ws, ws_bytes, alpha, beta):
         with nogil:
             gemm_colmajor(ctx, stream, g, plan.d.dtype, plan.d.compute, alpha, beta)
     return 0

@@ -1,36 +1,14 @@
-# Row-major GEMM over cuBLAS: the operand-swap mapping and the nogil C API.
+# Row-major GEMM over cuBLAS (the mapping is _mapping's): the nogil C API and gemm's argument path.
 from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm.bindings.cublas cimport cublasOperation_t, cublasComputeType_t
 from cygemm._types cimport MatrixView, ColMajorGemm
 from cygemm._context cimport GemmContext
 from cygemm._args cimport CallArgs
+# The mapping lives in _mapping; cimportable from here too, as cygemm.rowmajor documented it.
+from cygemm._mapping cimport (MapResult, MAP_OK, MAP_BAD_A, MAP_BAD_B, MAP_BAD_OUT, map_rowmajor_gemm,
+                              rowmajor_ld, is_rowmajor, map_or_raise, check_batch_disjoint)
 
-
-cdef enum MapResult:
-    MAP_OK = 0
-    MAP_BAD_A = 1
-    MAP_BAD_B = 2
-    MAP_BAD_OUT = 3
-
-
-# The one place where row-major views become cuBLAS arguments.
-cdef MapResult map_rowmajor_gemm(const MatrixView* a, const MatrixView* b, const MatrixView* c,
-                                 bint trans_a, bint trans_b, ColMajorGemm* g) noexcept nogil
-
-# The leading dimension cuBLAS and cygemm's kernels take for a row-major view (unit
-# stride along its last axis): its row stride, or, for a single row, its length (a
-# single row's stride is meaningless: y[None] and x.T of an (N, 1) array have 0 or 1).
-cdef int64_t rowmajor_ld(const MatrixView* v) noexcept nogil
-# Whether v is row-major as rowmajor_ld needs (the mapping reads it that way).
-cdef bint is_rowmajor(const MatrixView* v) noexcept nogil
-# map_rowmajor_gemm, raising ValueError that names the argument cuBLAS cannot read
-# (`names`: the names of a, b and c). The one message for every entry point.
-cdef int map_or_raise(const MatrixView* a, const MatrixView* b, const MatrixView* c, bint trans_a,
-                      bint trans_b, ColMajorGemm* g, tuple names) except -1
-# ValueError unless the `batch` matrices of the mapped output do not overlap one another
-# (exact for any batch stride: interleaved batches, e.g. heads of one (S, H*D) buffer, pass).
-cdef int check_batch_disjoint(const ColMajorGemm* g, str name) except -1
 
 # cimport API. Row-major (C-order) matrices given by pointer and leading
 # dimension (elements between rows): C(m x n) = alpha op(A) op(B) + beta C, through the plan

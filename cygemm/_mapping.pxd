@@ -1,0 +1,35 @@
+# The one mapping from row-major array views to column-major cuBLAS arguments (pure: no GPU
+# state, no allocation; cimports only _types and the bindings).
+from libc.stdint cimport int64_t
+from cygemm._types cimport MatrixView, ColMajorGemm
+
+
+cdef enum MapResult:
+    MAP_OK = 0
+    MAP_BAD_A = 1
+    MAP_BAD_B = 2
+    MAP_BAD_OUT = 3
+
+
+# The one place where row-major views become cuBLAS arguments.
+cdef MapResult map_rowmajor_gemm(const MatrixView* a, const MatrixView* b, const MatrixView* c,
+                                 bint trans_a, bint trans_b, ColMajorGemm* g) noexcept nogil
+
+# The leading dimension cuBLAS and cygemm's kernels take for a row-major view (unit
+# stride along its last axis): its row stride, or, for a single row, its length (a
+# single row's stride is meaningless: y[None] and x.T of an (N, 1) array have 0 or 1).
+cdef int64_t rowmajor_ld(const MatrixView* v) noexcept nogil
+# Whether v is row-major as rowmajor_ld needs (the mapping reads it that way).
+cdef bint is_rowmajor(const MatrixView* v) noexcept nogil
+# map_rowmajor_gemm, raising ValueError that names the argument cuBLAS cannot read
+# (`names`: the names of a, b and c). The one message for every entry point.
+cdef int map_or_raise(const MatrixView* a, const MatrixView* b, const MatrixView* c, bint trans_a,
+                      bint trans_b, ColMajorGemm* g, tuple names) except -1
+# ValueError unless the `batch` matrices of the mapped output do not overlap one another
+# (exact for any batch stride: interleaved batches, e.g. heads of one (S, H*D) buffer, pass).
+cdef int check_batch_disjoint(const ColMajorGemm* g, str name) except -1
+
+# A row-major matrix (rows x cols, `ld` elements between rows) of `batch` matrices `stride`
+# elements apart, as a view: how the C entry points describe their pointers.
+cdef void rowmajor_view(MatrixView* v, const void* ptr, int64_t rows, int64_t cols, int64_t ld,
+                        int64_t stride, int64_t batch) noexcept nogil

@@ -1,0 +1,213 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""FP8 conversions (Hopper and later): :func:`quantize`, :func:`dequantize` and :func:`amax`, with
+cygemm's kernels (16-byte accesses, grid sized to the GPU, allocation-free, capturable).
+Re-exported by :mod:`cygemm.fp8`, their documented home.
+
+CuPy has no FP8 dtype: FP8 data live in ``uint8`` arrays, and the ``format`` arguments say
+which format the bytes hold. torch's ``float8_e4m3fn`` and ``float8_e5m2`` tensors carry theirs.
+"""
+from libc.stdint cimport int64_t, uintptr_t
+
+import numpy as _np
+
+from cygemm.bindings.cudart cimport *
+from cygemm.kernels.fp8 cimport cygemm_fp8_quantize, cygemm_fp8_dequantize, cygemm_amax
+from cygemm._types cimport MatrixView, ArrayDesc
+from cygemm._errors cimport check_cuda, refuse_in_capture
+from cygemm._arrays cimport read_fp8, read_array, desc_shape
+from cygemm._args cimport CallArgs, args_init, add_view, add_scalar, prepare_kernel_call, ARG_READ, ARG_WRITE
+from cygemm._alloc import empty_on, numpy_dtype
+
+from cygemm._arrays import FP8_FORMATS
+
+__all__ = ["quantize", "dequantize", "amax"]
+
+_DEQUANTIZED = {"float32": CUDA_R_32F, "float16": CUDA_R_16F, "bfloat16": CUDA_R_16BF}
+
+
+cdef int64_t _contiguous(const ArrayDesc* d, str name) except -1:
+    """Element count of a C-contiguous array (ValueError otherwise)."""
+    cdef int64_t n = 1, expect = 1
+    cdef int i
+    for i in range(d.ndim):
+        n *= d.shape[i]
+    if n == 0:
+        return 0
+    for i in range(d.ndim - 1, -1, -1):
+        if d.shape[i] != 1 and d.strides[i] != expect:
+            raise ValueError(f"{name}: expected a C-contiguous array, got element strides "
+                             f"{tuple([d.strides[j] for j in range(d.ndim)])} for shape {desc_shape(d)}")
+        expect *= d.shape[i]
+    return n
+
+
+cdef MatrixView _flat(const ArrayDesc* d, int64_t n):
+    cdef MatrixView v
+    v.ptr, v.device, v.dtype, v.itemsize = d.ptr, d.device, d.dtype, d.itemsize
+    v.batch, v.rows, v.cols, v.batch_stride, v.row_stride, v.col_stride = 1, 1, n, 0, n, 1
+    return v
+
+
+def quantize(x, scale, *, out=None, format="e4m3", amax=None, stream=None):
+    """``out = saturate(x * scale)`` in FP8, and optionally ``amax = max |x|``.
+
+    Parameters
+    ----------
+    x : device array
+        float32, float16 or bfloat16, C-contiguous, any shape.
+    scale : device float32 scalar
+        The quantizing scale (read when the kernel runs: capturable with changing scales).
+    out : device array, optional
+        ``x``'s shape: ``uint8`` (the format from ``format``) or a torch float8 tensor.
+        None: a new CuPy ``uint8`` array.
+    format : {'e4m3', 'e5m2'}
+        The FP8 format; values beyond its largest finite value (448, 57344) saturate to it.
+    amax : device float32 scalar, optional
+        Receives ``max |x|`` (NaN ignored), for the next step's scale.
+    stream : optional
+        The stream (default: CuPy's current stream).
+
+    Returns
+    -------
+    device array
+        ``out``, or the new array.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Before anything runs: dtypes, shapes, a non-contiguous array, the format.
+    """
+    cdef CallArgs c
+    cdef ArrayDesc dx, dq
+    cdef MatrixView v
+    args_init(&c)
+    read_array(x, &dx, "x", False)
+    cdef int64_t n = _contiguous(&dx, "x")
+    v = _flat(&dx, n)
+    add_view(&c, &v, "x", ARG_READ)
+    cdef MatrixView* vs = add_scalar(&c, scale, "scale", ARG_READ)
+    if format not in FP8_FORMATS:
+        raise ValueError(f"format: expected 'e4m3' or 'e5m2', got {format!r}")
+    cdef cudaDataType fmt = FP8_FORMATS[format]
+    cdef MatrixView* vq
+    if out is not None:
+        read_fp8(out, &dq, "out", format, "format")
+        if desc_shape(&dq) != desc_shape(&dx):
+            raise ValueError(f"out: expected shape {desc_shape(&dx)}, got {desc_shape(&dq)}")
+        _contiguous(&dq, "out")
+        v = _flat(&dq, n)
+    else:
+        v = _flat(&dx, n)
+        v.ptr, v.dtype, v.itemsize, v.device = NULL, fmt, 1, -1
+    vq = add_view(&c, &v, "out", ARG_WRITE)
+    cdef MatrixView* va = add_scalar(&c, amax, "amax", ARG_WRITE) if amax is not None else NULL
+    prepare_kernel_call(&c, stream)
+    if out is None:
+        refuse_in_capture(c.stream, "quantize(out=None): allocating the result")
+        out = empty_on(desc_shape(&dx), _np.dtype("uint8"), <uintptr_t>c.stream)
+        vq.ptr = <char*><uintptr_t>out.data.ptr
+    cdef float* amax_p = <float*>va.ptr if va != NULL else NULL
+    with nogil:
+        check_cuda(cygemm_fp8_quantize(dx.dtype, fmt, n, dx.ptr, <const float*>vs.ptr, vq.ptr, amax_p,
+                                       c.stream), "cygemm_fp8_quantize")
+    return out
+
+
+def dequantize(q, scale_inv, *, out=None, dtype="float32", format=None, stream=None):
+    """``out = q * scale_inv`` from FP8.
+
+    Parameters
+    ----------
+    q : device array
+        FP8: torch float8, or ``uint8`` with ``format``; C-contiguous, any shape.
+    scale_inv : device float32 scalar
+        The dequantizing scale (1 / the scale ``q`` was quantized with).
+    out : device array, optional
+        ``q``'s shape, float32, float16 or bfloat16. None: a new CuPy array of ``dtype``.
+    dtype : {'float32', 'float16', 'bfloat16'}
+        The new result's dtype (ignored when ``out`` is given).
+    format : {'e4m3', 'e5m2'}, optional
+        The format of ``uint8`` bytes.
+    stream : optional
+        The stream (default: CuPy's current stream).
+
+    Returns
+    -------
+    device array
+        ``out``, or the new array.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Before anything runs: dtypes, shapes, a non-contiguous array, the format.
+    """
+    cdef CallArgs c
+    cdef ArrayDesc dq, dy
+    cdef MatrixView v
+    args_init(&c)
+    read_fp8(q, &dq, "q", format, "format")
+    cdef int64_t n = _contiguous(&dq, "q")
+    v = _flat(&dq, n)
+    add_view(&c, &v, "q", ARG_READ)
+    cdef MatrixView* vs = add_scalar(&c, scale_inv, "scale_inv", ARG_READ)
+    cdef MatrixView* vy
+    if out is not None:
+        read_array(out, &dy, "out", False)
+        if desc_shape(&dy) != desc_shape(&dq):
+            raise ValueError(f"out: expected shape {desc_shape(&dq)}, got {desc_shape(&dy)}")
+        _contiguous(&dy, "out")
+        v = _flat(&dy, n)
+    else:
+        if dtype not in ("float32", "float16", "bfloat16"):
+            raise ValueError(f"dtype: expected 'float32', 'float16' or 'bfloat16', got {dtype!r}")
+        v = _flat(&dq, n)
+        v.ptr, v.device = NULL, -1
+        v.dtype = _DEQUANTIZED[dtype]
+        v.itemsize = 4 if v.dtype == CUDA_R_32F else 2
+    vy = add_view(&c, &v, "out", ARG_WRITE)
+    prepare_kernel_call(&c, stream)
+    if out is None:
+        refuse_in_capture(c.stream, "dequantize(out=None): allocating the result")
+        out = empty_on(desc_shape(&dq), numpy_dtype(dtype), <uintptr_t>c.stream)
+        vy.ptr = <char*><uintptr_t>out.data.ptr
+    with nogil:
+        check_cuda(cygemm_fp8_dequantize(dq.dtype, vy.dtype, n, dq.ptr, <const float*>vs.ptr, vy.ptr, c.stream),
+                   "cygemm_fp8_dequantize")
+    return out
+
+
+def amax(x, out, *, stream=None):
+    """``out = max |x|`` (NaN ignored) into a device float32 scalar, nothing else written.
+
+    Parameters
+    ----------
+    x : device array
+        float32, float16 or bfloat16, C-contiguous, any shape.
+    out : device float32 scalar
+        Receives the maximum (0 for an empty x).
+    stream : optional
+        The stream (default: CuPy's current stream).
+
+    Returns
+    -------
+    device array
+        ``out``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Before anything runs: dtypes, a non-contiguous array.
+    """
+    cdef CallArgs c
+    cdef ArrayDesc dx
+    cdef MatrixView v
+    args_init(&c)
+    read_array(x, &dx, "x", False)
+    cdef int64_t n = _contiguous(&dx, "x")
+    v = _flat(&dx, n)
+    add_view(&c, &v, "x", ARG_READ)
+    cdef MatrixView* vo = add_scalar(&c, out, "out", ARG_WRITE)
+    prepare_kernel_call(&c, stream)
+    with nogil:
+        check_cuda(cygemm_amax(dx.dtype, n, dx.ptr, <float*>vo.ptr, c.stream), "cygemm_amax")
+    return out
