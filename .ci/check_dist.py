@@ -12,15 +12,16 @@ import tarfile
 import tempfile
 import zipfile
 
-PYX = ["_errors", "_settings", "_streams", "_release", "_context", "_arrays", "_alloc", "_args", "tuning",
-       "_launch", "_candidates", "plans", "rowmajor", "gemm_plan", "_batch_layout", "matmul", "epilogues", "_layer", "fused", "fp8", "elementwise",
-       "grouped", "graph"]
+PYX = ["_errors", "_settings", "_streams", "_release", "_context", "_arrays", "_alloc", "_args", "_timing",
+       "tuning", "_launch", "_candidates", "plans", "routes", "rowmajor", "gemm_plan", "_batch_layout", "matmul",
+       "epilogues", "_dense_routes", "dense", "fp8", "elementwise", "_groups", "grouped", "graph"]
 PXD = ["bindings/cublas", "bindings/cublaslt", "bindings/cudart", "kernels/elementwise", "kernels/timing",
        "kernels/fp8", "kernels/grouped", "_types", "_errors", "_settings", "_streams",
-       "_release", "_context", "_arrays", "_alloc", "_args", "tuning", "_launch", "_candidates", "plans", "rowmajor", "_batch_layout", "epilogues", "_layer", "fp8"]
+       "_release", "_context", "_arrays", "_alloc", "_args", "_timing", "tuning", "_launch", "_candidates", "plans",
+       "routes", "rowmajor", "_batch_layout", "epilogues", "_dense_routes", "fp8", "_groups"]
 STUBS = PYX
 WHEEL_NEEDS = ([f"cygemm/{m}.pxd" for m in PXD] + [f"cygemm/{m}.pyi" for m in STUBS]
-               + ["cygemm/__init__.py", "cygemm/_cuda_paths.py", "cygemm/gemm_ops.py", "cygemm/py.typed",
+               + ["cygemm/__init__.py", "cygemm/_cuda_paths.py", "cygemm/gemm_ops.py", "cygemm/fused.py", "cygemm/py.typed",
                   "cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/fp8_kernels.h",
                   "cygemm/include/cygemm/grouped_kernels.h"]
                + [f"cygemm/nn/{m}.py" for m in ("__init__", "_kernels", "layers", "losses", "optimizers", "step")]

@@ -30,7 +30,8 @@ from cygemm._context cimport GemmContext, stream_workspace
 from cygemm._launch cimport (PlanData, PLAN_GEMMEX, PLAN_LT, gemm_colmajor, needs_64bit_api, plan_run,
                              set_scale_pointers)
 from cygemm._settings cimport options, loaded_options, AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE
-from cygemm.tuning cimport worth_tuning, in_route_timing, lookup, remember
+from cygemm._timing cimport worth_tuning, in_route_timing
+from cygemm.tuning cimport lookup, remember
 from cygemm._candidates cimport tune_candidates
 from cygemm import _settings, tuning
 

@@ -1,4 +1,4 @@
-"""The plan layer (cygemm.plans) and the route tables (cygemm.fused): every route and its
+"""The plan layer (cygemm.plans) and the route tables (cygemm.dense): every route and its
 fallback against float64, tuning that leaves outputs right, the tuning file."""
 import json
 import os
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import cygemm
-from cygemm import fused, plans, tuning
+from cygemm import dense, plans, tuning
 from gpu_util import f64, poisoned, rand, rel_err
 
 cp = None
@@ -154,7 +154,7 @@ def test_batched_each_route_against_float64_broadcast_and_beta(gpu, route):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("route", list(fused.FORWARD_ROUTES))
+@pytest.mark.parametrize("route", list(dense.FORWARD_ROUTES))
 @pytest.mark.parametrize("act", ["none", "relu", "gelu", "silu"])
 def test_forward_each_route_against_float64(gpu, route, act):
     from test_fused import act_ref
