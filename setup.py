@@ -31,11 +31,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # the modules that launch it.
 MODULES = {"_errors": [], "_settings": [], "_streams": [], "_release": [], "_context": [], "_arrays": [],
            "_alloc": [], "_mapping": [], "_args": [],
-           "tuning": ["timing"], "_launch": [], "_lt_desc": [], "_candidates": [], "plans": [], "rowmajor": [], "gemm_plan": [],
-           "_batch_layout": [], "matmul": [],
-           "epilogues": [], "_layer": [], "fused": ["elementwise"], "fp8_convert": ["fp8"], "fp8": [],
-           "elementwise": ["elementwise"],
-           "grouped": ["grouped"], "graph": [],
+           "_timing": ["timing"], "tuning": [], "_launch": [], "_lt_desc": [], "_candidates": [], "plans": [],
+           "routes": [], "rowmajor": [], "gemm_plan": [], "_batch_layout": [], "matmul": [],
+           "epilogues": [], "_dense_routes": ["elementwise"], "dense": ["elementwise"], "fp8_convert": ["fp8"],
+           "fp8": [], "elementwise": ["elementwise"], "_groups": [], "grouped": ["grouped"], "graph": [],
            "nn._kernels": ["nn"], "backend._kernels": ["backend"]}
 HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h",
            "cygemm/include/cygemm/fp8_kernels.h", "cygemm/include/cygemm/grouped_kernels.h",

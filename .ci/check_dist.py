@@ -2,36 +2,46 @@
 
     python check_dist.py SDIST WHEEL BUILD_DIR [BUILD_DIR ...]
 
-Fails (exit 1, each problem on a line) if a needed file is missing, a generated or source-only
+What is needed comes from the source tree beside this script: setup.py's MODULES (compiled
+modules, their stubs and kernels), every .pxd, .py and public header of cygemm/. Fails (exit 1,
+each problem on a line) if a needed file is missing, a generated or source-only
 file is in the wheel, an extension's RUNPATH/RPATH has an entry outside $ORIGIN, or any file of
 the wheel contains one of the BUILD_DIR paths or pip's temporary build folders.
 """
+import ast
+import glob
+import os
 import subprocess
 import sys
 import tarfile
 import tempfile
 import zipfile
 
-PYX = ["_errors", "_settings", "_streams", "_release", "_context", "_arrays", "_alloc", "_mapping", "_args", "tuning",
-       "_launch", "_lt_desc", "_candidates", "plans", "rowmajor", "gemm_plan", "_batch_layout", "matmul", "epilogues",
-       "_layer", "fused", "fp8_convert", "fp8", "elementwise", "grouped", "graph", "nn/_kernels", "backend/_kernels"]
-PXD = ["bindings/cublas", "bindings/cublaslt", "bindings/cudart", "kernels/elementwise", "kernels/timing",
-       "kernels/fp8", "kernels/grouped", "kernels/nn", "kernels/backend", "_types", "_errors", "_settings", "_streams",
-       "_release", "_context", "_arrays", "_alloc", "_mapping", "_args", "tuning", "_launch", "_lt_desc", "_candidates",
-       "plans", "rowmajor", "_batch_layout", "epilogues", "_layer", "fp8"]
-STUBS = PYX
-WHEEL_NEEDS = ([f"cygemm/{m}.pxd" for m in PXD] + [f"cygemm/{m}.pyi" for m in STUBS]
-               + ["cygemm/__init__.py", "cygemm/_cuda_paths.py", "cygemm/gemm_ops.py", "cygemm/py.typed",
-                  "cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/fp8_kernels.h",
-                  "cygemm/include/cygemm/grouped_kernels.h", "cygemm/include/cygemm/nn_kernels.h",
-                  "cygemm/include/cygemm/backend_kernels.h"]
-               + [f"cygemm/nn/{m}.py" for m in ("__init__", "layers", "losses", "optimizers", "step")]
-               + [f"cygemm/backend/{m}.py" for m in ("__init__", "protocol", "_base", "_convert",
-                                                     "numpy_backend", "cuda_backend")])
-SDIST_NEEDS = (WHEEL_NEEDS + [f"cygemm/{m}.pyx" for m in PYX]
-               + ["cygemm/kernels/elementwise.cu", "cygemm/kernels/fp8.cu", "cygemm/kernels/grouped.cu",
-                  "cygemm/kernels/timing.cu", "cygemm/kernels/nn.cu", "cygemm/kernels/backend.cu",
-                  "setup.py", "pyproject.toml", "README.md", "LICENSE",
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def setup_modules():
+    """setup.py's MODULES (the compiled modules, "nn._kernels" dotted) and its kernels, read
+    without running setup.py: the one list of what is built."""
+    tree = ast.parse(open(os.path.join(ROOT, "setup.py")).read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "MODULES":
+            return ast.literal_eval(node.value)
+    raise SystemExit("check_dist: setup.py has no MODULES")
+
+
+MODULES = setup_modules()
+PYX = [m.replace(".", "/") for m in MODULES]
+KERNELS = sorted({k for ks in MODULES.values() for k in ks})
+# Every .pxd of the source tree is part of the cimport contract the wheel ships.
+PXD = sorted(os.path.relpath(p, os.path.join(ROOT, "cygemm"))[:-4]
+             for p in glob.glob(os.path.join(ROOT, "cygemm", "**", "*.pxd"), recursive=True))
+HEADERS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "cygemm", "include", "cygemm", "*.h")))
+PY = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "cygemm", "**", "*.py"), recursive=True))
+WHEEL_NEEDS = ([f"cygemm/{m}.pxd" for m in PXD] + [f"cygemm/{m}.pyi" for m in PYX] + HEADERS + PY
+               + ["cygemm/py.typed", "cygemm/capi.pxd"])
+SDIST_NEEDS = (WHEEL_NEEDS + [f"cygemm/{m}.pyx" for m in PYX] + [f"cygemm/kernels/{k}.cu" for k in KERNELS]
+               + ["setup.py", "pyproject.toml", "README.md", "LICENSE",
                   "tests/conftest.py", "tests/fakes.py", "tests/gpu_util.py", "tests/refs/cublas.py",
                   "tests/contracts/test_cimport.py",
                   "examples/cython_consumer/consumer.pyx", "examples/cython_consumer/setup.py"])
@@ -52,7 +62,7 @@ def main(sdist, wheel, *build_dirs):
         problems += [f"wheel holds {n}" for n in names if n.endswith(NOT_IN_WHEEL)]
         sos = [n for n in names if n.endswith(".so")]
         missing = [m for m in PYX if not any(s.startswith(f"cygemm/{m}.") for s in sos)]
-        problems += [f"wheel lacks the compiled module cygemm.{m}" for m in missing]
+        problems += [f"wheel lacks the compiled module cygemm.{m.replace('/', '.')}" for m in missing]
         needles = [d.encode() for d in build_dirs] + [b"pip-build-env-", b"pip-req-build-", b"pip-wheel-"]
         with tempfile.TemporaryDirectory() as tmp:
             for n in names:

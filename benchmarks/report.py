@@ -316,7 +316,7 @@ def routes_table(entries):
     L = ["", "## Routes chosen by measurement", "",
          "The plan layer's table at the end of the run: for each problem it timed, the choice and the "
          "times (ms) it measured. gemm: cuBLASLt's best candidate against cublasGemmEx (key: m, n, k of "
-         "the column-major call, batch); forward/backward: the layer's routes (fused.FORWARD_ROUTES, "
+         "the column-major call, batch); forward/backward: the layer's routes (dense.FORWARD_ROUTES, "
          "BACKWARD_ROUTES).", "",
          "| kind | problem | chosen | times (ms) |", "|---|---|---|---|"]
     order = {"forward": 0, "backward": 1, "gemm": 2}

@@ -18,20 +18,21 @@ from cygemm.rowmajor import gemm, gemm_strided_batched
 from cygemm.gemm_plan import GemmPlan
 from cygemm.matmul import matmul, describe_matmul
 from cygemm.grouped import grouped_gemm, moe_gemm, describe_grouped
-from cygemm import elementwise, fp8, gemm_ops, graph, grouped, plans, tuning
+from cygemm import dense, elementwise, fp8, gemm_ops, graph, grouped, plans, tuning
 
 __version__ = "0.2.0.dev0"
 
 __all__ = ["nn", "backend", "matmul", "describe_matmul", "grouped_gemm", "moe_gemm", "describe_grouped", "gemm", "gemm_strided_batched", "GemmPlan", "gemm_ops", "graph", "plans", "tuning",
-           "fp8", "elementwise", "grouped",
+           "fp8", "elementwise", "grouped", "dense",
            "load_tuning", "save_tuning", "get_options", "set_options", "CygemmError", "CudaError",
            "CudaDriverError", "CublasError", "CaptureError", "device_count", "release_workspaces",
            "stream_pointer", "versions", "get_include", "gpu_unavailable_reason"]
 
 
 def __getattr__(name):
-    # cygemm.nn and cygemm.backend load on first use: `import cygemm` stays light.
-    if name in ("nn", "backend"):
+    # cygemm.nn and cygemm.backend load on first use: `import cygemm` stays light. cygemm.fused,
+    # the dense layer's deprecated old name, too (importing it warns).
+    if name in ("nn", "backend", "fused"):
         import importlib
         return importlib.import_module(f"cygemm.{name}")
     raise AttributeError(f"module 'cygemm' has no attribute {name!r}")

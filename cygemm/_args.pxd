@@ -105,6 +105,16 @@ cdef int expect_matrix(const MatrixView* v, str name, int64_t rows, int64_t cols
 cdef int expect_vector(const MatrixView* v, object x, str name, int64_t n,
                        cudaDataType dtype) except -1
 cdef int raise_dtype(const MatrixView* v, str name, cudaDataType dtype, str whose) except -1
+# A (rows, cols) matrix of `dtype` read into c (row_major: unit stride along its last axis, rows
+# not overlapping; ValueError naming it otherwise).
+cdef MatrixView* add_matrix(CallArgs* c, object x, str name, ArgRole role, int64_t rows, int64_t cols,
+                            cudaDataType dtype, bint row_major) except NULL
+# An (n,) or (1, n) contiguous vector of `dtype` read into c.
+cdef MatrixView* add_vector(CallArgs* c, object x, str name, ArgRole role, int64_t n,
+                            cudaDataType dtype) except NULL
+# The workspace of a call that prepare_call has filled in: the caller's (wv, its view in c,
+# checked there with the call's other buffers), else the stream's own.
+cdef int call_workspace_of(CallArgs* c, const MatrixView* wv, void** ptr, size_t* nbytes) except -1
 cdef inline int expect_dtype(const MatrixView* v, str name, cudaDataType dtype, str whose) except -1:
     """TypeError unless v has `dtype` (whose: the operand it must match, or None)."""
     if v.dtype != dtype:

@@ -15,7 +15,8 @@ from cygemm._types cimport (MatrixView, ArrayDesc, Math, GemmTypes, MATH_TF32, M
                             typed_compute_type, view_is_empty, WORKSPACE_ALIGNMENT)
 from cygemm._errors cimport check_cuda
 from cygemm._streams cimport stream_from_object, stream_device
-from cygemm._context cimport current_context, known_device_count
+from cygemm._mapping cimport is_rowmajor
+from cygemm._context cimport current_context, known_device_count, call_workspace
 from cygemm._arrays cimport views_overlap, check_no_overlap, dtype_name, read_array, desc_shape
 
 
@@ -155,4 +156,31 @@ cdef int expect_vector(const MatrixView* v, object x, str name, int64_t n,
     expect_dtype(v, name, dtype, None)
     if v.col_stride != 1 and n > 1:
         raise ValueError(f"{name}: expected a contiguous vector, got element stride {v.col_stride}")
+    return 0
+
+
+cdef MatrixView* add_matrix(CallArgs* c, object x, str name, ArgRole role, int64_t rows, int64_t cols,
+                            cudaDataType dtype, bint row_major) except NULL:
+    cdef MatrixView* v = add_array(c, x, name, role, 2, 2)
+    expect_matrix(v, name, rows, cols, dtype)
+    if row_major and not is_rowmajor(v):
+        raise ValueError(f"{name}: expected a row-major array (unit stride along the last axis, "
+                         f"rows not overlapping), got element strides ({v.row_stride}, {v.col_stride})")
+    return v
+
+
+cdef MatrixView* add_vector(CallArgs* c, object x, str name, ArgRole role, int64_t n,
+                            cudaDataType dtype) except NULL:
+    cdef MatrixView* v = add_array(c, x, name, role, 1, 2)
+    expect_vector(v, x, name, n, dtype)
+    return v
+
+
+cdef int call_workspace_of(CallArgs* c, const MatrixView* wv, void** ptr, size_t* nbytes) except -1:
+    if wv == NULL:
+        ptr[0] = call_workspace(c.ctx, c.stream)
+        nbytes[0] = c.ctx.workspace_bytes
+        return 0
+    ptr[0] = wv.ptr
+    nbytes[0] = <size_t>wv.cols
     return 0

@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Timing a plan's candidates: cuBLASLt's heuristic algorithms and cublasGemmEx, on the call's
-own operands, within the tuning budget (see cygemm.tuning); the fastest becomes the plan's."""
+own operands, within the tuning budget (see cygemm._timing); the fastest becomes the plan's."""
 import time
 
 from libc.stdint cimport int64_t
@@ -13,7 +13,8 @@ from cygemm._context cimport GemmContext
 from cygemm._release cimport defer_free
 from cygemm._settings cimport AUTOTUNE_EXHAUSTIVE
 from cygemm._launch cimport PlanData, PlanRoute, PLAN_GEMMEX, PLAN_LT, plan_run
-from cygemm.tuning cimport time_choices, tuning_budget_ms, count_tuning
+from cygemm._timing cimport time_choices, tuning_budget_ms
+from cygemm.tuning cimport count_tuning
 
 cdef enum:
     MAX_CANDIDATES = 8      # the heuristic's first eight (PlanData holds as many); cublasGemmEx besides

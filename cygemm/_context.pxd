@@ -70,6 +70,10 @@ cdef void* call_workspace(GemmContext* ctx, cudaStream_t stream) except NULL
 cdef int fork_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t* side, cudaEvent_t* join) except -1 nogil
 cdef int join_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t side, cudaEvent_t join,
                    bint quiet) except -1 nogil
+# The one fork/join: fork `stream`'s side stream, call fn(arg, stream, side) to enqueue work on
+# either, then join the side back into `stream`, also when fn raises (that error is kept).
+ctypedef int (*forked_fn)(void* arg, cudaStream_t main, cudaStream_t side) except -1
+cdef int run_forked(GemmContext* ctx, cudaStream_t stream, forked_fn fn, void* arg) except -1
 
 
 

@@ -403,6 +403,21 @@ cdef int join_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t side, cud
         return 0
     return check_cuda(err, "cudaEventRecord/cudaStreamWaitEvent(join)")
 
+
+cdef int run_forked(GemmContext* ctx, cudaStream_t stream, forked_fn fn, void* arg) except -1:
+    cdef cudaStream_t side
+    cdef cudaEvent_t join
+    with nogil:             # the first fork creates the stream and allocates its workspace
+        fork_side(ctx, stream, &side, &join)
+    try:
+        fn(arg, stream, side)
+    except BaseException:
+        join_side(ctx, stream, side, join, True)      # the original error matters more
+        raise
+    join_side(ctx, stream, side, join, False)
+    return 0
+
+
 cdef int bind_stream(GemmContext* ctx, cudaStream_t stream) except -1 nogil:
     cdef void* ws = stream_workspace(ctx, stream)
     if ctx.bound and ctx.bound_stream == stream and ctx.bound_workspace == ws:

@@ -15,9 +15,9 @@ from cygemm.kernels.elementwise cimport *
 from cygemm.epilogues cimport Activation, activation_row, leaky_slope_of
 from cygemm._types cimport MatrixView
 from cygemm._errors cimport check_cuda
-from cygemm._args cimport (CallArgs, args_init, add_array, allow_in_place, prepare_kernel_call, expect_dtype,
+from cygemm._args cimport (CallArgs, args_init, add_array, add_matrix, add_vector, allow_in_place, prepare_kernel_call,
+                           expect_dtype,
                            ARG_READ, ARG_WRITE)
-from cygemm._layer cimport layer_matrix, layer_vector
 from cygemm._context cimport call_workspace
 from cygemm._mapping cimport rowmajor_ld, is_rowmajor
 
@@ -67,9 +67,9 @@ def bias_act(x, bias=None, *, out, z_out=None, act="none", leaky_slope=0.01, str
     cdef MatrixView* vx = add_array(&c, x, "x", ARG_READ, 2, 2)
     cdef int64_t M = vx.rows, N = vx.cols
     _row_major(vx, "x")
-    cdef MatrixView* vb = layer_vector(&c, bias, "bias", ARG_READ, N, vx.dtype) if bias is not None else NULL
-    cdef MatrixView* vo = layer_matrix(&c, out, "out", ARG_WRITE, M, N, vx.dtype, True)
-    cdef MatrixView* vz = layer_matrix(&c, z_out, "z_out", ARG_WRITE, M, N, vx.dtype, True) if z_out is not None else NULL
+    cdef MatrixView* vb = add_vector(&c, bias, "bias", ARG_READ, N, vx.dtype) if bias is not None else NULL
+    cdef MatrixView* vo = add_matrix(&c, out, "out", ARG_WRITE, M, N, vx.dtype, True)
+    cdef MatrixView* vz = add_matrix(&c, z_out, "z_out", ARG_WRITE, M, N, vx.dtype, True) if z_out is not None else NULL
     cdef const Activation* row = activation_row(act)
     cdef float slope = leaky_slope_of(leaky_slope)
     # An output may be exactly an input (each element is read before the thread that writes it
@@ -134,11 +134,11 @@ def act_backward(gy, z, *, dz_out=None, dbias_out=None, act="none", leaky_slope=
     if z_is_output and not row.grad_from_output:
         raise ValueError(f"z_is_output: act={act!r}'s derivative is not fixed by its output; pass the "
                          f"pre-activation")
-    cdef MatrixView* vz = layer_matrix(&c, z, "z", ARG_READ, M, N, vg.dtype, True) if z is not None else NULL
+    cdef MatrixView* vz = add_matrix(&c, z, "z", ARG_READ, M, N, vg.dtype, True) if z is not None else NULL
     if dz_out is None and dbias_out is None:
         raise ValueError("dz_out/dbias_out: give at least one output")
-    cdef MatrixView* vd = layer_matrix(&c, dz_out, "dz_out", ARG_WRITE, M, N, vg.dtype, True) if dz_out is not None else NULL
-    cdef MatrixView* vb = layer_vector(&c, dbias_out, "dbias_out", ARG_WRITE, N, vg.dtype) if dbias_out is not None else NULL
+    cdef MatrixView* vd = add_matrix(&c, dz_out, "dz_out", ARG_WRITE, M, N, vg.dtype, True) if dz_out is not None else NULL
+    cdef MatrixView* vb = add_vector(&c, dbias_out, "dbias_out", ARG_WRITE, N, vg.dtype) if dbias_out is not None else NULL
     allow_in_place(&c, vd, vg)          # dz may overwrite gy (read first, element by element)
     prepare_kernel_call(&c, stream)
     cdef int64_t scratch_floats = cygemm_act_backward_scratch_floats(M, N) if vb != NULL else 0

@@ -1,7 +1,7 @@
 # cython: language_level=3
 """The epilogue table: for each activation, the cuBLASLt epilogues that apply it inside the
 GEMM, the rules of the AUX form that also writes Z, and whether its derivative is fixed by its
-output. The dense layer (cygemm.fused) chooses its routes from these rows; cygemm's kernels
+output. The dense layer (cygemm.dense) chooses its routes from these rows; cygemm's kernels
 (kernels/elementwise.cu) apply what no epilogue does.
 """
 from cygemm.bindings.cublaslt cimport *

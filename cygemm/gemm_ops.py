@@ -15,7 +15,7 @@ import numpy as np
 
 from cygemm import _alloc, _arrays, _context, _streams
 from cygemm._errors import CaptureError
-from cygemm.fused import (ACTIVATIONS, backward_into, clear_plan_cache, forward_into, layer_shape,
+from cygemm.dense import (ACTIVATIONS, backward_into, clear_plan_cache, forward_into, layer_shape,
                           parse_activation)
 
 __all__ = ["forward_into", "backward_into", "forward", "backward", "GemmWorkspaces", "ensure_workspaces",

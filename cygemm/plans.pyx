@@ -31,7 +31,8 @@ from cygemm._launch cimport (PlanData, PLAN_GEMMEX, PLAN_LT, gemm_colmajor, need
                              set_scale_pointers)
 from cygemm._lt_desc cimport make_descriptors, free_descriptors
 from cygemm._settings cimport options, loaded_options, AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE
-from cygemm.tuning cimport worth_tuning, in_route_timing, lookup, remember, claim_tuning, release_tuning
+from cygemm._timing cimport worth_tuning, in_route_timing
+from cygemm.tuning cimport lookup, remember, claim_tuning, release_tuning
 from cygemm._candidates cimport tune_candidates
 from cygemm import _settings, tuning
 

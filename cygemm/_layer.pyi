@@ -1,1 +1,0 @@
-# The dense layer's shared helpers have no Python API: cygemm.fused cimports them.

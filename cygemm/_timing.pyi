@@ -1,0 +1,1 @@
+# Timing candidates has no Python API: _candidates and routes cimport it (see _timing.pxd).

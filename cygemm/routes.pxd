@@ -1,0 +1,51 @@
+# The one route chooser: every feature with routes (the dense layer's forward and backward,
+# grouped GEMMs) describes its routes by a RouteTable and asks choose_route for each call.
+from cygemm.bindings.cudart cimport cudaStream_t
+from cygemm._context cimport GemmContext
+from cygemm._timing cimport enqueue_fn
+
+cdef enum:
+    MAX_ROUTES = 8
+
+# Why a route was chosen (choose_route's `why`).
+cdef enum RouteReason:
+    ROUTE_FORCED = 0        # cygemm.tuning.force_routes
+    ROUTE_TUNED = 1         # the tuned table (timed before, or a tuning file)
+    ROUTE_TIMED = 2         # timed by this call, and remembered
+    ROUTE_RULE = 3          # the fixed rule: a problem not timed, or a forced/tuned route that does not apply
+    ROUTE_UNTIMED = 4       # the fixed rule for now: not timed yet (capturing, autotune off, or not allowed)
+
+# A feature's hooks, each given the feature's call struct: applies(call, route) 1/0, the fixed
+# rule's route, the problem's key in the tuning table (key[0] is the kind; built only where the
+# table is consulted), and enqueue (run the route: 0 done, nonzero refused with nothing enqueued).
+ctypedef int (*applies_fn)(void* call, int route) except -1
+ctypedef int (*fixed_rule_fn)(void* call) except -1
+ctypedef object (*key_fn)(void* call)
+
+cdef class RouteTable:
+    cdef readonly str kind
+    cdef readonly tuple names       # in the order of the route numbers
+    cdef int n
+    cdef applies_fn applies
+    cdef fixed_rule_fn fixed_rule
+    cdef key_fn key
+    cdef enqueue_fn enqueue
+
+# A feature's table (registered with cygemm.tuning, so force_routes knows its names).
+cdef RouteTable route_table(str kind, tuple names, applies_fn applies, fixed_rule_fn fixed_rule, key_fn key,
+                            enqueue_fn enqueue)
+
+# The route for one call: forced (when it applies, else the fixed rule); the fixed rule unless
+# `tabled` (the problem is large enough to be in the table, and autotune allows); tuned (when it
+# applies); the fixed rule unless `may_time`, autotune is on and the stream is not capturing;
+# else every route that applies is timed on the call's operands and the fastest remembered.
+# why (may be NULL) gets a RouteReason.
+cdef int choose_route(RouteTable t, void* call, GemmContext* ctx, cudaStream_t stream, int autotune,
+                      bint tabled, bint may_time, int* why) except -1
+# What choose_route would decide without timing: (route name, "forced" / "tuned" / "rule"), or
+# (None, None) when the call would time (or device < 0: no GPU to look the table up for).
+cdef tuple describe_route(RouteTable t, void* call, int device, bint tabled)
+# Time routes: auto, the plans inside each route take the heuristic's choice and the rounds
+# stay within the tuning budget; exhaustive, the plans are timed too and every round runs.
+cdef int time_routes(GemmContext* ctx, cudaStream_t s, enqueue_fn enqueue, void* arg, const int* choices,
+                     int n, float* ms, int autotune) except -1

@@ -1,0 +1,115 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The one route chooser. A feature that can run a call several ways (its routes) gives a
+RouteTable: the route names and, through C function pointers, which routes apply to a call,
+the fixed rule, the call's key in the tuning table and how to run a route. choose_route then
+decides every call alike: forced, tuned, timed now (large, eager, allowed) and remembered, or
+the fixed rule; describe_route says what it would decide without running anything.
+"""
+from cygemm.bindings.cudart cimport cudaStream_t
+from cygemm._context cimport GemmContext
+from cygemm._streams cimport stream_is_capturing
+from cygemm._settings cimport AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE
+from cygemm._timing cimport enqueue_fn, time_choices, enter_route_timing, leave_route_timing
+from cygemm.tuning cimport forced_route, tuned_route, remember_route
+from cygemm import tuning
+
+cdef enum:
+    ROUTE_REPS = 7          # timed rounds per route (median)
+
+
+cdef class RouteTable:
+    """A feature's routes: kind (its key in the tuning table and in force_routes), names, hooks."""
+
+
+cdef RouteTable route_table(str kind, tuple names, applies_fn applies, fixed_rule_fn fixed_rule, key_fn key,
+                            enqueue_fn enqueue):
+    if len(names) > MAX_ROUTES:
+        raise ValueError(f"{kind}: at most {MAX_ROUTES} routes, got {len(names)}")
+    cdef RouteTable t = RouteTable.__new__(RouteTable)
+    t.kind, t.names, t.n = kind, names, len(names)
+    t.applies, t.fixed_rule, t.key, t.enqueue = applies, fixed_rule, key, enqueue
+    tuning.register_routes(kind, names)
+    return t
+
+
+cdef int _named(RouteTable t, void* call, object name, int* why, int reason) except -1:
+    """The route of a forced or tuned name when it applies to the call, else the fixed rule."""
+    cdef int route = t.names.index(name)
+    if t.applies(call, route):
+        why[0] = reason
+        return route
+    why[0] = ROUTE_RULE
+    return t.fixed_rule(call)
+
+
+cdef int _decided(RouteTable t, void* call, int device, bint tabled, int* why) except -2:
+    """The route decided without timing (why: forced, tuned or rule), else -1 (device < 0: the
+    table is not consulted)."""
+    forced = forced_route(t.kind)
+    if forced is not None and forced in t.names:
+        return _named(t, call, forced, why, ROUTE_FORCED)
+    if not tabled:
+        why[0] = ROUTE_RULE
+        return t.fixed_rule(call)
+    if device < 0:
+        return -1
+    name = tuned_route(device, t.key(call))
+    if name is not None and name in t.names:
+        return _named(t, call, name, why, ROUTE_TUNED)
+    return -1
+
+
+cdef int choose_route(RouteTable t, void* call, GemmContext* ctx, cudaStream_t stream, int autotune,
+                      bint tabled, bint may_time, int* why) except -1:
+    cdef int reason = ROUTE_UNTIMED
+    cdef int route = _decided(t, call, ctx.device, tabled, &reason)
+    if why != NULL:
+        why[0] = reason
+    if route >= 0:
+        return route
+    if not may_time or autotune == AUTOTUNE_OFF or stream_is_capturing(stream):
+        if why != NULL:
+            why[0] = ROUTE_UNTIMED
+        return t.fixed_rule(call)
+    cdef int choices[MAX_ROUTES]
+    cdef float ms[MAX_ROUTES]
+    cdef int n = 0, i, best = -1
+    for i in range(t.n):
+        if t.applies(call, i):
+            choices[n] = i
+            n += 1
+    key = t.key(call)
+    # single flight: claim here. One thread claims `key` and times; another that finds it
+    # claimed waits, then decides again by _decided (the tuned route is in the table by then).
+    # The claim is released after remember_route below, and on every error.
+    time_routes(ctx, stream, t.enqueue, call, choices, n, ms, autotune)
+    for i in range(n):
+        if ms[i] >= 0 and (best < 0 or ms[i] < ms[best]):
+            best = i
+    if best < 0:
+        if why != NULL:
+            why[0] = ROUTE_RULE
+        return t.fixed_rule(call)
+    remember_route(ctx.device, key, t.names[choices[best]], {t.names[choices[i]]: ms[i] for i in range(n)})
+    if why != NULL:
+        why[0] = ROUTE_TIMED
+    return choices[best]
+
+
+cdef tuple describe_route(RouteTable t, void* call, int device, bint tabled):
+    cdef int reason = ROUTE_UNTIMED
+    cdef int route = _decided(t, call, device, tabled, &reason)
+    if route < 0:
+        return None, None
+    return t.names[route], ("forced", "tuned", "timed", "rule")[reason]
+
+
+cdef int time_routes(GemmContext* ctx, cudaStream_t s, enqueue_fn enqueue, void* arg, const int* choices,
+                     int n, float* ms, int autotune) except -1:
+    if autotune == AUTOTUNE_EXHAUSTIVE:
+        return time_choices(ctx, s, enqueue, arg, choices, n, ROUTE_REPS, ms, 0)
+    enter_route_timing()
+    try:
+        return time_choices(ctx, s, enqueue, arg, choices, n, ROUTE_REPS, ms, 1e30)
+    finally:
+        leave_route_timing()
