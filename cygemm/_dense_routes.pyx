@@ -17,13 +17,11 @@ from cygemm.kernels.elementwise cimport *
 from cygemm.epilogues cimport NO_EPILOGUE
 from cygemm._types cimport ColMajorGemm, pointer_alignment
 from cygemm._errors cimport check_cuda
-from cygemm._streams cimport stream_is_capturing
 from cygemm._context cimport GemmContext, run_forked
 from cygemm._settings cimport AUTOTUNE_OFF
-from cygemm._launch cimport plan_run
 from cygemm._timing cimport worth_tuning
 from cygemm.tuning cimport routes_generation
-from cygemm.plans cimport Plan, get_plan, check_capture_alive, run_gemm
+from cygemm.plans cimport Plan, get_plan, execute_plan, run_gemm
 from cygemm.routes cimport (RouteTable, route_table, choose_route, ROUTE_FORCED, ROUTE_TUNED,
                             ROUTE_TIMED)
 
@@ -88,23 +86,9 @@ cdef int _lt_call(ForwardCall* f, ColMajorGemm* g, cublasLtEpilogue_t epi, const
     cdef float alpha = 1.0, beta = 0.0
     cdef Plan plan = get_plan(f.ctx, f.s, g, f.dtype, f.compute, epi, bias, aux, aux_ld, f.ws, f.ws_bytes,
                               f.autotune, False)
-    if plan is None or not plan.d.usable:
+    if plan is None:
         return 1
-    if not plan.d.capture_ok and stream_is_capturing(f.s):
-        return 1
-    cdef int st
-    with nogil:
-        st = plan_run(f.ctx, f.s, &plan.d, g, bias, aux, f.ws, f.ws_bytes, &alpha, &beta)
-    if st == CUBLAS_STATUS_SUCCESS:
-        return 0
-    # A refused call enqueues nothing. Inside a capture, remember that this algorithm
-    # does not capture; outside, that it does not run.
-    if stream_is_capturing(f.s):
-        check_capture_alive(f.s)
-        plan.d.capture_ok = False
-    else:
-        plan.d.usable = False
-    return 1
+    return execute_plan(plan, f.ctx, f.s, g, bias, aux, f.ws, f.ws_bytes, &alpha, &beta)
 
 
 cdef int _fwd_run(ForwardCall* f, int route) except -1:

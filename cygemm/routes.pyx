@@ -10,7 +10,7 @@ from cygemm._context cimport GemmContext
 from cygemm._streams cimport stream_is_capturing
 from cygemm._settings cimport AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE
 from cygemm._timing cimport enqueue_fn, time_choices, enter_route_timing, leave_route_timing
-from cygemm.tuning cimport forced_route, tuned_route, remember_route
+from cygemm.tuning cimport forced_route, tuned_route, remember_route, claim_tuning, release_tuning
 from cygemm import tuning
 
 cdef enum:
@@ -79,18 +79,30 @@ cdef int choose_route(RouteTable t, void* call, GemmContext* ctx, cudaStream_t s
             choices[n] = i
             n += 1
     key = t.key(call)
-    # single flight: claim here. One thread claims `key` and times; another that finds it
-    # claimed waits, then decides again by _decided (the tuned route is in the table by then).
-    # The claim is released after remember_route below, and on every error.
-    time_routes(ctx, stream, t.enqueue, call, choices, n, ms, autotune)
-    for i in range(n):
-        if ms[i] >= 0 and (best < 0 or ms[i] < ms[best]):
-            best = i
+    kind, table_key = key[0], key[1:]
+    # Threads deciding one new problem at once time it once: the others wait for the owner's
+    # choice and take it from the table (a nested claim, this thread timing it already: the rule).
+    if not claim_tuning(ctx.device, kind, table_key, None):
+        route = _decided(t, call, ctx.device, tabled, &reason)
+        if route < 0:
+            reason, route = ROUTE_UNTIMED, t.fixed_rule(call)
+        if why != NULL:
+            why[0] = reason
+        return route
+    try:
+        time_routes(ctx, stream, t.enqueue, call, choices, n, ms, autotune)
+        for i in range(n):
+            if ms[i] >= 0 and (best < 0 or ms[i] < ms[best]):
+                best = i
+        if best >= 0:
+            remember_route(ctx.device, key, t.names[choices[best]],
+                           {t.names[choices[i]]: ms[i] for i in range(n)})
+    finally:
+        release_tuning(ctx.device, kind, table_key)
     if best < 0:
         if why != NULL:
             why[0] = ROUTE_RULE
         return t.fixed_rule(call)
-    remember_route(ctx.device, key, t.names[choices[best]], {t.names[choices[i]]: ms[i] for i in range(n)})
     if why != NULL:
         why[0] = ROUTE_TIMED
     return choices[best]

@@ -242,7 +242,8 @@ def _entry_of(e):
         if not isinstance(record, dict) or not isinstance(record.get("route"), str):
             return None
         key = tuple(e["key"])
-        if not all(isinstance(x, (int, bool)) for x in key):
+        # Numbers, and the words that mark a part of a key (an FP8 plan's "types").
+        if not all(isinstance(x, (int, bool, str)) for x in key):
             return None
         return (str(e["gpu"]), str(e["kind"]), key), record
     except (KeyError, TypeError):

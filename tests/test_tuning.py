@@ -90,6 +90,23 @@ def test_malformed_entries_are_skipped_one_by_one(tmp_path):
         tuning.clear_tuning()
 
 
+def test_an_fp8_plan_entry_whose_key_names_its_storage_types_is_read_back(tmp_path):
+    """An FP8 GEMM's plan key marks its storage types with the word "types" (cygemm.plans):
+    such an entry, written by one process, is read by the next (it was skipped as malformed)."""
+    path = tmp_path / "t.jsonl"
+    tuning.save_tuning(path)
+    header = _lines(path)[0]
+    entry = {"gpu": "G sm_90", "kind": "gemm", "key": [64, 32, 128, 1, "types", 28, 28, 14, 0, 7],
+             "record": {"route": "cublasLt", "algo": "00", "ms": 0.01}}
+    path.write_text(json.dumps(header) + "\n" + json.dumps(entry) + "\n")
+    try:
+        assert tuning.load_tuning(path) == 1
+        got = [e for e in tuning.tuning_entries() if e["gpu"] == "G sm_90"]
+        assert [e["key"] for e in got] == [entry["key"]]
+    finally:
+        tuning.clear_tuning()
+
+
 def test_save_then_load_round_trips_entries(tmp_path):
     path = tmp_path / "t.jsonl"
     n = tuning.save_tuning(path)
