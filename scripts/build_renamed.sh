@@ -9,7 +9,9 @@ COMMIT=$1
 DIR=$(mkdir -p "$2" && cd "$2" && pwd)
 cd "$(dirname "$0")/.."
 rm -rf "$DIR/src" && mkdir -p "$DIR/src"
-git archive "$COMMIT" cygemm setup.py | tar -x -C "$DIR/src"
+# COMMIT: a commit of this repository, or a tar of its cygemm/ and setup.py (`git archive -o
+# old.tar COMMIT cygemm setup.py`) where the machine has no .git.
+if [ -f "$COMMIT" ]; then tar -xf "$COMMIT" -C "$DIR/src"; else git archive "$COMMIT" cygemm setup.py | tar -x -C "$DIR/src"; fi
 cd "$DIR/src"
 mv cygemm cygemm_old
 mv cygemm_old/include/cygemm cygemm_old/include/cygemm_old
