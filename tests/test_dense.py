@@ -233,7 +233,8 @@ def test_large_problem_paths_autotune_and_gelu_route_in_a_subprocess():
     import textwrap
     code = textwrap.dedent("""
         import numpy as np, cupy as cp
-            from cygemm import plans
+        from cygemm.gemm_ops import forward_into
+        from cygemm import plans
         rng = np.random.default_rng()
         M, K, N = 96, 64, 80
         a, b, bias = (rng.standard_normal(s).astype(np.float32) for s in ((M, K), (K, N), (N,)))
