@@ -1,1 +1,8 @@
-# Timing candidates has no Python API: _candidates and routes cimport it (see _timing.pxd).
+# Timing candidates is cimported by _candidates and routes (see _timing.pxd); from Python, only
+# the single-flight primitive the tuning table uses.
+from typing import Callable, Hashable
+
+class SingleFlight:
+    def __init__(self) -> None: ...
+    def claim(self, key: Hashable, settled: Callable[[], bool]) -> bool: ...
+    def release(self, key: Hashable) -> None: ...

@@ -6,8 +6,10 @@ With ``autotune="auto"`` (the default) a new problem's timing stays within max(5
 of it): a few candidates, rounds cut short by the budget. ``"exhaustive"`` times every candidate
 and then the finalists again, longer; ``"off"`` times nothing. The tuning mode says how each run
 is timed: with the L2 cache flushed first ("cold", the default), or several calls back to back
-("sustained"). What won is kept by cygemm.tuning.
+("sustained"). What won is kept by cygemm.tuning. Threads that meet one new problem at once
+time it once (SingleFlight).
 """
+import threading
 import time
 
 from libc.stdint cimport uint64_t
@@ -179,3 +181,69 @@ cdef int time_choices(GemmContext* ctx, cudaStream_t stream, enqueue_fn enqueue,
                 cudaEventDestroy(ev[i])
         free(ev); free(t); free(ok); free(column)
     return 0
+
+
+# ---------------------------------------------------------------- single flight
+
+class SingleFlight:
+    """At most one thread at a time works on a key; the others wait until it is done.
+
+    The work (timing a problem) is done once: threads that ask for a key while its owner
+    works wait for the owner's release, then find its result. Generic: keys are any hashable.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._owners = {}           # key -> (the owning thread's ident, Event set at release)
+
+    def claim(self, key, settled):
+        """Whether this thread is to do the work of `key` now.
+
+        Parameters
+        ----------
+        key : hashable
+            What the work is for.
+        settled : callable
+            ``settled()`` is true when a result of the work is there (then nothing is claimed).
+            Called with the lock held, so a result recorded before the owner's release is
+            always seen.
+
+        Returns
+        -------
+        bool
+            True: this thread owns `key` and must call ``release(key)`` when done, in a
+            ``finally`` (waiters are released on errors too). False: it must not do the work,
+            because ``settled()`` (use the result) or because this thread owns `key` already
+            (a nested claim: no deadlock). While another thread owns `key`, this waits first
+            (without the GIL) and then decides again: a waiter whose owner left no result
+            claims `key` itself.
+        """
+        me = threading.get_ident()
+        while True:
+            with self._lock:
+                owner = self._owners.get(key)
+                if owner is None:
+                    if settled():
+                        return False
+                    self._owners[key] = (me, threading.Event())
+                    return True
+                if owner[0] == me:
+                    return False
+                released = owner[1]
+            released.wait()
+
+    def release(self, key):
+        """End this thread's claim of `key` and wake the threads waiting for it.
+
+        Raises
+        ------
+        RuntimeError
+            This thread does not own `key`.
+        """
+        me = threading.get_ident()
+        with self._lock:
+            owner = self._owners.get(key)
+            if owner is None or owner[0] != me:
+                raise RuntimeError(f"release({key!r}): the key is not claimed by this thread")
+            del self._owners[key]
+        owner[1].set()

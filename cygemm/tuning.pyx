@@ -26,6 +26,7 @@ from cygemm.bindings.cublaslt cimport cublasLtGetVersion
 from cygemm._errors cimport check_cuda
 from cygemm._settings cimport options
 from cygemm import _settings
+from cygemm._timing import SingleFlight
 
 # ---------------------------------------------------------------- the table of tuned choices
 
@@ -105,71 +106,7 @@ cdef int remember(int device, str kind, tuple key, dict record) except -1:
 
 # ---------------------------------------------------------------- single flight
 
-class _SingleFlight:
-    """At most one thread at a time works on a key; the others wait until it is done.
-
-    The work (timing a problem) is done once: threads that ask for a key while its owner
-    works wait for the owner's release, then find its result. Generic: keys are any hashable.
-    """
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._owners = {}           # key -> (the owning thread's ident, Event set at release)
-
-    def claim(self, key, settled):
-        """Whether this thread is to do the work of `key` now.
-
-        Parameters
-        ----------
-        key : hashable
-            What the work is for.
-        settled : callable
-            ``settled()`` is true when a result of the work is there (then nothing is claimed).
-            Called with the lock held, so a result recorded before the owner's release is
-            always seen.
-
-        Returns
-        -------
-        bool
-            True: this thread owns `key` and must call ``release(key)`` when done, in a
-            ``finally`` (waiters are released on errors too). False: it must not do the work,
-            because ``settled()`` (use the result) or because this thread owns `key` already
-            (a nested claim: no deadlock). While another thread owns `key`, this waits first
-            (without the GIL) and then decides again: a waiter whose owner left no result
-            claims `key` itself.
-        """
-        me = threading.get_ident()
-        while True:
-            with self._lock:
-                owner = self._owners.get(key)
-                if owner is None:
-                    if settled():
-                        return False
-                    self._owners[key] = (me, threading.Event())
-                    return True
-                if owner[0] == me:
-                    return False
-                released = owner[1]
-            released.wait()
-
-    def release(self, key):
-        """End this thread's claim of `key` and wake the threads waiting for it.
-
-        Raises
-        ------
-        RuntimeError
-            This thread does not own `key`.
-        """
-        me = threading.get_ident()
-        with self._lock:
-            owner = self._owners.get(key)
-            if owner is None or owner[0] != me:
-                raise RuntimeError(f"release({key!r}): the key is not claimed by this thread")
-            del self._owners[key]
-        owner[1].set()
-
-
-_timing_flights = _SingleFlight()      # keyed as the table is: (gpu, kind, key)
+_timing_flights = SingleFlight()       # keyed as the table is: (gpu, kind, key)
 
 
 def _has_new_record(entry, seen):

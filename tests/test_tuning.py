@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import cygemm
-from cygemm import plans, tuning
+from cygemm import _timing, plans, tuning
 from gpu_util import f64, poisoned, rand, rel_err
 
 cp = None
@@ -489,7 +489,7 @@ def _in_threads(n, target):
 
 
 def test_single_flight_eight_threads_one_owner_and_the_waiters_see_its_result():
-    flights, result, owners = tuning._SingleFlight(), [], []
+    flights, result, owners = _timing.SingleFlight(), [], []
 
     def first_call(i):
         if flights.claim("shape", lambda: bool(result)):
@@ -508,7 +508,7 @@ def test_single_flight_eight_threads_one_owner_and_the_waiters_see_its_result():
 
 
 def test_single_flight_a_failing_owner_lets_a_waiter_do_the_work():
-    flights, result, claims = tuning._SingleFlight(), [], []
+    flights, result, claims = _timing.SingleFlight(), [], []
 
     def first_call(i):
         if not flights.claim("shape", lambda: bool(result)):
@@ -530,7 +530,7 @@ def test_single_flight_a_failing_owner_lets_a_waiter_do_the_work():
 
 
 def test_single_flight_a_nested_claim_does_not_deadlock_and_other_keys_do_not_wait():
-    flights = tuning._SingleFlight()
+    flights = _timing.SingleFlight()
 
     def nested(_):
         assert flights.claim("a", lambda: False)

@@ -1,0 +1,77 @@
+"""The package's layers (CPU, source only): every compiled module names only modules built before
+it (setup.py's MODULES is the order, lowest first), the bindings and kernel declarations name
+nothing of cygemm above them, the row-major mapping is pure, and no module is over 500 lines."""
+import ast
+import glob
+import os
+import re
+
+import pytest
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+PACKAGE = os.path.join(ROOT, "cygemm")
+if not os.path.isfile(os.path.join(ROOT, "setup.py")) or not os.path.isdir(PACKAGE):
+    pytest.skip("needs the source tree (setup.py and cygemm/ beside tests/)", allow_module_level=True)
+
+NAMED = re.compile(r"^\s*(?:from|cimport|import)\s+cygemm\.([\w.]+)")
+FROM_PACKAGE = re.compile(r"^\s*from\s+cygemm\s+c?import\s+\(?([\w ,]+)")
+
+
+def modules_in_build_order():
+    tree = ast.parse(open(os.path.join(ROOT, "setup.py")).read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "MODULES":
+            return list(ast.literal_eval(node.value))
+    raise AssertionError("setup.py has no MODULES")
+
+
+def named_modules(path):
+    """(line number, module) for every cygemm module a source file cimports or imports."""
+    found = []
+    for number, line in enumerate(open(path), 1):
+        m = NAMED.match(line)
+        if m:
+            found.append((number, m.group(1)))
+        m = FROM_PACKAGE.match(line)
+        if m:
+            found += [(number, name) for name in re.split(r"[ ,]+", m.group(1).strip()) if name]
+    return found
+
+
+ORDER = modules_in_build_order()
+
+
+@pytest.mark.parametrize("module", ORDER)
+def test_a_compiled_module_names_only_modules_below_it(module):
+    rank = {m: i for i, m in enumerate(ORDER)}
+    base = os.path.join(PACKAGE, *module.split("."))
+    higher = []
+    for path in (base + ".pyx", base + ".pxd"):
+        if not os.path.isfile(path):
+            continue
+        for number, name in named_modules(path):
+            if name in rank and rank[name] > rank[module]:
+                higher.append(f"{os.path.basename(path)}:{number} names cygemm.{name}")
+            if name in ("gemm_ops", "nn", "backend", "fused"):      # the Python API above every compiled module
+                higher.append(f"{os.path.basename(path)}:{number} names cygemm.{name}")
+    assert not higher, higher
+
+
+@pytest.mark.parametrize("folder", ["bindings", "kernels"])
+def test_bindings_and_kernel_declarations_name_only_the_bindings(folder):
+    for path in glob.glob(os.path.join(PACKAGE, folder, "*.pxd")):
+        for number, name in named_modules(path):
+            assert name.startswith("bindings."), f"{path}:{number} names cygemm.{name}"
+
+
+def test_the_row_major_mapping_is_pure():
+    names = {name for _, name in named_modules(os.path.join(PACKAGE, "_mapping.pyx"))}
+    names |= {name for _, name in named_modules(os.path.join(PACKAGE, "_mapping.pxd"))}
+    assert names <= {"_types", "bindings.cublas", "bindings.cudart"}, names
+
+
+def test_no_module_is_over_500_lines():
+    sources = [p for ext in ("pyx", "py") for p in glob.glob(os.path.join(PACKAGE, "**", f"*.{ext}"), recursive=True)]
+    assert len(sources) > 30
+    long = {os.path.relpath(p, PACKAGE): n for p in sources if (n := sum(1 for _ in open(p))) > 500}
+    assert not long, long
