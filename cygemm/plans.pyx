@@ -32,7 +32,7 @@ from cygemm._launch cimport (PlanData, PLAN_GEMMEX, PLAN_LT, gemm_colmajor, need
 from cygemm._lt_desc cimport make_descriptors, free_descriptors
 from cygemm._settings cimport options, loaded_options, AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE
 from cygemm._timing cimport worth_tuning, in_route_timing
-from cygemm.tuning cimport lookup, remember, claim_tuning, release_tuning
+from cygemm.tuning cimport lookup, remember, claim_tuning, release_tuning, forced_route
 from cygemm._candidates cimport tune_candidates
 from cygemm import _settings, tuning
 
@@ -201,7 +201,7 @@ cdef int _force_gemm = 0
 
 def _on_routes_changed():
     global _force_gemm
-    forced = tuning.forced_gemm_route()
+    forced = forced_route("gemm")
     _force_gemm = {None: 0, "cublasGemmEx": 1, "cublasLt": 2}[forced]
     clear_plan_cache()
 

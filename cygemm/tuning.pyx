@@ -347,7 +347,7 @@ def load_tuning(path):
 
 # ---------------------------------------------------------------- routes
 
-# kind -> the route names a layer registered (kind "gemm" is the plans').
+# kind -> the route names a feature registered.
 _registered = {}
 _forced_routes = {}
 _route_memo = {}                # (device, key) -> route name: the hot path's lookup
@@ -444,7 +444,3 @@ def autotune_threshold():
     """Multiply-adds from which a problem's candidates are timed (the autotune_min_macs option)."""
     return options().autotune_min_macs
 
-
-def forced_gemm_route():
-    """force_routes' choice for kind "gemm" (None: measured)."""
-    return _forced_routes.get("gemm")
