@@ -72,6 +72,17 @@ def check_sources():
         raise SystemExit(f"cygemm: sources missing from this source tree: {', '.join(missing)}")
 
 
+def progress(message):
+    """A line of build progress. pip shows a build's own output only with -v, so the line also
+    goes to the terminal the user ran pip from, when there is one."""
+    print(message, flush=True)
+    try:
+        with open("/dev/tty", "w") as tty:
+            tty.write(f"  {message}\n")
+    except OSError:
+        pass
+
+
 def cudart_static(nvcc):
     root = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
     for pattern in ("lib64", "lib", "targets/*/lib"):
@@ -102,7 +113,7 @@ def gencode_flags(nvcc):
 
 class BuildExt(build_ext):
     """Compile every kernel file once with nvcc (in parallel), then build the extensions
-    (in parallel with -j; setup.cfg's default is every core), each linking the objects of the
+    (in parallel: -j, every core by default, see setup() below), each linking the objects of the
     kernels it launches."""
 
     def build_extensions(self):
@@ -110,11 +121,14 @@ class BuildExt(build_ext):
         # of the build machine that must not reach the wheel. Our RUNPATH is added per extension.
         self.compiler.linker_so = [a for a in self.compiler.linker_so if not a.startswith("-Wl,-rpath")]
         self._kernel_objects = {}
+        start = time.monotonic()
+        progress(f"cygemm: building {len(self.extensions)} compiled modules, {self.parallel or 1} at a time")
         needed = sorted({s for ext in self.extensions for s in ext.sources if s.endswith(".cu")})
         missing = [s for s in needed if not self._cached(ext_for_source(self.extensions, s))]
         if missing:
             self._compile_kernels(missing)
         super().build_extensions()
+        progress(f"cygemm: built in {time.monotonic() - start:.0f} s")
 
     def _cached(self, exts):
         return all(os.path.isfile(self._cache_path(e, [s for s in e.sources if s.endswith(".cu")]))
@@ -123,9 +137,9 @@ class BuildExt(build_ext):
     def _compile_kernels(self, sources):
         from concurrent.futures import ThreadPoolExecutor
         jobs = max(1, min(len(sources), int(self.parallel or 0) or os.cpu_count() or 1))
-        print(f"cygemm: compiling {len(sources)} kernel files with nvcc ({jobs} at a time; "
-              f"architectures {os.environ.get('CYGEMM_CUDA_ARCHS') or 'default'}): {', '.join(sources)}",
-              flush=True)
+        progress(f"cygemm: compiling {len(sources)} kernel files with nvcc, {jobs} at a time, for GPU "
+                 f"architectures {os.environ.get('CYGEMM_CUDA_ARCHS') or 'default (75;80;86;89;90)'}; "
+                 f"CYGEMM_CUDA_ARCHS=90 (your GPU's) builds faster")
 
         def compile_one(src):
             obj = os.path.join(self.build_temp, os.path.splitext(src)[0] + ".o")
@@ -134,7 +148,7 @@ class BuildExt(build_ext):
                    "--expt-relaxed-constexpr", *[f"-I{d}" for d in INCLUDE_DIRS], *gencode_flags(NVCC)]
             start = time.monotonic()
             subprocess.run(cmd, check=True)
-            print(f"cygemm: nvcc {src}: {time.monotonic() - start:.0f} s", flush=True)
+            progress(f"cygemm: nvcc {src}: {time.monotonic() - start:.0f} s")
             return src, obj
 
         with ThreadPoolExecutor(jobs) as pool:
@@ -156,7 +170,7 @@ class BuildExt(build_ext):
             self._compile_kernels(missing)
         ext.extra_objects = [self._kernel_objects[s] for s in cu_sources] + list(ext.extra_objects or [])
         super().build_extension(ext)
-        print(f"cygemm: {ext.name} built in {time.monotonic() - start:.0f} s", flush=True)
+        progress(f"cygemm: {ext.name} built in {time.monotonic() - start:.0f} s")
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         shutil.copy2(target, cached + ".tmp")
         os.replace(cached + ".tmp", cached)
