@@ -71,6 +71,16 @@ cdef void _span_of(const MatrixView* v, int64_t i, _Span* s) noexcept nogil:
     s.lo, s.hi, s.index = lo, hi, i
 
 
+cdef int64_t _drop_ended(int64_t* views, int64_t* ends, int64_t n, int64_t lo) noexcept nogil:
+    """Keep the views (indices, with where each ends) that end past `lo`; their new count."""
+    cdef int64_t j, k = 0
+    for j in range(n):
+        if ends[j] > lo:
+            views[k], ends[k] = views[j], ends[j]
+            k += 1
+    return k
+
+
 cdef bint _same_view(const MatrixView* x, const MatrixView* y) noexcept nogil:
     return (x.ptr == y.ptr and x.rows == y.rows and x.cols == y.cols and x.row_stride == y.row_stride
             and x.col_stride == y.col_stride)
@@ -223,18 +233,8 @@ cdef class Groups:
                 qsort(spans, m, sizeof(_Span), _span_order)
                 for i in range(m):
                     # Drop what ends before this view begins: it meets nothing further on.
-                    k = 0
-                    for j in range(n_out):
-                        if hi_out[j] > spans[i].lo:
-                            outs[k], hi_out[k] = outs[j], hi_out[j]
-                            k += 1
-                    n_out = k
-                    k = 0
-                    for j in range(n_in):
-                        if hi_in[j] > spans[i].lo:
-                            ins[k], hi_in[k] = ins[j], hi_in[j]
-                            k += 1
-                    n_in = k
+                    n_out = _drop_ended(outs, hi_out, n_out, spans[i].lo)
+                    n_in = _drop_ended(ins, hi_in, n_in, spans[i].lo)
                     idx = spans[i].index
                     v = &self.views[idx]
                     for j in range(n_out):

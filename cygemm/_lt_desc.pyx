@@ -78,17 +78,20 @@ cdef int make_descriptors(PlanData* d, const ColMajorGemm* g, int64_t batch, cud
     return 0
 
 
+cdef inline void _free_layout(cublasLtMatrixLayout_t* layout) noexcept nogil:
+    if layout[0] != NULL:
+        cublasLtMatrixLayoutDestroy(layout[0])
+        layout[0] = NULL
+
+
 cdef void free_descriptors(PlanData* d) noexcept nogil:
     if d.pref != NULL:
         cublasLtMatmulPreferenceDestroy(d.pref)
-    if d.ld != NULL:
-        cublasLtMatrixLayoutDestroy(d.ld)
-    if d.lc != NULL:
-        cublasLtMatrixLayoutDestroy(d.lc)
-    if d.lb != NULL:
-        cublasLtMatrixLayoutDestroy(d.lb)
-    if d.la != NULL:
-        cublasLtMatrixLayoutDestroy(d.la)
+        d.pref = NULL
+    _free_layout(&d.ld)
+    _free_layout(&d.lc)
+    _free_layout(&d.lb)
+    _free_layout(&d.la)
     if d.desc != NULL:
         cublasLtMatmulDescDestroy(d.desc)
-    d.pref, d.ld, d.lc, d.lb, d.la, d.desc = NULL, NULL, NULL, NULL, NULL, NULL
+        d.desc = NULL

@@ -81,7 +81,7 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
     Returns
     -------
     device array
-        ``out``.
+        ``out``, holding ``act(A @ B + bias)``.
 
     Raises
     ------

@@ -55,7 +55,7 @@ def bias_act(x, bias=None, *, out, z_out=None, act="none", leaky_slope=0.01, str
     Returns
     -------
     device array
-        ``out``.
+        ``out``, holding ``act(x + bias)``.
 
     Raises
     ------

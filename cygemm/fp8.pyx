@@ -320,7 +320,7 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
     Returns
     -------
     device array
-        ``out``, or the new result.
+        ``out``, or the new result of ``out_dtype``.
 
     Raises
     ------

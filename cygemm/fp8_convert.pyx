@@ -70,7 +70,7 @@ def quantize(x, scale, *, out=None, format="e4m3", amax=None, stream=None):
     Returns
     -------
     device array
-        ``out``, or the new array.
+        ``out`` (the FP8 codes), or the new ``uint8`` array.
 
     Raises
     ------
@@ -134,7 +134,7 @@ def dequantize(q, scale_inv, *, out=None, dtype="float32", format=None, stream=N
     Returns
     -------
     device array
-        ``out``, or the new array.
+        ``out`` (the values ``q * scale_inv``), or the new array of ``dtype``.
 
     Raises
     ------
@@ -191,7 +191,7 @@ def amax(x, out, *, stream=None):
     Returns
     -------
     device array
-        ``out``.
+        ``out``, holding ``max |x|``.
 
     Raises
     ------

@@ -344,7 +344,7 @@ def moe_gemm(x, w, group_offsets, out, *, str w_layout="kn", str math="tf32", st
     Returns
     -------
     device array
-        ``out``.
+        ``out``, each expert's rows written.
 
     Raises
     ------
