@@ -15,6 +15,8 @@ from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport cublasLtCreate, cublasLtGetVersion
 from cygemm._errors cimport check_cuda, check_cublas
 from cygemm._settings cimport options, loaded_options
+from cygemm._errors import CaptureError
+from cygemm import _streams
 
 from cygemm._release cimport (RELEASE_BLAS, RELEASE_LT, defer_release, queue_free, free_now, drain_if_safe,
                               release_all, note_capture_id, capture_info, open_captures)
@@ -188,6 +190,51 @@ def graph_keepalive():
     for provider in _keepalive_providers:
         keep.extend(provider())
     return keep
+
+
+# Buffers cached per (device, stream, name, shape, dtype) for layers above (ensure_workspaces'
+# dZ and cuBLASLt workspace): work on one stream is serial, so they are never used by two
+# kernels at once. Allocated on that stream; process-wide, under a lock. A graph captured while
+# they exist keeps them alive (a keepalive provider).
+_stream_buffers = {}
+_stream_buffers_lock = threading.Lock()
+
+
+def stream_buffer(name, tuple shape, dtype, stream, allocate):
+    """The buffer `name` of `shape` and `dtype` for `stream` (None: CuPy's current stream) on
+    the current device: made once with ``allocate(shape, dtype, stream_ptr)``, then cached.
+    CaptureError, naming `name`, where it must be made while the stream is being captured."""
+    ptr = _streams.stream_pointer(stream)
+    key = (current_device(), ptr, name, shape, str(dtype))
+    with _stream_buffers_lock:
+        buf = _stream_buffers.get(key)
+        if buf is None:
+            if _streams.is_capturing(ptr):
+                raise CaptureError(f"{name}: allocating it would break the stream's capture; call "
+                                   "ensure_workspaces once on this stream before capturing")
+            buf = allocate(shape, dtype, ptr)
+            _stream_buffers[key] = buf
+        return buf
+
+
+def stream_buffer_keys():
+    """The keys (device, stream, name, shape, dtype) of the cached stream buffers."""
+    with _stream_buffers_lock:
+        return list(_stream_buffers)
+
+
+def clear_stream_buffers():
+    """Forget the cached stream buffers (a graph that uses one keeps it alive)."""
+    with _stream_buffers_lock:
+        _stream_buffers.clear()
+
+
+def _all_stream_buffers():
+    with _stream_buffers_lock:
+        return list(_stream_buffers.values())
+
+
+add_capture_keepalive(_all_stream_buffers)
 
 
 def release_workspaces():

@@ -1,11 +1,10 @@
 # cython: language_level=3
 """Row-major GEMMs through cygemm's C API, with the GIL released: no Python objects on the hot path."""
 from libc.stdint cimport int64_t, uintptr_t
-from cygemm.bindings.cudart cimport cudaStream_t, CUDA_R_32F, CUDA_R_8F_E4M3
-from cygemm.bindings.cublas cimport CUBLAS_COMPUTE_32F
-from cygemm._context cimport GemmContext, current_context
-from cygemm.rowmajor cimport gemm_rowmajor, gemm_rowmajor_strided_batched
-from cygemm.fp8 cimport scaled_gemm_rowmajor
+# cygemm.capi is cygemm's cimport contract: everything below comes from it.
+from cygemm.capi cimport (GemmContext, current_context, cudaStream_t, CUDA_R_32F, CUDA_R_8F_E4M3,
+                          CUBLAS_COMPUTE_32F, CYGEMM_ACT_NONE, gemm_rowmajor,
+                          gemm_rowmajor_strided_batched, scaled_gemm_rowmajor)
 
 
 def sgemm(uintptr_t A, uintptr_t B, uintptr_t C, int64_t m, int64_t n, int64_t k,
@@ -39,4 +38,4 @@ def fp8_gemm(uintptr_t A, uintptr_t W, uintptr_t D, int64_t m, int64_t n, int64_
     with nogil:
         scaled_gemm_rowmajor(ctx, <cudaStream_t>stream, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_32F,
                              m, n, k, <const void*>A, k, <const void*>W, k, <void*>D, n,
-                             <const float*>scale_a, <const float*>scale_w, NULL, NULL, NULL, 0, False)
+                             <const float*>scale_a, <const float*>scale_w, NULL, NULL, NULL, CYGEMM_ACT_NONE, False)

@@ -1,6 +1,6 @@
-"""examples/cython_consumer, a separate Cython extension that cimports cygemm's nogil C API,
-compiles against the installed cygemm (CI too) and computes right on a GPU. The docs' "From
-Cython" page shows these files themselves."""
+"""examples/cython_consumer, a separate Cython extension that cimports cygemm's nogil C API
+through cygemm/capi.pxd alone, compiles against the installed cygemm (CI too) and computes
+right on a GPU. The docs' "From Cython" page shows these files themselves."""
 import os
 import re
 import shutil
@@ -9,7 +9,30 @@ import sys
 
 import pytest
 
-EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "cython_consumer")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+EXAMPLE = os.path.join(ROOT, "examples", "cython_consumer")
+
+# The cimport contract: what cygemm/capi.pxd promises to other Cython code.
+CAPI_NAMES = {"GemmContext", "current_context", "gemm_rowmajor", "gemm_rowmajor_strided_batched",
+              "scaled_gemm_rowmajor", "cudaStream_t", "cudaDataType", "CUDA_R_16F", "CUDA_R_16BF",
+              "CUDA_R_32F", "CUDA_R_64F", "CUDA_R_8F_E4M3", "CUDA_R_8F_E5M2", "cublasComputeType_t",
+              "CUBLAS_COMPUTE_16F", "CUBLAS_COMPUTE_32F", "CUBLAS_COMPUTE_32F_PEDANTIC",
+              "CUBLAS_COMPUTE_32F_FAST_16F", "CUBLAS_COMPUTE_32F_FAST_16BF", "CUBLAS_COMPUTE_32F_FAST_TF32",
+              "CUBLAS_COMPUTE_64F", "cublasOperation_t", "CUBLAS_OP_N", "CUBLAS_OP_T",
+              "CYGEMM_ACT_NONE", "CYGEMM_ACT_RELU", "CYGEMM_ACT_GELU"}
+
+
+def _cimports(path):
+    """{module: names} of a Cython file's `from M cimport a, b` and `cimport M` statements."""
+    text = re.sub(r"#[^\n]*", "", open(path).read())            # comments out
+    found = {}
+    for module, names in re.findall(r"^\s*from\s+([\w.]+)\s+cimport\s+(\([^)]*\)|[^\n]+)", text, re.M):
+        found.setdefault(module, set()).update(n.split(" as ")[0].strip() for n in names.strip("()").split(",")
+                                               if n.strip())
+    for modules in re.findall(r"^\s*cimport\s+([^\n]+)", text, re.M):
+        for m in modules.split(","):
+            found.setdefault(m.split(" as ")[0].strip(), set())
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +57,39 @@ def test_consumer_compiles_against_get_include_and_imports(consumer):
     assert mod.sgemm.__doc__.startswith("C (m, n) = alpha") and callable(mod.sgemm_batched)
 
 
-@pytest.mark.parametrize("name", ["consumer.pyx", "setup.py"])
-def test_the_docs_show_the_example_files_themselves(name):
-    page = open(os.path.join(EXAMPLE, "..", "..", "docs", "cython.rst")).read()
-    assert f".. literalinclude:: ../examples/cython_consumer/{name}" in page
+def test_the_consumer_cimports_only_the_contract():
+    """cygemm.capi and libc, nothing else: no private module of cygemm."""
+    found = _cimports(os.path.join(EXAMPLE, "consumer.pyx"))
+    assert "cygemm.capi" in found, found
+    others = {m for m in found if m != "cygemm.capi" and m.split(".")[0] != "libc"}
+    assert not others, f"consumer.pyx cimports {sorted(others)} besides cygemm.capi and libc"
+
+
+def test_capi_pxd_declares_the_contract():
+    found = _cimports(os.path.join(ROOT, "cygemm", "capi.pxd"))
+    declared = set().union(*found.values())
+    assert CAPI_NAMES <= declared, f"cygemm/capi.pxd lacks {sorted(CAPI_NAMES - declared)}"
+
+
+def test_every_contract_name_cimports_from_capi(tmp_path):
+    """Cython accepts `from cygemm.capi cimport X` for each name (re-exported by capi.pxd's own
+    cimports), and the generated module loads nothing named cygemm.capi (there is none)."""
+    import cygemm
+    src = tmp_path / "uses_capi.pyx"
+    src.write_text(f"from cygemm.capi cimport {', '.join(sorted(CAPI_NAMES))}\n")
+    includes = [arg for folder in cygemm.get_include() for arg in ("-I", folder)]
+    proc = subprocess.run([sys.executable, "-m", "cython", "-3", *includes, str(src)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    generated = (tmp_path / "uses_capi.c").read_text()
+    assert 'PyImport_ImportModule("cygemm.capi")' not in generated
+    assert 'PyImport_ImportModule("cygemm.rowmajor")' in generated      # where the functions live
+
+
+@pytest.mark.parametrize("path", ["examples/cython_consumer/consumer.pyx", "examples/cython_consumer/setup.py",
+                                  "cygemm/capi.pxd"])
+def test_the_docs_show_the_example_files_and_the_contract_themselves(path):
+    page = open(os.path.join(ROOT, "docs", "cython.rst")).read()
+    assert f".. literalinclude:: ../{path}" in page
 
 
 @pytest.mark.gpu
