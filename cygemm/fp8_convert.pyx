@@ -15,7 +15,8 @@ from cygemm.kernels.fp8 cimport cygemm_fp8_quantize, cygemm_fp8_dequantize, cyge
 from cygemm._types cimport MatrixView, ArrayDesc
 from cygemm._errors cimport check_cuda, refuse_in_capture
 from cygemm._arrays cimport read_fp8, read_array, desc_shape
-from cygemm._args cimport CallArgs, args_init, add_view, add_scalar, prepare_kernel_call, ARG_READ, ARG_WRITE
+from cygemm._args cimport (CallArgs, ArgRole, args_init, add_view, add_scalar, prepare_kernel_call, ARG_READ,
+                           ARG_WRITE)
 from cygemm._alloc import empty_on, numpy_dtype
 
 from cygemm._arrays import FP8_FORMATS
@@ -46,6 +47,15 @@ cdef MatrixView _flat(const ArrayDesc* d, int64_t n):
     v.ptr, v.device, v.dtype, v.itemsize = d.ptr, d.device, d.dtype, d.itemsize
     v.batch, v.rows, v.cols, v.batch_stride, v.row_stride, v.col_stride = 1, 1, n, 0, n, 1
     return v
+
+
+cdef int64_t _add_contiguous(CallArgs* c, object x, ArrayDesc* d, str name, ArgRole role) except -1:
+    """Read a C-contiguous array of any shape into `d` and into c as one flat row; its size."""
+    read_array(x, d, name, False)
+    cdef int64_t n = _contiguous(d, name)
+    cdef MatrixView v = _flat(d, n)
+    add_view(c, &v, name, role)
+    return n
 
 
 def quantize(x, scale, *, out=None, format="e4m3", amax=None, stream=None):
@@ -81,10 +91,7 @@ def quantize(x, scale, *, out=None, format="e4m3", amax=None, stream=None):
     cdef ArrayDesc dx, dq
     cdef MatrixView v
     args_init(&c)
-    read_array(x, &dx, "x", False)
-    cdef int64_t n = _contiguous(&dx, "x")
-    v = _flat(&dx, n)
-    add_view(&c, &v, "x", ARG_READ)
+    cdef int64_t n = _add_contiguous(&c, x, &dx, "x", ARG_READ)
     cdef MatrixView* vs = add_scalar(&c, scale, "scale", ARG_READ)
     if format not in FP8_FORMATS:
         raise ValueError(f"format: expected 'e4m3' or 'e5m2', got {format!r}")
@@ -202,10 +209,7 @@ def amax(x, out, *, stream=None):
     cdef ArrayDesc dx
     cdef MatrixView v
     args_init(&c)
-    read_array(x, &dx, "x", False)
-    cdef int64_t n = _contiguous(&dx, "x")
-    v = _flat(&dx, n)
-    add_view(&c, &v, "x", ARG_READ)
+    cdef int64_t n = _add_contiguous(&c, x, &dx, "x", ARG_READ)
     cdef MatrixView* vo = add_scalar(&c, out, "out", ARG_WRITE)
     prepare_kernel_call(&c, stream)
     with nogil:
