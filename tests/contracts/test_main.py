@@ -3,6 +3,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import cygemm
 
 
@@ -62,3 +64,18 @@ def test_help_shows_each_public_signature_once():
             assert sum(line.startswith(f"{name}(") for line in lines) == 1, (name, text[:400])
         for section in ("Parameters", "Returns", "Raises"):
             assert section in (fn.__doc__ or ""), (name, section)
+
+
+@pytest.mark.nogpu
+def test_the_self_check_without_a_gpu_checks_the_modules_and_the_argument_checks():
+    """`python -m cygemm` without a GPU imports every module and checks the mapping and an
+    argument error on described arrays: it says what it checked, each line ending ok."""
+    p = subprocess.run([sys.executable, "-m", "cygemm"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.splitlines()
+    assert "no NVIDIA GPU/driver found" in lines[1]
+    imported = next(line for line in lines if "modules import" in line)
+    n_ok, n_all = (int(x) for x in imported.split()[:3:2])
+    assert n_ok == n_all >= 40, imported
+    assert sum(line.endswith(" ok") for line in lines) == 2, lines
+    assert lines[-1] == "self-check without a GPU passed"
