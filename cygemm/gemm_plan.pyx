@@ -263,15 +263,16 @@ cdef class GemmPlan(Plan):
 
     def autotune(self, mode="auto", stream=None):
         """Time the candidates on the planned operands now and keep the fastest (recorded in
-        the tuning file as the module functions' choices are). The timed runs write
-        the result into the planned ``out`` (with beta != 0 a scratch buffer instead), and
+        the tuning file as the module functions' choices are). Each call times them again,
+        also when the tuning file or an earlier call chose already. The timed runs write the
+        result into the planned ``out`` (with beta != 0 a scratch buffer instead), and
         ``z_out`` and ``amax_out`` where given.
 
         Parameters
         ----------
         mode : {"auto", "exhaustive"}
             "auto": a few candidates within max(50 ms, 25 runs); "exhaustive": every
-            candidate, then the finalists again (also after an "auto" tuning: it tunes again).
+            candidate, then the finalists again.
         stream : optional
             Where to time them (not while it is being captured).
 

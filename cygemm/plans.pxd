@@ -33,9 +33,10 @@ cdef Plan init_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColM
                     cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
                     int64_t aux_ld, void* ws, size_t ws_bytes, const GemmTypes* types=*)
 # Choose among a plan's candidates as `autotune` says (keep[0] False: decided during a capture).
+# explicit (GemmPlan.autotune): time them at any size, also when decided or recorded before.
 cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
                      const void* bias, void* aux, void* ws, size_t ws_bytes, int autotune,
-                     bint c_is_input, bint* keep, bint any_size=*) except -1
+                     bint c_is_input, bint* keep, bint explicit=*) except -1
 
 # The one plan executor: run `plan` (epilogue pointers bias/aux, NULL where none). Returns 0
 # when it ran; 1 when it was refused with nothing enqueued: unusable, an algorithm that failed a

@@ -343,13 +343,13 @@ cdef Plan _make_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
 
 cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
                      const void* bias, void* aux, void* ws, size_t ws_bytes, int autotune,
-                     bint c_is_input, bint* keep, bint any_size=False) except -1:
+                     bint c_is_input, bint* keep, bint explicit=False) except -1:
     """Choose among the plan's candidates as `autotune` says: a forced route, a tuned choice
-    from the table, timing (large problems, or any size when any_size; not during a capture),
-    or the heuristic's first. Threads deciding one new problem at once time it once: the
-    others wait for that thread's choice (cygemm.tuning.claim_tuning)."""
+    from the table, timing (large problems, or, explicit, any size and again; not during a
+    capture), or the heuristic's first. Threads deciding one new problem at once time it once:
+    the others wait for that thread's choice (cygemm.tuning.claim_tuning)."""
     cdef PlanData* d = &plan.d
-    if d.tune_level >= autotune or not d.usable:
+    if (d.tune_level >= autotune and not explicit) or not d.usable:
         return 0
     if _force_gemm == 1 and d.gemmex_ok:
         d.route = PLAN_GEMMEX
@@ -357,12 +357,12 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
         d.tune_level = AUTOTUNE_EXHAUSTIVE
         return 0
     record = lookup(ctx.device, "gemm", plan.key)
-    if record is not None and _apply_record(ctx, d, record, ws_bytes):
+    if record is not None and not explicit and _apply_record(ctx, d, record, ws_bytes):
         d.tune_level = AUTOTUNE_EXHAUSTIVE
         return 0
     cdef int64_t batch = g.batch if g.strided_batched else 1
     cdef double macs = <double>g.m * g.n * g.k * batch
-    if autotune == AUTOTUNE_OFF or d.n_candidates + d.gemmex_ok < 2 or not (any_size or worth_tuning(macs)):
+    if autotune == AUTOTUNE_OFF or d.n_candidates + d.gemmex_ok < 2 or not (explicit or worth_tuning(macs)):
         d.tune_level = max(d.tune_level, autotune)
         return 0
     if in_route_timing():           # a layer is timing its routes: the heuristic's choice for now,

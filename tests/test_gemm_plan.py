@@ -399,11 +399,18 @@ def test_epilogue_plan_autotune_then_execute(gpu):
     A, B, bias = rand(cp, (256, 256)), rand(cp, (256, 128)), rand(cp, (128,))
     out = poisoned(cp, (256, 128))
     cp.cuda.Device().synchronize()
+    timed = tuning.tuning_count()
     with cygemm.GemmPlan(A, B, out, bias=bias, act="relu", math="fp32") as p:
         p.autotune()                                # any size: it was asked for
         assert p.tuned and p.tuned_ms > 0 and p.route == "cublasLt"
+        assert tuning.tuning_count() == timed + 1
         (entry,) = [e for e in tuning.tuning_entries() if e["kind"] == "gemm"]
         assert entry["route"] == "cublasLt" and entry["ms"] == pytest.approx(p.tuned_ms, rel=1e-6)
+        # Another plan of the problem takes the recorded choice; autotune times again.
+        with cygemm.GemmPlan(A, B, poisoned(cp, out.shape), bias=bias, act="relu", math="fp32") as q:
+            assert q.plan().tuned and q.tuned_ms == p.tuned_ms
+        p.autotune(mode="exhaustive")
+        assert p.tuned and tuning.tuning_count() == timed + 2
         out.fill(cp.nan)
         cp.cuda.Device().synchronize()
         assert p.execute() is out
@@ -460,8 +467,9 @@ def test_fp8_plan_matches_float64_and_scaled_matmul_bitwise(gpu, out_dtype, with
                               **kw) as p:
         assert p.kind == "fp8" and p.plan(stream=s).route == "cublasLt"
         assert p.execute(stream=s) is outs[0]
-    fp8.scaled_matmul(a, w.T, scale_a, scale_b, out=outs[1], amax_out=amaxes[1] if fp8_out else None, stream=s, **kw)
-    s.synchronize()
+        fp8.scaled_matmul(a, w.T, scale_a, scale_b, out=outs[1], amax_out=amaxes[1] if fp8_out else None,
+                          stream=s, **kw)
+        s.synchronize()
     got = fp8_ref.decode(cp.asnumpy(outs[0]), "e4m3") / s_out if fp8_out else cp.asnumpy(outs[0])
     assert rel_err(got, ref) < FP8_TOL[out_dtype]
     mine, theirs = cp.asnumpy(outs[0]), cp.asnumpy(outs[1])
