@@ -57,7 +57,7 @@ cdef class Plan:
 
     @property
     def usable(self):
-        """False when cuBLASLt has no algorithm for it and cublasGemmEx cannot run it, or once closed."""
+        """False when nothing can run it (no algorithm, closed, or a GemmPlan not planned yet)."""
         return bool(self.d.usable)
 
     @property

@@ -167,7 +167,7 @@ class RealMaker(FakeMaker):
     """CuPy arrays for the GPU run: random inputs, NaN-poisoned outputs."""
     gpu = True
 
-    def __init__(self, cp):
+    def __init__(self):
         super().__init__()
         self.rng = np.random.default_rng()
 
@@ -274,7 +274,7 @@ def test_refused_when_made_naming_the_argument(name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", list(REFUSALS))
 def test_refusals_write_nothing(gpu, name):
-    mk = RealMaker(cp)
+    mk = RealMaker()
     _check_refusal(name, mk)
     cp.cuda.Device().synchronize()
     for out in mk.outputs:
