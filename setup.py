@@ -32,8 +32,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MODULES = {"_errors": [], "_settings": [], "_streams": [], "_release": [], "_context": [], "_arrays": [],
            "_alloc": [], "_mapping": [], "_args": [],
            "_timing": ["timing"], "tuning": [], "_launch": [], "_lt_desc": [], "_candidates": [], "plans": [],
-           "routes": [], "rowmajor": [], "gemm_plan": [], "_batch_layout": [], "matmul": [],
-           "epilogues": [], "_dense_routes": ["elementwise"], "dense": ["elementwise"], "fp8_convert": ["fp8"],
+           "routes": [], "epilogues": [], "rowmajor": [], "gemm_plan": [], "_batch_layout": [], "matmul": [],
+           "_dense_routes": ["elementwise"], "dense": ["elementwise"], "fp8_convert": ["fp8"],
            "fp8": [], "elementwise": ["elementwise"], "_groups": [], "grouped": ["grouped"], "graph": [],
            "nn._kernels": ["nn"], "backend._kernels": ["backend"]}
 HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h",

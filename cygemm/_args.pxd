@@ -9,7 +9,7 @@
 #   prepare_typed_call(c, types, stream)    a GEMM of mixed storage types (FP8)
 #   prepare_kernel_call(c, stream)          no GEMM: cygemm's kernels (elementwise, FP8 conversions)
 #   check_overlaps(c), later resolve_call   where the overlaps of the buffers were settled apart
-#                                           from the call: GemmPlan (at construction), grouped
+#   (or resolve_typed_call)                 from the call: GemmPlan (at construction), grouped
 #                                           (its sweep over the groups), matmul (a temporary)
 from cpython.object cimport PyObject
 from libc.stdint cimport int64_t, uint32_t
@@ -93,6 +93,8 @@ cdef int check_overlaps(CallArgs* c) except -1
 # prepare_call without check_overlaps: for the entry points whose overlaps were settled apart
 # from this call (see above).
 cdef int resolve_call(CallArgs* c, object math, cudaDataType dtype, object stream) except -1
+# prepare_typed_call without check_overlaps (a planned FP8 GEMM).
+cdef int resolve_typed_call(CallArgs* c, const GemmTypes* types, object stream) except -1
 # The stream's and every given buffer's device against the context's (several GPUs only).
 cdef int check_devices(CallArgs* c) except -1
 

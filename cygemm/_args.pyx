@@ -79,11 +79,15 @@ cdef int prepare_call(CallArgs* c, object math, cudaDataType dtype, object strea
     return resolve_call(c, math, dtype, stream)
 
 
-cdef int prepare_typed_call(CallArgs* c, const GemmTypes* types, object stream) except -1:
-    check_overlaps(c)
+cdef int resolve_typed_call(CallArgs* c, const GemmTypes* types, object stream) except -1:
     c.math = MATH_FP32
     c.compute = typed_compute_type(types)
     return _bind(c, stream)
+
+
+cdef int prepare_typed_call(CallArgs* c, const GemmTypes* types, object stream) except -1:
+    check_overlaps(c)
+    return resolve_typed_call(c, types, stream)
 
 
 cdef int prepare_kernel_call(CallArgs* c, object stream) except -1:

@@ -5,6 +5,8 @@ from cygemm.bindings.cudart cimport cudaStream_t
 # object of CuPy, torch or the CUDA stream protocol.
 cdef int stream_from_object(object stream, cudaStream_t* out) except -1
 cdef bint stream_is_capturing(cudaStream_t stream) except -1 nogil
+# CaptureError when a refused cuBLASLt call invalidated the capture under way on `stream`.
+cdef int check_capture_alive(cudaStream_t stream) except -1
 # The stream's device; left as given when only a call that would break the stream's capture
 # could tell.
 cdef int stream_device(cudaStream_t stream, int* device) except -1

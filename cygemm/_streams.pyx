@@ -4,7 +4,7 @@ from libc.stdint cimport uintptr_t
 
 from cygemm.bindings.cudart cimport *
 from cygemm._errors cimport check_cuda, check_driver
-from cygemm._errors import CudaError
+from cygemm._errors import CudaError, CaptureError
 
 try:
     import cupy as _cupy
@@ -47,6 +47,15 @@ cdef bint stream_is_capturing(cudaStream_t stream) except -1 nogil:
     cdef cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone
     check_cuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing")
     return status != cudaStreamCaptureStatusNone
+
+
+cdef int check_capture_alive(cudaStream_t stream) except -1:
+    cdef cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone
+    check_cuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing")
+    if status == cudaStreamCaptureStatusInvalidated:
+        raise CaptureError("cublasLtMatmul invalidated the stream's capture; call the function once "
+                           "before capturing, or capture with mode='relaxed'")
+    return 0
 
 
 def is_capturing(stream=None):

@@ -1,6 +1,7 @@
 from typing import Any, Dict, Literal, Optional
 
 from cygemm._typing import DeviceArray, StreamLike
+from cygemm.gemm_plan import GemmPlan
 
 Format = Literal["e4m3", "e5m2"]
 FP8_MAX: Dict[str, float]
@@ -19,4 +20,16 @@ def describe_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out: A
                            scale_out: Any = None, amax_out: Any = None, format_a: Optional[Format] = None,
                            format_b: Optional[Format] = None, format_out: Optional[Format] = None,
                            fast_accum: bool = False) -> Dict[str, Any]: ...
+
+class ScaledMatmulPlan(GemmPlan):
+    def __init__(self, a: DeviceArray, b: DeviceArray, scale_a: DeviceArray, scale_b: DeviceArray, *,
+                 out: DeviceArray,
+                 out_dtype: Optional[Literal["bfloat16", "float16", "float32", "e4m3", "e5m2"]] = None,
+                 bias: Optional[DeviceArray] = None, act: Literal["none", "relu", "gelu"] = "none",
+                 scale_out: Optional[DeviceArray] = None, amax_out: Optional[DeviceArray] = None,
+                 format_a: Optional[Format] = None, format_b: Optional[Format] = None,
+                 format_out: Optional[Format] = None, fast_accum: bool = False) -> None: ...
+    def execute(self, a: Optional[DeviceArray] = None, b: Optional[DeviceArray] = None,  # type: ignore[override]
+                out: Optional[DeviceArray] = None, *, stream: StreamLike = None) -> DeviceArray: ...
+
 from cygemm.fp8_convert import amax as amax, dequantize as dequantize, quantize as quantize

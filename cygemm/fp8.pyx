@@ -20,6 +20,7 @@ CuPy has no FP8 dtype: FP8 data live in ``uint8`` arrays, and the ``format_*`` a
 which format the bytes hold. torch's ``float8_e4m3fn`` and ``float8_e5m2`` tensors carry theirs.
 """
 from libc.stdint cimport int64_t, uintptr_t
+from libc.string cimport memset
 
 import numpy as _np
 
@@ -38,6 +39,7 @@ from cygemm._context cimport GemmContext, call_workspace
 from cygemm._streams cimport stream_is_capturing
 from cygemm._launch cimport set_scale_pointers
 from cygemm.plans cimport Plan, get_plan, execute_plan
+from cygemm.gemm_plan cimport GemmPlan, PlannedCall, KIND_SCALED
 from cygemm._mapping cimport map_rowmajor_gemm, map_or_raise, is_rowmajor, rowmajor_view
 from cygemm._alloc import empty_on, numpy_dtype
 
@@ -104,10 +106,7 @@ cdef int _run_scaled(GemmContext* ctx, cudaStream_t stream, cublasComputeType_t 
     cdef Plan plan = get_plan(ctx, stream, &s.g, s.types.d, compute, s.epi, s.bias, NULL, 0,
                               ws, ws_bytes, -1, False, &s.types)
     if not plan.d.usable or plan.d.n_candidates == 0:
-        raise ValueError(
-            f"a/b/out: cuBLASLt has no FP8 kernel for this problem on this GPU ({_describe_types(&s.types)}, "
-            f"M={s.g.n} N={s.g.m} K={s.g.k}, epilogue {<int>s.epi}; FP8 GEMMs need compute capability "
-            f">= 8.9, K-contiguous operands with 16-byte aligned rows, and bias/out types as documented)")
+        raise ValueError(_no_fp8_kernel(&s.g, &s.types, s.epi))
     if not plan.d.capture_ok and stream_is_capturing(stream):
         raise ValueError("cublasLtMatmul refused this FP8 GEMM inside a capture; run it once eagerly first")
     cdef float alpha = 1.0, beta = 0.0
@@ -120,6 +119,12 @@ cdef int _run_scaled(GemmContext* ctx, cudaStream_t stream, cublasComputeType_t 
 
 cdef str _describe_types(const GemmTypes* t):
     return f"a {dtype_name(t.b)}, b {dtype_name(t.a)}, out {dtype_name(t.d)}"
+
+
+cdef str _no_fp8_kernel(const ColMajorGemm* g, const GemmTypes* t, cublasLtEpilogue_t epi):
+    return (f"a/b/out: cuBLASLt has no FP8 kernel for this problem on this GPU ({_describe_types(t)}, "
+            f"M={g.n} N={g.m} K={g.k}, epilogue {<int>epi}; FP8 GEMMs need compute capability "
+            f">= 8.9, K-contiguous operands with 16-byte aligned rows, and bias/out types as documented)")
 
 
 cdef int scaled_gemm_rowmajor(GemmContext* ctx, cudaStream_t stream, cudaDataType a_type,
@@ -385,3 +390,63 @@ def describe_scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, 
                 epilogue=epilogues.get(s.epi, str(<int>s.epi)),
                 scales=dict(a=s.types.b_scale != NULL, b=s.types.a_scale != NULL, out=s.types.d_scale != NULL),
                 amax=s.types.amax_d != NULL, fast_accum=bool(s.types.fast_accum))
+
+
+cdef class ScaledMatmulPlan(GemmPlan):
+    """:func:`scaled_matmul` planned once: a :class:`cygemm.GemmPlan` of one cuBLASLt FP8 call.
+
+    ``out = act(scale_a * scale_b * (a @ b) + bias)``, with the lifecycle of
+    :class:`cygemm.GemmPlan`: :meth:`plan`, :meth:`autotune`, :meth:`execute` on any stream
+    (capturable, allocation-free), :meth:`close`.
+
+    Parameters
+    ----------
+    a, b, scale_a, scale_b, out_dtype, bias, act, scale_out, amax_out, format_a, format_b, format_out, fast_accum
+        As :func:`scaled_matmul`.
+    out : device array, (M, N), row-major
+        Required (a plan allocates nothing); as :func:`scaled_matmul` takes it.
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`scaled_matmul`, before anything is made; :meth:`plan` raises ValueError
+        where cuBLASLt has no FP8 kernel for the problem.
+
+    Notes
+    -----
+    Exactly one ``cublasLtMatmul`` per :meth:`execute`, bitwise the same as
+    :func:`scaled_matmul` running the same algorithm. The scales (and amax) are device scalars
+    read (written) when the GEMM runs: a captured graph replays with the scales their buffers
+    hold then. ``execute(a, b, out)`` takes other operands of the planned layout, types and
+    alignment; the scales, bias and amax stay those planned.
+    """
+    cdef object out_dtype, act_name, format_a, format_b, format_out
+    cdef bint fast_accum
+
+    def __init__(self, a, b, scale_a, scale_b, *, out, out_dtype=None, bias=None, act="none", scale_out=None,
+                 amax_out=None, format_a=None, format_b=None, format_out=None, bint fast_accum=False):
+        self.out_dtype, self.act_name, self.fast_accum = out_dtype, act, fast_accum
+        self.format_a, self.format_b, self.format_out = format_a, format_b, format_out
+        self.plan_kind = KIND_SCALED
+        self.alpha_f, self.beta_f, self.math = 1.0, 0.0, "fp32"
+        self._setup((a, b, out, scale_a, scale_b, bias, scale_out, amax_out))
+
+    cdef int _read(self, CallArgs* c, PlannedCall* call, tuple operands) except -1:
+        """scaled_matmul's reader, every check of it, into the plan's call."""
+        a, b, out, scale_a, scale_b, bias, scale_out, amax_out = operands
+        cdef ScaledCall s
+        memset(&s, 0, sizeof(s))
+        _read_scaled(c, &s, a, b, scale_a, scale_b, out, self.out_dtype, bias, self.act_name, scale_out,
+                     amax_out, self.format_a, self.format_b, self.format_out, self.fast_accum)
+        memset(call, 0, sizeof(PlannedCall))
+        call.g, call.types, call.epi, call.bias = s.g, s.types, s.epi, s.bias
+        call.typed, call.dtype = True, s.types.d
+        return 0
+
+    cdef str _no_algorithm(self):
+        return _no_fp8_kernel(&self.call.g, &self.call.types, self.call.epi)
+
+    def execute(self, a=None, b=None, out=None, *, stream=None):
+        """Run it on `stream` (None: CuPy's current one), on the planned operands or on those
+        given (of the planned layout). Allocates nothing; can be captured. Returns out."""
+        return GemmPlan.execute(self, a, b, out, stream=stream)

@@ -1,29 +1,48 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """GemmPlan: a GEMM you plan once, tune when you choose, run many times and free.
 
-The module functions (:func:`cygemm.gemm` and the others) keep their plans in a bounded cache
-per thread and decide when to tune. A GemmPlan leaves both to you, as nvmath-python's
-``Matmul`` does::
+The module functions (:func:`cygemm.gemm`, :func:`cygemm.gemm_ops.forward_into`,
+:func:`cygemm.fp8.scaled_matmul`) keep their plans in a bounded cache per thread and decide
+when to tune. A GemmPlan leaves both to you, as nvmath-python's ``Matmul`` does::
 
-    with cygemm.GemmPlan(A, B, out) as p:
+    with cygemm.GemmPlan(A, B, out, bias=b, act="gelu") as p:
         p.plan()                # cuBLASLt's heuristic (and the tuning file, if it knows it)
         p.autotune()            # time the candidates now, on these operands
         for _ in range(steps):
             p.execute(stream=s)             # allocation-free, capturable
     # closed: its descriptors are freed
+
+A GemmPlan is the plan layer's own plan (:class:`cygemm.plans.Plan`: the descriptors and the
+algorithm, decided and run by the one plan executor) with its operands and lifecycle added.
+Its kinds: a plain GEMM; a GEMM with a cuBLASLt epilogue (bias, relu/gelu, gelu's Z); an FP8
+GEMM (:class:`cygemm.fp8.ScaledMatmulPlan`, a subclass). The epilogue and FP8 kinds run exactly
+one ``cublasLtMatmul`` per execute; what no cuBLASLt epilogue does is refused when the plan is
+made (``cygemm.gemm_ops.forward_into`` does it with cygemm's kernels).
 """
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport uintptr_t
+from libc.string cimport memset
 
-from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
-
-from cygemm.bindings.cublaslt cimport CUBLASLT_EPILOGUE_DEFAULT
-from cygemm._types cimport ColMajorGemm, pointer_alignment
-from cygemm._errors cimport refuse_in_capture
+from cygemm.bindings.cudart cimport cudaStream_t
+from cygemm.bindings.cublas cimport cublasStatus_t
+from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t, CUBLASLT_EPILOGUE_DEFAULT
+from cygemm.kernels.elementwise cimport CYGEMM_ACT_NONE
+from cygemm.epilogues cimport Activation, activation_row, NO_EPILOGUE
+from cygemm._types cimport MatrixView, ColMajorGemm, pointer_alignment
+from cygemm._errors cimport check_cublas, refuse_in_capture
+from cygemm._errors import CaptureError
+from cygemm._streams cimport stream_is_capturing
+from cygemm._arrays cimport dtype_name
 from cygemm._context cimport GemmContext, call_workspace
-from cygemm._args cimport CallArgs, prepare_call, resolve_call, check_overlaps, parse_math
+from cygemm._launch cimport PLAN_LT
+from cygemm._args cimport (CallArgs, add_view, add_vector, add_matrix, check_overlaps, resolve_call,
+                           resolve_typed_call, parse_math, ARG_READ, ARG_WRITE)
+from cygemm._mapping cimport is_rowmajor, rowmajor_ld
 from cygemm._settings cimport autotune_level, AUTOTUNE_OFF
-from cygemm.plans cimport Plan, make_plan, decide_plan, run_with_fallback
+from cygemm.plans cimport Plan, init_plan, decide_plan, execute_plan, run_with_fallback
 from cygemm.rowmajor cimport read_gemm
+
+_KINDS = ("gemm", "epilogue", "fp8")
+_FORWARD_INTO = "cygemm.gemm_ops.forward_into does it (a GEMM and cygemm's kernel)"
 
 
 cdef bint _same_layout(const ColMajorGemm* x, const ColMajorGemm* y) noexcept nogil:
@@ -33,92 +52,221 @@ cdef bint _same_layout(const ColMajorGemm* x, const ColMajorGemm* y) noexcept no
             and x.strided_batched == y.strided_batched)
 
 
-cdef class GemmPlan:
-    """out = alpha * op(A) @ op(B) + beta * out, planned once for these operands' layout.
+cdef inline bint _is_empty(const ColMajorGemm* g) noexcept nogil:
+    return g.m == 0 or g.n == 0 or g.batch == 0
+
+
+cdef int _read_epilogue(CallArgs* c, PlannedCall* call, const Activation* act, object bias, object z_out,
+                        bint batched) except -1:
+    """The epilogue's buffers (c holds read_gemm's A, B and out) and its one cuBLASLt epilogue,
+    from the epilogue table. ValueError, naming the argument, for what no epilogue does."""
+    cdef str name = act.name.decode()
+    if act.epilogue == NO_EPILOGUE:
+        raise ValueError(f"act: cuBLASLt's epilogues apply 'none', 'relu' or 'gelu' (tanh), got {name!r}; "
+                         f"{_FORWARD_INTO}")
+    if z_out is not None and act.aux_epilogue == NO_EPILOGUE:
+        raise ValueError(f"z_out: cuBLASLt writes Z beside out only for act='gelu' (GELU_AUX), got act={name!r}; "
+                         f"forward_into(..., save_z=True, z_out=z_out) saves it for every activation")
+    if batched:
+        raise ValueError("batched: a plan with bias, act or z_out is one 2-D GEMM with a cuBLASLt epilogue, "
+                         "got batched=True")
+    if call.g.k == 0:
+        raise ValueError(f"A: K = 0 (an empty inner dimension) leaves cuBLASLt no product to apply an epilogue "
+                         f"to; {_FORWARD_INTO}")
+    cdef MatrixView out_v = c.views[2]
+    if (bias is not None or z_out is not None) and not is_rowmajor(&out_v):
+        raise ValueError(f"out: a plan with bias or z_out needs a row-major out (unit stride along its last "
+                         f"axis, along which the bias runs), got element strides ({out_v.row_stride}, "
+                         f"{out_v.col_stride})")
+    # Inputs before outputs (check_overlaps compares each output with everything before it):
+    # out moves after the bias.
+    c.n = 2
+    cdef MatrixView* bv = add_vector(c, bias, "bias", ARG_READ, out_v.cols, call.dtype) if bias is not None else NULL
+    add_view(c, &out_v, "out", ARG_WRITE)
+    cdef MatrixView* z = NULL
+    if z_out is not None:
+        z = add_matrix(c, z_out, "z_out", ARG_WRITE, out_v.rows, out_v.cols, call.dtype, True)
+        call.aux, call.aux_ld = z.ptr, rowmajor_ld(z)
+        if call.aux_ld % act.aux_ld_multiple:
+            raise ValueError(f"z_out: GELU_AUX needs a row stride that is a multiple of {act.aux_ld_multiple} "
+                             f"elements, got {call.aux_ld}; {_FORWARD_INTO}")
+        if pointer_alignment(z.ptr) < <unsigned>act.aux_alignment:
+            raise ValueError(f"z_out: GELU_AUX needs a {act.aux_alignment}-byte aligned z_out, got address "
+                             f"{<uintptr_t>z.ptr:#x}; {_FORWARD_INTO}")
+    call.bias = bv.ptr if bv != NULL else NULL
+    if z != NULL:
+        call.epi = <cublasLtEpilogue_t>(act.aux_epilogue_bias if bv != NULL else act.aux_epilogue)
+    else:
+        call.epi = <cublasLtEpilogue_t>(act.epilogue_bias if bv != NULL else act.epilogue)
+    return 0
+
+
+cdef int _check_open(GemmPlan p) except -1:
+    if p.closed or p.operands is None:
+        raise ValueError("GemmPlan: the plan is closed")
+    return 0
+
+
+cdef int _resolve(GemmPlan p, CallArgs* c, object stream) except -1:
+    """The stream and this thread's context for c (whose overlaps were checked), on the plan's device."""
+    if p.call.typed:
+        resolve_typed_call(c, &p.call.types, stream)
+    else:
+        resolve_call(c, p.math, p.call.dtype, stream)
+    if p.device < 0:
+        p.device = c.ctx.device
+    elif c.ctx.device != p.device:
+        raise ValueError(f"stream: the plan was made on device {p.device} but device {c.ctx.device} is "
+                         f"current (make that device current)")
+    return 0
+
+
+cdef int _check_like_planned(const PlannedCall* x, const PlannedCall* planned) except -1:
+    """New operands for execute: the planned layout, types and at least the planned alignment."""
+    cdef bint same_types = not planned.typed or (x.types.a == planned.types.a and x.types.b == planned.types.b
+                                                 and x.types.c == planned.types.c and x.types.d == planned.types.d)
+    if not _same_layout(&x.g, &planned.g) or x.dtype != planned.dtype or not same_types:
+        raise ValueError("A/B/out: not the planned shapes, strides and dtype; make a new GemmPlan")
+    if (pointer_alignment(x.g.a) < pointer_alignment(planned.g.a) or pointer_alignment(x.g.b) < pointer_alignment(planned.g.b)
+            or pointer_alignment(x.g.c) < pointer_alignment(planned.g.c)):
+        raise ValueError("A/B/out: less aligned than the planned operands (cuBLASLt's algorithm "
+                         "may need their alignment); make a new GemmPlan")
+    return 0
+
+
+cdef int _run_one(GemmPlan p, GemmContext* ctx, cudaStream_t s, const PlannedCall* c, void* ws) except -1:
+    """The epilogue and FP8 kinds: their one cuBLASLt call, by the plan executor. Where it
+    cannot run, raises with nothing enqueued (no other route: the plan is that one call)."""
+    cdef int st = 0
+    if not execute_plan(p, ctx, s, &c.g, c.bias, c.aux, ws, ctx.workspace_bytes, &p.alpha_f, &p.beta_f, &st):
+        return 0
+    if st != 0:                         # refused now (inside a capture: not in graphs from now on)
+        return check_cublas(<cublasStatus_t>st, "cublasLtMatmul (GemmPlan)")
+    if not p.d.usable:
+        raise ValueError("GemmPlan: cuBLASLt refused this plan's algorithm on an earlier execute; make a new "
+                         "GemmPlan")
+    raise CaptureError("GemmPlan: cuBLASLt refused this plan's algorithm inside a capture before; execute it "
+                       "eagerly")
+
+
+cdef class GemmPlan(Plan):
+    """out = act(alpha * op(A) @ op(B) + beta * out + bias), planned once for these operands.
 
     Parameters
     ----------
-    A, B, out : device arrays
+    A, B : device arrays
         As :func:`cygemm.gemm` (``batched=False``) or :func:`cygemm.gemm_strided_batched`
-        (``batched=True``) take them; ``out`` is required (a plan allocates nothing).
+        (``batched=True``) take them.
+    out : device array
+        Required (a plan allocates nothing); as :func:`cygemm.gemm` takes it. Row-major when
+        ``bias`` or ``z_out`` is given (the bias runs along its last axis).
+    bias : device array (N,) or (1, N), optional
+        Added in cuBLASLt's epilogue; the dtype of A.
+    act : {"none", "relu", "gelu"}
+        Applied in cuBLASLt's epilogue (gelu: the tanh approximation). The other activations
+        of :func:`cygemm.gemm_ops.forward_into` have no cuBLASLt epilogue: refused.
+    z_out : device array (M, N), optional
+        With ``act="gelu"``: the pre-activation ``alpha * op(A) @ op(B) + beta * out + bias``
+        written beside out by the same call (GELU_AUX: row-major, its row stride a multiple of
+        8 elements, 16-byte aligned), what :func:`cygemm.gemm_ops.backward_into` takes as Z.
     trans_a, trans_b, alpha, beta, math
         As :func:`cygemm.gemm`.
     batched : bool
-        A strided-batched GEMM over 3-D operands.
+        A strided-batched GEMM over 3-D operands (no bias, act or z_out).
 
     Raises
     ------
     ValueError, TypeError
-        As :func:`cygemm.gemm`, before anything is made.
+        As :func:`cygemm.gemm`, and for what no cuBLASLt epilogue does (another activation;
+        ``z_out`` without gelu or off GELU_AUX's rules; K = 0; batched), each naming the
+        argument and pointing to :func:`cygemm.gemm_ops.forward_into`. Before anything is made.
 
     Notes
     -----
-    :meth:`execute` may take other arrays of the same shapes, strides and dtype (and at least
-    the alignment of those planned for), e.g. the next batch in the same buffers' layout. It
-    runs on any stream of the plan's device and can be captured into a CUDA graph. The plan
-    uses the calling thread's cuBLAS handles and the stream's workspace (owned by cygemm's
-    per-stream workspaces, so two streams never share one); use one plan from one thread at
-    a time.
+    A plan without bias, act or z_out runs cuBLASLt's algorithm or cublasGemmEx, whichever
+    was chosen (cublasGemmEx where cuBLASLt refuses the call); with them, exactly one
+    ``cublasLtMatmul`` per :meth:`execute`. :meth:`execute` may take other arrays of the same
+    shapes, strides and dtype (and at least the alignment of those planned for), e.g. the
+    next batch in the same buffers' layout. It runs on any stream of the plan's device and can
+    be captured into a CUDA graph. The plan uses the calling thread's cuBLAS handles and the
+    stream's workspace (owned by cygemm's per-stream workspaces, so two streams never share
+    one); use one plan from one thread at a time. A GemmPlan is a :class:`cygemm.plans.Plan`.
     """
-    cdef CallArgs args
-    cdef ColMajorGemm g
-    cdef cudaDataType dtype
-    cdef float alpha_f, beta_f
-    cdef bint trans_a, trans_b, batched
-    cdef int device
-    cdef Plan _plan
-    cdef object operands
-    cdef str math
-    cdef readonly bint closed
 
-    def __init__(self, A, B, out, *, bint trans_a=False, bint trans_b=False, alpha=1.0, beta=0.0,
-                 str math="tf32", bint batched=False):
-        if out is None:
-            raise ValueError("out: a GemmPlan writes into a given array, got None")
+    def __init__(self, A, B, out, *, bias=None, act="none", z_out=None, bint trans_a=False,
+                 bint trans_b=False, alpha=1.0, beta=0.0, str math="tf32", bint batched=False):
+        self.act = activation_row(act)
         self.alpha_f, self.beta_f = alpha, beta
-        read_gemm(&self.args, A, B, out, trans_a, trans_b, batched, self.beta_f, &self.g)
-        # Every error an argument can cause, before anything is made. The planned operands do
-        # not change, so their overlaps are checked here once (later calls only resolve_call).
-        check_overlaps(&self.args)
-        parse_math(math)
-        self.dtype = self.args.views[0].dtype
         self.trans_a, self.trans_b, self.batched, self.math = trans_a, trans_b, batched, math
-        self.operands = (A, B, out)
-        self.device = -1
-        self.closed = False
+        self.plan_kind = KIND_GEMM
+        if bias is not None or z_out is not None or self.act.code != CYGEMM_ACT_NONE:
+            self.plan_kind = KIND_EPILOGUE
+        self._setup((A, B, out, bias, z_out))
+        parse_math(math)
 
-    cdef int _prepare(self, object stream) except -1:
-        """Check devices and resolve the stream and this thread's context for the planned
-        operands (their overlaps were checked when the plan was made)."""
-        if self.closed:
-            raise ValueError("GemmPlan: the plan is closed")
-        resolve_call(&self.args, self.math, self.dtype, stream)
-        if self.device < 0:
-            self.device = self.args.ctx.device
-        elif self.args.ctx.device != self.device:
-            raise ValueError(f"stream: the plan was made on device {self.device} but device "
-                             f"{self.args.ctx.device} is current (make that device current)")
+    cdef int _setup(self, tuple operands) except -1:
+        if operands[2] is None:
+            raise ValueError("out: a GemmPlan writes into a given array (it allocates nothing), got None")
+        self.device = -1
+        self._read(&self.args, &self.call, operands)
+        # The planned operands do not change, so their overlaps are checked here once (later
+        # calls only resolve the stream and context).
+        check_overlaps(&self.args)
+        self.operands = operands
         return 0
+
+    cdef int _read(self, CallArgs* c, PlannedCall* call, tuple operands) except -1:
+        A, B, out, bias, z_out = operands
+        memset(call, 0, sizeof(PlannedCall))
+        read_gemm(c, A, B, out, self.trans_a, self.trans_b, self.batched, self.beta_f, &call.g)
+        call.dtype = c.views[0].dtype
+        call.epi = CUBLASLT_EPILOGUE_DEFAULT
+        if self.plan_kind == KIND_EPILOGUE:
+            _read_epilogue(c, call, self.act, bias, z_out, self.batched)
+        return 0
+
+    cdef str _no_algorithm(self):
+        cdef const ColMajorGemm* g = &self.call.g
+        return (f"act/bias/z_out: cuBLASLt has no algorithm for this epilogue (cublasLtEpilogue_t "
+                f"{<int>self.call.epi}) on this problem ({dtype_name(self.call.dtype)}, cuBLAS m={g.m} n={g.n} "
+                f"k={g.k}); {_FORWARD_INTO}")
 
     def plan(self, stream=None):
         """Make the cuBLASLt descriptors and take the heuristic's first algorithm (or the
-        tuning file's choice for this problem, when it has one). Returns the plan."""
-        self._prepare(stream)
+        tuning file's choice for this problem, when it has one). Returns the plan.
+
+        Raises
+        ------
+        ValueError
+            An epilogue or FP8 plan for which cuBLASLt has no algorithm (nothing else runs it).
+        """
+        _check_open(self)
+        _resolve(self, &self.args, stream)
+        if self.planned or _is_empty(&self.call.g):
+            return self                 # (an empty problem has nothing to plan, as gemm)
         cdef GemmContext* ctx = self.args.ctx
         cdef cudaStream_t s = self.args.stream
         cdef void* ws = call_workspace(ctx, s)
+        cdef PlannedCall* c = &self.call
         cdef bint keep = True
-        if self._plan is None:
-            self._plan = make_plan(ctx, s, &self.g, self.dtype, self.args.compute, CUBLASLT_EPILOGUE_DEFAULT,
-                                   NULL, NULL, 0, ws, ctx.workspace_bytes)
-            decide_plan(self._plan, ctx, s, &self.g, NULL, NULL, ws, ctx.workspace_bytes, AUTOTUNE_OFF,
-                        self.beta_f != 0, &keep)
+        init_plan(self, ctx, s, &c.g, c.dtype, self.args.compute, c.epi, c.bias, c.aux, c.aux_ld, ws,
+                  ctx.workspace_bytes, &c.types if c.typed else NULL)
+        self.planned = True
+        decide_plan(self, ctx, s, &c.g, c.bias, c.aux, ws, ctx.workspace_bytes, AUTOTUNE_OFF, self.beta_f != 0,
+                    &keep)
+        if self.plan_kind != KIND_GEMM and (self.d.n_candidates == 0 or not self.d.usable):
+            why = self._no_algorithm()
+            if stream_is_capturing(s):
+                why += " (planned while the stream is being captured: plan() before capturing)"
+            raise ValueError(why)
         return self
 
     def autotune(self, mode="auto", stream=None):
         """Time the candidates on the planned operands now and keep the fastest (recorded in
-        the tuning file as the module functions' choices are). The timed runs write A @ B
-        into the planned ``out`` (with beta != 0 they write a scratch buffer instead).
+        the tuning file as the module functions' choices are). Each call times them again,
+        also when the tuning file or an earlier call chose already. The timed runs write the
+        result into the planned ``out`` (with beta != 0 a scratch buffer instead), and
+        ``z_out`` and ``amax_out`` where given.
 
         Parameters
         ----------
@@ -143,56 +291,56 @@ cdef class GemmPlan:
             raise ValueError(f"mode: expected 'auto' or 'exhaustive', got {mode!r}")
         self.plan(stream)
         refuse_in_capture(self.args.stream, "GemmPlan.autotune: timing runs the GEMM many times")
+        if not self.planned:
+            return self                 # an empty problem
         cdef GemmContext* ctx = self.args.ctx
         cdef void* ws = call_workspace(ctx, self.args.stream)
+        cdef PlannedCall* c = &self.call
         cdef bint keep = True
-        decide_plan(self._plan, ctx, self.args.stream, &self.g, NULL, NULL, ws, ctx.workspace_bytes, level,
+        decide_plan(self, ctx, self.args.stream, &c.g, c.bias, c.aux, ws, ctx.workspace_bytes, level,
                     self.beta_f != 0, &keep, True)
         return self
 
     def execute(self, A=None, B=None, out=None, *, stream=None):
         """Run the GEMM on `stream` (None: CuPy's current one): on the planned operands, or
-        on those given (each of the planned one's layout). Plans first if not yet planned.
-        Allocates nothing; can be captured. Returns out."""
-        if self.closed:
-            raise ValueError("GemmPlan: the plan is closed")
-        cdef ColMajorGemm g = self.g
+        on those given (each of the planned one's layout; the others as planned). Plans first
+        if not yet planned. Allocates nothing; can be captured. Returns out."""
+        _check_open(self)
+        cdef PlannedCall given_call
+        cdef PlannedCall* c = &self.call
         cdef CallArgs fresh
         cdef bint given = A is not None or B is not None or out is not None
         if given:
-            A0, B0, out0 = self.operands
-            A, B, out = (A0 if A is None else A), (B0 if B is None else B), (out0 if out is None else out)
-            read_gemm(&fresh, A, B, out, self.trans_a, self.trans_b, self.batched, self.beta_f, &g)
-            if not _same_layout(&g, &self.g) or fresh.views[0].dtype != self.dtype:
-                raise ValueError("A/B/out: not the planned shapes, strides and dtype; make a new GemmPlan")
-            if (pointer_alignment(g.a) < pointer_alignment(self.g.a) or pointer_alignment(g.b) < pointer_alignment(self.g.b)
-                    or pointer_alignment(g.c) < pointer_alignment(self.g.c)):
-                raise ValueError("A/B/out: less aligned than the planned operands (cuBLASLt's algorithm "
-                                 "may need their alignment); make a new GemmPlan")
-            prepare_call(&fresh, self.math, self.dtype, stream)     # new operands: checked now
-            if fresh.ctx.device != self.device and self.device >= 0:
-                raise ValueError(f"stream: the plan was made on device {self.device} but device "
-                                 f"{fresh.ctx.device} is current")
+            A0, B0, out0 = self.operands[:3]
+            operands = ((A0 if A is None else A), (B0 if B is None else B),
+                        (out0 if out is None else out)) + self.operands[3:]
+            self._read(&fresh, &given_call, operands)       # new operands: checked now
+            _check_like_planned(&given_call, &self.call)
+            check_overlaps(&fresh)
+            _resolve(self, &fresh, stream)
+            c, out = &given_call, operands[2]
         else:
             out = self.operands[2]
-        if g.m == 0 or g.n == 0 or g.batch == 0:
+        if _is_empty(&c.g):
             return out              # nothing to compute (as gemm: no plan for an empty problem)
-        if self._plan is None:
+        if not self.planned:
             self.plan(stream)
         if not given:
-            self._prepare(stream)
+            _resolve(self, &self.args, stream)
             fresh.ctx, fresh.stream = self.args.ctx, self.args.stream
         cdef void* ws = call_workspace(fresh.ctx, fresh.stream)
-        run_with_fallback(self._plan, fresh.ctx, fresh.stream, &g, ws, fresh.ctx.workspace_bytes,
-                          &self.alpha_f, &self.beta_f)
+        if self.plan_kind == KIND_GEMM:
+            run_with_fallback(self, fresh.ctx, fresh.stream, &c.g, ws, fresh.ctx.workspace_bytes,
+                              &self.alpha_f, &self.beta_f)
+        else:
+            _run_one(self, fresh.ctx, fresh.stream, c, ws)
         return out
 
     def close(self):
         """Free the plan's descriptors now; execute then raises. Idempotent."""
-        if self._plan is not None:
-            self._plan.close()
-            self._plan = None
-        self.operands = (None, None, None)
+        Plan.close(self)
+        self.planned = False
+        self.operands = None
         self.closed = True
 
     def __enter__(self):
@@ -205,14 +353,11 @@ cdef class GemmPlan:
     @property
     def route(self):
         """"cublasLt" or "cublasGemmEx" (None before plan())."""
-        return None if self._plan is None else self._plan.route
+        if not self.planned:
+            return None
+        return "cublasLt" if self.d.route == PLAN_LT else "cublasGemmEx"
 
     @property
-    def tuned(self):
-        """Whether the algorithm was chosen by timing (here, or read from the tuning file)."""
-        return self._plan is not None and self._plan.tuned
-
-    @property
-    def tuned_ms(self):
-        """The chosen candidate's median time in ms (0 when not timed)."""
-        return 0.0 if self._plan is None else self._plan.tuned_ms
+    def kind(self):
+        """"gemm" (plain), "epilogue" (bias, act or z_out) or "fp8" (one call each but "gemm")."""
+        return _KINDS[<int>self.plan_kind]

@@ -1,5 +1,6 @@
 # Plans: how each GEMM runs. Every GEMM of cygemm (gemm, batched, matmul, the dense forward
-# with its epilogues, the backward's two GEMMs, GemmPlan) goes through here.
+# with its epilogues, the backward's two GEMMs, FP8) goes through here. Plan is the one plan
+# class: the caches hold Plans, and cygemm.GemmPlan (gemm_plan.pxd) is a Plan of its own.
 from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm.bindings.cublas cimport cublasComputeType_t
@@ -25,14 +26,17 @@ cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
                    cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
                    int64_t aux_ld, void* ws, size_t ws_bytes, int autotune, bint c_is_input,
                    const GemmTypes* types=*)
-# A new plan of its owner's (not cached): the heuristic's candidates, its first chosen.
-cdef Plan make_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
+# Make `plan` (its owner's, not cached: a cygemm.GemmPlan) for this problem, as get_plan makes
+# a new one: the heuristic's candidates, its first chosen (whatever it held before is freed).
+# Returns it.
+cdef Plan init_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                     cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
-                    int64_t aux_ld, void* ws, size_t ws_bytes)
+                    int64_t aux_ld, void* ws, size_t ws_bytes, const GemmTypes* types=*)
 # Choose among a plan's candidates as `autotune` says (keep[0] False: decided during a capture).
+# explicit (GemmPlan.autotune): time them at any size, also when decided or recorded before.
 cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
                      const void* bias, void* aux, void* ws, size_t ws_bytes, int autotune,
-                     bint c_is_input, bint* keep, bint any_size=*) except -1
+                     bint c_is_input, bint* keep, bint explicit=*) except -1
 
 # The one plan executor: run `plan` (epilogue pointers bias/aux, NULL where none). Returns 0
 # when it ran; 1 when it was refused with nothing enqueued: unusable, an algorithm that failed a
@@ -52,6 +56,3 @@ cdef int run_with_fallback(Plan plan, GemmContext* ctx, cudaStream_t stream, con
 cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                   cublasComputeType_t compute, const float* alpha, const float* beta,
                   int autotune) except -1 nogil
-
-# CaptureError when a refused cuBLASLt call invalidated the capture under way on `stream`.
-cdef int check_capture_alive(cudaStream_t stream) except -1

@@ -23,9 +23,8 @@ from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm._types cimport ColMajorGemm, GemmTypes, pointer_alignment
-from cygemm._errors cimport check_cuda, check_cublas
-from cygemm._errors import CaptureError
-from cygemm._streams cimport stream_is_capturing
+from cygemm._errors cimport check_cublas
+from cygemm._streams cimport stream_is_capturing, check_capture_alive
 from cygemm._context cimport GemmContext, stream_workspace
 from cygemm._launch cimport (PlanData, PLAN_GEMMEX, PLAN_LT, gemm_colmajor, needs_64bit_api, plan_run,
                              set_scale_pointers)
@@ -39,11 +38,12 @@ from cygemm import _settings, tuning
 # ---------------------------------------------------------------- plans
 
 cdef class Plan:
-    """One problem's way to run: route, and for cuBLASLt its descriptors and algorithm.
-    Its descriptors are freed by close() or when it is dropped."""
+    """One problem's way to run: route, and for cuBLASLt its descriptors and algorithm. The
+    thread caches hold these; cygemm.GemmPlan extends it with its operands and lifecycle.
+    Its descriptors are freed by close() or when it is dropped (not through a subclass's close)."""
 
     def __dealloc__(self):
-        self.close()
+        free_descriptors(&self.d)
 
     def close(self):
         """Free the cuBLASLt descriptors now; the plan then runs nothing (usable is False)."""
@@ -52,18 +52,22 @@ cdef class Plan:
 
     @property
     def route(self):
+        """"cublasLt" or "cublasGemmEx"."""
         return "cublasLt" if self.d.route == PLAN_LT else "cublasGemmEx"
 
     @property
     def usable(self):
+        """False when nothing can run it (no algorithm, closed, or a GemmPlan not planned yet)."""
         return bool(self.d.usable)
 
     @property
     def tuned(self):
+        """Whether the algorithm was chosen by timing (here, or read from the tuning file)."""
         return bool(self.d.tuned)
 
     @property
     def tuned_ms(self):
+        """The chosen candidate's median time in ms (0 when not timed)."""
         return self.d.tuned_ms
 
 
@@ -263,8 +267,8 @@ cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
         return plan
     cdef bint keep = True
     if plan is None:
-        plan = _make_plan(ctx, stream, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, &k, key, &keep,
-                          types)
+        plan = _make_plan(Plan(), ctx, stream, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, &k, key,
+                          &keep, types)
     elif types != NULL and plan.d.desc != NULL:
         # Deciding runs the GEMM: with this call's scales and amax, not those an earlier call
         # left in the descriptor (their buffers may be gone, and amax would be written there).
@@ -278,22 +282,23 @@ cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
     return plan
 
 
-cdef Plan make_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
+cdef Plan init_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                     cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
-                    int64_t aux_ld, void* ws, size_t ws_bytes):
-    cdef PlanKey k = _plan_key(ctx, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, NULL)
+                    int64_t aux_ld, void* ws, size_t ws_bytes, const GemmTypes* types=NULL):
+    cdef PlanKey k = _plan_key(ctx, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, types)
     cdef bint keep = True
-    return _make_plan(ctx, stream, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, &k,
-                      _key_tuple(&k), &keep)
+    free_descriptors(&plan.d)           # what it held before (a plan made again): none left behind
+    memset(&plan.d, 0, sizeof(PlanData))
+    return _make_plan(plan, ctx, stream, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, &k,
+                      _key_tuple(&k), &keep, types)
 
 
-cdef Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
+cdef Plan _make_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                      cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
                      int64_t aux_ld, void* ws, size_t ws_bytes, const PlanKey* k, tuple key, bint* keep,
                      const GemmTypes* types=NULL):
-    """A new plan with the heuristic's candidates; keep[0] False when it must not be cached:
-    made during a capture, where a heuristic may be refused (the next eager call decides)."""
-    cdef Plan plan = Plan()
+    """Fill `plan` (a new one) with the heuristic's candidates; keep[0] False when it must not be
+    cached: made during a capture, where a heuristic may be refused (the next eager call decides)."""
     plan.key = key
     cdef PlanData* d = &plan.d
     d.capture_ok = True
@@ -338,13 +343,13 @@ cdef Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* 
 
 cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
                      const void* bias, void* aux, void* ws, size_t ws_bytes, int autotune,
-                     bint c_is_input, bint* keep, bint any_size=False) except -1:
+                     bint c_is_input, bint* keep, bint explicit=False) except -1:
     """Choose among the plan's candidates as `autotune` says: a forced route, a tuned choice
-    from the table, timing (large problems, or any size when any_size; not during a capture),
-    or the heuristic's first. Threads deciding one new problem at once time it once: the
-    others wait for that thread's choice (cygemm.tuning.claim_tuning)."""
+    from the table, timing (large problems, or, explicit, any size and again; not during a
+    capture), or the heuristic's first. Threads deciding one new problem at once time it once:
+    the others wait for that thread's choice (cygemm.tuning.claim_tuning)."""
     cdef PlanData* d = &plan.d
-    if d.tune_level >= autotune or not d.usable:
+    if (d.tune_level >= autotune and not explicit) or not d.usable:
         return 0
     if _force_gemm == 1 and d.gemmex_ok:
         d.route = PLAN_GEMMEX
@@ -352,12 +357,12 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
         d.tune_level = AUTOTUNE_EXHAUSTIVE
         return 0
     record = lookup(ctx.device, "gemm", plan.key)
-    if record is not None and _apply_record(ctx, d, record, ws_bytes):
+    if record is not None and not explicit and _apply_record(ctx, d, record, ws_bytes):
         d.tune_level = AUTOTUNE_EXHAUSTIVE
         return 0
     cdef int64_t batch = g.batch if g.strided_batched else 1
     cdef double macs = <double>g.m * g.n * g.k * batch
-    if autotune == AUTOTUNE_OFF or d.n_candidates + d.gemmex_ok < 2 or not (any_size or worth_tuning(macs)):
+    if autotune == AUTOTUNE_OFF or d.n_candidates + d.gemmex_ok < 2 or not (explicit or worth_tuning(macs)):
         d.tune_level = max(d.tune_level, autotune)
         return 0
     if in_route_timing():           # a layer is timing its routes: the heuristic's choice for now,
@@ -488,11 +493,3 @@ cdef int _run_planned(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm*
                               ws, ws_bytes, autotune, beta[0] != 0)
     return run_with_fallback(plan, ctx, stream, g, ws, ws_bytes, alpha, beta)
 
-
-cdef int check_capture_alive(cudaStream_t stream) except -1:
-    cdef cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone
-    check_cuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing")
-    if status == cudaStreamCaptureStatusInvalidated:
-        raise CaptureError("cublasLtMatmul invalidated the stream's capture; call the function once "
-                           "before capturing, or capture with mode='relaxed'")
-    return 0
