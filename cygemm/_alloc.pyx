@@ -19,8 +19,10 @@ import numpy as _np
 
 try:
     import cupy as _cupy
+    _cupy_ndarray = _cupy.ndarray
 except ImportError:
     _cupy = None
+    _cupy_ndarray = None
 
 
 class _RawStream:
@@ -99,7 +101,7 @@ def empty(shape, dtype, stream=None, str what="the result", like=None):
 # ------------------------------------------------------------ torch tensors
 
 cdef bint is_torch(object x):
-    if _cupy is not None and type(x) is _cupy.ndarray:     # the common case, without a string test
+    if type(x) is _cupy_ndarray:        # the common case, without a string test
         return False
     return type(x).__module__.startswith("torch")
 
