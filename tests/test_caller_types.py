@@ -73,16 +73,18 @@ def test_gemm_strided_batched_of_torch_tensors_returns_a_torch_tensor(gpu):
 
 
 @pytest.mark.gpu
-def test_gemm_on_a_torch_stream_allocates_and_runs_there(gpu):
-    A, B = _randn(64, 64, seed=7), _randn(64, 64, seed=8)
+def test_gemm_on_a_torch_stream_runs_there_and_returns_a_torch_tensor(gpu):
+    A_src, B = _randn(64, 64, seed=7), _randn(64, 64, seed=8)
+    A = torch.full((64, 64), float("nan"), device="cuda")
     torch.cuda.synchronize()
     s = torch.cuda.Stream()
     with torch.cuda.stream(s):
-        out = cygemm.gemm(A, B, math="fp32", stream=s)
-        ref = A.double() @ B.double()
+        torch.cuda._sleep(100_000_000)      # ~0.05 s: a GEMM not ordered after the copy reads NaN
+        A.copy_(A_src)
+    out = cygemm.gemm(A, B, math="fp32", stream=s)
     s.synchronize()
     assert isinstance(out, torch.Tensor)
-    assert _err(out, ref) < 1e-5
+    assert _err(out, A_src.double() @ B.double()) < 1e-5
 
 
 @pytest.mark.gpu
