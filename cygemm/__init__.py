@@ -16,11 +16,22 @@ from cygemm._settings import get_options, set_options
 from cygemm.tuning import load_tuning, save_tuning
 from cygemm.rowmajor import gemm, gemm_strided_batched
 from cygemm.gemm_plan import GemmPlan
-from cygemm.matmul import matmul, describe_matmul
+from cygemm.matmul import matmul, describe_matmul, _set_grad_path
 from cygemm.grouped import grouped_gemm, moe_gemm, describe_grouped
 from cygemm import dense, elementwise, fp8, gemm_ops, graph, grouped, plans, tuning
 
 __version__ = "0.2.0.dev0"
+
+
+def _record_matmul(*args):
+    # matmul on torch tensors that require grad (grad mode on): through cygemm.autograd, which
+    # imports torch and, once imported, is called directly.
+    from cygemm.autograd import _recorded_matmul
+    return _recorded_matmul(*args)
+
+
+_set_grad_path(_record_matmul)
+del _set_grad_path
 
 __all__ = ["nn", "backend", "matmul", "describe_matmul", "grouped_gemm", "moe_gemm", "describe_grouped", "gemm", "gemm_strided_batched", "GemmPlan", "gemm_ops", "graph", "plans", "tuning",
            "fp8", "elementwise", "grouped", "dense",
@@ -30,9 +41,10 @@ __all__ = ["nn", "backend", "matmul", "describe_matmul", "grouped_gemm", "moe_ge
 
 
 def __getattr__(name):
-    # cygemm.nn and cygemm.backend load on first use: `import cygemm` stays light. cygemm.fused,
-    # the dense layer's deprecated old name, too (importing it warns).
-    if name in ("nn", "backend", "fused"):
+    # cygemm.nn, cygemm.backend and cygemm.autograd (which imports torch) load on first use:
+    # `import cygemm` stays light. cygemm.fused, the dense layer's deprecated old name, too
+    # (importing it warns).
+    if name in ("nn", "backend", "autograd", "fused"):
         import importlib
         return importlib.import_module(f"cygemm.{name}")
     raise AttributeError(f"module 'cygemm' has no attribute {name!r}")

@@ -1,5 +1,16 @@
-# Allocation of device arrays from CuPy's pool, ordered on the call's stream.
+# Allocation of device arrays of the caller's library (CuPy's pool, or torch's allocator for
+# torch tensors), ordered on the call's stream.
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 
-# A new C-ordered CuPy array on `stream` (CaptureError saying `what` while it is captured).
-cdef object empty_array(tuple shape, cudaDataType dtype, cudaStream_t stream, str what)
+# A new C-ordered array on `stream` (CaptureError saying `what` while it is captured): a torch
+# tensor on like's device when like (a torch tensor) is given, else a CuPy array.
+cdef object empty_array(tuple shape, cudaDataType dtype, cudaStream_t stream, str what, object like=*)
+# Whether x is a torch tensor (torch need not be imported); the first torch tensor of arrays.
+cdef bint is_torch(object x)
+cdef object first_torch(tuple arrays)
+# torch's dtype for t; a torch stream object for the raw stream s of device.
+cdef object torch_dtype(object torch, cudaDataType t)
+cdef object torch_stream(object torch, cudaStream_t s, object device)
+# A new C-ordered array of the caller's library (torch_lib: a torch tensor on like's device,
+# else CuPy), ordered on s. A CuPy one is refused in a capture; a torch one is not checked.
+cdef object new_array(bint torch_lib, object like, tuple shape, cudaDataType t, cudaStream_t s)

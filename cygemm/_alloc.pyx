@@ -1,7 +1,8 @@
 # cython: language_level=3
-"""Allocation: new C-ordered CuPy arrays from CuPy's pool on the call's stream.
+"""Allocation: new C-ordered arrays of the caller's library on the call's stream: CuPy arrays
+from CuPy's pool, or, when an input is a torch tensor, torch tensors from torch's allocator.
 
-CuPy's pool hands out blocks by the current stream: a block freed on another stream may still
+Both pools hand out blocks by the current stream: a block freed on another stream may still
 be in use there, so every allocation is made with the call's stream current. Refused (with
 CaptureError) while that stream is being captured.
 """
@@ -9,7 +10,7 @@ import contextlib
 
 from libc.stdint cimport uintptr_t
 
-from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F
 from cygemm._streams cimport stream_from_object
 from cygemm._errors cimport refuse_in_capture
 from cygemm._arrays cimport dtype_name
@@ -18,8 +19,10 @@ import numpy as _np
 
 try:
     import cupy as _cupy
+    _cupy_ndarray = _cupy.ndarray
 except ImportError:
     _cupy = None
+    _cupy_ndarray = None
 
 
 class _RawStream:
@@ -67,22 +70,72 @@ def empty_on(tuple shape, dtype, uintptr_t ptr):
         return _cupy.empty(shape, dtype=dtype)
 
 
-cdef object empty_array(tuple shape, cudaDataType dtype, cudaStream_t stream, str what):
+cdef object empty_array(tuple shape, cudaDataType dtype, cudaStream_t stream, str what, object like=None):
     refuse_in_capture(stream, what)
+    if like is not None:
+        return _torch_empty(like, shape, dtype_name(dtype), <uintptr_t>stream)
     if _cupy is None:
         raise RuntimeError(f"{what}: allocating needs CuPy; pass an existing array instead")
     return empty_on(shape, numpy_dtype(dtype_name(dtype)), <uintptr_t>stream)
 
 
-def empty(shape, dtype, stream=None, str what="the result"):
-    """A C-ordered CuPy array from CuPy's pool on `stream` (None: CuPy's current stream).
-    CaptureError, naming `what`, while the stream is being captured."""
+def empty(shape, dtype, stream=None, str what="the result", like=None):
+    """A C-ordered array on `stream` (None: CuPy's current stream): a torch tensor from torch's
+    allocator on the device of the first torch tensor in `like` (an array or a tuple of
+    them) when there is one, else a CuPy array from CuPy's pool. CaptureError, naming
+    `what`, while the stream is being captured."""
     cdef cudaStream_t s
     stream_from_object(stream, &s)
     refuse_in_capture(s, f"{what}: allocating it uses device memory")
     name = str(dtype) if str(dtype) == "bfloat16" else _np.dtype(dtype).name
     if name not in ("float32", "float16", "float64", "bfloat16"):
         raise TypeError(f"dtype: expected float16, bfloat16, float32 or float64, got {name}")
+    tensor = first_torch(like) if type(like) is tuple else (like if like is not None and is_torch(like) else None)
+    if tensor is not None:
+        return _torch_empty(tensor, tuple(shape), name, <uintptr_t>s)
     if _cupy is None:
         raise RuntimeError(f"{what}: allocating needs CuPy")
     return empty_on(tuple(shape), numpy_dtype(name), <uintptr_t>s)
+
+
+# ------------------------------------------------------------ torch tensors
+
+cdef bint is_torch(object x):
+    if type(x) is _cupy_ndarray:        # the common case, without a string test
+        return False
+    return type(x).__module__.startswith("torch")
+
+
+cdef object first_torch(tuple arrays):
+    for x in arrays:
+        if x is not None and is_torch(x):
+            return x
+    return None
+
+
+cdef object torch_dtype(object torch, cudaDataType t):
+    return {CUDA_R_32F: torch.float32, CUDA_R_16F: torch.float16, CUDA_R_16BF: torch.bfloat16,
+            CUDA_R_64F: torch.float64}[t]
+
+
+cdef object torch_stream(object torch, cudaStream_t s, object device):
+    return torch.cuda.ExternalStream(<uintptr_t>s, device=device)
+
+
+cdef object _torch_empty(object like, tuple shape, str dtype, uintptr_t s):
+    """A C-ordered tensor on like's device from torch's caching allocator, which keeps a block
+    for the stream current when it is allocated: so s is made current (when it is not)."""
+    import torch
+    dt = getattr(torch, dtype)
+    if torch.cuda.current_stream(like.device).cuda_stream == s:
+        return torch.empty(shape, dtype=dt, device=like.device)
+    with torch.cuda.stream(torch_stream(torch, <cudaStream_t>s, like.device)):
+        return torch.empty(shape, dtype=dt, device=like.device)
+
+
+cdef object new_array(bint torch_lib, object like, tuple shape, cudaDataType t, cudaStream_t s):
+    """A C-ordered array of the caller's library (torch_lib: a tensor on like's device), its
+    memory ordered on stream s."""
+    if torch_lib:
+        return _torch_empty(like, shape, dtype_name(t), <uintptr_t>s)
+    return empty(shape, dtype_name(t), <uintptr_t>s)

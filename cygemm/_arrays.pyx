@@ -211,7 +211,8 @@ cdef bint _find_torch() except -1:
 
 cdef int _read_torch(object x, ArrayDesc* d, str name, bint wide) except -1:
     if not x.is_cuda:
-        raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {x.device}")
+        raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {x.device} (a CPU tensor "
+                        "is not a CUDA array: move it with .cuda())")
     dt = _torch_dtypes.get(x.dtype)
     if dt is None and wide and x.dtype == _torch_f64:
         dt = _F64

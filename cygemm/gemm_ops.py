@@ -109,12 +109,13 @@ def forward(A, B, bias=None, *, with_bias=True, act="none", leaky_slope=0.01, sa
     """Y = act(A @ B + bias), allocating Y (and Z = A @ B + bias with save_z).
 
     Takes every layout and argument that :func:`forward_into` takes (``W.T`` included) and
-    allocates the results from CuPy's pool on `stream`.
+    allocates the results on `stream`, in the inputs' library: torch tensors from torch's
+    allocator when A or B is a torch tensor, else CuPy arrays from CuPy's pool.
 
     Returns
     -------
     (Y, Z)
-        Row-major (M, N) CuPy arrays; Z is None unless save_z.
+        Row-major (M, N) arrays; Z is None unless save_z.
 
     Raises
     ------
@@ -124,8 +125,8 @@ def forward(A, B, bias=None, *, with_bias=True, act="none", leaky_slope=0.01, sa
         The stream is being captured (use forward_into with buffers made before).
     """
     M, K, N, dtype = layer_shape(A, B)
-    Y = _alloc.empty((M, N), dtype, stream, "forward(): Y")
-    Z = _alloc.empty((M, N), dtype, stream, "forward(): Z") if save_z else None
+    Y = _alloc.empty((M, N), dtype, stream, "forward(): Y", like=(A, B))
+    Z = _alloc.empty((M, N), dtype, stream, "forward(): Z", like=(A, B)) if save_z else None
     forward_into(A, B, Y, bias, with_bias=with_bias, act=act, leaky_slope=leaky_slope, save_z=save_z,
                  z_out=Z, lt_workspace=lt_workspace, math=math, stream=stream)
     return Y, Z
@@ -135,9 +136,10 @@ def backward(A, B, gY, Z, *, with_bias=True, act="none", leaky_slope=0.01, need_
              lt_workspace=None, math="tf32", stream=None, work_dZ=None, y=None):
     """Gradients of Y = act(A @ B + bias), allocated: see :func:`backward_into`.
 
-    The gradients and, when needed and not given, the dZ buffer are allocated from CuPy's pool on
-    `stream` for this call alone, so concurrent calls on other streams or threads never share
-    them. gB has B's shape and is C-ordered (for ``B = W.T`` its transpose is W's gradient).
+    The gradients and, when needed and not given, the dZ buffer are allocated on `stream` for
+    this call alone, in the inputs' library as :func:`forward` does, so concurrent calls on
+    other streams or threads never share them. gB has B's shape and is C-ordered (for
+    ``B = W.T`` its transpose is W's gradient).
 
     Returns
     -------
@@ -152,11 +154,12 @@ def backward(A, B, gY, Z, *, with_bias=True, act="none", leaky_slope=0.01, need_
         The stream is being captured (use backward_into with buffers made before).
     """
     M, K, N, dtype = layer_shape(A, B)
-    gA = _alloc.empty((M, K), dtype, stream, "backward(): gA") if need_gA else None
-    gB = _alloc.empty((K, N), dtype, stream, "backward(): gB") if need_gB else None
-    gBias = _alloc.empty((N,), dtype, stream, "backward(): gBias") if with_bias else None
+    like = (A, B)
+    gA = _alloc.empty((M, K), dtype, stream, "backward(): gA", like=like) if need_gA else None
+    gB = _alloc.empty((K, N), dtype, stream, "backward(): gB", like=like) if need_gB else None
+    gBias = _alloc.empty((N,), dtype, stream, "backward(): gBias", like=like) if with_bias else None
     if work_dZ is None and parse_activation(act) != 0 and (need_gA or need_gB):
-        work_dZ = _alloc.empty((M, N), dtype, stream, "backward(): dZ")
+        work_dZ = _alloc.empty((M, N), dtype, stream, "backward(): dZ", like=like)
     backward_into(A, B, gY, Z, with_bias=with_bias, act=act, leaky_slope=leaky_slope, gA_out=gA, gB_out=gB,
                   gBias_out=gBias, work_dZ=work_dZ, lt_workspace=lt_workspace, math=math, stream=stream, y=y)
     return gA, gB, gBias

@@ -23,6 +23,7 @@ from cygemm._mapping cimport MAP_OK, map_rowmajor_gemm, check_batch_disjoint, is
 from cygemm._batch_layout cimport (BatchLayout, MatmulPlan, read_layout, result_shape, has_result_shape,
                                    merge_out, check_out, empty_batch, may_overlap_inputs, call_views, span_view,
                                    decide_copies)
+from cygemm._alloc cimport is_torch, new_array, torch_dtype, torch_stream
 from cygemm import _alloc
 
 import numpy as np
@@ -45,45 +46,12 @@ cdef cudaDataType _promote(cudaDataType x, cudaDataType y) noexcept:
     return x if _rank(x) > _rank(y) else y
 
 
-try:
-    import cupy as _cupy
-    _cupy_ndarray = _cupy.ndarray
-except ImportError:
-    _cupy_ndarray = None
-
-
-cdef bint _is_torch(object x):
-    if type(x) is _cupy_ndarray:        # the common case, without a string test
-        return False
-    return type(x).__module__.startswith("torch")
-
-
-cdef object _torch_dtype(object torch, cudaDataType t):
-    return {CUDA_R_32F: torch.float32, CUDA_R_16F: torch.float16, CUDA_R_16BF: torch.bfloat16,
-            CUDA_R_64F: torch.float64}[t]
-
-
-cdef object _torch_stream(object torch, cudaStream_t s):
-    return torch.cuda.ExternalStream(<uintptr_t>s)
-
-
-cdef object _new_array(bint torch_lib, object like, tuple shape, cudaDataType t, cudaStream_t s):
-    """A C-ordered array of the caller's library, its memory ordered on stream s."""
-    if torch_lib:
-        import torch
-        if torch.cuda.current_stream(like.device).cuda_stream == <uintptr_t>s:
-            return torch.empty(shape, dtype=_torch_dtype(torch, t), device=like.device)
-        with torch.cuda.stream(_torch_stream(torch, s)):
-            return torch.empty(shape, dtype=_torch_dtype(torch, t), device=like.device)
-    return _alloc.empty(shape, dtype_name(t), <uintptr_t>s)
-
-
 cdef object _contiguous(object x, cudaDataType t, cudaStream_t s):
     """x as a new C-ordered array of dtype t and of x's own library, copied on stream s."""
-    if _is_torch(x):
+    if is_torch(x):
         import torch
-        with torch.cuda.stream(_torch_stream(torch, s)):
-            return x.to(_torch_dtype(torch, t)).contiguous()
+        with torch.cuda.stream(torch_stream(torch, s, x.device)):
+            return x.to(torch_dtype(torch, t)).contiguous()
     import cupy
     with _alloc.stream_context(<uintptr_t>s):
         return cupy.ascontiguousarray(_as_cupy(x), dtype=_alloc.numpy_dtype(dtype_name(t)))
@@ -91,7 +59,7 @@ cdef object _contiguous(object x, cudaDataType t, cudaStream_t s):
 
 cdef object _as_cupy(object x):
     import cupy
-    if _is_torch(x):        # torch's CAI refuses bfloat16 (and tensors that require grad)
+    if is_torch(x):        # torch's CAI refuses bfloat16 (and tensors that require grad)
         return cupy.from_dlpack(x.detach())
     if hasattr(x, "__cuda_array_interface__"):
         return cupy.asarray(x)
@@ -100,14 +68,40 @@ cdef object _as_cupy(object x):
 
 cdef int _copy_into(object out, object src, cudaStream_t s) except -1:
     """out[...] = src on stream s, whichever libraries the two come from."""
-    if _is_torch(out):
+    if is_torch(out):
         import torch
-        with torch.cuda.stream(_torch_stream(torch, s)):
-            out.copy_(src if _is_torch(src) else torch.as_tensor(src, device=out.device))
+        with torch.cuda.stream(torch_stream(torch, s, out.device)):
+            out.copy_(src if is_torch(src) else torch.as_tensor(src, device=out.device))
         return 0
     with _alloc.stream_context(<uintptr_t>s):
         _as_cupy(out)[...] = _as_cupy(src)      # casts when the dtypes differ
     return 0
+
+
+# ------------------------------------------------------------ torch's autograd
+
+# The function that runs a call autograd must record: cygemm.autograd's, set by the package's
+# __init__ (this compiled layer names nothing above it; torch is imported only on that path).
+cdef object _grad_path = None
+cdef object _is_grad_enabled = None
+
+
+def _set_grad_path(fn):
+    global _grad_path
+    _grad_path = fn
+
+
+cdef bint _records_grad(object a, object b, object out) except -1:
+    """Whether torch's autograd must record matmul(a, b, out): a torch tensor among them
+    requires grad (checked first: False in inference) and grad mode is on."""
+    global _is_grad_enabled
+    if not (getattr(a, "requires_grad", False) or getattr(b, "requires_grad", False)
+            or (out is not None and getattr(out, "requires_grad", False))):
+        return False
+    if _is_grad_enabled is None:
+        import torch
+        _is_grad_enabled = torch.is_grad_enabled
+    return _is_grad_enabled() and _grad_path is not None
 
 
 # ------------------------------------------------------------ matmul
@@ -183,7 +177,10 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None):
     -------
     array
         ``out`` when given; else a new C-ordered array of the inputs' library (a torch tensor
-        when either input is one, else a CuPy array), allocated on ``stream``.
+        from torch's allocator when either input is one, else a CuPy array from CuPy's pool),
+        allocated on ``stream``. When a torch input requires grad and grad mode is on, the
+        call goes through :class:`cygemm.autograd.Matmul` and the tensor has a ``grad_fn``
+        (``loss.backward()`` runs cygemm's GEMMs); under ``torch.no_grad()`` it has none.
 
     Raises
     ------
@@ -195,6 +192,8 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None):
     CaptureError
         A call that must allocate (``out=None``, a dtype cast, an unreadable layout, an
         overlapping ``out``) while ``stream`` is being captured.
+    RuntimeError
+        ``out`` given while autograd records the call (as torch's ``out=`` functions refuse).
 
     Notes
     -----
@@ -205,11 +204,13 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None):
     another dtype, and an ``out`` that overlaps an input or cannot be written in place. Without them, and with ``out``
     given, the call allocates nothing and can be captured into a CUDA graph.
     """
+    cdef bint torch_lib = is_torch(a) or is_torch(b)
+    if torch_lib and _records_grad(a, b, out):     # torch's autograd records the call (cygemm.autograd)
+        return _grad_path(a, b, out, math, stream, autotune)
     cdef ArrayDesc da, db, dc
     cdef BatchLayout L0, L
     cdef cudaDataType t
     _read_operands(a, b, out, &da, &db, &dc, &L0, &t)
-    cdef bint torch_lib = _is_torch(a) or _is_torch(b)
     cdef int level = autotune_level(autotune)
     cdef CallArgs c
     _check_call(&c, &da, &db, &dc, out is not None, math, t, stream, torch_lib)
@@ -217,12 +218,12 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None):
     cdef MatmulPlan p
     reason = decide_copies(&da, &db, &dc, out is not None, t, &L0, &L, &p)
     if p.empty:
-        return out if out is not None else _new_array(torch_lib, a if _is_torch(a) else b, result_shape(&L0), t, s)
+        return out if out is not None else new_array(torch_lib, a if is_torch(a) else b, result_shape(&L0), t, s)
     # From here on the arguments are valid: the plan's copies, then the GEMMs.
     target = out
     if reason is not None:
         refuse_in_capture(s, reason)
-        like = a if _is_torch(a) else b     # the library and device of new arrays
+        like = a if is_torch(a) else b     # the library and device of new arrays
         if p.copy_a:
             a = _contiguous(a, t, s)
             read_array(a, &da, "a", True)
@@ -230,7 +231,7 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None):
             b = _contiguous(b, t, s)
             read_array(b, &db, "b", True)
         if p.new_result or p.via_temp:
-            target = _new_array(torch_lib, out if p.temp_like_out and _is_torch(out) else like,
+            target = new_array(torch_lib, out if p.temp_like_out and is_torch(out) else like,
                                 result_shape(&L0), t, s)
             read_array(target, &dc, "out", True)
         read_layout(&da, &db, &L)

@@ -9,7 +9,7 @@ from cygemm._types cimport MatrixView, ColMajorGemm
 from cygemm._context cimport GemmContext
 from cygemm._mapping cimport rowmajor_view     # (the mapping itself: cimported by rowmajor.pxd)
 
-from cygemm._alloc cimport empty_array
+from cygemm._alloc cimport empty_array, first_torch
 from cygemm._args cimport (CallArgs, args_init, add_array, add_view, prepare_call, expect_dtype, ARG_READ,
                            ARG_WRITE)
 from cygemm._settings cimport autotune_level
@@ -121,10 +121,12 @@ cdef object _run(object A, object B, object out, bint trans_a, bint trans_b, obj
     cdef int level = autotune_level(autotune)
     cdef MatrixView* cv = &c.views[2]
     prepare_call(&c, math, cv.dtype, stream)    # out=None: the result has no memory yet, skipped
-    if out is None:
+    cdef object like
+    if out is None:         # in the caller's library: a torch tensor when A or B is one
+        like = first_torch((A, B))
         out = empty_array(((cv.batch,) if batched else ()) + (cv.rows, cv.cols), cv.dtype, c.stream,
-                          "out: out=None allocates the result; pass out=")
-        g.c = <void*><uintptr_t>out.data.ptr
+                          "out: out=None allocates the result; pass out=", like)
+        g.c = <void*><uintptr_t>(out.data.ptr if like is None else out.data_ptr())
     if g.m == 0 or g.n == 0 or g.batch == 0:
         return out
     with nogil:
@@ -144,7 +146,8 @@ def gemm(A, B, out=None, *, bint trans_a=False, bint trans_b=False, alpha=1.0, b
         one axis has unit stride and the other a stride >= its length (C or F order, slices,
         ``.T``).
     out : device array, optional
-        (M, N), the dtype of A; any such layout. None: a new C-ordered CuPy array.
+        (M, N), the dtype of A; any such layout. None: a new C-ordered array of the inputs'
+        library (a torch tensor when A or B is one, else a CuPy array).
     trans_a, trans_b : bool
         Use A.T / B.T (no copy).
     alpha, beta : float
@@ -162,7 +165,8 @@ def gemm(A, B, out=None, *, bint trans_a=False, bint trans_b=False, alpha=1.0, b
     Returns
     -------
     device array
-        ``out``, or the new array (allocated from CuPy's pool on ``stream``).
+        ``out``, or the new array, allocated on ``stream`` (from torch's allocator for torch
+        inputs, else from CuPy's pool).
 
     Raises
     ------
@@ -197,14 +201,15 @@ def gemm_strided_batched(A, B, out=None, *, bint trans_a=False, bint trans_b=Fal
         batch stride 0 (``cp.broadcast_to``) is broadcast over the batch.
     out : device array, optional
         (batch, M, N); any batch stride whose matrices do not overlap. None: a new C-ordered
-        CuPy array.
+        array of the inputs' library, as in :func:`gemm`.
     trans_a, trans_b, alpha, beta, math, stream, autotune
         As in :func:`gemm`.
 
     Returns
     -------
     device array
-        ``out``, or the new array (allocated from CuPy's pool on ``stream``).
+        ``out``, or the new array, allocated on ``stream`` (from torch's allocator for torch
+        inputs, else from CuPy's pool).
 
     Raises
     ------

@@ -6,6 +6,12 @@ import cygemm  # noqa: E402  (the API reference documents the cygemm that is ins
 release = version = cygemm.__version__
 
 extensions = ["sphinx.ext.autodoc", "sphinx.ext.autosummary", "sphinx.ext.doctest", "numpydoc"]
+# cygemm.autograd subclasses torch's classes; where torch is not installed (the docs extra does
+# not need it) autodoc reads it against a stand-in.
+try:
+    import torch  # noqa: F401
+except ImportError:
+    autodoc_mock_imports = ["torch"]
 autosummary_generate = False
 autodoc_default_options = {"members": False}
 numpydoc_show_class_members = False
