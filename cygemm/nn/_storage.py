@@ -47,7 +47,8 @@ class FlatStorage:
     def __init__(self, size, precision="fp32"):
         self.precision = precision
         self.params = cp.empty(size, np.float32)
-        self.grads = cp.zeros(size, compute_dtype(precision))
+        self.grads = cp.empty(size, compute_dtype(precision))
+        self.grads.data.memset_async(0, self.grads.nbytes)     # zero in either dtype (no kernel)
         self.params_bf16 = cp.empty(size, BF16) if precision == "bf16-mixed" else None
 
     @property

@@ -57,7 +57,7 @@ def _check_array(x, name, shape, dtype=np.float32):
                         "(move host data with cp.asarray, or pass it to the compiled step)")
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
-    allowed = dtype if isinstance(dtype, tuple) else (dtype,)
+    allowed = tuple(dict.fromkeys(np.dtype(d) for d in (dtype if isinstance(dtype, tuple) else (dtype,))))
     if x.dtype not in allowed:
         raise TypeError(f"{name}: expected {' or '.join(np.dtype(d).name for d in allowed)}, got {x.dtype.name}")
 
@@ -240,7 +240,7 @@ class Dense:
 
     def torch_state_dict(self):
         """The parameters as CPU torch tensors for ``torch.nn.Linear.load_state_dict``."""
-        return serialization.torch_state(self.state_dict(), [("", self.act)])
+        return serialization.torch_state(self.state_dict(), [("", self.act)], sequential=False)
 
     def load_torch(self, linear):
         """Copy a ``torch.nn.Linear``'s weight and bias (same shapes) into this layer."""

@@ -16,9 +16,7 @@ def _bf16():
 
 
 def _device_bf16(cp, host):
-    out = cp.empty(host.shape, _bf16())
-    out.set(np.ascontiguousarray(host.astype(_bf16())))
-    return out
+    return cp.asarray(host.astype(_bf16()))
 
 
 def test_conversions_round_to_nearest_even_as_ml_dtypes():
@@ -83,7 +81,7 @@ def test_optimizers_read_bf16_gradients_and_rewrite_the_bf16_copy(name, kwargs):
         topt.step()
     master = model.flat_parameters.get()
     assert master.dtype == np.float32
-    assert rel_err(master, tp.detach().numpy()) < 1e-5
+    assert rel_err(master.astype(np.float64) - p0, tp.detach().numpy() - p0) < 1e-4     # the updates
     copy = model.flat_parameters_bf16.get()
     assert np.array_equal(copy.view(np.uint16), master.astype(_bf16()).view(np.uint16))
 
@@ -93,7 +91,7 @@ def test_digits_trains_in_bf16_mixed_within_a_point_of_fp32():
     import examples_path  # noqa: F401
     import train_digits as ex
     Xtr, Xte, ytr, yte = ex.load(0)
-    orders = ex.batch_orders(len(Xtr), 64, 20, 0)
+    orders = ex.batch_orders(len(Xtr), 64, 40, 0)        # the example's defaults
     sizes = [64, 128, 128, 10]
     acc = {}
     for precision in ("fp32", "bf16-mixed"):
