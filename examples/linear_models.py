@@ -9,6 +9,7 @@ with the same objective as ``LogisticRegression(C=C)``: ``C * sum(log loss) + ||
 Nothing inside an iteration reads a value back to the host.
 """
 import argparse
+import sys
 import time
 
 import numpy as np
@@ -145,8 +146,14 @@ def main(argv=None):
     ap.add_argument("--backends", default="numpy,cuda", help="comma list of numpy, cuda")
     ap.add_argument("--iters", type=int, default=1000, help="logistic regression iterations")
     args = ap.parse_args(argv)
+    names = args.backends.split(",")
+    if "cuda" in names:
+        import cygemm
+        reason = cygemm.gpu_unavailable_reason()
+        if reason:                 # before any work: one line that says why, no traceback
+            sys.exit(f"linear_models.py: {reason} (run with --backends numpy for the CPU)")
     results = {}
-    for name in args.backends.split(","):
+    for name in names:
         be = make_backend(name)
         results[name] = {"ridge": run_ridge(be), "logreg": run_logreg(be, iters=args.iters)}
     return results

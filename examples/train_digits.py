@@ -1,11 +1,15 @@
 """Train an MLP on scikit-learn's digits with cygemm.nn, the whole step in one CUDA graph, and
 the same model in torch (same initialisation, same batch order) for comparison.
 
-    python examples/train_digits.py [--epochs 40] [--plot digits_loss.png]
+    python examples/train_digits.py [--epochs 40] [--precision bf16-mixed] [--save digits.npz]
 
 Prints a line per epoch, the test accuracies, and the step time eager against captured.
+``--precision bf16-mixed`` trains with bfloat16 GEMMs on float32 master weights (torch then
+runs under bfloat16 autocast); ``--save`` writes the captured run's model and optimizer state
+(``cygemm.nn.save``: an .npz file NumPy reads).
 """
 import argparse
+import sys
 import time
 
 import numpy as np
@@ -25,10 +29,10 @@ def batch_orders(n, batch, epochs, seed=0):
     return [rng.permutation(n)[: n // batch * batch].reshape(-1, batch) for _ in range(epochs)]
 
 
-def train_cygemm(Xtr, ytr, orders, sizes, lr, eager, seed, log):
+def train_cygemm(Xtr, ytr, orders, sizes, lr, eager, seed, log, precision="fp32"):
     import cupy as cp
     import cygemm.nn as nn
-    model = nn.MLP(sizes, act="relu", seed=seed)
+    model = nn.MLP(sizes, act="relu", seed=seed, precision=precision)
     init = [(layer.weight.get(), layer.bias.get()) for layer in model.layers]
     step = nn.compile_step(model, nn.SoftmaxCrossEntropy(), nn.Adam(model, lr=lr), batch=orders[0].shape[1],
                            eager=eager)
@@ -58,7 +62,7 @@ def accuracy_cygemm(model, Xte, yte):
     return float((logits.argmax(axis=1).get() == yte).mean())
 
 
-def train_torch(Xtr, ytr, orders, sizes, lr, init):
+def train_torch(Xtr, ytr, orders, sizes, lr, init, precision="fp32"):
     import torch
     torch.backends.cuda.matmul.allow_tf32 = True
     layers = []
@@ -78,7 +82,8 @@ def train_torch(Xtr, ytr, orders, sizes, lr, init):
         for idx in order:
             idx = torch.from_numpy(idx).cuda()
             opt.zero_grad(set_to_none=True)
-            loss = loss_fn(model(Xd[idx]), yd[idx])
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+                loss = loss_fn(model(Xd[idx]), yd[idx])
             loss.backward()
             opt.step()
             total += loss.detach()
@@ -112,10 +117,18 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default=None, help="write the loss curves to this PNG")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch run")
+    ap.add_argument("--precision", choices=["fp32", "bf16-mixed"], default="fp32",
+                    help="fp32, or bfloat16 GEMMs on float32 master weights (default fp32)")
+    ap.add_argument("--save", default=None, metavar="PATH",
+                    help="write the captured run's model and optimizer state to this .npz file")
     ap.add_argument("--gpus", type=int, default=1, help="reserved: data-parallel training is not built yet")
     args = ap.parse_args(argv)
     if args.gpus != 1:
         ap.error("--gpus: only 1 is supported")
+    import cygemm
+    reason = cygemm.gpu_unavailable_reason()
+    if reason:                     # before loading data: one line that says why, no traceback
+        sys.exit(f"train_digits.py: {reason}")
     sizes = [int(s) for s in args.sizes.split(",")]
     Xtr, Xte, ytr, yte = load(args.seed)
     orders = batch_orders(len(Xtr), args.batch, args.epochs, args.seed)
@@ -126,14 +139,18 @@ def main(argv=None):
         model, step, curve, init = train_cygemm(
             Xtr, ytr, orders, sizes, args.lr, eager, args.seed,
             lambda e, l: print(f"{name}: epoch {e + 1:3d}/{args.epochs}  loss {l:.4f}", flush=True)
-            if (e + 1) % 5 == 0 or e == 0 else None)
+            if (e + 1) % 5 == 0 or e == 0 else None, args.precision)
         acc = accuracy_cygemm(model, Xte, yte)
         res[name] = dict(curve=curve, accuracy=acc, seconds=time.perf_counter() - t0,
                          step_us=step_time_us(step))
         print(f"{name}: test accuracy {acc * 100:.2f}%, step {res[name]['step_us']:.1f} us", flush=True)
+        if args.save and not eager:
+            import cygemm.nn as nn
+            nn.save(args.save, model, step.optimizer)
+            print(f"{name}: saved the model and optimizer state to {args.save}", flush=True)
     if not args.no_torch:
         t0 = time.perf_counter()
-        tmodel, tcurve = train_torch(Xtr, ytr, orders, sizes, args.lr, init)
+        tmodel, tcurve = train_torch(Xtr, ytr, orders, sizes, args.lr, init, args.precision)
         res["torch eager"] = dict(curve=tcurve, accuracy=accuracy_torch(tmodel, Xte, yte),
                                   seconds=time.perf_counter() - t0)
         print(f"torch eager: test accuracy {res['torch eager']['accuracy'] * 100:.2f}%", flush=True)
@@ -151,7 +168,8 @@ def main(argv=None):
         ax.set_xlabel("epoch")
         ax.set_ylabel("mean training loss (cross-entropy)")
         ax.set_yscale("log")
-        ax.set_title(f"digits, MLP {'-'.join(map(str, sizes))}, batch {args.batch}, Adam lr {args.lr}")
+        ax.set_title(f"digits, MLP {'-'.join(map(str, sizes))}, batch {args.batch}, Adam lr {args.lr}, "
+                     f"{args.precision}")
         ax.legend()
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)

@@ -9,6 +9,7 @@ import cygemm
 from cygemm.backend import _kernels
 from cygemm.backend._base import ArrayBackend, check_matrix
 from cygemm.backend._convert import host_numbers, is_torch
+from cygemm.nn._gpu import require_gpu
 
 
 class CUDABackend(ArrayBackend):
@@ -18,12 +19,18 @@ class CUDABackend(ArrayBackend):
     ----------
     stream : cupy.cuda.Stream, optional
         Where everything runs: cygemm's GEMMs, the backend's kernels and CuPy's operations
-        (the backend's methods enter it). Default: a new non-blocking stream.
+        (the backend's methods enter it). Default: a new blocking stream (ordered with the
+        legacy default stream).
     dtype : {"float32", "float64"}
         The one floating dtype of every array it makes; float32 products go through cygemm,
         float64 ones through cygemm's matmul (which runs them in fp64).
     math : {"tf32", "fp32"}
         float32 products in :meth:`matmul` and :meth:`gram`. :meth:`dot` is always strict fp32.
+
+    Raises
+    ------
+    cygemm.CygemmError
+        Where no GPU is usable: the message is :func:`cygemm.gpu_unavailable_reason`'s.
 
     Notes
     -----
@@ -34,6 +41,7 @@ class CUDABackend(ArrayBackend):
     xp = cp
 
     def __init__(self, stream=None, dtype="float32", math="tf32"):
+        require_gpu()           # before CuPy makes a stream: cygemm's plain-words reason, not CuPy's
         super().__init__(dtype)
         if math not in ("tf32", "fp32"):
             raise ValueError(f"math: expected 'tf32' or 'fp32', got {math!r}")

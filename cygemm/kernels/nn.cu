@@ -2,6 +2,8 @@
 // one launch each.
 #include "cygemm/nn_kernels.h"
 
+#include <cuda_bf16.h>
+
 namespace {
 // The last block to finish (its partial already written) adds the partials in block order.
 __device__ bool last_block_done(unsigned int* done) {
@@ -156,37 +158,48 @@ __device__ void advance_step(int* step, unsigned int* done) {
     }
 }
 
+// A gradient as float: the optimizers read float32 gradients, or the bfloat16 ones that the
+// GEMMs of bf16-mixed training write.
+__device__ __forceinline__ float as_float(float g) { return g; }
+__device__ __forceinline__ float as_float(__nv_bfloat16 g) { return __bfloat162float(g); }
+
 // SGD as torch.optim.SGD: d = g + wd p; buf = momentum buf + (1 - dampening) d (buf = d at the
-// first step); d = nesterov ? d + momentum buf : buf; p -= lr d.
-__global__ void sgd(float* p, const float* g, float* buf, long long n, const float* lr_ptr,
+// first step); d = nesterov ? d + momentum buf : buf; p -= lr d. With p_copy (bf16-mixed), the
+// updated p is also written there, rounded to bfloat16: the copy the GEMMs read.
+template <typename G>
+__global__ void sgd(float* p, const G* g, float* buf, long long n, const float* lr_ptr,
         int* step, float momentum, float dampening, float weight_decay, int nesterov,
-        int kind, int warmup, int total, float final_factor, unsigned int* done) {
+        int kind, int warmup, int total, float final_factor, unsigned int* done, __nv_bfloat16* p_copy) {
     int t = *step + 1;
     float lr = scheduled_lr(*lr_ptr, t, kind, warmup, total, final_factor);
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        float d = g[i];
+        float d = as_float(g[i]);
         if (weight_decay != 0.f) d += weight_decay * p[i];
         if (momentum != 0.f) {
             float b = t == 1 ? d : momentum * buf[i] + (1.f - dampening) * d;
             buf[i] = b;
             d = nesterov ? d + momentum * b : b;
         }
-        p[i] -= lr * d;
+        float pi = p[i] - lr * d;
+        p[i] = pi;
+        if (p_copy) p_copy[i] = __float2bfloat16_rn(pi);
     }
     advance_step(step, done);
 }
 
 // Adam and AdamW as torch.optim.Adam / AdamW (decoupled=1: p *= 1 - lr wd first; else the
-// decay joins the gradient).
-__global__ void adam(float* p, const float* g, float* m, float* v, long long n,
+// decay joins the gradient); p_copy as sgd's.
+template <typename G>
+__global__ void adam(float* p, const G* g, float* m, float* v, long long n,
         const float* lr_ptr, int* step, float beta1, float beta2, float eps, float weight_decay,
-        int decoupled, int kind, int warmup, int total, float final_factor, unsigned int* done) {
+        int decoupled, int kind, int warmup, int total, float final_factor, unsigned int* done,
+        __nv_bfloat16* p_copy) {
     int t = *step + 1;
     float lr = scheduled_lr(*lr_ptr, t, kind, warmup, total, final_factor);
     float bc1 = 1.f - powf(beta1, (float)t), bc2_sqrt = sqrtf(1.f - powf(beta2, (float)t));
     float step_size = lr / bc1;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        float gi = g[i], pi = p[i];
+        float gi = as_float(g[i]), pi = p[i];
         if (weight_decay != 0.f) {
             if (decoupled) pi *= 1.f - lr * weight_decay;
             else gi += weight_decay * pi;
@@ -195,9 +208,24 @@ __global__ void adam(float* p, const float* g, float* m, float* v, long long n,
         float vi = beta2 * v[i] + (1.f - beta2) * gi * gi;
         m[i] = mi;
         v[i] = vi;
-        p[i] = pi - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+        pi = pi - step_size * mi / (sqrtf(vi) / bc2_sqrt + eps);
+        p[i] = pi;
+        if (p_copy) p_copy[i] = __float2bfloat16_rn(pi);
     }
     advance_step(step, done);
+}
+
+// Element-wise conversions between float32 and bfloat16 (round to nearest even), for
+// bf16-mixed training: its inputs, the bf16 copy of the parameters, the logits and the loss's
+// gradient.
+__global__ void f32_to_bf16(const float* x, __nv_bfloat16* y, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        y[i] = __float2bfloat16_rn(x[i]);
+}
+
+__global__ void bf16_to_f32(const __nv_bfloat16* x, float* y, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        y[i] = __bfloat162float(x[i]);
 }
 }  // namespace
 
@@ -232,20 +260,44 @@ extern "C" cudaError_t cygemm_mse(const float* y, int64_t yld, const float* t, i
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t cygemm_sgd(float* p, const float* g, float* buf, int64_t n, const float* lr, int* step,
-                                  float momentum, float dampening, float weight_decay, int nesterov,
-                                  int schedule, int warmup, int total, float final_factor, unsigned int* done,
-                                  int blocks, cudaStream_t stream) {
-    sgd<<<blocks, CYGEMM_NN_THREADS, 0, stream>>>(p, g, buf, n, lr, step, momentum, dampening, weight_decay,
-                                                  nesterov, schedule, warmup, total, final_factor, done);
+extern "C" cudaError_t cygemm_sgd(float* p, const void* g, int grad_bf16, void* p_bf16, float* buf, int64_t n,
+                                  const float* lr, int* step, float momentum, float dampening, float weight_decay,
+                                  int nesterov, int schedule, int warmup, int total, float final_factor,
+                                  unsigned int* done, int blocks, cudaStream_t stream) {
+    __nv_bfloat16* copy = static_cast<__nv_bfloat16*>(p_bf16);
+    if (grad_bf16)
+        sgd<__nv_bfloat16><<<blocks, CYGEMM_NN_THREADS, 0, stream>>>(
+            p, static_cast<const __nv_bfloat16*>(g), buf, n, lr, step, momentum, dampening, weight_decay, nesterov,
+            schedule, warmup, total, final_factor, done, copy);
+    else
+        sgd<float><<<blocks, CYGEMM_NN_THREADS, 0, stream>>>(
+            p, static_cast<const float*>(g), buf, n, lr, step, momentum, dampening, weight_decay, nesterov,
+            schedule, warmup, total, final_factor, done, copy);
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t cygemm_adam(float* p, const float* g, float* m, float* v, int64_t n, const float* lr, int* step,
-                                   float beta1, float beta2, float eps, float weight_decay, int decoupled,
-                                   int schedule, int warmup, int total, float final_factor, unsigned int* done,
-                                   int blocks, cudaStream_t stream) {
-    adam<<<blocks, CYGEMM_NN_THREADS, 0, stream>>>(p, g, m, v, n, lr, step, beta1, beta2, eps, weight_decay,
-                                                   decoupled, schedule, warmup, total, final_factor, done);
+extern "C" cudaError_t cygemm_adam(float* p, const void* g, int grad_bf16, void* p_bf16, float* m, float* v,
+                                   int64_t n, const float* lr, int* step, float beta1, float beta2, float eps,
+                                   float weight_decay, int decoupled, int schedule, int warmup, int total,
+                                   float final_factor, unsigned int* done, int blocks, cudaStream_t stream) {
+    __nv_bfloat16* copy = static_cast<__nv_bfloat16*>(p_bf16);
+    if (grad_bf16)
+        adam<__nv_bfloat16><<<blocks, CYGEMM_NN_THREADS, 0, stream>>>(
+            p, static_cast<const __nv_bfloat16*>(g), m, v, n, lr, step, beta1, beta2, eps, weight_decay, decoupled,
+            schedule, warmup, total, final_factor, done, copy);
+    else
+        adam<float><<<blocks, CYGEMM_NN_THREADS, 0, stream>>>(
+            p, static_cast<const float*>(g), m, v, n, lr, step, beta1, beta2, eps, weight_decay, decoupled,
+            schedule, warmup, total, final_factor, done, copy);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cygemm_f32_to_bf16(const float* x, void* y, int64_t n, int blocks, cudaStream_t stream) {
+    f32_to_bf16<<<blocks, CYGEMM_NN_THREADS, 0, stream>>>(x, static_cast<__nv_bfloat16*>(y), n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cygemm_bf16_to_f32(const void* x, float* y, int64_t n, int blocks, cudaStream_t stream) {
+    bf16_to_f32<<<blocks, CYGEMM_NN_THREADS, 0, stream>>>(static_cast<const __nv_bfloat16*>(x), y, n);
     return cudaGetLastError();
 }

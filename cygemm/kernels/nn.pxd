@@ -19,11 +19,13 @@ cdef extern from "cygemm/nn_kernels.h" nogil:
     cudaError_t cygemm_mse(const float* y, int64_t yld, const float* t, int64_t tld, float* grad, int64_t gld,
                            int B, int C, float grad_scale, float loss_scale, float* partial, unsigned int* done,
                            float* loss, int blocks, cudaStream_t stream)
-    cudaError_t cygemm_sgd(float* p, const float* g, float* buf, int64_t n, const float* lr, int* step,
-                           float momentum, float dampening, float weight_decay, int nesterov,
-                           int schedule, int warmup, int total, float final_factor, unsigned int* done,
-                           int blocks, cudaStream_t stream)
-    cudaError_t cygemm_adam(float* p, const float* g, float* m, float* v, int64_t n, const float* lr, int* step,
-                            float beta1, float beta2, float eps, float weight_decay, int decoupled,
-                            int schedule, int warmup, int total, float final_factor, unsigned int* done,
-                            int blocks, cudaStream_t stream)
+    cudaError_t cygemm_sgd(float* p, const void* g, int grad_bf16, void* p_bf16, float* buf, int64_t n,
+                           const float* lr, int* step, float momentum, float dampening, float weight_decay,
+                           int nesterov, int schedule, int warmup, int total, float final_factor,
+                           unsigned int* done, int blocks, cudaStream_t stream)
+    cudaError_t cygemm_adam(float* p, const void* g, int grad_bf16, void* p_bf16, float* m, float* v,
+                            int64_t n, const float* lr, int* step, float beta1, float beta2, float eps,
+                            float weight_decay, int decoupled, int schedule, int warmup, int total,
+                            float final_factor, unsigned int* done, int blocks, cudaStream_t stream)
+    cudaError_t cygemm_f32_to_bf16(const float* x, void* y, int64_t n, int blocks, cudaStream_t stream)
+    cudaError_t cygemm_bf16_to_f32(const void* x, float* y, int64_t n, int blocks, cudaStream_t stream)

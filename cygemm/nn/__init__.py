@@ -5,11 +5,15 @@ captured whole into one CUDA graph.
     step = cygemm.nn.compile_step(model, cygemm.nn.SoftmaxCrossEntropy(),
                                   cygemm.nn.Adam(model, lr=1e-3), batch=64)
     loss = step(x_batch, y_batch)        # a 0-d device array; no synchronisation
+    cygemm.nn.save("run.npz", model, step.optimizer)   # and cygemm.nn.load(...) into them
+
+``precision="bf16-mixed"`` trains with bfloat16 GEMMs on float32 master parameters.
 """
 from cygemm.nn.layers import MLP, Dense
 from cygemm.nn.losses import MeanSquaredError, SoftmaxCrossEntropy
 from cygemm.nn.optimizers import SGD, Adam, AdamW
+from cygemm.nn.serialization import load, save
 from cygemm.nn.step import TrainStep, compile_step
 
 __all__ = ["Dense", "MLP", "SoftmaxCrossEntropy", "MeanSquaredError", "SGD", "Adam", "AdamW",
-           "compile_step", "TrainStep"]
+           "compile_step", "TrainStep", "save", "load"]

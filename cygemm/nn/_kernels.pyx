@@ -12,6 +12,7 @@ launch, deterministically: see cygemm/include/cygemm/nn_kernels.h.
 from libc.stdint cimport int32_t, int64_t, uintptr_t, INT32_MAX
 
 import cupy as cp
+import ml_dtypes
 import numpy as np
 
 from cygemm.bindings.cudart cimport cudaStream_t
@@ -27,6 +28,7 @@ cdef object _F32 = np.dtype(np.float32)
 cdef object _I32 = np.dtype(np.int32)
 cdef object _I64 = np.dtype(np.int64)
 cdef object _U32 = np.dtype(np.uint32)
+cdef object _BF16 = np.dtype(ml_dtypes.bfloat16)     # CuPy's bfloat16 (CuPy 14 reads ml_dtypes')
 
 
 def grid_for(n, threads=THREADS):
@@ -187,12 +189,23 @@ def mse(y, target, grad, float grad_scale, float loss_scale, partial, done, loss
     return loss
 
 
-cdef int64_t _parameters(object params, object grads, float** p, const float** g) except -1:
-    """n, the number of parameters, with their pointer and their gradients' (n float32 each)."""
+cdef int64_t _parameters(object params, object grads, object params_bf16, float** p, const void** g,
+                        bint* grad_bf16, void** copy) except -1:
+    """n, the number of parameters (float32), with their pointer, their gradients' (n float32,
+    or n bfloat16: grad_bf16) and that of their bfloat16 copy (NULL when params_bf16 is None)."""
     _array(params, "params", _F32)
     cdef int64_t n = params.size
     p[0] = <float*>_flat(params, "params", _F32, n)
-    g[0] = <const float*>_flat(grads, "grads", _F32, n)
+    if not isinstance(grads, _ndarray) or grads.dtype not in (_F32, _BF16):
+        raise TypeError(f"grads: expected a CuPy float32 or bfloat16 array, got "
+                        f"{getattr(grads, 'dtype', type(grads).__name__)}")
+    grad_bf16[0] = grads.dtype == _BF16
+    g[0] = <const void*>_flat(grads, "grads", grads.dtype, n)
+    copy[0] = NULL
+    if params_bf16 is not None:
+        copy[0] = _flat(params_bf16, "params_bf16", _BF16, n)
+        if params_bf16.size != n:
+            raise ValueError(f"params_bf16: expected {n} elements (as params), got {params_bf16.size}")
     return n
 
 
@@ -205,13 +218,16 @@ cdef int _schedule(int schedule, int warmup, int total) except -1:
 
 
 def sgd(params, grads, momentum_buffer, lr, steps, done, float momentum, float dampening, float weight_decay,
-        bint nesterov, int schedule, int warmup, int total, float final_factor, int blocks, stream):
+        bint nesterov, int schedule, int warmup, int total, float final_factor, int blocks, stream,
+        params_bf16=None):
     """One SGD step (as ``torch.optim.SGD``) over every parameter, in one launch.
 
     Parameters
     ----------
-    params, grads : cupy.ndarray
-        float32, contiguous, n elements each: updated from the gradients.
+    params : cupy.ndarray
+        float32, contiguous, n elements: updated from the gradients.
+    grads : cupy.ndarray
+        float32 or bfloat16 (bf16-mixed training), contiguous, n elements.
     momentum_buffer : cupy.ndarray
         float32, n elements (read and written only when momentum != 0).
     lr : cupy.ndarray
@@ -229,11 +245,16 @@ def sgd(params, grads, momentum_buffer, lr, steps, done, float momentum, float d
         Blocks of THREADS threads (a grid-stride loop over the n parameters).
     stream
         Where the kernel runs.
+    params_bf16 : cupy.ndarray, optional
+        bfloat16, contiguous, n elements: receives the updated parameters rounded to bfloat16
+        (the copy bf16-mixed training's GEMMs read), in the same launch.
     """
     cdef cudaStream_t s
     cdef float* p
-    cdef const float* g
-    cdef int64_t n = _parameters(params, grads, &p, &g)
+    cdef const void* g
+    cdef void* copy
+    cdef bint grad_bf16
+    cdef int64_t n = _parameters(params, grads, params_bf16, &p, &g, &grad_bf16, &copy)
     cdef float* buf = <float*>_flat(momentum_buffer, "momentum_buffer", _F32, n if momentum != 0 else 0)
     cdef const float* rate = <const float*>_flat(lr, "lr", _F32, 1)
     cdef int* step = <int*>_flat(steps, "steps", _I32, 1)
@@ -242,19 +263,19 @@ def sgd(params, grads, momentum_buffer, lr, steps, done, float momentum, float d
     _grid(blocks)
     stream_from_object(stream, &s)
     with nogil:
-        check_cuda(cygemm_sgd(p, g, buf, n, rate, step, momentum, dampening, weight_decay, nesterov,
-                              schedule, warmup, total, final_factor, d, blocks, s), "cygemm_sgd")
+        check_cuda(cygemm_sgd(p, g, grad_bf16, copy, buf, n, rate, step, momentum, dampening, weight_decay,
+                              nesterov, schedule, warmup, total, final_factor, d, blocks, s), "cygemm_sgd")
     return params
 
 
 def adam(params, grads, exp_avg, exp_avg_sq, lr, steps, done, float beta1, float beta2, float eps,
          float weight_decay, bint decoupled, int schedule, int warmup, int total, float final_factor,
-         int blocks, stream):
+         int blocks, stream, params_bf16=None):
     """One Adam (``decoupled`` False) or AdamW (True) step, as torch's, in one launch.
 
     Parameters
     ----------
-    params, grads, lr, steps, done, schedule, warmup, total, final_factor, blocks, stream
+    params, grads, lr, steps, done, schedule, warmup, total, final_factor, blocks, stream, params_bf16
         As :func:`sgd`'s.
     exp_avg, exp_avg_sq : cupy.ndarray
         float32, n elements: the moments, updated.
@@ -263,8 +284,10 @@ def adam(params, grads, exp_avg, exp_avg_sq, lr, steps, done, float beta1, float
     """
     cdef cudaStream_t s
     cdef float* p
-    cdef const float* g
-    cdef int64_t n = _parameters(params, grads, &p, &g)
+    cdef const void* g
+    cdef void* copy
+    cdef bint grad_bf16
+    cdef int64_t n = _parameters(params, grads, params_bf16, &p, &g, &grad_bf16, &copy)
     cdef float* m = <float*>_flat(exp_avg, "exp_avg", _F32, n)
     cdef float* v = <float*>_flat(exp_avg_sq, "exp_avg_sq", _F32, n)
     cdef const float* rate = <const float*>_flat(lr, "lr", _F32, 1)
@@ -274,6 +297,58 @@ def adam(params, grads, exp_avg, exp_avg_sq, lr, steps, done, float beta1, float
     _grid(blocks)
     stream_from_object(stream, &s)
     with nogil:
-        check_cuda(cygemm_adam(p, g, m, v, n, rate, step, beta1, beta2, eps, weight_decay, decoupled,
-                               schedule, warmup, total, final_factor, d, blocks, s), "cygemm_adam")
+        check_cuda(cygemm_adam(p, g, grad_bf16, copy, m, v, n, rate, step, beta1, beta2, eps, weight_decay,
+                               decoupled, schedule, warmup, total, final_factor, d, blocks, s), "cygemm_adam")
     return params
+
+
+cdef int64_t _same_size(object x, object y) except -1:
+    """The element count of x, which y (another contiguous array) must share."""
+    if not isinstance(y, _ndarray) or y.size != x.size:
+        raise ValueError(f"y: expected {x.size} elements (as x), got "
+                         f"{getattr(y, 'size', type(y).__name__)}")
+    return x.size
+
+
+def f32_to_bf16(x, y, stream):
+    """``y[...] = x`` rounded to bfloat16 (nearest even), in one launch.
+
+    Parameters
+    ----------
+    x : cupy.ndarray
+        float32, contiguous, any shape.
+    y : cupy.ndarray
+        bfloat16, contiguous, as many elements as x; not overlapping x.
+    stream
+        Where the kernel runs.
+
+    Returns
+    -------
+    cupy.ndarray
+        `y`.
+    """
+    cdef cudaStream_t s
+    _array(x, "x", _F32)
+    cdef int64_t n = _same_size(x, y)
+    cdef const float* xp = <const float*>_flat(x, "x", _F32, n)
+    cdef void* yp = _flat(y, "y", _BF16, n)
+    cdef int blocks = grid_for(n)
+    stream_from_object(stream, &s)
+    with nogil:
+        check_cuda(cygemm_f32_to_bf16(xp, yp, n, blocks, s), "cygemm_f32_to_bf16")
+    return y
+
+
+def bf16_to_f32(x, y, stream):
+    """``y[...] = x`` widened from bfloat16 to float32 (exact), in one launch: as
+    :func:`f32_to_bf16` with the dtypes swapped."""
+    cdef cudaStream_t s
+    _array(x, "x", _BF16)
+    cdef int64_t n = _same_size(x, y)
+    cdef const void* xp = <const void*>_flat(x, "x", _BF16, n)
+    cdef float* yp = <float*>_flat(y, "y", _F32, n)
+    cdef int blocks = grid_for(n)
+    stream_from_object(stream, &s)
+    with nogil:
+        check_cuda(cygemm_bf16_to_f32(xp, yp, n, blocks, s), "cygemm_bf16_to_f32")
+    return y

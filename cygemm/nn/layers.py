@@ -3,13 +3,17 @@
 A layer's parameters and their gradients are views into flat buffers (one for parameters, one
 for gradients, at the same offsets): an optimizer updates a whole model in one launch. After
 ``bind(batch)`` every buffer a step needs exists, and ``forward``/``backward`` allocate
-nothing, so a step can be captured into a CUDA graph.
+nothing, so a step can be captured into a CUDA graph. ``precision="bf16-mixed"`` trains with
+bfloat16 GEMMs on float32 master parameters (see cygemm/nn/_storage.py).
 """
 import cupy as cp
 import numpy as np
 
 from cygemm.epilogues import activation_table, parse_activation
 from cygemm.gemm_ops import backward_into, forward, forward_into
+from cygemm.nn import _kernels, serialization
+from cygemm.nn._gpu import require_gpu
+from cygemm.nn._storage import FlatStorage, compute_dtype, parse_precision
 
 __all__ = ["Dense", "MLP"]
 
@@ -47,21 +51,23 @@ def _stream_of(stream):
 
 
 def _check_array(x, name, shape, dtype=np.float32):
+    """x: a CuPy array of `shape` and `dtype` (or of any dtype in the tuple `dtype`)."""
     if not isinstance(x, cp.ndarray):
         raise TypeError(f"{name}: expected a CuPy array of shape {shape}, got {type(x).__name__} "
                         "(move host data with cp.asarray, or pass it to the compiled step)")
     if tuple(x.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(x.shape)}")
-    if x.dtype != dtype:
-        raise TypeError(f"{name}: expected {np.dtype(dtype).name}, got {x.dtype.name}")
+    allowed = tuple(dict.fromkeys(np.dtype(d) for d in (dtype if isinstance(dtype, tuple) else (dtype,))))
+    if x.dtype not in allowed:
+        raise TypeError(f"{name}: expected {' or '.join(np.dtype(d).name for d in allowed)}, got {x.dtype.name}")
 
 
-class _FlatStorage:
-    """Parameters and gradients of one or more layers: two flat float32 buffers."""
-
-    def __init__(self, size):
-        self.params = cp.empty(size, np.float32)
-        self.grads = cp.zeros(size, np.float32)
+def _to_compute(x, buffer, stream):
+    """x itself if it is in the compute dtype already, else x (float32, contiguous) converted
+    into `buffer` (bf16-mixed), on `stream`."""
+    if buffer is None or x.dtype == buffer.dtype:
+        return x
+    return _kernels.f32_to_bf16(x, buffer, stream)
 
 
 class Dense:
@@ -77,22 +83,29 @@ class Dense:
     bias : bool
         Whether the layer has a bias.
     dtype : str
-        "float32" (the only one trained here).
+        "float32": the parameters' dtype (the master parameters' under bf16-mixed).
     math : {"tf32", "fp32"}
-        The GEMMs' math mode.
+        The GEMMs' math mode under fp32 precision (bf16-mixed GEMMs accumulate in fp32).
     seed : int, numpy.random.Generator or None
         Seeds the initialisation: torch's default for ``nn.Linear``, weight and bias uniform in
         ±1/sqrt(in_features).
+    precision : {"fp32", "bf16-mixed"}
+        "bf16-mixed" (as torch's bfloat16 autocast, with no loss scaling: bfloat16 has
+        float32's range): the GEMMs read a bfloat16 copy of the float32 parameters and write
+        bfloat16 activations and gradients; the optimizer updates the float32 parameters and
+        rewrites the copy in the same launch. ``forward`` and ``backward`` take float32 or
+        bfloat16 (a float32 argument, contiguous, is converted first).
 
     Attributes
     ----------
     weight : cupy.ndarray (out_features, in_features)
-        Stored as ``torch.nn.Linear.weight`` is; assigning an array copies into it.
+        float32, stored as ``torch.nn.Linear.weight`` is; assigning an array copies into it.
+        Under bf16-mixed, call :meth:`refresh_bf16` after writing into it in place.
     bias : cupy.ndarray (out_features,) or None
     weight_grad, bias_grad : cupy.ndarray
-        The gradients the last ``backward`` wrote.
+        The gradients the last ``backward`` wrote (bfloat16 under bf16-mixed).
     y : cupy.ndarray (batch, out_features)
-        The output of the last ``forward`` (after ``bind``).
+        The output of the last ``forward`` (after ``bind``; bfloat16 under bf16-mixed).
 
     Examples
     --------
@@ -103,7 +116,8 @@ class Dense:
     """
 
     def __init__(self, in_features, out_features, act="relu", bias=True, dtype="float32", math="tf32",
-                 seed=None):
+                 seed=None, precision="fp32"):
+        require_gpu()
         for name, v in (("in_features", in_features), ("out_features", out_features)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name}: expected a positive int, got {v!r}")
@@ -112,17 +126,20 @@ class Dense:
         self.has_bias = bool(bias)
         self.dtype = _float32(dtype)
         self.math = _math(math)
+        self.precision = parse_precision(precision)
+        self.compute_dtype = compute_dtype(self.precision)
         self.needs_input_grad = True
         self.batch = None
         self.stream = None
         self.n_params = self.out_features * self.in_features + (self.out_features if self.has_bias else 0)
-        self._home(_FlatStorage(self.n_params), 0)
+        self._home(FlatStorage(self.n_params, self.precision), 0)
         rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         bound = 1.0 / np.sqrt(self.in_features)
         self.weight[...] = cp.asarray(rng.uniform(-bound, bound, (self.out_features, self.in_features))
                                       .astype(np.float32))
         if self.has_bias:
             self.bias[...] = cp.asarray(rng.uniform(-bound, bound, self.out_features).astype(np.float32))
+        self.storage.refresh(cp.cuda.get_current_stream())
 
     # ---------------------------------------------------------------- parameters
 
@@ -132,13 +149,16 @@ class Dense:
         nw = self.out_features * self.in_features
         shape = (self.out_features, self.in_features)
         self.storage, self.offset = storage, offset
+        compute = storage.compute_params
         self._weight = storage.params[offset:offset + nw].reshape(shape)
+        self._weight_c = compute[offset:offset + nw].reshape(shape)        # what the GEMMs read
         self._weight_grad = storage.grads[offset:offset + nw].reshape(shape)
         if self.has_bias:
             self._bias = storage.params[offset + nw:offset + nw + self.out_features]
+            self._bias_c = compute[offset + nw:offset + nw + self.out_features]
             self._bias_grad = storage.grads[offset + nw:offset + nw + self.out_features]
         else:
-            self._bias = self._bias_grad = None
+            self._bias = self._bias_c = self._bias_grad = None
         if old is not None:
             self._weight[...] = old[0]
             if self.has_bias:
@@ -151,6 +171,7 @@ class Dense:
     @weight.setter
     def weight(self, value):
         self._weight[...] = self._as_param(value, "weight", self._weight.shape)
+        self.storage.refresh(cp.cuda.get_current_stream())      # the stream the copy ran on
 
     @property
     def bias(self):
@@ -161,6 +182,7 @@ class Dense:
         if not self.has_bias:
             raise ValueError("bias: this layer was made with bias=False")
         self._bias[...] = self._as_param(value, "bias", self._bias.shape)
+        self.storage.refresh(cp.cuda.get_current_stream())      # the stream the copy ran on
 
     @property
     def weight_grad(self):
@@ -186,6 +208,40 @@ class Dense:
     def flat_gradients(self):
         return self.storage.grads[self.offset:self.offset + self.n_params]
 
+    @property
+    def flat_parameters_bf16(self):
+        """Under bf16-mixed, the bfloat16 copy of ``flat_parameters`` the GEMMs read (the
+        optimizer rewrites it); None under fp32."""
+        bf16 = self.storage.params_bf16
+        return None if bf16 is None else bf16[self.offset:self.offset + self.n_params]
+
+    def refresh_bf16(self, stream=None):
+        """Under bf16-mixed, rewrite the bfloat16 copy the GEMMs read from the float32
+        parameters (one launch; needed only after writing ``weight`` or ``bias`` in place:
+        assignment, loading and the optimizers do it). Nothing under fp32."""
+        self.storage.refresh(_stream_of(stream if stream is not None else self.stream))
+
+    def _named_parameters(self, prefix=""):
+        yield prefix + "weight", self._weight
+        if self.has_bias:
+            yield prefix + "bias", self._bias
+
+    def state_dict(self):
+        """The parameters as NumPy float32 copies, ``{"weight": (out, in), "bias": (out,)}``
+        (torch's ``nn.Linear`` names and layout; float32 masters under bf16-mixed). Waits for
+        the layer's stream."""
+        return serialization.model_state(self)
+
+    def load_state_dict(self, state):
+        """Copy `state` (as :meth:`state_dict` gives; NumPy, CuPy or torch arrays) into the
+        parameters, in place: no new device buffer, so a compiled step keeps reading them.
+        Every key and shape is checked before anything is written."""
+        serialization.load_model_state(self, state)
+
+    def torch_state_dict(self):
+        """The parameters as CPU torch tensors for ``torch.nn.Linear.load_state_dict``."""
+        return serialization.torch_state(self.state_dict(), [("", self.act)], sequential=False)
+
     def load_torch(self, linear):
         """Copy a ``torch.nn.Linear``'s weight and bias (same shapes) into this layer."""
         if self.has_bias and linear.bias is None:
@@ -208,13 +264,16 @@ class Dense:
         if not isinstance(batch, (int, np.integer)) or isinstance(batch, bool) or batch < 1:
             raise ValueError(f"batch: expected a positive int, got {batch!r}")
         self.batch, self.stream = int(batch), _stream_of(stream)
-        M, N = self.batch, self.out_features
+        M, N, K, dt = self.batch, self.out_features, self.in_features, self.compute_dtype
         self._save_z = self.act not in _FROM_OUTPUT and self.act != "none"
         with self.stream:
-            self.y = cp.empty((M, N), np.float32)
-            self.z = cp.empty((M, N), np.float32) if self._save_z else None
-            self.dz = cp.empty((M, N), np.float32) if self.act != "none" else None
-            self.gx = cp.empty((M, self.in_features), np.float32) if self.needs_input_grad else None
+            self.y = cp.empty((M, N), dt)
+            self.z = cp.empty((M, N), dt) if self._save_z else None
+            self.dz = cp.empty((M, N), dt) if self.act != "none" else None
+            self.gx = cp.empty((M, K), dt) if self.needs_input_grad else None
+            mixed = self.precision == "bf16-mixed"        # where float32 x and gy are converted
+            self._x_c = cp.empty((M, K), dt) if mixed else None
+            self._gy_c = cp.empty((M, N), dt) if mixed else None
         self._x = None
         return self
 
@@ -226,20 +285,31 @@ class Dense:
         """``y = act(x @ weight.T + bias)`` into ``self.y``; x is (batch, in_features) float32.
         Keeps a reference to x for backward. Returns ``self.y``."""
         self._require_bound("forward")
-        _check_array(x, "x", (self.batch, self.in_features))
-        forward_into(x, self._weight.T, self.y, self._bias, with_bias=self.has_bias, act=self.act,
+        _check_array(x, "x", (self.batch, self.in_features), self._accepted())
+        x = _to_compute(x, self._x_c, self.stream)
+        forward_into(x, self._weight_c.T, self.y, self._bias_c, with_bias=self.has_bias, act=self.act,
                      save_z=self._save_z, z_out=self.z, math=self.math, stream=self.stream.ptr)
         self._x = x
         return self.y
 
+    def _accepted(self):
+        return (np.dtype(np.float32), self.compute_dtype)
+
     def predict(self, x, stream=None):
-        """The layer's output for any number of rows, in a new array (for evaluation: it
-        allocates, and keeps nothing for backward)."""
+        """The layer's output for any number of rows, in a new float32 array (for evaluation:
+        it allocates, and keeps nothing for backward)."""
+        self._check_rows(x)
+        s = _stream_of(stream if stream is not None else self.stream)
+        return _predict_chain([self], x, s)
+
+    def _check_rows(self, x):
         if not isinstance(x, cp.ndarray) or x.ndim != 2 or x.shape[1] != self.in_features:
             raise ValueError(f"x: expected a CuPy array (rows, {self.in_features}), got "
                              f"{getattr(x, 'shape', type(x).__name__)}")
-        s = _stream_of(stream if stream is not None else self.stream)
-        return forward(x, self._weight.T, self._bias, with_bias=self.has_bias, act=self.act, math=self.math,
+
+    def _predict_compute(self, x, s):
+        """The output for x in the compute dtype (x in it too), in a new array."""
+        return forward(x, self._weight_c.T, self._bias_c, with_bias=self.has_bias, act=self.act, math=self.math,
                        stream=s.ptr)[0]
 
     def backward(self, gy, bias_grad_done=False):
@@ -249,16 +319,18 @@ class Dense:
         self._require_bound("backward")
         if self._x is None:
             raise RuntimeError("backward: call forward first (backward reads its input and output)")
-        _check_array(gy, "gy", (self.batch, self.out_features))
-        backward_into(self._x, self._weight.T, gy, self.z, y=None if self._save_z else
+        _check_array(gy, "gy", (self.batch, self.out_features), self._accepted())
+        gy = _to_compute(gy, self._gy_c, self.stream)
+        backward_into(self._x, self._weight_c.T, gy, self.z, y=None if self._save_z else
                       (self.y if self.act != "none" else None),
                       with_bias=self.has_bias, act=self.act, gA_out=self.gx, gB_out=self._weight_grad.T,
                       gBias_out=None if bias_grad_done else self._bias_grad, work_dZ=self.dz, math=self.math, stream=self.stream.ptr)
         return self.gx
 
     def __repr__(self):
+        extra = f", precision={self.precision!r}" if self.precision != "fp32" else ""
         return (f"Dense({self.in_features}, {self.out_features}, act={self.act!r}, bias={self.has_bias}, "
-                f"math={self.math!r})")
+                f"math={self.math!r}{extra})")
 
 
 class MLP:
@@ -272,7 +344,7 @@ class MLP:
         The activation of every layer but the last.
     out_act : str or None
         The last layer's activation (None: none, as logits for a loss).
-    bias, dtype, math : as :class:`Dense`
+    bias, dtype, math, precision : as :class:`Dense`
     seed : int or None
         One generator initialises the layers in order.
 
@@ -283,21 +355,26 @@ class MLP:
     >>> logits = model.forward(x)                                 # doctest: +SKIP
     """
 
-    def __init__(self, sizes, act="relu", out_act=None, bias=True, dtype="float32", math="tf32", seed=None):
+    def __init__(self, sizes, act="relu", out_act=None, bias=True, dtype="float32", math="tf32", seed=None,
+                 precision="fp32"):
+        require_gpu()
         sizes = list(sizes)
         if len(sizes) < 2:
             raise ValueError(f"sizes: expected at least two sizes (one layer), got {sizes}")
         rng = np.random.default_rng(seed)
+        self.precision = parse_precision(precision)
         self.layers = [Dense(i, o, act=act if k < len(sizes) - 2 else out_act, bias=bias, dtype=dtype,
-                             math=math, seed=rng) for k, (i, o) in enumerate(zip(sizes[:-1], sizes[1:]))]
+                             math=math, seed=rng, precision=self.precision)
+                       for k, (i, o) in enumerate(zip(sizes[:-1], sizes[1:]))]
         self.layers[0].needs_input_grad = False
         self.sizes = sizes
-        storage = _FlatStorage(sum(layer.n_params for layer in self.layers))
+        storage = FlatStorage(sum(layer.n_params for layer in self.layers), self.precision)
         offset = 0
         for layer in self.layers:
             layer._home(storage, offset)
             offset += layer.n_params
         self.storage = storage
+        storage.refresh(cp.cuda.get_current_stream())
         self.batch = None
         self.stream = None
 
@@ -318,6 +395,45 @@ class MLP:
     def flat_gradients(self):
         return self.storage.grads
 
+    @property
+    def flat_parameters_bf16(self):
+        """Under bf16-mixed, the bfloat16 copy of ``flat_parameters`` the GEMMs read; None under fp32."""
+        return self.storage.params_bf16
+
+    @property
+    def compute_dtype(self):
+        return self.layers[0].compute_dtype
+
+    def refresh_bf16(self, stream=None):
+        """As :meth:`Dense.refresh_bf16`, for every layer (one launch)."""
+        self.storage.refresh(_stream_of(stream if stream is not None else self.stream))
+
+    def _named_parameters(self, prefix=""):
+        for k, layer in enumerate(self.layers):
+            yield from layer._named_parameters(f"{prefix}layers.{k}.")
+
+    def state_dict(self):
+        """The parameters as NumPy float32 copies: ``layers.{k}.weight`` (out, in) and
+        ``layers.{k}.bias`` (float32 masters under bf16-mixed). Waits for the model's stream."""
+        return serialization.model_state(self)
+
+    def load_state_dict(self, state):
+        """As :meth:`Dense.load_state_dict`: into the existing buffers, after checking every
+        key and shape."""
+        serialization.load_model_state(self, state)
+
+    def torch_state_dict(self):
+        """The parameters as CPU torch tensors named for :meth:`to_torch`'s ``nn.Sequential``
+        (``"0.weight"``, ``"0.bias"``, ``"2.weight"``, ...: the activations sit between)."""
+        return serialization.torch_state(self.state_dict(), [(f"layers.{k}.", layer.act)
+                                                             for k, layer in enumerate(self.layers)])
+
+    def to_torch(self):
+        """A CPU ``torch.nn.Sequential`` of ``Linear`` and activation modules computing what
+        this model does (gelu as ``GELU(approximate="tanh")``), holding its parameters."""
+        return serialization.to_torch(self.torch_state_dict(), self.sizes,
+                                      [layer.act for layer in self.layers], self.layers[0].has_bias)
+
     def bind(self, batch, stream=None):
         """Bind every layer to `batch` rows on `stream` (see :meth:`Dense.bind`)."""
         for layer in self.layers:
@@ -332,10 +448,9 @@ class MLP:
         return x
 
     def predict(self, x, stream=None):
-        """The model's output for any number of rows, in new arrays (for evaluation)."""
-        for layer in self.layers:
-            x = layer.predict(x, stream)
-        return x
+        """The model's output for any number of rows, in a new float32 array (for evaluation)."""
+        self.layers[0]._check_rows(x)
+        return _predict_chain(self.layers, x, _stream_of(stream if stream is not None else self.stream))
 
     def backward(self, gy, last_bias_grad_done=False):
         """Back-propagate dL/d(output) through every layer, writing every gradient (but the last
@@ -355,3 +470,19 @@ class MLP:
 
     def __repr__(self):
         return "MLP(" + ", ".join(repr(layer) for layer in self.layers) + ")"
+
+
+def _predict_chain(layers, x, s):
+    """The output of `layers` in turn for x (float32, or the compute dtype), as float32: under
+    bf16-mixed, converted once on the way in and once on the way out."""
+    dt = layers[0].compute_dtype
+    _check_array(x, "x", x.shape, (np.dtype(np.float32), dt))
+    if x.dtype != dt:
+        with s:
+            x = _kernels.f32_to_bf16(cp.ascontiguousarray(x), cp.empty(x.shape, dt), s)
+    for layer in layers:
+        x = layer._predict_compute(x, s)
+    if x.dtype != np.float32:
+        with s:
+            x = _kernels.bf16_to_f32(x, cp.empty(x.shape, np.float32), s)
+    return x

@@ -4,6 +4,7 @@ import cupy as cp
 import numpy as np
 
 from cygemm.nn import _kernels
+from cygemm.nn._gpu import require_gpu
 from cygemm.nn.layers import _check_array, _stream_of
 
 __all__ = ["SoftmaxCrossEntropy", "MeanSquaredError"]
@@ -18,6 +19,7 @@ class _Loss:
     def bind(self, batch, features, stream=None):
         """Allocate the gradient (batch, features), the loss and the reduction's scratch on
         `stream`; the calls then allocate nothing."""
+        require_gpu()
         self.batch, self.features, self.stream = int(batch), int(features), _stream_of(stream)
         self._blocks = self._grid()
         with self.stream:

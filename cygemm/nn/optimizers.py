@@ -1,11 +1,15 @@
 """SGD, Adam and AdamW, each one kernel launch for all of a model's parameters (they live in
 one flat buffer), with the learning rate and the step count on the device: a schedule moves
-the rate inside a CUDA graph, and writing ``optimizer.lr`` changes it for later replays."""
+the rate inside a CUDA graph, and writing ``optimizer.lr`` changes it for later replays.
+Under bf16-mixed precision they read the bfloat16 gradients and rewrite the model's bfloat16
+parameter copy in the same launch."""
 import cupy as cp
 import numpy as np
 
 from cygemm.nn import _kernels
+from cygemm.nn._gpu import require_gpu
 from cygemm.nn.layers import _stream_of
+from cygemm.nn.serialization import check_keys, host_float32
 
 __all__ = ["SGD", "Adam", "AdamW"]
 
@@ -25,6 +29,7 @@ def _number(value, name, low=0.0, high=None, low_open=False):
 
 class _Optimizer:
     def __init__(self, model, lr, schedule, total_steps, warmup_steps, final_lr_factor, stream):
+        require_gpu()
         params, grads = getattr(model, "flat_parameters", None), getattr(model, "flat_gradients", None)
         if not isinstance(params, cp.ndarray) or not isinstance(grads, cp.ndarray):
             raise TypeError(f"model: expected a cygemm.nn model (flat_parameters and flat_gradients), "
@@ -32,6 +37,7 @@ class _Optimizer:
         if schedule not in _SCHEDULES:
             raise ValueError(f"schedule: expected one of None, 'constant', 'linear', 'cosine', got {schedule!r}")
         self.model, self.params, self.grads = model, params, grads
+        self.params_bf16 = getattr(model, "flat_parameters_bf16", None)    # rewritten by each step
         self.stream = _stream_of(stream if stream is not None else getattr(model, "stream", None))
         self._schedule = (_SCHEDULES[schedule], int(warmup_steps), int(total_steps or 0),
                           _number(final_lr_factor, "final_lr_factor"))
@@ -49,12 +55,70 @@ class _Optimizer:
             self.lr.fill(_number(value, "value"))
 
     def state(self):
-        """The device arrays the optimizer updates (for saving or restoring a step)."""
+        """The float32/int32 device arrays the optimizer updates (for saving or restoring a step;
+        under bf16-mixed the model's bfloat16 copy follows from the parameters: refresh it)."""
         return [self.params, self.steps] + self._state
 
     def step(self):
         """Update every parameter from its gradient: one kernel launch, nothing allocated."""
         self._launch()
+
+    # ---------------------------------------------------------------- saving and loading
+
+    def _settings(self):
+        """What the launches bake in (a captured step keeps them): a loaded state must agree."""
+        kind, warmup, total, final = self._schedule
+        return dict(self._hyper(), schedule=kind, warmup_steps=warmup, total_steps=total,
+                    final_lr_factor=final)
+
+    def _buffers(self):
+        return dict(zip(self._state_names, self._state))
+
+    def state_dict(self):
+        """The optimizer's state as NumPy arrays (one wait for its stream).
+
+        ``type`` (the class name), ``step`` (steps taken: the schedule's position), ``lr`` (the
+        base rate), its buffers (``momentum_buffer`` of SGD with momentum; ``exp_avg`` and
+        ``exp_avg_sq`` of Adam/AdamW: flat float32, in the model's parameter order) and its
+        settings (``momentum``, ``betas``, ``schedule``, ...), which loading checks.
+        """
+        s = self.stream
+        out = {"type": np.array(type(self).__name__), "step": self.steps.get(stream=s),
+               "lr": self.lr.get(stream=s)}
+        out.update({k: v.get(stream=s) for k, v in self._buffers().items()})
+        out.update({k: np.array(v, np.float64) for k, v in self._settings().items()})
+        return out
+
+    def load_state_dict(self, state):
+        """Copy `state` (as :meth:`state_dict` gives) into the optimizer's device arrays, in
+        place (a compiled step continues from it). Every entry is checked first: the type and
+        the settings must be this optimizer's (a captured step bakes them in)."""
+        self._write_state(self._checked_state(state))
+
+    def _checked_state(self, state):
+        settings, buffers = self._settings(), self._buffers()
+        check_keys(state, ["type", "step", "lr", *buffers, *settings], type(self).__name__)
+        saved_type = str(np.asarray(state["type"]))
+        if saved_type != type(self).__name__:
+            raise ValueError(f"state: saved by {saved_type}, loading into {type(self).__name__}")
+        for name, mine in settings.items():
+            saved = np.asarray(state[name], np.float64)
+            if saved.shape != np.shape(mine) or not np.array_equal(saved, np.asarray(mine, np.float64)):
+                raise ValueError(f"{name}: the state was saved with {saved.tolist()}, this optimizer has "
+                                 f"{mine} (its launches bake it in: make the optimizer with the saved value)")
+        step = np.asarray(state["step"])
+        if step.shape != () or step.dtype.kind not in "iu" or not 0 <= int(step) <= np.iinfo(np.int32).max:
+            raise ValueError(f"step: expected a step count (a 0-d integer >= 0), got {step!r}")
+        lr = host_float32(state["lr"], "lr", ())
+        return dict({k: host_float32(state[k], k, v.shape) for k, v in buffers.items()},
+                    step=np.asarray(step, np.int32), lr=lr)
+
+    def _write_state(self, host):
+        s = self.stream
+        self.steps.set(host["step"], stream=s)
+        self.lr.set(host["lr"], stream=s)
+        for k, v in self._buffers().items():
+            v.set(host[k], stream=s)
 
 
 class SGD(_Optimizer):
@@ -86,11 +150,17 @@ class SGD(_Optimizer):
         with self.stream:
             self.momentum_buffer = cp.zeros_like(self.params) if self.momentum else None
         self._state = [self.momentum_buffer] if self.momentum else []
+        self._state_names = ["momentum_buffer"] if self.momentum else []
+
+    def _hyper(self):
+        return dict(momentum=self.momentum, dampening=self.dampening, weight_decay=self.weight_decay,
+                    nesterov=float(self.nesterov))
 
     def _launch(self):
         buf = self.momentum_buffer if self.momentum_buffer is not None else self.params   # unread
         _kernels.sgd(self.params, self.grads, buf, self.lr, self.steps, self._done, self.momentum, self.dampening,
-                     self.weight_decay, self.nesterov, *self._schedule, self._blocks, self.stream)
+                     self.weight_decay, self.nesterov, *self._schedule, self._blocks, self.stream,
+                     params_bf16=self.params_bf16)
 
 
 class Adam(_Optimizer):
@@ -117,11 +187,15 @@ class Adam(_Optimizer):
             self.exp_avg = cp.zeros_like(self.params)
             self.exp_avg_sq = cp.zeros_like(self.params)
         self._state = [self.exp_avg, self.exp_avg_sq]
+        self._state_names = ["exp_avg", "exp_avg_sq"]
+
+    def _hyper(self):
+        return dict(betas=self.betas, eps=self.eps, weight_decay=self.weight_decay)
 
     def _launch(self):
         _kernels.adam(self.params, self.grads, self.exp_avg, self.exp_avg_sq, self.lr, self.steps, self._done,
                       self.betas[0], self.betas[1], self.eps, self.weight_decay, self._decoupled, *self._schedule,
-                      self._blocks, self.stream)
+                      self._blocks, self.stream, params_bf16=self.params_bf16)
 
 
 class AdamW(Adam):

@@ -4,6 +4,8 @@ import numpy as np
 
 import cygemm.graph
 from cygemm import tuning
+from cygemm.nn import _kernels
+from cygemm.nn._gpu import require_gpu
 from cygemm.nn.layers import _stream_of
 from cygemm.nn.losses import SoftmaxCrossEntropy, _check_labels_host
 
@@ -22,7 +24,7 @@ def compile_step(model, loss, optimizer, batch, *, stream=None, eager=False):
     batch : int
         Rows per step; every call takes exactly that many.
     stream : optional
-        Where the step runs (default: a new non-blocking stream).
+        Where the step runs (default: a new blocking stream, ordered with the legacy default stream).
     eager : bool
         Run the same calls without a graph (for debugging; each call launches every kernel).
 
@@ -40,6 +42,11 @@ def compile_step(model, loss, optimizer, batch, *, stream=None, eager=False):
     :func:`cygemm.tuning.force_routes`, is captured alone). All of this works on a copy of the
     parameters and optimizer state, which are then restored: compiling changes nothing. Like
     ``force_routes``, it clears the calling thread's cached plans (not the tuning).
+
+    Under ``precision="bf16-mixed"`` the step also converts its float32 inputs to bfloat16,
+    the bfloat16 logits to float32 for the loss and the loss's gradient back (three small
+    launches in the same graph); the optimizer rewrites the bfloat16 parameters. Still one
+    graph, with no host synchronisation.
     """
     return TrainStep(model, loss, optimizer, batch, stream=stream, eager=eager)
 
@@ -62,6 +69,7 @@ class TrainStep:
     """
 
     def __init__(self, model, loss, optimizer, batch, *, stream=None, eager=False):
+        require_gpu()
         if optimizer.model is not model:
             raise ValueError("optimizer: was made for another model")
         self.model, self.loss_fn, self.optimizer = model, loss, optimizer
@@ -75,10 +83,15 @@ class TrainStep:
             self.x = cp.zeros((self.batch, model.in_features), np.float32)
             self.target = (cp.zeros(self.batch, np.int32) if self.classification
                            else cp.zeros((self.batch, model.out_features), np.float32))
+            # bf16-mixed: the loss reads float32 logits, converted from the model's bfloat16 output
+            self._out32 = (cp.empty((self.batch, model.out_features), np.float32)
+                           if model.compute_dtype != np.float32 else None)
         self.loss = loss.loss
         last = model.layers[-1] if hasattr(model, "layers") else model
+        # (Under bf16-mixed the bias gradient is bfloat16, which the loss's kernel does not write.)
         self._fused_bias = (last.bias_grad if self.classification and last.has_bias and last.act == "none"
-                            and model.out_features <= loss.MAX_FUSED_BIAS_CLASSES else None)
+                            and model.out_features <= loss.MAX_FUSED_BIAS_CLASSES and self._out32 is None
+                            else None)
         self._bias_done = {"last_bias_grad_done" if hasattr(model, "layers") else "bias_grad_done": True}
         self.graph = None
         self.eager = bool(eager)
@@ -115,6 +128,7 @@ class TrainStep:
         with self.stream:
             for a, s in zip(state, saved):
                 a[...] = s
+        self.model.refresh_bf16(self.stream)      # the bfloat16 copy of the restored parameters
         self.stream.synchronize()
         return best
 
@@ -132,6 +146,8 @@ class TrainStep:
 
     def _run(self):
         out = self.model.forward(self.x)
+        if self._out32 is not None:
+            out = _kernels.bf16_to_f32(out, self._out32, self.stream)
         if self._fused_bias is not None:        # the loss's kernel sums the last bias gradient too
             self.loss_fn(out, self.target, check=False, bias_grad=self._fused_bias)
             self.model.backward(self.loss_fn.grad, **self._bias_done)

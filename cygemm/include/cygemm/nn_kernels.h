@@ -49,18 +49,27 @@ cudaError_t cygemm_mse(const float* y, int64_t yld, const float* t, int64_t tld,
 #define CYGEMM_LR_LINEAR 1
 #define CYGEMM_LR_COSINE 2
 
-/* SGD as torch.optim.SGD over n parameters p with gradients g and momentum buffer buf (read
- * only when momentum != 0); the base rate at *lr, the step count at *step (advanced once). */
-cudaError_t cygemm_sgd(float* p, const float* g, float* buf, int64_t n, const float* lr, int* step,
-                       float momentum, float dampening, float weight_decay, int nesterov,
-                       int schedule, int warmup, int total, float final_factor, unsigned int* done,
-                       int blocks, cudaStream_t stream);
+/* SGD as torch.optim.SGD over n parameters p (float32) with gradients g and momentum buffer buf
+ * (read only when momentum != 0); the base rate at *lr, the step count at *step (advanced once).
+ * g holds float32 gradients, or bfloat16 ones when grad_bf16 is nonzero (bf16-mixed training,
+ * whose GEMMs write them). p_bf16, unless NULL, receives the updated p rounded to bfloat16 (n
+ * elements): the copy the GEMMs of bf16-mixed training read, refreshed in the same launch. */
+cudaError_t cygemm_sgd(float* p, const void* g, int grad_bf16, void* p_bf16, float* buf, int64_t n,
+                       const float* lr, int* step, float momentum, float dampening, float weight_decay,
+                       int nesterov, int schedule, int warmup, int total, float final_factor,
+                       unsigned int* done, int blocks, cudaStream_t stream);
 
-/* Adam (decoupled 0) or AdamW (decoupled 1) as torch's, with moments m and v. */
-cudaError_t cygemm_adam(float* p, const float* g, float* m, float* v, int64_t n, const float* lr, int* step,
-                        float beta1, float beta2, float eps, float weight_decay, int decoupled,
-                        int schedule, int warmup, int total, float final_factor, unsigned int* done,
-                        int blocks, cudaStream_t stream);
+/* Adam (decoupled 0) or AdamW (decoupled 1) as torch's, with moments m and v (float32); g,
+ * grad_bf16 and p_bf16 as cygemm_sgd's. */
+cudaError_t cygemm_adam(float* p, const void* g, int grad_bf16, void* p_bf16, float* m, float* v,
+                        int64_t n, const float* lr, int* step, float beta1, float beta2, float eps,
+                        float weight_decay, int decoupled, int schedule, int warmup, int total,
+                        float final_factor, unsigned int* done, int blocks, cudaStream_t stream);
+
+/* n elements converted between float32 and bfloat16 (round to nearest even; y may not overlap x):
+ * bf16-mixed training's inputs, parameter copy, logits and loss gradient. */
+cudaError_t cygemm_f32_to_bf16(const float* x, void* y, int64_t n, int blocks, cudaStream_t stream);
+cudaError_t cygemm_bf16_to_f32(const void* x, float* y, int64_t n, int blocks, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,72 @@
+"""cygemm.nn without a GPU (CPU, skipped where one is present): every entry that needs a GPU
+says cygemm's plain-words reason (cygemm.gpu_unavailable_reason) as the first and only line of
+its error, not CuPy's "CUDA driver version is insufficient", and leaves no "Exception ignored"
+noise behind; examples/train_digits.py exits with that line alone."""
+import gc
+import os
+import subprocess
+import sys
+
+import pytest
+
+import cygemm
+
+pytestmark = pytest.mark.nogpu
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
+
+
+def _env():
+    """The environment of a child interpreter: this cygemm first on its path (the one under test)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(cygemm.__file__)))
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+
+
+def _reason():
+    reason = cygemm.gpu_unavailable_reason()
+    assert reason and ("no NVIDIA GPU" in reason or "driver" in reason)
+    return reason
+
+
+class _FakeModel:
+    """What an optimizer reads of a model, made without a GPU (never reached: the GPU check is first)."""
+    flat_parameters = flat_gradients = stream = None
+
+
+def _entries():
+    import cygemm.nn as nn
+    return {
+        "MLP": lambda: nn.MLP([4, 8, 2]),
+        "Dense": lambda: nn.Dense(4, 8),
+        "Dense bf16-mixed": lambda: nn.Dense(4, 8, precision="bf16-mixed"),
+        "compile_step": lambda: nn.compile_step(_FakeModel(), nn.SoftmaxCrossEntropy(), None, 8),
+        "SGD": lambda: nn.SGD(_FakeModel()),
+        "Adam": lambda: nn.Adam(_FakeModel()),
+        "SoftmaxCrossEntropy.bind": lambda: nn.SoftmaxCrossEntropy().bind(8, 2),
+    }
+
+
+@pytest.mark.parametrize("entry", ["MLP", "Dense", "Dense bf16-mixed", "compile_step", "SGD", "Adam",
+                                   "SoftmaxCrossEntropy.bind"])
+def test_nn_entries_say_only_cygemms_no_gpu_reason(entry, monkeypatch):
+    reason = _reason()
+    ignored = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: ignored.append(u))
+    with pytest.raises(cygemm.CygemmError) as info:
+        _entries()[entry]()
+    message = str(info.value)
+    assert message.splitlines()[0] == reason
+    assert message == reason
+    assert "insufficient" not in message and "cudaError" not in message
+    info = None
+    gc.collect()
+    assert ignored == []                     # no "Exception ignored in ...__del__"
+
+
+def test_train_digits_exits_with_the_reason_and_no_traceback():
+    reason = _reason()
+    proc = subprocess.run([sys.executable, os.path.join(EXAMPLES, "train_digits.py"), "--epochs", "1"],
+                          capture_output=True, text=True, timeout=300, env=_env())
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr == f"train_digits.py: {reason}\n"
