@@ -34,7 +34,9 @@ cdef bint _same_layout(const ColMajorGemm* x, const ColMajorGemm* y) noexcept no
 
 
 cdef class GemmPlan:
-    """out = alpha * op(A) @ op(B) + beta * out, planned once for these operands' layout.
+    """GemmPlan(A, B, out, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, math="tf32", batched=False)
+
+    out = alpha * op(A) @ op(B) + beta * out, planned once for these operands' layout.
 
     Parameters
     ----------
@@ -45,6 +47,11 @@ cdef class GemmPlan:
         As :func:`cygemm.gemm`.
     batched : bool
         A strided-batched GEMM over 3-D operands.
+
+    Attributes
+    ----------
+    closed : bool
+        Whether :meth:`close` has run (a closed plan refuses every call).
 
     Raises
     ------

@@ -86,11 +86,6 @@ class Dense:
 
     Attributes
     ----------
-    weight : cupy.ndarray (out_features, in_features)
-        Stored as ``torch.nn.Linear.weight`` is; assigning an array copies into it.
-    bias : cupy.ndarray (out_features,) or None
-    weight_grad, bias_grad : cupy.ndarray
-        The gradients the last ``backward`` wrote.
     y : cupy.ndarray (batch, out_features)
         The output of the last ``forward`` (after ``bind``).
 
@@ -146,6 +141,9 @@ class Dense:
 
     @property
     def weight(self):
+        """The weight (out_features, in_features) float32, stored as ``torch.nn.Linear.weight`` is,
+        a view of the flat parameters; assigning copies the values in (any array
+        ``cupy.asarray`` takes, of that shape)."""
         return self._weight
 
     @weight.setter
@@ -154,6 +152,8 @@ class Dense:
 
     @property
     def bias(self):
+        """The bias (out_features,) float32 (None without a bias), a view of the flat parameters;
+        assigning copies the values in."""
         return self._bias
 
     @bias.setter
@@ -164,10 +164,13 @@ class Dense:
 
     @property
     def weight_grad(self):
+        """The weight's gradient (out_features, in_features), written by the last :meth:`backward`."""
         return self._weight_grad
 
     @property
     def bias_grad(self):
+        """The bias's gradient (out_features,), written by the last :meth:`backward` (None without
+        a bias)."""
         return self._bias_grad
 
     @staticmethod
@@ -184,6 +187,7 @@ class Dense:
 
     @property
     def flat_gradients(self):
+        """The gradients as one flat array, at the offsets of :attr:`flat_parameters`."""
         return self.storage.grads[self.offset:self.offset + self.n_params]
 
     def load_torch(self, linear):
@@ -303,10 +307,12 @@ class MLP:
 
     @property
     def in_features(self):
+        """Inputs of the first layer."""
         return self.sizes[0]
 
     @property
     def out_features(self):
+        """Outputs of the last layer."""
         return self.sizes[-1]
 
     @property
@@ -316,6 +322,7 @@ class MLP:
 
     @property
     def flat_gradients(self):
+        """Every gradient, as one flat float32 array at the offsets of :attr:`flat_parameters`."""
         return self.storage.grads
 
     def bind(self, batch, stream=None):
