@@ -20,6 +20,8 @@ from cygemm.matmul import matmul, describe_matmul
 from cygemm.grouped import grouped_gemm, moe_gemm, describe_grouped
 from cygemm import dense, elementwise, fp8, gemm_ops, graph, grouped, plans, tuning
 
+# The one place the version is written: pyproject.toml reads it from here (a literal, read
+# without importing cygemm).
 __version__ = "0.2.0.dev0"
 
 __all__ = ["nn", "backend", "matmul", "describe_matmul", "grouped_gemm", "moe_gemm", "describe_grouped", "gemm", "gemm_strided_batched", "GemmPlan", "gemm_ops", "graph", "plans", "tuning",

@@ -111,11 +111,8 @@ def main(argv=None):
     ap.add_argument("--sizes", default="64,128,128,10")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default=None, help="write the loss curves to this PNG")
-    ap.add_argument("--no-torch", action="store_true", help="skip the torch run")
-    ap.add_argument("--gpus", type=int, default=1, help="reserved: data-parallel training is not built yet")
+    ap.add_argument("--no-torch", action="store_true", help="skip the torch run (torch is not in the examples extra)")
     args = ap.parse_args(argv)
-    if args.gpus != 1:
-        ap.error("--gpus: only 1 is supported")
     sizes = [int(s) for s in args.sizes.split(",")]
     Xtr, Xte, ytr, yte = load(args.seed)
     orders = batch_orders(len(Xtr), args.batch, args.epochs, args.seed)
