@@ -228,7 +228,7 @@ def write(d, md_path=None):
          "holds the GPU while the host enqueues, so GPU times exclude launch gaps and host overhead, for every "
          "contender alike; below 50 MB of operands, four operand sets are rotated. Host times: wall time per "
          "call over thousands of back-to-back calls with one sync, in alternating rounds with the C++ floor "
-         "(median of rounds). MLP steps: wall time per step over 500 back-to-back steps, one sync. Inputs random, never zeros. Clocks never changed. TF32 rows: cygemm "
+         "(median of rounds). MLP steps (the graph section; not cygemm.nn): a relu MLP step written on `forward_into`/`backward_into` with a mean-squared-error loss and SGD without momentum, against the same step in torch (nn.MSELoss, torch.optim.SGD); wall time per step over 500 back-to-back steps, one sync, median of 5 rounds. Inputs random, never zeros. Clocks never changed. TF32 rows: cygemm "
          "`math=\"tf32\"`, CuPy with CUPY_TF32 (compute type TF32), torch `allow_tf32`, nvmath "
          "`COMPUTE_32F_FAST_TF32`; fp32 rows strict everywhere; fp16/bf16 accumulate in fp32 everywhere "
          "(torch's reduced-precision reductions off).", ""]

@@ -20,6 +20,8 @@ from cygemm.matmul import matmul, describe_matmul, _set_grad_path
 from cygemm.grouped import grouped_gemm, moe_gemm, describe_grouped
 from cygemm import dense, elementwise, fp8, gemm_ops, graph, grouped, plans, tuning
 
+# The one place the version is written: pyproject.toml reads it from here (a literal, read
+# without importing cygemm).
 __version__ = "0.2.0.dev0"
 
 

@@ -33,6 +33,8 @@ class ActAttrs(NamedTuple):
 
     @classmethod
     def make(cls, act="none", with_bias=True, leaky_slope=0.01):
+        """Checked attributes: ValueError names an unknown activation or a negative or
+        non-finite `leaky_slope`."""
         parse_activation(act)                       # ValueError names the valid ones
         slope = float(leaky_slope)
         if not np.isfinite(slope) or slope < 0:
@@ -40,6 +42,7 @@ class ActAttrs(NamedTuple):
         return cls(act.lower(), bool(with_bias), slope)
 
     def kwargs(self):
+        """The attributes as keyword arguments of ``forward_into`` and ``backward_into``."""
         return {"act": self.act, "with_bias": self.with_bias, "leaky_slope": self.leaky_slope}
 
 

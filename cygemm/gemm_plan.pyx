@@ -150,7 +150,9 @@ cdef int _run_one(GemmPlan p, GemmContext* ctx, cudaStream_t s, const PlannedCal
 
 
 cdef class GemmPlan(Plan):
-    """out = act(alpha * op(A) @ op(B) + beta * out + bias), planned once for these operands.
+    """GemmPlan(A, B, out, *, bias=None, act="none", z_out=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, math="tf32", batched=False)
+
+    out = act(alpha * op(A) @ op(B) + beta * out + bias), planned once for these operands.
 
     Parameters
     ----------
@@ -173,6 +175,11 @@ cdef class GemmPlan(Plan):
         As :func:`cygemm.gemm`.
     batched : bool
         A strided-batched GEMM over 3-D operands (no bias, act or z_out).
+
+    Attributes
+    ----------
+    closed : bool
+        Whether :meth:`close` has run (a closed plan refuses every call).
 
     Raises
     ------

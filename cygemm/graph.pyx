@@ -20,11 +20,20 @@ _MODES = {"global": cudaStreamCaptureModeGlobal, "thread_local": cudaStreamCaptu
 
 
 cdef class Graph:
-    """An instantiated CUDA graph. The workspaces cygemm made for its capture belong to the
-    CUDA graph itself (a user object), so replays never share memory with eager work; this
-    object also holds references to the handles and the buffers layers registered (those of
-    ensure_workspaces), so that they outlive it (clear_ws_cache included). Dropped, it is
-    destroyed through the release queue: at once, or once no capture is known to be open."""
+    """An instantiated CUDA graph, made by :class:`capture` (``with capture(s) as graph:``).
+
+    The workspaces cygemm made for its capture belong to the CUDA graph itself (a user
+    object), so replays never share memory with eager work; this object also holds references
+    to the handles and the buffers layers registered (those of ensure_workspaces), so that they
+    outlive it (clear_ws_cache included). Dropped, it is destroyed through cygemm's release
+    queue: at once, or, while a capture may be open on the device (destroying a graph then
+    could invalidate that capture), once none is known to be open.
+
+    Attributes
+    ----------
+    keepalive : list
+        The objects the graph holds references to (:meth:`keep` adds to it).
+    """
     cdef cudaGraph_t graph
     cdef cudaGraphExec_t exec_
     cdef readonly list keepalive
@@ -47,6 +56,7 @@ cdef class Graph:
 
     @property
     def num_nodes(self):
+        """How many nodes (kernels, copies, event records...) the captured graph has."""
         cdef size_t n = 0
         if self.graph != NULL:
             check_cuda(cudaGraphGetNodes(self.graph, NULL, &n), "cudaGraphGetNodes")

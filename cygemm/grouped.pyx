@@ -312,7 +312,7 @@ def grouped_gemm(As, Bs, outs, *, bint trans_a=False, bint trans_b=False, alpha=
     and can be captured into a CUDA graph. Large problems (``autotune_min_macs`` multiply-adds
     in all, at most 1024 groups, beta 0) time the routes that apply once and keep the fastest;
     others take the fixed rule: "batched" where it applies, else "grouped" for 8 or more
-    groups, else "loop". :func:`last_route` names what ran.
+    groups, else "loop". :func:`~cygemm.grouped.last_route` names what ran.
     """
     cdef CallArgs c
     args_init(&c)

@@ -116,15 +116,12 @@ def main(argv=None):
     ap.add_argument("--sizes", default="64,128,128,10")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--plot", default=None, help="write the loss curves to this PNG")
-    ap.add_argument("--no-torch", action="store_true", help="skip the torch run")
+    ap.add_argument("--no-torch", action="store_true", help="skip the torch run (torch is not in the examples extra)")
     ap.add_argument("--precision", choices=["fp32", "bf16-mixed"], default="fp32",
                     help="fp32, or bfloat16 GEMMs on float32 master weights (default fp32)")
     ap.add_argument("--save", default=None, metavar="PATH",
                     help="write the captured run's model and optimizer state to this .npz file")
-    ap.add_argument("--gpus", type=int, default=1, help="reserved: data-parallel training is not built yet")
     args = ap.parse_args(argv)
-    if args.gpus != 1:
-        ap.error("--gpus: only 1 is supported")
     import cygemm
     reason = cygemm.gpu_unavailable_reason()
     if reason:                     # before loading data: one line that says why, no traceback

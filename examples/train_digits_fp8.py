@@ -168,7 +168,7 @@ def train(net_cls, epochs, batch=64, lr=0.1, seed=0):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--epochs", type=int, default=40)
     args = ap.parse_args(argv)
     acc_fp8 = train(FP8Net, args.epochs)

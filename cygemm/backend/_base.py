@@ -32,9 +32,11 @@ class ArrayBackend:
         return np.asarray(x)
 
     def zeros(self, shape):
+        """A new array of zeros of this backend's dtype."""
         return self.xp.zeros(shape, self.dtype)
 
     def eye(self, n):
+        """The n×n identity of this backend's dtype."""
         return self.xp.eye(n, dtype=self.dtype)
 
     def one_hot(self, labels, classes):

@@ -19,8 +19,8 @@ class CUDABackend(ArrayBackend):
     ----------
     stream : cupy.cuda.Stream, optional
         Where everything runs: cygemm's GEMMs, the backend's kernels and CuPy's operations
-        (the backend's methods enter it). Default: a new blocking stream (ordered with the
-        legacy default stream).
+        (the backend's methods enter it). Default: a new blocking stream, which CuPy's
+        default stream waits for, so ``float(result)`` always reads a finished result.
     dtype : {"float32", "float64"}
         The one floating dtype of every array it makes; float32 products go through cygemm,
         float64 ones through cygemm's matmul (which runs them in fp64).
@@ -67,13 +67,16 @@ class CUDABackend(ArrayBackend):
             return cp.asarray(host_numbers(x, self.dtype, name))
 
     def to_numpy(self, x):
+        """x as a NumPy array: a copy on the backend's stream, which waits for x."""
         return cp.asnumpy(x, stream=self.stream, blocking=True) if isinstance(x, cp.ndarray) else np.asarray(x)
 
     def zeros(self, shape):
+        """A new array of zeros of the backend's dtype, on its stream."""
         with self.stream:
             return cp.zeros(shape, self.dtype)
 
     def eye(self, n):
+        """The n×n identity of the backend's dtype, on its stream."""
         with self.stream:
             return cp.eye(n, dtype=self.dtype)
 
@@ -163,6 +166,7 @@ class CUDABackend(ArrayBackend):
             return cupyx.scipy.linalg.solve_triangular(lower, y, lower=True, trans="T")
 
     def solve(self, a, b):
+        """Solve a x = b for a square a (cuSOLVER, on the backend's stream)."""
         with self.stream:
             return cp.linalg.solve(a, b)
 

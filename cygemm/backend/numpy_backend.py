@@ -20,11 +20,14 @@ class NumPyBackend(ArrayBackend):
         super().__init__(dtype)
 
     def asarray(self, x, name="x"):
+        """x as a NumPy array of the backend's dtype (device arrays and torch tensors copied to the
+        host); TypeError names an element that is not a real number."""
         if hasattr(x, "__cuda_array_interface__") or is_torch(x):
             x = _to_host(x)
         return host_numbers(x, self.dtype, name)
 
     def to_numpy(self, x):
+        """x as a NumPy array."""
         return np.asarray(x)
 
     def _from_host(self, arr):
@@ -34,13 +37,16 @@ class NumPyBackend(ArrayBackend):
         return np.asarray(labels).astype(np.intp)
 
     def matmul(self, a, b, out=None):
+        """a @ b by ``np.matmul``."""
         return np.matmul(a, b, out=out)
 
     def gram(self, x):
+        """XᵀX of a 2-D x."""
         check_matrix(x, "x")
         return x.T @ x
 
     def dot(self, x, y, out=None):
+        """x · y as a 0-d array of the backend's dtype (into a 0-d `out` when given)."""
         r = np.asarray(np.dot(x, y), dtype=self.dtype)
         if out is not None:
             out[...] = r
@@ -48,15 +54,18 @@ class NumPyBackend(ArrayBackend):
         return r
 
     def softmax(self, x, axis=-1, out=None):
+        """Softmax along `axis`, the row maximum subtracted first."""
         z = x - x.max(axis=axis, keepdims=True)
         e = np.exp(z)
         return np.divide(e, e.sum(axis=axis, keepdims=True), out=out)
 
     def log_softmax(self, x, axis=-1, out=None):
+        """Log-softmax along `axis`: ``x - max - log(sum(exp(x - max)))``."""
         z = x - x.max(axis=axis, keepdims=True)
         return np.subtract(z, np.log(np.exp(z).sum(axis=axis, keepdims=True)), out=out)
 
     def sigmoid(self, x, out=None):
+        """1 / (1 + exp(-x)), without overflow for either sign."""
         e = np.exp(-np.abs(x))
         return np.divide(np.where(x >= 0, 1, e), 1 + e, out=out)
 
@@ -65,6 +74,7 @@ class NumPyBackend(ArrayBackend):
         return np.linalg.solve(lower.T, np.linalg.solve(lower, b))
 
     def solve(self, a, b):
+        """Solve a x = b by ``np.linalg.solve``."""
         return np.linalg.solve(a, b)
 
 

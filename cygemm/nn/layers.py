@@ -98,12 +98,6 @@ class Dense:
 
     Attributes
     ----------
-    weight : cupy.ndarray (out_features, in_features)
-        float32, stored as ``torch.nn.Linear.weight`` is; assigning an array copies into it.
-        Under bf16-mixed, call :meth:`refresh_bf16` after writing into it in place.
-    bias : cupy.ndarray (out_features,) or None
-    weight_grad, bias_grad : cupy.ndarray
-        The gradients the last ``backward`` wrote (bfloat16 under bf16-mixed).
     y : cupy.ndarray (batch, out_features)
         The output of the last ``forward`` (after ``bind``; bfloat16 under bf16-mixed).
 
@@ -166,6 +160,9 @@ class Dense:
 
     @property
     def weight(self):
+        """The weight (out_features, in_features) float32, stored as ``torch.nn.Linear.weight`` is,
+        a view of the flat parameters; assigning copies the values in (any array
+        ``cupy.asarray`` takes, of that shape)."""
         return self._weight
 
     @weight.setter
@@ -175,6 +172,8 @@ class Dense:
 
     @property
     def bias(self):
+        """The bias (out_features,) float32 (None without a bias), a view of the flat parameters;
+        assigning copies the values in."""
         return self._bias
 
     @bias.setter
@@ -186,10 +185,13 @@ class Dense:
 
     @property
     def weight_grad(self):
+        """The weight's gradient (out_features, in_features), written by the last :meth:`backward`."""
         return self._weight_grad
 
     @property
     def bias_grad(self):
+        """The bias's gradient (out_features,), written by the last :meth:`backward` (None without
+        a bias)."""
         return self._bias_grad
 
     @staticmethod
@@ -206,6 +208,7 @@ class Dense:
 
     @property
     def flat_gradients(self):
+        """The gradients as one flat array, at the offsets of :attr:`flat_parameters`."""
         return self.storage.grads[self.offset:self.offset + self.n_params]
 
     @property
@@ -380,10 +383,12 @@ class MLP:
 
     @property
     def in_features(self):
+        """Inputs of the first layer."""
         return self.sizes[0]
 
     @property
     def out_features(self):
+        """Outputs of the last layer."""
         return self.sizes[-1]
 
     @property
@@ -393,6 +398,7 @@ class MLP:
 
     @property
     def flat_gradients(self):
+        """Every gradient, as one flat float32 array at the offsets of :attr:`flat_parameters`."""
         return self.storage.grads
 
     @property

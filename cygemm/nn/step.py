@@ -24,7 +24,8 @@ def compile_step(model, loss, optimizer, batch, *, stream=None, eager=False):
     batch : int
         Rows per step; every call takes exactly that many.
     stream : optional
-        Where the step runs (default: a new blocking stream, ordered with the legacy default stream).
+        Where the step runs. Default: a new blocking stream (CuPy's default stream waits for
+        it, so ``float(step(x, y))`` reads the finished step's loss).
     eager : bool
         Run the same calls without a graph (for debugging; each call launches every kernel).
 
