@@ -393,7 +393,9 @@ def describe_scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, 
 
 
 cdef class ScaledMatmulPlan(GemmPlan):
-    """:func:`scaled_matmul` planned once: a :class:`cygemm.GemmPlan` of one cuBLASLt FP8 call.
+    """ScaledMatmulPlan(a, b, scale_a, scale_b, *, out, out_dtype=None, bias=None, act="none", scale_out=None, amax_out=None, format_a=None, format_b=None, format_out=None, fast_accum=False)
+
+    :func:`scaled_matmul` planned once: a :class:`cygemm.GemmPlan` of one cuBLASLt FP8 call.
 
     ``out = act(scale_a * scale_b * (a @ b) + bias)``, with the lifecycle of
     :class:`cygemm.GemmPlan`: :meth:`plan`, :meth:`autotune`, :meth:`execute` on any stream
@@ -405,6 +407,13 @@ cdef class ScaledMatmulPlan(GemmPlan):
         As :func:`scaled_matmul`.
     out : device array, (M, N), row-major
         Required (a plan allocates nothing); as :func:`scaled_matmul` takes it.
+
+    Attributes
+    ----------
+    closed : bool
+        Whether :meth:`close` has run.
+    key : tuple
+        The problem as the tuning table keys it.
 
     Raises
     ------

@@ -17,10 +17,10 @@ from cygemm._seed_helpers import (TensorDesc, as_tensor_2d, assert_f32_2d, empty
                                   ensure_cuda_dlls, get_stream_ptr, to_voidp_capsule)
 
 __all__ = ["forward_into", "backward_into", "forward", "backward", "GemmWorkspaces", "ensure_workspaces",
-           "clear_ws_cache", "clear_plan_cache", "ActAttrs", "parse_activation", "ACTIVATIONS",
-           # deprecated (cygemm._seed_helpers), removed in the next release
-           "TensorDesc", "as_tensor_2d", "assert_f32_2d", "empty_2d", "empty_like_2d",
-           "get_stream_ptr", "to_voidp_capsule", "ensure_cuda_dlls"]
+           "clear_ws_cache", "clear_plan_cache", "ActAttrs", "parse_activation", "ACTIVATIONS"]
+# The seed's helpers (TensorDesc, as_tensor_2d, assert_f32_2d, empty_2d, empty_like_2d,
+# get_stream_ptr, to_voidp_capsule, ensure_cuda_dlls) still import from here, deprecated
+# (cygemm._seed_helpers): not in __all__, removed in the next release.
 
 
 # ------------------------------------------------------------------ attributes

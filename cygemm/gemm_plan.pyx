@@ -180,6 +180,8 @@ cdef class GemmPlan(Plan):
     ----------
     closed : bool
         Whether :meth:`close` has run (a closed plan refuses every call).
+    key : tuple
+        The problem as the tuning table keys it (shapes, layouts, dtypes, alignment).
 
     Raises
     ------

@@ -408,6 +408,7 @@ class MLP:
 
     @property
     def compute_dtype(self):
+        """The dtype the GEMMs compute in: float32, or bfloat16 under bf16-mixed."""
         return self.layers[0].compute_dtype
 
     def refresh_bf16(self, stream=None):

@@ -62,7 +62,11 @@ def _entries():
         while j < len(lines) and lines[j].startswith("   :"):
             opt = re.match(r"   :members:(.*)$", lines[j])
             if opt:
-                members = [n.strip() for n in opt.group(1).split(",") if n.strip()]
+                text = opt.group(1)
+                while j + 1 < len(lines) and lines[j + 1].startswith("      ") and lines[j + 1].strip():
+                    j += 1                          # a members list continued on the next lines
+                    text += " " + lines[j]
+                members = [n.strip() for n in text.split(",") if n.strip()]
             j += 1
         assert m.group(2) not in out, f"docs/api.rst documents {m.group(2)} twice"
         out[m.group(2)] = (m.group(1), members)
