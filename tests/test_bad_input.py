@@ -467,7 +467,7 @@ NO_BAD_INPUT = {
     "release_workspaces": "takes no arguments", "get_options": "takes no arguments",
     "load_tuning": "a missing or corrupt file is a RuntimeWarning and is ignored (tests/test_plans.py)",
     "clear_ws_cache": "takes no arguments", "clear_plan_cache": "takes no arguments",
-    "ensure_cuda_dlls": "takes no arguments", "parse_activation": "covered through every act= row",
+    "parse_activation": "covered through every act= row",
     "GemmWorkspaces": "a NamedTuple of results",
     "ACTIVATIONS": "a dict", "ActAttrs": "covered as ActAttrs.make",
 }
