@@ -49,7 +49,8 @@ def test_compiled_step_continues_bit_for_bit_from_a_loaded_state(tmp_path, opt_n
     want_state = opt.state_dict()
     # Perturb every part of the state, the bfloat16 copy too, then load.
     with step.stream:
-        model.flat_parameters += 0.25
+        params = model.flat_parameters                  # a view of the buffer: changed in place
+        params += 0.25
         opt.steps.fill(33)
         for buf in opt.state()[2:]:
             buf *= 3.0
