@@ -208,8 +208,7 @@ def gemm_strided_batched(A, B, out=None, *, bint trans_a=False, bint trans_b=Fal
     Returns
     -------
     device array
-        ``out``, or the new array, allocated on ``stream`` (from torch's allocator for torch
-        inputs, else from CuPy's pool).
+        ``out``, or the new (batch, M, N) array, allocated as :func:`gemm` allocates.
 
     Raises
     ------
