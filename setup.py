@@ -39,7 +39,7 @@ MODULES = {"_errors": [], "_settings": [], "_streams": [], "_release": [], "_con
 HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h",
            "cygemm/include/cygemm/fp8_kernels.h", "cygemm/include/cygemm/grouped_kernels.h",
            "cygemm/include/cygemm/convert.h", "cygemm/include/cygemm/nn_kernels.h",
-           "cygemm/include/cygemm/backend_kernels.h"]
+           "cygemm/include/cygemm/backend_kernels.h", "cygemm/include/cygemm/warp_reduce.cuh"]
 KERNELS = sorted({k for kernels in MODULES.values() for k in kernels})
 
 

@@ -61,20 +61,12 @@ _F32, _F16, _F64 = _DTYPES["float32"], _DTYPES["float16"], _WIDE_DTYPES["float64
 _NP_F32, _NP_F16 = _np.dtype("float32"), _np.dtype("float16")
 
 
+_DTYPE_NAMES = {CUDA_R_32F: "float32", CUDA_R_16F: "float16", CUDA_R_16BF: "bfloat16", CUDA_R_64F: "float64",
+                CUDA_R_8F_E4M3: "float8_e4m3", CUDA_R_8F_E5M2: "float8_e5m2"}
+
+
 cdef object dtype_name(cudaDataType dtype):
-    if dtype == CUDA_R_32F:
-        return "float32"
-    if dtype == CUDA_R_16F:
-        return "float16"
-    if dtype == CUDA_R_16BF:
-        return "bfloat16"
-    if dtype == CUDA_R_64F:
-        return "float64"
-    if dtype == CUDA_R_8F_E4M3:
-        return "float8_e4m3"
-    if dtype == CUDA_R_8F_E5M2:
-        return "float8_e5m2"
-    return f"cudaDataType {<int>dtype}"
+    return _DTYPE_NAMES.get(dtype) or f"cudaDataType {<int>dtype}"
 
 
 cdef str _expected(bint wide):

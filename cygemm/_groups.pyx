@@ -81,6 +81,16 @@ cdef int64_t _drop_ended(int64_t* views, int64_t* ends, int64_t n, int64_t lo) n
     return k
 
 
+cdef int64_t _first_overlap(const MatrixView* v, const MatrixView* views, const int64_t* idx,
+                            int64_t n) noexcept nogil:
+    """The first of views[idx[0..n)] that shares memory with v, else -1."""
+    cdef int64_t j
+    for j in range(n):
+        if views_overlap(v, &views[idx[j]]):
+            return idx[j]
+    return -1
+
+
 cdef bint _same_view(const MatrixView* x, const MatrixView* y) noexcept nogil:
     return (x.ptr == y.ptr and x.rows == y.rows and x.cols == y.cols and x.row_stride == y.row_stride
             and x.col_stride == y.col_stride)
@@ -237,17 +247,11 @@ cdef class Groups:
                     n_in = _drop_ended(ins, hi_in, n_in, spans[i].lo)
                     idx = spans[i].index
                     v = &self.views[idx]
-                    for j in range(n_out):
-                        if views_overlap(v, &self.views[outs[j]]):
-                            other = outs[j]
-                            break
+                    other = _first_overlap(v, self.views, outs, n_out)
                     if other >= 0:
                         break
                     if idx % 3 == 2:
-                        for j in range(n_in):
-                            if views_overlap(v, &self.views[ins[j]]):
-                                other = ins[j]
-                                break
+                        other = _first_overlap(v, self.views, ins, n_in)
                         if other >= 0:
                             break
                         outs[n_out], hi_out[n_out] = idx, spans[i].hi

@@ -151,10 +151,8 @@ def backward(A, B, gY, Z, *, with_bias=True, act="none", leaky_slope=0.01, need_
 
     Raises
     ------
-    TypeError, ValueError
-        As backward_into; A and B are checked before anything is allocated, the rest after.
-    CaptureError
-        The stream is being captured (use backward_into with buffers made before).
+    TypeError, ValueError, CaptureError
+        As :func:`forward` raises them, for :func:`backward_into`'s arguments.
     """
     M, K, N, dtype = layer_shape(A, B)
     like = (A, B)

@@ -54,7 +54,7 @@ def row_op(str kind, x, out, stream):
     Returns
     -------
     cupy.ndarray
-        `out`.
+        `out`, each row its softmax (or log-softmax).
     """
     cdef cygemm_row_op_t op
     if kind == "softmax":
@@ -132,7 +132,7 @@ def sigmoid(x, out, stream):
     Returns
     -------
     cupy.ndarray
-        `out`.
+        `out`, holding sigmoid(x) broadcast to its shape.
     """
     cdef cudaDataType dtype = _float_array(x, "x")
     _same_dtype(out, x)

@@ -1,6 +1,7 @@
 // The CUDABackend's kernels (cygemm/include/cygemm/backend_kernels.h): row-wise softmax and
 // log-softmax, and a stable sigmoid, in float and double.
 #include "cygemm/backend_kernels.h"
+#include "cygemm/warp_reduce.cuh"
 
 namespace {
 
@@ -16,12 +17,8 @@ __global__ void row_kernel(const T* x, T* y, long long rows, int cols) {
     for (long long r = (long long)blockIdx.x * warps + warp; r < rows; r += (long long)gridDim.x * warps) {
         const T* xr = x + r * cols;
         T* yr = y + r * cols;
-        T m = xr[0];
-        for (int j = lane; j < cols; j += 32) m = fmax(m, xr[j]);
-        for (int o = 16; o > 0; o >>= 1) m = fmax(m, __shfl_xor_sync(0xffffffffu, m, o));
-        T s = 0;
-        for (int j = lane; j < cols; j += 32) s += exp(xr[j] - m);
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        T m, s;
+        cygemm::warp_row_max_sumexp(xr, cols, m, s);
         T log_s = log(s);
         // (x - m) is exact for the row's largest values; subtracting log(s) after keeps their
         // small results accurate (x - (m + log s) would lose half an ulp of m).

@@ -1,6 +1,7 @@
 // The kernels of cygemm.nn (cygemm/include/cygemm/nn_kernels.h): the losses and the optimizers,
 // one launch each.
 #include "cygemm/nn_kernels.h"
+#include "cygemm/warp_reduce.cuh"
 
 #include <cuda_bf16.h>
 
@@ -20,7 +21,7 @@ __device__ bool last_block_done(unsigned int* done) {
 
 __device__ float block_sum(float v) {
     __shared__ float warp_sums[32];
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = cygemm::warp_sum(v);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     __syncthreads();
     if (lane == 0) warp_sums[warp] = v;
@@ -49,7 +50,7 @@ __device__ void finish_sum(float mine, float* partial, unsigned int* done, float
 // gridDim.x * C), also the column sums of grad: the gradient of the bias of the layer that
 // made the logits, which then needs no pass of its own.
 template <typename L>
-__device__ void softmax_xent(const float* logits, long long ld, const L* labels, float* grad,
+__global__ void softmax_xent(const float* logits, long long ld, const L* labels, float* grad,
                              long long gld, int B, int C, float grad_scale, float loss_scale,
                              float* partial, unsigned int* done, float* loss, int* bad,
                              float* col_partial, float* bias_grad) {
@@ -62,12 +63,8 @@ __device__ void softmax_xent(const float* logits, long long ld, const L* labels,
     float mine = 0.f;
     for (long long row = (long long)blockIdx.x * warps + warp; row < B; row += (long long)gridDim.x * warps) {
         const float* z = logits + row * ld;
-        float m = z[0];
-        for (int j = lane; j < C; j += 32) m = fmaxf(m, z[j]);
-        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-        float s = 0.f;
-        for (int j = lane; j < C; j += 32) s += expf(z[j] - m);
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        float m, s;
+        cygemm::warp_row_max_sumexp(z, C, m, s);
         float lse = m + logf(s);
         long long y = (long long)labels[row];
         bool ok = y >= 0 && y < C;
@@ -106,20 +103,6 @@ __device__ void softmax_xent(const float* logits, long long ld, const L* labels,
         __syncthreads();
         if (threadIdx.x == 0) *done = 0u;
     }
-}
-
-__global__ void softmax_xent_i32(const float* logits, long long ld, const int* labels,
-        float* grad, long long gld, int B, int C, float grad_scale, float loss_scale,
-        float* partial, unsigned int* done, float* loss, int* bad, float* col_partial, float* bias_grad) {
-    softmax_xent<int>(logits, ld, labels, grad, gld, B, C, grad_scale, loss_scale, partial, done, loss, bad,
-                      col_partial, bias_grad);
-}
-
-__global__ void softmax_xent_i64(const float* logits, long long ld, const long long* labels,
-        float* grad, long long gld, int B, int C, float grad_scale, float loss_scale,
-        float* partial, unsigned int* done, float* loss, int* bad, float* col_partial, float* bias_grad) {
-    softmax_xent<long long>(logits, ld, labels, grad, gld, B, C, grad_scale, loss_scale, partial, done, loss, bad,
-                            col_partial, bias_grad);
 }
 
 // Mean squared error: loss = mean((y - t)^2); grad = 2 (y - t) / n.
@@ -229,27 +212,34 @@ __global__ void bf16_to_f32(const __nv_bfloat16* x, float* y, long long n) {
 }
 }  // namespace
 
+// Each warp keeps its own row of column sums (bias_grad): warps * C floats of shared memory.
+template <typename L>
+cudaError_t launch_softmax_xent(const float* logits, int64_t ld, const L* labels, float* grad, int64_t gld,
+                                int B, int C, float grad_scale, float loss_scale, float* partial,
+                                unsigned int* done, float* loss, int* bad, float* col_partial, float* bias_grad,
+                                int blocks, cudaStream_t stream) {
+    size_t shared = bias_grad ? (size_t)(CYGEMM_NN_THREADS / 32) * (size_t)C * sizeof(float) : 0;
+    softmax_xent<L><<<blocks, CYGEMM_NN_THREADS, shared, stream>>>(
+        logits, ld, labels, grad, gld, B, C, grad_scale, loss_scale, partial, done, loss, bad, col_partial, bias_grad);
+    return cudaGetLastError();
+}
+
 extern "C" cudaError_t cygemm_softmax_xent_i32(const float* logits, int64_t ld, const int32_t* labels, float* grad,
                                                int64_t gld, int B, int C, float grad_scale, float loss_scale,
                                                float* partial, unsigned int* done, float* loss, int* bad,
                                                float* col_partial, float* bias_grad, int blocks, cudaStream_t stream) {
-    // Each warp keeps its own row of column sums: warps * C floats.
-    size_t shared = bias_grad ? (size_t)(CYGEMM_NN_THREADS / 32) * (size_t)C * sizeof(float) : 0;
-    softmax_xent_i32<<<blocks, CYGEMM_NN_THREADS, shared, stream>>>(
-        logits, ld, labels, grad, gld, B, C, grad_scale, loss_scale, partial, done, loss, bad, col_partial, bias_grad);
-    return cudaGetLastError();
+    return launch_softmax_xent<int>(logits, ld, labels, grad, gld, B, C, grad_scale, loss_scale, partial, done,
+                                    loss, bad, col_partial, bias_grad, blocks, stream);
 }
 
 extern "C" cudaError_t cygemm_softmax_xent_i64(const float* logits, int64_t ld, const int64_t* labels, float* grad,
                                                int64_t gld, int B, int C, float grad_scale, float loss_scale,
                                                float* partial, unsigned int* done, float* loss, int* bad,
                                                float* col_partial, float* bias_grad, int blocks, cudaStream_t stream) {
-    size_t shared = bias_grad ? (size_t)(CYGEMM_NN_THREADS / 32) * (size_t)C * sizeof(float) : 0;
     // (int64_t is long here, the kernel's labels long long: the same 8 bytes.)
-    softmax_xent_i64<<<blocks, CYGEMM_NN_THREADS, shared, stream>>>(
-        logits, ld, reinterpret_cast<const long long*>(labels), grad, gld, B, C, grad_scale, loss_scale, partial,
-        done, loss, bad, col_partial, bias_grad);
-    return cudaGetLastError();
+    return launch_softmax_xent<long long>(logits, ld, reinterpret_cast<const long long*>(labels), grad, gld, B, C,
+                                          grad_scale, loss_scale, partial, done, loss, bad, col_partial, bias_grad,
+                                          blocks, stream);
 }
 
 extern "C" cudaError_t cygemm_mse(const float* y, int64_t yld, const float* t, int64_t tld, float* grad, int64_t gld,

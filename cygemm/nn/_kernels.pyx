@@ -217,6 +217,26 @@ cdef int _schedule(int schedule, int warmup, int total) except -1:
     return 0
 
 
+ctypedef struct _StepArgs:
+    const float* rate
+    int* step
+    unsigned int* done
+    cudaStream_t stream
+
+
+cdef int _step_args(_StepArgs* a, object lr, object steps, object done, int schedule, int warmup, int total,
+                    int blocks, object stream) except -1:
+    """What every optimizer's launch reads alike: the base rate, the step count and the
+    finishing counter on the device, the schedule, the grid and the stream."""
+    a.rate = <const float*>_flat(lr, "lr", _F32, 1)
+    a.step = <int*>_flat(steps, "steps", _I32, 1)
+    a.done = <unsigned int*>_flat(done, "done", _U32, 1)
+    _schedule(schedule, warmup, total)
+    _grid(blocks)
+    stream_from_object(stream, &a.stream)
+    return 0
+
+
 def sgd(params, grads, momentum_buffer, lr, steps, done, float momentum, float dampening, float weight_decay,
         bint nesterov, int schedule, int warmup, int total, float final_factor, int blocks, stream,
         params_bf16=None):
@@ -249,22 +269,18 @@ def sgd(params, grads, momentum_buffer, lr, steps, done, float momentum, float d
         bfloat16, contiguous, n elements: receives the updated parameters rounded to bfloat16
         (the copy bf16-mixed training's GEMMs read), in the same launch.
     """
-    cdef cudaStream_t s
     cdef float* p
     cdef const void* g
     cdef void* copy
     cdef bint grad_bf16
     cdef int64_t n = _parameters(params, grads, params_bf16, &p, &g, &grad_bf16, &copy)
     cdef float* buf = <float*>_flat(momentum_buffer, "momentum_buffer", _F32, n if momentum != 0 else 0)
-    cdef const float* rate = <const float*>_flat(lr, "lr", _F32, 1)
-    cdef int* step = <int*>_flat(steps, "steps", _I32, 1)
-    cdef unsigned int* d = <unsigned int*>_flat(done, "done", _U32, 1)
-    _schedule(schedule, warmup, total)
-    _grid(blocks)
-    stream_from_object(stream, &s)
+    cdef _StepArgs a
+    _step_args(&a, lr, steps, done, schedule, warmup, total, blocks, stream)
     with nogil:
-        check_cuda(cygemm_sgd(p, g, grad_bf16, copy, buf, n, rate, step, momentum, dampening, weight_decay,
-                              nesterov, schedule, warmup, total, final_factor, d, blocks, s), "cygemm_sgd")
+        check_cuda(cygemm_sgd(p, g, grad_bf16, copy, buf, n, a.rate, a.step, momentum, dampening, weight_decay,
+                              nesterov, schedule, warmup, total, final_factor, a.done, blocks, a.stream),
+                   "cygemm_sgd")
     return params
 
 
@@ -282,7 +298,6 @@ def adam(params, grads, exp_avg, exp_avg_sq, lr, steps, done, float beta1, float
     beta1, beta2, eps, weight_decay
         As torch's.
     """
-    cdef cudaStream_t s
     cdef float* p
     cdef const void* g
     cdef void* copy
@@ -290,15 +305,12 @@ def adam(params, grads, exp_avg, exp_avg_sq, lr, steps, done, float beta1, float
     cdef int64_t n = _parameters(params, grads, params_bf16, &p, &g, &grad_bf16, &copy)
     cdef float* m = <float*>_flat(exp_avg, "exp_avg", _F32, n)
     cdef float* v = <float*>_flat(exp_avg_sq, "exp_avg_sq", _F32, n)
-    cdef const float* rate = <const float*>_flat(lr, "lr", _F32, 1)
-    cdef int* step = <int*>_flat(steps, "steps", _I32, 1)
-    cdef unsigned int* d = <unsigned int*>_flat(done, "done", _U32, 1)
-    _schedule(schedule, warmup, total)
-    _grid(blocks)
-    stream_from_object(stream, &s)
+    cdef _StepArgs a
+    _step_args(&a, lr, steps, done, schedule, warmup, total, blocks, stream)
     with nogil:
-        check_cuda(cygemm_adam(p, g, grad_bf16, copy, m, v, n, rate, step, beta1, beta2, eps, weight_decay,
-                               decoupled, schedule, warmup, total, final_factor, d, blocks, s), "cygemm_adam")
+        check_cuda(cygemm_adam(p, g, grad_bf16, copy, m, v, n, a.rate, a.step, beta1, beta2, eps, weight_decay,
+                               decoupled, schedule, warmup, total, final_factor, a.done, blocks, a.stream),
+                   "cygemm_adam")
     return params
 
 
