@@ -17,6 +17,7 @@ A problem is timed once even when threads meet it at once: the first claims it
 """
 import functools
 import json
+import logging
 import os
 import threading
 import warnings
@@ -90,10 +91,17 @@ cdef object lookup(int device, str kind, tuple key):
         return _tuned.get((_gpu_id(device), kind, key))
 
 
+# Each tuned problem is reported at INFO (what was timed, what won, the times): long tuning
+# (autotune="exhaustive") can be followed with logging.basicConfig(level=logging.INFO).
+logger = logging.getLogger("cygemm.tuning")
+
+
 cdef int remember(int device, str kind, tuple key, dict record) except -1:
     gpu = _gpu_id(device)
     with _tuned_lock:
         _tuned[(gpu, kind, key)] = record
+    if logger.isEnabledFor(logging.INFO):
+        logger.info("tuned %s %s on %s: %s", kind, key, gpu, record)
     path = _settings.tuning_cache_path()
     if path:
         try:

@@ -602,3 +602,21 @@ def test_eight_threads_making_the_first_call_of_one_new_problem_at_once_time_it_
     finally:
         cygemm.set_options(**old)
         tuning.clear_tuning()
+
+
+@pytest.mark.gpu
+def test_each_tuned_problem_is_reported_to_the_cygemm_tuning_logger(gpu, tmp_path, caplog):
+    old = cygemm.set_options(tuning_cache=tmp_path / "t.jsonl", autotune="auto", autotune_min_macs=2.0 ** 20)
+    try:
+        tuning.clear_tuning()
+        A, B = rand(cp, (256, 128)), rand(cp, (128, 192))
+        out = poisoned(cp, (256, 192))
+        with caplog.at_level("INFO", logger="cygemm.tuning"):
+            cygemm.gemm(A, B, out, math="fp32")
+            cp.cuda.Device().synchronize()
+        tuned = [r for r in caplog.records if r.name == "cygemm.tuning"]
+        assert len(tuned) == 1 and "tuned gemm" in tuned[0].getMessage(), [r.getMessage() for r in tuned]
+        assert rel_err(out.get(), f64(cp, A) @ f64(cp, B)) < 1e-5
+    finally:
+        cygemm.set_options(**old)
+        tuning.clear_tuning()
