@@ -7,6 +7,8 @@ for what every call shares. Nothing is enqueued before it returns.
 """
 import os
 
+import numpy as np
+
 from cpython.object cimport PyObject
 from libc.stdint cimport int64_t, uintptr_t
 
@@ -125,6 +127,9 @@ cdef int check_devices(CallArgs* c) except -1:
 cdef MatrixView* add_scalar(CallArgs* c, object x, str name, ArgRole role) except NULL:
     cdef ArrayDesc d
     cdef MatrixView v
+    if isinstance(x, (int, float, np.generic)) and not isinstance(x, bool):
+        raise TypeError(f"{name}: expected a device float32 scalar (one element, read on the GPU when "
+                        f"the call runs), got a host number {x!r}: pass cupy.asarray({float(x)!r}, cupy.float32)")
     read_array(x, &d, name, False)
     cdef int64_t size = 1
     cdef int i

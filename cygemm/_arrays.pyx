@@ -73,6 +73,27 @@ cdef str _expected(bint wide):
     return "float16, bfloat16, float32 or float64" if wide else "float16, bfloat16 or float32"
 
 
+cdef object _bad_dtype(str name, str got, bint wide):
+    """TypeError for an array whose dtype (named `got`) the entry cannot take, with what to do
+    instead: matmul for float64 (wide False), CuPy or torch (or a cast) for integers, booleans
+    and complex numbers, which no cygemm GEMM multiplies."""
+    msg = f"{name}: expected {_expected(wide)}, got {got}"
+    if got == "float64" and not wide:
+        msg += " (cygemm.matmul takes float64; or cast it with x.astype(cupy.float32))"
+    elif got.startswith(("int", "uint", "bool", "complex")):
+        msg += (f" (cygemm has no {got} GEMM: use cupy.matmul or torch.matmul for {got}, or cast it "
+                "to a float dtype with x.astype(cupy.float32))")
+    return TypeError(msg)
+
+
+cdef str _dlpack_dtype_name(int code, int bits, int lanes):
+    """A DLPack dtype as NumPy names it (int32, complex64...), or its codes where it has no name."""
+    kind = {0: "int", 1: "uint", 2: "float", 4: "bfloat", 5: "complex", 6: "bool"}.get(code)
+    if kind is None or lanes != 1:
+        return f"DLPack dtype (code={code}, bits={bits}, lanes={lanes})"
+    return "bool" if kind == "bool" else f"{kind}{bits}"
+
+
 cdef str _typestr_name(str typestr):
     try:
         return _np.dtype(typestr).name
@@ -119,7 +140,7 @@ cdef int read_array(object x, ArrayDesc* d, str name, bint wide) except -1:
         dt = _F32 if dt_obj is _NP_F32 else (_F16 if dt_obj is _NP_F16 else (
             _WIDE_DTYPES if wide else _DTYPES).get(dt_obj.name))
         if dt is None:
-            raise TypeError(f"{name}: expected {_expected(wide)}, got {x.dtype}")
+            raise _bad_dtype(name, str(x.dtype), wide)
         d.dtype = <cudaDataType>(<int>dt[0])
         mem = x.data        # its device_id spares check_devices a cudaPointerGetAttributes
         return _fill_desc(d, name, mem.ptr, x.shape, x.strides, dt[1], mem.device_id)
@@ -140,7 +161,7 @@ cdef int read_array(object x, ArrayDesc* d, str name, bint wide) except -1:
             # CAI has no bfloat16 typestr (torch says '<V2'); DLPack names it.
             return _read_dlpack(x, d, name, wide)
         if dt is None:
-            raise TypeError(f"{name}: expected {_expected(wide)}, got {_typestr_name(cai['typestr'])}")
+            raise _bad_dtype(name, _typestr_name(cai["typestr"]), wide)
         d.dtype = <cudaDataType>(<int>dt[0])
         return _fill_desc(d, name, cai["data"][0], tuple(cai["shape"]), cai.get("strides"), dt[1], -1)
     if isinstance(x, _np.ndarray):
@@ -209,7 +230,7 @@ cdef int _read_torch(object x, ArrayDesc* d, str name, bint wide) except -1:
     if dt is None and wide and x.dtype == _torch_f64:
         dt = _F64
     if dt is None:
-        raise TypeError(f"{name}: expected {_expected(wide)}, got {str(x.dtype).replace('torch.', '')}")
+        raise _bad_dtype(name, str(x.dtype).replace("torch.", ""), wide)
     d.dtype = <cudaDataType>(<int>dt[0])
     itemsize = dt[1]
     strides = tuple([st * itemsize for st in x.stride()])
@@ -238,8 +259,7 @@ cdef int _read_dlpack(object x, ArrayDesc* d, str name, bint wide) except -1:
     elif wide and t.dtype.lanes == 1 and t.dtype.bits == 64 and t.dtype.code == DL_FLOAT:
         d.dtype = CUDA_R_64F
     else:
-        raise TypeError(f"{name}: expected {_expected(wide)}, got DLPack dtype (code={t.dtype.code}, "
-                        f"bits={t.dtype.bits}, lanes={t.dtype.lanes})")
+        raise _bad_dtype(name, _dlpack_dtype_name(t.dtype.code, t.dtype.bits, t.dtype.lanes), wide)
     itemsize = t.dtype.bits // 8
     shape = tuple([t.shape[i] for i in range(t.ndim)])
     strides = None if t.strides == NULL else tuple([t.strides[i] * itemsize for i in range(t.ndim)])

@@ -16,6 +16,8 @@ from cygemm.bindings.cublaslt cimport cublasLtCreate, cublasLtGetVersion
 from cygemm._errors cimport check_cuda, check_cublas
 from cygemm._settings cimport options, loaded_options
 from cygemm._errors import CaptureError
+# The one no-GPU check and its reason (cygemm.nn and cygemm.backend ask through here).
+from cygemm._errors import gpu_unavailable_reason, require_gpu
 from cygemm import _streams
 
 from cygemm._release cimport (RELEASE_BLAS, RELEASE_LT, defer_release, queue_free, free_now, drain_if_safe,
@@ -110,27 +112,6 @@ def device_count():
             check_cuda(err, "cudaGetDeviceCount")
         _device_count = n
     return _device_count
-
-
-def gpu_unavailable_reason():
-    """Why no GPU is usable here, in plain words, or None when one is (see cygemm.gpu_unavailable_reason)."""
-    cdef int n = 0
-    cdef cudaError_t err = cudaGetDeviceCount(&n)
-    if err == cudaSuccess and n > 0:
-        return None
-    cudaGetLastError()
-    import ctypes
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return "no NVIDIA GPU/driver found (the driver library libcuda.so.1 is not installed)"
-    if err == cudaSuccess or err == cudaErrorNoDevice:
-        return "no NVIDIA GPU found (the driver is installed but sees no device)"
-    if err == cudaErrorInsufficientDriver:
-        return ("the NVIDIA driver is too old for this CUDA runtime "
-                f"(cudaGetDeviceCount: {cudaGetErrorName(err).decode()}); CUDA 13 needs driver >= 580")
-    return (f"no usable NVIDIA GPU (cudaGetDeviceCount failed with {cudaGetErrorName(err).decode()}: "
-            f"{cudaGetErrorString(err).decode()})")
 
 
 # Each thread's last contexts by device, in C thread-local storage: the common call finds its

@@ -4,6 +4,9 @@ from cygemm.bindings.cudart cimport cudaError_t, cudaStream_t
 from cygemm.bindings.cublas cimport cublasStatus_t
 
 cdef int check_cuda(cudaError_t status, const char* call) except -1 nogil
+# The error for a failed CUDA call (status, call): NoGpuError, whose message is only
+# gpu_unavailable_reason()'s plain words, where the failure means no GPU is usable; else CudaError.
+cdef object cuda_error(int status, str call)
 cdef int check_cublas(cublasStatus_t status, const char* call) except -1 nogil
 # A CUDA driver API result (CUresult), for the few driver entry points cygemm looks up.
 cdef int check_driver(int result, const char* call) except -1 nogil

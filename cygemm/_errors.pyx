@@ -13,18 +13,62 @@ class CygemmError(RuntimeError):
     """A CUDA, cuBLAS or cuBLASLt call failed, or cygemm refused a call (see subclasses)."""
 
 
-cdef str _no_gpu_note(int status):
-    """Plain words for the statuses a machine without a usable GPU gives (else "")."""
-    if status != cudaErrorInsufficientDriver and status != cudaErrorNoDevice:
-        return ""
+# Why no GPU is usable, asked of the CUDA runtime once (the answer cannot change while the
+# process runs: the runtime keeps its first initialization's failure): (reason or None, status).
+cdef object _unavailable = None
+
+
+cdef tuple _gpu_unavailable():
+    global _unavailable
+    if _unavailable is not None:
+        return _unavailable
+    cdef int n = 0
+    cdef cudaError_t err = cudaGetDeviceCount(&n)
+    if err == cudaSuccess and n > 0:
+        _unavailable = (None, 0)
+        return _unavailable
+    cudaGetLastError()
+    cdef int status = <int>(cudaErrorNoDevice if err == cudaSuccess else err)
     import ctypes
     try:
         ctypes.CDLL("libcuda.so.1")
     except OSError:
-        return "; no NVIDIA GPU/driver found (the driver library libcuda.so.1 is not installed)"
-    if status == cudaErrorNoDevice:
-        return "; no NVIDIA GPU found (the driver is installed but sees no device)"
-    return "; the NVIDIA driver is too old for this CUDA runtime (CUDA 13 needs driver >= 580)"
+        reason = "no NVIDIA GPU/driver found (the driver library libcuda.so.1 is not installed)"
+    else:
+        if err == cudaSuccess or err == cudaErrorNoDevice:
+            reason = "no NVIDIA GPU found (the driver is installed but sees no device)"
+        elif err == cudaErrorInsufficientDriver:
+            reason = ("the NVIDIA driver is too old for this CUDA runtime "
+                      f"(cudaGetDeviceCount: {cudaGetErrorName(err).decode()}); CUDA 13 needs driver >= 580")
+        else:
+            reason = (f"no usable NVIDIA GPU (cudaGetDeviceCount failed with {cudaGetErrorName(err).decode()}: "
+                      f"{cudaGetErrorString(err).decode()})")
+    _unavailable = (reason, status)
+    return _unavailable
+
+
+def gpu_unavailable_reason():
+    """Why no GPU is usable here, in plain words, or None when one is (asked once, then cached;
+    see cygemm.gpu_unavailable_reason)."""
+    return _gpu_unavailable()[0]
+
+
+cdef object no_gpu_error(int status, str call):
+    """NoGpuError for a call that failed because no GPU is usable here, else None."""
+    if status != cudaErrorInsufficientDriver and status != cudaErrorNoDevice:
+        return None
+    reason = _gpu_unavailable()[0]
+    return None if reason is None else NoGpuError(status, call, reason)
+
+
+def require_gpu():
+    """Raise NoGpuError (its message :func:`gpu_unavailable_reason`'s, and nothing else) where
+    no GPU is usable; return at once where one is (the answer is cached). The one check of the
+    entries that ask before their first CUDA call (cygemm.nn, cygemm.backend); the core entries
+    get the same error from their first failing CUDA call (check_cuda)."""
+    reason, status = _gpu_unavailable()
+    if reason is not None:
+        raise NoGpuError(status, "cudaGetDeviceCount", reason)
 
 
 class _StatusError(CygemmError):
@@ -47,7 +91,22 @@ class CudaError(_StatusError):
     @staticmethod
     def _describe(int status):
         return (cudaGetErrorName(<cudaError_t>status).decode(),
-                cudaGetErrorString(<cudaError_t>status).decode() + _no_gpu_note(status))
+                cudaGetErrorString(<cudaError_t>status).decode())
+
+
+class NoGpuError(CudaError):
+    """No usable GPU here: the message is :func:`cygemm.gpu_unavailable_reason`'s plain words and
+    nothing else (not the CUDA status's text, which on a machine without a driver reads "CUDA
+    driver version is insufficient"); ``status``, ``name`` and ``call`` say which call found out."""
+
+    def __init__(self, int status, str call, str reason):
+        self.status = status
+        self.call = call
+        self.name = cudaGetErrorName(<cudaError_t>status).decode()
+        CygemmError.__init__(self, reason)
+
+    def __reduce__(self):
+        return (type(self), (self.status, self.call, str(self)))
 
 
 class CudaDriverError(_StatusError):
@@ -77,7 +136,13 @@ cdef int check_cuda(cudaError_t status, const char* call) except -1 nogil:
         return 0
     with gil:
         cudaGetLastError()  # clear the sticky-free error so the next call starts clean
-        raise CudaError(<int>status, call.decode())
+        raise cuda_error(<int>status, call.decode())
+
+
+cdef object cuda_error(int status, str call):
+    """The error for a failed CUDA call: NoGpuError where no GPU is usable, else CudaError."""
+    err = no_gpu_error(status, call)
+    return err if err is not None else CudaError(status, call)
 
 
 cdef int check_cublas(cublasStatus_t status, const char* call) except -1 nogil:

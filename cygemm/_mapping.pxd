@@ -21,6 +21,11 @@ cdef MapResult map_rowmajor_gemm(const MatrixView* a, const MatrixView* b, const
 cdef int64_t rowmajor_ld(const MatrixView* v) noexcept nogil
 # Whether v is row-major as rowmajor_ld needs (the mapping reads it that way).
 cdef bint is_rowmajor(const MatrixView* v) noexcept nogil
+# The ValueError for a layout map_rowmajor_gemm refused (r: MAP_BAD_A, MAP_BAD_B or MAP_BAD_OUT):
+# names that operand (`names`: of a, b and c), its strides, and the fix; `note` ("" or "; ...")
+# says what the caller would do instead.
+cdef object layout_error(MapResult r, const MatrixView* a, const MatrixView* b, const MatrixView* c,
+                         tuple names, str note)
 # map_rowmajor_gemm, raising ValueError that names the argument cuBLAS cannot read
 # (`names`: the names of a, b and c). The one message for every entry point.
 cdef int map_or_raise(const MatrixView* a, const MatrixView* b, const MatrixView* c, bint trans_a,

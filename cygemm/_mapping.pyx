@@ -73,16 +73,21 @@ cdef int64_t rowmajor_ld(const MatrixView* v) noexcept nogil:
     return ld
 
 
-_BAD = {MAP_BAD_A: 0, MAP_BAD_B: 1, MAP_BAD_OUT: 2}
+cdef object layout_error(MapResult r, const MatrixView* a, const MatrixView* b, const MatrixView* c,
+                         tuple names, str note):
+    cdef const MatrixView* v = a if r == MAP_BAD_A else (b if r == MAP_BAD_B else c)
+    cdef str name = names[0 if r == MAP_BAD_A else (1 if r == MAP_BAD_B else 2)]
+    return ValueError(f"{name}: a layout cuBLAS cannot {'write' if r == MAP_BAD_OUT else 'read'} in place: "
+                      f"element strides ({v.row_stride}, {v.col_stride}) for shape ({v.rows}, {v.cols}); one "
+                      "of the last two axes must have unit stride and the other a stride >= its length"
+                      f"{note}; make it contiguous with cupy.ascontiguousarray({name})")
 
 
 cdef int map_or_raise(const MatrixView* a, const MatrixView* b, const MatrixView* c, bint trans_a,
                       bint trans_b, ColMajorGemm* g, tuple names) except -1:
     cdef MapResult r = map_rowmajor_gemm(a, b, c, trans_a, trans_b, g)
     if r != MAP_OK:
-        raise ValueError(f"{names[_BAD[r]]}: layout cuBLAS cannot express: one of the last two axes "
-                         "must have unit stride and the other a stride >= its length "
-                         "(make it contiguous with cupy.ascontiguousarray)")
+        raise layout_error(r, a, b, c, names, "")
     g.strided_batched = False
     return 0
 

@@ -3,7 +3,7 @@
 from libc.stdint cimport uintptr_t
 
 from cygemm.bindings.cudart cimport *
-from cygemm._errors cimport check_cuda, check_driver
+from cygemm._errors cimport check_cuda, check_driver, cuda_error
 from cygemm._errors import CudaError, CaptureError
 
 try:
@@ -14,13 +14,17 @@ except ImportError:  # cupy is needed only for stream=None
 
 
 cdef object _cupy_current_stream_ptr():
-    """CuPy's current stream; CuPy's own CUDA error (e.g. no driver) as cygemm's CudaError."""
+    """CuPy's current stream; CuPy's own CUDA error as cygemm's (NoGpuError, only the plain-words
+    reason, where no GPU is usable; else CudaError)."""
     try:
         return _current_stream().ptr
     except Exception as exc:
         status = getattr(exc, "status", None)
         if type(exc).__name__ == "CUDARuntimeError" and isinstance(status, int):
-            raise CudaError(status, "cupy.cuda.get_current_stream (stream=None)") from exc
+            err = cuda_error(status, "cupy.cuda.get_current_stream (stream=None)")
+            if type(err) is not CudaError:
+                raise err from None          # CuPy's status text would only mislead
+            raise err from exc
         raise
 
 

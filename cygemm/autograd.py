@@ -231,7 +231,7 @@ def linear(x, weight, bias=None, *, act="none", leaky_slope=0.01, math="tf32", a
     act : str
         As :func:`cygemm.gemm_ops.forward_into`: "none", "relu", "leaky_relu" (``leaky_slope``),
         "gelu" (tanh approximation), "gelu_erf", "sigmoid", "tanh", "silu".
-    math : {"tf32", "fp32"}
+    math : {"tf32", "fp32", "cupy"}
         float32 products (float16 and bfloat16 accumulate in fp32 either way).
     autotune : {None, "off", "auto", "exhaustive"}
         As :func:`cygemm.gemm`.

@@ -71,7 +71,7 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
     lt_workspace : device array, optional
         A cuBLASLt workspace to use instead of cygemm's own one for the stream: contiguous,
         256-byte aligned, on the call's device, sharing memory with no other argument.
-    math : {"tf32", "fp32"}
+    math : {"tf32", "fp32", "cupy"}
         As :func:`cygemm.gemm`.
     stream : optional
         As :func:`cygemm.gemm`; everything is enqueued there.

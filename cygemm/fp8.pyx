@@ -71,16 +71,28 @@ cdef MatrixView* _fp8_matrix(CallArgs* c, object x, str name, object fmt, str fm
     return add_view(c, &v, name, role)
 
 
-cdef int _aligned16(const MatrixView* v, str name, int64_t ld, int64_t lines) except -1:
-    """16-byte aligned pointer, and ld (elements between its `lines` rows or columns) a
-    multiple of 16 bytes where there is more than one."""
+cdef int _aligned16(const MatrixView* v, str name, int64_t ld, int64_t lines, str dim, int64_t extent,
+                    str line) except -1:
+    """16-byte aligned pointer, and ld (elements between its `lines` rows or columns: `line`) a
+    multiple of 16 bytes where there is more than one. The error says the rule in the user's
+    terms: `dim` (K or N, of length `extent`) a multiple of 16 // itemsize where the array is
+    contiguous (ld == extent), else the stride between its `line`s."""
     if (<uintptr_t>v.ptr) % 16:
         raise ValueError(f"{name}: FP8 GEMMs need 16-byte aligned operands, got address "
                          f"{<uintptr_t>v.ptr:#x}")
-    if lines > 1 and (ld * v.itemsize) % 16:
-        raise ValueError(f"{name}: FP8 GEMMs need a leading dimension that is a multiple of 16 bytes, "
-                         f"got {ld} elements of {v.itemsize} bytes")
-    return 0
+    if lines <= 1 or (ld * v.itemsize) % 16 == 0:
+        return 0
+    cdef int64_t per = 16 // v.itemsize
+    cdef int64_t padded = (extent + per - 1) // per * per
+    what = f"{dtype_name(v.dtype)} element" if v.itemsize > 1 else "FP8 byte"
+    if ld == extent:
+        fix = (f"pad K to {padded} with zeros in both a and b (the product is unchanged)" if dim == "K" else
+               f"pass an out with rows padded to {padded} elements and use its first {extent} columns")
+        raise ValueError(f"{name}: FP8 GEMMs need {dim} to be a multiple of {per} here, got {dim} = {extent} "
+                         f"({name}'s {line}s of {extent} {what}s must each start 16 bytes apart); {fix}")
+    raise ValueError(f"{name}: FP8 GEMMs need the stride between {name}'s {line}s to be a multiple of 16 "
+                     f"bytes ({per} {what}s), got {ld} {what}s ({dim} = {extent}); make it contiguous "
+                     f"with {dim} padded to a multiple of {per}")
 
 
 ctypedef struct ScaledCall:
@@ -263,14 +275,16 @@ cdef int _read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object sca
         raise ValueError(f"b: FP8 GEMMs need b column-major (K contiguous): b = w.T for a C-contiguous w "
                          f"of shape (N, K), got element strides ({vb.row_stride}, {vb.col_stride}); make "
                          f"one with cupy.ascontiguousarray(b.T).T")
-    _aligned16(va, "a", s.g.ldb, va.rows)
-    _aligned16(vb, "b", s.g.lda, vb.cols)           # column-major: ld steps between columns
+    _aligned16(va, "a", s.g.ldb, va.rows, "K", va.cols, "row")
+    _aligned16(vb, "b", s.g.lda, vb.cols, "K", vb.rows, "column")     # column-major: ld steps between columns
     if pout.ptr != NULL:
-        _aligned16(pout, "out", s.g.ldc, pout.rows)
+        _aligned16(pout, "out", s.g.ldc, pout.rows, "N", pout.cols, "row")
     elif (s.g.ldc * pout.itemsize) % 16:
-        raise ValueError(f"out: FP8 GEMMs need a leading dimension that is a multiple of 16 bytes; a new "
-                         f"({va.rows}, {vb.cols}) {dtype_name(d_type)} result has rows of {vb.cols * pout.itemsize} "
-                         f"bytes: pass an out with padded rows")
+        raise ValueError(f"out: FP8 GEMMs need N to be a multiple of {16 // pout.itemsize} for a "
+                         f"{dtype_name(d_type)} output, got N = {vb.cols} (the rows of a new ({va.rows}, {vb.cols}) "
+                         f"result, {vb.cols * pout.itemsize} bytes each, must each start 16 bytes apart); pass an "
+                         f"out with rows padded to a multiple of {16 // pout.itemsize} elements and use its "
+                         f"first {vb.cols} columns")
     if pbias != NULL and (<uintptr_t>pbias.ptr) % 16:
         raise ValueError(f"bias: FP8 GEMMs need a 16-byte aligned bias, got address {<uintptr_t>pbias.ptr:#x}")
     cdef const Activation* row = activation_row(act)

@@ -279,7 +279,7 @@ def grouped_gemm(As, Bs, outs, *, bint trans_a=False, bint trans_b=False, alpha=
         Use As[g].T / Bs[g].T (no copy), alike for every group.
     alpha, beta : float
         Scalars shared by every group.
-    math : {"tf32", "fp32"}
+    math : {"tf32", "fp32", "cupy"}
         As :func:`cygemm.gemm`.
     stream : optional
         As :func:`cygemm.gemm`; everything is enqueued there (the "streams" route also on the

@@ -19,7 +19,7 @@ from cygemm._arrays cimport read_array, desc_shape, dtype_name
 from cygemm._args cimport CallArgs, args_init, add_view, resolve_call, ARG_READ, ARG_WRITE
 from cygemm._settings cimport autotune_level
 from cygemm.plans cimport run_gemm
-from cygemm._mapping cimport MAP_OK, map_rowmajor_gemm, check_batch_disjoint, is_rowmajor
+from cygemm._mapping cimport MapResult, MAP_OK, map_rowmajor_gemm, check_batch_disjoint, is_rowmajor, layout_error
 from cygemm._batch_layout cimport (BatchLayout, MatmulPlan, read_layout, result_shape, has_result_shape,
                                    merge_out, check_out, empty_batch, may_overlap_inputs, call_views, span_view,
                                    decide_copies)
@@ -375,19 +375,32 @@ def describe_matmul(a, b, out=None):
     cdef BatchLayout L
     cdef cudaDataType t
     if _read_operands(a, b, out, &da, &db, &dc, &L, &t) or da.dtype != db.dtype:
-        raise ValueError("a/b/out: dtypes differ: matmul would cast")
+        raise _cast_error(&da, &db, &dc, t)
     if may_overlap_inputs(&L, &dc, &da, &db):
         raise ValueError("out: shares memory with a or b: matmul would use a temporary")
     merge_out(&L, &dc, &da, &db, &L)
     cdef MatrixView va, vb, vc
     cdef ColMajorGemm g
     call_views(&L, &da, &db, &dc, 0, 0, 0, &va, &vb, &vc)
-    if map_rowmajor_gemm(&va, &vb, &vc, False, False, &g) != MAP_OK:
-        raise ValueError("a/b/out: a layout cuBLAS cannot read or write in place: matmul would copy")
+    cdef MapResult r = map_rowmajor_gemm(&va, &vb, &vc, False, False, &g)
+    if r != MAP_OK:
+        raise layout_error(r, &va, &vb, &vc, ("a", "b", "out"), ": matmul would copy it, and "
+                           "describe_matmul describes only calls that read and write in place")
     calls = []
     if L.M and L.N and not empty_batch(&L):
         _run_all(NULL, NULL, &L, &da, &db, &dc, da.dtype, CUBLAS_COMPUTE_32F, 0, calls)
     return calls
+
+
+cdef object _cast_error(const ArrayDesc* da, const ArrayDesc* db, const ArrayDesc* dc, cudaDataType t):
+    """describe_matmul's ValueError where matmul would cast: names the arguments and their dtypes."""
+    if da.dtype != db.dtype:
+        return ValueError(f"a/b: dtypes differ (a is {dtype_name(da.dtype)}, b is {dtype_name(db.dtype)}): "
+                          f"matmul would cast both to {dtype_name(t)} first; describe_matmul describes only "
+                          f"calls without casts: pass a and b of one dtype (e.g. x.astype('{dtype_name(t)}'))")
+    return ValueError(f"out: its dtype is {dtype_name(dc.dtype)} but a and b are {dtype_name(t)}: matmul would "
+                      f"compute in {dtype_name(t)} and cast into out; describe_matmul describes only calls "
+                      f"without casts: pass an out of dtype {dtype_name(t)}")
 
 
 cdef tuple _result_of(object a, object b):

@@ -152,9 +152,10 @@ def gemm(A, B, out=None, *, bint trans_a=False, bint trans_b=False, alpha=1.0, b
         Use A.T / B.T (no copy).
     alpha, beta : float
         Scalars; a nonzero beta needs ``out``.
-    math : {"tf32", "fp32"}
-        float32 products with ``CUBLAS_COMPUTE_32F_FAST_TF32`` (default) or strict fp32;
-        float16 and bfloat16 accumulate in fp32 either way.
+    math : {"tf32", "fp32", "cupy"}
+        float32 products with ``CUBLAS_COMPUTE_32F_FAST_TF32`` ("tf32", the default), strict
+        fp32 ("fp32"), or as ``cupy.matmul`` computes them ("cupy": TF32 only when the
+        environment sets ``CUPY_TF32=1``); float16 and bfloat16 accumulate in fp32 either way.
     stream : optional
         None (CuPy's current stream), a CuPy or torch stream, an object with
         ``__cuda_stream__``, or an int ``cudaStream_t``. The GEMM is enqueued there.

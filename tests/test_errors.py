@@ -30,3 +30,13 @@ def test_a_driver_failure_is_its_own_error_type_naming_the_call():
 
 def test_capture_refusals_are_one_exception_type():
     assert issubclass(cygemm.CaptureError, cygemm.CygemmError) and issubclass(cygemm.CaptureError, RuntimeError)
+
+
+def test_no_gpu_error_is_a_cuda_error_with_the_reason_alone_and_pickles():
+    from cygemm._errors import NoGpuError
+    err = NoGpuError(35, "cudaGetDevice", "no NVIDIA GPU/driver found (the driver library libcuda.so.1 is not installed)")
+    assert str(err) == "no NVIDIA GPU/driver found (the driver library libcuda.so.1 is not installed)"
+    assert err.name == "cudaErrorInsufficientDriver" and err.call == "cudaGetDevice"
+    assert isinstance(err, cygemm.CudaError)
+    again = pickle.loads(pickle.dumps(err))
+    assert (type(again), again.status, again.call, str(again)) == (type(err), 35, "cudaGetDevice", str(err))

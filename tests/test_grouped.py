@@ -77,7 +77,7 @@ def test_transposes_apply_to_every_group():
 def test_a_layout_cublas_cannot_read_names_the_group():
     As, Bs, outs = fake_groups([(4, 5, 6)] * 3)
     As[1] = fake((4, 6), BASE + 0x3000_0000, strides=(48, 8))        # no unit-stride axis
-    with pytest.raises(ValueError, match=r"As\[1\]: layout cuBLAS cannot express"):
+    with pytest.raises(ValueError, match=r"As\[1\]: a layout cuBLAS cannot read in place"):
         grouped.grouped_gemm(As, Bs, outs)
 
 
