@@ -29,8 +29,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # subpackage ("nn._kernels": cygemm/nn/_kernels.pyx, cygemm.nn._kernels).
 # Each module's kernels (cygemm/kernels/*.cu): every .cu is compiled once, its object linked into
 # the modules that launch it.
-MODULES = {"_errors": [], "_settings": [], "_streams": [], "_release": [], "_context": [], "_arrays": [],
-           "_alloc": [], "_mapping": [], "_args": [],
+MODULES = {"_errors": [], "_settings": [], "_streams": [], "_release": [], "_context": [], "_mapping": [],
+           "_described": [], "_arrays": [], "_alloc": [], "_args": [],
            "_timing": ["timing"], "tuning": [], "_launch": [], "_lt_desc": [], "_candidates": [], "plans": [],
            "routes": [], "epilogues": [], "rowmajor": [], "gemm_plan": [], "_batch_layout": [], "matmul": [],
            "_dense_routes": ["elementwise"], "dense": ["elementwise"], "fp8_convert": ["fp8"],

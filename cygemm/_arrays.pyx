@@ -7,6 +7,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_
 from cygemm.bindings.cudart cimport (cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F, CUDA_R_8F_E4M3,
                             CUDA_R_8F_E5M2)
 from cygemm._types cimport MatrixView, ArrayDesc, MAX_NDIM, view_is_empty
+from cygemm._described cimport ArrayLayout, LAYOUT_TYPED, LAYOUT_BYTES
 
 import numpy as _np
 
@@ -144,6 +145,8 @@ cdef int read_array(object x, ArrayDesc* d, str name, bint wide) except -1:
         d.dtype = <cudaDataType>(<int>dt[0])
         mem = x.data        # its device_id spares check_devices a cudaPointerGetAttributes
         return _fill_desc(d, name, mem.ptr, x.shape, x.strides, dt[1], mem.device_id)
+    if type(x) is ArrayLayout:      # a describe_* operand: a host array or a (shape, dtype) pair
+        return _read_layout(<ArrayLayout>x, d, name, wide)
     if _torch_tensor is not None and isinstance(x, _torch_tensor):
         return _read_torch(x, d, name, wide)
     if _torch_tensor is None and type(x).__module__.startswith("torch") and _find_torch():
@@ -171,6 +174,15 @@ cdef int read_array(object x, ArrayDesc* d, str name, bint wide) except -1:
         return _read_dlpack(x, d, name, wide)
     raise TypeError(f"{name}: expected a CUDA device array (__cuda_array_interface__ or DLPack "
                     f"on a CUDA device), got {type(x).__module__}.{type(x).__name__}")
+
+
+cdef int _read_layout(ArrayLayout x, ArrayDesc* d, str name, bint wide) except -1:
+    cdef cudaDataType t = x.d.dtype
+    if x.kind != LAYOUT_TYPED or not (t == CUDA_R_32F or t == CUDA_R_16F or t == CUDA_R_16BF
+                                      or (wide and t == CUDA_R_64F)):
+        raise TypeError(f"{name}: expected {_expected(wide)}, got {x.dtype}")
+    d[0] = x.d
+    return 0
 
 
 cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1:
@@ -424,9 +436,19 @@ cdef int read_fp8(object x, ArrayDesc* d, str name, object fmt, str fmt_arg) exc
     """Read an FP8 array: a torch float8_e4m3fn / float8_e5m2 tensor (its format from its
     dtype), or uint8 bytes (CuPy, torch, __cuda_array_interface__) whose format `fmt` names."""
     cdef object found = False         # None: bytes of either format; else the tensor's format
+    cdef ArrayLayout layout
     if fmt is not None and fmt not in FP8_FORMATS:
         raise ValueError(f"{fmt_arg}: expected 'e4m3' or 'e5m2', got {fmt!r}")
-    if _cupy_ndarray is not None and type(x) is _cupy_ndarray:
+    if type(x) is ArrayLayout:      # a describe_* operand: float8 dtypes carry their format
+        layout = <ArrayLayout>x
+        if layout.kind == LAYOUT_BYTES:
+            found = None
+        elif layout.kind == LAYOUT_TYPED and (layout.d.dtype == CUDA_R_8F_E4M3 or layout.d.dtype == CUDA_R_8F_E5M2):
+            found = layout.d.dtype
+        else:
+            raise TypeError(f"{name}: expected float8_e4m3fn, float8_e5m2 or uint8, got {layout.dtype}")
+        d[0] = layout.d
+    elif _cupy_ndarray is not None and type(x) is _cupy_ndarray:
         if x.dtype.name != "uint8":
             raise TypeError(f"{name}: expected FP8 bytes (a uint8 array, with {fmt_arg}=), got {x.dtype}")
         mem = x.data

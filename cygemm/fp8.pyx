@@ -41,6 +41,7 @@ from cygemm._launch cimport set_scale_pointers
 from cygemm.plans cimport Plan, get_plan, execute_plan
 from cygemm.gemm_plan cimport GemmPlan, PlannedCall, KIND_SCALED
 from cygemm._mapping cimport map_rowmajor_gemm, map_or_raise, is_rowmajor, rowmajor_view
+from cygemm._described cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm._alloc import empty_on, numpy_dtype
 
 from cygemm._arrays import FP8_FORMATS
@@ -257,6 +258,7 @@ cdef int _read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object sca
         _epilogue(activation_row(act), bias is not None, &s.epi)
         s.g.m, s.g.n, s.g.k = vb.cols, va.rows, va.cols
         s.g.c = pout.ptr
+        s.g.a, s.g.b, s.g.batch, s.g.stride_a, s.g.stride_b, s.g.stride_c = vb.ptr, va.ptr, 1, 0, 0, 0
         s.g.opa, s.g.opb, s.g.lda, s.g.ldb, s.g.ldc = CUBLAS_OP_T, CUBLAS_OP_N, 0, 0, 0
         s.types.a, s.types.b, s.types.d, s.types.c, s.types.bias = vb.dtype, va.dtype, d_type, d_type, bias_type
         s.types.a_scale = s.types.b_scale = s.types.d_scale = NULL
@@ -369,41 +371,65 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
 def describe_scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None, act="none",
                            scale_out=None, amax_out=None, format_a=None, format_b=None, format_out=None,
                            bint fast_accum=False):
-    """What :func:`scaled_matmul` with these arguments runs, without running it.
+    """What :func:`scaled_matmul` with these arguments runs, without running it (no GPU needed).
 
     Parameters
     ----------
-    a, b, scale_a, scale_b, out, out_dtype, bias, act, scale_out, amax_out, format_a, format_b, format_out, fast_accum
+    a, b, scale_a, scale_b, out, bias, scale_out, amax_out : device array, NumPy array, or (shape, dtype) pair
+        What :func:`scaled_matmul` takes, or a stand-in read for its layout only (describing
+        never touches memory): a NumPy array in host memory (its shape, strides, dtype and
+        address) or a ``(shape, dtype)`` pair (C-contiguous, no memory). FP8: ``float8_e4m3fn``
+        / ``float8_e5m2`` (torch's, ml_dtypes', those names, or ``"e4m3"`` / ``"e5m2"``), or
+        ``uint8`` with ``format_*``. ``b`` is column-major, so describe it as ``w.T`` of a
+        NumPy array ``w`` (N, K). Scales: one float32 element, e.g. ``((), "float32")``.
+    out_dtype, act, format_a, format_b, format_out, fast_accum
         As :func:`scaled_matmul`.
 
     Returns
     -------
     dict
-        ``M``, ``N``, ``K``; cuBLAS's operands after the row-major swap (``opa``/``opb``, ``m``,
-        ``n``, ``k``, leading dimensions); the types of A, B, C, D and the bias; the epilogue;
-        which scalars are set.
+        The keys of :func:`cygemm.describe_matmul`'s calls, in its order and with its meanings:
+        ``M``, ``N``, ``K``, ``batch`` (1), ``swapped`` (True: out is row-major), ``cublas_a``
+        ("b"), ``cublas_b`` ("a"), ``why``; then ``opa``, ``opb``, ``m``, ``n``, ``k``, ``lda``,
+        ``ldb``, ``ldc``, ``stride_a``, ``stride_b``, ``stride_c`` (0) and the pointers ``a``,
+        ``b``, ``c`` (None where there is no memory: a (shape, dtype) pair, out=None's result).
+        Then FP8's own: ``call`` ("cublasLtMatmul"); ``a_type``, ``b_type``, ``c_type``,
+        ``d_type`` (cuBLAS's A, B, C and D, e.g. "float8_e4m3", "bfloat16") and ``bias_type``
+        (None without a bias); ``epilogue`` ("default", "bias", "relu", "relu_bias", "gelu",
+        "gelu_bias"); ``scales`` ({"a", "b", "out"}: whether each scale is set), ``amax``
+        (whether the output's amax is written) and ``fast_accum``.
 
     Raises
     ------
     ValueError, TypeError
-        As :func:`scaled_matmul`.
+        As :func:`scaled_matmul` raises them before it runs (layouts, shapes, dtypes and
+        formats, alignment), naming the argument; also a sequence that is no (shape, dtype)
+        pair.
     """
+    cdef Addresses addresses = Addresses()
+    names = ("a", "b", "scale_a", "scale_b", "out", "bias", "scale_out", "amax_out")
+    a, b, scale_a, scale_b, out, bias, scale_out, amax_out = [None if x is None else layout_operand(x, n, addresses)
+        for x, n in zip((a, b, scale_a, scale_b, out, bias, scale_out, amax_out), names)]
     cdef CallArgs c
     cdef ScaledCall s
     _read_scaled(&c, &s, a, b, scale_a, scale_b, out, out_dtype, bias, act, scale_out, amax_out,
                  format_a, format_b, format_out, fast_accum)
+    cdef int i, at_out = 0
+    for i in range(c.n):
+        if <str>c.names[i] == "out":
+            at_out = i
+    d = describe_call(&c.views[0], &c.views[1], &c.views[at_out], &s.g, False, False, ("a", "b", "out"),
+                      (has_memory(a), has_memory(b), out is not None and has_memory(out)))
     epilogues = {CUBLASLT_EPILOGUE_DEFAULT: "default", CUBLASLT_EPILOGUE_BIAS: "bias",
                  CUBLASLT_EPILOGUE_RELU: "relu", CUBLASLT_EPILOGUE_RELU_BIAS: "relu_bias",
                  CUBLASLT_EPILOGUE_GELU: "gelu", CUBLASLT_EPILOGUE_GELU_BIAS: "gelu_bias"}
-    return dict(M=s.g.n, N=s.g.m, K=s.g.k, call="cublasLtMatmul", swapped=True,
-                cublas_a="b", cublas_b="a", opa="T" if s.g.opa == CUBLAS_OP_T else "N",
-                opb="T" if s.g.opb == CUBLAS_OP_T else "N", m=s.g.m, n=s.g.n, k=s.g.k,
-                lda=s.g.lda, ldb=s.g.ldb, ldc=s.g.ldc,
-                a_type=dtype_name(s.types.a), b_type=dtype_name(s.types.b), c_type=dtype_name(s.types.c),
-                d_type=dtype_name(s.types.d), bias_type=dtype_name(s.types.bias) if s.bias != NULL else None,
-                epilogue=epilogues.get(s.epi, str(<int>s.epi)),
-                scales=dict(a=s.types.b_scale != NULL, b=s.types.a_scale != NULL, out=s.types.d_scale != NULL),
-                amax=s.types.amax_d != NULL, fast_accum=bool(s.types.fast_accum))
+    d.update(call="cublasLtMatmul",
+             a_type=dtype_name(s.types.a), b_type=dtype_name(s.types.b), c_type=dtype_name(s.types.c),
+             d_type=dtype_name(s.types.d), bias_type=dtype_name(s.types.bias) if bias is not None else None,
+             epilogue=epilogues.get(s.epi, str(<int>s.epi)),
+             scales=dict(a=s.types.b_scale != NULL, b=s.types.a_scale != NULL, out=s.types.d_scale != NULL),
+             amax=s.types.amax_d != NULL, fast_accum=bool(s.types.fast_accum))
+    return d
 
 
 cdef class ScaledMatmulPlan(GemmPlan):

@@ -19,7 +19,9 @@ from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.kernels.grouped cimport (cygemm_ptr_triples, cygemm_write_pointer_table,
                                      CYGEMM_GROUPED_PTRS_PER_LAUNCH)
-from cygemm._types cimport ColMajorGemm, Math, compute_type
+from cygemm._types cimport ColMajorGemm, MatrixView, Math, compute_type
+from cygemm._mapping cimport map_rowmajor_gemm, MAP_OK
+from cygemm._described cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm._errors cimport check_cuda, check_cublas
 from cygemm._args cimport CallArgs, args_init, resolve_call, check_overlaps, parse_math
 from cygemm._context cimport GemmContext, bind_stream, stream_table, run_forked, STREAM_TABLE_BYTES
@@ -369,29 +371,65 @@ def moe_gemm(x, w, group_offsets, out, *, str w_layout="kn", str math="tf32", st
     return out
 
 
+cdef object _layouts(object xs, str name, Addresses addresses):
+    """A list of operands as describe_* reads them (not a sequence: as given, for read_lists to refuse)."""
+    try:
+        return [layout_operand(x, f"{name}[{i}]", addresses) for i, x in enumerate(xs)]
+    except TypeError:
+        if not hasattr(xs, "__len__"):
+            return xs
+        raise
+
+
+_WHY_CHOSEN = {
+    "forced": "cygemm.tuning forces this route",
+    "tuned": "the fastest route when this problem was timed on this GPU (the tuning table)",
+    "rule": "the fixed rule (a problem too small to time, or autotune off): 'batched' where it applies, "
+            "else 'grouped' for 8 or more groups, else 'loop'",
+    None: "not decided yet: the first call times the routes that apply and keeps the fastest",
+}
+
+
 def describe_grouped(As, Bs, outs, *, bint trans_a=False, bint trans_b=False, str math="tf32"):
-    """Which routes :func:`grouped_gemm` could take for these groups, and the one it would.
+    """Which routes :func:`grouped_gemm` could take for these groups, the one it would, and each
+    group's cuBLAS arguments, without launching anything (no GPU needed).
 
     Parameters
     ----------
-    As, Bs, outs, trans_a, trans_b, math
-        As :func:`grouped_gemm` takes them; device arrays or objects with
-        ``__cuda_array_interface__`` (read for their layout only: nothing is launched).
+    As, Bs, outs : sequences of device arrays, NumPy arrays, or (shape, dtype) pairs
+        What :func:`grouped_gemm` takes, or stand-ins read for their layout only (describing
+        never touches memory): NumPy arrays in host memory (shape, strides, dtype, address) or
+        ``(shape, dtype)`` pairs (C-contiguous, no memory; the pairs of one call are laid out
+        one after another, As, then Bs, then outs, as slices of one buffer would be, so
+        "batched" applies to pairs of equal shapes). Dtypes: float16, bfloat16 (torch's,
+        ml_dtypes', or ``"bfloat16"``) or float32, one for all.
+    trans_a, trans_b, math
+        As :func:`grouped_gemm`.
 
     Returns
     -------
     dict
-        ``groups`` (G), ``active`` (groups with M, N, K > 0), ``zero_k`` (groups with K == 0),
-        ``macs``, ``routes`` (the names that apply, in the fixed rule's order),
-        ``not_applicable`` ({name: why}), ``chosen`` (the route a call would run when that is
-        decided already: forced, tuned on this GPU, or the fixed rule for a problem too small
-        to time; else None) and ``decided_by`` ("forced", "tuned", "rule" or None).
+        ``groups`` (G), ``active`` (groups with M, N, K > 0), ``zero_k`` (groups with M, N > 0
+        and K == 0), ``macs``, ``routes`` (the names of ``ROUTES`` that apply, in the fixed
+        rule's order), ``not_applicable`` ({name: why not}), ``chosen`` (the route a call would
+        run when that is decided already: forced, tuned on this GPU, or the fixed rule for a
+        problem too small to time; else None), ``decided_by`` ("forced", "tuned", "rule" or
+        None), ``why_chosen`` (that in words), and ``per_group``: one dict per group with the
+        keys of :func:`cygemm.describe_matmul`'s calls, in its order and with its meanings
+        (``M``, ``N``, ``K``, ``batch`` (1), ``swapped``, ``cublas_a``, ``cublas_b`` (e.g.
+        "Bs[2]"), ``why``, ``opa``, ``opb``, ``m``, ``n``, ``k``, ``lda``, ``ldb``, ``ldc``,
+        ``stride_a``, ``stride_b``, ``stride_c``, ``a``, ``b``, ``c``; cuBLAS's arguments None
+        for an empty group whose layout maps to none), then ``route``: what runs the group
+        (``chosen`` for an active group, "loop" for K == 0, None for an empty out).
 
     Raises
     ------
     ValueError, TypeError
-        As :func:`grouped_gemm` raises them for these arguments.
+        As :func:`grouped_gemm` raises them for these arguments, naming the group's argument
+        (e.g. ``outs[3]``); also a sequence that is no (shape, dtype) pair.
     """
+    cdef Addresses addresses = Addresses()
+    As, Bs, outs = _layouts(As, "As", addresses), _layouts(Bs, "Bs", addresses), _layouts(outs, "outs", addresses)
     cdef Groups grp = read_lists(As, Bs, outs, trans_a, trans_b)
     cdef GroupedCall f
     f.grp, f.compute = <void*>grp, compute_type(grp.dtype, parse_math(math))
@@ -399,14 +437,27 @@ def describe_grouped(As, Bs, outs, *, bint trans_a=False, bint trans_b=False, st
     info = dict(groups=grp.n, active=grp.n_act, zero_k=grp.n_zero_k, macs=grp.macs,
                 routes=[n for n in _NAMES if why[n] is None],
                 not_applicable={n: w for n, w in why.items() if w is not None}, chosen=None, decided_by=None)
-    if grp.n_act == 0:
-        return info
-    cdef bint tabled = _tabled(grp, autotune_level(None))
+    cdef bint tabled
     cdef int device = -1
-    if tabled:
-        from cygemm import _context
-        if _context.gpu_unavailable_reason() is None:       # the table is per GPU model
-            device = _context.current_device()
-    chosen, decided_by = describe_route(_GROUPED, &f, device, tabled)
-    info.update(chosen=chosen, decided_by=decided_by)
+    if grp.n_act:
+        tabled = _tabled(grp, autotune_level(None))
+        if tabled:
+            from cygemm import _context
+            if _context.gpu_unavailable_reason() is None:       # the table is per GPU model
+                device = _context.current_device()
+        chosen, decided_by = describe_route(_GROUPED, &f, device, tabled)
+        info.update(chosen=chosen, decided_by=decided_by)
+    info["why_chosen"] = _WHY_CHOSEN[info["decided_by"]] if grp.n_act else "no group has anything to compute"
+    info["per_group"] = [_describe_group(grp, i, As[i], Bs[i], outs[i], info["chosen"]) for i in range(grp.n)]
     return info
+
+
+cdef dict _describe_group(Groups grp, int64_t i, object A, object B, object out, object chosen):
+    cdef MatrixView* v = &grp.views[3 * i]
+    cdef ColMajorGemm g
+    cdef bint mapped = map_rowmajor_gemm(v, v + 1, v + 2, grp.trans_a, grp.trans_b, &g) == MAP_OK
+    g.batch, g.stride_a, g.stride_b, g.stride_c = 1, 0, 0, 0
+    d = describe_call(v, v + 1, v + 2, &g if mapped else NULL, grp.trans_a, grp.trans_b,
+                      (f"As[{i}]", f"Bs[{i}]", f"outs[{i}]"), (has_memory(A), has_memory(B), has_memory(out)))
+    d["route"] = None if d["M"] == 0 or d["N"] == 0 else ("loop" if d["K"] == 0 else chosen)
+    return d

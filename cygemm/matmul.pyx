@@ -20,13 +20,13 @@ from cygemm._args cimport CallArgs, args_init, add_view, resolve_call, ARG_READ,
 from cygemm._settings cimport autotune_level
 from cygemm.plans cimport run_gemm
 from cygemm._mapping cimport MapResult, MAP_OK, map_rowmajor_gemm, check_batch_disjoint, is_rowmajor, layout_error
+from cygemm._described cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm._batch_layout cimport (BatchLayout, MatmulPlan, read_layout, result_shape, has_result_shape,
                                    merge_out, check_out, empty_batch, may_overlap_inputs, call_views, span_view,
                                    decide_copies)
 from cygemm._alloc cimport is_torch, new_array, torch_dtype, torch_stream
 from cygemm import _alloc
 
-import numpy as np
 
 __all__ = ["matmul", "describe_matmul"]
 
@@ -257,28 +257,12 @@ cdef int _run_plan(GemmContext* ctx, cudaStream_t s, const BatchLayout* L, const
     return _run_all(ctx, s, L, da, db, dc, t, compute, level)
 
 
-cdef dict _described_call(const MatrixView* va, const MatrixView* vb, const MatrixView* vc,
-                          const ColMajorGemm* g):
-    """One call in the user's row-major terms first, then cuBLAS's (column-major) arguments."""
-    cdef bint swapped = is_rowmajor(vc) and not (vc.rows == 1 and vc.cols == 1 and g.a == <const void*>va.ptr)
-    if swapped:
-        why = ("out is row-major, which column-major cuBLAS reads as out^T: it computes "
-               "out^T = b^T @ a^T, so its first operand is b and its m, n are out's columns, rows")
-    else:
-        why = "out is column-major as cuBLAS is: it computes out = a @ b as written"
-    return dict(M=vc.rows, N=vc.cols, K=va.cols, batch=g.batch, swapped=swapped,
-                cublas_a="b" if swapped else "a", cublas_b="a" if swapped else "b", why=why,
-                opa="T" if g.opa == CUBLAS_OP_T else "N", opb="T" if g.opb == CUBLAS_OP_T else "N",
-                m=g.m, n=g.n, k=g.k, a=<uintptr_t>g.a, lda=g.lda, stride_a=g.stride_a,
-                b=<uintptr_t>g.b, ldb=g.ldb, stride_b=g.stride_b, c=<uintptr_t>g.c,
-                ldc=g.ldc, stride_c=g.stride_c)
-
-
 cdef int _run_all(GemmContext* ctx, cudaStream_t s, const BatchLayout* L, const ArrayDesc* a,
                   const ArrayDesc* b, const ArrayDesc* c, cudaDataType t,
-                  cublasComputeType_t compute, int autotune, list calls=None) except -1:
+                  cublasComputeType_t compute, int autotune, list calls=None, tuple memory=None) except -1:
     """One strided-batched GEMM per index of the outer batch axes (none: one call).
-    calls: a list to describe the calls into instead of launching them."""
+    calls: a list to describe the calls into instead of launching them (memory: whether a, b
+    and out have memory, for describe_call)."""
     cdef int outer = L.nb - 1 if L.nb > 0 else 0, i
     cdef int64_t idx[64]
     cdef int64_t off_a, off_b, off_c
@@ -297,7 +281,7 @@ cdef int _run_all(GemmContext* ctx, cudaStream_t s, const BatchLayout* L, const 
         map_rowmajor_gemm(&va, &vb, &vc, False, False, &g)   # same strides as the checked call
         g.strided_batched = g.batch > 1
         if calls is not None:
-            calls.append(_described_call(&va, &vb, &vc, &g))
+            calls.append(describe_call(&va, &vb, &vc, &g, False, False, ("a", "b", "out"), memory))
         else:
             with nogil:
                 run_gemm(ctx, s, &g, t, compute, &alpha, &beta, autotune)
@@ -312,51 +296,41 @@ cdef int _run_all(GemmContext* ctx, cudaStream_t s, const BatchLayout* L, const 
             return 0
 
 
-class _Described:
-    """A host NumPy array, or a (shape, dtype) description, as describe_matmul reads it: its
-    layout at its own address (NumPy) or at a made-up one (shape and dtype: C order)."""
-
-    def __init__(self, x, address):
-        if isinstance(x, np.ndarray):
-            shape, strides, address, dtype = x.shape, x.strides, x.__array_interface__["data"][0], x.dtype
-        else:
-            try:
-                shape, dtype = x
-                shape, dtype, strides = tuple(int(n) for n in shape), np.dtype(dtype), None
-            except (TypeError, ValueError):
-                raise TypeError(f"expected a device array, a NumPy array or a (shape, dtype) pair, "
-                                f"got {x!r}") from None
-        self.shape = tuple(shape)
-        self.__cuda_array_interface__ = {"shape": self.shape, "typestr": dtype.str, "strides": strides,
-                                         "data": (address, True), "version": 3}
-
-
-cdef object _readable(object x, uintptr_t address):
-    if isinstance(x, (np.ndarray, tuple, list)):
-        return _Described(x, address)
-    return x
-
-
 def describe_matmul(a, b, out=None):
     """The cuBLAS calls ``matmul(a, b, out)`` makes, without launching anything (no GPU needed).
 
     Parameters
     ----------
-    a, b : device arrays, NumPy arrays, or (shape, dtype) pairs
-        What ``matmul`` would take; NumPy arrays and (shape, dtype) pairs (C order) are read for
-        their layout only, so the calls can be seen on a machine without a GPU.
+    a, b : device array, NumPy array, or (shape, dtype) pair
+        What :func:`matmul` takes, or a stand-in read for its layout only (describing never
+        touches memory): a NumPy array in host memory (its shape, strides, dtype and address),
+        or a ``(shape, dtype)`` pair, a C-contiguous array with no memory. Device arrays
+        (CuPy, torch CUDA tensors, objects with ``__cuda_array_interface__``) are read, never
+        touched. Dtypes: float16, bfloat16 (torch's, ml_dtypes', or the name ``"bfloat16"``),
+        float32, float64; a and b of one dtype (matmul would cast).
     out : the same, optional
         None: a new C-ordered result of the promoted dtype, as ``matmul(a, b)`` makes.
 
     Returns
     -------
     list of dict
-        One dict per cuBLAS call. In row-major terms first: ``M``, ``N``, ``K`` and ``batch`` of
-        the call, whether the operands were swapped (``swapped``: cuBLAS computes
-        ``out^T = b^T @ a^T`` for a row-major ``out``), which of a and b is cuBLAS's first and
-        second operand (``cublas_a``, ``cublas_b``) and ``why``; then cuBLAS's arguments:
-        ``opa``, ``opb``, ``m``, ``n``, ``k``, the pointers ``a``, ``b``, ``c``, leading
-        dimensions and batch strides.
+        One dict per cuBLAS call (none for an empty result), with the keys every ``describe_*``
+        gives (:func:`cygemm.describe_gemm`, :func:`cygemm.fp8.describe_scaled_matmul`, each
+        group of :func:`cygemm.describe_grouped`), in this order. In the user's row-major terms:
+
+        - ``M``, ``N``, ``K``: the call's out is M x N, the sum runs over K;
+        - ``batch``: the matrices of the call (a strided-batched GEMM when > 1);
+        - ``swapped``: True when out is row-major, which column-major cuBLAS reads as its
+          transpose: it then computes ``out^T = b^T @ a^T``, so its first operand is b;
+        - ``cublas_a``, ``cublas_b``: which argument ("a" or "b") is cuBLAS's first and second
+          operand;
+        - ``why``: that in words.
+
+        Then cuBLAS's (column-major) arguments: ``opa``, ``opb`` ("N" or "T"), ``m``, ``n``,
+        ``k``, the leading dimensions ``lda``, ``ldb``, ``ldc`` and the batch strides
+        ``stride_a``, ``stride_b``, ``stride_c`` (elements), and the pointers ``a``, ``b``,
+        ``c`` (ints: device addresses, or a NumPy array's host address; None for a
+        ``(shape, dtype)`` pair and for out=None's new result, which have no memory).
 
     Raises
     ------
@@ -364,13 +338,16 @@ def describe_matmul(a, b, out=None):
         Where matmul would copy instead (dtypes differ, a layout cuBLAS cannot read or write in
         place, an ``out`` sharing memory with ``a`` or ``b``), and for the errors matmul raises.
     TypeError
-        As matmul.
+        As matmul, naming the argument; also a sequence that is no (shape, dtype) pair.
     """
-    a, b = _readable(a, 0x10_0000_0000), _readable(b, 0x20_0000_0000)
+    cdef Addresses addresses = Addresses()
+    a, b = layout_operand(a, "a", addresses), layout_operand(b, "b", addresses)
+    cdef tuple memory = (has_memory(a), has_memory(b), out is not None)
     if out is None:         # the result's shape by NumPy's rules (read_layout checks them again)
-        out = _Described(_result_of(a, b), 0x30_0000_0000)
+        out = layout_operand(_result_of(a, b), "out", addresses)
     else:
-        out = _readable(out, 0x30_0000_0000)
+        out = layout_operand(out, "out", addresses)
+        memory = memory[:2] + (has_memory(out),)
     cdef ArrayDesc da, db, dc
     cdef BatchLayout L
     cdef cudaDataType t
@@ -388,7 +365,7 @@ def describe_matmul(a, b, out=None):
                            "describe_matmul describes only calls that read and write in place")
     calls = []
     if L.M and L.N and not empty_batch(&L):
-        _run_all(NULL, NULL, &L, &da, &db, &dc, da.dtype, CUBLAS_COMPUTE_32F, 0, calls)
+        _run_all(NULL, NULL, &L, &da, &db, &dc, da.dtype, CUBLAS_COMPUTE_32F, 0, calls, memory)
     return calls
 
 
@@ -412,4 +389,4 @@ cdef tuple _result_of(object a, object b):
     if da.ndim == 0 or db.ndim == 0:
         raise ValueError(f"{'a' if da.ndim == 0 else 'b'}: matmul needs at least 1 dimension, got a 0-D array")
     read_layout(&da, &db, &L)
-    return result_shape(&L), _alloc.numpy_dtype(dtype_name(_promote(da.dtype, db.dtype)))
+    return result_shape(&L), dtype_name(_promote(da.dtype, db.dtype))

@@ -12,6 +12,8 @@ from cygemm._mapping cimport rowmajor_view     # (the mapping itself: cimported 
 from cygemm._alloc cimport empty_array, first_torch
 from cygemm._args cimport (CallArgs, args_init, add_array, add_view, prepare_call, expect_dtype, ARG_READ,
                            ARG_WRITE)
+from cygemm._args cimport check_overlaps
+from cygemm._described cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm._settings cimport autotune_level
 from cygemm.plans cimport run_gemm
 
@@ -228,17 +230,57 @@ def gemm_strided_batched(A, B, out=None, *, bint trans_a=False, bint trans_b=Fal
     return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, autotune, True)
 
 
-_OPS = {CUBLAS_OP_N: "N", CUBLAS_OP_T: "T"}
+def describe_gemm(A, B, out=None, *, bint trans_a=False, bint trans_b=False, bint batched=False):
+    """The cuBLAS call :func:`gemm` (``batched``: :func:`gemm_strided_batched`) makes for these
+    arguments, without launching anything (no GPU needed).
 
+    Parameters
+    ----------
+    A, B : device array, NumPy array, or (shape, dtype) pair
+        What :func:`gemm` takes, or a stand-in read for its layout only (describing never
+        touches memory): a NumPy array in host memory (its shape, strides, dtype and address)
+        or a ``(shape, dtype)`` pair (C-contiguous, no memory). 2-D (``batched``: 2-D or 3-D);
+        float16, bfloat16 (torch's, ml_dtypes', or ``"bfloat16"``) or float32, both alike.
+    out : the same, optional
+        (M, N) (``batched``: (batch, M, N)) of A's dtype. None: the new C-ordered result
+        ``gemm(A, B)`` allocates.
+    trans_a, trans_b : bool
+        As :func:`gemm`: use A.T / B.T.
+    batched : bool
+        Describe :func:`gemm_strided_batched` (one operand of batch 1 is broadcast).
 
-def describe_gemm(A, B, out, *, bint trans_a=False, bint trans_b=False, bint batched=False):
-    """The cuBLAS arguments cygemm would pass for this call, as a dict. Launches nothing."""
+    Returns
+    -------
+    dict
+        The keys of :func:`cygemm.describe_matmul`'s calls, in its order and with its meanings
+        (here "A", "B" name the operands in ``cublas_a``, ``cublas_b`` and ``why``, and
+        ``op(X)`` is X.T under ``trans_x``): ``M``, ``N``, ``K``, ``batch``, ``swapped``,
+        ``cublas_a``, ``cublas_b``, ``why``; then ``opa``, ``opb``, ``m``, ``n``, ``k``,
+        ``lda``, ``ldb``, ``ldc``, ``stride_a``, ``stride_b``, ``stride_c`` and the pointers
+        ``a``, ``b``, ``c`` (None for a (shape, dtype) pair and for out=None's result).
+        Then ``strided_batched`` (``cublasGemmStridedBatchedEx`` rather than
+        ``cublasGemmEx``) and ``int64_api`` (a size or leading dimension past 2**31 - 1: the
+        ``_64`` API).
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`gemm` raises them before it launches (shapes, dtypes, a layout cuBLAS cannot
+        read in place, an ``out`` overlapping A or B), naming the argument; also a sequence
+        that is no (shape, dtype) pair.
+    """
+    cdef Addresses addresses = Addresses()
+    A, B = layout_operand(A, "A", addresses), layout_operand(B, "B", addresses)
+    if out is not None:
+        out = layout_operand(out, "out", addresses)
     cdef CallArgs c
     cdef ColMajorGemm g
     read_gemm(&c, A, B, out, trans_a, trans_b, batched, 0.0, &g)
-    return dict(opa=_OPS[g.opa], opb=_OPS[g.opb], m=g.m, n=g.n, k=g.k,
-                a=<uintptr_t>g.a, lda=g.lda, stride_a=g.stride_a,
-                b=<uintptr_t>g.b, ldb=g.ldb, stride_b=g.stride_b,
-                c=<uintptr_t>g.c, ldc=g.ldc, stride_c=g.stride_c,
-                batch=g.batch, strided_batched=bool(g.strided_batched),
-                int64_api=max(g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch) > INT32_MAX)
+    check_overlaps(&c)                  # as gemm's prepare_call (out=None: no memory, skipped)
+    if not g.strided_batched:           # cublasGemmEx takes no batch strides
+        g.stride_a = g.stride_b = g.stride_c = 0
+    d = describe_call(&c.views[0], &c.views[1], &c.views[2], &g, trans_a, trans_b, ("A", "B", "out"),
+                      (has_memory(A), has_memory(B), out is not None and has_memory(out)))
+    d.update(strided_batched=bool(g.strided_batched),
+             int64_api=max(g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch) > INT32_MAX)
+    return d

@@ -111,6 +111,7 @@ def fn(name):
             "save_tuning": cygemm.save_tuning, "stream_pointer": cygemm.stream_pointer,
             "empty_2d": gemm_ops.empty_2d, "empty_like_2d": gemm_ops.empty_like_2d,
             "grouped_gemm": cygemm.grouped_gemm, "moe_gemm": cygemm.moe_gemm,
+            "describe_gemm": cygemm.describe_gemm,
             "describe_grouped": cygemm.describe_grouped}[name]
 
 
@@ -376,6 +377,10 @@ CASES = {
                                   ValueError, ["out: its dtype is float16", "a and b are float32"], True),
     "describe_matmul/not an array": ("describe_matmul", lambda mk: (([1, 2, 3], mk.arr((3, 2))), {}),
                                      TypeError, ["a NumPy array or a (shape, dtype) pair"], True),
+    "describe_gemm/inner mismatch": ("describe_gemm", lambda mk: ((mk.arr((2, 3)), mk.arr((4, 2))), {}),
+                                     ValueError, ["B:", "3 rows"], True),
+    "describe_gemm/not a pair": ("describe_gemm", lambda mk: (([1, 2, 3], mk.arr((3, 2))), {}),
+                                 TypeError, ["A:", "a NumPy array or a (shape, dtype) pair"], True),
     # ---- GemmPlan
     "GemmPlan/out None": ("GemmPlan", lambda mk: ((mk.arr((2, 2)), mk.arr((2, 2)), None), {}), ValueError, ["out:"], True),
     "GemmPlan/inner mismatch": ("GemmPlan", lambda mk: ((mk.arr((2, 3)), mk.arr((4, 2)), mk.out((2, 2))), {}),

@@ -1,0 +1,7 @@
+from typing import Tuple
+
+class ArrayLayout:
+    dtype: str
+    shape: Tuple[int, ...]
+
+class Addresses: ...
