@@ -2,11 +2,14 @@
 the same model in torch (same initialisation, same batch order) for comparison.
 
     python examples/train_digits.py [--epochs 40] [--precision bf16-mixed] [--save digits.npz]
+                                    [--plot digits.png] [--curves digits.json]
 
 Prints a line per epoch, the test accuracies, and the step time eager against captured.
 ``--precision bf16-mixed`` trains with bfloat16 GEMMs on float32 master weights (torch then
 runs under bfloat16 autocast); ``--save`` writes the captured run's model and optimizer state
-(``cygemm.nn.save``: an .npz file NumPy reads).
+(``cygemm.nn.save``: an .npz file NumPy reads); ``--plot`` draws the loss curves and, below
+them, each run's difference to the reference run (torch, else cygemm eager), since the curves
+coincide; ``--curves`` keeps them as JSON.
 """
 import argparse
 import sys
