@@ -7,6 +7,8 @@ Writes DIR/bench.json (every measurement and the environment), DIR/RESULTS.md an
 DIR/*.png (regenerate both from the JSON with `python -m benchmarks.report DIR`), and
 prints the ratios that matter last. GPU times: CUDA events after warm-up, median of
 repeats; host times: wall time per call over thousands of back-to-back calls, one sync.
+Progress: a line per step, with the seconds so far and the section's number among those run,
+e.g. ``[  12.3s] section 3/15, step 4: square: square 1024^3 tf32``.
 
 This module is the command line only; each section lives in its own module (SECTIONS).
 """
@@ -80,21 +82,22 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     R = Recorder(args.quick)
     clocks_before = clocks()
-    R.section = "setup"
+    order = [name for name in SECTIONS if name in only]      # numbered in the progress lines
+    R.start("setup")
     R.progress("building the C++ floor")
     floor = R.floor = build_floor(os.path.join(tempfile.mkdtemp(), "cublas_floor"))
     s = cp.cuda.Stream(non_blocking=True)
     late = None
     if "host" in only:      # before torch is imported: its threads made host timings noisier
-        R.section = "host"
+        R.start("host", order.index("host") + 1, len(order))
         late = SECTIONS["host"](R, s, floor)
-    R.section = "setup"
+    R.start("setup")
     R.progress("importing torch and nvmath-python")
     C.import_optional()
     for name, section in SECTIONS.items():
         if name not in only:
             continue
-        R.section = name
+        R.start(name, order.index(name) + 1, len(order))
         if name == "host":      # its second half: the contenders that need torch / nvmath
             host.host_section_late(R, s, floor, *late)
         else:
@@ -105,7 +108,7 @@ def main(argv=None):
     path = os.path.join(args.out, "bench.json")
     with open(path, "w") as f:
         json.dump({"environment": env, "rows": R.rows, "tuning": cygemm.tuning.tuning_entries()}, f, indent=1)
-    R.section = "report"
+    R.start("report")
     R.progress(f"wrote {path}")
     import report
     report.write(args.out)

@@ -14,9 +14,20 @@ class Recorder:
         self.rows, self.quick, self.t0 = [], quick, time.time()
         self.floor = None     # the C++ floor process (common.Floor)
         self.section = ""
+        self.place = ""       # "section 3/15, " while a numbered section runs
+        self.steps = 0        # progress lines so far in this section
+
+    def start(self, section, index=None, total=None):
+        """Enter `section` (the rows' section name); index/total (1-based) number it among the
+        run's sections in the progress lines."""
+        self.section, self.steps = section, 0
+        self.place = f"section {index}/{total}, " if index is not None else ""
 
     def progress(self, what):
-        print(f"[{time.time() - self.t0:6.1f}s] {self.section}: {what}", flush=True)
+        """One line: seconds since the start, the section's number, this line's number in the
+        section, and what runs now."""
+        self.steps += 1
+        print(f"[{time.time() - self.t0:6.1f}s] {self.place}step {self.steps}: {self.section}: {what}", flush=True)
 
     def add(self, case, contender, metric, value, lo=None, hi=None, **extra):
         row = dict(section=self.section, case=case, contender=contender, metric=metric, value=value,

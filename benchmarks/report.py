@@ -2,7 +2,8 @@
 
     python benchmarks/report.py DIR [--md PATH] [--rst PATH]
 
-Reads DIR/bench.json; writes DIR/*.png, the Markdown (DIR/RESULTS.md, or PATH) and, with --rst,
+Reads DIR/bench.json (and, when there, DIR/hopper.json for the FP8 and grouped figures); writes
+DIR/*.png (benchmarks/plots.py), the Markdown (DIR/RESULTS.md, or PATH) and, with --rst,
 the documentation's page of every measurement; prints the summary: cygemm against the best
 other contender, case by case. Values have three significant digits; the fastest of each case
 is in bold.
@@ -12,6 +13,9 @@ import json
 import os
 import sys
 from collections import OrderedDict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plots as P  # noqa: E402
 
 PEAK_TFLOPS = {"tf32": 494.7, "fp32": 66.9, "fp16": 989.4, "bf16": 989.4}   # H200 SXM datasheet, dense
 UNITS = {"gpu_ms": "ms", "host_us": "µs", "graph_us": "µs", "step_us": "µs", "fit_ms": "ms", "gbps": "GB/s",
@@ -115,103 +119,41 @@ def env_lines(env):
 
 
 def plots(data, d):
-    """relative.png, host.png, fused.png in d; returns the files written."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.patches import Patch
-    except ImportError:
-        print("report: no plots (matplotlib is not installed: pip install -e \".[bench]\")", file=sys.stderr)
+    """relative.png, host.png, fused.png from the run's bench.json (data) in d; returns the files
+    written (none without matplotlib)."""
+    plt = P.pyplot()
+    if plt is None:
         return []
     rows = [r for r in data["rows"] if r.get("value") is not None]
-    gpu = data["environment"].get("gpu", "GPU")
-    written = []
-    sq = [r for r in rows if str(r.get("group", "")).startswith("square") and r["metric"] == "gpu_ms"]
-    if sq:
-        # Speed relative to the fastest contender at each size: every contender calls cuBLAS, so
-        # their absolute throughputs lie on top of one another; the ratios show who wins where.
-        precisions = [p for p in ("tf32", "fp32", "fp16", "bf16") if any(r["group"] == f"square {p}" for r in sq)]
-        fig, axes = plt.subplots(1, len(precisions), figsize=(4.6 * len(precisions), 4.2), sharey=True, squeeze=False)
-        handles = {}
-        for ax, p in zip(axes[0], precisions):
-            group = [r for r in sq if r["group"] == f"square {p}"]
-            best = {}
-            for r in group:
-                best[r["size"][0]] = min(best.get(r["size"][0], float("inf")), r["value"])
-            series = OrderedDict()
-            for r in group:
-                series.setdefault(r["contender"], []).append((r["size"][0], best[r["size"][0]] / r["value"]))
-            for name, pts in series.items():
-                pts.sort()
-                (line,) = ax.plot([x for x, _ in pts], [y for _, y in pts], marker="o", ms=4,
-                                  lw=2.4 if is_ours(name) else 1.2, ls="--" if "C++" in name else "-")
-                handles.setdefault(name, line)
-                line.set_color(handles[name].get_color())
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"square GEMM, {p}")
-            ax.set_xlabel("n (n×n×n)")
-            ax.axhline(1.0, color="gray", lw=0.8)
-            ax.grid(alpha=0.3)
-        axes[0][0].set_ylabel("speed relative to the fastest (1.0 = fastest)")
-        fig.legend(list(handles.values()), list(handles), loc="lower center", ncol=min(6, len(handles)), fontsize=8)
-        fig.suptitle(f"{gpu}: square GEMMs, each contender's speed relative to the fastest at each size")
-        fig.tight_layout(rect=(0, 0.1, 1, 0.95))
-        fig.savefig(os.path.join(d, "relative.png"), dpi=110)
-        plt.close(fig)
-        written.append("relative.png")
-    host = [r for r in rows if r["metric"] == "host_us"]
-    if host:
-        fig, ax = plt.subplots(figsize=(10, 0.32 * len(host) + 1.6))
-        labels = [r["contender"] + ("  (after torch is imported)" if "after" in r["case"] else "")
-                  + ("  (matmul section)" if r["section"] != "host" else "") for r in host]
-        color = lambda r: "tab:blue" if is_ours(r["contender"]) else ("tab:gray" if r.get("floor") else "tab:orange")
-        ax.barh(range(len(host)), [r["value"] for r in host], color=[color(r) for r in host],
-                xerr=[[r["value"] - r["lo"] for r in host], [r["hi"] - r["value"] for r in host]])
-        ax.set_yticks(range(len(host)))
-        ax.set_yticklabels(labels, fontsize=8)
-        ax.invert_yaxis()
-        ax.set_xlabel("µs per call (median of rounds; bars: min to max)")
-        ax.set_title(f"{gpu}: host time per 64×64×64 call, back to back (lower is better)")
-        ax.legend(handles=[Patch(color="tab:blue", label="cygemm"), Patch(color="tab:gray", label="C++ floor"),
-                           Patch(color="tab:orange", label="others")], fontsize=8, loc="lower right")
-        ax.grid(axis="x", alpha=0.3)
-        fig.tight_layout()
-        fig.savefig(os.path.join(d, "host.png"), dpi=110)
-        plt.close(fig)
-        written.append("host.png")
-    fused = [r for r in rows if r["section"] == "fused" and r["metric"] == "gpu_ms"]
-    if fused:
-        cases = list(OrderedDict.fromkeys(r["case"] for r in fused if "plain" not in r["contender"]
-                                          and "save Z" not in r["case"]))
-        names = list(OrderedDict.fromkeys(r["contender"] for r in fused if r["case"] in cases))
-        fig, ax = plt.subplots(figsize=(13, 4.8))
-        w = 0.8 / max(1, len(names))
-        for i, name in enumerate(names):
-            xs, ys = [], []
-            for j, c in enumerate(cases):
-                v = [r["value"] for r in fused if r["case"] == c and r["contender"] == name]
-                if v:
-                    xs.append(j + i * w)
-                    ys.append(v[0])
-            ax.bar(xs, ys, w, label=name)
-        for r in fused:
-            if "plain" in r["contender"]:
-                for k in [k for k, c in enumerate(cases) if c.startswith(r["case"])]:
-                    ax.hlines(r["value"], k - 0.1, k + 0.8, colors="black", linestyles="dashed", lw=1)
-        ax.set_yscale("log")          # CuPy's unfused layers take up to 15x the fused ones
-        ax.set_xticks([j + 0.4 - w / 2 for j in range(len(cases))])
-        ax.set_xticklabels([c.split(" ", 2)[0] + " " + c.split(" ")[-1] for c in cases])
-        ax.set_ylabel("ms per call (median, log scale)")
-        ax.set_title(f"{gpu}: dense layer {cases[0].split(' ')[1]}, fused and unfused "
-                     "(lower is better; dashed: the plain GEMMs alone)")
-        ax.legend(fontsize=8, ncol=3)
-        ax.grid(axis="y", alpha=0.3, which="both")
-        fig.tight_layout()
-        fig.savefig(os.path.join(d, "fused.png"), dpi=110)
-        plt.close(fig)
-        written.append("fused.png")
-    return written
+    env, label = data["environment"], P.run_label(data["environment"], "bench.json")
+    made = [P.relative_plot(plt, rows, env, label, os.path.join(d, "relative.png")),
+            P.host_plot(plt, rows, env, label, os.path.join(d, "host.png"), host_api),
+            P.fused_plot(plt, rows, env, label, os.path.join(d, "fused.png"), precision)]
+    return [name for name, ok in zip(("relative.png", "host.png", "fused.png"), made) if ok]
+
+
+# Runs kept beside bench.json whose sections have their own figures: file -> [(png, plot)].
+OTHER_RUNS = {"hopper.json": [("fp8.png", P.fp8_plot), ("grouped.png", P.grouped_plot)]}
+
+
+def other_run_plots(d):
+    """fp8.png and grouped.png from d/hopper.json when it is there; returns (file, date, pngs)
+    per run plotted."""
+    plt = P.pyplot()
+    out = []
+    for filename, figures in OTHER_RUNS.items():
+        path = os.path.join(d, filename)
+        if plt is None or not os.path.exists(path):
+            continue
+        with open(path) as f:
+            data = json.load(f)
+        rows = [r for r in data["rows"] if r.get("value") is not None]
+        env = data["environment"]
+        label = P.run_label(env, filename)
+        pngs = [png for png, plot in figures if plot(plt, rows, env, label, os.path.join(d, png))]
+        if pngs:
+            out.append((filename, label, pngs))
+    return out
 
 
 def write(d, md_path=None):
@@ -277,6 +219,10 @@ def write(d, md_path=None):
                  f"{bw[0]['contender']} |")
     for png in pngs:
         L += ["", f"![{png}]({os.path.join(rel, png)})"]
+    for filename, label, others in other_run_plots(d):
+        L += ["", f"From the {label} (its FP8 and grouped sections), each contender against the fastest "
+              "in its case:"]
+        L += [s for png in others for s in ("", f"![{png}]({os.path.join(rel, png)})")]
     # Full tables, section by section.
     sections = OrderedDict()
     for r in rows:

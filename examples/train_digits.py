@@ -2,11 +2,14 @@
 the same model in torch (same initialisation, same batch order) for comparison.
 
     python examples/train_digits.py [--epochs 40] [--precision bf16-mixed] [--save digits.npz]
+                                    [--plot digits.png] [--curves digits.json]
 
 Prints a line per epoch, the test accuracies, and the step time eager against captured.
 ``--precision bf16-mixed`` trains with bfloat16 GEMMs on float32 master weights (torch then
 runs under bfloat16 autocast); ``--save`` writes the captured run's model and optimizer state
-(``cygemm.nn.save``: an .npz file NumPy reads).
+(``cygemm.nn.save``: an .npz file NumPy reads); ``--plot`` draws the loss curves and, below
+them, each run's difference to the reference run (torch, else cygemm eager), since the curves
+coincide; ``--curves`` keeps them as JSON.
 """
 import argparse
 import sys
@@ -108,6 +111,61 @@ def step_time_us(step, reps=500):
     return (time.perf_counter() - t0) / reps * 1e6
 
 
+def _gpu_name():
+    import cupy as cp
+    name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def plot_curves(res, settings, path):
+    """The runs' loss curves (top) and each run's difference to the reference run (bottom), in
+    one PNG; the reference is torch when it ran, else cygemm eager.
+
+    Parameters
+    ----------
+    res : dict
+        Run name -> dict with "curve" (mean training loss per epoch) and "accuracy" (test, 0..1).
+    settings : dict
+        gpu, date, sizes, batch, lr, epochs, seed, precision: written in the title.
+    path : str
+        The PNG to write.
+    """
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    # The curves agree to a few parts in a thousand, so the top panel shows one line; the bottom
+    # panel shows how far apart they are.
+    ref = "torch eager" if "torch eager" in res else "cygemm eager"
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6.4), sharex=True, gridspec_kw={"height_ratios": (3, 2)})
+    for name, r in res.items():
+        epochs = np.arange(1, len(r["curve"]) + 1)
+        style = dict(linestyle="--" if name == "cygemm eager" else "-", marker="." if name == ref else None)
+        top.plot(epochs, r["curve"], label=f"{name} ({r['accuracy'] * 100:.2f}% test accuracy)", **style)
+        diff = np.asarray(r["curve"]) - np.asarray(res[ref]["curve"])
+        if name != ref:
+            bottom.plot(epochs, diff, label=f"{name} − {ref} (largest |difference| {np.abs(diff).max():.2g})",
+                        **style)
+    bottom.axhline(0.0, color="black", lw=0.8)
+    top.set_yscale("log")
+    top.set_ylabel("mean training loss (cross-entropy)")
+    top.legend(fontsize=8)
+    top.grid(alpha=0.3)
+    bottom.set_xlabel("epoch")
+    bottom.set_ylabel(f"loss − {ref}'s loss")
+    bottom.legend(fontsize=8)
+    bottom.grid(alpha=0.3)
+    st = settings
+    gemms = ("bfloat16 GEMMs on float32 master weights" if st["precision"] == "bf16-mixed"
+             else "float32 GEMMs in TF32")
+    top.set_title(f"{st['gpu']}: scikit-learn digits, MLP {'-'.join(map(str, st['sizes']))}, batch {st['batch']}, "
+                  f"Adam lr {st['lr']}, {st['epochs']} epochs, seed {st['seed']},\n{st['precision']} "
+                  f"({gemms}), same initialisation and batch order; {st['date']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--epochs", type=int, default=40)
@@ -115,7 +173,9 @@ def main(argv=None):
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--sizes", default="64,128,128,10")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--plot", default=None, help="write the loss curves to this PNG")
+    ap.add_argument("--plot", default=None, help="write the loss curves and their differences to this PNG")
+    ap.add_argument("--curves", default=None, metavar="PATH",
+                    help="write the runs' loss curves, test accuracies and settings to this JSON file")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch run (torch is not in the examples extra)")
     ap.add_argument("--precision", choices=["fp32", "bf16-mixed"], default="fp32",
                     help="fp32, or bfloat16 GEMMs on float32 master weights (default fp32)")
@@ -154,22 +214,16 @@ def main(argv=None):
     speedup = res["cygemm eager"]["step_us"] / res["cygemm captured"]["step_us"]
     print(f"step: eager {res['cygemm eager']['step_us']:.1f} us, captured {res['cygemm captured']['step_us']:.1f} us "
           f"({speedup:.1f}x)", flush=True)
+    settings = dict(gpu=_gpu_name(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), sizes=sizes,
+                    batch=args.batch, lr=args.lr, epochs=args.epochs, seed=args.seed, precision=args.precision)
+    if args.curves:
+        import json
+        with open(args.curves, "w") as f:
+            json.dump(dict(settings, runs={k: dict(curve=r["curve"], accuracy=r["accuracy"]) for k, r in res.items()}),
+                      f, indent=1)
+        print(f"wrote {args.curves}")
     if args.plot:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(6.4, 4))
-        for name, r in res.items():
-            ax.plot(range(1, len(r["curve"]) + 1), r["curve"], label=f"{name} ({r['accuracy'] * 100:.1f}% test)",
-                    linestyle="--" if name == "cygemm eager" else "-")
-        ax.set_xlabel("epoch")
-        ax.set_ylabel("mean training loss (cross-entropy)")
-        ax.set_yscale("log")
-        ax.set_title(f"digits, MLP {'-'.join(map(str, sizes))}, batch {args.batch}, Adam lr {args.lr}, "
-                     f"{args.precision}")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=120)
+        plot_curves(res, settings, args.plot)
         print(f"wrote {args.plot}")
     return res
 
