@@ -5,8 +5,7 @@
 ``b`` in FP8 (E4M3 or E5M2) through cuBLASLt, in the plan layer like every other GEMM (one plan
 per problem, timed once when large). Scales are device float32 scalars, read when the GEMM runs,
 so a captured graph replays with whatever scales the buffers hold then (delayed scaling). An
-FP8 output has its own quantizing scale, and the output's amax can be written to a device
-scalar on the way.
+FP8 output has its own quantizing scale, and the output's amax can be written on the way.
 
 Hopper's FP8 kernels read both operands K-contiguous: ``a`` row-major (M, K) and ``b`` (K, N)
 column-major, i.e. ``b = w.T`` for a C-contiguous weight ``w`` of shape (N, K), the layout of a
@@ -43,7 +42,6 @@ from cygemm.gemm_plan cimport GemmPlan, PlannedCall, KIND_SCALED
 from cygemm._mapping cimport map_rowmajor_gemm, map_or_raise, is_rowmajor, rowmajor_view
 from cygemm._described cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm._alloc import empty_on, numpy_dtype
-
 from cygemm._arrays import FP8_FORMATS
 from cygemm.fp8_convert import quantize, dequantize, amax
 
