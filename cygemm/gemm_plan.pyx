@@ -12,7 +12,7 @@ when to tune. A GemmPlan leaves both to you, as nvmath-python's ``Matmul`` does:
             p.execute(stream=s)             # allocation-free, capturable
     # closed: its descriptors are freed
 
-A GemmPlan is the plan layer's own plan (:class:`cygemm.plans.Plan`: the descriptors and the
+A GemmPlan is the plan layer's own plan (``cygemm.plans.Plan``: the descriptors and the
 algorithm, decided and run by the one plan executor) with its operands and lifecycle added.
 Its kinds: a plain GEMM; a GEMM with a cuBLASLt epilogue (bias, relu/gelu, gelu's Z); an FP8
 GEMM (:class:`cygemm.fp8.ScaledMatmulPlan`, a subclass). The epilogue and FP8 kinds run exactly
@@ -199,7 +199,7 @@ cdef class GemmPlan(Plan):
     next batch in the same buffers' layout. It runs on any stream of the plan's device and can
     be captured into a CUDA graph. The plan uses the calling thread's cuBLAS handles and the
     stream's workspace (owned by cygemm's per-stream workspaces, so two streams never share
-    one); use one plan from one thread at a time. A GemmPlan is a :class:`cygemm.plans.Plan`.
+    one); use one plan from one thread at a time. A GemmPlan is a ``cygemm.plans.Plan``.
     """
 
     def __init__(self, A, B, out, *, bias=None, act="none", z_out=None, bint trans_a=False,

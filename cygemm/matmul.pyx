@@ -179,7 +179,7 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None):
         ``out`` when given; else a new C-ordered array of the inputs' library (a torch tensor
         from torch's allocator when either input is one, else a CuPy array from CuPy's pool),
         allocated on ``stream``. When a torch input requires grad and grad mode is on, the
-        call goes through :class:`cygemm.autograd.Matmul` and the tensor has a ``grad_fn``
+        call goes through :class:`cygemm.autograd.MatmulFunction` and the tensor has a ``grad_fn``
         (``loss.backward()`` runs cygemm's GEMMs); under ``torch.no_grad()`` it has none.
 
     Raises
