@@ -47,7 +47,8 @@ def _run(page, gpu):
         if needs_gpu != gpu:
             continue
         test = doctest.DocTestParser().get_doctest(text, ns, os.path.basename(page), page, 0)
-        runner.run(test, clear_globs=False)      # a page's blocks share their names, as in Sphinx
+        runner.run(test, clear_globs=False)
+        ns.update(test.globs)                   # a page's blocks share their names, as in Sphinx
     assert runner.failures == 0, f"{os.path.basename(page)}: {runner.failures} examples failed"
 
 
