@@ -71,6 +71,14 @@ class _FakeDeviceArray:
 _OPTIONAL = {"cygemm.autograd": "torch"}
 
 
+def _installed(name):
+    import importlib.util
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def _check_without_gpu():
     """Every compiled module loads, the include folders exist, and the row-major mapping and
     argument checks work on arrays described but never touched."""
@@ -81,7 +89,7 @@ def _check_without_gpu():
     names = [m.name for m in pkgutil.walk_packages(cygemm.__path__, "cygemm.")
              if m.name not in ("cygemm.fused", "cygemm.__main__")]    # fused: the deprecated alias
     # Modules of an optional dependency: checked where it is installed.
-    optional = {name: dep for name, dep in _OPTIONAL.items() if importlib.util.find_spec(dep) is None}
+    optional = {name: dep for name, dep in _OPTIONAL.items() if not _installed(dep)}
     names = [n for n in names if n not in optional]
     failed = []
     for name in names:

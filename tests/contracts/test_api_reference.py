@@ -18,6 +18,7 @@ member when its class's entry lists it in ``:members:`` or the class docstring n
 numpydoc ``Attributes`` section.
 """
 import importlib
+import importlib.util
 import inspect
 import os
 import re
@@ -147,7 +148,21 @@ def attributes_section(cls):
     return names
 
 
-ENTRIES = _entries()
+# A module of an optional dependency is checked where that dependency is installed (the GPU
+# suite has torch; a machine without it cannot import cygemm.autograd at all).
+OPTIONAL = {"cygemm.autograd": "torch"}
+
+
+def _installed(dep):
+    try:
+        return importlib.util.find_spec(dep) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+MISSING = {mod for mod, dep in OPTIONAL.items() if not _installed(dep)}
+ENTRIES = {name: entry for name, entry in _entries().items()
+           if not any(name.startswith(mod + ".") for mod in MISSING)}
 DOCUMENTED = {name: _resolve(name) for name in ENTRIES}
 PUBLIC = public_objects()
 PUBLIC_CLASSES = {name: obj for name, obj in PUBLIC.items() if inspect.isclass(obj)}
