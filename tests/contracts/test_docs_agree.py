@@ -13,6 +13,11 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 
 
 def _read(*parts):
+    """A file of the tree; the package's own files from the cygemm that is imported (CI runs these
+    tests against the installed wheel, with the source package removed)."""
+    if parts[0] == "cygemm":
+        import cygemm
+        return open(os.path.join(os.path.dirname(cygemm.__file__), *parts[1:]), encoding="utf-8").read()
     return open(os.path.join(ROOT, *parts), encoding="utf-8").read()
 
 
