@@ -5,6 +5,14 @@ import cygemm  # noqa: E402  (the API reference documents the cygemm that is ins
 
 release = version = cygemm.__version__
 
+# The cimport contract as the installed cygemm ships it (docs/cython.rst shows it): copied here,
+# because the docs may be built beside a source tree whose package is not the installed one.
+import os as _os  # noqa: E402
+import shutil as _shutil  # noqa: E402
+_generated = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "_generated")
+_os.makedirs(_generated, exist_ok=True)
+_shutil.copyfile(_os.path.join(_os.path.dirname(cygemm.__file__), "capi.pxd"), _os.path.join(_generated, "capi.pxd"))
+
 extensions = ["sphinx.ext.autodoc", "sphinx.ext.autosummary", "sphinx.ext.doctest", "numpydoc"]
 # cygemm.autograd subclasses torch's classes; where torch is not installed (the docs extra does
 # not need it) autodoc reads it against a stand-in.
