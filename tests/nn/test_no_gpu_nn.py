@@ -10,22 +10,9 @@ import sys
 import pytest
 
 import cygemm
+from no_gpu_util import EXAMPLES, child_env as _env, gpu_reason as _reason
 
 pytestmark = pytest.mark.nogpu
-
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples")
-
-
-def _env():
-    """The environment of a child interpreter: this cygemm first on its path (the one under test)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(cygemm.__file__)))
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-
-
-def _reason():
-    reason = cygemm.gpu_unavailable_reason()
-    assert reason and ("no NVIDIA GPU" in reason or "driver" in reason)
-    return reason
 
 
 class _FakeModel:
