@@ -9,7 +9,9 @@ cuBLAS through cuda-pathfinder.
 
 Environment:
   NVCC                   the nvcc to use (else CUDA_HOME/CUDA_PATH, PATH, /usr/local/cuda)
-  CYGEMM_CUDA_ARCHS      e.g. "80;90" (default: Turing..Hopper, plus PTX of the newest)
+  CYGEMM_CUDA_ARCHS      e.g. "80;90" (default: machine code for 75;80;90, which runs on
+                         Turing..Hopper (sm_80's on 8.6 and 8.9), and 89 for the FP8 kernels;
+                         plus PTX of the newest)
 """
 import glob
 import hashlib
@@ -41,6 +43,10 @@ HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h",
            "cygemm/include/cygemm/convert.h", "cygemm/include/cygemm/nn_kernels.h",
            "cygemm/include/cygemm/backend_kernels.h", "cygemm/include/cygemm/warp_reduce.cuh"]
 KERNELS = sorted({k for kernels in MODULES.values() for k in kernels})
+CYTHON_DIRECTIVES = {"language_level": 3, "binding": True}
+# nvcc's files, longest first (measured: elementwise's 96 template kernels take 3/4 of nvcc's
+# time): the longest starts first, and modules that wait on none of them build meanwhile.
+KERNELS_LONGEST_FIRST = ["elementwise", "fp8", "nn", "backend", "grouped", "timing"]
 
 
 def kernel_source(name):
@@ -97,13 +103,16 @@ def nvcc_version(nvcc):
     return tuple(int(x) for x in out.split("release ")[1].split(",")[0].split("."))
 
 
-def gencode_flags(nvcc):
+def gencode_flags(nvcc, kernel):
+    """nvcc's -gencode flags for kernel file `kernel` (its name, e.g. "fp8")."""
     archs = os.environ.get("CYGEMM_CUDA_ARCHS")
     if archs:
         archs = [a.strip() for a in archs.replace(",", ";").split(";") if a.strip()]
     else:
+        # Machine code runs on its major version's later minors (sm_80's on 8.6 and 8.9): the
+        # memory-bound passes need no more. FP8's conversions are instructions from sm_89 on.
         # CUDA 13 dropped Volta (sm_70); older toolkits still build it.
-        archs = ["75", "80", "86", "89", "90"]
+        archs = ["75", "80", "89", "90"] if kernel == "fp8" else ["75", "80", "90"]
         if nvcc_version(nvcc) < (13, 0):
             archs.insert(0, "70")
     flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
@@ -112,47 +121,64 @@ def gencode_flags(nvcc):
 
 
 class BuildExt(build_ext):
-    """Compile every kernel file once with nvcc (in parallel), then build the extensions
-    (in parallel: -j, every core by default, see setup() below), each linking the objects of the
-    kernels it launches."""
+    """Compile every kernel file once with nvcc, while the extensions build (in parallel: -j,
+    every core by default, see setup() below); an extension that links a kernel's object waits
+    for that one file only."""
+
+    def run(self):
+        cythonize_changed(self.extensions)
+        super().run()
 
     def build_extensions(self):
+        from concurrent.futures import ThreadPoolExecutor
         # Python's own LDSHARED may carry -Wl,-rpath,<its lib folder> (pyenv, conda): a path
         # of the build machine that must not reach the wheel. Our RUNPATH is added per extension.
         self.compiler.linker_so = [a for a in self.compiler.linker_so if not a.startswith("-Wl,-rpath")]
-        self._kernel_objects = {}
         start = time.monotonic()
-        progress(f"cygemm: building {len(self.extensions)} compiled modules, {self.parallel or 1} at a time")
-        needed = sorted({s for ext in self.extensions for s in ext.sources if s.endswith(".cu")})
-        missing = [s for s in needed if not self._cached(ext_for_source(self.extensions, s))]
-        if missing:
-            self._compile_kernels(missing)
-        super().build_extensions()
+        jobs = int(self.parallel or 0) or os.cpu_count() or 1
+        progress(f"cygemm: building {len(self.extensions)} compiled modules, {jobs} at a time")
+        needed = {s for ext in self.extensions for s in ext.sources if s.endswith(".cu")}
+        missing = [s for s in map(kernel_source, KERNELS_LONGEST_FIRST)
+                   if s in needed and not self._cached(ext_for_source(self.extensions, s))]
+        missing += sorted(needed - set(missing) - set(map(kernel_source, KERNELS_LONGEST_FIRST)))
+        self._kernel_objects = {}
+        with ThreadPoolExecutor(max(1, min(len(missing), jobs))) as pool:
+            if missing:
+                progress(f"cygemm: compiling {len(missing)} kernel files with nvcc, for GPU architectures "
+                         f"{os.environ.get('CYGEMM_CUDA_ARCHS') or 'default (75;80;90, and 89 for FP8)'}; "
+                         "CYGEMM_CUDA_ARCHS=90 (your GPU's) builds faster")
+            for src in missing:
+                self._kernel_objects[src] = pool.submit(self._compile_kernel, src)
+            # Modules that link the slowest kernels last, so that the others fill the wait.
+            rank = {kernel_source(k): i for i, k in enumerate(KERNELS_LONGEST_FIRST)}
+            self.extensions.sort(key=lambda e: -min([rank.get(s, 0) for s in e.sources if s.endswith(".cu")],
+                                                     default=len(rank)))
+            super().build_extensions()
         progress(f"cygemm: built in {time.monotonic() - start:.0f} s")
 
     def _cached(self, exts):
         return all(os.path.isfile(self._cache_path(e, [s for s in e.sources if s.endswith(".cu")]))
                    for e in exts)
 
-    def _compile_kernels(self, sources):
-        from concurrent.futures import ThreadPoolExecutor
-        jobs = max(1, min(len(sources), int(self.parallel or 0) or os.cpu_count() or 1))
-        progress(f"cygemm: compiling {len(sources)} kernel files with nvcc, {jobs} at a time, for GPU "
-                 f"architectures {os.environ.get('CYGEMM_CUDA_ARCHS') or 'default (75;80;86;89;90)'}; "
-                 f"CYGEMM_CUDA_ARCHS=90 (your GPU's) builds faster")
+    def _compile_kernel(self, src):
+        obj = os.path.join(self.build_temp, os.path.splitext(src)[0] + ".o")
+        os.makedirs(os.path.dirname(obj), exist_ok=True)
+        # --threads 0: one thread per GPU architecture, on every core.
+        cmd = [NVCC, "-c", src, "-o", obj, "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-g0", "--threads", "0",
+               "--expt-relaxed-constexpr", *[f"-I{d}" for d in INCLUDE_DIRS],
+               *gencode_flags(NVCC, os.path.basename(src)[:-3])]
+        start = time.monotonic()
+        subprocess.run(cmd, check=True)
+        progress(f"cygemm: nvcc {src}: {time.monotonic() - start:.0f} s")
+        return obj
 
-        def compile_one(src):
-            obj = os.path.join(self.build_temp, os.path.splitext(src)[0] + ".o")
-            os.makedirs(os.path.dirname(obj), exist_ok=True)
-            cmd = [NVCC, "-c", src, "-o", obj, "-O3", "-std=c++17", "-Xcompiler", "-fPIC,-g0",
-                   "--expt-relaxed-constexpr", *[f"-I{d}" for d in INCLUDE_DIRS], *gencode_flags(NVCC)]
-            start = time.monotonic()
-            subprocess.run(cmd, check=True)
-            progress(f"cygemm: nvcc {src}: {time.monotonic() - start:.0f} s")
-            return src, obj
-
-        with ThreadPoolExecutor(jobs) as pool:
-            self._kernel_objects.update(pool.map(compile_one, sources))
+    def _kernel_object(self, src):
+        """The object of kernel file src: compiled now if no job was started for it (an
+        extension built alone, e.g. after a cache miss), else that job's, once it is done."""
+        if src not in self._kernel_objects:
+            return self._compile_kernel(src)
+        job = self._kernel_objects[src]
+        return job if isinstance(job, str) else job.result()
 
     def build_extension(self, ext):
         cu_sources = [s for s in ext.sources if s.endswith(".cu")]
@@ -164,11 +190,8 @@ class BuildExt(build_ext):
             shutil.copy2(cached, target)
             print(f"{ext.name}: unchanged, copied from build/ext-cache", flush=True)
             return
+        ext.extra_objects = [self._kernel_object(s) for s in cu_sources] + list(ext.extra_objects or [])
         start = time.monotonic()
-        missing = [s for s in cu_sources if s not in self._kernel_objects]
-        if missing:                     # (an extension built alone, e.g. after a cache miss)
-            self._compile_kernels(missing)
-        ext.extra_objects = [self._kernel_objects[s] for s in cu_sources] + list(ext.extra_objects or [])
         super().build_extension(ext)
         progress(f"cygemm: {ext.name} built in {time.monotonic() - start:.0f} s")
         os.makedirs(os.path.dirname(cached), exist_ok=True)
@@ -196,7 +219,8 @@ class BuildExt(build_ext):
                 text = text[:start] + text[end:]
             parts.append(f"{os.path.basename(path)} {hashlib.sha256(text).hexdigest()}")
         parts += [*ext.extra_compile_args, *[os.path.basename(a) for a in ext.extra_link_args],
-                  *gencode_flags(NVCC), " ".join(self.compiler.compiler_so), sys.version,
+                  *[f for s in cu_sources for f in gencode_flags(NVCC, os.path.basename(s)[:-3])],
+                  " ".join(self.compiler.compiler_so), sys.version,
                   sysconfig.get_config_var("EXT_SUFFIX") or "", str(nvcc_version(NVCC))]
         return parts
 
@@ -209,7 +233,7 @@ def extension(name, kernels):
     # nvcc objects are C++: their runtime support comes from libstdc++.
     cxx = ["-lstdc++"] if kernels else []
     # -g0: Python's CFLAGS often say -g, and debug info names the build folder.
-    return Extension(f"cygemm.{name}", [module_source(name), *map(kernel_source, kernels)],
+    return Extension(f"cygemm.{name}", [module_source(name)[:-4] + ".c", *map(kernel_source, kernels)],
                      include_dirs=INCLUDE_DIRS, extra_link_args=LINK_ARGS + [f"-Wl,-rpath,{runpath(name)}"] + cxx,
                      extra_compile_args=["-O2", "-g0", "-Wno-unused-function"])
 
@@ -224,12 +248,40 @@ CUBLAS = paths.load_cublas()
 LINK_ARGS = [CUBLAS["cublas"], CUBLAS["cublasLt"], cudart_static(NVCC), "-ldl", "-lpthread", "-lrt"]
 
 
-def ext_modules():
+def cythonize_changed(extensions):
+    """Generate the C of each module whose Cython sources changed (or whose C is missing).
+    cythonize's own check compares file times, and pip installs Cython afresh for every build,
+    newer than any generated file, so it would translate all 32 modules every time; here a
+    module's key is the contents of its .pyx, of every .pxd and Cython's version."""
+    from Cython import __version__ as cython_version
     from Cython.Build import cythonize
-    return cythonize([extension(name, kernels) for name, kernels in MODULES.items()],
-                     compiler_directives={"language_level": 3, "binding": True}, nthreads=os.cpu_count() or 1)
+    pxds = sorted(glob.glob(os.path.join(HERE, "cygemm", "**", "*.pxd"), recursive=True))
+    shared = hashlib.sha256(cython_version.encode() + repr(CYTHON_DIRECTIVES).encode())
+    for path in pxds:
+        with open(path, "rb") as f:
+            shared.update(path.encode() + f.read())
+    stale, keys = [], {}
+    for ext in extensions:
+        pyx = module_source(ext.name[len("cygemm."):])
+        key = shared.copy()
+        with open(os.path.join(HERE, pyx), "rb") as f:
+            key.update(f.read())
+        keys[ext.name] = key.hexdigest()
+        stamp = os.path.join(HERE, "build", "cython", ext.name + ".key")
+        if not (os.path.isfile(os.path.join(HERE, pyx[:-4] + ".c")) and os.path.isfile(stamp)
+                and open(stamp).read() == keys[ext.name]):
+            stale.append(ext)
+    if stale:
+        progress(f"cygemm: Cython translating {len(stale)} changed modules")
+        cythonize([Extension(e.name, [module_source(e.name[len("cygemm."):])]) for e in stale],
+                  compiler_directives=CYTHON_DIRECTIVES, nthreads=os.cpu_count() or 1, force=True, quiet=True)
+        os.makedirs(os.path.join(HERE, "build", "cython"), exist_ok=True)
+        for ext in stale:
+            with open(os.path.join(HERE, "build", "cython", ext.name + ".key"), "w") as f:
+                f.write(keys[ext.name])
 
 
-# build_ext -j: the extensions compile in parallel on every core (pip passes no -j).
-setup(ext_modules=ext_modules(), cmdclass={"build_ext": BuildExt},
+# The extensions name the C that cythonize_changed generates when build_ext runs (not when pip
+# asks for metadata). build_ext -j: they compile in parallel on every core (pip passes no -j).
+setup(ext_modules=[extension(name, kernels) for name, kernels in MODULES.items()], cmdclass={"build_ext": BuildExt},
       options={"build_ext": {"parallel": os.cpu_count() or 1}})

@@ -1,10 +1,14 @@
 # Allocation of device arrays of the caller's library (CuPy's pool, or torch's allocator for
 # torch tensors), ordered on the call's stream.
+from libc.stdint cimport uintptr_t
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 
 # A new C-ordered array on `stream` (CaptureError saying `what` while it is captured): a torch
-# tensor on like's device when like (a torch tensor) is given, else a CuPy array.
+# tensor on like's device when like (a torch tensor) is given, else a CuPy array. FP8 types
+# give torch float8 tensors, or CuPy uint8 arrays of the codes.
 cdef object empty_array(tuple shape, cudaDataType dtype, cudaStream_t stream, str what, object like=*)
+# The device address of an array empty_array made.
+cdef uintptr_t data_pointer(object x) except? 0
 # Whether x is a torch tensor (torch need not be imported); the first torch tensor of arrays.
 cdef bint is_torch(object x)
 cdef object first_torch(tuple arrays)

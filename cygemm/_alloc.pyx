@@ -10,7 +10,8 @@ import contextlib
 
 from libc.stdint cimport uintptr_t
 
-from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F
+from cygemm.bindings.cudart cimport (cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F,
+                                     CUDA_R_8F_E4M3, CUDA_R_8F_E5M2)
 from cygemm._streams cimport stream_from_object
 from cygemm._errors cimport refuse_in_capture
 from cygemm._arrays cimport dtype_name
@@ -72,11 +73,21 @@ def empty_on(tuple shape, dtype, uintptr_t ptr):
 
 cdef object empty_array(tuple shape, cudaDataType dtype, cudaStream_t stream, str what, object like=None):
     refuse_in_capture(stream, what)
-    if like is not None:
-        return _torch_empty(like, shape, dtype_name(dtype), <uintptr_t>stream)
+    cdef bint fp8 = dtype == CUDA_R_8F_E4M3 or dtype == CUDA_R_8F_E5M2
+    if like is not None:        # FP8 as torch's float8 dtype of the format
+        name = ("float8_e4m3fn" if dtype == CUDA_R_8F_E4M3 else "float8_e5m2") if fp8 else dtype_name(dtype)
+        return _torch_empty(like, shape, name, <uintptr_t>stream)
     if _cupy is None:
         raise RuntimeError(f"{what}: allocating needs CuPy; pass an existing array instead")
-    return empty_on(shape, numpy_dtype(dtype_name(dtype)), <uintptr_t>stream)
+    # CuPy has no FP8 dtype: the codes as uint8 bytes
+    return empty_on(shape, _np.dtype("uint8") if fp8 else numpy_dtype(dtype_name(dtype)), <uintptr_t>stream)
+
+
+cdef uintptr_t data_pointer(object x) except? 0:
+    """The device address of an array empty_array made (a torch tensor or a CuPy array)."""
+    if type(x) is _cupy_ndarray:
+        return <uintptr_t>x.data.ptr
+    return <uintptr_t>x.data_ptr()
 
 
 def empty(shape, dtype, stream=None, str what="the result", like=None):

@@ -30,11 +30,9 @@ cdef extern from *:
     } cg_DLTensor;
     """
     ctypedef struct cg_DLDevice:
-        int32_t device_type
-        int32_t device_id
+        int32_t device_type, device_id
     ctypedef struct cg_DLDataType:
-        uint8_t code
-        uint8_t bits
+        uint8_t code, bits
         uint16_t lanes
     ctypedef struct cg_DLTensor:
         void* data
@@ -213,16 +211,16 @@ cdef int view_from_desc(const ArrayDesc* dp, MatrixView* view, str name, int min
     return 0
 
 
-# torch tensors are read through their attributes: torch's __cuda_array_interface__
-# and __dlpack__ cost several microseconds a call, refuse tensors that require grad
-# (CAI) or cannot name bfloat16 (CAI).
+# torch tensors are read through their attributes: torch's __cuda_array_interface__ and
+# __dlpack__ cost microseconds a call, and CAI refuses tensors that require grad or bfloat16.
 cdef object _torch_tensor = None
 cdef dict _torch_dtypes = None
 cdef object _torch_f64 = None
+cdef object _torch_grad_enabled = None
 
 
 cdef bint _find_torch() except -1:
-    global _torch_tensor, _torch_dtypes, _torch_f64
+    global _torch_tensor, _torch_dtypes, _torch_f64, _torch_grad_enabled
     import sys
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "Tensor"):
@@ -230,14 +228,26 @@ cdef bint _find_torch() except -1:
     _torch_dtypes = {torch.float32: (CUDA_R_32F, 4), torch.float16: (CUDA_R_16F, 2),
                      torch.bfloat16: (CUDA_R_16BF, 2)}
     _torch_f64 = torch.float64
+    _torch_grad_enabled = torch.is_grad_enabled
     _torch_tensor = torch.Tensor
     return True
+
+
+cdef int _refuse_recorded(object x, str name) except -1:
+    # Only cygemm.matmul and cygemm.autograd are recorded: elsewhere a gradient would be lost.
+    if x.requires_grad and _torch_grad_enabled():
+        raise TypeError(f"{name}: a torch tensor that requires grad, and this cygemm call is not recorded by "
+                        "torch's autograd (its gradient would be lost): use cygemm.matmul or "
+                        "cygemm.autograd.linear, which are, or pass .detach() or call it under "
+                        "torch.no_grad()")
+    return 0
 
 
 cdef int _read_torch(object x, ArrayDesc* d, str name, bint wide) except -1:
     if not x.is_cuda:
         raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {x.device} (a CPU tensor "
                         "is not a CUDA array: move it with .cuda())")
+    _refuse_recorded(x, name)
     dt = _torch_dtypes.get(x.dtype)
     if dt is None and wide and x.dtype == _torch_f64:
         dt = _F64
@@ -458,6 +468,7 @@ cdef int read_fp8(object x, ArrayDesc* d, str name, object fmt, str fmt_arg) exc
             and isinstance(x, _torch_tensor):
         if not x.is_cuda:
             raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {x.device}")
+        _refuse_recorded(x, name)
         table = _torch_fp8_dtypes()
         if x.dtype not in table:
             raise TypeError(f"{name}: expected float8_e4m3fn, float8_e5m2 or uint8, got "

@@ -21,7 +21,6 @@ which format the bytes hold. torch's ``float8_e4m3fn`` and ``float8_e5m2`` tenso
 from libc.stdint cimport int64_t, uintptr_t
 from libc.string cimport memset
 
-import numpy as _np
 
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
@@ -30,7 +29,7 @@ from cygemm.kernels.elementwise cimport CYGEMM_ACT_NONE, CYGEMM_ACT_RELU, CYGEMM
 from cygemm.epilogues cimport Activation, activation_row, NO_EPILOGUE
 from cygemm._types cimport (MatrixView, ArrayDesc, ColMajorGemm, GemmTypes, is_fp8_type,
                             typed_compute_type)
-from cygemm._errors cimport check_cublas, refuse_in_capture
+from cygemm._errors cimport check_cublas
 from cygemm._arrays cimport read_fp8, read_array, view_from_desc, dtype_name, desc_shape
 from cygemm._args cimport (CallArgs, ArgRole, args_init, add_view, add_scalar, prepare_typed_call, ARG_READ,
                            ARG_WRITE)
@@ -41,7 +40,7 @@ from cygemm.plans cimport Plan, get_plan, execute_plan
 from cygemm.gemm_plan cimport GemmPlan, PlannedCall, KIND_SCALED
 from cygemm._mapping cimport map_rowmajor_gemm, map_or_raise, is_rowmajor, rowmajor_view
 from cygemm._described cimport Addresses, layout_operand, has_memory, describe_call
-from cygemm._alloc import empty_on, numpy_dtype
+from cygemm._alloc cimport empty_array, data_pointer, first_torch
 from cygemm._arrays import FP8_FORMATS
 from cygemm.fp8_convert import quantize, dequantize, amax
 
@@ -316,7 +315,8 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
         Dequantizing scales (``a``'s real values are ``scale_a * a``), read when the GEMM runs.
     out : device array, (M, N), row-major, optional
         bfloat16, float16, float32, or FP8 (torch float8, or ``uint8`` with ``format_out``).
-        None: a new CuPy array of ``out_dtype`` (bfloat16 through ``ml_dtypes``).
+        None: a new array of ``out_dtype``: a torch tensor when ``a`` or ``b`` is one (FP8 as
+        torch float8), else a CuPy array (bfloat16 through ``ml_dtypes``, FP8 as ``uint8``).
     out_dtype : {'bfloat16', 'float16', 'float32', 'e4m3', 'e5m2'}, optional
         The new result's type (default bfloat16), or a check of ``out``'s.
     bias : device array, (N,), optional
@@ -355,11 +355,10 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
     _read_scaled(&c, &s, a, b, scale_a, scale_b, out, out_dtype, bias, act, scale_out, amax_out,
                  format_a, format_b, format_out, fast_accum)
     prepare_typed_call(&c, &s.types, stream)      # the compute type from a's, b's and out's types
-    if out is None:
-        refuse_in_capture(c.stream, "scaled_matmul(out=None): allocating the result")
-        out = empty_on((s.g.n, s.g.m), _np.dtype("uint8") if is_fp8_type(s.types.d) else
-                       numpy_dtype(dtype_name(s.types.d)), <uintptr_t>c.stream)
-        s.g.c = <void*><uintptr_t>out.data.ptr
+    if out is None:     # in the caller's library: a torch tensor when a or b is one
+        out = empty_array((s.g.n, s.g.m), s.types.d, c.stream, "scaled_matmul(out=None): allocating the result",
+                          first_torch((a, b)))
+        s.g.c = <void*>data_pointer(out)
     if s.g.m == 0 or s.g.n == 0:
         return out
     _run_scaled(c.ctx, c.stream, c.compute, &s)

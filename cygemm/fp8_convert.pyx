@@ -8,16 +8,15 @@ which format the bytes hold. torch's ``float8_e4m3fn`` and ``float8_e5m2`` tenso
 """
 from libc.stdint cimport int64_t, uintptr_t
 
-import numpy as _np
 
 from cygemm.bindings.cudart cimport *
 from cygemm.kernels.fp8 cimport cygemm_fp8_quantize, cygemm_fp8_dequantize, cygemm_amax
 from cygemm._types cimport MatrixView, ArrayDesc
-from cygemm._errors cimport check_cuda, refuse_in_capture
+from cygemm._errors cimport check_cuda
 from cygemm._arrays cimport read_fp8, read_array, desc_shape
 from cygemm._args cimport (CallArgs, ArgRole, args_init, add_view, add_scalar, prepare_kernel_call, ARG_READ,
                            ARG_WRITE)
-from cygemm._alloc import empty_on, numpy_dtype
+from cygemm._alloc cimport empty_array, data_pointer, first_torch
 
 from cygemm._arrays import FP8_FORMATS
 
@@ -69,7 +68,7 @@ def quantize(x, scale, *, out=None, format="e4m3", amax=None, stream=None):
         The quantizing scale (read when the kernel runs: capturable with changing scales).
     out : device array, optional
         ``x``'s shape: ``uint8`` (the format from ``format``) or a torch float8 tensor.
-        None: a new CuPy ``uint8`` array.
+        None: a new array: a torch float8 tensor for a torch ``x``, else a CuPy ``uint8`` array.
     format : {'e4m3', 'e5m2'}
         The FP8 format; values beyond its largest finite value (448, 57344) saturate to it.
     amax : device float32 scalar, optional
@@ -80,7 +79,7 @@ def quantize(x, scale, *, out=None, format="e4m3", amax=None, stream=None):
     Returns
     -------
     device array
-        ``out`` (the FP8 codes), or the new ``uint8`` array.
+        ``out`` (the FP8 codes), or the new array.
 
     Raises
     ------
@@ -109,10 +108,10 @@ def quantize(x, scale, *, out=None, format="e4m3", amax=None, stream=None):
     vq = add_view(&c, &v, "out", ARG_WRITE)
     cdef MatrixView* va = add_scalar(&c, amax, "amax", ARG_WRITE) if amax is not None else NULL
     prepare_kernel_call(&c, stream)
-    if out is None:
-        refuse_in_capture(c.stream, "quantize(out=None): allocating the result")
-        out = empty_on(desc_shape(&dx), _np.dtype("uint8"), <uintptr_t>c.stream)
-        vq.ptr = <char*><uintptr_t>out.data.ptr
+    if out is None:     # in the caller's library: torch float8 for a torch x, else CuPy uint8
+        out = empty_array(desc_shape(&dx), fmt, c.stream, "quantize(out=None): allocating the result",
+                          first_torch((x,)))
+        vq.ptr = <char*>data_pointer(out)
     cdef float* amax_p = <float*>va.ptr if va != NULL else NULL
     with nogil:
         check_cuda(cygemm_fp8_quantize(dx.dtype, fmt, n, dx.ptr, <const float*>vs.ptr, vq.ptr, amax_p,
@@ -130,7 +129,8 @@ def dequantize(q, scale_inv, *, out=None, dtype="float32", format=None, stream=N
     scale_inv : device float32 scalar
         The dequantizing scale (1 / the scale ``q`` was quantized with).
     out : device array, optional
-        ``q``'s shape, float32, float16 or bfloat16. None: a new CuPy array of ``dtype``.
+        ``q``'s shape, float32, float16 or bfloat16. None: a new array of ``dtype`` (a torch
+        tensor for a torch ``q``, else CuPy).
     dtype : {'float32', 'float16', 'bfloat16'}
         The new result's dtype (ignored when ``out`` is given).
     format : {'e4m3', 'e5m2'}, optional
@@ -173,10 +173,10 @@ def dequantize(q, scale_inv, *, out=None, dtype="float32", format=None, stream=N
         v.itemsize = 4 if v.dtype == CUDA_R_32F else 2
     vy = add_view(&c, &v, "out", ARG_WRITE)
     prepare_kernel_call(&c, stream)
-    if out is None:
-        refuse_in_capture(c.stream, "dequantize(out=None): allocating the result")
-        out = empty_on(desc_shape(&dq), numpy_dtype(dtype), <uintptr_t>c.stream)
-        vy.ptr = <char*><uintptr_t>out.data.ptr
+    if out is None:     # in the caller's library: a torch tensor for a torch q
+        out = empty_array(desc_shape(&dq), vy.dtype, c.stream, "dequantize(out=None): allocating the result",
+                          first_torch((q,)))
+        vy.ptr = <char*>data_pointer(out)
     with nogil:
         check_cuda(cygemm_fp8_dequantize(dq.dtype, vy.dtype, n, dq.ptr, <const float*>vs.ptr, vy.ptr, c.stream),
                    "cygemm_fp8_dequantize")

@@ -1,6 +1,7 @@
-"""Results in the caller's array type: gemm, gemm_strided_batched (out=None) and
-gemm_ops.forward/backward return torch tensors for torch inputs, as matmul does, and CuPy
-arrays for CuPy inputs (GPU)."""
+"""Results in the caller's array type: gemm, gemm_strided_batched (out=None),
+gemm_ops.forward/backward and the FP8 functions return torch tensors for torch inputs, as matmul
+does, and CuPy arrays for CuPy inputs; entries torch's autograd does not record refuse a tensor
+that requires grad rather than lose its gradient (GPU)."""
 import numpy as np
 import pytest
 
@@ -121,3 +122,72 @@ def test_forward_and_backward_of_cupy_arrays_still_return_cupy_arrays(gpu):
     assert all(isinstance(x, cp.ndarray) for x in (Y, Z, gA, gB, gBias))
     ref = np.maximum(cp.asnumpy(A).astype(np.float64) @ cp.asnumpy(B).astype(np.float64), 0)
     assert np.linalg.norm(cp.asnumpy(Y) - ref) / np.linalg.norm(ref) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype, torch_dtype, bound", [
+    ("bfloat16", "bfloat16", 1e-2), ("float32", "float32", 4e-4), ("e4m3", "float8_e4m3fn", 6e-2)])
+def test_scaled_matmul_of_torch_float8_tensors_returns_a_torch_tensor(gpu, out_dtype, torch_dtype, bound):
+    from cygemm import fp8
+    M, K, N = 64, 128, 48
+    a = (_randn(M, K, seed=14) * 3).to(torch.float8_e4m3fn)
+    w = (_randn(N, K, seed=15) * 3).to(torch.float8_e4m3fn)
+    sa, sb = torch.tensor([0.5], device="cuda"), torch.tensor([0.25], device="cuda")
+    _poison_torch_cache()
+    out = fp8.scaled_matmul(a, w.t(), sa, sb, out_dtype=out_dtype)
+    assert isinstance(out, torch.Tensor) and out.dtype == getattr(torch, torch_dtype)
+    assert out.shape == (M, N) and out.device == a.device and out.is_contiguous()
+    torch.cuda.synchronize()
+    assert _err(out.float(), 0.125 * (a.double() @ w.double().T)) < bound
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt, torch_fp8", [("e4m3", "float8_e4m3fn"), ("e5m2", "float8_e5m2")])
+def test_quantize_and_dequantize_of_torch_tensors_return_torch_tensors(gpu, fmt, torch_fp8):
+    from cygemm import fp8
+    x = _randn(1000, seed=16) * 4
+    scale, scale_inv = torch.tensor([2.0], device="cuda"), torch.tensor([0.5], device="cuda")
+    _poison_torch_cache()
+    q = fp8.quantize(x, scale, format=fmt)
+    assert isinstance(q, torch.Tensor) and q.dtype == getattr(torch, torch_fp8) and q.shape == x.shape
+    torch.cuda.synchronize()
+    assert torch.equal(q.view(torch.uint8), (x * 2).to(q.dtype).view(torch.uint8))   # torch's own cast: RNE, saturating
+    y = fp8.dequantize(q, scale_inv, dtype="bfloat16")
+    assert isinstance(y, torch.Tensor) and y.dtype == torch.bfloat16 and y.shape == x.shape
+    torch.cuda.synchronize()
+    assert torch.equal(y, (q.double() * 0.5).to(torch.bfloat16))
+
+
+def _requires_grad_cases():
+    """(call, argument named) pairs: each entry that torch's autograd does not record, given a
+    tensor that requires grad."""
+    from cygemm import fp8
+    A, W = _randn(32, 16, seed=17), _randn(24, 16, seed=18)
+    g = A.clone().requires_grad_()
+    a8 = _randn(32, 32, seed=19).to(torch.float8_e4m3fn)
+    w8 = _randn(32, 32, seed=20).to(torch.float8_e4m3fn).requires_grad_()
+    one = torch.ones(1, device="cuda")
+    f32, bf16 = torch.float32, torch.bfloat16
+    return [
+        (lambda out: cygemm.gemm(g, W, trans_b=True, out=out), "A", (32, 24), f32),
+        (lambda out: cygemm.gemm(W, g, trans_b=True, out=out), "B", (24, 32), f32),
+        (lambda out: cygemm.gemm_strided_batched(g[None], W[None], trans_b=True, out=out[None]), "A", (32, 24), f32),
+        (lambda out: gemm_ops.forward_into(g, W.T, out), "A", (32, 24), f32),
+        (lambda out: fp8.scaled_matmul(a8, w8.t(), one, one, out=out), "b", (32, 32), bf16),
+    ]
+
+
+@pytest.mark.gpu
+def test_entries_autograd_does_not_record_refuse_a_tensor_that_requires_grad(gpu):
+    """gemm, forward and scaled_matmul would drop a gradient silently: they refuse, naming the
+    argument and what to use, and write nothing; under no_grad they run."""
+    for call, name, shape, dtype in _requires_grad_cases():
+        out = torch.full(shape, float("nan"), device="cuda", dtype=dtype)
+        with pytest.raises(TypeError, match=rf"^{name}: a torch tensor that requires grad.*cygemm.matmul"):
+            call(out)
+        torch.cuda.synchronize()
+        assert torch.isnan(out).all().item(), "a refused call wrote to out"
+        with torch.no_grad():
+            call(out)
+        torch.cuda.synchronize()
+        assert not torch.isnan(out).any().item()
