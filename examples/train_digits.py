@@ -158,9 +158,9 @@ def plot_curves(res, settings, path):
     st = settings
     gemms = ("bfloat16 GEMMs on float32 master weights" if st["precision"] == "bf16-mixed"
              else "float32 GEMMs in TF32")
-    top.set_title(f"{st['gpu']}: scikit-learn digits, MLP {'-'.join(map(str, st['sizes']))}, batch {st['batch']}, "
-                  f"Adam lr {st['lr']}, {st['epochs']} epochs, seed {st['seed']},\n{st['precision']} "
-                  f"({gemms}), same initialisation and batch order; {st['date']}", fontsize=9)
+    top.set_title(f"{st['gpu']}: scikit-learn digits, MLP {'-'.join(map(str, st['sizes']))}, batch {st['batch']},\n"
+                  f"Adam lr {st['lr']}, {st['epochs']} epochs, seed {st['seed']}, {st['precision']} ({gemms}),\n"
+                  f"same initialisation and batch order; {st['date']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
