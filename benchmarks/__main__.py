@@ -35,6 +35,7 @@ import gemms  # noqa: E402
 import hopper  # noqa: E402
 import host  # noqa: E402
 import matmul_section  # noqa: E402
+import reproducibility  # noqa: E402
 import training  # noqa: E402
 from common import build_floor, clocks, environment  # noqa: E402
 from recorder import Recorder  # noqa: E402
@@ -57,6 +58,7 @@ SECTIONS = {
     "fp8": hopper.fp8_section,
     "grouped": hopper.grouped_section,
     "elementwise": hopper.elementwise_section,
+    "determinism": reproducibility.determinism_section,
 }
 
 

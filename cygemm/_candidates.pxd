@@ -10,3 +10,9 @@ from cygemm._launch cimport PlanData
 cdef int tune_candidates(GemmContext* ctx, cudaStream_t stream, PlanData* d, const ColMajorGemm* g,
                          const void* bias, void* aux, void* ws, size_t ws_bytes, int autotune,
                          bint c_is_input) except -1
+
+# Use a tuning table record (route, algorithm) if it still fits d's problem (cublasLtMatmulAlgoCheck;
+# under a determinism policy, a kernel of d's family only): True when d took it.
+cdef bint apply_record(GemmContext* ctx, PlanData* d, dict record, size_t ws_bytes)
+# d's choice as a tuning table record.
+cdef dict record_of(PlanData* d)

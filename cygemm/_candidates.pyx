@@ -1,9 +1,11 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Timing a plan's candidates: cuBLASLt's heuristic algorithms and cublasGemmEx, on the call's
-own operands, within the tuning budget (see cygemm._timing); the fastest becomes the plan's."""
+own operands, within the tuning budget (see cygemm._timing); the fastest becomes the plan's.
+And the tuning table's record of that choice: made, and applied where it still fits."""
 import time
 
 from libc.stdint cimport int64_t
+from libc.string cimport memcpy
 
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
@@ -11,7 +13,8 @@ from cygemm.bindings.cublaslt cimport *
 from cygemm._types cimport ColMajorGemm
 from cygemm._context cimport GemmContext
 from cygemm._release cimport defer_free
-from cygemm._settings cimport AUTOTUNE_EXHAUSTIVE
+from cygemm._settings cimport AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN
+from cygemm._families cimport in_family
 from cygemm._launch cimport PlanData, PlanRoute, PLAN_GEMMEX, PLAN_LT, plan_run
 from cygemm._timing cimport time_choices, tuning_budget_ms
 from cygemm.tuning cimport count_tuning
@@ -154,3 +157,45 @@ cdef int tune_candidates(GemmContext* ctx, cudaStream_t stream, PlanData* d, con
     d.tuned = True
     d.tuned_ms = ms[best]
     return 0
+
+
+# ---------------------------------------------------------------- the tuning table's records
+
+cdef bint apply_record(GemmContext* ctx, PlanData* d, dict record, size_t ws_bytes):
+    """Use a tuned choice if it still fits (cublasLtMatmulAlgoCheck for a stored algorithm)."""
+    cdef cublasLtMatmulAlgo_t algo
+    cdef cublasLtMatmulHeuristicResult_t check
+    cdef float ms
+    try:
+        route = record["route"]
+        ms = float(record.get("ms", 0.0))
+        if route == "cublasGemmEx":
+            if not d.gemmex_ok:
+                return False
+            d.route = PLAN_GEMMEX
+        elif route == "cublasLt":
+            raw = bytes.fromhex(record["algo"])
+            if len(raw) != sizeof(cublasLtMatmulAlgo_t):
+                return False
+            memcpy(&algo, <const char*>raw, sizeof(algo))
+            if cublasLtMatmulAlgoCheck(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld if d.ld != NULL else d.lc,
+                                       &algo, &check) != CUBLAS_STATUS_SUCCESS:
+                return False
+            if check.workspaceSize > ws_bytes:
+                return False
+            if d.policy >= POLICY_RUN_TO_RUN and not in_family(&algo, d.family):
+                return False        # (a determinism policy runs its family's kernels only)
+            d.route, d.algo, d.workspace_needed = PLAN_LT, algo, check.workspaceSize
+        else:
+            return False
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return False
+    d.tuned, d.tuned_ms = True, ms
+    return True
+
+
+cdef dict record_of(PlanData* d):
+    if d.route == PLAN_GEMMEX:
+        return {"route": "cublasGemmEx", "ms": d.tuned_ms}
+    return {"route": "cublasLt", "algo": (<char*>&d.algo)[:sizeof(cublasLtMatmulAlgo_t)].hex(),
+            "ws": d.workspace_needed, "ms": d.tuned_ms}

@@ -17,8 +17,9 @@ from cygemm.kernels.elementwise cimport *
 from cygemm.epilogues cimport NO_EPILOGUE
 from cygemm._types cimport ColMajorGemm, pointer_alignment
 from cygemm._errors cimport check_cuda
+from cygemm._errors import CygemmError
 from cygemm._context cimport GemmContext, run_forked
-from cygemm._settings cimport AUTOTUNE_OFF
+from cygemm._settings cimport AUTOTUNE_OFF, POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT
 from cygemm._timing cimport worth_tuning
 from cygemm.tuning cimport routes_generation
 from cygemm.plans cimport Plan, get_plan, execute_plan, run_gemm
@@ -73,7 +74,9 @@ cdef int _fwd_default(const ForwardCall* f) noexcept nogil:
     GEMM on the H200 against 1.36x for BIAS + our kernel); else a BIAS epilogue + kernel."""
     if _fwd_applies(f, FWD_EPILOGUE):
         return FWD_EPILOGUE
-    if _fwd_applies(f, FWD_GELU_AUX) and not worth_tuning(<double>f.M * f.N * f.K):
+    # (Under a determinism policy the route must not depend on M: never GELU_AUX.)
+    if (_fwd_applies(f, FWD_GELU_AUX) and not worth_tuning(<double>f.M * f.N * f.K)
+            and f.autotune < POLICY_RUN_TO_RUN):
         return FWD_GELU_AUX
     if _fwd_applies(f, FWD_BIAS_EPILOGUE_KERNEL):
         return FWD_BIAS_EPILOGUE_KERNEL
@@ -150,6 +153,9 @@ cdef int run_forward(ForwardCall* f) except -1:
     cdef bint tabled = f.autotune != AUTOTUNE_OFF and worth_tuning(<double>f.M * f.N * f.K)
     cdef int route = choose_route(_FORWARD, f, f.ctx, f.s, f.autotune, tabled, True, NULL)
     if _fwd_run(f, route) != 0:
+        if f.autotune == POLICY_BATCH_INVARIANT:    # another route gives other bits
+            raise CygemmError(f"determinism='batch_invariant': cuBLASLt refused the dense layer's "
+                              f"{_FORWARD.names[route]} route for this problem")
         _fwd_run(f, FWD_GEMM_KERNEL)       # always correct
     return 0
 

@@ -31,7 +31,7 @@ cdef object layout_operand(object x, str name, Addresses addresses)
 # Whether x (as layout_operand returned it) has memory whose address a description may show.
 cdef bint has_memory(object x)
 # One mapped call: M, N, K, batch, swapped, cublas_a, cublas_b, why (row-major terms, with the
-# caller's argument names), then opa, opb, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c
+# caller's argument names), determinism (the option in force) and kernels (what it lets run), then opa, opb, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c
 # and the pointers a, b, c (None where the operand has no memory). g NULL: a group that maps to
 # nothing (an empty one): cuBLAS's arguments None. memory: (a, b, out) have memory.
 cdef dict describe_call(const MatrixView* va, const MatrixView* vb, const MatrixView* vc,

@@ -20,6 +20,7 @@ from cygemm.bindings.cudart cimport (cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_
 from cygemm.bindings.cublas cimport CUBLAS_OP_T
 from cygemm._types cimport MatrixView, ColMajorGemm, MAX_NDIM
 from cygemm._mapping cimport is_rowmajor
+from cygemm._settings import get_options
 
 import numpy as np
 
@@ -129,6 +130,16 @@ cdef bint has_memory(object x):
     return type(x) is not ArrayLayout or (<ArrayLayout>x).has_memory
 
 
+# What each determinism mode lets a call run (see cygemm._families).
+_KERNELS = {
+    "off": "the fastest of cuBLASLt's candidates and cublasGemmEx (timed once when large)",
+    "run_to_run": "split-free kernels of one cuBLASLt algorithm, the problem's own (cublasGemmEx below "
+                  "the tuning size): the same bits in every process",
+    "batch_invariant": "split-free kernels of the cuBLASLt algorithm chosen for the problem at "
+                       "4096 x 4096 x K, whatever M: each row's bits independent of the others",
+}
+
+
 cdef object _ptr(const void* p, bint memory):
     return <uintptr_t>p if memory and p != NULL else None
 
@@ -146,8 +157,10 @@ cdef dict describe_call(const MatrixView* va, const MatrixView* vb, const Matrix
                f"columns, rows")
     else:
         why = f"{out} is column-major as cuBLAS is: it computes {out} = {op_a} @ {op_b} as written"
+    mode = get_options()["determinism"]
     d = dict(M=vc.rows, N=vc.cols, K=va.rows if trans_a else va.cols, batch=vc.batch if g == NULL else g.batch,
-             swapped=swapped, cublas_a=b if swapped else a, cublas_b=a if swapped else b, why=why)
+             swapped=swapped, cublas_a=b if swapped else a, cublas_b=a if swapped else b, why=why,
+             determinism=mode, kernels=_KERNELS[mode])
     if g == NULL:
         d.update(dict.fromkeys(("opa", "opb", "m", "n", "k", "lda", "ldb", "ldc", "stride_a", "stride_b",
                                 "stride_c", "a", "b", "c")))

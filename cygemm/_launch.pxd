@@ -34,6 +34,8 @@ ctypedef struct PlanData:
     float tuned_ms      # the chosen candidate's median time (0: not timed)
     int tune_level      # the autotune level it was decided under (-1: not yet)
     int n_candidates
+    int policy          # the autotune level, or the determinism policy, the plan was made under
+    int family          # under a determinism policy: the cuBLASLt algorithm id of its kernels
     cublasLtMatmulHeuristicResult_t candidates[8]
 
 

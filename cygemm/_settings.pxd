@@ -4,6 +4,11 @@ cdef enum Autotune:
     AUTOTUNE_OFF = 0            # the heuristic's first choice (or cublasGemmEx), no timing
     AUTOTUNE_AUTO = 1           # time a few candidates within a budget (the default)
     AUTOTUNE_EXHAUSTIVE = 2     # time every candidate, then the finalists again, longer
+    # The determinism option's policies (they replace the autotune level of a call): no
+    # timing, no tuning file, no cublasGemmEx among a plan's candidates; the fixed rule picks
+    # among kernels that give the same bits (see cygemm._families).
+    POLICY_RUN_TO_RUN = 3       # the same bits in every process (same GPU model and cuBLAS)
+    POLICY_BATCH_INVARIANT = 4  # and row i independent of the number of rows and the other rows
 
 cdef enum TuningMode:
     TUNING_COLD = 0             # one call after L2 is flushed
@@ -16,6 +21,7 @@ ctypedef struct Options:
     TuningMode tuning_mode
     int max_stream_workspaces
     int plan_cache_size
+    int determinism             # 0 off, else POLICY_RUN_TO_RUN or POLICY_BATCH_INVARIANT
 
 # The options now (loaded from the environment on the first call; raises ValueError naming
 # the variable when one is malformed).
@@ -23,5 +29,9 @@ cdef const Options* options() except NULL
 # The same without loading, for nogil code: valid once any context exists (making one loads
 # the options first).
 cdef const Options* loaded_options() noexcept nogil
-# -1: not a known name; else the Autotune value (None: the current option).
-cdef int autotune_level(object name) except -2
+# A call's policy: the determinism option's (the call's `determinism`, else the option) when it
+# is not "off", else the autotune level (the call's `autotune`, else the option). ValueError
+# naming the argument for an unknown value.
+cdef int autotune_level(object name, object determinism=*) except -2
+# The same for the options alone, without loading them (nogil code; valid once a context exists).
+cdef int default_policy() noexcept nogil

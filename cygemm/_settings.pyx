@@ -16,6 +16,7 @@ option                     environment variable            default
                                                            ``"off"`` keeps tuning in the process
 ``max_stream_workspaces``  ``CYGEMM_MAX_STREAM_WORKSPACES``  8 per thread and device
 ``plan_cache_size``        ``CYGEMM_PLAN_CACHE_SIZE``      256 plans per thread
+``determinism``            ``CYGEMM_DETERMINISM``          ``"off"``
 =========================  ==============================  =====================================
 """
 import os
@@ -23,12 +24,14 @@ import threading
 
 _AUTOTUNE = {"off": AUTOTUNE_OFF, "auto": AUTOTUNE_AUTO, "exhaustive": AUTOTUNE_EXHAUSTIVE}
 _TUNING_MODES = {"cold": TUNING_COLD, "hot": TUNING_HOT, "sustained": TUNING_SUSTAINED}
+_DETERMINISM = {"off": 0, "run_to_run": POLICY_RUN_TO_RUN, "batch_invariant": POLICY_BATCH_INVARIANT}
 _OFF = ("off", "none", "0", "")
 _ENV = {"autotune": "CYGEMM_AUTOTUNE", "autotune_min_macs": "CYGEMM_AUTOTUNE_MIN_MACS",
         "tuning_mode": "CYGEMM_TUNING_MODE", "tuning_cache": "CYGEMM_TUNING_CACHE",
-        "max_stream_workspaces": "CYGEMM_MAX_STREAM_WORKSPACES", "plan_cache_size": "CYGEMM_PLAN_CACHE_SIZE"}
+        "max_stream_workspaces": "CYGEMM_MAX_STREAM_WORKSPACES", "plan_cache_size": "CYGEMM_PLAN_CACHE_SIZE",
+        "determinism": "CYGEMM_DETERMINISM"}
 DEFAULTS = {"autotune": "auto", "autotune_min_macs": 2.0 ** 28, "tuning_mode": "cold",
-            "tuning_cache": "default", "max_stream_workspaces": 8, "plan_cache_size": 256}
+            "tuning_cache": "default", "max_stream_workspaces": 8, "plan_cache_size": 256, "determinism": "off"}
 
 cdef Options _c
 cdef bint _loaded = False
@@ -50,6 +53,10 @@ def _check(str name, value, str source):
     if name == "autotune":
         if str(value).lower() not in _AUTOTUNE:
             raise bad("'off', 'auto' or 'exhaustive'")
+        return str(value).lower()
+    if name == "determinism":
+        if str(value).lower() not in _DETERMINISM:
+            raise bad("'off', 'run_to_run' or 'batch_invariant'")
         return str(value).lower()
     if name == "tuning_mode":
         if str(value).lower() not in _TUNING_MODES:
@@ -86,6 +93,7 @@ cdef void _publish() noexcept:
     _c.tuning_mode = <TuningMode>_TUNING_MODES[_values["tuning_mode"]]
     _c.max_stream_workspaces = _values["max_stream_workspaces"]
     _c.plan_cache_size = _values["plan_cache_size"]
+    _c.determinism = _DETERMINISM[_values["determinism"]]
 
 
 cdef int _load() except -1:
@@ -114,13 +122,24 @@ cdef const Options* loaded_options() noexcept nogil:
     return &_c
 
 
-cdef int autotune_level(object name) except -2:
+cdef int autotune_level(object name, object determinism=None) except -2:
+    cdef const Options* o = options()
+    cdef int det = o.determinism
+    if determinism is not None:
+        det = _DETERMINISM.get(determinism, -1) if isinstance(determinism, str) else -1
+        if det < 0:
+            raise ValueError(f"determinism: expected None, 'off', 'run_to_run' or 'batch_invariant', "
+                             f"got {determinism!r}")
     if name is None:
-        return options().autotune
+        return det if det else o.autotune
     level = _AUTOTUNE.get(name) if isinstance(name, str) else None
     if level is None:
         raise ValueError(f"autotune: expected None, 'off', 'auto' or 'exhaustive', got {name!r}")
-    return level
+    return det if det else level
+
+
+cdef int default_policy() noexcept nogil:
+    return _c.determinism if _c.determinism else _c.autotune
 
 
 _listeners = []
@@ -139,7 +158,8 @@ def get_options():
     -------
     dict
         ``autotune``, ``autotune_min_macs``, ``tuning_mode``, ``tuning_cache`` (a path, or None
-        when tuning is kept in the process only), ``max_stream_workspaces``, ``plan_cache_size``.
+        when tuning is kept in the process only), ``max_stream_workspaces``, ``plan_cache_size``,
+        ``determinism``.
 
     Raises
     ------
@@ -171,6 +191,12 @@ def set_options(**changes):
         used stream's is freed beyond that.
     plan_cache_size : int
         Plans kept per thread; the least recently used is dropped beyond that.
+    determinism : {"off", "run_to_run", "batch_invariant"}
+        "off": the fastest way to run (timed, remembered in the tuning file). "run_to_run": the
+        same bits for the same call in every process on the same GPU model and cuBLAS version,
+        whatever the tuning file or timing noise. "batch_invariant": moreover, row i of a result
+        depends only on row i of the inputs, never on how many rows there are or what the others
+        hold. See :doc:`/reproducibility`.
 
     Returns
     -------

@@ -59,7 +59,7 @@ def _stream_of(x):
 
 # ---------------------------------------------------------------- matmul
 
-def _matrix_grads(a, b, g, need_a, need_b, math, autotune):
+def _matrix_grads(a, b, g, need_a, need_b, math, autotune, determinism=None):
     """Gradients of ``a @ b`` (NumPy's matmul: 1-D operands, broadcast batch axes) for the
     output gradient g, each summed over the batch axes its operand was broadcast along."""
     # The axes matmul removed for 1-D operands, back: a (K,) is a (1, K) row, b (K,) a column.
@@ -69,10 +69,10 @@ def _matrix_grads(a, b, g, need_a, need_b, math, autotune):
     g2 = g2.unsqueeze(-2) if a.dim() == 1 else g2
     ga = gb = None
     if need_a:      # dL/da = g @ b^T
-        ga = _matmul(g2, b2.mT, math=math, autotune=autotune).sum_to_size(a2.shape).reshape(a.shape)
+        ga = _matmul(g2, b2.mT, math=math, autotune=autotune, determinism=determinism).sum_to_size(a2.shape).reshape(a.shape)
         ga = ga.to(a.dtype)
     if need_b:      # dL/db = a^T @ g
-        gb = _matmul(a2.mT, g2, math=math, autotune=autotune).sum_to_size(b2.shape).reshape(b.shape)
+        gb = _matmul(a2.mT, g2, math=math, autotune=autotune, determinism=determinism).sum_to_size(b2.shape).reshape(b.shape)
         gb = gb.to(b.dtype)
     return ga, gb
 
@@ -80,29 +80,30 @@ def _matrix_grads(a, b, g, need_a, need_b, math, autotune):
 class MatmulFunction(torch.autograd.Function):
     """``cygemm.matmul(a, b)`` recorded by torch's autograd.
 
-    ``MatmulFunction.apply(a, b, math="tf32", stream=None, autotune=None)``: a and b are
-    CUDA tensors (float16, bfloat16, float32, float64), shapes as :func:`cygemm.matmul`
-    takes. The backward computes ``g @ b^T`` and ``a^T @ g`` with ``cygemm.matmul`` (the same
-    ``math`` and ``autotune``), sums them over broadcast batch axes, and is itself
+    ``MatmulFunction.apply(a, b, math="tf32", stream=None, autotune=None, determinism=None)``:
+    a and b are CUDA tensors (float16, bfloat16, float32, float64), shapes as
+    :func:`cygemm.matmul` takes. The backward computes ``g @ b^T`` and ``a^T @ g`` with
+    ``cygemm.matmul`` (the same ``math``, ``autotune`` and ``determinism``), sums them over broadcast batch axes, and is itself
     differentiable (``create_graph=True`` records it again). ``cygemm.matmul`` calls this for
     you when an input requires grad.
     """
 
     @staticmethod
-    def forward(ctx, a, b, math="tf32", stream=None, autotune=None):
-        ctx.math, ctx.autotune = math, autotune
+    def forward(ctx, a, b, math="tf32", stream=None, autotune=None, determinism=None):
+        ctx.math, ctx.autotune, ctx.determinism = math, autotune, determinism
         ctx.save_for_backward(a, b)
-        return _matmul(a, b, math=math, stream=stream, autotune=autotune)     # grad mode is off here
+        # (grad mode is off here)
+        return _matmul(a, b, math=math, stream=stream, autotune=autotune, determinism=determinism)
 
     @staticmethod
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
         ga, gb = _matrix_grads(a, b, grad, ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.math,
-                               ctx.autotune)
-        return ga, gb, None, None, None
+                               ctx.autotune, ctx.determinism)
+        return ga, gb, None, None, None, None
 
 
-def _recorded_matmul(a, b, out, math, stream, autotune):
+def _recorded_matmul(a, b, out, math, stream, autotune, determinism=None):
     """cygemm.matmul's path when autograd must record the call."""
     if out is not None:
         raise RuntimeError("out: matmul(..., out=...) cannot record gradients, but an argument requires grad; "
@@ -111,7 +112,7 @@ def _recorded_matmul(a, b, out, math, stream, autotune):
     for name, x in (("a", a), ("b", b)):       # a CPU tensor is named before the other is wrapped
         if isinstance(x, torch.Tensor):
             _cuda_tensor(x, name)
-    return MatmulFunction.apply(_cuda_tensor(a, "a"), _cuda_tensor(b, "b"), math, stream, autotune)
+    return MatmulFunction.apply(_cuda_tensor(a, "a"), _cuda_tensor(b, "b"), math, stream, autotune, determinism)
 
 
 _set_grad_path(_recorded_matmul)        # from now on cygemm.matmul calls it directly

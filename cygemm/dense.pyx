@@ -49,7 +49,7 @@ def layer_shape(A, B):
 
 def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky_slope=0.01,
                  bint save_z=False, z_out=None, lt_workspace=None, str math="tf32", stream=None,
-                 autotune=None):
+                 autotune=None, determinism=None):
     """out = act(A @ B + bias), and z_out = A @ B + bias with save_z, into given buffers.
 
     Parameters
@@ -77,6 +77,9 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
         As :func:`cygemm.gemm`; everything is enqueued there.
     autotune : {None, "off", "auto", "exhaustive"}
         As :func:`cygemm.gemm`; for a large problem it also decides the route.
+    determinism : {None, "off", "run_to_run", "batch_invariant"}
+        The same bits in every process, or also for every number of rows (None: the option's;
+        see :doc:`/reproducibility`). Other than "off", it replaces ``autotune``.
 
     Returns
     -------
@@ -100,7 +103,7 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
     """
     cdef const Activation* row = activation_row(act)
     cdef float slope = leaky_slope_of(leaky_slope)
-    cdef int level = autotune_level(autotune)
+    cdef int level = autotune_level(autotune, determinism)
     cdef CallArgs c
     _operands(&c, A, B)
     cdef cudaDataType dtype = c.views[0].dtype
@@ -146,7 +149,7 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
 
 def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0.01, gA_out=None,
                   gB_out=None, gBias_out=None, work_dZ=None, lt_workspace=None, str math="tf32",
-                  stream=None, bint accumulate=False, y=None, autotune=None):
+                  stream=None, bint accumulate=False, y=None, autotune=None, determinism=None):
     """Gradients of out = act(A @ B + bias) given gY = dL/dout, into given buffers.
 
     dZ = gY * act'(Z) (into ``work_dZ``), gBias = dZ.sum(0), gA = dZ @ B.T, gB = A.T @ dZ.
@@ -190,7 +193,7 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
     cdef const Activation* row = activation_row(act)
     cdef cygemm_act_t code = row.code
     cdef float slope = leaky_slope_of(leaky_slope)
-    cdef int level = autotune_level(autotune)
+    cdef int level = autotune_level(autotune, determinism)
     cdef CallArgs c
     _operands(&c, A, B)
     cdef MatrixView* a = &c.views[0]

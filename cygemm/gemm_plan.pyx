@@ -37,8 +37,8 @@ from cygemm._launch cimport PLAN_LT
 from cygemm._args cimport (CallArgs, add_view, add_vector, add_matrix, check_overlaps, resolve_call,
                            resolve_typed_call, parse_math, ARG_READ, ARG_WRITE)
 from cygemm._mapping cimport is_rowmajor, rowmajor_ld
-from cygemm._settings cimport autotune_level, AUTOTUNE_OFF
-from cygemm.plans cimport Plan, init_plan, decide_plan, execute_plan, run_with_fallback
+from cygemm._settings cimport autotune_level, AUTOTUNE_OFF, POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT
+from cygemm.plans cimport Plan, init_plan, decide_plan, execute_plan, run_with_fallback, raise_no_family
 from cygemm.rowmajor cimport read_gemm
 
 _KINDS = ("gemm", "epilogue", "fp8")
@@ -150,7 +150,7 @@ cdef int _run_one(GemmPlan p, GemmContext* ctx, cudaStream_t s, const PlannedCal
 
 
 cdef class GemmPlan(Plan):
-    """GemmPlan(A, B, out, *, bias=None, act="none", z_out=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, math="tf32", batched=False)
+    """GemmPlan(A, B, out, *, bias=None, act="none", z_out=None, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, math="tf32", batched=False, determinism=None)
 
     out = act(alpha * op(A) @ op(B) + beta * out + bias), planned once for these operands.
 
@@ -175,6 +175,9 @@ cdef class GemmPlan(Plan):
         As :func:`cygemm.gemm`.
     batched : bool
         A strided-batched GEMM over 3-D operands (no bias, act or z_out).
+    determinism : {None, "off", "run_to_run", "batch_invariant"}
+        Which kernels :meth:`plan` and :meth:`autotune` may choose (None: the option's when the
+        plan is made; see :doc:`/reproducibility`).
 
     Attributes
     ----------
@@ -202,8 +205,15 @@ cdef class GemmPlan(Plan):
     one); use one plan from one thread at a time. A GemmPlan is a ``cygemm.plans.Plan``.
     """
 
+    def __cinit__(self, *args, **kwargs):
+        self.policy = -1
+
     def __init__(self, A, B, out, *, bias=None, act="none", z_out=None, bint trans_a=False,
-                 bint trans_b=False, alpha=1.0, beta=0.0, str math="tf32", bint batched=False):
+                 bint trans_b=False, alpha=1.0, beta=0.0, str math="tf32", bint batched=False,
+                 determinism=None):
+        if determinism is not None:
+            self.policy = autotune_level(None, determinism)
+            self.policy = self.policy if self.policy >= POLICY_RUN_TO_RUN else 0
         self.act = activation_row(act)
         self.alpha_f, self.beta_f = alpha, beta
         self.trans_a, self.trans_b, self.batched, self.math = trans_a, trans_b, batched, math
@@ -259,10 +269,12 @@ cdef class GemmPlan(Plan):
         cdef PlannedCall* c = &self.call
         cdef bint keep = True
         init_plan(self, ctx, s, &c.g, c.dtype, self.args.compute, c.epi, c.bias, c.aux, c.aux_ld, ws,
-                  ctx.workspace_bytes, &c.types if c.typed else NULL)
+                  ctx.workspace_bytes, &c.types if c.typed else NULL, self.policy)
         self.planned = True
         decide_plan(self, ctx, s, &c.g, c.bias, c.aux, ws, ctx.workspace_bytes, AUTOTUNE_OFF, self.beta_f != 0,
                     &keep)
+        if self.d.policy == POLICY_BATCH_INVARIANT and not self.d.usable:
+            raise_no_family(self)
         if self.plan_kind != KIND_GEMM and (self.d.n_candidates == 0 or not self.d.usable):
             why = self._no_algorithm()
             if stream_is_capturing(s):
@@ -295,7 +307,7 @@ cdef class GemmPlan(Plan):
         CaptureError
             The stream is being captured.
         """
-        cdef int level = autotune_level(mode)
+        cdef int level = autotune_level(mode, "off")      # (the level alone: a plan times its own kernels)
         if level == AUTOTUNE_OFF:
             raise ValueError(f"mode: expected 'auto' or 'exhaustive', got {mode!r}")
         self.plan(stream)

@@ -25,7 +25,7 @@ from cygemm._described cimport Addresses, layout_operand, has_memory, describe_c
 from cygemm._errors cimport check_cuda, check_cublas
 from cygemm._args cimport CallArgs, args_init, resolve_call, check_overlaps, parse_math
 from cygemm._context cimport GemmContext, bind_stream, stream_table, run_forked, STREAM_TABLE_BYTES
-from cygemm._settings cimport autotune_level, AUTOTUNE_OFF
+from cygemm._settings cimport autotune_level, AUTOTUNE_OFF, POLICY_RUN_TO_RUN
 from cygemm._timing cimport worth_tuning
 from cygemm.plans cimport run_gemm
 from cygemm.routes cimport RouteTable, route_table, choose_route, describe_route
@@ -183,6 +183,8 @@ cdef int _fixed_rule(void* call) except -1:
     GEMM where the groups allow; else one grouped call for many groups; else the loop."""
     cdef const GroupedCall* f = <const GroupedCall*>call
     cdef Groups grp = <Groups>f.grp
+    if f.autotune >= POLICY_RUN_TO_RUN:    # each group by its own plan: its rows, whatever the others'
+        return R_LOOP
     if grp.why_not(R_BATCHED, f.compute) is None:
         return R_BATCHED
     if grp.n_act >= GROUPED_MIN_GROUPS and grp.why_not(R_GROUPED, f.compute) is None:
@@ -204,7 +206,8 @@ cdef RouteTable _GROUPED = route_table("grouped", _NAMES, _applies, _fixed_rule,
 
 cdef bint _tabled(Groups grp, int autotune):
     """Whether the problem is in the tuning table: large, not too many groups, autotune on."""
-    return autotune != AUTOTUNE_OFF and worth_tuning(grp.macs) and grp.n_act <= MAX_TUNED_GROUPS
+    return (autotune != AUTOTUNE_OFF and autotune < POLICY_RUN_TO_RUN and worth_tuning(grp.macs)
+            and grp.n_act <= MAX_TUNED_GROUPS)
 
 
 cdef int _route_index(object route) except -1:
@@ -433,6 +436,7 @@ def describe_grouped(As, Bs, outs, *, bint trans_a=False, bint trans_b=False, st
     cdef Groups grp = read_lists(As, Bs, outs, trans_a, trans_b)
     cdef GroupedCall f
     f.grp, f.compute = <void*>grp, compute_type(grp.dtype, parse_math(math))
+    f.autotune = autotune_level(None)       # (the fixed rule reads the determinism policy)
     why = {n: grp.why_not(i, f.compute) for i, n in enumerate(_NAMES)}
     info = dict(groups=grp.n, active=grp.n_act, zero_k=grp.n_zero_k, macs=grp.macs,
                 routes=[n for n in _NAMES if why[n] is None],
@@ -440,7 +444,7 @@ def describe_grouped(As, Bs, outs, *, bint trans_a=False, bint trans_b=False, st
     cdef bint tabled
     cdef int device = -1
     if grp.n_act:
-        tabled = _tabled(grp, autotune_level(None))
+        tabled = _tabled(grp, f.autotune)
         if tabled:
             from cygemm import _context
             if _context.gpu_unavailable_reason() is None:       # the table is per GPU model

@@ -146,7 +146,7 @@ cdef int _check_call(CallArgs* c, const ArrayDesc* da, const ArrayDesc* db, cons
     return resolve_call(c, math, t, stream)
 
 
-def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None):
+def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None, determinism=None):
     """Matrix product with NumPy's ``matmul`` semantics, on CUDA arrays, through cuBLAS.
 
     Parameters
@@ -172,6 +172,9 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None):
         torch tensors, else CuPy's).
     autotune : {None, "off", "auto", "exhaustive"}
         As :func:`cygemm.gemm`.
+    determinism : {None, "off", "run_to_run", "batch_invariant"}
+        The same bits in every process, or also for every number of rows (None: the option's;
+        see :doc:`/reproducibility`). Other than "off", it replaces ``autotune``.
 
     Returns
     -------
@@ -206,12 +209,12 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None):
     """
     cdef bint torch_lib = is_torch(a) or is_torch(b)
     if torch_lib and _records_grad(a, b, out):     # torch's autograd records the call (cygemm.autograd)
-        return _grad_path(a, b, out, math, stream, autotune)
+        return _grad_path(a, b, out, math, stream, autotune, determinism)
     cdef ArrayDesc da, db, dc
     cdef BatchLayout L0, L
     cdef cudaDataType t
     _read_operands(a, b, out, &da, &db, &dc, &L0, &t)
-    cdef int level = autotune_level(autotune)
+    cdef int level = autotune_level(autotune, determinism)
     cdef CallArgs c
     _check_call(&c, &da, &db, &dc, out is not None, math, t, stream, torch_lib)
     cdef cudaStream_t s = c.stream

@@ -20,18 +20,19 @@ cdef class Plan:
 # The cached plan of one problem, made and decided on a miss (the tuning table, timing of the
 # candidates when the problem is large and the stream is not capturing, or the heuristic's
 # first choice). bias/aux are epilogue pointers (NULL when the epilogue has none); ws the
-# workspace the call will pass. autotune: an Autotune level, -1 for the option's. types: the
+# workspace the call will pass. autotune: an Autotune level or determinism policy, -1 for the
+# options'; under POLICY_BATCH_INVARIANT a plan with no kernel raises CygemmError. types: the
 # storage types and scales of a mixed-type GEMM (FP8; dtype is then D's), NULL for one dtype.
 cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                    cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
                    int64_t aux_ld, void* ws, size_t ws_bytes, int autotune, bint c_is_input,
                    const GemmTypes* types=*)
 # Make `plan` (its owner's, not cached: a cygemm.GemmPlan) for this problem, as get_plan makes
-# a new one: the heuristic's candidates, its first chosen (whatever it held before is freed).
-# Returns it.
+# a new one: the heuristic's candidates (a determinism policy's family: policy, -1 for the
+# options'), its first chosen (whatever it held before is freed). Returns it.
 cdef Plan init_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                     cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
-                    int64_t aux_ld, void* ws, size_t ws_bytes, const GemmTypes* types=*)
+                    int64_t aux_ld, void* ws, size_t ws_bytes, const GemmTypes* types=*, int policy=*)
 # Choose among a plan's candidates as `autotune` says (keep[0] False: decided during a capture).
 # explicit (GemmPlan.autotune): time them at any size, also when decided or recorded before.
 cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
@@ -47,12 +48,17 @@ cdef int execute_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Co
                       const void* bias, void* aux, void* ws, size_t ws_bytes, const float* alpha,
                       const float* beta, int* refused_status=*) except -1
 
-# A plain GEMM's plan (not None), with cublasGemmEx where cuBLASLt refuses it. Raises on failure.
+# A plain GEMM's plan (not None), with cublasGemmEx where cuBLASLt refuses it (under the
+# batch-invariant policy: CygemmError, see raise_no_family). Raises on failure.
 cdef int run_with_fallback(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
                            void* ws, size_t ws_bytes, const float* alpha, const float* beta) except -1
 
 # A plain GEMM through the plans: small problems (and 64-bit sizes) go straight to
-# cublasGemmEx; large ones run their plan, decided once. Raises on failure.
+# cublasGemmEx, except under the batch-invariant policy; large ones run their plan, decided
+# once. autotune: a level or policy, -1 for the options'. Raises on failure.
 cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                   cublasComputeType_t compute, const float* alpha, const float* beta,
                   int autotune) except -1 nogil
+
+# CygemmError: the batch-invariant policy found no kernel of the plan's family for its problem.
+cdef int raise_no_family(Plan plan) except -1

@@ -17,22 +17,25 @@ import threading
 
 from libc.stdint cimport int64_t, uint32_t, uintptr_t
 from libc.stdlib cimport malloc, free
-from libc.string cimport memcmp, memset, memcpy
+from libc.string cimport memcmp, memset
 
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm._types cimport ColMajorGemm, GemmTypes, pointer_alignment
 from cygemm._errors cimport check_cublas
+from cygemm._errors import CygemmError
 from cygemm._streams cimport stream_is_capturing, check_capture_alive
 from cygemm._context cimport GemmContext, stream_workspace
 from cygemm._launch cimport (PlanData, PLAN_GEMMEX, PLAN_LT, gemm_colmajor, needs_64bit_api, plan_run,
                              set_scale_pointers)
 from cygemm._lt_desc cimport make_descriptors, free_descriptors
-from cygemm._settings cimport options, loaded_options, AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE
+from cygemm._settings cimport (options, loaded_options, default_policy, AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE,
+                               POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT)
 from cygemm._timing cimport worth_tuning, in_route_timing
 from cygemm.tuning cimport lookup, remember, claim_tuning, release_tuning, forced_route
-from cygemm._candidates cimport tune_candidates
+from cygemm._candidates cimport tune_candidates, apply_record, record_of
+from cygemm._families cimport family_candidates
 from cygemm import _settings, tuning
 
 # ---------------------------------------------------------------- plans
@@ -76,35 +79,15 @@ cdef class Plan:
 # everything that changes which algorithm is valid, alignment included, so a plan chosen
 # for aligned pointers never runs on unaligned ones.
 ctypedef struct PlanKey:
-    int device
-    int dtype
-    int compute
-    int epi
-    int opa
-    int opb
-    int64_t m
-    int64_t n
-    int64_t k
-    int64_t lda
-    int64_t ldb
-    int64_t ldc
-    int64_t aux_ld
-    int64_t batch
-    int64_t stride_a
-    int64_t stride_b
-    int64_t stride_c
-    uint32_t al_a
-    uint32_t al_b
-    uint32_t al_c
-    uint32_t al_bias
-    uint32_t al_aux
-    uint32_t al_ws
+    int device, dtype, compute, epi
+    int policy          # a determinism policy, else 0 (the autotune levels share plans)
+    int opa, opb
+    int64_t m, n, k, lda, ldb, ldc, aux_ld
+    int64_t batch, stride_a, stride_b, stride_c
+    uint32_t al_a, al_b, al_c, al_bias, al_aux, al_ws
     size_t ws_bytes
     bint typed          # GemmTypes given (FP8): the fields below count
-    int a_type
-    int b_type
-    int c_type
-    int bias_type
+    int a_type, b_type, c_type, bias_type
     uint32_t scale_flags    # which of a_scale, b_scale, d_scale, amax_d are set; fast_accum
 
 cdef enum:
@@ -216,11 +199,12 @@ tuning.register_routes("gemm", ("cublasGemmEx", "cublasLt"), _on_routes_changed)
 cdef PlanKey _plan_key(GemmContext* ctx, const ColMajorGemm* g, cudaDataType dtype,
                        cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias,
                        void* aux, int64_t aux_ld, void* ws, size_t ws_bytes,
-                       const GemmTypes* types) noexcept nogil:
+                       const GemmTypes* types, int policy) noexcept nogil:
     cdef int64_t batch = g.batch if g.strided_batched else 1
     cdef PlanKey k
     memset(&k, 0, sizeof(k))            # padding too: keys are compared with memcmp
     k.device, k.dtype, k.compute, k.epi, k.opa, k.opb = ctx.device, dtype, compute, epi, g.opa, g.opb
+    k.policy = policy if policy >= POLICY_RUN_TO_RUN else 0
     k.m, k.n, k.k, k.lda, k.ldb, k.ldc, k.aux_ld = g.m, g.n, g.k, g.lda, g.ldb, g.ldc, aux_ld
     k.batch = batch
     if batch > 1:
@@ -244,6 +228,8 @@ cdef tuple _key_tuple(const PlanKey* k):
            k.al_ws, k.ws_bytes)
     if k.typed:         # (plain GEMMs keep the keys their tuning files were written with)
         key += ("types", k.a_type, k.b_type, k.c_type, k.bias_type, k.scale_flags)
+    if k.policy:        # a family's choices are kept apart from the fastest kernel's
+        key += ("determinism", k.policy)
     return key
 
 
@@ -251,11 +237,12 @@ cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
                    cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
                    int64_t aux_ld, void* ws, size_t ws_bytes, int autotune, bint c_is_input,
                    const GemmTypes* types=NULL):
-    cdef PlanKey k = _plan_key(ctx, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, types)
+    if autotune < 0:
+        options()
+        autotune = default_policy()
+    cdef PlanKey k = _plan_key(ctx, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, types, autotune)
     cdef _PlanCache cache = _cache()
     cdef Plan plan = cache.recent.find(&k)
-    if autotune < 0:
-        autotune = options().autotune
     if plan is not None and plan.d.tune_level >= autotune:
         cache.touch(plan, loaded_options().plan_cache_size)     # the least recently used goes, not the hottest
         return plan
@@ -275,6 +262,8 @@ cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
         check_cublas(<cublasStatus_t>set_scale_pointers(&plan.d, types), "cublasLtMatmulDescSetAttribute(scales)")
     if keep:
         decide_plan(plan, ctx, stream, g, bias, aux, ws, ws_bytes, autotune, c_is_input, &keep)
+    if autotune == POLICY_BATCH_INVARIANT and not plan.d.usable:
+        raise_no_family(plan)
     if keep:
         cache = _cache()            # deciding may have read the tuning file, which clears caches
         cache.put((k.device,) + key, plan, options().plan_cache_size)
@@ -284,8 +273,11 @@ cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
 
 cdef Plan init_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                     cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
-                    int64_t aux_ld, void* ws, size_t ws_bytes, const GemmTypes* types=NULL):
-    cdef PlanKey k = _plan_key(ctx, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, types)
+                    int64_t aux_ld, void* ws, size_t ws_bytes, const GemmTypes* types=NULL, int policy=-1):
+    if policy < 0:
+        options()
+        policy = default_policy()
+    cdef PlanKey k = _plan_key(ctx, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, types, policy)
     cdef bint keep = True
     free_descriptors(&plan.d)           # what it held before (a plan made again): none left behind
     memset(&plan.d, 0, sizeof(PlanData))
@@ -306,15 +298,23 @@ cdef Plan _make_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
     d.tune_level = -1
     cdef int64_t batch = k.batch
     make_descriptors(d, g, batch, dtype, compute, epi, bias, aux, aux_ld, ws_bytes, k.al_a, k.al_b, k.al_c, types)
-    # cublasGemmEx is a candidate for plain GEMMs (it has no epilogues).
+    # cublasGemmEx is a candidate for plain GEMMs (it has no epilogues), but for no determinism
+    # policy: it picks its kernel by the problem's size.
     d.gemmex_ok = epi == CUBLASLT_EPILOGUE_DEFAULT and bias == NULL and aux == NULL and types == NULL
+    d.policy, d.family = k.policy, -1
     cdef int found = 0, i
     cdef bint capturing = stream_is_capturing(stream)
-    cdef cublasStatus_t st
-    with nogil:         # the first heuristic query of a process loads cuBLASLt's tables
-        st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld if d.ld != NULL else d.lc,
-                                            d.pref, MAX_CANDIDATES, d.candidates, &found)
-    if st != CUBLAS_STATUS_SUCCESS:
+    cdef cublasStatus_t st = CUBLAS_STATUS_SUCCESS
+    if k.policy:
+        d.gemmex_ok = False
+        family_candidates(ctx, d, g, batch, k.policy, dtype, compute, epi, bias, aux, aux_ld, ws_bytes,
+                          k.al_a, k.al_b, k.al_c, types)
+        found = d.n_candidates
+    else:
+        with nogil:     # the first heuristic query of a process loads cuBLASLt's tables
+            st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld if d.ld != NULL else d.lc,
+                                                d.pref, MAX_CANDIDATES, d.candidates, &found)
+    if st != CUBLAS_STATUS_SUCCESS or (k.policy and found == 0):
         found = 0
         if capturing:               # perhaps the capture's fault: decided again eagerly
             keep[0] = False
@@ -351,14 +351,15 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
     cdef PlanData* d = &plan.d
     if (d.tune_level >= autotune and not explicit) or not d.usable:
         return 0
+    cdef int decided = max(autotune, <int>AUTOTUNE_EXHAUSTIVE)     # what a forced or tabled choice counts as
     if _force_gemm == 1 and d.gemmex_ok:
         d.route = PLAN_GEMMEX
     if _force_gemm:
-        d.tune_level = AUTOTUNE_EXHAUSTIVE
+        d.tune_level = decided
         return 0
     record = lookup(ctx.device, "gemm", plan.key)
-    if record is not None and not explicit and _apply_record(ctx, d, record, ws_bytes):
-        d.tune_level = AUTOTUNE_EXHAUSTIVE
+    if record is not None and not explicit and apply_record(ctx, d, record, ws_bytes):
+        d.tune_level = decided
         return 0
     cdef int64_t batch = g.batch if g.strided_batched else 1
     cdef double macs = <double>g.m * g.n * g.k * batch
@@ -374,14 +375,14 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
         # Another thread timed this problem (perhaps while this one waited): its choice.
         # Or this thread is timing it already: the heuristic's for now, decided next call.
         record = lookup(ctx.device, "gemm", plan.key)
-        if record is not None and _apply_record(ctx, d, record, ws_bytes):
-            d.tune_level = AUTOTUNE_EXHAUSTIVE
+        if record is not None and apply_record(ctx, d, record, ws_bytes):
+            d.tune_level = decided
         return 0
     try:
         tune_candidates(ctx, stream, d, g, bias, aux, ws, ws_bytes, autotune, c_is_input)
         d.tune_level = autotune
         if d.tuned:
-            remember(ctx.device, "gemm", plan.key, _record_of(d))
+            remember(ctx.device, "gemm", plan.key, record_of(d))
     finally:
         release_tuning(ctx.device, "gemm", plan.key)
     return 0
@@ -397,56 +398,41 @@ cdef bint _lt_batch_ok(const ColMajorGemm* g) noexcept nogil:
             and g.stride_c >= g.ldc * g.n)
 
 
-cdef bint _apply_record(GemmContext* ctx, PlanData* d, dict record, size_t ws_bytes):
-    """Use a tuned choice if it still fits (cublasLtMatmulAlgoCheck for a stored algorithm)."""
-    cdef cublasLtMatmulAlgo_t algo
-    cdef cublasLtMatmulHeuristicResult_t check
-    cdef float ms
-    try:
-        route = record["route"]
-        ms = float(record.get("ms", 0.0))
-        if route == "cublasGemmEx":
-            if not d.gemmex_ok:
-                return False
-            d.route = PLAN_GEMMEX
-        elif route == "cublasLt":
-            raw = bytes.fromhex(record["algo"])
-            if len(raw) != sizeof(cublasLtMatmulAlgo_t):
-                return False
-            memcpy(&algo, <const char*>raw, sizeof(algo))
-            if cublasLtMatmulAlgoCheck(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld if d.ld != NULL else d.lc,
-                                       &algo, &check) != CUBLAS_STATUS_SUCCESS:
-                return False
-            if check.workspaceSize > ws_bytes:
-                return False
-            d.route, d.algo, d.workspace_needed = PLAN_LT, algo, check.workspaceSize
-        else:
-            return False
-    except (KeyError, ValueError, TypeError, AttributeError):
-        return False
-    d.tuned, d.tuned_ms = True, ms
-    return True
-
-
-cdef dict _record_of(PlanData* d):
-    if d.route == PLAN_GEMMEX:
-        return {"route": "cublasGemmEx", "ms": d.tuned_ms}
-    return {"route": "cublasLt", "algo": (<char*>&d.algo)[:sizeof(cublasLtMatmulAlgo_t)].hex(),
-            "ws": d.workspace_needed, "ms": d.tuned_ms}
-
-
 # ---------------------------------------------------------------- running a plan
 
 cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                   cublasComputeType_t compute, const float* alpha, const float* beta,
                   int autotune) except -1 nogil:
     cdef int64_t batch = g.batch if g.strided_batched else 1
-    if needs_64bit_api(g) or _force_gemm == 1 or g.k == 0 or compute == CUBLAS_COMPUTE_64F or (
-            _force_gemm == 0 and not worth_tuning(<double>g.m * g.n * g.k * batch)):
+    if autotune < 0:
+        autotune = default_policy()
+    # cublasGemmEx (it picks its kernel by the size) for no batch-invariant call but k = 0 (C = beta C)
+    if g.k == 0 or (autotune != POLICY_BATCH_INVARIANT and (
+            needs_64bit_api(g) or _force_gemm == 1 or compute == CUBLAS_COMPUTE_64F or (
+            _force_gemm == 0 and not worth_tuning(<double>g.m * g.n * g.k * batch)))):
         return gemm_colmajor(ctx, stream, g, dtype, compute, alpha, beta)
     cdef void* ws = stream_workspace(ctx, stream)       # may allocate: without the GIL
     with gil:
-        _run_planned(ctx, stream, g, dtype, compute, alpha, beta, ws, autotune)
+        if autotune == POLICY_BATCH_INVARIANT and batch > 1 and not _lt_batch_ok(g):
+            _each_matrix(ctx, stream, g, dtype, compute, alpha, beta, ws, autotune)
+        else:
+            _run_planned(ctx, stream, g, dtype, compute, alpha, beta, ws, autotune)
+    return 0
+
+
+cdef int _each_matrix(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
+                      cublasComputeType_t compute, const float* alpha, const float* beta, void* ws,
+                      int autotune) except -1:
+    """A batch cuBLASLt is not asked about (broadcast or interleaved), one matrix at a time:
+    each by the plan of one matrix, as it would run alone."""
+    cdef ColMajorGemm one = g[0]
+    cdef int64_t i, size = 8 if dtype == CUDA_R_64F else (4 if dtype == CUDA_R_32F else 2)
+    one.batch, one.strided_batched = 1, False
+    for i in range(g.batch):
+        one.a = <const char*>g.a + i * g.stride_a * size
+        one.b = <const char*>g.b + i * g.stride_b * size
+        one.c = <char*>g.c + i * g.stride_c * size
+        _run_planned(ctx, stream, &one, dtype, compute, alpha, beta, ws, autotune)
     return 0
 
 
@@ -478,8 +464,11 @@ cdef int execute_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Co
 
 cdef int run_with_fallback(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
                            void* ws, size_t ws_bytes, const float* alpha, const float* beta) except -1:
-    """Run a plain GEMM's plan; where cuBLASLt refuses it (nothing enqueued), cublasGemmEx."""
+    """Run a plain GEMM's plan; where cuBLASLt refuses it (nothing enqueued), cublasGemmEx (but
+    under the batch-invariant policy, CygemmError)."""
     if execute_plan(plan, ctx, stream, g, NULL, NULL, ws, ws_bytes, alpha, beta):
+        if plan.d.policy == POLICY_BATCH_INVARIANT:
+            raise_no_family(plan)
         with nogil:
             gemm_colmajor(ctx, stream, g, plan.d.dtype, plan.d.compute, alpha, beta)
     return 0
@@ -493,3 +482,8 @@ cdef int _run_planned(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm*
                               ws, ws_bytes, autotune, beta[0] != 0)
     return run_with_fallback(plan, ctx, stream, g, ws, ws_bytes, alpha, beta)
 
+
+cdef int raise_no_family(Plan plan) except -1:
+    raise CygemmError(f"determinism='batch_invariant': cuBLASLt has no kernel of this problem's family "
+                      f"(algorithm {plan.d.family}) for it, and no other kernel gives the same rows; "
+                      "run it with determinism='run_to_run' or 'off'")

@@ -8,7 +8,7 @@ the fixed rule; describe_route says what it would decide without running anythin
 from cygemm.bindings.cudart cimport cudaStream_t
 from cygemm._context cimport GemmContext
 from cygemm._streams cimport stream_is_capturing
-from cygemm._settings cimport AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE
+from cygemm._settings cimport AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN
 from cygemm._timing cimport enqueue_fn, time_choices, enter_route_timing, leave_route_timing
 from cygemm.tuning cimport forced_route, tuned_route, remember_route, claim_tuning, release_tuning
 from cygemm import tuning
@@ -62,6 +62,8 @@ cdef int _decided(RouteTable t, void* call, int device, bint tabled, int* why) e
 cdef int choose_route(RouteTable t, void* call, GemmContext* ctx, cudaStream_t stream, int autotune,
                       bint tabled, bint may_time, int* why) except -1:
     cdef int reason = ROUTE_UNTIMED
+    if autotune >= POLICY_RUN_TO_RUN:      # a determinism policy: the fixed rule, never timing
+        tabled = False
     cdef int route = _decided(t, call, ctx.device, tabled, &reason)
     if why != NULL:
         why[0] = reason

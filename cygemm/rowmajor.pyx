@@ -115,12 +115,12 @@ cdef int read_gemm(CallArgs* c, object A, object B, object out, bint trans_a, bi
 
 
 cdef object _run(object A, object B, object out, bint trans_a, bint trans_b, object alpha,
-                 object beta, str math, object stream, object autotune, bint batched):
+                 object beta, str math, object stream, object autotune, object determinism, bint batched):
     cdef CallArgs c
     cdef ColMajorGemm g
     cdef float alpha_f = alpha, beta_f = beta
     read_gemm(&c, A, B, out, trans_a, trans_b, batched, beta_f, &g)
-    cdef int level = autotune_level(autotune)
+    cdef int level = autotune_level(autotune, determinism)
     cdef MatrixView* cv = &c.views[2]
     prepare_call(&c, math, cv.dtype, stream)    # out=None: the result has no memory yet, skipped
     cdef object like
@@ -137,7 +137,7 @@ cdef object _run(object A, object B, object out, bint trans_a, bint trans_b, obj
 
 
 def gemm(A, B, out=None, *, bint trans_a=False, bint trans_b=False, alpha=1.0, beta=0.0,
-         str math="tf32", stream=None, autotune=None):
+         str math="tf32", stream=None, autotune=None, determinism=None):
     """out = alpha * op(A) @ op(B) + beta * out, one cuBLAS GEMM on 2-D device arrays.
 
     Parameters
@@ -164,6 +164,9 @@ def gemm(A, B, out=None, *, bint trans_a=False, bint trans_b=False, alpha=1.0, b
     autotune : {None, "off", "auto", "exhaustive"}
         How a large problem's algorithm is chosen the first time (None: the option's, see
         :func:`cygemm.set_options`).
+    determinism : {None, "off", "run_to_run", "batch_invariant"}
+        The same bits in every process, or also for every number of rows (None: the option's;
+        see :doc:`/reproducibility`). Other than "off", it replaces ``autotune``.
 
     Returns
     -------
@@ -190,11 +193,11 @@ def gemm(A, B, out=None, *, bint trans_a=False, bint trans_b=False, alpha=1.0, b
     candidates and ``cublasGemmEx``, timed once and kept in the tuning file (see
     ``cygemm.tuning``). For a plan you hold and tune yourself, see :class:`cygemm.GemmPlan`.
     """
-    return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, autotune, False)
+    return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, autotune, determinism, False)
 
 
 def gemm_strided_batched(A, B, out=None, *, bint trans_a=False, bint trans_b=False, alpha=1.0,
-                         beta=0.0, str math="tf32", stream=None, autotune=None):
+                         beta=0.0, str math="tf32", stream=None, autotune=None, determinism=None):
     """out[i] = alpha * op(A[i]) @ op(B[i]) + beta * out[i] for every i of a batch.
 
     Parameters
@@ -227,7 +230,7 @@ def gemm_strided_batched(A, B, out=None, *, bint trans_a=False, bint trans_b=Fal
     another, a timed cuBLASLt batched plan). For NumPy's ``matmul`` rules (N-D broadcasting,
     1-D operands) use :func:`cygemm.matmul`.
     """
-    return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, autotune, True)
+    return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, autotune, determinism, True)
 
 
 def describe_gemm(A, B, out=None, *, bint trans_a=False, bint trans_b=False, bint batched=False):

@@ -40,8 +40,9 @@ def test_matmul_routes_to_autograd_when_a_torch_input_requires_grad(grad_path_ca
     b = torch.ones(3, 4, requires_grad=which in ("b", "both"))
     assert cygemm.matmul(a, b, math="fp32") == "recorded"
     assert len(grad_path_calls) == 1
-    got_a, got_b, out, math, stream, autotune = grad_path_calls[0]
+    got_a, got_b, out, math, stream, autotune, determinism = grad_path_calls[0]
     assert got_a is a and got_b is b and out is None and math == "fp32" and stream is None and autotune is None
+    assert determinism is None
 
 
 def test_matmul_does_not_route_under_no_grad_or_without_requires_grad(grad_path_calls):

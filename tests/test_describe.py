@@ -13,7 +13,7 @@ from fakes import BASE, FakeDeviceArray, fake_view
 from refs.cublas import cublas_gemm_model
 
 # The keys every description starts with, in this order (describe_matmul's docstring).
-COMMON = ["M", "N", "K", "batch", "swapped", "cublas_a", "cublas_b", "why",
+COMMON = ["M", "N", "K", "batch", "swapped", "cublas_a", "cublas_b", "why", "determinism", "kernels",
           "opa", "opb", "m", "n", "k", "lda", "ldb", "ldc", "stride_a", "stride_b", "stride_c", "a", "b", "c"]
 POINTERS = ("a", "b", "c")
 
@@ -303,3 +303,17 @@ def test_an_out_sharing_memory_with_an_input_is_refused_as_gemm_refuses_it():
     buf = np.zeros((8, 8), np.float32)
     with pytest.raises(ValueError, match="out: its memory overlaps A"):
         cygemm.describe_gemm(buf[:4, :4], buf[4:, 4:], buf[:4, 2:6])      # columns 2, 3 of A's rows
+
+
+def test_every_describe_says_the_determinism_in_force_and_what_it_lets_run():
+    old = cygemm.set_options(determinism="batch_invariant")
+    try:
+        d = cygemm.describe_matmul(((64, 32), "float32"), ((32, 16), "float32"))[0]
+        assert d["determinism"] == "batch_invariant" and "4096 x 4096 x K" in d["kernels"]
+        g = cygemm.describe_gemm(((64, 32), "float16"), ((32, 16), "float16"))
+        assert g["determinism"] == "batch_invariant" and g["kernels"] == d["kernels"]
+        cygemm.set_options(determinism="run_to_run")
+        assert cygemm.describe_gemm(((8, 8), "float32"), ((8, 8), "float32"))["determinism"] == "run_to_run"
+    finally:
+        cygemm.set_options(**old)
+    assert cygemm.describe_gemm(((8, 8), "float32"), ((8, 8), "float32"))["determinism"] == "off"

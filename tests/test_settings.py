@@ -24,7 +24,7 @@ def test_defaults_and_the_user_cache_folder(tmp_path):
                CYGEMM_TUNING_CACHE=None, CYGEMM_AUTOTUNE=None, CYGEMM_AUTOTUNE_MIN_MACS=None,
                CYGEMM_TUNING_MODE=None, CYGEMM_MAX_STREAM_WORKSPACES=None, CYGEMM_PLAN_CACHE_SIZE=None)
     opts = eval(out)
-    assert opts == {"autotune": "auto", "autotune_min_macs": 2.0 ** 28, "tuning_mode": "cold",
+    assert opts == {"autotune": "auto", "autotune_min_macs": 2.0 ** 28, "tuning_mode": "cold", "determinism": "off",
                     "tuning_cache": os.path.join(str(tmp_path), "cygemm", "tuning.jsonl"),
                     "max_stream_workspaces": 8, "plan_cache_size": 256}
 
@@ -43,15 +43,17 @@ def test_the_tuning_file_can_be_turned_off(value):
 
 def test_environment_values_are_parsed_and_bad_ones_named_at_first_use_only():
     out = _run("import cygemm; print(cygemm.get_options())", CYGEMM_AUTOTUNE="exhaustive",
-               CYGEMM_AUTOTUNE_MIN_MACS="1e6", CYGEMM_TUNING_MODE="Sustained", CYGEMM_PLAN_CACHE_SIZE="7")
+               CYGEMM_AUTOTUNE_MIN_MACS="1e6", CYGEMM_TUNING_MODE="Sustained", CYGEMM_PLAN_CACHE_SIZE="7",
+               CYGEMM_DETERMINISM="Batch_Invariant")
     opts = eval(out)
-    assert (opts["autotune"], opts["autotune_min_macs"], opts["tuning_mode"], opts["plan_cache_size"]) == \
-        ("exhaustive", 1e6, "sustained", 7)
+    assert (opts["autotune"], opts["autotune_min_macs"], opts["tuning_mode"], opts["plan_cache_size"],
+            opts["determinism"]) == ("exhaustive", 1e6, "sustained", 7, "batch_invariant")
     code = ("import cygemm\ntry:\n    cygemm.get_options()\nexcept ValueError as e:\n    print(e)")
     for var, value, words in [("CYGEMM_TUNING_MODE", "warm", "'cold', 'hot' or 'sustained'"),
                               ("CYGEMM_AUTOTUNE", "yes", "'off', 'auto' or 'exhaustive'"),
                               ("CYGEMM_MAX_STREAM_WORKSPACES", "0", "an integer >= 1"),
-                              ("CYGEMM_PLAN_CACHE_SIZE", "1.5", "an integer >= 1")]:
+                              ("CYGEMM_PLAN_CACHE_SIZE", "1.5", "an integer >= 1"),
+                              ("CYGEMM_DETERMINISM", "always", "'off', 'run_to_run' or 'batch_invariant'")]:
         out = _run(code, **{var: value})
         assert out.startswith(f"{var}: expected {words}, got {value!r}"), (var, out)
 
@@ -84,3 +86,14 @@ def test_a_listener_hears_which_options_changed():
     old = cygemm.set_options(tuning_mode="hot")
     cygemm.set_options(**old)
     assert heard[-2:] == [{"tuning_mode"}, {"tuning_mode"}]
+
+
+def test_determinism_is_validated_by_set_options_naming_it_and_kept():
+    old = cygemm.set_options(determinism="RUN_TO_RUN")
+    try:
+        assert cygemm.get_options()["determinism"] == "run_to_run"
+        with pytest.raises(ValueError, match=r"^determinism: expected 'off', 'run_to_run' or 'batch_invariant', got 'yes'"):
+            cygemm.set_options(determinism="yes")
+        assert cygemm.get_options()["determinism"] == "run_to_run"
+    finally:
+        cygemm.set_options(**old)

@@ -1,5 +1,5 @@
 # cuBLASLt (cublasLt.h) as cygemm uses it: matmul descriptors, layouts,
-# preferences, heuristics, the epilogues of a dense layer and FP8's scale attributes.
+# preferences, heuristics, algorithm configs, the epilogues of a dense layer and FP8's scale attributes.
 # Every function is nogil and returns cublasStatus_t.
 from libc.stdint cimport uint64_t
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
@@ -101,6 +101,13 @@ cdef extern from "cublasLt.h" nogil:
         cublasLtMatmulPreference_t pref, int requestedAlgoCount,
         cublasLtMatmulHeuristicResult_t* results, int* returnAlgoCount)
 
+    # What identifies a kernel family (see cygemm._families): the algorithm and its split of K.
+    ctypedef enum cublasLtMatmulAlgoConfigAttributes_t:
+        CUBLASLT_ALGO_CONFIG_ID
+        CUBLASLT_ALGO_CONFIG_SPLITK_NUM
+    cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(
+        const cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoConfigAttributes_t attr, void* buf,
+        size_t sizeInBytes, size_t* sizeWritten)
     cublasStatus_t cublasLtMatmulAlgoCheck(
         cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
         cublasLtMatrixLayout_t Adesc, cublasLtMatrixLayout_t Bdesc,

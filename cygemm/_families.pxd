@@ -1,0 +1,23 @@
+# Kernel families for the determinism policies (see _families.pyx).
+from libc.stdint cimport int64_t
+from cygemm._types cimport ColMajorGemm, GemmTypes
+from cygemm._context cimport GemmContext
+from cygemm._launch cimport PlanData
+from cygemm.bindings.cudart cimport cudaDataType
+from cygemm.bindings.cublas cimport cublasComputeType_t
+from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t, cublasLtMatmulAlgo_t
+
+# Fill d.candidates (at most 8, in the heuristic's order) with the kernels of d's problem that
+# the policy allows: split-free kernels of one cuBLASLt algorithm, its family (d.family).
+# POLICY_RUN_TO_RUN: the family of the problem's first split-free candidate.
+# POLICY_BATCH_INVARIANT: the family chosen for the same problem at FAMILY_ROWS x FAMILY_ROWS,
+# so it does not depend on M or N; where the heuristic offers none of its kernels at this size,
+# that reference kernel itself when cublasLtMatmulAlgoCheck accepts it. d's descriptors must
+# exist (make_descriptors); the other arguments are what made them.
+cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g, int64_t batch, int policy,
+                           cudaDataType dtype, cublasComputeType_t compute, cublasLtEpilogue_t epi,
+                           const void* bias, void* aux, int64_t aux_ld, size_t ws_bytes, unsigned al_a,
+                           unsigned al_b, unsigned al_c, const GemmTypes* types) except -1
+
+# Whether algo is a split-free kernel of cuBLASLt algorithm `family`.
+cdef bint in_family(const cublasLtMatmulAlgo_t* algo, int family) noexcept nogil

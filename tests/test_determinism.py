@@ -1,0 +1,281 @@
+"""Reproducible GEMMs: the determinism option (run_to_run, batch_invariant) through every entry
+point. GPU: row i of a result is bitwise the same for every number of rows M and whatever the
+other rows hold (batch_invariant), the same bits in processes with different tuning files, in
+eager and captured runs, on other threads and streams; each result against float64. CPU: the
+option's checks."""
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import cygemm
+from cygemm import gemm_ops
+from fakes import FakeDeviceArray
+from gpu_util import f64, rel_err, tol
+
+MS = [1, 2, 3, 7, 64, 100, 1000, 4096]
+K, N = 1024, 768
+DTYPES = [("float32", "fp32"), ("float32", "tf32"), ("float16", "tf32"), ("bfloat16", "tf32")]
+
+
+# ------------------------------------------------------------------ CPU
+
+@pytest.mark.parametrize("call", ["gemm", "gemm_strided_batched", "matmul"])
+def test_a_bad_determinism_is_refused_naming_it_before_anything_runs(call):
+    shape = (2, 4, 4) if call == "gemm_strided_batched" else (4, 4)
+    a = FakeDeviceArray(shape)
+    out = FakeDeviceArray(shape, ptr=a.__cuda_array_interface__["data"][0] + 4096)
+    with pytest.raises(ValueError, match=r"^determinism: expected None, 'off', 'run_to_run' or 'batch_invariant', "
+                                         r"got 'bitwise'"):
+        getattr(cygemm, call)(a, a, out, determinism="bitwise")
+
+
+# ------------------------------------------------------------------ GPU
+
+def _cp():
+    return pytest.importorskip("cupy")
+
+
+def _bits(x):
+    """The result's bytes as unsigned integers: equal bits, not equal values (-0.0, NaN)."""
+    cp = _cp()
+    return x.view(cp.uint16 if x.dtype.itemsize == 2 else cp.uint32)
+
+
+def _same_bits(x, y):
+    cp = _cp()
+    return bool(cp.array_equal(_bits(cp.ascontiguousarray(x)), _bits(cp.ascontiguousarray(y))))
+
+
+def _operands(dtype, m=4096, k=K, n=N, seed=0):
+    cp = _cp()
+    rng = np.random.default_rng(seed)
+    x = cp.asarray(rng.standard_normal((m, k)).astype(np.float32)).astype(_dtype(dtype))
+    w = cp.asarray(rng.standard_normal((k, n)).astype(np.float32)).astype(_dtype(dtype))
+    return x, w
+
+
+def _dtype(name):
+    if name == "bfloat16":
+        import ml_dtypes
+        return ml_dtypes.bfloat16
+    return np.dtype(name)
+
+
+def _check_rows(run, x, mode, dtype, math, ref64=None):
+    """run(rows) -> result; every M's result is bitwise the first M rows of the full one, and
+    the full one's row 0 is unchanged when the other rows change."""
+    cp = _cp()
+    full = run(x)
+    cp.cuda.Device().synchronize()
+    if ref64 is not None:
+        assert rel_err(f64(cp, full.astype(cp.float32)), ref64) < tol(dtype, math, K)
+    for m in MS:
+        part = run(x[:m])
+        assert _same_bits(part, full[:m]), f"{mode}: rows of M={m} differ from those of M={len(x)}"
+    other = x.copy()
+    other[1:] = other[1:][::-1]
+    assert _same_bits(run(other)[:1], full[:1]), f"{mode}: row 0 changed with the other rows"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,math", DTYPES)
+def test_gemm_rows_are_batch_invariant(dtype, math):
+    x, w = _operands(dtype)
+    ref = f64(_cp(), x.astype(np.float32)) @ f64(_cp(), w.astype(np.float32))
+    _check_rows(lambda a: cygemm.gemm(a, w, math=math, determinism="batch_invariant"), x,
+                "gemm", dtype, math, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,math", DTYPES)
+def test_matmul_rows_and_batches_are_batch_invariant(dtype, math):
+    cp = _cp()
+    x, w = _operands(dtype)
+    _check_rows(lambda a: cygemm.matmul(a, w, math=math, determinism="batch_invariant"), x, "matmul", dtype, math)
+    # Batched: (B, M, K) @ (K, N), and each batch element of a stacked weight.
+    x3 = x[:1024].reshape(8, 128, K)
+    full = cygemm.matmul(x3, w, math=math, determinism="batch_invariant")
+    for b in (1, 3, 8):
+        assert _same_bits(cygemm.matmul(x3[:b], w, math=math, determinism="batch_invariant"), full[:b])
+    w3 = cp.stack([w, w[:, ::-1].copy()])
+    both = cygemm.matmul(x[:100], w3, math=math, determinism="batch_invariant")
+    assert _same_bits(both[0], cygemm.matmul(x[:100], w, math=math, determinism="batch_invariant"))
+    assert _same_bits(cygemm.matmul(x[:7], w3, math=math, determinism="batch_invariant"), both[:, :7])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,math", DTYPES)
+def test_gemm_strided_batched_elements_do_not_depend_on_the_batch_count(dtype, math):
+    x, w = _operands(dtype)
+    x3 = x.reshape(16, 256, K)
+    full = cygemm.gemm_strided_batched(x3, w[None], math=math, determinism="batch_invariant")
+    for b in (1, 2, 5, 16):
+        assert _same_bits(cygemm.gemm_strided_batched(x3[:b], w[None], math=math, determinism="batch_invariant"),
+                          full[:b])
+    assert _same_bits(full[0], cygemm.gemm(x3[0], w, math=math, determinism="batch_invariant"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,math", DTYPES)
+@pytest.mark.parametrize("act,save_z", [("none", False), ("relu", False), ("gelu", False), ("gelu", True),
+                                        ("silu", False)])
+def test_dense_forward_rows_are_batch_invariant(dtype, math, act, save_z):
+    cp = _cp()
+    x, w = _operands(dtype)
+    bias = cp.asarray(np.random.default_rng(1).standard_normal(N).astype(np.float32)).astype(_dtype(dtype))
+
+    def run(a):
+        y = cp.full((len(a), N), np.nan, dtype=a.dtype)
+        z = cp.full((len(a), N), np.nan, dtype=a.dtype) if save_z else None
+        gemm_ops.forward_into(a, w, y, bias, act=act, save_z=save_z, z_out=z, math=math,
+                              determinism="batch_invariant")
+        return y if z is None else cp.concatenate([y, z], axis=1)
+    _check_rows(run, x, f"forward {act}", dtype, math)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,math", DTYPES)
+def test_dense_backward_data_gradient_rows_are_batch_invariant(dtype, math):
+    cp = _cp()
+    x, w = _operands(dtype)
+    rng = np.random.default_rng(2)
+    gy = cp.asarray(rng.standard_normal((4096, N)).astype(np.float32)).astype(_dtype(dtype))
+
+    def run(g):
+        ga = cp.full((len(g), K), np.nan, dtype=g.dtype)
+        gb = cp.empty((K, N), dtype=g.dtype)
+        gemm_ops.backward_into(x[:len(g)], w, g, None, with_bias=False, gA_out=ga, gB_out=gb, math=math,
+                               determinism="batch_invariant")
+        return ga
+    _check_rows(run, gy, "backward gA", dtype, math)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,math", DTYPES)
+def test_gemm_plan_rows_are_those_of_gemm(dtype, math):
+    cp = _cp()
+    x, w = _operands(dtype)
+    full = cygemm.gemm(x, w, math=math, determinism="batch_invariant")
+    for m in (3, 1000):
+        out = cp.full((m, N), np.nan, dtype=x.dtype)
+        with cygemm.GemmPlan(x[:m], w, out, math=math, determinism="batch_invariant") as p:
+            p.autotune()                # timing may choose any kernel of the family: the same bits
+            p.execute()
+        assert _same_bits(out, full[:m])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("out_dtype", ["bfloat16", "float32"])
+def test_fp8_rows_are_batch_invariant(out_dtype):
+    cp = _cp()
+    from cygemm import fp8
+    from refs import fp8 as fp8_ref
+    rng = np.random.default_rng(3)
+    a = cp.asarray(fp8_ref.to_codes(rng.standard_normal((4096, K)) * 4, "e4m3"))
+    wt = cp.asarray(fp8_ref.to_codes(rng.standard_normal((N, K)) * 4, "e4m3"))
+    sa, sb = cp.asarray([0.5], cp.float32), cp.asarray([0.25], cp.float32)
+    old = cygemm.set_options(determinism="batch_invariant")
+    try:
+        _check_rows(lambda q: fp8.scaled_matmul(q, wt.T, sa, sb, out_dtype=out_dtype, format_a="e4m3",
+                                                format_b="e4m3"), a, "fp8", out_dtype, "tf32")
+    finally:
+        cygemm.set_options(**old)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,math", DTYPES[1:])
+def test_moe_groups_do_not_depend_on_the_other_groups_sizes(dtype, math):
+    cp = _cp()
+    x, _ = _operands(dtype, m=1024)
+    rng = np.random.default_rng(4)
+    w = cp.asarray(rng.standard_normal((4, K, N)).astype(np.float32)).astype(_dtype(dtype))
+    old = cygemm.set_options(determinism="batch_invariant")
+    try:
+        for sizes in ([100, 300, 24, 600], [1, 7, 16, 1000], [512, 0, 0, 512]):
+            offsets = [0] + np.cumsum(sizes).tolist()
+            out = cp.full((1024, N), np.nan, dtype=x.dtype)
+            cygemm.moe_gemm(x, w, offsets, out, math=math)
+            for g, (lo, hi) in enumerate(zip(np.cumsum([0] + sizes[:-1]), np.cumsum(sizes))):
+                if hi > lo:
+                    alone = cygemm.gemm(x[lo:hi], w[g], math=math)
+                    assert _same_bits(out[lo:hi], alone), (sizes, g)
+    finally:
+        cygemm.set_options(**old)
+
+
+_PROCESS = textwrap.dedent("""
+    import hashlib, sys, numpy as np, cupy as cp, cygemm
+    mode, dtype = sys.argv[1], sys.argv[2]
+    cygemm.set_options(autotune="exhaustive", autotune_min_macs=0)
+    rng = np.random.default_rng(5)
+    x = cp.asarray(rng.standard_normal((2048, 2048)).astype(np.float32)).astype(dtype)
+    w = cp.asarray(rng.standard_normal((2048, 1536)).astype(np.float32)).astype(dtype)
+    out = cygemm.gemm(x, w, determinism=mode)
+    y = cygemm.matmul(x[:100], w, determinism=mode)
+    cp.cuda.Device().synchronize()
+    print(hashlib.sha256(out.get().tobytes() + y.get().tobytes()).hexdigest())
+""")
+
+
+def _in_process(mode, dtype, tuning_cache):
+    env = dict(os.environ, CYGEMM_TUNING_CACHE=tuning_cache)
+    done = subprocess.run([sys.executable, "-c", _PROCESS, mode, dtype], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["run_to_run", "batch_invariant"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_processes_with_different_tuning_files_give_the_same_bits(mode, dtype, tmp_path):
+    fresh = str(tmp_path / "fresh.jsonl")
+    first = _in_process(mode, dtype, fresh)                 # times and writes its choices
+    assert os.path.getsize(fresh) > 0
+    again = _in_process(mode, dtype, fresh)                 # reads them
+    # A file filled by the fastest-kernel mode ("off") holds other choices: not used.
+    filled = str(tmp_path / "off.jsonl")
+    _in_process("off", dtype, filled)
+    assert first == again == _in_process(mode, dtype, filled) == _in_process(mode, dtype, "off")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["run_to_run", "batch_invariant"])
+def test_captured_replays_threads_and_streams_give_the_eager_bits(mode):
+    cp = _cp()
+    x, w = _operands("float32", m=2048)
+    eager = cygemm.gemm(x, w, determinism=mode)
+    out = cp.full_like(eager, np.nan)
+    s = cp.cuda.Stream(non_blocking=True)
+    cygemm.gemm(x, w, out, determinism=mode, stream=s)          # plans made before the capture
+    s.synchronize()
+    out.fill(np.nan)
+    with s:
+        s.begin_capture()
+        cygemm.gemm(x, w, out, determinism=mode, stream=s)
+        graph = s.end_capture()
+    graph.launch(s)
+    s.synchronize()
+    assert _same_bits(out, eager)
+    results, errors = [None] * 4, []
+
+    def worker(i):
+        try:
+            with cp.cuda.Stream(non_blocking=True) as st:
+                results[i] = cygemm.gemm(x, w, determinism=mode, stream=st)
+                st.synchronize()
+        except Exception as exc:        # noqa: BLE001 (reported below)
+            errors.append(exc)
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert all(_same_bits(r, eager) for r in results)
+
