@@ -9,7 +9,8 @@ from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t, cublasLtMatmulAlgo_t
 
 # Fill d.candidates (at most 8, in the heuristic's order) with the kernels of d's problem that
 # the policy allows: split-free kernels of one cuBLASLt algorithm, its family (d.family).
-# POLICY_RUN_TO_RUN: the family of the problem's first split-free candidate.
+# POLICY_RUN_TO_RUN: the family of the heuristic's first candidate (that kernel alone, family
+# -1, where it splits K).
 # POLICY_BATCH_INVARIANT: the family chosen for the same problem at FAMILY_ROWS x FAMILY_ROWS,
 # so it does not depend on M or N; where the heuristic offers none of its kernels at this size,
 # that reference kernel itself when cublasLtMatmulAlgoCheck accepts it. d's descriptors must

@@ -156,9 +156,11 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
 
     Parameters
     ----------
-    A, B, with_bias, act, leaky_slope, lt_workspace, math, stream, autotune
+    A, B, with_bias, act, leaky_slope, lt_workspace, math, stream, autotune, determinism
         As in :func:`forward_into` (the forward's operands). ``lt_workspace`` is checked as
-        there; the backward's GEMMs use the stream's own workspaces.
+        there; the backward's GEMMs use the stream's own workspaces. Under "batch_invariant",
+        gA's rows are batch-invariant; gB and gBias sum over every row, so no kernel can make
+        them so: they are run-to-run deterministic.
     gY : device array (M, N)
         The gradient of the loss with respect to the forward's ``out``.
     Z : device array (M, N) or None

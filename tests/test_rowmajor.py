@@ -104,14 +104,17 @@ def test_torch_tensors_read_from_attributes_requires_grad_and_errors():
     A = torch.randn(20, 30, device="cuda", requires_grad=True)    # torch's CAI refuses these
     B = torch.randn(30, 10, device="cuda", dtype=torch.float32)[:, ::1]
     out = torch.full((20, 10), float("nan"), device="cuda")
-    cygemm.gemm(A, B, out, math="fp32", stream=torch.cuda.current_stream())
+    with pytest.raises(TypeError, match="^A: a torch tensor that requires grad"):
+        cygemm.gemm(A, B, out, math="fp32")         # gemm is not recorded: its gradient would be lost
+    with torch.no_grad():
+        cygemm.gemm(A, B, out, math="fp32", stream=torch.cuda.current_stream())
     torch.cuda.synchronize()
     ref = A.detach().double().cpu().numpy() @ B.double().cpu().numpy()
     assert rel_err(out.cpu().numpy(), ref) < 1e-5
     with pytest.raises(TypeError, match="A: expected a CUDA tensor"):
         cygemm.gemm(torch.ones(2, 2), B[:2, :2], out[:2, :2])
     with pytest.raises(TypeError, match="B: expected float16, bfloat16 or float32, got int32"):
-        cygemm.gemm(A, torch.ones(30, 10, device="cuda", dtype=torch.int32), out)
+        cygemm.gemm(A.detach(), torch.ones(30, 10, device="cuda", dtype=torch.int32), out)
     assert rel_err(out.cpu().numpy(), ref) < 1e-5            # the refused calls wrote nothing
 
 
