@@ -54,3 +54,7 @@ cdef int run_backward(BackwardCall* b, bint accumulate) except -1
 # A plain GEMM through the plans (alpha 1).
 cdef int dense_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                     cublasComputeType_t compute, float beta, int autotune) except -1
+
+# The policy of the weight gradient's GEMM: run-to-run under the batch-invariant policy (it sums
+# over the batch's rows), else the call's.
+cdef int weight_policy(int autotune) noexcept nogil

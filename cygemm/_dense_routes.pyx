@@ -162,7 +162,7 @@ cdef int run_forward(ForwardCall* f) except -1:
 
 # ---------------------------------------------------------------- the backward's routes
 
-cdef inline int _weight_policy(int autotune) noexcept nogil:
+cdef int weight_policy(int autotune) noexcept nogil:
     """The weight gradient sums over the batch's rows: no kernel makes it batch-invariant, so
     under that policy it is run-to-run deterministic (the bias gradient's kernel always is)."""
     return POLICY_RUN_TO_RUN if autotune == POLICY_BATCH_INVARIANT else autotune
@@ -184,7 +184,7 @@ BACKWARD_ROUTES = {
 
 cdef int _bwd_branches(void* call, cudaStream_t main, cudaStream_t side) except -1:
     cdef BackwardCall* b = <BackwardCall*>call
-    dense_gemm(b.ctx, side, &b.g_b, b.dtype, b.compute, b.beta, _weight_policy(b.autotune))
+    dense_gemm(b.ctx, side, &b.g_b, b.dtype, b.compute, b.beta, weight_policy(b.autotune))
     dense_gemm(b.ctx, main, &b.g_a, b.dtype, b.compute, b.beta, b.autotune)
     return 0
 
@@ -192,7 +192,7 @@ cdef int _bwd_branches(void* call, cudaStream_t main, cudaStream_t side) except 
 cdef int _bwd_run(BackwardCall* b, int route) except -1:
     if route == BWD_SERIAL:
         dense_gemm(b.ctx, b.s, &b.g_a, b.dtype, b.compute, b.beta, b.autotune)
-        dense_gemm(b.ctx, b.s, &b.g_b, b.dtype, b.compute, b.beta, _weight_policy(b.autotune))
+        dense_gemm(b.ctx, b.s, &b.g_b, b.dtype, b.compute, b.beta, weight_policy(b.autotune))
         return 0
     return run_forked(b.ctx, b.s, _bwd_branches, b)
 

@@ -18,7 +18,7 @@ from cygemm._args cimport (CallArgs, args_init, add_array, add_matrix, add_vecto
 from cygemm._arrays cimport dtype_name
 from cygemm._settings cimport autotune_level
 from cygemm._mapping cimport map_or_raise, rowmajor_ld
-from cygemm._dense_routes cimport ForwardCall, BackwardCall, run_forward, run_backward, dense_gemm
+from cygemm._dense_routes cimport ForwardCall, BackwardCall, run_forward, run_backward, dense_gemm, weight_policy
 
 from cygemm.plans import clear_plan_cache, plan_cache_size
 from cygemm.epilogues import ACTIVATIONS, activation_table, parse_activation
@@ -275,5 +275,5 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
     elif run_ga:
         dense_gemm(ctx, s, &g_a, dtype, c.compute, beta, level)
     elif run_gb:
-        dense_gemm(ctx, s, &g_b, dtype, c.compute, beta, level)
+        dense_gemm(ctx, s, &g_b, dtype, c.compute, beta, weight_policy(level))
     return (gA_out, gB_out, gBias_out)

@@ -252,9 +252,8 @@ def _in_process(mode, dtype, tuning_cache):
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_processes_with_different_tuning_files_give_the_same_bits(mode, dtype, tmp_path):
     fresh = str(tmp_path / "fresh.jsonl")
-    first = _in_process(mode, dtype, fresh)                 # times and writes its choices
-    assert os.path.getsize(fresh) > 0
-    again = _in_process(mode, dtype, fresh)                 # reads them
+    first = _in_process(mode, dtype, fresh)                 # times its family's kernels (when several) and writes
+    again = _in_process(mode, dtype, fresh)                 # reads what it wrote
     # A file filled by the fastest-kernel mode ("off") holds other choices: not used.
     filled = str(tmp_path / "off.jsonl")
     _in_process("off", dtype, filled)
