@@ -50,6 +50,27 @@ static bool run(Prob& p, cublasLtMatmulAlgo_t* algo, const void* A, const void* 
   return true;
 }
 
+// Run `algo` at M = 4096 (into Cr), then at every M of MS: time, and whether the rows are those of
+// M = 4096. Prints after `label`; "refused" where cuBLASLt does not take it.
+static void sweep(const char* label, cublasLtMatmulAlgo_t algo, cudaDataType t, cublasComputeType_t ct, size_t sz,
+                  int N, int K, const int* Ms, int nM, const void* A, const void* B, void* C, void* Cr) {
+  printf("%s:", label);
+  Prob big = make(t, ct, 4096, N, K);
+  bool ok = run(big, &algo, A, B, Cr, nullptr, 0);
+  drop(big);
+  if (!ok) { printf(" refused at M=4096\n"); return; }
+  std::vector<unsigned char> hr((size_t)N * 4096 * sz), hc((size_t)N * 4096 * sz);
+  CK(cudaMemcpy(hr.data(), Cr, hr.size(), cudaMemcpyDeviceToHost));
+  for (int j = 0; j < nM; ++j) {
+    int M = Ms[j]; Prob p = make(t, ct, M, N, K); float ms;
+    if (!run(p, &algo, A, B, C, &ms, 20)) { printf("  M=%d refused", M); drop(p); continue; }
+    size_t bytes = (size_t)N * M * sz; CK(cudaMemcpy(hc.data(), C, bytes, cudaMemcpyDeviceToHost));
+    printf("  M=%d %.4f ms %s", M, ms, memcmp(hc.data(), hr.data(), bytes) == 0 ? "same" : "DIFF");
+    drop(p);
+  }
+  printf("\n");
+}
+
 int main() {
   CK(cublasLtCreate(&lt)); CK(cudaMalloc(&ws, WS));
   const int K = 4096, N = 4096, MS[] = {1, 16, 128, 1024, 4096};
@@ -78,51 +99,32 @@ int main() {
       for (int i = 0; i < f; ++i) if (cfg(res[i].algo, CUBLASLT_ALGO_CONFIG_ID) == famid) printf("   family member %d: split %d red %d tile %d\n", i, cfg(res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM), cfg(res[i].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME), cfg(res[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID));
       drop(p);
     }
-    // Split kernels of the family offered at M = 1 and 16, each run at every M: invariance and time.
+    // Split kernels offered at M = 1, 16 and 128, each run at every M: invariance and time.
     for (int M0 : {1, 16, 128}) {
       Prob p0 = make(kd.t, kd.ct, M0, N, K); int f0 = 0; cublasLtMatmulHeuristicResult_t r0[32];
       CK(cublasLtMatmulAlgoGetHeuristic(lt, p0.d, p0.a, p0.b, p0.c, p0.c, p0.p, 32, r0, &f0)); drop(p0);
       for (int i = 0; i < f0; ++i) {
         int sp = cfg(r0[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
         if (sp == 1) continue;
-        cublasLtMatmulAlgo_t a = r0[i].algo;
-        Prob big = make(kd.t, kd.ct, 4096, N, K);
-        bool ok = run(big, &a, A, B, Cr, nullptr, 0); drop(big);
-        printf("from M=%d #%d algo %d split %d red %d tile %d:", M0, i, cfg(a, CUBLASLT_ALGO_CONFIG_ID), sp, cfg(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME), cfg(a, CUBLASLT_ALGO_CONFIG_TILE_ID));
-        if (!ok) { printf(" refused at M=4096\n"); continue; }
-        std::vector<unsigned char> hr((size_t)N * 4096 * kd.sz), hc((size_t)N * 4096 * kd.sz);
-        CK(cudaMemcpy(hr.data(), Cr, hr.size(), cudaMemcpyDeviceToHost));
-        for (int M : MS) {
-          Prob p = make(kd.t, kd.ct, M, N, K); float ms;
-          if (!run(p, &a, A, B, C, &ms, 20)) { printf("  M=%d refused", M); drop(p); continue; }
-          size_t bytes = (size_t)N * M * kd.sz; CK(cudaMemcpy(hc.data(), C, bytes, cudaMemcpyDeviceToHost));
-          printf("  M=%d %.4f %s", M, ms, memcmp(hc.data(), hr.data(), bytes) == 0 ? "same" : "DIFF");
-          drop(p);
-        }
-        printf("\n");
+        char label[128];
+        snprintf(label, sizeof label, "from M=%d #%d algo %d split %d red %d tile %d", M0, i,
+                 cfg(r0[i].algo, CUBLASLT_ALGO_CONFIG_ID), sp, cfg(r0[i].algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+                 cfg(r0[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID));
+        sweep(label, r0[i].algo, kd.t, kd.ct, kd.sz, N, K, MS, 5, A, B, C, Cr);
       }
     }
-    {int splits[] = {1, 2, 4, 8, 16}; uint32_t schemes[] = {1, 2, 4};
+    // The reference kernel with a split of K forced.
+    const int splits[] = {1, 2, 4, 8, 16};
+    const uint32_t schemes[] = {1, 2, 4};
     for (int S : splits) for (uint32_t sch : schemes) {
       if (S == 1 && sch != 1) continue;
       cublasLtMatmulAlgo_t a = fam; int32_t s32 = S; uint32_t rs = S == 1 ? 0 : sch;
       cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &s32, sizeof s32);
       cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &rs, sizeof rs);
-      Prob big = make(kd.t, kd.ct, 4096, N, K);
-      if (!run(big, &a, A, B, Cr, nullptr, 0)) { printf("split %2d scheme %u: refused at M=4096\n", S, rs); drop(big); continue; }
-      drop(big);
-      printf("split %2d scheme %u:", S, rs);
-      std::vector<unsigned char> hr((size_t)N * 4096 * kd.sz), hc((size_t)N * 4096 * kd.sz);
-      CK(cudaMemcpy(hr.data(), Cr, hr.size(), cudaMemcpyDeviceToHost));
-      for (int M : MS) {
-        Prob p = make(kd.t, kd.ct, M, N, K); float ms;
-        if (!run(p, &a, A, B, C, &ms, 20)) { printf("  M=%d refused", M); drop(p); continue; }
-        size_t bytes = (size_t)N * M * kd.sz; CK(cudaMemcpy(hc.data(), C, bytes, cudaMemcpyDeviceToHost));
-        printf("  M=%d %.4f ms %s", M, ms, memcmp(hc.data(), hr.data(), bytes) == 0 ? "same" : "DIFF");
-        drop(p);
-      }
-      printf("\n");
-    }}
+      char label[64];
+      snprintf(label, sizeof label, "reference with split %d scheme %u", S, rs);
+      sweep(label, a, kd.t, kd.ct, kd.sz, N, K, MS, 5, A, B, C, Cr);
+    }
     drop(ref); cudaFree(A); cudaFree(B); cudaFree(C); cudaFree(Cr);
   }
   return 0;
