@@ -1,5 +1,4 @@
 # Kernel families for the determinism policies (see _families.pyx).
-from libc.stdint cimport int64_t
 from cygemm._types cimport ColMajorGemm, GemmTypes
 from cygemm._context cimport GemmContext
 from cygemm._launch cimport PlanData
@@ -15,10 +14,10 @@ from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t, cublasLtMatmulAlgo_t
 # so it does not depend on M or N; where the heuristic offers none of its kernels at this size,
 # that reference kernel itself when cublasLtMatmulAlgoCheck accepts it. d's descriptors must
 # exist (make_descriptors); the other arguments are what made them.
-cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g, int64_t batch, int policy,
+cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g, int policy,
                            cudaDataType dtype, cublasComputeType_t compute, cublasLtEpilogue_t epi,
-                           const void* bias, void* aux, int64_t aux_ld, size_t ws_bytes, unsigned al_a,
-                           unsigned al_b, unsigned al_c, const GemmTypes* types) except -1
+                           const void* bias, void* aux, size_t ws_bytes, unsigned al_a, unsigned al_b,
+                           unsigned al_c, const GemmTypes* types) except -1
 
 # Whether algo is a split-free kernel of cuBLASLt algorithm `family`.
 cdef bint in_family(const cublasLtMatmulAlgo_t* algo, int family) noexcept nogil

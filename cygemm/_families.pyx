@@ -110,13 +110,13 @@ cdef int _members(GemmContext* ctx, PlanData* d, const cublasLtMatmulHeuristicRe
     return d.n_candidates
 
 
-cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g, int64_t batch, int policy,
+cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g, int policy,
                            cudaDataType dtype, cublasComputeType_t compute, cublasLtEpilogue_t epi,
-                           const void* bias, void* aux, int64_t aux_ld, size_t ws_bytes, unsigned al_a,
-                           unsigned al_b, unsigned al_c, const GemmTypes* types) except -1:
+                           const void* bias, void* aux, size_t ws_bytes, unsigned al_a, unsigned al_b,
+                           unsigned al_c, const GemmTypes* types) except -1:
     cdef cublasLtMatmulHeuristicResult_t results[QUERY]
     cdef cublasLtMatmulHeuristicResult_t reference[QUERY]
-    cdef int n = _query(ctx, d, results, ws_bytes), n_ref, i, family = -1
+    cdef int n = _query(ctx, d, results, ws_bytes), n_ref = 0, n_probe, i, family = -1
     cdef int64_t probe, small = min(g.m, g.n)
     d.n_candidates = 0
     if policy == POLICY_BATCH_INVARIANT:
@@ -147,11 +147,9 @@ cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g,
     for probe in (16, 64, 256, 1024):
         if probe <= small:
             continue
-        n_ref = _heuristic_at(ctx, g, probe if g.m == small else g.m, probe if g.m != small else g.n, dtype,
-                              compute, epi, bias, aux, ws_bytes, al_a, al_b, al_c, types, results)
-        if _members(ctx, d, results, n_ref, family, ws_bytes):
+        n_probe = _heuristic_at(ctx, g, probe if g.m == small else g.m, probe if g.m != small else g.n, dtype,
+                                compute, epi, bias, aux, ws_bytes, al_a, al_b, al_c, types, results)
+        if _members(ctx, d, results, n_probe, family, ws_bytes):
             return 0
-    n_ref = _heuristic_at(ctx, g, FAMILY_ROWS, FAMILY_ROWS, dtype, compute, epi, bias, aux, ws_bytes,
-                          al_a, al_b, al_c, types, reference)
-    _members(ctx, d, reference, n_ref, family, ws_bytes)
+    _members(ctx, d, reference, n_ref, family, ws_bytes)        # (the reference size's, found above)
     return 0

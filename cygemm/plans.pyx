@@ -307,8 +307,9 @@ cdef Plan _make_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
     cdef cublasStatus_t st = CUBLAS_STATUS_SUCCESS
     if k.policy:
         d.gemmex_ok = False
-        family_candidates(ctx, d, g, batch, k.policy, dtype, compute, epi, bias, aux, aux_ld, ws_bytes,
-                          k.al_a, k.al_b, k.al_c, types)
+        if batch == 1 or _lt_batch_ok(g):   # (a batch cuBLASLt is not asked about finds none below)
+            family_candidates(ctx, d, g, k.policy, dtype, compute, epi, bias, aux, ws_bytes,
+                              k.al_a, k.al_b, k.al_c, types)
         found = d.n_candidates
     else:
         with nogil:     # the first heuristic query of a process loads cuBLASLt's tables
