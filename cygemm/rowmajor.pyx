@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Row-major GEMM and strided-batched GEMM by operand swap (no copies, through _mapping): the
 C entry points and the gemm/gemm_strided_batched surface over the plan layer."""
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport int64_t
 
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm.bindings.cublas cimport *
@@ -9,7 +9,7 @@ from cygemm._types cimport MatrixView, ColMajorGemm
 from cygemm._context cimport GemmContext
 from cygemm._mapping cimport rowmajor_view     # (the mapping itself: cimported by rowmajor.pxd)
 
-from cygemm._alloc cimport empty_array, first_torch
+from cygemm._alloc cimport empty_array, first_torch, data_pointer
 from cygemm._args cimport (CallArgs, args_init, add_array, add_view, prepare_call, expect_dtype, ARG_READ,
                            ARG_WRITE)
 from cygemm._args cimport check_overlaps
@@ -128,7 +128,7 @@ cdef object _run(object A, object B, object out, bint trans_a, bint trans_b, obj
         like = first_torch((A, B))
         out = empty_array(((cv.batch,) if batched else ()) + (cv.rows, cv.cols), cv.dtype, c.stream,
                           "out: out=None allocates the result; pass out=", like)
-        g.c = <void*><uintptr_t>(out.data.ptr if like is None else out.data_ptr())
+        g.c = <void*>data_pointer(out)
     if g.m == 0 or g.n == 0 or g.batch == 0:
         return out
     with nogil:
