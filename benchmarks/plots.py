@@ -210,36 +210,33 @@ def fused_plot(plt, rows, env, label, path, precision):
     return True
 
 
-def fp8_plot(plt, rows, env, label, path):
-    """FP8 GEMMs per shape, with the bfloat16 GEMMs of the same shape, relative to the fastest."""
-    fp8 = [r for r in rows if r["section"] == "fp8" and r["metric"] == "gpu_ms"]
+def _section_plot(plt, rows, section, what, label, path, note, case_label=lambda case: case):
+    """A section's GPU times per case (case_label names each), each against the fastest in its
+    case, titled what (the measurement), the method, then label; False when the run has none."""
+    timed = [r for r in rows if r["section"] == section and r["metric"] == "gpu_ms"]
     groups = OrderedDict()
-    for r in fp8:
-        groups.setdefault(r["case"].replace("fp8 ", "M×N×K = "), []).append(
-            (r["contender"], r["value"], kind(r["contender"], r)))
+    for r in timed:
+        groups.setdefault(case_label(r["case"]), []).append((r["contender"], r["value"], kind(r["contender"], r)))
     if not groups:
         return False
     ratio_chart(plt, list(groups.items()), "ms",
-                f"{env.get('gpu', 'GPU')}: FP8 E4M3 GEMMs (a (M, K), w (N, K), bfloat16 out, unit scales) and "
-                f"bfloat16 GEMMs of the same shapes\nGPU time per call (CUDA events, {_rounds(fp8)}) against the "
-                f"fastest in its case\n{label}", path,
-                note="C++ rows: cuBLASLt called directly, the fastest of its first eight algorithms")
+                f"{what}\nGPU time per call (CUDA events, {_rounds(timed)}) against the fastest in its case\n{label}",
+                path, note=note)
     return True
+
+
+def fp8_plot(plt, rows, env, label, path):
+    """FP8 GEMMs per shape, with the bfloat16 GEMMs of the same shape, relative to the fastest."""
+    return _section_plot(plt, rows, "fp8", f"{env.get('gpu', 'GPU')}: FP8 E4M3 GEMMs (a (M, K), w (N, K), "
+                         "bfloat16 out, unit scales) and bfloat16 GEMMs of the same shapes", label, path,
+                         "C++ rows: cuBLASLt called directly, the fastest of its first eight algorithms",
+                         case_label=lambda case: case.replace("fp8 ", "M×N×K = "))
 
 
 def grouped_plot(plt, rows, env, label, path):
     """Grouped bfloat16 GEMMs per shape, relative to the fastest; cygemm's row names the route
     it measured and chose."""
-    grp = [r for r in rows if r["section"] == "grouped" and r["metric"] == "gpu_ms"]
-    groups = OrderedDict()
-    for r in grp:
-        groups.setdefault(r["case"], []).append((r["contender"], r["value"], kind(r["contender"], r)))
-    if not groups:
-        return False
-    ratio_chart(plt, list(groups.items()), "ms",
-                f"{env.get('gpu', 'GPU')}: grouped bfloat16 GEMMs out_g = x_g · W_gᵀ (mixture-of-experts form, "
-                f"fp32 accumulate)\nGPU time per call (CUDA events, {_rounds(grp)}) against the fastest in its "
-                f"case\n{label}", path,
-                note="cygemm moe_gemm (route): the route it timed and chose; C++ rows: cuBLAS's loop, grouped "
-                     "and batched calls")
-    return True
+    return _section_plot(plt, rows, "grouped", f"{env.get('gpu', 'GPU')}: grouped bfloat16 GEMMs out_g = x_g · "
+                         "W_gᵀ (mixture-of-experts form, fp32 accumulate)", label, path,
+                         "cygemm moe_gemm (route): the route it timed and chose; C++ rows: cuBLAS's loop, "
+                         "grouped and batched calls")
