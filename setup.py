@@ -36,7 +36,7 @@ MODULES = {"_errors": [], "_settings": [], "_streams": [], "_release": [], "_con
            "_timing": ["timing"], "tuning": [], "_launch": [], "_lt_desc": [], "_families": [], "_candidates": [], "plans": [],
            "routes": [], "epilogues": [], "rowmajor": [], "gemm_plan": [], "_batch_layout": [], "matmul": [],
            "_dense_routes": ["elementwise"], "dense": ["elementwise"], "fp8_convert": ["fp8"],
-           "fp8": [], "elementwise": ["elementwise"], "_groups": [], "grouped": ["grouped"], "graph": [],
+           "_fp8_args": [], "fp8": [], "elementwise": ["elementwise"], "_groups": [], "grouped": ["grouped"], "graph": [],
            "nn._kernels": ["nn"], "backend._kernels": ["backend"]}
 HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h",
            "cygemm/include/cygemm/fp8_kernels.h", "cygemm/include/cygemm/grouped_kernels.h",

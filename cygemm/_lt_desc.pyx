@@ -57,6 +57,10 @@ cdef int make_descriptors(PlanData* d, const ColMajorGemm* g, int64_t batch, cud
         check_cublas(<cublasStatus_t>set_scale_pointers(d, types), "cublasLtMatmulDescSetAttribute(scales)")
         fast = 1 if types.fast_accum else 0
         _set_desc(d.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast))
+        if types.a_scale_mode:          # (scalar scales are the default: older cuBLAS lacks the attribute)
+            _set_desc(d.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &types.a_scale_mode, sizeof(int32_t))
+        if types.b_scale_mode:
+            _set_desc(d.desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &types.b_scale_mode, sizeof(int32_t))
         if bias != NULL:
             bias_type = types.bias
             _set_desc(d.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type))

@@ -73,6 +73,8 @@ ctypedef struct GemmTypes:
     const float* d_scale        # D's quantizing scale (FP8 outputs only; NULL: 1)
     float* amax_d               # receives max |D| before d_scale (NULL: not computed)
     bint fast_accum             # FP8: skip the periodic promotion of partial sums
+    int a_scale_mode            # how a_scale / b_scale apply: a cublasLtMatmulMatrixScale_t (0: one
+    int b_scale_mode            # scalar; see cygemm._fp8_args), each its operand's (cuBLAS's A, B)
 
 
 # How float32 products are computed: math="tf32" / "fp32"; "cupy" is resolved to one of the

@@ -1,10 +1,13 @@
-from typing import Any, Dict, Literal, Optional
+from typing import Any, Dict, Literal, Optional, Tuple, Union
 
 from cygemm._typing import DeviceArray, StreamLike
 from cygemm.gemm_plan import GemmPlan
 
 Format = Literal["e4m3", "e5m2"]
+ScaleMode = Literal["tensor", "rowwise", "1x128", "128x128"]
+ScaleModeArg = Union[None, ScaleMode, Tuple[ScaleMode, ScaleMode]]
 FP8_MAX: Dict[str, float]
+SCALE_MODES: Dict[str, int]
 FP8_FORMATS: Dict[str, int]
 
 def scaled_matmul(a: DeviceArray, b: DeviceArray, scale_a: DeviceArray, scale_b: DeviceArray, *,
@@ -14,12 +17,14 @@ def scaled_matmul(a: DeviceArray, b: DeviceArray, scale_a: DeviceArray, scale_b:
                   scale_out: Optional[DeviceArray] = None, amax_out: Optional[DeviceArray] = None,
                   format_a: Optional[Format] = None, format_b: Optional[Format] = None,
                   format_out: Optional[Format] = None, fast_accum: bool = False,
+                  scale_mode: ScaleModeArg = None,
+                  determinism: Optional[Literal["off", "run_to_run", "batch_invariant"]] = None,
                   stream: StreamLike = None) -> DeviceArray: ...
 def describe_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out: Any = None,
                            out_dtype: Optional[str] = None, bias: Any = None, act: str = "none",
                            scale_out: Any = None, amax_out: Any = None, format_a: Optional[Format] = None,
                            format_b: Optional[Format] = None, format_out: Optional[Format] = None,
-                           fast_accum: bool = False) -> Dict[str, Any]: ...
+                           fast_accum: bool = False, scale_mode: ScaleModeArg = None) -> Dict[str, Any]: ...
 
 class ScaledMatmulPlan(GemmPlan):
     def __init__(self, a: DeviceArray, b: DeviceArray, scale_a: DeviceArray, scale_b: DeviceArray, *,
@@ -28,7 +33,8 @@ class ScaledMatmulPlan(GemmPlan):
                  bias: Optional[DeviceArray] = None, act: Literal["none", "relu", "gelu"] = "none",
                  scale_out: Optional[DeviceArray] = None, amax_out: Optional[DeviceArray] = None,
                  format_a: Optional[Format] = None, format_b: Optional[Format] = None,
-                 format_out: Optional[Format] = None, fast_accum: bool = False) -> None: ...
+                 format_out: Optional[Format] = None, fast_accum: bool = False,
+                 scale_mode: ScaleModeArg = None) -> None: ...
     def execute(self, a: Optional[DeviceArray] = None, b: Optional[DeviceArray] = None,  # type: ignore[override]
                 out: Optional[DeviceArray] = None, *, stream: StreamLike = None) -> DeviceArray: ...
 

@@ -88,7 +88,7 @@ ctypedef struct PlanKey:
     size_t ws_bytes
     bint typed          # GemmTypes given (FP8): the fields below count
     int a_type, b_type, c_type, bias_type
-    uint32_t scale_flags    # which of a_scale, b_scale, d_scale, amax_d are set; fast_accum
+    uint32_t scale_flags    # which of a_scale, b_scale, d_scale, amax_d are set; fast_accum; scale modes
 
 cdef enum:
     RECENT_PLANS = 16
@@ -218,7 +218,8 @@ cdef PlanKey _plan_key(GemmContext* ctx, const ColMajorGemm* g, cudaDataType dty
         k.typed = True
         k.a_type, k.b_type, k.c_type, k.bias_type = types.a, types.b, types.c, types.bias
         k.scale_flags = ((types.a_scale != NULL) | (types.b_scale != NULL) << 1 | (types.d_scale != NULL) << 2
-                         | (types.amax_d != NULL) << 3 | (<uint32_t>types.fast_accum) << 4)
+                         | (types.amax_d != NULL) << 3 | (<uint32_t>types.fast_accum) << 4
+                         | (<uint32_t>types.a_scale_mode) << 5 | (<uint32_t>types.b_scale_mode) << 9)
     return k
 
 

@@ -45,8 +45,8 @@ def test_every_describe_gives_the_common_keys_first_in_one_order():
         assert list(d)[:len(COMMON)] == COMMON, what
     assert list(gemm)[len(COMMON):] == ["strided_batched", "int64_api"]
     assert list(matmul) == COMMON
-    assert {"call", "a_type", "b_type", "c_type", "d_type", "bias_type", "epilogue", "scales", "amax",
-            "fast_accum"} == set(scaled) - set(COMMON)
+    assert {"call", "a_type", "b_type", "c_type", "d_type", "bias_type", "epilogue", "scales", "scale_modes",
+            "amax", "fast_accum"} == set(scaled) - set(COMMON)
     assert list(grouped["per_group"][0])[len(COMMON):] == ["route"]
     assert {"chosen", "decided_by", "why_chosen", "per_group"} <= set(grouped)
 
@@ -288,7 +288,7 @@ def test_describe_scaled_matmul_of_ml_dtypes_fp8_arrays_computes_the_product():
                                         ((), "float32"), format_b="e4m3"), TypeError,
      ["a:", "float8_e4m3fn, float8_e5m2 or uint8", "float32"]),
     (lambda: fp8.describe_scaled_matmul(((64, 128), "e4m3"), np.zeros((32, 128), np.uint8).T, ((2,), "float32"),
-                                        ((), "float32"), format_b="e4m3"), ValueError, ["scale_a:", "float32 scalar"]),
+                                        ((), "float32"), format_b="e4m3"), ValueError, ["scale_a:", "one float32 element", "got shape (2,)"]),
     (lambda: fp8.describe_scaled_matmul(((64, 128), "e4m3"), ((128, 32), "e4m3"), ((), "float32"),
                                         ((), "float32")), ValueError, ["b:", "column-major"]),
 ])

@@ -36,6 +36,8 @@ cdef extern from "cublasLt.h" nogil:
         CUBLASLT_MATMUL_DESC_D_SCALE_POINTER
         CUBLASLT_MATMUL_DESC_AMAX_D_POINTER
         CUBLASLT_MATMUL_DESC_FAST_ACCUM
+        CUBLASLT_MATMUL_DESC_A_SCALE_MODE   # (int32_t: a cublasLtMatmulMatrixScale_t)
+        CUBLASLT_MATMUL_DESC_B_SCALE_MODE
 
     ctypedef enum cublasLtMatrixLayoutAttribute_t:
         CUBLASLT_MATRIX_LAYOUT_TYPE

@@ -47,3 +47,31 @@ def to_codes(x, fmt):
 
 def decode(codes, fmt):
     return values(fmt)[np.asarray(codes, dtype=np.uint8)]
+
+
+# ------------------------------------------------------------------ scaled FP8 products
+# Scales as cuBLASLt applies them (cygemm._fp8_args' table): each scale array is its operand's
+# grid of blocks; expanded, it is one factor per element of the operand.
+
+def expand_scale(scale, mode, shape, operand):
+    """The per-element factors (float64, `shape`) of a scale of `mode` ("tensor", "rowwise",
+    "1x128", "128x128") for operand "a" (M, K) or "b" (K, N)."""
+    s = np.asarray(scale, dtype=np.float64)
+    rows, cols = shape
+    i, j = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+    if mode == "tensor":
+        return np.full(shape, s.reshape(-1)[0])
+    if mode == "rowwise":           # a: one per row; b: one per column
+        v = s.reshape(-1)
+        return v[i] if operand == "a" else v[j]
+    if mode == "1x128":             # 128 elements along K: a's columns, b's rows
+        return s[i, j // 128] if operand == "a" else s[i // 128, j]
+    if mode == "128x128":
+        return s[i // 128, j // 128]
+    raise ValueError(mode)
+
+
+def scaled_product(a_values, scale_a, mode_a, b_values, scale_b, mode_b):
+    """float64 (a * scale_a) @ (b * scale_b), each scale expanded as cuBLASLt applies it."""
+    return ((a_values * expand_scale(scale_a, mode_a, a_values.shape, "a"))
+            @ (b_values * expand_scale(scale_b, mode_b, b_values.shape, "b")))
