@@ -36,17 +36,18 @@ MODULES = {"_errors": [], "_settings": [], "_streams": [], "_release": [], "_con
            "_timing": ["timing"], "tuning": [], "_launch": [], "_lt_desc": [], "_families": [], "_candidates": [], "plans": [],
            "routes": [], "epilogues": [], "rowmajor": [], "gemm_plan": [], "_batch_layout": [], "matmul": [],
            "_dense_routes": ["elementwise"], "dense": ["elementwise"], "fp8_convert": ["fp8"],
-           "_fp8_args": [], "fp8": [], "elementwise": ["elementwise"], "_groups": [], "grouped": ["grouped"], "graph": [],
+           "_fp8_args": [], "fp8_scales": ["fp8_scales"], "fp8": [], "elementwise": ["elementwise"], "_groups": [], "grouped": ["grouped"], "graph": [],
            "nn._kernels": ["nn"], "backend._kernels": ["backend"]}
 HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h",
-           "cygemm/include/cygemm/fp8_kernels.h", "cygemm/include/cygemm/grouped_kernels.h",
+           "cygemm/include/cygemm/fp8_kernels.h", "cygemm/include/cygemm/fp8_scale_kernels.h",
+           "cygemm/include/cygemm/grouped_kernels.h",
            "cygemm/include/cygemm/convert.h", "cygemm/include/cygemm/nn_kernels.h",
            "cygemm/include/cygemm/backend_kernels.h", "cygemm/include/cygemm/warp_reduce.cuh"]
 KERNELS = sorted({k for kernels in MODULES.values() for k in kernels})
 CYTHON_DIRECTIVES = {"language_level": 3, "binding": True}
 # nvcc's files, longest first (measured: elementwise's 96 template kernels take 3/4 of nvcc's
 # time): the longest starts first, and modules that wait on none of them build meanwhile.
-KERNELS_LONGEST_FIRST = ["elementwise", "fp8", "nn", "backend", "grouped", "timing"]
+KERNELS_LONGEST_FIRST = ["elementwise", "fp8", "fp8_scales", "nn", "backend", "grouped", "timing"]
 
 
 def kernel_source(name):

@@ -1,7 +1,8 @@
 # Reading and checking scaled_matmul's arguments (see _fp8_args.pyx): the one path from FP8
 # operands, scales, out and bias to the ColMajorGemm and GemmTypes of a cuBLASLt FP8 call.
 from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t
-from cygemm._types cimport ColMajorGemm, GemmTypes
+from libc.stdint cimport int64_t
+from cygemm._types cimport ColMajorGemm, GemmTypes, ArrayDesc
 from cygemm._args cimport CallArgs
 
 # How a scale applies (cuBLASLt's cublasLtMatmulMatrixScale_t values, sm_90's FP32 ones).
@@ -31,3 +32,7 @@ cdef str scale_mode_name(int mode)
 # Whether a, b scale modes pair in one cuBLASLt FP8 GEMM on sm_90 (a: the row operand, b: the
 # column operand, in the user's row-major terms).
 cdef bint modes_pair(int mode_a, int mode_b) noexcept nogil
+
+# ValueError (naming `name`, the shape and layout needed and a way to make it) unless d is a scale
+# of `mode` for operand a (M, K) (is_a) or b (K, N) of a GEMM of that size.
+cdef int expect_scale(const ArrayDesc* d, int mode, bint is_a, int64_t m, int64_t n, int64_t k, str name) except -1

@@ -209,10 +209,10 @@ cdef str _got(const ArrayDesc* d):
     return f"got shape {desc_shape(d)} with element strides {tuple(d.strides[i] for i in range(d.ndim))}"
 
 
-cdef int _expect_fit(const ArrayDesc* d, int mode, bint is_a, int64_t m, int64_t n, int64_t k) except -1:
+cdef int expect_scale(const ArrayDesc* d, int mode, bint is_a, int64_t m, int64_t n, int64_t k, str name) except -1:
     if not _fits(d, mode, is_a, m if is_a else n, k):
-        raise ValueError(f"{'scale_a' if is_a else 'scale_b'}: a {scale_mode_name(mode)} scale of "
-                         f"{_operand(is_a, m, n, k)} is {_expected(mode, is_a, m if is_a else n, k)}; {_got(d)}")
+        raise ValueError(f"{name}: a {scale_mode_name(mode)} scale of {_operand(is_a, m, n, k)} is "
+                         f"{_expected(mode, is_a, m if is_a else n, k)}; {_got(d)}")
     return 0
 
 
@@ -239,8 +239,8 @@ cdef int _scale_modes(const ArrayDesc* da, const ArrayDesc* db, object scale_mod
                              f"for a and {scale_mode_name(mode_b[0])} for b on Hopper; it pairs tensor with "
                              f"tensor, rowwise with rowwise, and 1x128 or 128x128 with 1x128 or 128x128, not "
                              f"128x128 with 128x128")
-        _expect_fit(da, mode_a[0], True, m, n, k)
-        _expect_fit(db, mode_b[0], False, m, n, k)
+        expect_scale(da, mode_a[0], True, m, n, k, "scale_a")
+        expect_scale(db, mode_b[0], False, m, n, k, "scale_b")
         return 0
     for pa, pb in _PAIRS:
         if _fits(da, pa, True, m, k) and _fits(db, pb, False, n, k):

@@ -39,3 +39,4 @@ class ScaledMatmulPlan(GemmPlan):
                 out: Optional[DeviceArray] = None, *, stream: StreamLike = None) -> DeviceArray: ...
 
 from cygemm.fp8_convert import amax as amax, dequantize as dequantize, quantize as quantize
+from cygemm.fp8_scales import quantize_scaled as quantize_scaled

@@ -14,6 +14,8 @@ linear layer's weight and of ``torch._scaled_mm``. Any other layout is refused (
 :func:`quantize` and :func:`dequantize` convert between FP8 and float32/float16/bfloat16 with
 cygemm's kernels (16-byte accesses, grid sized to the GPU, allocation-free, capturable); they
 live in :mod:`cygemm.fp8_convert` and are re-exported here with :func:`amax`.
+:func:`quantize_scaled` quantizes with per-row, 1 x 128 or 128 x 128 scales in the layout
+scaled_matmul reads (from :mod:`cygemm.fp8_scales`).
 
 CuPy has no FP8 dtype: FP8 data live in ``uint8`` arrays, and the ``format_*`` arguments say
 which format the bytes hold. torch's ``float8_e4m3fn`` and ``float8_e5m2`` tensors carry theirs.
@@ -43,6 +45,7 @@ from cygemm._fp8_args cimport (ScaledCall, ScaleMode, SCALE_TENSOR, read_scaled,
 from cygemm._arrays import FP8_FORMATS
 from cygemm._fp8_args import SCALE_MODES
 from cygemm.fp8_convert import quantize, dequantize, amax
+from cygemm.fp8_scales import quantize_scaled
 
 #: The largest finite value of each format: quantize saturates there.
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}

@@ -75,3 +75,33 @@ def scaled_product(a_values, scale_a, mode_a, b_values, scale_b, mode_b):
     """float64 (a * scale_a) @ (b * scale_b), each scale expanded as cuBLASLt applies it."""
     return ((a_values * expand_scale(scale_a, mode_a, a_values.shape, "a"))
             @ (b_values * expand_scale(scale_b, mode_b, b_values.shape, "b")))
+
+
+# ------------------------------------------------------------------ quantizing with finer scales
+# cygemm.fp8.quantize_scaled's definition (cygemm/include/cygemm/fp8_scale_kernels.h), in
+# float32 arithmetic as the kernels do it.
+
+GROUPS = {"rowwise": None, "1x128": (1, 128), "128x128": (128, 128)}
+
+
+def quantize_scaled(x, mode, fmt, transpose=False, pow2=False):
+    """(codes, scales): codes (uint8) of x (or x.T), scales as their grid of groups (float32,
+    one per group: (R, 1) rowwise, (R, ceil(C/128)) 1x128, (ceil(R/128), ceil(C/128)) 128x128)."""
+    x = np.asarray(x, dtype=np.float32)
+    if transpose:
+        x = x.T
+    rows, cols = x.shape
+    hr, hc = GROUPS[mode] or (1, max(cols, 1))
+    gr, gc = -(-rows // hr), -(-cols // hc)
+    padded = np.zeros((gr * hr, gc * hc), np.float32)
+    padded[:rows, :cols] = np.where(np.isnan(x), 0, np.abs(x))
+    amax = padded.reshape(gr, hr, gc, hc).max(axis=(1, 3))
+    fmax = np.float32(largest(fmt))
+    with np.errstate(divide="ignore", over="ignore"):
+        m = np.minimum(fmax / np.maximum(amax, np.float32(1e-45)), np.float32(2.0 ** 126)).astype(np.float32)
+    m = np.where((amax > 0) & np.isfinite(amax), m, np.float32(1)).astype(np.float32)
+    if pow2:
+        m = np.ldexp(np.float32(1), np.frexp(m)[1] - 1).astype(np.float32)
+    expanded = np.repeat(np.repeat(m, hr, axis=0), hc, axis=1)[:rows, :cols]
+    codes = to_codes((x * expanded).astype(np.float32), fmt)
+    return codes, (np.float32(1) / m).astype(np.float32)

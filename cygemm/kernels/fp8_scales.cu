@@ -1,0 +1,315 @@
+// Quantizing to FP8 with per-row, 1 x 128 and 128 x 128 scales (cygemm/fp8_scale_kernels.h says
+// what each computes and where its scales go). Memory-bound; every element is read once, or
+// twice where a group's amax must be known before its first element is written (a row, a
+// 128 x 128 block: the second read hits L2). Groups along x's rows run a warp per 1 x 128 tile
+// (4 elements a lane), a block per row or per 128 x 128 block; the transposed forms stage a
+// 128 x 64 tile of x in shared memory so that both the reads of x and the writes of x^T are
+// coalesced.
+#include "cygemm/fp8_scale_kernels.h"
+#include "cygemm/convert.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kGroup = 128;            // elements a 1 x 128 scale covers; a 128 x 128 block's side
+constexpr int kTileCols = 64;          // x's columns in a transposed tile (x^T's rows)
+constexpr float kMaxMult = 0x1p126f;   // the largest m: a tiny amax gives 2^126, not infinity
+
+using cygemm_convert::to_f;
+
+// m of a group (see the header): fmax / amax, 1 without a finite positive amax, at most 2^126,
+// rounded down to a power of two when pow2.
+__device__ __forceinline__ float quant_mult(float amax, float fmax, bool pow2) {
+    if (!(amax > 0.f) || isinf(amax)) return 1.f;
+    float m = fminf(__fdiv_rn(fmax, amax), kMaxMult);
+    if (pow2) m = ldexpf(1.f, ilogbf(m));
+    return m;
+}
+
+__device__ __forceinline__ float warp_max(float m) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+    return m;
+}
+
+// The block's maximum, in every thread (fmaxf: NaN ignored).
+__device__ __forceinline__ float block_max(float m) {
+    __shared__ float warp_m[kWarps];
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0) warp_m[threadIdx.x >> 5] = m;
+    __syncthreads();
+    m = warp_m[0];
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) m = fmaxf(m, warp_m[w]);
+    __syncthreads();                   // (warp_m is reused by the next call)
+    return m;
+}
+
+__device__ __forceinline__ float max4(const float v[4]) {
+    return fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+}
+
+// x[c..c+3] of a row of n elements as floats (0 beyond n); VEC: one 4-element load (c % 4 == 0
+// and the row 4-element aligned).
+template <typename T, bool VEC>
+__device__ __forceinline__ void load4(const T* row, int64_t c, int64_t n, float v[4]) {
+    if (VEC && c + 3 < n) {
+        if (sizeof(T) == 4) {
+            float4 f = *reinterpret_cast<const float4*>(row + c);
+            v[0] = f.x, v[1] = f.y, v[2] = f.z, v[3] = f.w;
+        } else {
+            uint2 raw = *reinterpret_cast<const uint2*>(row + c);
+            const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) v[i] = to_f(e[i]);
+        }
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = c + i < n ? to_f(row[c + i]) : 0.f;
+}
+
+// q[c..c+3] = saturate(v * m) (those below n); VEC: one 4-byte store.
+template <bool VEC>
+__device__ __forceinline__ void store4(unsigned char* row, int64_t c, int64_t n, const float v[4], float m,
+                                       __nv_fp8_interpretation_t fmt) {
+    if (VEC && c + 3 < n) {
+        uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[0] * m, v[1] * m), __NV_SATFINITE, fmt);
+        uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[2] * m, v[3] * m), __NV_SATFINITE, fmt);
+        *reinterpret_cast<uint32_t*>(row + c) = lo | (hi << 16);
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+        if (c + i < n) row[c + i] = __nv_cvt_float_to_fp8(v[i] * m, __NV_SATFINITE, fmt);
+}
+
+// 1 x 128 along x's rows: a warp per tile, 4 elements a lane.
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads) tiles_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
+                                                         unsigned char* __restrict__ q, float* __restrict__ scale,
+                                                         float fmax, bool pow2, __nv_fp8_interpretation_t fmt) {
+    const int lane = threadIdx.x & 31;
+    const int64_t groups = (cols + kGroup - 1) / kGroup;
+    const int64_t stride = (int64_t(gridDim.x) * blockDim.x) >> 5;
+    for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; w < rows * groups; w += stride) {
+        const int64_t r = w / groups, g = w - r * groups, c = g * kGroup + lane * 4;
+        float v[4];
+        load4<T, VEC>(x + r * cols, c, cols, v);
+        const float m = quant_mult(warp_max(max4(v)), fmax, pow2);
+        store4<VEC>(q + r * cols, c, cols, v, m, fmt);
+        if (lane == 0) scale[g * rows + r] = __fdiv_rn(1.f, m);
+    }
+}
+
+// One scale per row of x: a block per row, the row read twice (its amax, then its codes).
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads) rows_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
+                                                        unsigned char* __restrict__ q, float* __restrict__ scale,
+                                                        float fmax, bool pow2, __nv_fp8_interpretation_t fmt) {
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = x + r * cols;
+        float a = 0.f, v[4];
+        for (int64_t c = int64_t(threadIdx.x) * 4; c < cols; c += kThreads * 4) {
+            load4<T, VEC>(xr, c, cols, v);
+            a = fmaxf(a, max4(v));
+        }
+        const float m = quant_mult(block_max(a), fmax, pow2);
+        for (int64_t c = int64_t(threadIdx.x) * 4; c < cols; c += kThreads * 4) {
+            load4<T, VEC>(xr, c, cols, v);
+            store4<VEC>(q + r * cols, c, cols, v, m, fmt);
+        }
+        if (threadIdx.x == 0) scale[r] = __fdiv_rn(1.f, m);
+    }
+}
+
+enum TransposedPass { T_AMAX, T_TILES, T_ROWS };
+
+// x^T's rows are x's columns: a 128 x 64 tile of x (128 of x^T's columns: one 1 x 128 group)
+// staged in shared memory; warp w then makes x^T's rows w, w + 8, ..., lane l holding tile rows
+// l, l + 32, l + 64, l + 96 (the odd row pitch keeps those reads free of bank conflicts).
+// T_AMAX: atomicMax of each column's amax into amax[c] (zeroed first; non-negative floats order
+// as their bits do). T_TILES: 1 x 128 scales. T_ROWS: one scale per row of x^T, its amax read
+// from amax[c] (the T_AMAX pass's).
+template <typename T, TransposedPass PASS>
+__global__ void __launch_bounds__(kThreads) transposed_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
+                                                              unsigned char* __restrict__ q, float* scale,
+                                                              float fmax, bool pow2,
+                                                              __nv_fp8_interpretation_t fmt) {
+    __shared__ float tile[kGroup][kTileCols + 1];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t row_tiles = (rows + kGroup - 1) / kGroup, col_tiles = (cols + kTileCols - 1) / kTileCols;
+    for (int64_t t = blockIdx.x; t < row_tiles * col_tiles; t += gridDim.x) {
+        const int64_t r0 = (t / col_tiles) * kGroup, c0 = (t % col_tiles) * kTileCols;
+        for (int i = threadIdx.x; i < kGroup * kTileCols; i += kThreads) {
+            const int tr = i / kTileCols, tc = i % kTileCols;
+            tile[tr][tc] = r0 + tr < rows && c0 + tc < cols ? to_f(x[(r0 + tr) * cols + c0 + tc]) : 0.f;
+        }
+        __syncthreads();
+        for (int tc = warp; tc < kTileCols && c0 + tc < cols; tc += kWarps) {
+            const int64_t c = c0 + tc;
+            float v[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[j] = tile[lane + 32 * j][tc];
+            if (PASS == T_AMAX) {
+                const float a = warp_max(max4(v));
+                if (lane == 0 && a > 0.f) atomicMax(reinterpret_cast<int*>(scale + c), __float_as_int(a));
+                continue;
+            }
+            const float m = quant_mult(PASS == T_TILES ? warp_max(max4(v)) : scale[c], fmax, pow2);
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (r0 + lane + 32 * j < rows)
+                    q[c * rows + r0 + lane + 32 * j] = __nv_cvt_float_to_fp8(v[j] * m, __NV_SATFINITE, fmt);
+            if (PASS == T_TILES && lane == 0) scale[(r0 / kGroup) * cols + c] = __fdiv_rn(1.f, m);
+        }
+        __syncthreads();               // (the tile is refilled next)
+    }
+}
+
+// T_ROWS's last step: amax[c] -> 1 / m, in place.
+__global__ void amax_to_scale_kernel(int64_t n, float* scale, float fmax, bool pow2) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        scale[i] = __fdiv_rn(1.f, quant_mult(scale[i], fmax, pow2));
+}
+
+// 128 x 128 blocks: a block of threads per block of x, read twice (its amax, then its codes);
+// thread t covers row t / 2, columns (t % 2) * 64 .. + 63 of it. TRANSPOSE: the codes go
+// through shared memory (rows 129 bytes apart: the column reads below are free of bank
+// conflicts); warp w then writes x^T's rows w, w + 8, ..., 4 bytes a lane.
+template <typename T, bool VEC, bool TRANSPOSE>
+__global__ void __launch_bounds__(kThreads) blocks_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
+                                                          unsigned char* __restrict__ q, float* __restrict__ scale,
+                                                          float fmax, bool pow2, __nv_fp8_interpretation_t fmt) {
+    __shared__ unsigned char codes[TRANSPOSE ? kGroup : 1][kGroup + 1];
+    const int64_t row_blocks = (rows + kGroup - 1) / kGroup, col_blocks = (cols + kGroup - 1) / kGroup;
+    // Scale rows are round_up(blocks along q's columns, 4) apart.
+    const int64_t ld = TRANSPOSE ? (row_blocks + 3) / 4 * 4 : (col_blocks + 3) / 4 * 4;
+    const int tr = threadIdx.x >> 1, half = (threadIdx.x & 1) * (kGroup / 2);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bool store_words = rows % 4 == 0 && (reinterpret_cast<uintptr_t>(q) & 3) == 0;   // (x^T's rows)
+    for (int64_t b = blockIdx.x; b < row_blocks * col_blocks; b += gridDim.x) {
+        const int64_t br = b / col_blocks, bc = b % col_blocks, r = br * kGroup + tr;
+        const int64_t c_end = (bc + 1) * kGroup < cols ? (bc + 1) * kGroup : cols;
+        const T* xr = x + r * cols;
+        float a = 0.f, v[4];
+        if (r < rows)
+            for (int64_t c = bc * kGroup + half; c < bc * kGroup + half + kGroup / 2; c += 4) {
+                load4<T, VEC>(xr, c, c_end, v);
+                a = fmaxf(a, max4(v));
+            }
+        const float m = quant_mult(block_max(a), fmax, pow2);
+        if constexpr (!TRANSPOSE) {
+            if (r < rows)
+                for (int64_t c = bc * kGroup + half; c < bc * kGroup + half + kGroup / 2; c += 4) {
+                    load4<T, VEC>(xr, c, c_end, v);
+                    store4<VEC>(q + r * cols, c, c_end, v, m, fmt);
+                }
+            if (threadIdx.x == 0) scale[br * ld + bc] = __fdiv_rn(1.f, m);
+        } else {
+            for (int j = 0; j < kGroup / 2; j += 4) {
+                load4<T, VEC>(xr, bc * kGroup + half + j, r < rows ? c_end : 0, v);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) codes[tr][half + j + i] = __nv_cvt_float_to_fp8(v[i] * m, __NV_SATFINITE, fmt);
+            }
+            __syncthreads();
+            // x^T's row c = bc * 128 + tc; lane l writes its columns (x's rows) br * 128 + 4l .. + 3.
+            const int64_t r4 = br * kGroup + 4 * lane;
+            for (int tc = warp; tc < kGroup && bc * kGroup + tc < cols; tc += kWarps) {
+                unsigned char* out = q + (bc * kGroup + tc) * rows + r4;
+                if (store_words && r4 + 3 < rows) {
+                    *reinterpret_cast<uint32_t*>(out) = uint32_t(codes[4 * lane][tc]) | uint32_t(codes[4 * lane + 1][tc]) << 8 |
+                                                        uint32_t(codes[4 * lane + 2][tc]) << 16 |
+                                                        uint32_t(codes[4 * lane + 3][tc]) << 24;
+                } else {
+                    for (int i = 0; i < 4; ++i)
+                        if (r4 + i < rows) out[i] = codes[4 * lane + i][tc];
+                }
+            }
+            if (threadIdx.x == 0) scale[bc * ld + br] = __fdiv_rn(1.f, m);
+            __syncthreads();               // (codes is refilled next)
+        }
+    }
+}
+
+// Blocks for `units` of work (a block each, strided past the grid): every SM filled several times over.
+unsigned grid_for(int64_t units) {
+    static int sms[64] = {0};
+    int device = 0;
+    cudaGetDevice(&device);
+    int& count = sms[device & 63];
+    if (count == 0 && cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+        cudaGetLastError();
+        count = 132;
+    }
+    return unsigned(std::max<int64_t>(1, std::min<int64_t>(units, int64_t(count) * 16)));
+}
+
+template <typename T>
+cudaError_t quantize_scaled(int mode, bool transpose, bool pow2, int64_t rows, int64_t cols, const T* x,
+                            unsigned char* q, float* scale, float fmax, __nv_fp8_interpretation_t fmt,
+                            cudaStream_t stream) {
+    if (rows == 0 || cols == 0) return cudaSuccess;
+    // 4-element accesses: rows that start 4 elements apart on 16-byte aligned arrays.
+    const bool vec = cols % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0 &&
+                     (reinterpret_cast<uintptr_t>(q) & 3) == 0;
+    const int64_t groups = (cols + kGroup - 1) / kGroup;
+    const int64_t tiles = ((rows + kGroup - 1) / kGroup) * ((cols + kTileCols - 1) / kTileCols);
+    const int64_t blocks = ((rows + kGroup - 1) / kGroup) * groups;
+    if (mode == CYGEMM_SCALE_1X128 && !transpose) {
+        const unsigned grid = grid_for((rows * groups + kWarps - 1) / kWarps);
+        if (vec) tiles_kernel<T, true><<<grid, kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+        else tiles_kernel<T, false><<<grid, kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+    } else if (mode == CYGEMM_SCALE_ROWWISE && !transpose) {
+        if (vec) rows_kernel<T, true><<<grid_for(rows), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+        else rows_kernel<T, false><<<grid_for(rows), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+    } else if (mode == CYGEMM_SCALE_1X128) {
+        transposed_kernel<T, T_TILES><<<grid_for(tiles), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+    } else if (mode == CYGEMM_SCALE_ROWWISE) {
+        cudaError_t err = cudaMemsetAsync(scale, 0, size_t(cols) * sizeof(float), stream);
+        if (err != cudaSuccess) return err;
+        transposed_kernel<T, T_AMAX><<<grid_for(tiles), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+        if ((err = cudaGetLastError()) != cudaSuccess) return err;
+        transposed_kernel<T, T_ROWS><<<grid_for(tiles), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+        if ((err = cudaGetLastError()) != cudaSuccess) return err;
+        amax_to_scale_kernel<<<grid_for((cols + kThreads - 1) / kThreads), kThreads, 0, stream>>>(cols, scale, fmax, pow2);
+    } else if (transpose) {
+        if (vec) blocks_kernel<T, true, true><<<grid_for(blocks), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+        else blocks_kernel<T, false, true><<<grid_for(blocks), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+    } else {
+        if (vec) blocks_kernel<T, true, false><<<grid_for(blocks), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+        else blocks_kernel<T, false, false><<<grid_for(blocks), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+    }
+    return cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" cudaError_t cygemm_fp8_quantize_scaled(cudaDataType dtype, cudaDataType format, int mode, int transpose,
+                                                  int pow2, int64_t rows, int64_t cols, const void* x, void* q,
+                                                  float* scale, cudaStream_t stream) {
+    if ((format != CUDA_R_8F_E4M3 && format != CUDA_R_8F_E5M2) || rows < 0 || cols < 0 ||
+        (mode != CYGEMM_SCALE_ROWWISE && mode != CYGEMM_SCALE_1X128 && mode != CYGEMM_SCALE_128X128))
+        return cudaErrorInvalidValue;
+    const __nv_fp8_interpretation_t fmt = format == CUDA_R_8F_E5M2 ? __NV_E5M2 : __NV_E4M3;
+    const float fmax = format == CUDA_R_8F_E5M2 ? 57344.f : 448.f;
+    auto qs = static_cast<unsigned char*>(q);
+    switch (dtype) {
+    case CUDA_R_32F:
+        return quantize_scaled(mode, transpose, pow2, rows, cols, static_cast<const float*>(x), qs, scale, fmax, fmt, stream);
+    case CUDA_R_16F:
+        return quantize_scaled(mode, transpose, pow2, rows, cols, static_cast<const __half*>(x), qs, scale, fmax, fmt, stream);
+    case CUDA_R_16BF:
+        return quantize_scaled(mode, transpose, pow2, rows, cols, static_cast<const __nv_bfloat16*>(x), qs, scale, fmax,
+                               fmt, stream);
+    default:
+        return cudaErrorInvalidValue;
+    }
+}
