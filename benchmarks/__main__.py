@@ -31,6 +31,7 @@ sys.path.insert(0, HERE)
 import contenders as C  # noqa: E402
 import cuda_graph  # noqa: E402
 import dense  # noqa: E402
+import fp8_scales  # noqa: E402
 import gemms  # noqa: E402
 import hopper  # noqa: E402
 import host  # noqa: E402
@@ -56,6 +57,7 @@ SECTIONS = {
     "train": training.train_section,
     "backend": training.backend_section,
     "fp8": hopper.fp8_section,
+    "fp8_scales": fp8_scales.fp8_scales_section,
     "grouped": hopper.grouped_section,
     "elementwise": hopper.elementwise_section,
     "determinism": reproducibility.determinism_section,
