@@ -3,19 +3,23 @@
 own operands, within the tuning budget (see cygemm._timing); the fastest becomes the plan's.
 And the tuning table's record of that choice: made, and applied where it still fits."""
 import time
+import warnings
 
-from libc.stdint cimport int64_t
+import numpy as np
+
+from libc.stdint cimport int32_t, int64_t
 from libc.string cimport memcpy
 
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
-from cygemm._types cimport ColMajorGemm
+from cygemm._types cimport ColMajorGemm, is_fp8_type
 from cygemm._context cimport GemmContext
 from cygemm._release cimport defer_free
 from cygemm._settings cimport AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN
 from cygemm._families cimport in_family
 from cygemm._launch cimport PlanData, PlanRoute, PLAN_GEMMEX, PLAN_LT, plan_run
+from cygemm._errors cimport check_cuda
 from cygemm._timing cimport time_choices, tuning_budget_ms
 from cygemm.tuning cimport count_tuning
 
@@ -54,6 +58,53 @@ cdef int _tune_enqueue(void* arg, int choice) except -1:
     finally:
         a.d.route, a.d.algo = route, algo
     return 0 if st == CUBLAS_STATUS_SUCCESS else 1
+
+
+# A test hook: the next verified tuning finds this candidate fastest and its result wrong.
+cdef int _fake_wrong = -1
+
+
+def _fake_a_wrong_candidate(int index):
+    """For tests: the next FP8 tuning times candidate `index` fastest and reads a wrong result
+    from it (what cuBLASLt 13.1's faulty FP8 split-K kernels give), so the check must refuse it."""
+    global _fake_wrong
+    _fake_wrong = index
+
+
+cdef object _output_values(_TuneArg* a):
+    """The output of the last run (one matrix, column-major m x n at ldc) as float64 values."""
+    cdef cudaDataType t = a.d.dtype
+    cdef size_t item = 1 if is_fp8_type(t) else (4 if t == CUDA_R_32F else (8 if t == CUDA_R_64F else 2))
+    cdef int64_t count = (a.g.n - 1) * a.g.ldc + a.g.m
+    raw = np.empty(a.g.n * a.g.ldc * item, np.uint8)
+    cdef unsigned char[::1] view = raw
+    with nogil:
+        check_cuda(cudaStreamSynchronize(a.stream), "cudaStreamSynchronize")
+        check_cuda(cudaMemcpy(&view[0], a.g.c, count * item, cudaMemcpyDeviceToHost), "cudaMemcpy")
+    import ml_dtypes
+    dtype = {CUDA_R_32F: np.float32, CUDA_R_64F: np.float64, CUDA_R_16F: np.float16,
+             CUDA_R_16BF: ml_dtypes.bfloat16, CUDA_R_8F_E4M3: ml_dtypes.float8_e4m3fn,
+             CUDA_R_8F_E5M2: ml_dtypes.float8_e5m2}[t]
+    return raw.view(dtype).reshape(a.g.n, a.g.ldc)[:, :a.g.m].astype(np.float64)
+
+
+cdef bint _agrees(_TuneArg* a, int choice, int first) except -1:
+    """Whether `choice`'s result on the call's operands is `first`'s, within what two correct
+    kernels' roundings allow (relative Frobenius error 1e-2; 0.1 for an FP8 output)."""
+    global _fake_wrong
+    if _tune_enqueue(a, first):
+        return True                 # (the first candidate itself refused: nothing to compare with)
+    want = _output_values(a)
+    if _tune_enqueue(a, choice):
+        return False
+    got = _output_values(a)
+    if _fake_wrong >= 0:
+        got = got + 1.0 + np.abs(want)
+        _fake_wrong = -1
+    same_nan = np.array_equal(np.isnan(got), np.isnan(want))
+    ok = np.nan_to_num(want)
+    err = np.linalg.norm(np.nan_to_num(got) - ok) / max(np.linalg.norm(ok), 1e-30)
+    return same_nan and err <= (0.1 if is_fp8_type(a.d.dtype) else 1e-2)
 
 
 cdef inline bint _listed(const int* xs, int n, int x) noexcept nogil:
@@ -145,6 +196,13 @@ cdef int tune_candidates(GemmContext* ctx, cudaStream_t stream, PlanData* d, con
             return 0
         if base >= 0 and ms[best] > 0.99 * ms[base]:
             best = base
+        if _fake_wrong >= 0 and d.verify and 0 < _fake_wrong < found:
+            best = _fake_wrong
+        if d.verify and 0 < best < found and g.batch == 1 and not _agrees(&a, best, 0):
+            warnings.warn(f"cygemm: cuBLASLt's FP8 algorithm {_algo_name(&d.candidates[best].algo)} was the fastest "
+                          f"but its result differs from its first choice's on the same operands; the first "
+                          f"choice is kept", RuntimeWarning, stacklevel=2)
+            best = 0
     finally:
         if scratch != NULL:
             with nogil:             # may free the queue: cudaFree synchronizes the device
@@ -157,6 +215,15 @@ cdef int tune_candidates(GemmContext* ctx, cudaStream_t stream, PlanData* d, con
     d.tuned = True
     d.tuned_ms = ms[best]
     return 0
+
+
+cdef str _algo_name(const cublasLtMatmulAlgo_t* algo):
+    cdef int32_t v[2]
+    cdef size_t written
+    v[0] = v[1] = -1
+    cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_ID, &v[0], sizeof(int32_t), &written)
+    cublasLtMatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &v[1], sizeof(int32_t), &written)
+    return f"{v[0]} (split of K: {v[1]})"
 
 
 # ---------------------------------------------------------------- the tuning table's records

@@ -36,6 +36,7 @@ ctypedef struct PlanData:
     int n_candidates
     int policy          # the autotune level, or the determinism policy, the plan was made under
     int family          # under a determinism policy: the cuBLASLt algorithm id of its kernels
+    bint verify         # a timed choice is kept only if its result agrees with the first candidate's (FP8)
     cublasLtMatmulHeuristicResult_t candidates[8]
 
 

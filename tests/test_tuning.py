@@ -620,3 +620,33 @@ def test_each_tuned_problem_is_reported_to_the_cygemm_tuning_logger(gpu, tmp_pat
     finally:
         cygemm.set_options(**old)
         tuning.clear_tuning()
+
+
+@pytest.mark.gpu
+def test_a_timed_fp8_choice_whose_result_differs_from_the_first_candidates_is_refused(gpu):
+    """cuBLASLt 13.1's FP8 split-K kernels can return wrong results: a timed FP8 choice is kept
+    only if its output agrees with cuBLASLt's first choice on the same operands. A test hook
+    makes candidate 1 the fastest and its result wrong; autotune must warn, naming the
+    algorithm, and keep the first choice, whose result is right."""
+    from cygemm import _candidates, fp8
+    from refs import fp8 as fp8_ref
+    rng = np.random.default_rng()
+    M = N = K = 1024
+    a_codes = fp8_ref.to_codes(rng.standard_normal((M, K)) * 4, "e4m3")
+    w_codes = fp8_ref.to_codes(rng.standard_normal((N, K)) * 4, "e4m3")
+    a, w = cp.asarray(a_codes), cp.asarray(w_codes)
+    one = cp.ones(1, cp.float32)
+    out = cp.full((M, N), cp.nan, cp.float32)
+    plan = fp8.ScaledMatmulPlan(a, w.T, one, one, out=out, format_a="e4m3", format_b="e4m3")
+    try:
+        _candidates._fake_a_wrong_candidate(1)
+        with pytest.warns(RuntimeWarning, match=r"FP8 algorithm -?\d+ \(split of K: -?\d+\) was the fastest .* "
+                                                r"first choice is kept"):
+            plan.autotune()
+    finally:
+        _candidates._fake_a_wrong_candidate(-1)
+    out.fill(cp.nan)
+    plan.execute()
+    ref = fp8_ref.decode(a_codes, "e4m3") @ fp8_ref.decode(w_codes, "e4m3").T
+    assert rel_err(cp.asnumpy(out), ref) < 5e-4
+    plan.close()

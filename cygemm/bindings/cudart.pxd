@@ -57,6 +57,10 @@ cdef extern from "cuda_runtime_api.h" nogil:
     cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device)
     cudaError_t cudaMalloc(void** ptr, size_t size)
     cudaError_t cudaMemsetAsync(void* ptr, int value, size_t count, cudaStream_t stream)
+    cdef enum cudaMemcpyKind:   # a C enum, no typedef
+        cudaMemcpyDeviceToHost
+    cudaError_t cudaMemcpy(void* dst, const void* src, size_t count, cudaMemcpyKind kind)
+    cudaError_t cudaStreamSynchronize(cudaStream_t stream)
     cudaError_t cudaFree(void* ptr)
     cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attributes, const void* ptr)
     cudaError_t cudaStreamGetDevice(cudaStream_t stream, int* device)
