@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""Quantizing to FP8 with the finer scales of Hopper's FP8 recipes: :func:`quantize_scaled`, one
-scale per row, per 1 x 128 tile along a row, or per 128 x 128 block, written in the layout
-:func:`cygemm.fp8.scaled_matmul` reads. Re-exported by :mod:`cygemm.fp8`, its documented home.
+"""Quantizing to FP8 with the scales of Hopper's FP8 recipes: :func:`quantize_scaled`, one scale
+for the tensor (current scaling), per row, per 1 x 128 tile along a row, or per 128 x 128 block,
+each from the amax of what it scales, written in the layout :func:`cygemm.fp8.scaled_matmul`
+reads. Re-exported by :mod:`cygemm.fp8`, its documented home.
 """
 from libc.stdint cimport int64_t
 
@@ -12,13 +13,13 @@ from cygemm._errors cimport check_cuda
 from cygemm._arrays cimport read_fp8, read_array, desc_shape, dtype_name
 from cygemm._args cimport CallArgs, args_init, add_view, prepare_kernel_call, ARG_READ, ARG_WRITE
 from cygemm._alloc cimport empty_array, data_pointer, first_torch
-from cygemm._fp8_args cimport SCALE_OUTER, SCALE_1X128, SCALE_128X128, expect_scale
+from cygemm._fp8_args cimport SCALE_TENSOR, SCALE_OUTER, SCALE_1X128, SCALE_128X128, expect_scale
 
 from cygemm._arrays import FP8_FORMATS
 
 __all__ = ["quantize_scaled"]
 
-_MODES = {"rowwise": SCALE_OUTER, "1x128": SCALE_1X128, "128x128": SCALE_128X128}
+_MODES = {"tensor": SCALE_TENSOR, "rowwise": SCALE_OUTER, "1x128": SCALE_1X128, "128x128": SCALE_128X128}
 
 
 cdef int _expect_c_contiguous(const ArrayDesc* d, str name, tuple shape) except -1:
@@ -42,6 +43,8 @@ cdef tuple _scale_shape(int mode, int64_t rows, int64_t cols):
     """The scale array of q (rows x cols) as scaled_matmul's a: its shape, and the shape and
     slice-or-transpose of the C-contiguous array that holds it."""
     cdef int64_t kb = (cols + 127) // 128, rb = (rows + 127) // 128, ld = (kb + 3) // 4 * 4
+    if mode == SCALE_TENSOR:
+        return (1,), (1, 1)
     if mode == SCALE_OUTER:
         return (rows, 1), (rows, 1)
     if mode == SCALE_1X128:
@@ -51,7 +54,7 @@ cdef tuple _scale_shape(int mode, int64_t rows, int64_t cols):
 
 def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=False, out=None, scale=None,
                     stream=None):
-    """Quantize ``x`` to FP8 with one scale per row, per 1 x 128 tile, or per 128 x 128 block.
+    """Quantize ``x`` to FP8 with one scale for all of it, per row, per 1 x 128 tile, or per 128 x 128 block.
 
     For each group of elements a scale covers: ``amax = max |x|`` over it (NaN ignored),
     ``m = fmax / amax`` in float32 (``fmax``: 448 for E4M3, 57344 for E5M2; at most 2**126;
@@ -63,8 +66,9 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
     ----------
     x : device array, (R, C)
         float32, float16 or bfloat16, C-contiguous (``x.reshape(-1, C)`` for more dimensions).
-    mode : {'rowwise', '1x128', '128x128'}
-        What one scale covers: a row of ``q``; 128 consecutive elements of a row of ``q``
+    mode : {'tensor', 'rowwise', '1x128', '128x128'}
+        What one scale covers: all of ``q`` (current scaling: its amax is this call's, not a
+        history's); a row of ``q``; 128 consecutive elements of a row of ``q``
         (activations and gradients in DeepSeek-V3's recipe); a 128 x 128 block (weights).
     format : {'e4m3', 'e5m2'}
         The FP8 format.
@@ -79,7 +83,7 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
         ``format``) or a torch float8 tensor. None: a new one (torch for a torch ``x``).
     scale : device float32 array, optional
         Receives the scales, in the layout :func:`cygemm.fp8.scaled_matmul` reads for ``q`` as
-        its ``a`` (for ``q.T`` as its ``b``, pass ``scale.T``): ``rowwise`` (Q_rows, 1);
+        its ``a`` (for ``q.T`` as its ``b``, pass ``scale.T``): ``tensor`` (1,); ``rowwise`` (Q_rows, 1);
         ``1x128`` (Q_rows, ceil(Q_cols / 128)), Q_rows-contiguous; ``128x128``
         (ceil(Q_rows / 128), ceil(Q_cols / 128)), rows ``round_up(ceil(Q_cols / 128), 4)``
         apart (a view such as ``buf[:, :kb]``; the padding is not written), where (Q_rows,
@@ -102,7 +106,7 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
     cdef MatrixView v
     args_init(&c)
     if mode not in _MODES:
-        raise ValueError(f"mode: expected 'rowwise', '1x128' or '128x128', got {mode!r}")
+        raise ValueError(f"mode: expected 'tensor', 'rowwise', '1x128' or '128x128', got {mode!r}")
     if format not in FP8_FORMATS:
         raise ValueError(f"format: expected 'e4m3' or 'e5m2', got {format!r}")
     cdef int m = _MODES[mode]
@@ -149,7 +153,8 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
         holder = empty_array(held, CUDA_R_32F, c.stream, "quantize_scaled(scale=None): allocating the scales",
                              like)
         vs.ptr = <char*>data_pointer(holder)
-        scale = holder.T if m == SCALE_1X128 else (holder[:, :shape[1]] if m == SCALE_128X128 else holder)
+        scale = (holder.T if m == SCALE_1X128 else holder[:, :shape[1]] if m == SCALE_128X128
+                 else holder.reshape(1) if m == SCALE_TENSOR else holder)
     with nogil:
         check_cuda(cygemm_fp8_quantize_scaled(dx.dtype, fmt, m, transpose, pow2, rows, cols, dx.ptr, vq.ptr,
                                               <float*>vs.ptr, c.stream), "cygemm_fp8_quantize_scaled")

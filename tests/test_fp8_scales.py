@@ -20,7 +20,7 @@ def fake(shape, typestr="<f4", strides=None, ptr=BASE):
 # ------------------------------------------------------------------ CPU: refusals
 
 @pytest.mark.parametrize("args, kw, exc, words", [
-    ((fake((64, 256)), "blockwise"), {}, ValueError, ["mode:", "'1x128'"]),
+    ((fake((64, 256)), "blockwise"), {}, ValueError, ["mode:", "'tensor'", "'1x128'"]),
     ((fake((64, 256)), "1x128"), dict(format="fp8"), ValueError, ["format:", "'e4m3' or 'e5m2'"]),
     ((fake((2, 64, 256)), "1x128"), {}, ValueError, ["x:", "x.reshape(-1, C)"]),
     ((fake((64, 256), "<i4"), "1x128"), {}, TypeError, ["x:", "int32"]),
@@ -93,7 +93,7 @@ def _same_codes(got, want, fmt):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode", ["rowwise", "1x128", "128x128"])
+@pytest.mark.parametrize("mode", ["tensor", "rowwise", "1x128", "128x128"])
 @pytest.mark.parametrize("transpose", [False, True])
 @pytest.mark.parametrize("dtype, fmt, pow2", [("float32", "e4m3", False), ("bfloat16", "e4m3", True),
                                               ("float16", "e5m2", False)])
@@ -109,7 +109,7 @@ def test_codes_and_scales_are_the_definitions(mode, transpose, dtype, fmt, pow2,
     _same_codes(_host(q), codes, fmt)
     np.testing.assert_array_equal(_host(scale).reshape(scales.shape), scales)
     # The layout scaled_matmul reads: describing with q as a, its scale as scale_a, says the mode.
-    if q_rows % 4 == 0 and q_cols % 16 == 0 and mode != "rowwise":
+    if q_rows % 4 == 0 and q_cols % 16 == 0 and mode in ("1x128", "128x128"):
         d = fp8.describe_scaled_matmul(((q_rows, q_cols), fmt), np.zeros((16, q_cols), np.uint8).T, scale,
                                        np.ones((q_cols + 127) // 128 * 16, np.float32).reshape(-1, 16),
                                        format_b=fmt, scale_mode=(mode, "1x128"))
@@ -141,7 +141,8 @@ def test_given_arrays_are_written_and_a_captured_graph_requantizes_new_values():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("mode_a, mode_b", [("1x128", "128x128"), ("1x128", "1x128"), ("rowwise", "rowwise")])
+@pytest.mark.parametrize("mode_a, mode_b", [("1x128", "128x128"), ("1x128", "1x128"), ("rowwise", "rowwise"),
+                                            ("tensor", "tensor")])
 def test_quantized_operands_and_scales_go_straight_into_scaled_matmul(mode_a, mode_b):
     import cupy as cp
     rng = np.random.default_rng()

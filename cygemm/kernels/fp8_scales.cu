@@ -130,14 +130,40 @@ __global__ void __launch_bounds__(kThreads) rows_kernel(int64_t rows, int64_t co
     }
 }
 
-enum TransposedPass { T_AMAX, T_TILES, T_ROWS };
+// Per tensor: max |x| over all of x into amax[0] (zeroed first; non-negative floats order as their
+// bits do), for tensor_kernel / T_TENSOR to read.
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads) amax_kernel(int64_t n, const T* __restrict__ x, float* amax) {
+    float a = 0.f, v[4];
+    for (int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4; c < n; c += int64_t(gridDim.x) * blockDim.x * 4) {
+        load4<T, VEC>(x, c, n, v);
+        a = fmaxf(a, max4(v));
+    }
+    a = block_max(a);
+    if (threadIdx.x == 0 && a > 0.f) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(a));
+}
+
+// Per tensor: every element with the m of amax[0], 4 a thread.
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads) tensor_kernel(int64_t n, const T* __restrict__ x, unsigned char* __restrict__ q,
+                                                          const float* amax, float fmax, bool pow2,
+                                                          __nv_fp8_interpretation_t fmt) {
+    const float m = quant_mult(*amax, fmax, pow2);
+    float v[4];
+    for (int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 4; c < n; c += int64_t(gridDim.x) * blockDim.x * 4) {
+        load4<T, VEC>(x, c, n, v);
+        store4<VEC>(q, c, n, v, m, fmt);
+    }
+}
+
+enum TransposedPass { T_AMAX, T_TILES, T_ROWS, T_TENSOR };
 
 // x^T's rows are x's columns: a 128 x 64 tile of x (128 of x^T's columns: one 1 x 128 group)
 // staged in shared memory; warp w then makes x^T's rows w, w + 8, ..., lane l holding tile rows
 // l, l + 32, l + 64, l + 96 (the odd row pitch keeps those reads free of bank conflicts).
 // T_AMAX: atomicMax of each column's amax into amax[c] (zeroed first; non-negative floats order
 // as their bits do). T_TILES: 1 x 128 scales. T_ROWS: one scale per row of x^T, its amax read
-// from amax[c] (the T_AMAX pass's).
+// from amax[c] (the T_AMAX pass's). T_TENSOR: one scale, its amax read from amax[0].
 template <typename T, TransposedPass PASS>
 __global__ void __launch_bounds__(kThreads) transposed_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
                                                               unsigned char* __restrict__ q, float* scale,
@@ -163,7 +189,7 @@ __global__ void __launch_bounds__(kThreads) transposed_kernel(int64_t rows, int6
                 if (lane == 0 && a > 0.f) atomicMax(reinterpret_cast<int*>(scale + c), __float_as_int(a));
                 continue;
             }
-            const float m = quant_mult(PASS == T_TILES ? warp_max(max4(v)) : scale[c], fmax, pow2);
+            const float m = quant_mult(PASS == T_TILES ? warp_max(max4(v)) : scale[PASS == T_TENSOR ? 0 : c], fmax, pow2);
 #pragma unroll
             for (int j = 0; j < 4; ++j)
                 if (r0 + lane + 32 * j < rows)
@@ -263,7 +289,24 @@ cudaError_t quantize_scaled(int mode, bool transpose, bool pow2, int64_t rows, i
     const int64_t groups = (cols + kGroup - 1) / kGroup;
     const int64_t tiles = ((rows + kGroup - 1) / kGroup) * ((cols + kTileCols - 1) / kTileCols);
     const int64_t blocks = ((rows + kGroup - 1) / kGroup) * groups;
-    if (mode == CYGEMM_SCALE_1X128 && !transpose) {
+    if (mode == CYGEMM_SCALE_TENSOR) {
+        const int64_t n = rows * cols;
+        const bool flat_vec = (reinterpret_cast<uintptr_t>(x) & 15) == 0 && (reinterpret_cast<uintptr_t>(q) & 3) == 0;
+        const unsigned grid = grid_for((n + 4 * kThreads - 1) / (4 * kThreads));
+        cudaError_t err = cudaMemsetAsync(scale, 0, sizeof(float), stream);
+        if (err != cudaSuccess) return err;
+        if (flat_vec) amax_kernel<T, true><<<grid, kThreads, 0, stream>>>(n, x, scale);
+        else amax_kernel<T, false><<<grid, kThreads, 0, stream>>>(n, x, scale);
+        if ((err = cudaGetLastError()) != cudaSuccess) return err;
+        if (transpose)
+            transposed_kernel<T, T_TENSOR><<<grid_for(tiles), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+        else if (flat_vec)
+            tensor_kernel<T, true><<<grid, kThreads, 0, stream>>>(n, x, q, scale, fmax, pow2, fmt);
+        else
+            tensor_kernel<T, false><<<grid, kThreads, 0, stream>>>(n, x, q, scale, fmax, pow2, fmt);
+        if ((err = cudaGetLastError()) != cudaSuccess) return err;
+        amax_to_scale_kernel<<<1, 32, 0, stream>>>(1, scale, fmax, pow2);
+    } else if (mode == CYGEMM_SCALE_1X128 && !transpose) {
         const unsigned grid = grid_for((rows * groups + kWarps - 1) / kWarps);
         if (vec) tiles_kernel<T, true><<<grid, kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
         else tiles_kernel<T, false><<<grid, kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
@@ -296,7 +339,8 @@ extern "C" cudaError_t cygemm_fp8_quantize_scaled(cudaDataType dtype, cudaDataTy
                                                   int pow2, int64_t rows, int64_t cols, const void* x, void* q,
                                                   float* scale, cudaStream_t stream) {
     if ((format != CUDA_R_8F_E4M3 && format != CUDA_R_8F_E5M2) || rows < 0 || cols < 0 ||
-        (mode != CYGEMM_SCALE_ROWWISE && mode != CYGEMM_SCALE_1X128 && mode != CYGEMM_SCALE_128X128))
+        (mode != CYGEMM_SCALE_TENSOR && mode != CYGEMM_SCALE_ROWWISE && mode != CYGEMM_SCALE_1X128 &&
+         mode != CYGEMM_SCALE_128X128))
         return cudaErrorInvalidValue;
     const __nv_fp8_interpretation_t fmt = format == CUDA_R_8F_E5M2 ? __NV_E5M2 : __NV_E4M3;
     const float fmax = format == CUDA_R_8F_E5M2 ? 57344.f : 448.f;

@@ -81,17 +81,19 @@ def scaled_product(a_values, scale_a, mode_a, b_values, scale_b, mode_b):
 # cygemm.fp8.quantize_scaled's definition (cygemm/include/cygemm/fp8_scale_kernels.h), in
 # float32 arithmetic as the kernels do it.
 
-GROUPS = {"rowwise": None, "1x128": (1, 128), "128x128": (128, 128)}
+GROUPS = {"tensor": "all", "rowwise": None, "1x128": (1, 128), "128x128": (128, 128)}
 
 
 def quantize_scaled(x, mode, fmt, transpose=False, pow2=False):
     """(codes, scales): codes (uint8) of x (or x.T), scales as their grid of groups (float32,
-    one per group: (R, 1) rowwise, (R, ceil(C/128)) 1x128, (ceil(R/128), ceil(C/128)) 128x128)."""
+    one per group: (1, 1) tensor, (R, 1) rowwise, (R, ceil(C/128)) 1x128, (ceil(R/128),
+    ceil(C/128)) 128x128)."""
     x = np.asarray(x, dtype=np.float32)
     if transpose:
         x = x.T
     rows, cols = x.shape
-    hr, hc = GROUPS[mode] or (1, max(cols, 1))
+    group = GROUPS[mode]
+    hr, hc = (max(rows, 1), max(cols, 1)) if group == "all" else (group or (1, max(cols, 1)))
     gr, gc = -(-rows // hr), -(-cols // hc)
     padded = np.zeros((gr * hr, gc * hc), np.float32)
     padded[:rows, :cols] = np.where(np.isnan(x), 0, np.abs(x))

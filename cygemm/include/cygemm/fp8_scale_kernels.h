@@ -1,6 +1,6 @@
-/* cygemm's kernels quantizing to FP8 with the finer scales of cuBLASLt's FP8 GEMMs on Hopper:
- * one scale per row, per 1 x 128 tile along a row, or per 128 x 128 block, each from the amax
- * of the elements it scales. Shared by cygemm/kernels/fp8_scales.cu and its .pxd.
+/* cygemm's kernels quantizing to FP8 with the scales of cuBLASLt's FP8 GEMMs on Hopper: one
+ * for the tensor (current scaling), one per row, per 1 x 128 tile along a row, or per 128 x 128
+ * block, each from the amax of the elements it scales. Shared by cygemm/kernels/fp8_scales.cu and its .pxd.
  *
  * For each group of elements:
  *   amax  = max |x| over the group (NaN ignored);
@@ -13,6 +13,7 @@
  * FP8 bytes, or with `transpose` cols x rows (the quantized x^T: a backward pass's operand). The
  * groups lie along q's rows; the scales go where cuBLASLt reads them for q as scaled_matmul's
  * `a` (its `b` is q.T with the scale array transposed), q_rows x q_cols being q's shape:
+ *  - CYGEMM_SCALE_TENSOR: scale[0], one for all of q;
  *  - CYGEMM_SCALE_ROWWISE: scale[r], one per row of q (q_rows floats);
  *  - CYGEMM_SCALE_1X128: 128 consecutive elements of a row of q; scale[g * q_rows + r]
  *    (q_rows-contiguous, ceil(q_cols / 128) groups);
@@ -30,7 +31,7 @@
 extern "C" {
 #endif
 
-enum { CYGEMM_SCALE_ROWWISE = 3, CYGEMM_SCALE_1X128 = 4, CYGEMM_SCALE_128X128 = 5 };
+enum { CYGEMM_SCALE_TENSOR = 0, CYGEMM_SCALE_ROWWISE = 3, CYGEMM_SCALE_1X128 = 4, CYGEMM_SCALE_128X128 = 5 };
 
 cudaError_t cygemm_fp8_quantize_scaled(cudaDataType dtype, cudaDataType format, int mode, int transpose, int pow2,
                                        int64_t rows, int64_t cols, const void* x, void* q, float* scale,
