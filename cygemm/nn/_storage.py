@@ -7,6 +7,8 @@ bfloat16 copy of them, which the GEMMs read and the optimizer rewrites in the sa
 activations and gradients are bfloat16, the GEMMs accumulate in float32. bfloat16 keeps
 float32's exponent range, so gradients do not underflow as float16's do: no loss scaling is
 needed (torch's bfloat16 autocast uses none either; its GradScaler is for float16).
+``"fp8-tensor"``, ``"fp8-rowwise"``, ``"fp8-block"``: stored as bf16-mixed, the GEMMs in FP8
+with those scales (cygemm/nn/_fp8.py).
 """
 import cupy as cp
 import ml_dtypes
@@ -15,20 +17,20 @@ import numpy as np
 from cygemm.nn import _kernels
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-PRECISIONS = ("fp32", "bf16-mixed")
+PRECISIONS = ("fp32", "bf16-mixed", "fp8-tensor", "fp8-rowwise", "fp8-block")
 
 
 def parse_precision(precision):
     """The canonical name of `precision` ("bf16" is accepted for "bf16-mixed")."""
     name = {"bf16": "bf16-mixed", "float32": "fp32"}.get(precision, precision)
     if name not in PRECISIONS:
-        raise ValueError(f"precision: expected 'fp32' or 'bf16-mixed', got {precision!r}")
+        raise ValueError(f"precision: expected one of {', '.join(repr(p) for p in PRECISIONS)}, got {precision!r}")
     return name
 
 
 def compute_dtype(precision):
     """The dtype the GEMMs, activations and gradients use under `precision`."""
-    return BF16 if precision == "bf16-mixed" else np.dtype(np.float32)
+    return np.dtype(np.float32) if precision == "fp32" else BF16
 
 
 class FlatStorage:
@@ -49,7 +51,7 @@ class FlatStorage:
         self.params = cp.empty(size, np.float32)
         self.grads = cp.empty(size, compute_dtype(precision))
         self.grads.data.memset_async(0, self.grads.nbytes)     # zero in either dtype (no kernel)
-        self.params_bf16 = cp.empty(size, BF16) if precision == "bf16-mixed" else None
+        self.params_bf16 = None if precision == "fp32" else cp.empty(size, BF16)
 
     @property
     def compute_params(self):
