@@ -113,7 +113,7 @@ def gencode_flags(nvcc, kernel):
         # Machine code runs on its major version's later minors (sm_80's on 8.6 and 8.9): the
         # memory-bound passes need no more. FP8's conversions are instructions from sm_89 on.
         # CUDA 13 dropped Volta (sm_70); older toolkits still build it.
-        archs = ["75", "80", "89", "90"] if kernel == "fp8" else ["75", "80", "90"]
+        archs = ["75", "80", "89", "90"] if kernel in ("fp8", "fp8_scales") else ["75", "80", "90"]
         if nvcc_version(nvcc) < (13, 0):
             archs.insert(0, "70")
     flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]

@@ -4,7 +4,7 @@ for the tensor (current scaling), per row, per 1 x 128 tile along a row, or per 
 each from the amax of what it scales, written in the layout :func:`cygemm.fp8.scaled_matmul`
 reads. Re-exported by :mod:`cygemm.fp8`, its documented home.
 """
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.bindings.cudart cimport *
 from cygemm.kernels.fp8_scales cimport cygemm_fp8_quantize_scaled
@@ -136,10 +136,15 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
         if ds.dtype != CUDA_R_32F:
             raise TypeError(f"scale: expected float32, got {dtype_name(ds.dtype)}")
         expect_scale(&ds, m, True, q_rows, 0, q_cols, "scale")
+        if m != SCALE_TENSOR and (<uintptr_t>ds.ptr) % 16:
+            raise ValueError(f"scale: scaled_matmul reads {mode} scales from 16-byte aligned memory, got address "
+                             f"{<uintptr_t>ds.ptr:#x}")
         if ds.ndim == 2:
             v = _view(&ds, ds.shape[0], ds.shape[1], ds.strides[0], ds.strides[1])
-        else:                               # a rowwise scale as a vector
+        elif ds.ndim == 1:                  # a rowwise scale as a vector, or (1,)
             v = _view(&ds, 1, ds.shape[0], ds.shape[0], 1)
+        else:
+            v = _view(&ds, 1, 1, 1, 1)
     else:
         v = _view(&dx, held[0], held[1], held[1], 1)
         v.ptr, v.dtype, v.itemsize, v.device = NULL, CUDA_R_32F, 4, -1

@@ -226,8 +226,9 @@ def test_a_captured_graph_replays_with_the_scales_its_buffers_hold_then(mode_a, 
     run()
     with cygemm.graph.capture(s) as g:
         run()
-    sa *= 3.0                       # in place: the captured pointers read the new values
-    out.fill(cp.nan)
+    with s:                         # in place, ordered before the replay: the captured pointers read them
+        sa *= 3.0
+        out.fill(cp.nan)
     g.launch(s)
     s.synchronize()
     ref = fp8_ref.scaled_product(a64, sa_host * 3.0, mode_a, b64, sb_host, mode_b)

@@ -112,7 +112,7 @@ def test_codes_and_scales_are_the_definitions(mode, transpose, dtype, fmt, pow2,
     if q_rows % 4 == 0 and q_cols % 16 == 0 and mode in ("1x128", "128x128"):
         d = fp8.describe_scaled_matmul(((q_rows, q_cols), fmt), np.zeros((16, q_cols), np.uint8).T, scale,
                                        np.ones((q_cols + 127) // 128 * 16, np.float32).reshape(-1, 16),
-                                       format_b=fmt, scale_mode=(mode, "1x128"))
+                                       format_b="e4m3", scale_mode=(mode, "1x128"))
         assert d["scale_modes"]["a"] == mode
 
 
@@ -131,8 +131,9 @@ def test_given_arrays_are_written_and_a_captured_graph_requantizes_new_values():
     with cygemm.graph.capture(s) as g:
         fp8.quantize_scaled(x, "128x128", out=q, scale=scale, stream=s)
     x_new = _input(rng, rows, cols)
-    x.set(x_new)
-    q.fill(0x7F)
+    with s:                                 # (ordered before the replay)
+        x.set(x_new, stream=s)
+        q.fill(0x7F)
     g.launch(s)
     s.synchronize()
     codes, scales = fp8_ref.quantize_scaled(x_new, "128x128", "e4m3")

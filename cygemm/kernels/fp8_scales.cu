@@ -200,6 +200,10 @@ __global__ void __launch_bounds__(kThreads) transposed_kernel(int64_t rows, int6
     }
 }
 
+__global__ void fill_kernel(int64_t n, float* x, float v) {
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) x[i] = v;
+}
+
 // T_ROWS's last step: amax[c] -> 1 / m, in place.
 __global__ void amax_to_scale_kernel(int64_t n, float* scale, float fmax, bool pow2) {
     for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
@@ -282,7 +286,12 @@ template <typename T>
 cudaError_t quantize_scaled(int mode, bool transpose, bool pow2, int64_t rows, int64_t cols, const T* x,
                             unsigned char* q, float* scale, float fmax, __nv_fp8_interpretation_t fmt,
                             cudaStream_t stream) {
-    if (rows == 0 || cols == 0) return cudaSuccess;
+    if (rows == 0 || cols == 0) {       // amax 0: m = 1 for the tensor's scale and each (empty) row's
+        const int64_t n = mode == CYGEMM_SCALE_TENSOR ? 1 : mode == CYGEMM_SCALE_ROWWISE ? (transpose ? cols : rows) : 0;
+        if (n == 0) return cudaSuccess;
+        fill_kernel<<<grid_for((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(n, scale, 1.f);
+        return cudaGetLastError();
+    }
     // 4-element accesses: rows that start 4 elements apart on 16-byte aligned arrays.
     const bool vec = cols % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0 &&
                      (reinterpret_cast<uintptr_t>(q) & 3) == 0;

@@ -95,6 +95,10 @@ def quantize_scaled(x, mode, fmt, transpose=False, pow2=False):
     group = GROUPS[mode]
     hr, hc = (max(rows, 1), max(cols, 1)) if group == "all" else (group or (1, max(cols, 1)))
     gr, gc = -(-rows // hr), -(-cols // hc)
+    if group == "all":                  # one scale, even for an empty x (amax 0: m = 1)
+        gr, gc = 1, 1
+    elif group is None:                 # one per row, even for empty rows
+        gc = 1
     padded = np.zeros((gr * hr, gc * hc), np.float32)
     padded[:rows, :cols] = np.where(np.isnan(x), 0, np.abs(x))
     amax = padded.reshape(gr, hr, gc, hc).max(axis=(1, 3))
@@ -105,5 +109,7 @@ def quantize_scaled(x, mode, fmt, transpose=False, pow2=False):
     if pow2:
         m = np.ldexp(np.float32(1), np.frexp(m)[1] - 1).astype(np.float32)
     expanded = np.repeat(np.repeat(m, hr, axis=0), hc, axis=1)[:rows, :cols]
-    codes = to_codes((x * expanded).astype(np.float32), fmt)
+    y = (x * expanded).astype(np.float32)
+    codes = to_codes(y, fmt)
+    codes = np.where(np.signbit(y) & ~np.isnan(y), codes | 0x80, codes).astype(np.uint8)   # -0 keeps its sign
     return codes, (np.float32(1) / m).astype(np.float32)
