@@ -18,13 +18,12 @@ from cygemm._context cimport GemmContext
 from cygemm._release cimport defer_free
 from cygemm._settings cimport AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN
 from cygemm._families cimport in_family
-from cygemm._launch cimport PlanData, PlanRoute, PLAN_GEMMEX, PLAN_LT, plan_run
+from cygemm._launch cimport PlanData, PlanRoute, PLAN_GEMMEX, PLAN_LT, PLAN_CANDIDATES, plan_run
 from cygemm._errors cimport check_cuda
 from cygemm._timing cimport time_choices, tuning_budget_ms
 from cygemm.tuning cimport count_tuning
 
 cdef enum:
-    MAX_CANDIDATES = 8      # the heuristic's first eight (PlanData holds as many); cublasGemmEx besides
     TUNE_REPS = 5           # rounds for every candidate (auto: fewer when the budget says so)
     FINAL_REPS = 11         # rounds for the finalists (auto: within what is left of the budget)
 
@@ -123,8 +122,8 @@ cdef int tune_candidates(GemmContext* ctx, cudaStream_t stream, PlanData* d, con
     then the finalists again for FINAL_REPS rounds; auto: both within the tuning budget,
     max(50 ms, 25 runs of the fastest), the finalists only if what is left holds 3 rounds."""
     cdef _TuneArg a
-    cdef int choices[MAX_CANDIDATES + 1]
-    cdef float ms[MAX_CANDIDATES + 1]
+    cdef int choices[PLAN_CANDIDATES + 1]
+    cdef float ms[PLAN_CANDIDATES + 1]
     cdef bint exhaustive = autotune == AUTOTUNE_EXHAUSTIVE
     cdef int found = d.n_candidates
     cdef double start = time.perf_counter(), left_ms = 0, fastest

@@ -6,13 +6,14 @@ from cygemm.bindings.cudart cimport cudaDataType
 from cygemm.bindings.cublas cimport cublasComputeType_t
 from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t, cublasLtMatmulAlgo_t
 
-# Fill d.candidates (at most 8, in the heuristic's order) with the kernels of d's problem that
-# the policy allows: split-free kernels of one cuBLASLt algorithm, its family (d.family).
+# Fill d.candidates (at most PLAN_CANDIDATES) with the kernels of d's problem that the policy
+# allows: split-free kernels of one cuBLASLt algorithm, its family (d.family).
 # POLICY_RUN_TO_RUN: the family of the heuristic's first candidate (that kernel alone, family
 # -1, where it splits K).
 # POLICY_BATCH_INVARIANT: the family chosen for the same problem at FAMILY_ROWS x FAMILY_ROWS,
-# so it does not depend on M or N; where the heuristic offers none of its kernels at this size,
-# that reference kernel itself when cublasLtMatmulAlgoCheck accepts it. d's descriptors must
+# so it does not depend on M or N: the family kernels the heuristic offers at this size (else
+# at the nearest larger ones), then that reference kernel and its retilings, each where
+# cublasLtMatmulAlgoCheck accepts it. d's descriptors must
 # exist (make_descriptors); the other arguments are what made them.
 cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g, int policy,
                            cudaDataType dtype, cublasComputeType_t compute, cublasLtEpilogue_t epi,

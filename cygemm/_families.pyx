@@ -11,22 +11,32 @@ with it the last bits. The tests check the property for every entry point and dt
 
 run_to_run: the family of the heuristic's first candidate for the problem (that kernel alone
 where it splits K: any fixed kernel gives the same bits every run). batch_invariant: the
-family of the same problem at FAMILY_ROWS x FAMILY_ROWS, the same for every M (and N); each size
-takes the family's kernels the heuristic offers for it, else the reference kernel itself.
-Timing may then pick any member: the bits are the same.
+family of the same problem at FAMILY_ROWS x FAMILY_ROWS, the same for every M (and N). Each size
+takes the family's kernels the heuristic offers for it (or for the nearest larger sizes), the
+reference kernel, and the reference kernel retiled: every tile the algorithm lists (or, for an
+algorithm that lists none, every tile id, where the problem has few rows) with each custom
+option cublasLtMatmulAlgoCheck accepts. The heuristic offers split kernels where few rows
+leave the GPU idle; a small split-free tile of the family fills it as well (bf16, 1 x 4096 x
+4096 on an H200: 64 x 8 runs 0.89x the heuristic's fastest split kernel, with the rows of every
+other size). Timing picks among them: every member gives the same bits.
 """
-from libc.stdint cimport int32_t, int64_t
-from libc.string cimport memset
+from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
+from libc.stdlib cimport malloc, free
+from libc.string cimport memset, memcmp
+from libc.math cimport ceilf
 
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm._settings cimport POLICY_BATCH_INVARIANT
 from cygemm._lt_desc cimport make_descriptors, free_descriptors
+from cygemm._launch cimport PLAN_CANDIDATES
 
 cdef enum:
     FAMILY_ROWS = 4096      # the reference problem's M and N (batch-invariant families)
     QUERY = 32              # heuristic results asked for when looking for a family's kernels
-    MAX_CANDIDATES = 8      # what PlanData.candidates holds
+    OWN_MEMBERS = 8         # of those, the family's kernels a plan keeps (the rest: retiled)
+    SCAN_ROWS = 256         # every tile id is tried only where min(M, N) is at most this
+    MAX_TILES = 1024        # tile ids looked at (cuBLASLt 13.1 has 807)
 
 
 cdef int _config(const cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoConfigAttributes_t attr) noexcept nogil:
@@ -97,7 +107,7 @@ cdef int _members(GemmContext* ctx, PlanData* d, const cublasLtMatmulHeuristicRe
     cdef cublasStatus_t st
     cdef int i
     for i in range(n):
-        if d.n_candidates >= MAX_CANDIDATES or not in_family(&results[i].algo, family):
+        if d.n_candidates >= PLAN_CANDIDATES or not in_family(&results[i].algo, family) or _held(d, &results[i].algo):
             continue
         memset(&check, 0, sizeof(check))
         with nogil:
@@ -107,6 +117,86 @@ cdef int _members(GemmContext* ctx, PlanData* d, const cublasLtMatmulHeuristicRe
             check.algo, check.state = results[i].algo, CUBLAS_STATUS_SUCCESS
             d.candidates[d.n_candidates] = check
             d.n_candidates += 1
+    return d.n_candidates
+
+
+cdef bint _held(const PlanData* d, const cublasLtMatmulAlgo_t* algo) noexcept nogil:
+    cdef int i
+    for i in range(d.n_candidates):
+        if memcmp(&d.candidates[i].algo, algo, sizeof(cublasLtMatmulAlgo_t)) == 0:
+            return True
+    return False
+
+
+ctypedef struct _Retiled:
+    cublasLtMatmulHeuristicResult_t result
+    float rounds        # ceil(waves): how many times the GPU fills (-1: taken)
+
+
+cdef int _retiled(GemmContext* ctx, PlanData* d, const cublasLtMatmulAlgo_t* ref, int64_t small,
+                  size_t ws_bytes) except -1:
+    """Append to d.candidates the reference kernel `ref` with another tile and custom option
+    (split-free, the same algorithm: the same family), each that cublasLtMatmulAlgoCheck accepts
+    for d's problem; where there are more than d holds, those that fill the GPU the fewest
+    times (cuBLASLt's wavesCount), then the most of it, then in the order tried."""
+    cdef uint32_t tiles[MAX_TILES]
+    cdef size_t written = 0
+    cdef int32_t custom_max = 0, custom, ref_custom = _config(ref, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION)
+    cdef int nt = 0, i, j, c, n = 0
+    cdef uint32_t tile
+    cdef cublasLtMatmulAlgo_t a
+    cdef cublasLtMatmulHeuristicResult_t check
+    cdef int32_t split_free = 1
+    if cublasLtMatmulAlgoCapGetAttribute(ref, CUBLASLT_ALGO_CAP_TILE_IDS, tiles, sizeof(tiles),
+                                         &written) == CUBLAS_STATUS_SUCCESS and written <= sizeof(tiles):
+        nt = <int>(written // sizeof(uint32_t))
+    if nt == 0 and small <= SCAN_ROWS:     # an algorithm that lists no tiles: every id is tried
+        for i in range(1, min(<int>CUBLASLT_MATMUL_TILE_END, <int>MAX_TILES)):
+            tiles[nt] = <uint32_t>i
+            nt += 1
+    if nt == 0:
+        return d.n_candidates
+    cublasLtMatmulAlgoCapGetAttribute(ref, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX, &custom_max,
+                                      sizeof(custom_max), &written)
+    cdef _Retiled* found = <_Retiled*>malloc(<size_t>nt * (custom_max + 2) * sizeof(_Retiled))
+    if found == NULL:
+        raise MemoryError()
+    try:
+        with nogil:
+            for i in range(nt):
+                for c in range(-1, custom_max + 1):     # the reference's option first
+                    if c == ref_custom:
+                        continue
+                    custom = ref_custom if c < 0 else c
+                    a = ref[0]
+                    tile = tiles[i]
+                    cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile))
+                    cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof(custom))
+                    cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split_free,
+                                                         sizeof(split_free))
+                    memset(&check, 0, sizeof(check))
+                    if (cublasLtMatmulAlgoCheck(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld if d.ld != NULL else d.lc,
+                                                &a, &check) != CUBLAS_STATUS_SUCCESS
+                            or check.workspaceSize > ws_bytes or _held(d, &a)):
+                        continue
+                    check.algo, check.state = a, CUBLAS_STATUS_SUCCESS
+                    found[n].result = check
+                    found[n].rounds = ceilf(check.wavesCount) if check.wavesCount > 0 else 1e30
+                    n += 1
+            while d.n_candidates < PLAN_CANDIDATES:
+                j = -1
+                for i in range(n):
+                    if found[i].rounds >= 0 and (j < 0 or found[i].rounds < found[j].rounds or (
+                            found[i].rounds == found[j].rounds
+                            and found[i].result.wavesCount > found[j].result.wavesCount)):
+                        j = i
+                if j < 0:
+                    break
+                d.candidates[d.n_candidates] = found[j].result
+                d.n_candidates += 1
+                found[j].rounds = -1        # (taken)
+    finally:
+        free(found)
     return d.n_candidates
 
 
@@ -136,20 +226,21 @@ cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g,
     if family < 0:
         return 0
     for i in range(n):              # this size's own family kernels, in the heuristic's order
-        if d.n_candidates < MAX_CANDIDATES and in_family(&results[i].algo, family):
+        if d.n_candidates < OWN_MEMBERS and in_family(&results[i].algo, family):
             d.candidates[d.n_candidates] = results[i]
             d.n_candidates += 1
-    if d.n_candidates or policy != POLICY_BATCH_INVARIANT:
+    if policy != POLICY_BATCH_INVARIANT:
         return 0
     # None offered at this size (few rows): the family's kernels the heuristic offers for the
-    # nearest larger sizes of the smaller side (smaller tiles than the reference's), else the
-    # reference kernel itself, where they take this problem.
+    # nearest larger sizes of the smaller side (smaller tiles than the reference's).
     for probe in (16, 64, 256, 1024):
-        if probe <= small:
+        if d.n_candidates or probe <= small:
             continue
         n_probe = _heuristic_at(ctx, g, probe if g.m == small else g.m, probe if g.m != small else g.n, dtype,
                                 compute, epi, bias, aux, ws_bytes, al_a, al_b, al_c, types, results)
-        if _members(ctx, d, results, n_probe, family, ws_bytes):
-            return 0
-    _members(ctx, d, reference, n_ref, family, ws_bytes)        # (the reference size's, found above)
+        _members(ctx, d, results, n_probe, family, ws_bytes)
+    # Then the reference kernel itself and retiled, where they take this problem.
+    i = _first_split_free(reference, n_ref)
+    _members(ctx, d, &reference[i], 1, family, ws_bytes)
+    _retiled(ctx, d, &reference[i].algo, small, ws_bytes)
     return 0

@@ -14,6 +14,10 @@ cdef enum PlanRoute:
     PLAN_LT = 1         # cublasLtMatmul with the chosen algorithm (epilogues need this)
 
 
+cdef enum:
+    PLAN_CANDIDATES = 32    # what a plan holds: the heuristic's first 8, or a kernel family's members
+
+
 ctypedef struct PlanData:
     cublasLtMatmulDesc_t desc
     cublasLtMatrixLayout_t la
@@ -37,7 +41,7 @@ ctypedef struct PlanData:
     int policy          # the autotune level, or the determinism policy, the plan was made under
     int family          # under a determinism policy: the cuBLASLt algorithm id of its kernels
     bint verify         # a timed choice is kept only if its result agrees with the first candidate's (FP8)
-    cublasLtMatmulHeuristicResult_t candidates[8]
+    cublasLtMatmulHeuristicResult_t candidates[PLAN_CANDIDATES]
 
 
 # cublasGemmEx / cublasGemmStridedBatchedEx (their _64 forms past 2**31 - 1), on the

@@ -368,7 +368,9 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
         return 0
     cdef int64_t batch = g.batch if g.strided_batched else 1
     cdef double macs = <double>g.m * g.n * g.k * batch
-    if autotune == AUTOTUNE_OFF or d.n_candidates + d.gemmex_ok < 2 or not (explicit or worth_tuning(macs)):
+    # (A batch-invariant family's kernels are timed at every size: few rows need its small tiles.)
+    if autotune == AUTOTUNE_OFF or d.n_candidates + d.gemmex_ok < 2 or not (
+            explicit or worth_tuning(macs) or d.policy == POLICY_BATCH_INVARIANT):
         d.tune_level = max(d.tune_level, autotune)
         return 0
     if in_route_timing():           # a layer is timing its routes: the heuristic's choice for now,

@@ -103,12 +103,26 @@ cdef extern from "cublasLt.h" nogil:
         cublasLtMatmulPreference_t pref, int requestedAlgoCount,
         cublasLtMatmulHeuristicResult_t* results, int* returnAlgoCount)
 
-    # What identifies a kernel family (see cygemm._families): the algorithm and its split of K.
+    # What identifies a kernel family (see cygemm._families): the algorithm and its split of K;
+    # its other members differ in tile and custom option.
     ctypedef enum cublasLtMatmulAlgoConfigAttributes_t:
         CUBLASLT_ALGO_CONFIG_ID
+        CUBLASLT_ALGO_CONFIG_TILE_ID
         CUBLASLT_ALGO_CONFIG_SPLITK_NUM
+        CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION
+        CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID   # (uint16_t)
+    ctypedef enum cublasLtMatmulAlgoCapAttributes_t:
+        CUBLASLT_ALGO_CAP_TILE_IDS
+        CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX
+    enum: CUBLASLT_MATMUL_TILE_END
     cublasStatus_t cublasLtMatmulAlgoConfigGetAttribute(
         const cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoConfigAttributes_t attr, void* buf,
+        size_t sizeInBytes, size_t* sizeWritten)
+    cublasStatus_t cublasLtMatmulAlgoConfigSetAttribute(
+        cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoConfigAttributes_t attr, const void* buf,
+        size_t sizeInBytes)
+    cublasStatus_t cublasLtMatmulAlgoCapGetAttribute(
+        const cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoCapAttributes_t attr, void* buf,
         size_t sizeInBytes, size_t* sizeWritten)
     cublasStatus_t cublasLtMatmulAlgoCheck(
         cublasLtHandle_t handle, cublasLtMatmulDesc_t desc,
