@@ -231,8 +231,16 @@ cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g,
             d.n_candidates += 1
     if policy != POLICY_BATCH_INVARIANT:
         return 0
-    # None offered at this size (few rows): the family's kernels the heuristic offers for the
-    # nearest larger sizes of the smaller side (smaller tiles than the reference's).
+    # Few rows: where this size's first kernels split K, the same rows against a wider problem
+    # (the larger side 2x, 4x) leave no SM idle, and the heuristic offers the small split-free
+    # tiles that fill the GPU here too (bf16, 1 x 4096 x 4096 on an H200: 64 x 8, 0.89x the
+    # fastest split kernel), then the nearest larger sizes of the smaller side.
+    for probe in (2, 4):
+        if small > SCAN_ROWS:
+            break
+        n_probe = _heuristic_at(ctx, g, g.m * probe if g.m != small else g.m, g.n * probe if g.m == small else g.n,
+                                dtype, compute, epi, bias, aux, ws_bytes, al_a, al_b, al_c, types, results)
+        _members(ctx, d, results, n_probe, family, ws_bytes)
     for probe in (16, 64, 256, 1024):
         if d.n_candidates or probe <= small:
             continue

@@ -214,8 +214,12 @@ def set_options(**changes):
         old = {name: _values[name] for name in checked}
         _values.update(checked)
         _publish()
-    for callback in list(_listeners):
-        callback(set(checked))
+    # Only a change reaches the caches: setting an option to its value again (a call that sets
+    # it around every GEMM) must not drop every plan.
+    changed = {name for name in checked if checked[name] != old[name]}
+    if changed:
+        for callback in list(_listeners):
+            callback(changed)
     return old
 
 

@@ -88,6 +88,21 @@ def test_a_listener_hears_which_options_changed():
     assert heard[-2:] == [{"tuning_mode"}, {"tuning_mode"}]
 
 
+def test_setting_an_option_to_its_value_again_drops_no_cache():
+    """A caller that sets an option around every GEMM must not make every plan be made again
+    (the caches listen for changes)."""
+    heard = []
+    _settings.on_change(heard.append)
+    mode = cygemm.get_options()["determinism"]
+    cygemm.set_options(determinism=mode)
+    cygemm.set_options(determinism=mode, tuning_mode=cygemm.get_options()["tuning_mode"])
+    assert heard == []
+    other = "run_to_run" if mode != "run_to_run" else "off"
+    old = cygemm.set_options(determinism=other)
+    cygemm.set_options(**old)
+    assert heard == [{"determinism"}, {"determinism"}]
+
+
 def test_determinism_is_validated_by_set_options_naming_it_and_kept():
     old = cygemm.set_options(determinism="RUN_TO_RUN")
     try:

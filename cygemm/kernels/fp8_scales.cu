@@ -1,10 +1,10 @@
-// Quantizing to FP8 with per-row, 1 x 128 and 128 x 128 scales (cygemm/fp8_scale_kernels.h says
-// what each computes and where its scales go). Memory-bound; every element is read once, or
-// twice where a group's amax must be known before its first element is written (a row, a
-// 128 x 128 block: the second read hits L2). Groups along x's rows run a warp per 1 x 128 tile
-// (4 elements a lane), a block per row or per 128 x 128 block; the transposed forms stage a
-// 128 x 64 tile of x in shared memory so that both the reads of x and the writes of x^T are
-// coalesced.
+// Quantizing to FP8 with per-tensor, per-row, 1 x 128 and 128 x 128 scales (cygemm/fp8_scale_kernels.h
+// says what each computes and where its scales go). Memory-bound: every load is a coalesced
+// 4-element access, several in flight per thread. Each element is read once where its group is
+// at hand (a 1 x 128 tile in a warp, a 128 x 128 block in a block's registers), twice where the
+// group's amax needs all of it first (a row: the second read from L2; the tensor, and x^T's rows,
+// x's columns: a pass for the amax, one for the codes). The transposed forms stage a 128 x 64
+// tile of x in shared memory so that both the reads of x and the writes of x^T are coalesced.
 #include "cygemm/fp8_scale_kernels.h"
 #include "cygemm/convert.h"
 
@@ -91,40 +91,54 @@ __device__ __forceinline__ void store4(unsigned char* row, int64_t c, int64_t n,
         if (c + i < n) row[c + i] = __nv_cvt_float_to_fp8(v[i] * m, __NV_SATFINITE, fmt);
 }
 
-// 1 x 128 along x's rows: a warp per tile, 4 elements a lane.
+// 1 x 128 along x's rows: a warp per UNROLL consecutive tiles of a row, 4 elements a lane in
+// each, every load issued before the first reduction (several in flight per lane).
+constexpr int kUnroll = 4;
+
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(kThreads) tiles_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
                                                          unsigned char* __restrict__ q, float* __restrict__ scale,
                                                          float fmax, bool pow2, __nv_fp8_interpretation_t fmt) {
     const int lane = threadIdx.x & 31;
-    const int64_t groups = (cols + kGroup - 1) / kGroup;
+    const int64_t groups = (cols + kGroup - 1) / kGroup, runs = (groups + kUnroll - 1) / kUnroll;
     const int64_t stride = (int64_t(gridDim.x) * blockDim.x) >> 5;
-    for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; w < rows * groups; w += stride) {
-        const int64_t r = w / groups, g = w - r * groups, c = g * kGroup + lane * 4;
-        float v[4];
-        load4<T, VEC>(x + r * cols, c, cols, v);
-        const float m = quant_mult(warp_max(max4(v)), fmax, pow2);
-        store4<VEC>(q + r * cols, c, cols, v, m, fmt);
-        if (lane == 0) scale[g * rows + r] = __fdiv_rn(1.f, m);
+    for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; w < rows * runs; w += stride) {
+        const int64_t r = w / runs, g0 = (w - r * runs) * kUnroll;
+        float v[kUnroll][4];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) load4<T, VEC>(x + r * cols, (g0 + u) * kGroup + lane * 4, cols, v[u]);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            if (g0 + u >= groups) break;                    // (uniform across the warp)
+            const float m = quant_mult(warp_max(max4(v[u])), fmax, pow2);
+            store4<VEC>(q + r * cols, (g0 + u) * kGroup + lane * 4, cols, v[u], m, fmt);
+            if (lane == 0) scale[(g0 + u) * rows + r] = __fdiv_rn(1.f, m);
+        }
     }
 }
 
-// One scale per row of x: a block per row, the row read twice (its amax, then its codes).
+// One scale per row of x: a block per row, the row read twice (its amax, then its codes: from
+// L2), kUnroll loads in flight per thread.
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(kThreads) rows_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
                                                         unsigned char* __restrict__ q, float* __restrict__ scale,
                                                         float fmax, bool pow2, __nv_fp8_interpretation_t fmt) {
+    constexpr int64_t step = kThreads * 4 * kUnroll;
     for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
         const T* xr = x + r * cols;
-        float a = 0.f, v[4];
-        for (int64_t c = int64_t(threadIdx.x) * 4; c < cols; c += kThreads * 4) {
-            load4<T, VEC>(xr, c, cols, v);
-            a = fmaxf(a, max4(v));
+        float a = 0.f, v[kUnroll][4];
+        for (int64_t c0 = int64_t(threadIdx.x) * 4; c0 < cols; c0 += step) {
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) load4<T, VEC>(xr, c0 + u * kThreads * 4, cols, v[u]);
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) a = fmaxf(a, max4(v[u]));
         }
         const float m = quant_mult(block_max(a), fmax, pow2);
-        for (int64_t c = int64_t(threadIdx.x) * 4; c < cols; c += kThreads * 4) {
-            load4<T, VEC>(xr, c, cols, v);
-            store4<VEC>(q + r * cols, c, cols, v, m, fmt);
+        for (int64_t c0 = int64_t(threadIdx.x) * 4; c0 < cols; c0 += step) {
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) load4<T, VEC>(xr, c0 + u * kThreads * 4, cols, v[u]);
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) store4<VEC>(q + r * cols, c0 + u * kThreads * 4, cols, v[u], m, fmt);
         }
         if (threadIdx.x == 0) scale[r] = __fdiv_rn(1.f, m);
     }
@@ -164,7 +178,7 @@ enum TransposedPass { T_AMAX, T_TILES, T_ROWS, T_TENSOR };
 // T_AMAX: atomicMax of each column's amax into amax[c] (zeroed first; non-negative floats order
 // as their bits do). T_TILES: 1 x 128 scales. T_ROWS: one scale per row of x^T, its amax read
 // from amax[c] (the T_AMAX pass's). T_TENSOR: one scale, its amax read from amax[0].
-template <typename T, TransposedPass PASS>
+template <typename T, TransposedPass PASS, bool VEC>
 __global__ void __launch_bounds__(kThreads) transposed_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
                                                               unsigned char* __restrict__ q, float* scale,
                                                               float fmax, bool pow2,
@@ -174,9 +188,20 @@ __global__ void __launch_bounds__(kThreads) transposed_kernel(int64_t rows, int6
     const int64_t row_tiles = (rows + kGroup - 1) / kGroup, col_tiles = (cols + kTileCols - 1) / kTileCols;
     for (int64_t t = blockIdx.x; t < row_tiles * col_tiles; t += gridDim.x) {
         const int64_t r0 = (t / col_tiles) * kGroup, c0 = (t % col_tiles) * kTileCols;
-        for (int i = threadIdx.x; i < kGroup * kTileCols; i += kThreads) {
-            const int tr = i / kTileCols, tc = i % kTileCols;
-            tile[tr][tc] = r0 + tr < rows && c0 + tc < cols ? to_f(x[(r0 + tr) * cols + c0 + tc]) : 0.f;
+        // 4 consecutive elements a thread (16 threads a tile row), every load before the stores.
+        constexpr int kLoads = kGroup * kTileCols / 4 / kThreads;
+        float v4[kLoads][4];
+#pragma unroll
+        for (int j = 0; j < kLoads; ++j) {
+            const int i = threadIdx.x + j * kThreads, tr = i / (kTileCols / 4), tc = (i % (kTileCols / 4)) * 4;
+            if (r0 + tr < rows) load4<T, VEC>(x + (r0 + tr) * cols, c0 + tc, cols, v4[j]);
+            else v4[j][0] = v4[j][1] = v4[j][2] = v4[j][3] = 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < kLoads; ++j) {
+            const int i = threadIdx.x + j * kThreads, tr = i / (kTileCols / 4), tc = (i % (kTileCols / 4)) * 4;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) tile[tr][tc + e] = v4[j][e];
         }
         __syncthreads();
         for (int tc = warp; tc < kTileCols && c0 + tc < cols; tc += kWarps) {
@@ -210,44 +235,42 @@ __global__ void amax_to_scale_kernel(int64_t n, float* scale, float fmax, bool p
         scale[i] = __fdiv_rn(1.f, quant_mult(scale[i], fmax, pow2));
 }
 
-// 128 x 128 blocks: a block of threads per block of x, read twice (its amax, then its codes);
-// thread t covers row t / 2, columns (t % 2) * 64 .. + 63 of it. TRANSPOSE: the codes go
-// through shared memory (rows 129 bytes apart: the column reads below are free of bank
-// conflicts); warp w then writes x^T's rows w, w + 8, ..., 4 bytes a lane.
+// 128 x 128 blocks: a block of threads per block of x, read once: warp w holds its rows
+// 16w .. 16w + 15 in registers, lane l columns 4l .. 4l + 3 (each row a coalesced 128-element
+// load, 16 loads in flight per thread). TRANSPOSE: the codes go through shared memory, 4 bytes a
+// store; warp w then writes x^T's rows w, w + 8, ..., 4 bytes a lane.
 template <typename T, bool VEC, bool TRANSPOSE>
 __global__ void __launch_bounds__(kThreads) blocks_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
                                                           unsigned char* __restrict__ q, float* __restrict__ scale,
                                                           float fmax, bool pow2, __nv_fp8_interpretation_t fmt) {
-    __shared__ unsigned char codes[TRANSPOSE ? kGroup : 1][kGroup + 1];
+    constexpr int kRows = kGroup / kWarps;
+    __shared__ __align__(4) unsigned char codes[TRANSPOSE ? kGroup : 1][kGroup + 4];
     const int64_t row_blocks = (rows + kGroup - 1) / kGroup, col_blocks = (cols + kGroup - 1) / kGroup;
     // Scale rows are round_up(blocks along q's columns, 4) apart.
     const int64_t ld = TRANSPOSE ? (row_blocks + 3) / 4 * 4 : (col_blocks + 3) / 4 * 4;
-    const int tr = threadIdx.x >> 1, half = (threadIdx.x & 1) * (kGroup / 2);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const bool store_words = rows % 4 == 0 && (reinterpret_cast<uintptr_t>(q) & 3) == 0;   // (x^T's rows)
     for (int64_t b = blockIdx.x; b < row_blocks * col_blocks; b += gridDim.x) {
-        const int64_t br = b / col_blocks, bc = b % col_blocks, r = br * kGroup + tr;
-        const int64_t c_end = (bc + 1) * kGroup < cols ? (bc + 1) * kGroup : cols;
-        const T* xr = x + r * cols;
-        float a = 0.f, v[4];
-        if (r < rows)
-            for (int64_t c = bc * kGroup + half; c < bc * kGroup + half + kGroup / 2; c += 4) {
-                load4<T, VEC>(xr, c, c_end, v);
-                a = fmaxf(a, max4(v));
-            }
+        const int64_t br = b / col_blocks, bc = b % col_blocks, r0 = br * kGroup + warp * kRows;
+        const int64_t c = bc * kGroup + lane * 4, c_end = (bc + 1) * kGroup < cols ? (bc + 1) * kGroup : cols;
+        float v[kRows][4];
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) load4<T, VEC>(x + (r0 + i) * cols, c, r0 + i < rows ? c_end : 0, v[i]);
+        float a = 0.f;
+#pragma unroll
+        for (int i = 0; i < kRows; ++i) a = fmaxf(a, max4(v[i]));
         const float m = quant_mult(block_max(a), fmax, pow2);
         if constexpr (!TRANSPOSE) {
-            if (r < rows)
-                for (int64_t c = bc * kGroup + half; c < bc * kGroup + half + kGroup / 2; c += 4) {
-                    load4<T, VEC>(xr, c, c_end, v);
-                    store4<VEC>(q + r * cols, c, c_end, v, m, fmt);
-                }
+#pragma unroll
+            for (int i = 0; i < kRows; ++i)
+                if (r0 + i < rows) store4<VEC>(q + (r0 + i) * cols, c, c_end, v[i], m, fmt);
             if (threadIdx.x == 0) scale[br * ld + bc] = __fdiv_rn(1.f, m);
         } else {
-            for (int j = 0; j < kGroup / 2; j += 4) {
-                load4<T, VEC>(xr, bc * kGroup + half + j, r < rows ? c_end : 0, v);
 #pragma unroll
-                for (int i = 0; i < 4; ++i) codes[tr][half + j + i] = __nv_cvt_float_to_fp8(v[i] * m, __NV_SATFINITE, fmt);
+            for (int i = 0; i < kRows; ++i) {
+                const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(v[i][0] * m, v[i][1] * m), __NV_SATFINITE, fmt);
+                const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(v[i][2] * m, v[i][3] * m), __NV_SATFINITE, fmt);
+                *reinterpret_cast<uint32_t*>(&codes[warp * kRows + i][lane * 4]) = lo | (hi << 16);
             }
             __syncthreads();
             // x^T's row c = bc * 128 + tc; lane l writes its columns (x's rows) br * 128 + 4l .. + 3.
@@ -267,6 +290,13 @@ __global__ void __launch_bounds__(kThreads) blocks_kernel(int64_t rows, int64_t 
             __syncthreads();               // (codes is refilled next)
         }
     }
+}
+
+template <typename T, TransposedPass PASS>
+void launch_transposed(bool vec, unsigned grid, cudaStream_t stream, int64_t rows, int64_t cols, const T* x,
+                       unsigned char* q, float* scale, float fmax, bool pow2, __nv_fp8_interpretation_t fmt) {
+    if (vec) transposed_kernel<T, PASS, true><<<grid, kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+    else transposed_kernel<T, PASS, false><<<grid, kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
 }
 
 // Blocks for `units` of work (a block each, strided past the grid): every SM filled several times over.
@@ -308,7 +338,7 @@ cudaError_t quantize_scaled(int mode, bool transpose, bool pow2, int64_t rows, i
         else amax_kernel<T, false><<<grid, kThreads, 0, stream>>>(n, x, scale);
         if ((err = cudaGetLastError()) != cudaSuccess) return err;
         if (transpose)
-            transposed_kernel<T, T_TENSOR><<<grid_for(tiles), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+            launch_transposed<T, T_TENSOR>(vec, grid_for(tiles), stream, rows, cols, x, q, scale, fmax, pow2, fmt);
         else if (flat_vec)
             tensor_kernel<T, true><<<grid, kThreads, 0, stream>>>(n, x, q, scale, fmax, pow2, fmt);
         else
@@ -316,20 +346,20 @@ cudaError_t quantize_scaled(int mode, bool transpose, bool pow2, int64_t rows, i
         if ((err = cudaGetLastError()) != cudaSuccess) return err;
         amax_to_scale_kernel<<<1, 32, 0, stream>>>(1, scale, fmax, pow2);
     } else if (mode == CYGEMM_SCALE_1X128 && !transpose) {
-        const unsigned grid = grid_for((rows * groups + kWarps - 1) / kWarps);
+        const unsigned grid = grid_for((rows * ((groups + kUnroll - 1) / kUnroll) + kWarps - 1) / kWarps);
         if (vec) tiles_kernel<T, true><<<grid, kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
         else tiles_kernel<T, false><<<grid, kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
     } else if (mode == CYGEMM_SCALE_ROWWISE && !transpose) {
         if (vec) rows_kernel<T, true><<<grid_for(rows), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
         else rows_kernel<T, false><<<grid_for(rows), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
     } else if (mode == CYGEMM_SCALE_1X128) {
-        transposed_kernel<T, T_TILES><<<grid_for(tiles), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+        launch_transposed<T, T_TILES>(vec, grid_for(tiles), stream, rows, cols, x, q, scale, fmax, pow2, fmt);
     } else if (mode == CYGEMM_SCALE_ROWWISE) {
         cudaError_t err = cudaMemsetAsync(scale, 0, size_t(cols) * sizeof(float), stream);
         if (err != cudaSuccess) return err;
-        transposed_kernel<T, T_AMAX><<<grid_for(tiles), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+        launch_transposed<T, T_AMAX>(vec, grid_for(tiles), stream, rows, cols, x, q, scale, fmax, pow2, fmt);
         if ((err = cudaGetLastError()) != cudaSuccess) return err;
-        transposed_kernel<T, T_ROWS><<<grid_for(tiles), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+        launch_transposed<T, T_ROWS>(vec, grid_for(tiles), stream, rows, cols, x, q, scale, fmax, pow2, fmt);
         if ((err = cudaGetLastError()) != cudaSuccess) return err;
         amax_to_scale_kernel<<<grid_for((cols + kThreads - 1) / kThreads), kThreads, 0, stream>>>(cols, scale, fmax, pow2);
     } else if (transpose) {
