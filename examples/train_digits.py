@@ -6,7 +6,9 @@ the same model in torch (same initialisation, same batch order) for comparison.
 
 Prints a line per epoch, the test accuracies, and the step time eager against captured.
 ``--precision bf16-mixed`` trains with bfloat16 GEMMs on float32 master weights (torch then
-runs under bfloat16 autocast); ``--save`` writes the captured run's model and optimizer state
+runs under bfloat16 autocast); ``fp8-tensor``, ``fp8-rowwise`` and ``fp8-block`` with FP8 GEMMs
+on them (the layers whose sizes are multiples of 16; torch runs under bfloat16 autocast, the
+reference an FP8 run should stay within a point of); ``--save`` writes the captured run's model and optimizer state
 (``cygemm.nn.save``: an .npz file NumPy reads); ``--plot`` draws the loss curves and, below
 them, each run's difference to the reference run (torch, else cygemm eager), since the curves
 coincide; ``--curves`` keeps them as JSON.
@@ -85,7 +87,7 @@ def train_torch(Xtr, ytr, orders, sizes, lr, init, precision="fp32"):
         for idx in order:
             idx = torch.from_numpy(idx).cuda()
             opt.zero_grad(set_to_none=True)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16-mixed"):
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision != "fp32"):
                 loss = loss_fn(model(Xd[idx]), yd[idx])
             loss.backward()
             opt.step()
@@ -157,7 +159,8 @@ def plot_curves(res, settings, path):
     bottom.grid(alpha=0.3)
     st = settings
     gemms = ("bfloat16 GEMMs on float32 master weights" if st["precision"] == "bf16-mixed"
-             else "float32 GEMMs in TF32")
+             else "float32 GEMMs in TF32" if st["precision"] == "fp32"
+             else "FP8 GEMMs on float32 master weights")
     top.set_title(f"{st['gpu']}: scikit-learn digits, MLP {'-'.join(map(str, st['sizes']))}, batch {st['batch']},\n"
                   f"Adam lr {st['lr']}, {st['epochs']} epochs, seed {st['seed']}, {st['precision']} ({gemms}),\n"
                   f"same initialisation and batch order; {st['date']}", fontsize=9)
@@ -177,8 +180,8 @@ def main(argv=None):
     ap.add_argument("--curves", default=None, metavar="PATH",
                     help="write the runs' loss curves, test accuracies and settings to this JSON file")
     ap.add_argument("--no-torch", action="store_true", help="skip the torch run (torch is not in the examples extra)")
-    ap.add_argument("--precision", choices=["fp32", "bf16-mixed"], default="fp32",
-                    help="fp32, or bfloat16 GEMMs on float32 master weights (default fp32)")
+    ap.add_argument("--precision", choices=["fp32", "bf16-mixed", "fp8-tensor", "fp8-rowwise", "fp8-block"],
+                    default="fp32", help="fp32, or bfloat16 or FP8 GEMMs on float32 master weights (default fp32)")
     ap.add_argument("--save", default=None, metavar="PATH",
                     help="write the captured run's model and optimizer state to this .npz file")
     args = ap.parse_args(argv)

@@ -7,9 +7,11 @@ captured whole into one CUDA graph.
     loss = step(x_batch, y_batch)        # a 0-d device array; no synchronisation
     cygemm.nn.save("run.npz", model, step.optimizer)   # and cygemm.nn.load(...) into them
 
-``precision="bf16-mixed"`` trains with bfloat16 GEMMs on float32 master parameters.
+``precision="bf16-mixed"`` trains with bfloat16 GEMMs on float32 master parameters;
+``"fp8-tensor"``, ``"fp8-rowwise"`` and ``"fp8-block"`` with FP8 GEMMs on them.
 """
-from cygemm.nn.layers import MLP, Dense
+from cygemm.nn.layers import Dense
+from cygemm.nn.mlp import MLP
 from cygemm.nn.losses import MeanSquaredError, SoftmaxCrossEntropy
 from cygemm.nn.optimizers import SGD, Adam, AdamW
 from cygemm.nn.serialization import load, save

@@ -1,4 +1,4 @@
-"""Dense layers and MLPs on cygemm's fused forward and backward.
+"""Dense layers on cygemm's fused forward and backward (chains of them: cygemm/nn/mlp.py).
 
 A layer's parameters and their gradients are views into flat buffers (one for parameters, one
 for gradients, at the same offsets): an optimizer updates a whole model in one launch. After
@@ -9,13 +9,14 @@ bfloat16 GEMMs on float32 master parameters (see cygemm/nn/_storage.py).
 import cupy as cp
 import numpy as np
 
+from cygemm.elementwise import act_backward, bias_act
 from cygemm.epilogues import activation_table, parse_activation
 from cygemm.gemm_ops import backward_into, forward, forward_into
-from cygemm.nn import _kernels, serialization
+from cygemm.nn import _fp8, _kernels, serialization
 from cygemm.nn._gpu import require_gpu
 from cygemm.nn._storage import FlatStorage, compute_dtype, parse_precision
 
-__all__ = ["Dense", "MLP"]
+__all__ = ["Dense"]
 
 _FROM_OUTPUT = {row["name"] for row in activation_table() if row["grad_from_output"]}
 _CANONICAL = {row["code"]: row["name"] for row in activation_table()}
@@ -89,12 +90,18 @@ class Dense:
     seed : int, numpy.random.Generator or None
         Seeds the initialisation: torch's default for ``nn.Linear``, weight and bias uniform in
         ±1/sqrt(in_features).
-    precision : {"fp32", "bf16-mixed"}
+    precision : {"fp32", "bf16-mixed", "fp8-tensor", "fp8-rowwise", "fp8-block"}
         "bf16-mixed" (as torch's bfloat16 autocast, with no loss scaling: bfloat16 has
         float32's range): the GEMMs read a bfloat16 copy of the float32 parameters and write
         bfloat16 activations and gradients; the optimizer updates the float32 parameters and
         rewrites the copy in the same launch. ``forward`` and ``backward`` take float32 or
-        bfloat16 (a float32 argument, contiguous, is converted first).
+        bfloat16 (a float32 argument, contiguous, is converted first). "fp8-*": stored and
+        computed as bf16-mixed, but the three GEMMs of a step run in FP8 with current scaling
+        (each quantizes what it reads with this step's amax): one scale per tensor (gradients in
+        E5M2), per row, or DeepSeek-V3's blocks (activations and gradients 1 x 128, weights
+        128 x 128); bias and activation in cygemm's elementwise kernels. in_features,
+        out_features and the batch must be multiples of 16 (FP8 GEMMs read 16-byte rows);
+        :class:`MLP` runs a layer whose sizes are not in bf16-mixed instead.
 
     Attributes
     ----------
@@ -121,6 +128,10 @@ class Dense:
         self.dtype = _float32(dtype)
         self.math = _math(math)
         self.precision = parse_precision(precision)
+        if self.precision in _fp8.RECIPES and not _fp8.fits(self.in_features, self.out_features):
+            raise ValueError(f"precision: {self.precision!r} needs in_features and out_features that are "
+                             f"multiples of {_fp8.ALIGN} (FP8 GEMMs read 16-byte rows), got "
+                             f"{self.in_features} and {self.out_features}")
         self.compute_dtype = compute_dtype(self.precision)
         self.needs_input_grad = True
         self.batch = None
@@ -274,9 +285,10 @@ class Dense:
             self.z = cp.empty((M, N), dt) if self._save_z else None
             self.dz = cp.empty((M, N), dt) if self.act != "none" else None
             self.gx = cp.empty((M, K), dt) if self.needs_input_grad else None
-            mixed = self.precision == "bf16-mixed"        # where float32 x and gy are converted
+            mixed = self.precision != "fp32"        # where float32 x and gy are converted
             self._x_c = cp.empty((M, K), dt) if mixed else None
             self._gy_c = cp.empty((M, N), dt) if mixed else None
+            self._fp8 = _fp8.FP8Gemms(self.precision, M, K, N) if self.precision in _fp8.RECIPES else None
         self._x = None
         return self
 
@@ -290,8 +302,16 @@ class Dense:
         self._require_bound("forward")
         _check_array(x, "x", (self.batch, self.in_features), self._accepted())
         x = _to_compute(x, self._x_c, self.stream)
-        forward_into(x, self._weight_c.T, self.y, self._bias_c, with_bias=self.has_bias, act=self.act,
-                     save_z=self._save_z, z_out=self.z, math=self.math, stream=self.stream.ptr)
+        if self._fp8 is not None:
+            # z = x @ W.T in FP8, then act(z + bias) (z + bias kept where the backward needs it)
+            lin = self.z if self._save_z else self.y
+            self._fp8.forward(x, self._weight_c, lin, self.stream.ptr)
+            if self.has_bias or self.act != "none":
+                bias_act(lin, self._bias_c if self.has_bias else None, out=self.y, act=self.act,
+                         z_out=self.z if self._save_z else None, stream=self.stream.ptr)
+        else:
+            forward_into(x, self._weight_c.T, self.y, self._bias_c, with_bias=self.has_bias, act=self.act,
+                         save_z=self._save_z, z_out=self.z, math=self.math, stream=self.stream.ptr)
         self._x = x
         return self.y
 
@@ -312,6 +332,13 @@ class Dense:
 
     def _predict_compute(self, x, s):
         """The output for x in the compute dtype (x in it too), in a new array."""
+        if self.precision in _fp8.RECIPES:
+            y = _fp8.predict(self.precision, x, self._weight_c, s)
+            if self.has_bias or self.act != "none":
+                with s:
+                    y = cp.ascontiguousarray(y)
+                bias_act(y, self._bias_c if self.has_bias else None, out=y, act=self.act, stream=s.ptr)
+            return y
         return forward(x, self._weight_c.T, self._bias_c, with_bias=self.has_bias, act=self.act, math=self.math,
                        stream=s.ptr)[0]
 
@@ -324,159 +351,33 @@ class Dense:
             raise RuntimeError("backward: call forward first (backward reads its input and output)")
         _check_array(gy, "gy", (self.batch, self.out_features), self._accepted())
         gy = _to_compute(gy, self._gy_c, self.stream)
+        if self._fp8 is not None:
+            return self._backward_fp8(gy, bias_grad_done)
         backward_into(self._x, self._weight_c.T, gy, self.z, y=None if self._save_z else
                       (self.y if self.act != "none" else None),
                       with_bias=self.has_bias, act=self.act, gA_out=self.gx, gB_out=self._weight_grad.T,
                       gBias_out=None if bias_grad_done else self._bias_grad, work_dZ=self.dz, math=self.math, stream=self.stream.ptr)
         return self.gx
 
+    def _backward_fp8(self, gy, bias_grad_done):
+        """dz = gy * act'(z) and the bias gradient in one elementwise pass, then the data and weight
+        gradients as FP8 GEMMs."""
+        s = self.stream.ptr
+        db = None if bias_grad_done or not self.has_bias else self._bias_grad
+        dz = gy                         # (act none: the GEMMs quantize gy itself)
+        if self.act != "none":
+            z, from_output = (self.z, False) if self._save_z else (self.y, True)
+            dz = act_backward(gy, z, dz_out=self.dz, dbias_out=db, act=self.act, z_is_output=from_output,
+                              stream=s)[0]
+        elif db is not None:
+            act_backward(gy, None, dbias_out=db, act="none", stream=s)
+        self._fp8.backward(dz, self._x, self._weight_c, self.gx, self._weight_grad, s)
+        return self.gx
+
     def __repr__(self):
         extra = f", precision={self.precision!r}" if self.precision != "fp32" else ""
         return (f"Dense({self.in_features}, {self.out_features}, act={self.act!r}, bias={self.has_bias}, "
                 f"math={self.math!r}{extra})")
-
-
-class MLP:
-    """A chain of :class:`Dense` layers whose parameters share one flat buffer.
-
-    Parameters
-    ----------
-    sizes : sequence of int
-        ``[d0, d1, ..., dn]``: n layers, di -> d(i+1).
-    act : str
-        The activation of every layer but the last.
-    out_act : str or None
-        The last layer's activation (None: none, as logits for a loss).
-    bias, dtype, math, precision : as :class:`Dense`
-    seed : int or None
-        One generator initialises the layers in order.
-
-    Examples
-    --------
-    >>> model = cygemm.nn.MLP([64, 128, 10], act="relu", seed=0)   # doctest: +SKIP
-    >>> model.bind(32)                                            # doctest: +SKIP
-    >>> logits = model.forward(x)                                 # doctest: +SKIP
-    """
-
-    def __init__(self, sizes, act="relu", out_act=None, bias=True, dtype="float32", math="tf32", seed=None,
-                 precision="fp32"):
-        require_gpu()
-        sizes = list(sizes)
-        if len(sizes) < 2:
-            raise ValueError(f"sizes: expected at least two sizes (one layer), got {sizes}")
-        rng = np.random.default_rng(seed)
-        self.precision = parse_precision(precision)
-        self.layers = [Dense(i, o, act=act if k < len(sizes) - 2 else out_act, bias=bias, dtype=dtype,
-                             math=math, seed=rng, precision=self.precision)
-                       for k, (i, o) in enumerate(zip(sizes[:-1], sizes[1:]))]
-        self.layers[0].needs_input_grad = False
-        self.sizes = sizes
-        storage = FlatStorage(sum(layer.n_params for layer in self.layers), self.precision)
-        offset = 0
-        for layer in self.layers:
-            layer._home(storage, offset)
-            offset += layer.n_params
-        self.storage = storage
-        storage.refresh(cp.cuda.get_current_stream())
-        self.batch = None
-        self.stream = None
-
-    @property
-    def in_features(self):
-        """Inputs of the first layer."""
-        return self.sizes[0]
-
-    @property
-    def out_features(self):
-        """Outputs of the last layer."""
-        return self.sizes[-1]
-
-    @property
-    def flat_parameters(self):
-        """Every parameter, as one flat float32 array (layer by layer: weight, then bias)."""
-        return self.storage.params
-
-    @property
-    def flat_gradients(self):
-        """Every gradient, as one flat float32 array at the offsets of :attr:`flat_parameters`."""
-        return self.storage.grads
-
-    @property
-    def flat_parameters_bf16(self):
-        """Under bf16-mixed, the bfloat16 copy of ``flat_parameters`` the GEMMs read; None under fp32."""
-        return self.storage.params_bf16
-
-    @property
-    def compute_dtype(self):
-        """The dtype the GEMMs compute in: float32, or bfloat16 under bf16-mixed."""
-        return self.layers[0].compute_dtype
-
-    def refresh_bf16(self, stream=None):
-        """As :meth:`Dense.refresh_bf16`, for every layer (one launch)."""
-        self.storage.refresh(_stream_of(stream if stream is not None else self.stream))
-
-    def _named_parameters(self, prefix=""):
-        for k, layer in enumerate(self.layers):
-            yield from layer._named_parameters(f"{prefix}layers.{k}.")
-
-    def state_dict(self):
-        """The parameters as NumPy float32 copies: ``layers.{k}.weight`` (out, in) and
-        ``layers.{k}.bias`` (float32 masters under bf16-mixed). Waits for the model's stream."""
-        return serialization.model_state(self)
-
-    def load_state_dict(self, state):
-        """As :meth:`Dense.load_state_dict`: into the existing buffers, after checking every
-        key and shape."""
-        serialization.load_model_state(self, state)
-
-    def torch_state_dict(self):
-        """The parameters as CPU torch tensors named for :meth:`to_torch`'s ``nn.Sequential``
-        (``"0.weight"``, ``"0.bias"``, ``"2.weight"``, ...: the activations sit between)."""
-        return serialization.torch_state(self.state_dict(), [(f"layers.{k}.", layer.act)
-                                                             for k, layer in enumerate(self.layers)])
-
-    def to_torch(self):
-        """A CPU ``torch.nn.Sequential`` of ``Linear`` and activation modules computing what
-        this model does (gelu as ``GELU(approximate="tanh")``), holding its parameters."""
-        return serialization.to_torch(self.torch_state_dict(), self.sizes,
-                                      [layer.act for layer in self.layers], self.layers[0].has_bias)
-
-    def bind(self, batch, stream=None):
-        """Bind every layer to `batch` rows on `stream` (see :meth:`Dense.bind`)."""
-        for layer in self.layers:
-            layer.bind(batch, stream)
-        self.batch, self.stream = self.layers[0].batch, self.layers[0].stream
-        return self
-
-    def forward(self, x):
-        """The output of the last layer (its ``y`` buffer)."""
-        for layer in self.layers:
-            x = layer.forward(x)
-        return x
-
-    def predict(self, x, stream=None):
-        """The model's output for any number of rows, in a new float32 array (for evaluation)."""
-        self.layers[0]._check_rows(x)
-        return _predict_chain(self.layers, x, _stream_of(stream if stream is not None else self.stream))
-
-    def backward(self, gy, last_bias_grad_done=False):
-        """Back-propagate dL/d(output) through every layer, writing every gradient (but the last
-        layer's bias gradient with `last_bias_grad_done`: a loss already wrote it)."""
-        for k, layer in enumerate(reversed(self.layers)):
-            gy = layer.backward(gy, bias_grad_done=last_bias_grad_done and k == 0)
-        return gy
-
-    def load_torch(self, linears):
-        """Copy the weights of a sequence of ``torch.nn.Linear`` (or an ``nn.Sequential``, whose
-        Linear modules are taken in order) into the layers."""
-        linears = [m for m in linears if type(m).__name__ == "Linear"]
-        if len(linears) != len(self.layers):
-            raise ValueError(f"linears: expected {len(self.layers)} Linear modules, got {len(linears)}")
-        for layer, lin in zip(self.layers, linears):
-            layer.load_torch(lin)
-
-    def __repr__(self):
-        return "MLP(" + ", ".join(repr(layer) for layer in self.layers) + ")"
 
 
 def _predict_chain(layers, x, s):

@@ -86,5 +86,7 @@ def test_load_refuses_a_file_cygemm_did_not_write(tmp_path):
 def test_precision_names():
     assert parse_precision("fp32") == "fp32"
     assert parse_precision("bf16-mixed") == parse_precision("bf16") == "bf16-mixed"
-    with pytest.raises(ValueError, match="precision: expected 'fp32' or 'bf16-mixed', got 'fp16'"):
+    assert parse_precision("fp8-block") == "fp8-block"
+    with pytest.raises(ValueError, match="precision: expected one of 'fp32', 'bf16-mixed', 'fp8-tensor', "
+                                         "'fp8-rowwise', 'fp8-block', got 'fp16'"):
         parse_precision("fp16")
