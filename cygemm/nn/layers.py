@@ -95,7 +95,7 @@ class Dense:
         float32's range): the GEMMs read a bfloat16 copy of the float32 parameters and write
         bfloat16 activations and gradients; the optimizer updates the float32 parameters and
         rewrites the copy in the same launch. ``forward`` and ``backward`` take float32 or
-        bfloat16 (a float32 argument, contiguous, is converted first). "fp8-*": stored and
+        bfloat16 (a float32 argument, contiguous, is converted first). The "fp8" precisions: stored and
         computed as bf16-mixed, but the three GEMMs of a step run in FP8 with current scaling
         (each quantizes what it reads with this step's amax): one scale per tensor (gradients in
         E5M2), per row, or DeepSeek-V3's blocks (activations and gradients 1 x 128, weights

@@ -22,7 +22,7 @@ class MLP:
     out_act : str or None
         The last layer's activation (None: none, as logits for a loss).
     bias, dtype, math, precision : as :class:`Dense`
-        (under an "fp8-*" precision, a layer whose sizes are not multiples of 16 runs in
+        (under an FP8 precision, a layer whose sizes are not multiples of 16 runs in
         bf16-mixed, as its ``repr`` says)
     seed : int or None
         One generator initialises the layers in order.
