@@ -112,10 +112,15 @@ def gencode_flags(nvcc, kernel):
     else:
         # Machine code runs on its major version's later minors (sm_80's on 8.6 and 8.9): the
         # memory-bound passes need no more. FP8's conversions are instructions from sm_89 on.
-        # CUDA 13 dropped Volta (sm_70); older toolkits still build it.
-        archs = ["75", "80", "89", "90"] if kernel in ("fp8", "fp8_scales") else ["75", "80", "90"]
-        if nvcc_version(nvcc) < (13, 0):
-            archs.insert(0, "70")
+        # The finer-scale quantization (fp8_scales) serves FP8 GEMMs, which need 8.9: it is built
+        # for 8.9 and 9.0 alone (emulating FP8 on older GPUs made it 4x as long to compile, a
+        # minute of the build). CUDA 13 dropped Volta (sm_70); older toolkits still build it.
+        if kernel == "fp8_scales":
+            archs = ["89", "90"]
+        else:
+            archs = ["75", "80", "89", "90"] if kernel == "fp8" else ["75", "80", "90"]
+            if nvcc_version(nvcc) < (13, 0):
+                archs.insert(0, "70")
     flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     flags.append(f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}")
     return flags

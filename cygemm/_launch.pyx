@@ -64,6 +64,10 @@ cdef int plan_run(GemmContext* ctx, cudaStream_t stream, PlanData* d, const ColM
     cdef cublasStatus_t st
     if d.route == PLAN_GEMMEX:
         return _gemmex(ctx, stream, g, d.dtype, d.compute, alpha, beta)
+    cdef double alpha64, beta64
+    if d.compute == CUBLAS_COMPUTE_64F:     # cuBLASLt reads the scalars in its scale type: double here
+        alpha64, beta64 = alpha[0], beta[0]
+        alpha, beta = <const float*>&alpha64, <const float*>&beta64
     # Pointers change between calls that share a plan; setting them is a host-side copy.
     if bias != NULL:
         st = cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias))

@@ -150,6 +150,12 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
         v.ptr, v.dtype, v.itemsize, v.device = NULL, CUDA_R_32F, 4, -1
     cdef MatrixView* vs = add_view(&c, &v, "scale", ARG_WRITE)
     prepare_kernel_call(&c, stream)
+    cdef int major = 0, minor = 0
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c.ctx.device)
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c.ctx.device)
+    if major * 10 + minor < 89:     # (its kernels are built for 8.9 and 9.0 on: FP8 GEMMs need them)
+        raise RuntimeError(f"quantize_scaled: FP8 with finer scales needs compute capability 8.9 or newer "
+                           f"(the FP8 GEMMs that read it do too); this GPU is {major}.{minor}")
     like = first_torch((x,))
     if out is None:
         out = empty_array((q_rows, q_cols), fmt, c.stream, "quantize_scaled(out=None): allocating q", like)

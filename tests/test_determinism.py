@@ -293,3 +293,48 @@ def test_captured_replays_threads_and_streams_give_the_eager_bits(mode):
     assert not errors, errors
     assert all(_same_bits(r, eager) for r in results)
 
+
+
+@pytest.mark.gpu
+def test_fp8_takes_the_mode_per_call():
+    cp = _cp()
+    from cygemm import fp8
+    from refs import fp8 as fp8_ref
+    rng = np.random.default_rng(4)
+    a = cp.asarray(fp8_ref.to_codes(rng.standard_normal((4096, K)) * 4, "e4m3"))
+    wt = cp.asarray(fp8_ref.to_codes(rng.standard_normal((N, K)) * 4, "e4m3"))
+    one = cp.asarray([1.0], cp.float32)
+    assert cygemm.get_options()["determinism"] == "off"
+    _check_rows(lambda q: fp8.scaled_matmul(q, wt.T, one, one, format_a="e4m3", format_b="e4m3",
+                                            determinism="batch_invariant"), a, "fp8 per call", "bfloat16", "tf32")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+def test_nn_predict_rows_are_batch_invariant(precision):
+    cp = _cp()
+    from cygemm import nn
+    model = nn.MLP([K, 256, 128], act="gelu", seed=0, precision=precision)
+    x = cp.asarray(np.random.default_rng(5).standard_normal((4096, K)).astype(np.float32))
+    old = cygemm.set_options(determinism="batch_invariant")
+    try:
+        _check_rows(lambda rows: model.predict(rows), x, f"nn {precision}", "float32", "tf32")
+    finally:
+        cygemm.set_options(**old)
+
+
+@pytest.mark.gpu
+def test_float64_rows_are_batch_invariant_and_right():
+    """float64 runs through cuBLASLt under batch_invariant (never cublasGemmEx): its alpha and
+    beta must reach cuBLASLt as doubles, the scale type of a 64-bit compute type (they were
+    passed as floats, which cuBLASLt read as garbage doubles)."""
+    cp = _cp()
+    x, w = _operands("float64", m=1024)
+    old = cygemm.set_options(determinism="batch_invariant")
+    try:
+        ref64 = f64(cp, x) @ f64(cp, w)
+        full = cygemm.matmul(x, w)
+        assert rel_err(f64(cp, full), ref64) < 1e-12
+        _check_rows(lambda a: cygemm.matmul(a, w), x, "float64", "float32", "fp32")
+    finally:
+        cygemm.set_options(**old)
