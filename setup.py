@@ -42,7 +42,8 @@ HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h",
            "cygemm/include/cygemm/fp8_kernels.h", "cygemm/include/cygemm/fp8_scale_kernels.h",
            "cygemm/include/cygemm/grouped_kernels.h",
            "cygemm/include/cygemm/convert.h", "cygemm/include/cygemm/nn_kernels.h",
-           "cygemm/include/cygemm/backend_kernels.h", "cygemm/include/cygemm/warp_reduce.cuh"]
+           "cygemm/include/cygemm/backend_kernels.h", "cygemm/include/cygemm/warp_reduce.cuh",
+           "cygemm/include/cygemm/sm_count.cuh"]
 KERNELS = sorted({k for kernels in MODULES.values() for k in kernels})
 CYTHON_DIRECTIVES = {"language_level": 3, "binding": True}
 # nvcc's files, longest first (measured: elementwise's 96 template kernels take 3/4 of nvcc's

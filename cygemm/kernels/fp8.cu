@@ -4,6 +4,7 @@
 // aligned, a scalar loop otherwise and for the tail; the grid is sized to the GPU and strides.
 #include "cygemm/fp8_kernels.h"
 #include "cygemm/convert.h"
+#include "cygemm/sm_count.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -141,14 +142,7 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 
 
 // Blocks for n elements: enough to fill every SM several times over, no more than the work.
 unsigned grid_for(int64_t n) {
-    static int sms[64] = {0};
-    int device = 0;
-    cudaGetDevice(&device);
-    int& count = sms[device & 63];
-    if (count == 0 && cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-        cudaGetLastError();
-        count = 132;
-    }
+    const int count = cygemm_grid::sm_count();
     const int64_t per_block = int64_t(kThreads) * kChunk;
     return unsigned(std::max<int64_t>(1, std::min<int64_t>((n + per_block - 1) / per_block, int64_t(count) * 8)));
 }

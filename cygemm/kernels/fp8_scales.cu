@@ -7,6 +7,7 @@
 // tile of x in shared memory so that both the reads of x and the writes of x^T are coalesced.
 #include "cygemm/fp8_scale_kernels.h"
 #include "cygemm/convert.h"
+#include "cygemm/sm_count.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -301,14 +302,7 @@ void launch_transposed(bool vec, unsigned grid, cudaStream_t stream, int64_t row
 
 // Blocks for `units` of work (a block each, strided past the grid): every SM filled several times over.
 unsigned grid_for(int64_t units) {
-    static int sms[64] = {0};
-    int device = 0;
-    cudaGetDevice(&device);
-    int& count = sms[device & 63];
-    if (count == 0 && cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-        cudaGetLastError();
-        count = 132;
-    }
+    const int count = cygemm_grid::sm_count();
     return unsigned(std::max<int64_t>(1, std::min<int64_t>(units, int64_t(count) * 16)));
 }
 
