@@ -6,9 +6,9 @@ strided-batched call (one per index of the other axes); and which arrays a call 
 allocate for cuBLAS to read and write them in place (decide_copies)."""
 from libc.stdint cimport int64_t, uintptr_t
 
-from cygemm._types cimport ArrayDesc, MatrixView, ColMajorGemm
+from cygemm._types cimport ArrayDesc, MatrixView, ColMajorGemm, type_size
 from cygemm._arrays cimport desc_shape, views_overlap, dtype_name
-from cygemm.bindings.cudart cimport cudaDataType, CUDA_R_32F, CUDA_R_64F
+from cygemm.bindings.cudart cimport cudaDataType
 from cygemm._mapping cimport MapResult, MAP_OK, MAP_BAD_A, MAP_BAD_B, MAP_BAD_OUT, map_rowmajor_gemm, check_batch_disjoint
 
 
@@ -310,16 +310,12 @@ cdef void span_view(const ArrayDesc* d, MatrixView* v) noexcept:
 
 # ------------------------------------------------------------ the copies of one call
 
-cdef int _itemsize(cudaDataType t) noexcept:
-    return 8 if t == CUDA_R_64F else (4 if t == CUDA_R_32F else 2)
-
-
 cdef const ArrayDesc* _c_order(ArrayDesc* d, int ndim, const int64_t* shape, cudaDataType t) noexcept:
     """d as a new C-ordered array of dtype t (its address not known yet: NULL); returns d.
     shape may be d's own."""
     cdef int i
     cdef int64_t stride = 1
-    d.ndim, d.ptr, d.dtype, d.itemsize, d.device = ndim, NULL, t, _itemsize(t), -1
+    d.ndim, d.ptr, d.dtype, d.itemsize, d.device = ndim, NULL, t, type_size(t), -1
     for i in range(ndim - 1, -1, -1):
         d.shape[i], d.strides[i] = shape[i], stride
         stride *= shape[i]

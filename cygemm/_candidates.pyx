@@ -13,7 +13,7 @@ from libc.string cimport memcpy
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
-from cygemm._types cimport ColMajorGemm, is_fp8_type
+from cygemm._types cimport ColMajorGemm, is_fp8_type, type_size
 from cygemm._context cimport GemmContext
 from cygemm._release cimport defer_free
 from cygemm._settings cimport AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN
@@ -73,7 +73,7 @@ def _fake_a_wrong_candidate(int index):
 cdef object _output_values(_TuneArg* a):
     """The output of the last run (one matrix, column-major m x n at ldc) as float64 values."""
     cdef cudaDataType t = a.d.dtype
-    cdef size_t item = 1 if is_fp8_type(t) else (4 if t == CUDA_R_32F else (8 if t == CUDA_R_64F else 2))
+    cdef size_t item = type_size(t)
     cdef int64_t count = (a.g.n - 1) * a.g.ldc + a.g.m
     raw = np.empty(a.g.n * a.g.ldc * item, np.uint8)
     cdef unsigned char[::1] view = raw
@@ -138,7 +138,7 @@ cdef int tune_candidates(GemmContext* ctx, cudaStream_t stream, PlanData* d, con
         extent = <size_t>((g.n - 1) * g.ldc + g.m)
         if g.strided_batched and g.batch > 1:
             extent += <size_t>((g.batch - 1) * g.stride_c)
-        extent *= 8 if d.dtype == CUDA_R_64F else (4 if d.dtype == CUDA_R_32F else 2)
+        extent *= type_size(d.dtype)
         with nogil:
             cudaThreadExchangeStreamCaptureMode(&mode)
             err = cudaMalloc(&scratch, extent)

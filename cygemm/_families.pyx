@@ -206,15 +206,15 @@ cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g,
                            unsigned al_c, const GemmTypes* types) except -1:
     cdef cublasLtMatmulHeuristicResult_t results[QUERY]
     cdef cublasLtMatmulHeuristicResult_t reference[QUERY]
-    cdef int n = _query(ctx, d, results, ws_bytes), n_ref = 0, n_probe, i, family = -1
+    cdef int n = _query(ctx, d, results, ws_bytes), n_ref = 0, n_probe, i, ref = -1, family = -1
     cdef int64_t probe, small = min(g.m, g.n)
     d.n_candidates = 0
     if policy == POLICY_BATCH_INVARIANT:
         # The family: the first split-free kernel at FAMILY_ROWS x FAMILY_ROWS (not this M or N).
         n_ref = _heuristic_at(ctx, g, FAMILY_ROWS, FAMILY_ROWS, dtype, compute, epi, bias, aux, ws_bytes,
                               al_a, al_b, al_c, types, reference)
-        i = _first_split_free(reference, n_ref)
-        family = _config(&reference[i].algo, CUBLASLT_ALGO_CONFIG_ID) if i >= 0 else -1
+        ref = _first_split_free(reference, n_ref)
+        family = _config(&reference[ref].algo, CUBLASLT_ALGO_CONFIG_ID) if ref >= 0 else -1
     elif n > 0 and _config(&results[0].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) != 1:
         # run_to_run, where the heuristic's first splits K: that kernel alone (a fixed kernel is
         # reproducible; its split's tile-mates are not known to share its bits).
@@ -248,7 +248,6 @@ cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g,
                                 compute, epi, bias, aux, ws_bytes, al_a, al_b, al_c, types, results)
         _members(ctx, d, results, n_probe, family, ws_bytes)
     # Then the reference kernel itself and retiled, where they take this problem.
-    i = _first_split_free(reference, n_ref)
-    _members(ctx, d, &reference[i], 1, family, ws_bytes)
-    _retiled(ctx, d, &reference[i].algo, small, ws_bytes)
+    _members(ctx, d, &reference[ref], 1, family, ws_bytes)
+    _retiled(ctx, d, &reference[ref].algo, small, ws_bytes)
     return 0

@@ -32,7 +32,7 @@ from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm.epilogues cimport Activation, activation_row, NO_EPILOGUE
-from cygemm._types cimport MatrixView, ArrayDesc, is_fp8_type
+from cygemm._types cimport MatrixView, ArrayDesc, is_fp8_type, type_size
 from cygemm._arrays cimport read_fp8, read_array, view_from_desc, dtype_name, desc_shape
 from cygemm._args cimport CallArgs, ArgRole, args_init, add_view, add_scalar, ARG_READ, ARG_WRITE
 from cygemm._mapping cimport map_or_raise, is_rowmajor
@@ -317,7 +317,7 @@ cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scal
         if d_name not in OUT_DTYPES:
             raise ValueError(f"format_out: expected 'e4m3' or 'e5m2', got {d_name!r}")
         vo.dtype = OUT_DTYPES[d_name]
-        vo.itemsize = 1 if is_fp8_type(vo.dtype) else (4 if vo.dtype == CUDA_R_32F else 2)
+        vo.itemsize = type_size(vo.dtype)
         vo.ptr, vo.device = NULL, -1
         vo.batch, vo.rows, vo.cols, vo.batch_stride = 1, va.rows, vb.cols, 0
         vo.row_stride, vo.col_stride = max(vb.cols, 1), 1

@@ -27,15 +27,22 @@ cdef bint needs_64bit_api(const ColMajorGemm* g) noexcept nogil:
             or g.ldb > INT32_MAX or g.ldc > INT32_MAX or g.batch > INT32_MAX)
 
 
+cdef inline void _scalars_for(cublasComputeType_t compute, const float** alpha, const float** beta,
+                              double* as_double) noexcept nogil:
+    """alpha and beta in the compute type's scale type, what cuBLAS and cuBLASLt read: double
+    for a 64-bit compute type (written into as_double[0:2]), float for every other."""
+    if compute == CUBLAS_COMPUTE_64F:
+        as_double[0], as_double[1] = alpha[0][0], beta[0][0]
+        alpha[0], beta[0] = <const float*>&as_double[0], <const float*>&as_double[1]
+
+
 cdef int _gemmex(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
                  cudaDataType dtype, cublasComputeType_t compute,
                  const float* alpha, const float* beta) except -1 nogil:
     """The cuBLAS status of one GemmEx call (-1: binding the stream raised)."""
     bind_stream(ctx, stream)
-    cdef double alpha64, beta64
-    if compute == CUBLAS_COMPUTE_64F:       # the scalars take the compute type: double here
-        alpha64, beta64 = alpha[0], beta[0]
-        alpha, beta = <const float*>&alpha64, <const float*>&beta64
+    cdef double as_double[2]
+    _scalars_for(compute, &alpha, &beta, as_double)
     # Past 2**31 - 1 in any size or leading dimension take cuBLAS's 64-bit API;
     # below it the 32-bit one, whose kernels and heuristics are the tuned ones.
     if g.strided_batched and needs_64bit_api(g):
@@ -64,10 +71,8 @@ cdef int plan_run(GemmContext* ctx, cudaStream_t stream, PlanData* d, const ColM
     cdef cublasStatus_t st
     if d.route == PLAN_GEMMEX:
         return _gemmex(ctx, stream, g, d.dtype, d.compute, alpha, beta)
-    cdef double alpha64, beta64
-    if d.compute == CUBLAS_COMPUTE_64F:     # cuBLASLt reads the scalars in its scale type: double here
-        alpha64, beta64 = alpha[0], beta[0]
-        alpha, beta = <const float*>&alpha64, <const float*>&beta64
+    cdef double as_double[2]
+    _scalars_for(d.compute, &alpha, &beta, as_double)
     # Pointers change between calls that share a plan; setting them is a host-side copy.
     if bias != NULL:
         st = cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias))

@@ -99,6 +99,13 @@ cdef inline bint is_fp8_type(cudaDataType t) noexcept nogil:
     return t == CUDA_R_8F_E4M3 or t == CUDA_R_8F_E5M2
 
 
+# Bytes per element of a GEMM storage type (FP8, half types, float32, float64).
+cdef inline int type_size(cudaDataType t) noexcept nogil:
+    if is_fp8_type(t):
+        return 1
+    return 8 if t == CUDA_R_64F else (4 if t == CUDA_R_32F else 2)
+
+
 cdef inline cublasComputeType_t typed_compute_type(const GemmTypes* t) noexcept nogil:
     """The compute type of a GEMM of mixed storage types, from the operands' real types: FP8
     operands accumulate in fp32 (cuBLASLt's one FP8 compute type); others as compute_type

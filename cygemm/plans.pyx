@@ -22,7 +22,7 @@ from libc.string cimport memcmp, memset
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
-from cygemm._types cimport ColMajorGemm, GemmTypes, pointer_alignment, is_fp8_type
+from cygemm._types cimport ColMajorGemm, GemmTypes, pointer_alignment, is_fp8_type, type_size
 from cygemm._errors cimport check_cublas
 from cygemm._errors import CygemmError
 from cygemm._streams cimport stream_is_capturing, check_capture_alive
@@ -433,7 +433,7 @@ cdef int _each_matrix(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm*
     """A batch cuBLASLt is not asked about (broadcast or interleaved), one matrix at a time:
     each by the plan of one matrix, as it would run alone."""
     cdef ColMajorGemm one = g[0]
-    cdef int64_t i, size = 8 if dtype == CUDA_R_64F else (4 if dtype == CUDA_R_32F else 2)
+    cdef int64_t i, size = type_size(dtype)
     one.batch, one.strided_batched = 1, False
     for i in range(g.batch):
         one.a = <const char*>g.a + i * g.stride_a * size
