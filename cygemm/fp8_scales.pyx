@@ -52,6 +52,24 @@ cdef tuple _scale_shape(int mode, int64_t rows, int64_t cols):
     return (rb, kb), (rb, ld)                   # held (rb, ld), returned [:, :kb]
 
 
+cdef object _new_scale(int mode, int64_t rows, int64_t cols, cudaStream_t stream, object like):
+    """A new scale array for FP8 codes of shape (rows, cols), in scaled_matmul's layout for them
+    as its a: a view of the C-contiguous array that holds it (torch's for a torch `like`)."""
+    shape, held = _scale_shape(mode, rows, cols)
+    holder = empty_array(held, CUDA_R_32F, stream, "quantize_scaled(scale=None): allocating the scales", like)
+    return (holder.T if mode == SCALE_1X128 else holder[:, :shape[1]] if mode == SCALE_128X128
+            else holder.reshape(1) if mode == SCALE_TENSOR else holder)
+
+
+def _empty_scale(mode, int64_t rows, int64_t cols, stream=None):
+    """For cygemm.nn: an uninitialized scale array of `mode` for FP8 codes (rows, cols), in the
+    layout quantize_scaled writes (a CuPy array, allocated on `stream`: a pointer, or None for
+    CuPy's current stream)."""
+    import cupy
+    ptr = cupy.cuda.get_current_stream().ptr if stream is None else int(stream)
+    return _new_scale(_MODES[mode], rows, cols, <cudaStream_t><uintptr_t>ptr, None)
+
+
 def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=False, out=None, scale=None,
                     stream=None):
     """Quantize ``x`` to FP8 with one scale for all of it, per row, per 1 x 128 tile, or per 128 x 128 block.
@@ -130,7 +148,6 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
         v = _view(&dx, q_rows, q_cols, q_cols, 1)
         v.ptr, v.dtype, v.itemsize, v.device = NULL, fmt, 1, -1
     cdef MatrixView* vq = add_view(&c, &v, "out", ARG_WRITE)
-    shape, held = _scale_shape(m, q_rows, q_cols)
     if scale is not None:
         read_array(scale, &ds, "scale", False)
         if ds.dtype != CUDA_R_32F:
@@ -146,6 +163,7 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
         else:
             v = _view(&ds, 1, 1, 1, 1)
     else:
+        held = _scale_shape(m, q_rows, q_cols)[1]
         v = _view(&dx, held[0], held[1], held[1], 1)
         v.ptr, v.dtype, v.itemsize, v.device = NULL, CUDA_R_32F, 4, -1
     cdef MatrixView* vs = add_view(&c, &v, "scale", ARG_WRITE)
@@ -161,11 +179,8 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
         out = empty_array((q_rows, q_cols), fmt, c.stream, "quantize_scaled(out=None): allocating q", like)
         vq.ptr = <char*>data_pointer(out)
     if scale is None:
-        holder = empty_array(held, CUDA_R_32F, c.stream, "quantize_scaled(scale=None): allocating the scales",
-                             like)
-        vs.ptr = <char*>data_pointer(holder)
-        scale = (holder.T if m == SCALE_1X128 else holder[:, :shape[1]] if m == SCALE_128X128
-                 else holder.reshape(1) if m == SCALE_TENSOR else holder)
+        scale = _new_scale(m, q_rows, q_cols, c.stream, like)
+        vs.ptr = <char*>data_pointer(scale)
     with nogil:
         check_cuda(cygemm_fp8_quantize_scaled(dx.dtype, fmt, m, transpose, pow2, rows, cols, dx.ptr, vq.ptr,
                                               <float*>vs.ptr, c.stream), "cygemm_fp8_quantize_scaled")

@@ -25,6 +25,7 @@ FP8 GEMMs read 16-byte rows: in_features, out_features and the batch must be mul
 import cupy as cp
 
 from cygemm import fp8
+from cygemm.fp8_scales import _empty_scale
 
 RECIPES = {
     "fp8-tensor": dict(x="tensor", w="tensor", g="tensor", grad_format="e5m2", pow2=False),
@@ -39,26 +40,13 @@ def fits(in_features, out_features):
     return in_features % ALIGN == 0 and out_features % ALIGN == 0
 
 
-def _scale_buffer(mode, rows, cols):
-    """A scale array of `mode` for FP8 codes of shape (rows, cols), in scaled_matmul's layout for
-    them as its a (see cygemm._fp8_args)."""
-    kb, rb = -(-cols // 128), -(-rows // 128)
-    if mode == "tensor":
-        return cp.empty(1, cp.float32)
-    if mode == "rowwise":
-        return cp.empty((rows, 1), cp.float32)
-    if mode == "1x128":
-        return cp.empty((kb, rows), cp.float32).T
-    return cp.empty((rb, -(-kb // 4) * 4), cp.float32)[:, :kb]
-
-
 class _Quantized:
     """FP8 codes of one operand (rows, cols) and their scales, written each step."""
 
     def __init__(self, mode, rows, cols, fmt, pow2):
         self.mode, self.fmt, self.pow2 = mode, fmt, pow2
         self.q = cp.empty((rows, cols), cp.uint8)
-        self.scale = _scale_buffer(mode, rows, cols)
+        self.scale = _empty_scale(mode, rows, cols)             # (on the current stream: bind's)
 
     def of(self, x, stream, transpose=False):
         fp8.quantize_scaled(x, self.mode, format=self.fmt, transpose=transpose, pow2=self.pow2, out=self.q,
