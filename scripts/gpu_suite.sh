@@ -66,14 +66,14 @@ fi
 if [[ $STAGES == *,sanitize,* ]]; then
     # Our kernels run in every fused forward/backward test (and in the graph tests); the
     # long-running reliability tests (64-bit sizes, soak, replays, threads, properties)
-    # are left out. racecheck looks at shared memory, which only the backward's column
-    # sum uses. On the H200: 405 tests in 24 s under memcheck, 169 in 24 s under racecheck.
+    # are left out. racecheck looks at shared memory, which the backward's column sum and
+    # the transposed FP8 quantize kernels use. On the H200: 405 tests in 24 s under memcheck, 169 in 24 s under racecheck.
     MEMCHECK_K='not past_int32 and not soak and not 10k and not threads and not property and not digits'
     RACECHECK_K='backward'
     echo "== compute-sanitizer memcheck"
     timeout 300 "$SAN" --tool memcheck --error-exitcode 99 --print-limit 20 \
         python3 -m pytest -q -p no:cacheprovider tests/test_dense.py tests/test_reliability.py tests/test_graph.py \
-        tests/test_elementwise.py tests/test_fp8.py \
+        tests/test_elementwise.py tests/test_fp8.py tests/test_fp8_scales.py \
         "tests/test_streams_devices.py::test_one_row_out_and_z_out_of_row_stride_0_or_1" \
         "tests/test_streams_devices.py::test_graph_replayed_on_another_stream_while_eager_work_runs_on_the_capture_stream" \
         "tests/test_streams_devices.py::test_per_head_results_written_into_one_interleaved_buffer" \
@@ -84,7 +84,10 @@ if [[ $STAGES == *,sanitize,* ]]; then
     echo "== compute-sanitizer racecheck"
     timeout 200 "$SAN" --tool racecheck --error-exitcode 99 --print-limit 20 \
         python3 -m pytest -q -p no:cacheprovider tests/test_dense.py -k "$RACECHECK_K" \
-        > "$LOGS/racecheck.log" 2>&1
+        > "$LOGS/racecheck.log" 2>&1 &&
+    timeout 200 "$SAN" --tool racecheck --error-exitcode 99 --print-limit 20 \
+        python3 -m pytest -q -p no:cacheprovider tests/test_fp8_scales.py -k "definitions" \
+        >> "$LOGS/racecheck.log" 2>&1
     rc=$?; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|passed|failed" "$LOGS/racecheck.log" | tail -3; echo "racecheck rc=$rc"
     [ $rc = 0 ] || status=1
 fi
