@@ -99,7 +99,7 @@ def _quantize_bandwidth(R, s, torch):
     n = 4096 if R.quick else 8192
     x = torch.randn(n, n, device="cuda").to(torch.bfloat16)
     ptr = s.ptr
-    for mode in ("rowwise", "1x128", "128x128"):
+    for mode in ("tensor", "rowwise", "1x128", "128x128"):
         for transpose in (False, True):
             q, scale = fp8.quantize_scaled(x, mode, transpose=transpose)
             torch.cuda.synchronize()

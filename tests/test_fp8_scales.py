@@ -97,7 +97,10 @@ def _same_codes(got, want, fmt):
 @pytest.mark.parametrize("transpose", [False, True])
 @pytest.mark.parametrize("dtype, fmt, pow2", [("float32", "e4m3", False), ("bfloat16", "e4m3", True),
                                               ("float16", "e5m2", False)])
-@pytest.mark.parametrize("rows, cols", [(256, 1024), (300, 520), (5, 36)])
+# The shapes reach each kernel's paths: 16-byte loads with full and partial groups, element loads
+# (cols % 8 != 0), rows held in registers by a warp or a block (up to 8192 and 16384 elements)
+# and rows read twice (longer).
+@pytest.mark.parametrize("rows, cols", [(256, 1024), (300, 520), (5, 36), (4, 9000), (3, 16392)])
 def test_codes_and_scales_are_the_definitions(mode, transpose, dtype, fmt, pow2, rows, cols):
     import cupy as cp
     x_host = _input(np.random.default_rng(), rows, cols)
