@@ -24,7 +24,13 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kGroup = 128;            // elements a 1 x 128 scale covers; a 128 x 128 block's side
 constexpr int kTileCols = 64;          // x's columns in a transposed tile (x^T's rows)
-constexpr int kMinBlocks = 4;         // blocks an SM holds at once (64 registers a thread), for bytes in flight;
+#ifndef CYGEMM_Q_MIN
+#define CYGEMM_Q_MIN 4
+#endif
+#ifndef CYGEMM_Q_BLOCKS_MIN
+#define CYGEMM_Q_BLOCKS_MIN 3
+#endif
+constexpr int kMinBlocks = CYGEMM_Q_MIN;         // blocks an SM holds at once (64 registers a thread), for bytes in flight;
                                        // fewer where a thread holds more (a long row, a 128 x 128 block)
 constexpr float kMaxMult = 0x1p126f;   // the largest m: a tiny amax gives 2^126, not infinity
 
@@ -140,9 +146,41 @@ __device__ __forceinline__ void store_word_t(unsigned char* q, int64_t qr, int64
         if (qc + i < rows) out[i] = (w >> (8 * i)) & 0xff;
 }
 
+// Runs process(u, data) for u = first, first + stride, ... below total, where data = load(u):
+// the next unit's loads are issued before the current unit is processed, so that a thread has
+// loads in flight while it reduces, synchronizes and stores (CYGEMM_Q_PIPE 0: one unit at a time).
+#ifndef CYGEMM_Q_PIPE
+#define CYGEMM_Q_PIPE 1
+#endif
+template <typename Load, typename Process>
+__device__ __forceinline__ void pipelined(int64_t first, int64_t stride, int64_t total, Load load, Process process) {
+    if (first >= total) return;
+    auto cur = load(first);
+    for (int64_t u = first; u < total; u += stride) {
+        const bool more = u + stride < total;
+        if (CYGEMM_Q_PIPE) {
+            decltype(cur) next;
+            if (more) next = load(u + stride);
+            process(u, cur);
+            if (more) cur = next;
+        } else {
+            process(u, cur);
+            if (more) cur = load(u + stride);
+        }
+    }
+}
+
+template <typename T, int N>
+struct Packs {
+    Pack8<T> p[N];
+};
+
 // 1 x 128 along x's rows: a half-warp per group (8 elements a lane), a warp over kSpan groups of
 // a row, all its loads issued before the first reduction.
-constexpr int kTileLoads = 4;
+#ifndef CYGEMM_Q_TILE_LOADS
+#define CYGEMM_Q_TILE_LOADS 4
+#endif
+constexpr int kTileLoads = CYGEMM_Q_TILE_LOADS;
 constexpr int kSpan = 2 * kTileLoads;
 
 template <typename T, bool VEC>
@@ -152,46 +190,57 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) tiles_kernel(int64_t row
     const int lane = threadIdx.x & 31, half = lane >> 4, hl = lane & 15;
     const int64_t groups = (cols + kGroup - 1) / kGroup, runs = (groups + kSpan - 1) / kSpan;
     const int64_t stride = (int64_t(gridDim.x) * blockDim.x) >> 5;
-    for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; w < rows * runs; w += stride) {
+    auto load = [&](int64_t w) {
         const int64_t r = w / runs, g0 = (w - r * runs) * kSpan;
-        Pack8<T> p[kTileLoads];
+        Packs<T, kTileLoads> d;
 #pragma unroll
-        for (int u = 0; u < kTileLoads; ++u) p[u] = load8<T, VEC>(x + r * cols, (g0 + 2 * u + half) * kGroup + hl * 8, cols);
+        for (int u = 0; u < kTileLoads; ++u) d.p[u] = load8<T, VEC>(x + r * cols, (g0 + 2 * u + half) * kGroup + hl * 8, cols);
+        return d;
+    };
+    pipelined((int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5, stride, rows * runs, load,
+              [&](int64_t w, const Packs<T, kTileLoads>& d) {
+        const int64_t r = w / runs, g0 = (w - r * runs) * kSpan;
 #pragma unroll
         for (int u = 0; u < kTileLoads; ++u) {
             if (g0 + 2 * u >= groups) break;                // (uniform across the warp)
             const int64_t g = g0 + 2 * u + half;
-            const float m = quant_mult(lanes_max<16>(amax8(p[u])), fmax, pow2);
+            const float m = quant_mult(lanes_max<16>(amax8(d.p[u])), fmax, pow2);
             if (g < groups) {
-                store8<T, VEC>(q + r * cols, g * kGroup + hl * 8, cols, p[u], m, fmt);
+                store8<T, VEC>(q + r * cols, g * kGroup + hl * 8, cols, d.p[u], m, fmt);
                 if (hl == 0) scale[g * rows + r] = __fdiv_rn(1.f, m);
             }
         }
-    }
+    });
 }
 
 // One scale per row of x: a block per row. HOLD > 0: the row (at most blockDim.x * 8 * HOLD
 // elements) read once into registers; HOLD == 0: read twice (its amax, then its codes).
 template <typename T, bool VEC, int HOLD>
-__global__ void __launch_bounds__(kThreads, HOLD == 8 ? 2 : kMinBlocks) rows_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
+__global__ void __launch_bounds__(kThreads, HOLD == 8 ? (kMinBlocks + 1) / 2 : kMinBlocks) rows_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
                                                         unsigned char* __restrict__ q, float* __restrict__ scale,
                                                         float fmax, bool pow2, __nv_fp8_interpretation_t fmt) {
     const int64_t step = int64_t(blockDim.x) * 8, c0 = int64_t(threadIdx.x) * 8;
-    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-        const T* xr = x + r * cols;
-        unsigned char* qr = q + r * cols;
-        float a = 0.f, m;
-        if constexpr (HOLD > 0) {
-            Pack8<T> p[HOLD];
+    if constexpr (HOLD > 0) {
+        pipelined(blockIdx.x, gridDim.x, rows, [&](int64_t r) {
+            Packs<T, HOLD> d;
 #pragma unroll
-            for (int u = 0; u < HOLD; ++u) p[u] = load8<T, VEC>(xr, c0 + u * step, cols);
+            for (int u = 0; u < HOLD; ++u) d.p[u] = load8<T, VEC>(x + r * cols, c0 + u * step, cols);
+            return d;
+        }, [&](int64_t r, const Packs<T, HOLD>& d) {
+            float a = 0.f;
 #pragma unroll
-            for (int u = 0; u < HOLD; ++u) a = fmaxf(a, amax8(p[u]));
-            m = quant_mult(block_max(a), fmax, pow2);
+            for (int u = 0; u < HOLD; ++u) a = fmaxf(a, amax8(d.p[u]));
+            const float m = quant_mult(block_max(a), fmax, pow2);
 #pragma unroll
-            for (int u = 0; u < HOLD; ++u) store8<T, VEC>(qr, c0 + u * step, cols, p[u], m, fmt);
-        } else {
+            for (int u = 0; u < HOLD; ++u) store8<T, VEC>(q + r * cols, c0 + u * step, cols, d.p[u], m, fmt);
+            if (threadIdx.x == 0) scale[r] = __fdiv_rn(1.f, m);
+        });
+    } else {
+        for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+            const T* xr = x + r * cols;
+            unsigned char* qr = q + r * cols;
             constexpr int kLoads = 4;
+            float a = 0.f;
             for (int64_t c = c0; c < cols; c += kLoads * step) {
                 Pack8<T> p[kLoads];
 #pragma unroll
@@ -199,7 +248,7 @@ __global__ void __launch_bounds__(kThreads, HOLD == 8 ? 2 : kMinBlocks) rows_ker
 #pragma unroll
                 for (int u = 0; u < kLoads; ++u) a = fmaxf(a, amax8(p[u]));
             }
-            m = quant_mult(block_max(a), fmax, pow2);
+            const float m = quant_mult(block_max(a), fmax, pow2);
             for (int64_t c = c0; c < cols; c += kLoads * step) {
                 Pack8<T> p[kLoads];
 #pragma unroll
@@ -207,8 +256,8 @@ __global__ void __launch_bounds__(kThreads, HOLD == 8 ? 2 : kMinBlocks) rows_ker
 #pragma unroll
                 for (int u = 0; u < kLoads; ++u) store8<T, VEC>(qr, c + u * step, cols, p[u], m, fmt);
             }
+            if (threadIdx.x == 0) scale[r] = __fdiv_rn(1.f, m);
         }
-        if (threadIdx.x == 0) scale[r] = __fdiv_rn(1.f, m);
     }
 }
 
@@ -263,14 +312,18 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) transposed_kernel(int64_
     const int word = warp * 4 + sub;                          // this thread's rows: 4 word .. + 3
     const bool words = rows % 4 == 0 && (reinterpret_cast<uintptr_t>(q) & 3) == 0;
     const int64_t row_tiles = (rows + kGroup - 1) / kGroup, col_tiles = (cols + kTileCols - 1) / kTileCols;
-    for (int64_t t = blockIdx.x; t < row_tiles * col_tiles; t += gridDim.x) {
+    pipelined(blockIdx.x, gridDim.x, row_tiles * col_tiles, [&](int64_t t) {
         const int64_t r0 = (t / col_tiles) * kGroup, c0 = (t % col_tiles) * kTileCols;
-        Pack8<T> p[4];
+        Packs<T, 4> d;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int64_t r = r0 + 4 * word + j;
-            p[j] = load8<T, VEC>(x + (r < rows ? r : 0) * cols, c0 + cl, r < rows ? cols : 0);
+            d.p[j] = load8<T, VEC>(x + (r < rows ? r : 0) * cols, c0 + cl, r < rows ? cols : 0);
         }
+        return d;
+    }, [&](int64_t t, const Packs<T, 4>& d) {
+        const int64_t r0 = (t / col_tiles) * kGroup, c0 = (t % col_tiles) * kTileCols;
+        const Pack8<T>* p = d.p;
         float m[8];
         if (PASS == T_AMAX || PASS == T_TILES) {
 #pragma unroll
@@ -302,7 +355,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) transposed_kernel(int64_
             }
             if (PASS == T_AMAX) {
                 __syncthreads();           // (warp_amax is refilled next)
-                continue;
+                return;
             }
             __syncthreads();
 #pragma unroll
@@ -325,7 +378,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) transposed_kernel(int64_
         for (int tc = warp; tc < kTileCols && c0 + tc < cols; tc += kWarps)
             if (r0 + 4 * lane < rows) store_word_t(q, c0 + tc, r0 + 4 * lane, rows, codes[tc][lane], words);
         __syncthreads();               // (codes is refilled next)
-    }
+    });
 }
 
 __global__ void fill_kernel(int64_t n, float* x, float v) {
@@ -344,7 +397,7 @@ __global__ void amax_to_scale_kernel(int64_t n, float* scale, float fmax, bool p
 // rows 4 at a time into words of `codes` (x^T's layout); warp w then writes x^T's rows w, w + 8,
 // ..., a word a lane (128 contiguous bytes a warp).
 template <typename T, bool VEC, bool TRANSPOSE>
-__global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 2 : 3) blocks_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
+__global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 2 : CYGEMM_Q_BLOCKS_MIN) blocks_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
                                                           unsigned char* __restrict__ q, float* __restrict__ scale,
                                                           float fmax, bool pow2, __nv_fp8_interpretation_t fmt) {
     constexpr int kRows = 8;
@@ -355,15 +408,20 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 2 : 3) blocks_kerne
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hl = (lane & 15) * 8;
     const int first = warp * 16 + (lane >> 4) * kRows;       // this thread's first row in the block
     const bool words = rows % 4 == 0 && (reinterpret_cast<uintptr_t>(q) & 3) == 0;   // (x^T's rows)
-    for (int64_t b = blockIdx.x; b < row_blocks * col_blocks; b += gridDim.x) {
+    pipelined(blockIdx.x, gridDim.x, row_blocks * col_blocks, [&](int64_t b) {
         const int64_t br = b / col_blocks, bc = b % col_blocks, r0 = br * kGroup + first;
         const int64_t c = bc * kGroup + hl, c_end = (bc + 1) * kGroup < cols ? (bc + 1) * kGroup : cols;
-        Pack8<T> p[kRows];
+        Packs<T, kRows> d;
 #pragma unroll
         for (int i = 0; i < kRows; ++i) {
             const int64_t r = r0 + i;
-            p[i] = load8<T, VEC>(x + (r < rows ? r : 0) * cols, c, r < rows ? c_end : 0);
+            d.p[i] = load8<T, VEC>(x + (r < rows ? r : 0) * cols, c, r < rows ? c_end : 0);
         }
+        return d;
+    }, [&](int64_t b, const Packs<T, kRows>& d) {
+        const int64_t br = b / col_blocks, bc = b % col_blocks, r0 = br * kGroup + first;
+        const int64_t c = bc * kGroup + hl, c_end = (bc + 1) * kGroup < cols ? (bc + 1) * kGroup : cols;
+        const Pack8<T>* p = d.p;
         float a = 0.f;
 #pragma unroll
         for (int i = 0; i < kRows; ++i) a = fmaxf(a, amax8(p[i]));
@@ -390,7 +448,7 @@ __global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 2 : 3) blocks_kerne
             if (threadIdx.x == 0) scale[bc * ld + br] = __fdiv_rn(1.f, m);
             __syncthreads();               // (codes is refilled next)
         }
-    }
+    });
 }
 
 template <typename T, TransposedPass PASS>
