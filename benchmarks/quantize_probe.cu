@@ -1,9 +1,8 @@
 // Times cygemm's FP8 quantize kernels (cygemm/kernels/fp8_scales.cu, compiled in with whatever
-// -D tuning macros the build gives) against a device-to-device copy of the same bytes, on one
+// -D flags the build gives) against a device-to-device copy of the same bytes, on one
 // 8192 x 8192 bfloat16 matrix: each mode, plain and transposed. CUDA events around 20 launches,
-// median of 7 interleaved rounds. Used to choose the kernels' occupancy and pipelining:
-//   nvcc -O3 -std=c++17 -arch=sm_90 -Icygemm/include -Icygemm [-DCYGEMM_Q_PIPE=0 ...] \
-//        benchmarks/quantize_probe.cu -o /tmp/probe && /tmp/probe
+// median of 7 interleaved rounds. It chose the kernels' shape (16 elements a thread, 4 loads in
+// flight, 4 blocks an SM); scripts/quantize_probe.sh builds and runs it, in variants.
 #include "../cygemm/kernels/fp8_scales.cu"
 
 #include <cstdio>

@@ -1,12 +1,13 @@
 // Quantizing to FP8 with per-tensor, per-row, 1 x 128 and 128 x 128 scales (cygemm/fp8_scale_kernels.h
-// says what each computes and where its scales go). Memory-bound, so every kernel keeps several
-// 16-byte loads in flight per thread (8 elements each; held in their storage type, which keeps
-// registers few and occupancy high) and writes its codes 4 or 8 bytes a lane. Each element is read
-// once where its group fits on chip (a 1 x 128 tile in half a warp, a row of up to 16384 elements
-// in a block, a 128 x 128 block in a block's registers), twice where the group's amax needs all of
-// it first (the tensor, x's columns for x^T's row scales, rows past 16384 elements: a pass for the
-// amax, one for the codes). The transposed forms pack 4 codes of consecutive rows of x into a word
-// in shared memory, so each warp writes 128 contiguous bytes of x^T.
+// says what each computes and where its scales go). Memory-bound; what reaches a copy's bandwidth
+// on an H200 (measured with benchmarks/quantize_probe.cu) is 16 consecutive elements a thread, so
+// that codes go out in 16-byte stores, and four 16-byte loads in flight per thread at 4 blocks per
+// SM; the elements stay in their storage type in registers. Each element is read once where its
+// group fits on chip (a 1 x 128 tile in 8 lanes, a row of up to 16384 elements in a block, a
+// 128 x 128 block in a block's registers), twice where the group's amax needs all of it first (the
+// tensor, x's columns for x^T's row scales, longer rows: a pass for the amax, one for the codes).
+// The transposed forms pack the codes of 4 consecutive rows of x into words of shared memory (x^T's
+// layout, swizzled against bank conflicts) and write x^T 16 bytes a lane.
 #include "cygemm/fp8_scale_kernels.h"
 #include "cygemm/convert.h"
 #include "cygemm/sm_count.cuh"
@@ -24,14 +25,7 @@ constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kGroup = 128;            // elements a 1 x 128 scale covers; a 128 x 128 block's side
 constexpr int kTileCols = 64;          // x's columns in a transposed tile (x^T's rows)
-#ifndef CYGEMM_Q_MIN
-#define CYGEMM_Q_MIN 4
-#endif
-#ifndef CYGEMM_Q_BLOCKS_MIN
-#define CYGEMM_Q_BLOCKS_MIN 3
-#endif
-constexpr int kMinBlocks = CYGEMM_Q_MIN;         // blocks an SM holds at once (64 registers a thread), for bytes in flight;
-                                       // fewer where a thread holds more (a long row, a 128 x 128 block)
+constexpr int kMinBlocks = 4;          // blocks an SM holds at once (64 registers a thread)
 constexpr float kMaxMult = 0x1p126f;   // the largest m: a tiny amax gives 2^126, not infinity
 
 using cygemm_convert::from_f;
@@ -133,131 +127,154 @@ __device__ __forceinline__ void store8(unsigned char* row, int64_t c, int64_t n,
         if (c + i < n) row[c + i] = code(elem(p, i) * m, fmt);
 }
 
-// 4 codes of x^T (4 consecutive rows of x in one column) to q at x^T's row `qr`, column `qc`: a
-// word where the rows are word-aligned, else byte by byte (those below `rows`).
-__device__ __forceinline__ void store_word_t(unsigned char* q, int64_t qr, int64_t qc, int64_t rows, uint32_t w,
-                                             bool words) {
-    unsigned char* out = q + qr * rows + qc;
-    if (words && qc + 3 < rows) {
-        *reinterpret_cast<uint32_t*>(out) = w;
-        return;
-    }
-    for (int i = 0; i < 4; ++i)
-        if (qc + i < rows) out[i] = (w >> (8 * i)) & 0xff;
+// 16 consecutive elements: two packs.
+template <typename T>
+struct Pack16 {
+    Pack8<T> lo, hi;
+};
+
+template <typename T, bool VEC>
+__device__ __forceinline__ Pack16<T> load16(const T* row, int64_t c, int64_t n) {
+    return {load8<T, VEC>(row, c, n), load8<T, VEC>(row, c + 8, n)};
 }
 
-// Runs process(u, data) for u = first, first + stride, ... below total, where data = load(u):
-// the next unit's loads are issued before the current unit is processed, so that a thread has
-// loads in flight while it reduces, synchronizes and stores (CYGEMM_Q_PIPE 0: one unit at a time).
-#ifndef CYGEMM_Q_PIPE
-#define CYGEMM_Q_PIPE 1
-#endif
-template <typename Load, typename Process>
-__device__ __forceinline__ void pipelined(int64_t first, int64_t stride, int64_t total, Load load, Process process) {
-    if (first >= total) return;
-    auto cur = load(first);
-    for (int64_t u = first; u < total; u += stride) {
-        const bool more = u + stride < total;
-        if (CYGEMM_Q_PIPE) {
-            decltype(cur) next;
-            if (more) next = load(u + stride);
-            process(u, cur);
-            if (more) cur = next;
+template <typename T>
+__device__ __forceinline__ float amax16(const Pack16<T>& p) {
+    return fmaxf(amax8(p.lo), amax8(p.hi));
+}
+
+// q[c..c+15] = saturate(p * m) (those below n); WIDE: one 16-byte store where all 16 fit.
+template <typename T, bool VEC>
+__device__ __forceinline__ void store16(unsigned char* row, int64_t c, int64_t n, const Pack16<T>& p, float m,
+                                        __nv_fp8_interpretation_t fmt, bool wide) {
+    if (VEC && wide && c + 15 < n) {
+        *reinterpret_cast<uint4*>(row + c) =
+            make_uint4(codes4(p.lo, 0, m, fmt), codes4(p.lo, 4, m, fmt), codes4(p.hi, 0, m, fmt), codes4(p.hi, 4, m, fmt));
+        return;
+    }
+    store8<T, VEC>(row, c, n, p.lo, m, fmt);
+    store8<T, VEC>(row, c + 8, n, p.hi, m, fmt);
+}
+
+// The transposed forms' staging of x^T: codes[c][w] holds x^T's row c (x's column), columns
+// 4w .. 4w + 3 (x's rows), at word (w ^ swizzle(c)) so that threads writing different columns'
+// words and lanes reading 16 bytes of one column both spread over the banks. G: the columns a
+// writing lane covers.
+template <int G>
+__device__ __forceinline__ int swizzled(int c, int w) {
+    return w ^ (((c / G) & 7) << 2);
+}
+
+// x^T's row segments from `codes` (COLS of them, 128 columns each) to q, 16 bytes a lane: lanes
+// 8s .. 8s + 7 of warp w write x^T's rows w * 4 + s, + 32, ...; those within q's shape.
+template <int G, int COLS>
+__device__ __forceinline__ void write_transposed(const uint32_t (*codes)[kGroup / 4], unsigned char* q, int64_t rows,
+                                                 int64_t cols, int64_t r0, int64_t c0, bool wide) {
+    const int lane = threadIdx.x & 31, ql = lane & 7;
+    const int64_t qc = r0 + ql * 16;               // x^T's columns qc .. qc + 15 (x's rows)
+    for (int tc = (threadIdx.x >> 5) * 4 + (lane >> 3); tc < COLS; tc += kWarps * 4) {
+        if (c0 + tc >= cols || qc >= rows) continue;
+        const uint4 v = *reinterpret_cast<const uint4*>(&codes[tc][swizzled<G>(tc, ql * 4)]);
+        unsigned char* out = q + (c0 + tc) * rows + qc;
+        if (wide && qc + 15 < rows) {
+            *reinterpret_cast<uint4*>(out) = v;
         } else {
-            process(u, cur);
-            if (more) cur = load(u + stride);
+            const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+            for (int i = 0; i < 16 && qc + i < rows; ++i) out[i] = (w[i / 4] >> (8 * (i % 4))) & 0xff;
         }
     }
 }
 
-template <typename T, int N>
-struct Packs {
-    Pack8<T> p[N];
-};
+// The word of codes of p[0..3].e[e] (4 consecutive rows of one column), scaled by m.
+template <typename T>
+__device__ __forceinline__ uint32_t column_word(const Pack8<T>* p0, const Pack8<T>* p1, const Pack8<T>* p2,
+                                                const Pack8<T>* p3, int e, float m, __nv_fp8_interpretation_t fmt) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(elem(*p0, e) * m, elem(*p1, e) * m), __NV_SATFINITE, fmt);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(elem(*p2, e) * m, elem(*p3, e) * m), __NV_SATFINITE, fmt);
+    return lo | (hi << 16);
+}
 
-// 1 x 128 along x's rows: a half-warp per group (8 elements a lane), a warp over kSpan groups of
-// a row, all its loads issued before the first reduction.
-#ifndef CYGEMM_Q_TILE_LOADS
-#define CYGEMM_Q_TILE_LOADS 4
-#endif
-constexpr int kTileLoads = CYGEMM_Q_TILE_LOADS;
-constexpr int kSpan = 2 * kTileLoads;
+// 1 x 128 along x's rows: 8 lanes a group (16 elements a lane), a warp over kSpan groups of a
+// row, all its loads issued before the first reduction.
+constexpr int kTileLoads = 2;
+constexpr int kSpan = 4 * kTileLoads;
 
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) tiles_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
-                                                         unsigned char* __restrict__ q, float* __restrict__ scale,
-                                                         float fmax, bool pow2, __nv_fp8_interpretation_t fmt) {
-    const int lane = threadIdx.x & 31, half = lane >> 4, hl = lane & 15;
+                                                                     unsigned char* __restrict__ q, float* __restrict__ scale,
+                                                                     float fmax, bool pow2, __nv_fp8_interpretation_t fmt,
+                                                                     bool wide) {
+    const int lane = threadIdx.x & 31, quarter = lane >> 3, ql = lane & 7;
     const int64_t groups = (cols + kGroup - 1) / kGroup, runs = (groups + kSpan - 1) / kSpan;
     const int64_t stride = (int64_t(gridDim.x) * blockDim.x) >> 5;
-    auto load = [&](int64_t w) {
+    for (int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; w < rows * runs; w += stride) {
         const int64_t r = w / runs, g0 = (w - r * runs) * kSpan;
-        Packs<T, kTileLoads> d;
+        Pack16<T> p[kTileLoads];
 #pragma unroll
-        for (int u = 0; u < kTileLoads; ++u) d.p[u] = load8<T, VEC>(x + r * cols, (g0 + 2 * u + half) * kGroup + hl * 8, cols);
-        return d;
-    };
-    pipelined((int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5, stride, rows * runs, load,
-              [&](int64_t w, const Packs<T, kTileLoads>& d) {
-        const int64_t r = w / runs, g0 = (w - r * runs) * kSpan;
+        for (int u = 0; u < kTileLoads; ++u) p[u] = load16<T, VEC>(x + r * cols, (g0 + 4 * u + quarter) * kGroup + ql * 16, cols);
 #pragma unroll
         for (int u = 0; u < kTileLoads; ++u) {
-            if (g0 + 2 * u >= groups) break;                // (uniform across the warp)
-            const int64_t g = g0 + 2 * u + half;
-            const float m = quant_mult(lanes_max<16>(amax8(d.p[u])), fmax, pow2);
+            if (g0 + 4 * u >= groups) break;                // (uniform across the warp)
+            const int64_t g = g0 + 4 * u + quarter;
+            const float m = quant_mult(lanes_max<8>(amax16(p[u])), fmax, pow2);
             if (g < groups) {
-                store8<T, VEC>(q + r * cols, g * kGroup + hl * 8, cols, d.p[u], m, fmt);
-                if (hl == 0) scale[g * rows + r] = __fdiv_rn(1.f, m);
+                store16<T, VEC>(q + r * cols, g * kGroup + ql * 16, cols, p[u], m, fmt, wide);
+                if (ql == 0) scale[g * rows + r] = __fdiv_rn(1.f, m);
             }
         }
-    });
+    }
 }
 
-// One scale per row of x: a block per row. HOLD > 0: the row (at most blockDim.x * 8 * HOLD
-// elements) read once into registers; HOLD == 0: read twice (its amax, then its codes).
-template <typename T, bool VEC, int HOLD>
-__global__ void __launch_bounds__(kThreads, HOLD == 8 ? (kMinBlocks + 1) / 2 : kMinBlocks) rows_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
-                                                        unsigned char* __restrict__ q, float* __restrict__ scale,
-                                                        float fmax, bool pow2, __nv_fp8_interpretation_t fmt) {
-    const int64_t step = int64_t(blockDim.x) * 8, c0 = int64_t(threadIdx.x) * 8;
-    if constexpr (HOLD > 0) {
-        pipelined(blockIdx.x, gridDim.x, rows, [&](int64_t r) {
-            Packs<T, HOLD> d;
+// One scale per row of x, the row read once: a block per row, 16 elements a thread in each of
+// HELD chunks (blockDim.x * 16 * HELD >= cols).
+template <typename T, bool VEC, int HELD>
+__global__ void __launch_bounds__(kThreads, HELD > 2 ? 2 : kMinBlocks) rows_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
+                                                                    unsigned char* __restrict__ q, float* __restrict__ scale,
+                                                                    float fmax, bool pow2, __nv_fp8_interpretation_t fmt,
+                                                                    bool wide) {
+    const int64_t step = int64_t(blockDim.x) * 16, c0 = int64_t(threadIdx.x) * 16;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        Pack16<T> p[HELD];
 #pragma unroll
-            for (int u = 0; u < HOLD; ++u) d.p[u] = load8<T, VEC>(x + r * cols, c0 + u * step, cols);
-            return d;
-        }, [&](int64_t r, const Packs<T, HOLD>& d) {
-            float a = 0.f;
+        for (int u = 0; u < HELD; ++u) p[u] = load16<T, VEC>(x + r * cols, c0 + u * step, cols);
+        float a = 0.f;
 #pragma unroll
-            for (int u = 0; u < HOLD; ++u) a = fmaxf(a, amax8(d.p[u]));
-            const float m = quant_mult(block_max(a), fmax, pow2);
+        for (int u = 0; u < HELD; ++u) a = fmaxf(a, amax16(p[u]));
+        const float m = quant_mult(block_max(a), fmax, pow2);
 #pragma unroll
-            for (int u = 0; u < HOLD; ++u) store8<T, VEC>(q + r * cols, c0 + u * step, cols, d.p[u], m, fmt);
-            if (threadIdx.x == 0) scale[r] = __fdiv_rn(1.f, m);
-        });
-    } else {
-        for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
-            const T* xr = x + r * cols;
-            unsigned char* qr = q + r * cols;
-            constexpr int kLoads = 4;
-            float a = 0.f;
-            for (int64_t c = c0; c < cols; c += kLoads * step) {
-                Pack8<T> p[kLoads];
+        for (int u = 0; u < HELD; ++u) store16<T, VEC>(q + r * cols, c0 + u * step, cols, p[u], m, fmt, wide);
+        if (threadIdx.x == 0) scale[r] = __fdiv_rn(1.f, m);
+    }
+}
+
+// One scale per row of x for rows too long to hold: a block per row, read twice (its amax, then
+// its codes, from L2 where it still is).
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) long_rows_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
+                                                                         unsigned char* __restrict__ q,
+                                                                         float* __restrict__ scale, float fmax, bool pow2,
+                                                                         __nv_fp8_interpretation_t fmt, bool wide) {
+    constexpr int kLoads = 2;
+    const int64_t step = int64_t(blockDim.x) * 16, c0 = int64_t(threadIdx.x) * 16;
+    for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+        const T* xr = x + r * cols;
+        float a = 0.f;
+        for (int64_t c = c0; c < cols; c += kLoads * step) {
+            Pack16<T> p[kLoads];
 #pragma unroll
-                for (int u = 0; u < kLoads; ++u) p[u] = load8<T, VEC>(xr, c + u * step, cols);
+            for (int u = 0; u < kLoads; ++u) p[u] = load16<T, VEC>(xr, c + u * step, cols);
 #pragma unroll
-                for (int u = 0; u < kLoads; ++u) a = fmaxf(a, amax8(p[u]));
-            }
-            const float m = quant_mult(block_max(a), fmax, pow2);
-            for (int64_t c = c0; c < cols; c += kLoads * step) {
-                Pack8<T> p[kLoads];
-#pragma unroll
-                for (int u = 0; u < kLoads; ++u) p[u] = load8<T, VEC>(xr, c + u * step, cols);
-#pragma unroll
-                for (int u = 0; u < kLoads; ++u) store8<T, VEC>(qr, c + u * step, cols, p[u], m, fmt);
-            }
-            if (threadIdx.x == 0) scale[r] = __fdiv_rn(1.f, m);
+            for (int u = 0; u < kLoads; ++u) a = fmaxf(a, amax16(p[u]));
         }
+        const float m = quant_mult(block_max(a), fmax, pow2);
+        for (int64_t c = c0; c < cols; c += kLoads * step) {
+            Pack16<T> p[kLoads];
+#pragma unroll
+            for (int u = 0; u < kLoads; ++u) p[u] = load16<T, VEC>(xr, c + u * step, cols);
+#pragma unroll
+            for (int u = 0; u < kLoads; ++u) store16<T, VEC>(q + r * cols, c + u * step, cols, p[u], m, fmt, wide);
+        }
+        if (threadIdx.x == 0) scale[r] = __fdiv_rn(1.f, m);
     }
 }
 
@@ -266,26 +283,26 @@ __global__ void __launch_bounds__(kThreads, HOLD == 8 ? (kMinBlocks + 1) / 2 : k
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(kThreads) amax_kernel(int64_t n, const T* __restrict__ x, float* amax) {
     float a = 0.f;
-    const int64_t step = int64_t(gridDim.x) * blockDim.x * 8;
-    for (int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8; c < n; c += 2 * step) {
-        const Pack8<T> p0 = load8<T, VEC>(x, c, n), p1 = load8<T, VEC>(x, c + step, n);
-        a = fmaxf(a, fmaxf(amax8(p0), amax8(p1)));
+    const int64_t step = int64_t(gridDim.x) * blockDim.x * 16;
+    for (int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 16; c < n; c += 2 * step) {
+        const Pack16<T> p0 = load16<T, VEC>(x, c, n), p1 = load16<T, VEC>(x, c + step, n);
+        a = fmaxf(a, fmaxf(amax16(p0), amax16(p1)));
     }
     a = block_max(a);
     if (threadIdx.x == 0 && a > 0.f) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(a));
 }
 
-// Per tensor: every element with the m of amax[0], 8 a thread per step.
+// Per tensor: every element with the m of amax[0], 16 a thread per step.
 template <typename T, bool VEC>
 __global__ void __launch_bounds__(kThreads) tensor_kernel(int64_t n, const T* __restrict__ x, unsigned char* __restrict__ q,
                                                           const float* amax, float fmax, bool pow2,
-                                                          __nv_fp8_interpretation_t fmt) {
+                                                          __nv_fp8_interpretation_t fmt, bool wide) {
     const float m = quant_mult(*amax, fmax, pow2);
-    const int64_t step = int64_t(gridDim.x) * blockDim.x * 8;
-    for (int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 8; c < n; c += 2 * step) {
-        const Pack8<T> p0 = load8<T, VEC>(x, c, n), p1 = load8<T, VEC>(x, c + step, n);
-        store8<T, VEC>(q, c, n, p0, m, fmt);
-        store8<T, VEC>(q, c + step, n, p1, m, fmt);
+    const int64_t step = int64_t(gridDim.x) * blockDim.x * 16;
+    for (int64_t c = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * 16; c < n; c += 2 * step) {
+        const Pack16<T> p0 = load16<T, VEC>(x, c, n), p1 = load16<T, VEC>(x, c + step, n);
+        store16<T, VEC>(q, c, n, p0, m, fmt, wide);
+        store16<T, VEC>(q, c + step, n, p1, m, fmt, wide);
     }
 }
 
@@ -295,35 +312,30 @@ enum TransposedPass { T_AMAX, T_TILES, T_ROWS, T_TENSOR };
 // group). Lane l of warp w holds x's rows 4 (4w + l / 8) .. + 3, columns 8 (l % 8) .. + 7 of the
 // tile (each warp load: 4 rows of 64 contiguous elements). A column's amax: over the thread's
 // rows, across the lanes holding the same columns, then across warps in shared memory. Each
-// thread packs, per column, its 4 rows' codes into a word of `codes` (x^T's layout); warp w then
-// writes x^T's rows w, w + 8, ..., a word a lane (128 contiguous bytes a warp).
-// T_AMAX: atomicMax of each column's amax into amax[c] (zeroed first; non-negative floats order
-// as their bits do). T_TILES: 1 x 128 scales. T_ROWS: one scale per row of x^T, its amax read
-// from amax[c] (the T_AMAX pass's). T_TENSOR: one scale, its amax read from amax[0].
+// thread packs, per column, its 4 rows' codes into a word of `codes`, which write_transposed
+// then writes out as x^T. T_AMAX: atomicMax of each column's amax into amax[c] (zeroed first;
+// non-negative floats order as their bits do). T_TILES: 1 x 128 scales. T_ROWS: one scale per row
+// of x^T, its amax read from amax[c] (the T_AMAX pass's). T_TENSOR: one scale, its amax read from
+// amax[0].
 template <typename T, TransposedPass PASS, bool VEC>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) transposed_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
-                                                              unsigned char* __restrict__ q, float* scale,
-                                                              float fmax, bool pow2,
-                                                              __nv_fp8_interpretation_t fmt) {
+                                                                          unsigned char* __restrict__ q, float* scale,
+                                                                          float fmax, bool pow2,
+                                                                          __nv_fp8_interpretation_t fmt, bool wide) {
     __shared__ float warp_amax[kWarps][kTileCols];
     __shared__ float col_mult[kTileCols];
-    __shared__ uint32_t codes[kTileCols][kGroup / 4 + 1];   // (the odd pitch spreads banks)
+    __shared__ __align__(16) uint32_t codes[kTileCols][kGroup / 4];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane >> 3, cl = (lane & 7) * 8;
     const int word = warp * 4 + sub;                          // this thread's rows: 4 word .. + 3
-    const bool words = rows % 4 == 0 && (reinterpret_cast<uintptr_t>(q) & 3) == 0;
     const int64_t row_tiles = (rows + kGroup - 1) / kGroup, col_tiles = (cols + kTileCols - 1) / kTileCols;
-    pipelined(blockIdx.x, gridDim.x, row_tiles * col_tiles, [&](int64_t t) {
+    for (int64_t t = blockIdx.x; t < row_tiles * col_tiles; t += gridDim.x) {
         const int64_t r0 = (t / col_tiles) * kGroup, c0 = (t % col_tiles) * kTileCols;
-        Packs<T, 4> d;
+        Pack8<T> p[4];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int64_t r = r0 + 4 * word + j;
-            d.p[j] = load8<T, VEC>(x + (r < rows ? r : 0) * cols, c0 + cl, r < rows ? cols : 0);
+            p[j] = load8<T, VEC>(x + (r < rows ? r : 0) * cols, c0 + cl, r < rows ? cols : 0);
         }
-        return d;
-    }, [&](int64_t t, const Packs<T, 4>& d) {
-        const int64_t r0 = (t / col_tiles) * kGroup, c0 = (t % col_tiles) * kTileCols;
-        const Pack8<T>* p = d.p;
         float m[8];
         if (PASS == T_AMAX || PASS == T_TILES) {
 #pragma unroll
@@ -332,8 +344,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) transposed_kernel(int64_
 #pragma unroll
                 for (int j = 1; j < 4; ++j) a = fmaxf(a, fabsf(elem(p[j], e)));
                 a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 8));
-                a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 16));
-                m[e] = a;
+                m[e] = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 16));
             }
             if (sub == 0) {
 #pragma unroll
@@ -353,11 +364,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) transposed_kernel(int64_
                     if (c < cols) scale[(r0 / kGroup) * cols + c] = __fdiv_rn(1.f, mc);
                 }
             }
-            if (PASS == T_AMAX) {
-                __syncthreads();           // (warp_amax is refilled next)
-                return;
-            }
-            __syncthreads();
+            __syncthreads();               // (T_AMAX: warp_amax is refilled next)
 #pragma unroll
             for (int e = 0; e < 8; ++e) m[e] = col_mult[cl + e];
         } else {
@@ -367,18 +374,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) transposed_kernel(int64_
                 m[e] = quant_mult(scale[PASS == T_TENSOR ? 0 : (c < cols ? c : 0)], fmax, pow2);
             }
         }
+        if constexpr (PASS != T_AMAX) {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-            uint32_t w = 0;
-#pragma unroll
-            for (int j = 0; j < 4; ++j) w |= code(elem(p[j], e) * m[e], fmt) << (8 * j);
-            codes[cl + e][word] = w;
+            for (int e = 0; e < 8; ++e)
+                codes[cl + e][swizzled<8>(cl + e, word)] = column_word(&p[0], &p[1], &p[2], &p[3], e, m[e], fmt);
+            __syncthreads();
+            write_transposed<8, kTileCols>(codes, q, rows, cols, r0, c0, wide);
+            __syncthreads();           // (codes is refilled next)
         }
-        __syncthreads();
-        for (int tc = warp; tc < kTileCols && c0 + tc < cols; tc += kWarps)
-            if (r0 + 4 * lane < rows) store_word_t(q, c0 + tc, r0 + 4 * lane, rows, codes[tc][lane], words);
-        __syncthreads();               // (codes is refilled next)
-    });
+    }
 }
 
 __global__ void fill_kernel(int64_t n, float* x, float v) {
@@ -391,71 +395,51 @@ __global__ void amax_to_scale_kernel(int64_t n, float* scale, float fmax, bool p
         scale[i] = __fdiv_rn(1.f, quant_mult(scale[i], fmax, pow2));
 }
 
-// 128 x 128 blocks: a block of threads per block of x, read once into registers: half-warp h of
-// warp w holds rows 16w + 8h .. + 7, lane l % 16 columns 8 (l % 16) .. + 7 (each warp load: 2
-// rows of 128 contiguous elements). TRANSPOSE: each thread packs, per column, the codes of its
-// rows 4 at a time into words of `codes` (x^T's layout); warp w then writes x^T's rows w, w + 8,
-// ..., a word a lane (128 contiguous bytes a warp).
+// 128 x 128 blocks: a block of threads per block of x, read once into registers: lane l of warp w
+// holds rows 4 (4w + l / 8) .. + 3, columns 16 (l % 8) .. + 15 (each warp load: 4 rows of 128
+// contiguous elements). TRANSPOSE: each thread packs, per column, its 4 rows' codes into a word
+// of `codes`, which write_transposed then writes out as x^T.
 template <typename T, bool VEC, bool TRANSPOSE>
-__global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 2 : CYGEMM_Q_BLOCKS_MIN) blocks_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
-                                                          unsigned char* __restrict__ q, float* __restrict__ scale,
-                                                          float fmax, bool pow2, __nv_fp8_interpretation_t fmt) {
-    constexpr int kRows = 8;
-    __shared__ uint32_t codes[TRANSPOSE ? kGroup : 1][kGroup / 4 + 1];   // (the odd pitch spreads banks)
+__global__ void __launch_bounds__(kThreads, sizeof(T) == 4 ? 2 : 3) blocks_kernel(int64_t rows, int64_t cols, const T* __restrict__ x,
+                                                                                 unsigned char* __restrict__ q,
+                                                                                 float* __restrict__ scale, float fmax, bool pow2,
+                                                                                 __nv_fp8_interpretation_t fmt, bool wide) {
+    __shared__ __align__(16) uint32_t codes[TRANSPOSE ? kGroup : 1][kGroup / 4];
     const int64_t row_blocks = (rows + kGroup - 1) / kGroup, col_blocks = (cols + kGroup - 1) / kGroup;
     // Scale rows are round_up(blocks along q's columns, 4) apart.
     const int64_t ld = TRANSPOSE ? (row_blocks + 3) / 4 * 4 : (col_blocks + 3) / 4 * 4;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, hl = (lane & 15) * 8;
-    const int first = warp * 16 + (lane >> 4) * kRows;       // this thread's first row in the block
-    const bool words = rows % 4 == 0 && (reinterpret_cast<uintptr_t>(q) & 3) == 0;   // (x^T's rows)
-    pipelined(blockIdx.x, gridDim.x, row_blocks * col_blocks, [&](int64_t b) {
-        const int64_t br = b / col_blocks, bc = b % col_blocks, r0 = br * kGroup + first;
-        const int64_t c = bc * kGroup + hl, c_end = (bc + 1) * kGroup < cols ? (bc + 1) * kGroup : cols;
-        Packs<T, kRows> d;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, cl = (lane & 7) * 16;
+    const int word = warp * 4 + (lane >> 3);                  // this thread's rows: 4 word .. + 3
+    for (int64_t b = blockIdx.x; b < row_blocks * col_blocks; b += gridDim.x) {
+        const int64_t br = b / col_blocks, bc = b % col_blocks, r0 = br * kGroup + 4 * word;
+        const int64_t c = bc * kGroup + cl, c_end = (bc + 1) * kGroup < cols ? (bc + 1) * kGroup : cols;
+        Pack16<T> p[4];
 #pragma unroll
-        for (int i = 0; i < kRows; ++i) {
-            const int64_t r = r0 + i;
-            d.p[i] = load8<T, VEC>(x + (r < rows ? r : 0) * cols, c, r < rows ? c_end : 0);
+        for (int j = 0; j < 4; ++j) {
+            const int64_t r = r0 + j;
+            p[j] = load16<T, VEC>(x + (r < rows ? r : 0) * cols, c, r < rows ? c_end : 0);
         }
-        return d;
-    }, [&](int64_t b, const Packs<T, kRows>& d) {
-        const int64_t br = b / col_blocks, bc = b % col_blocks, r0 = br * kGroup + first;
-        const int64_t c = bc * kGroup + hl, c_end = (bc + 1) * kGroup < cols ? (bc + 1) * kGroup : cols;
-        const Pack8<T>* p = d.p;
         float a = 0.f;
 #pragma unroll
-        for (int i = 0; i < kRows; ++i) a = fmaxf(a, amax8(p[i]));
+        for (int j = 0; j < 4; ++j) a = fmaxf(a, amax16(p[j]));
         const float m = quant_mult(block_max(a), fmax, pow2);
         if constexpr (!TRANSPOSE) {
 #pragma unroll
-            for (int i = 0; i < kRows; ++i)
-                if (r0 + i < rows) store8<T, VEC>(q + (r0 + i) * cols, c, c_end, p[i], m, fmt);
+            for (int j = 0; j < 4; ++j)
+                if (r0 + j < rows) store16<T, VEC>(q + (r0 + j) * cols, c, c_end, p[j], m, fmt, wide);
             if (threadIdx.x == 0) scale[br * ld + bc] = __fdiv_rn(1.f, m);
         } else {
 #pragma unroll
-            for (int e = 0; e < 8; ++e)
-#pragma unroll
-                for (int k = 0; k < kRows / 4; ++k) {
-                    uint32_t w = 0;
-#pragma unroll
-                    for (int j = 0; j < 4; ++j) w |= code(elem(p[4 * k + j], e) * m, fmt) << (8 * j);
-                    codes[hl + e][first / 4 + k] = w;
-                }
+            for (int e = 0; e < 8; ++e) {
+                codes[cl + e][swizzled<16>(cl + e, word)] = column_word(&p[0].lo, &p[1].lo, &p[2].lo, &p[3].lo, e, m, fmt);
+                codes[cl + 8 + e][swizzled<16>(cl + 8 + e, word)] = column_word(&p[0].hi, &p[1].hi, &p[2].hi, &p[3].hi, e, m, fmt);
+            }
             __syncthreads();
-            for (int tc = warp; tc < kGroup && bc * kGroup + tc < cols; tc += kWarps)
-                if (br * kGroup + 4 * lane < rows)
-                    store_word_t(q, bc * kGroup + tc, br * kGroup + 4 * lane, rows, codes[tc][lane], words);
+            write_transposed<16, kGroup>(codes, q, rows, cols, br * kGroup, bc * kGroup, wide);
             if (threadIdx.x == 0) scale[bc * ld + br] = __fdiv_rn(1.f, m);
             __syncthreads();               // (codes is refilled next)
         }
-    });
-}
-
-template <typename T, TransposedPass PASS>
-void launch_transposed(bool vec, unsigned grid, cudaStream_t stream, int64_t rows, int64_t cols, const T* x,
-                       unsigned char* q, float* scale, float fmax, bool pow2, __nv_fp8_interpretation_t fmt) {
-    if (vec) transposed_kernel<T, PASS, true><<<grid, kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
-    else transposed_kernel<T, PASS, false><<<grid, kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+    }
 }
 
 // Blocks for `units` of work (a block each, strided past the grid): every SM filled several times over.
@@ -464,79 +448,116 @@ unsigned grid_for(int64_t units, int per_sm = 16) {
     return unsigned(std::max<int64_t>(1, std::min<int64_t>(units, int64_t(count) * per_sm)));
 }
 
-// One scale per row of x: rows of up to 16384 elements are held in registers (8 or 16 a thread
-// in 16-byte loads; the block as narrow as that allows, down to a warp), longer rows read twice.
+// One quantize_scaled call's arguments, and how its arrays allow them to be accessed.
+template <typename T>
+struct Job {
+    int64_t rows, cols;
+    const T* x;
+    unsigned char* q;
+    float* scale;
+    float fmax;
+    bool pow2;
+    __nv_fp8_interpretation_t fmt;
+    cudaStream_t stream;
+    bool vec;      // 16-byte loads and 8-byte stores along x's rows
+    bool wide;     // 16-byte stores along q's rows
+};
+
+template <typename T, TransposedPass PASS>
+void launch_transposed(const Job<T>& j) {
+    const unsigned grid = grid_for(((j.rows + kGroup - 1) / kGroup) * ((j.cols + kTileCols - 1) / kTileCols));
+    if (j.vec)
+        transposed_kernel<T, PASS, true><<<grid, kThreads, 0, j.stream>>>(j.rows, j.cols, j.x, j.q, j.scale, j.fmax,
+                                                                          j.pow2, j.fmt, j.wide);
+    else
+        transposed_kernel<T, PASS, false><<<grid, kThreads, 0, j.stream>>>(j.rows, j.cols, j.x, j.q, j.scale, j.fmax,
+                                                                           j.pow2, j.fmt, j.wide);
+}
+
+// One scale per row of x: rows of up to 16384 elements held in registers (32 or 64 a thread; the
+// block as narrow as that allows, down to a warp), longer rows read twice.
 template <typename T, bool VEC>
-void launch_rows(cudaStream_t stream, int64_t rows, int64_t cols, const T* x, unsigned char* q, float* scale,
-                 float fmax, bool pow2, __nv_fp8_interpretation_t fmt) {
-    constexpr int64_t kHeld4 = int64_t(kThreads) * 8 * 4;
-    if (cols <= kHeld4) {
-        const int threads = int(std::min<int64_t>(kThreads, ((cols + 8 * 4 - 1) / (8 * 4) + 31) / 32 * 32));
-        rows_kernel<T, VEC, 4><<<grid_for(rows, 2048 / threads), threads, 0, stream>>>(rows, cols, x, q, scale, fmax,
-                                                                                      pow2, fmt);
-    } else if (cols <= 2 * kHeld4) {
-        rows_kernel<T, VEC, 8><<<grid_for(rows), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+void launch_rows(const Job<T>& j) {
+    constexpr int64_t kHeld2 = int64_t(kThreads) * 16 * 2;
+    if (j.cols <= kHeld2) {
+        const int threads = int(std::min<int64_t>(kThreads, ((j.cols + 31) / 32 + 31) / 32 * 32));
+        rows_kernel<T, VEC, 2><<<grid_for(j.rows, 2048 / threads), threads, 0, j.stream>>>(
+            j.rows, j.cols, j.x, j.q, j.scale, j.fmax, j.pow2, j.fmt, j.wide);
+    } else if (j.cols <= 2 * kHeld2) {
+        rows_kernel<T, VEC, 4><<<grid_for(j.rows), kThreads, 0, j.stream>>>(j.rows, j.cols, j.x, j.q, j.scale, j.fmax,
+                                                                            j.pow2, j.fmt, j.wide);
     } else {
-        rows_kernel<T, VEC, 0><<<grid_for(rows), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+        long_rows_kernel<T, VEC><<<grid_for(j.rows), kThreads, 0, j.stream>>>(j.rows, j.cols, j.x, j.q, j.scale, j.fmax,
+                                                                              j.pow2, j.fmt, j.wide);
     }
 }
 
+template <typename T, bool VEC>
+void launch_tiles(const Job<T>& j) {
+    const int64_t runs = ((j.cols + kGroup - 1) / kGroup + kSpan - 1) / kSpan;
+    tiles_kernel<T, VEC><<<grid_for((j.rows * runs + kWarps - 1) / kWarps), kThreads, 0, j.stream>>>(
+        j.rows, j.cols, j.x, j.q, j.scale, j.fmax, j.pow2, j.fmt, j.wide);
+}
+
+template <typename T, bool VEC, bool TRANSPOSE>
+void launch_blocks(const Job<T>& j) {
+    const int64_t blocks = ((j.rows + kGroup - 1) / kGroup) * ((j.cols + kGroup - 1) / kGroup);
+    blocks_kernel<T, VEC, TRANSPOSE><<<grid_for(blocks), kThreads, 0, j.stream>>>(j.rows, j.cols, j.x, j.q, j.scale, j.fmax,
+                                                                                 j.pow2, j.fmt, j.wide);
+}
+
 template <typename T>
-cudaError_t quantize_scaled(int mode, bool transpose, bool pow2, int64_t rows, int64_t cols, const T* x,
-                            unsigned char* q, float* scale, float fmax, __nv_fp8_interpretation_t fmt,
-                            cudaStream_t stream) {
-    if (rows == 0 || cols == 0) {       // amax 0: m = 1 for the tensor's scale and each (empty) row's
-        const int64_t n = mode == CYGEMM_SCALE_TENSOR ? 1 : mode == CYGEMM_SCALE_ROWWISE ? (transpose ? cols : rows) : 0;
+cudaError_t quantize_scaled(int mode, bool transpose, Job<T> j) {
+    if (j.rows == 0 || j.cols == 0) {   // amax 0: m = 1 for the tensor's scale and each (empty) row's
+        const int64_t n = mode == CYGEMM_SCALE_TENSOR ? 1 : mode == CYGEMM_SCALE_ROWWISE ? (transpose ? j.cols : j.rows) : 0;
         if (n == 0) return cudaSuccess;
-        fill_kernel<<<grid_for((n + kThreads - 1) / kThreads), kThreads, 0, stream>>>(n, scale, 1.f);
+        fill_kernel<<<grid_for((n + kThreads - 1) / kThreads), kThreads, 0, j.stream>>>(n, j.scale, 1.f);
         return cudaGetLastError();
     }
-    // 16-byte loads and 8-byte stores: rows that start 8 elements apart on 16-byte aligned x, 8-byte aligned q.
-    const bool vec = cols % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0 &&
-                     (reinterpret_cast<uintptr_t>(q) & 7) == 0;
-    const int64_t groups = (cols + kGroup - 1) / kGroup;
-    const int64_t tiles = ((rows + kGroup - 1) / kGroup) * ((cols + kTileCols - 1) / kTileCols);
-    const int64_t blocks = ((rows + kGroup - 1) / kGroup) * groups;
+    const auto aligned = [](const void* p, int bytes) { return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0; };
+    // Along x's rows: rows that start 8 elements apart on 16-byte aligned x and 8-byte aligned q.
+    j.vec = j.cols % 8 == 0 && aligned(j.x, 16) && aligned(j.q, 8);
+    // 16-byte stores: q's rows (x's, or x^T's with transpose) 16 bytes apart on 16-byte aligned q.
+    j.wide = (transpose ? j.rows : j.cols) % 16 == 0 && aligned(j.q, 16);
+    cudaError_t err = cudaSuccess;
     if (mode == CYGEMM_SCALE_TENSOR) {
-        const int64_t n = rows * cols;
-        const bool flat_vec = (reinterpret_cast<uintptr_t>(x) & 15) == 0 && (reinterpret_cast<uintptr_t>(q) & 7) == 0;
-        const unsigned grid = grid_for((n + 16 * kThreads - 1) / (16 * kThreads));
-        cudaError_t err = cudaMemsetAsync(scale, 0, sizeof(float), stream);
-        if (err != cudaSuccess) return err;
-        if (flat_vec) amax_kernel<T, true><<<grid, kThreads, 0, stream>>>(n, x, scale);
-        else amax_kernel<T, false><<<grid, kThreads, 0, stream>>>(n, x, scale);
+        const int64_t n = j.rows * j.cols;
+        const bool flat_vec = aligned(j.x, 16) && aligned(j.q, 16);
+        const unsigned grid = grid_for((n + 32 * kThreads - 1) / (32 * kThreads));
+        if ((err = cudaMemsetAsync(j.scale, 0, sizeof(float), j.stream)) != cudaSuccess) return err;
+        if (flat_vec) amax_kernel<T, true><<<grid, kThreads, 0, j.stream>>>(n, j.x, j.scale);
+        else amax_kernel<T, false><<<grid, kThreads, 0, j.stream>>>(n, j.x, j.scale);
         if ((err = cudaGetLastError()) != cudaSuccess) return err;
         if (transpose)
-            launch_transposed<T, T_TENSOR>(vec, grid_for(tiles), stream, rows, cols, x, q, scale, fmax, pow2, fmt);
+            launch_transposed<T, T_TENSOR>(j);
         else if (flat_vec)
-            tensor_kernel<T, true><<<grid, kThreads, 0, stream>>>(n, x, q, scale, fmax, pow2, fmt);
+            tensor_kernel<T, true><<<grid, kThreads, 0, j.stream>>>(n, j.x, j.q, j.scale, j.fmax, j.pow2, j.fmt, true);
         else
-            tensor_kernel<T, false><<<grid, kThreads, 0, stream>>>(n, x, q, scale, fmax, pow2, fmt);
+            tensor_kernel<T, false><<<grid, kThreads, 0, j.stream>>>(n, j.x, j.q, j.scale, j.fmax, j.pow2, j.fmt, false);
         if ((err = cudaGetLastError()) != cudaSuccess) return err;
-        amax_to_scale_kernel<<<1, 32, 0, stream>>>(1, scale, fmax, pow2);
-    } else if (mode == CYGEMM_SCALE_1X128 && !transpose) {
-        const unsigned grid = grid_for((rows * ((groups + kSpan - 1) / kSpan) + kWarps - 1) / kWarps);
-        if (vec) tiles_kernel<T, true><<<grid, kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
-        else tiles_kernel<T, false><<<grid, kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
-    } else if (mode == CYGEMM_SCALE_ROWWISE && !transpose) {
-        if (vec) launch_rows<T, true>(stream, rows, cols, x, q, scale, fmax, pow2, fmt);
-        else launch_rows<T, false>(stream, rows, cols, x, q, scale, fmax, pow2, fmt);
-    } else if (mode == CYGEMM_SCALE_1X128) {
-        launch_transposed<T, T_TILES>(vec, grid_for(tiles), stream, rows, cols, x, q, scale, fmax, pow2, fmt);
+        amax_to_scale_kernel<<<1, 32, 0, j.stream>>>(1, j.scale, j.fmax, j.pow2);
+    } else if (mode == CYGEMM_SCALE_ROWWISE && transpose) {
+        if ((err = cudaMemsetAsync(j.scale, 0, size_t(j.cols) * sizeof(float), j.stream)) != cudaSuccess) return err;
+        launch_transposed<T, T_AMAX>(j);
+        if ((err = cudaGetLastError()) != cudaSuccess) return err;
+        launch_transposed<T, T_ROWS>(j);
+        if ((err = cudaGetLastError()) != cudaSuccess) return err;
+        amax_to_scale_kernel<<<grid_for((j.cols + kThreads - 1) / kThreads), kThreads, 0, j.stream>>>(j.cols, j.scale,
+                                                                                                      j.fmax, j.pow2);
     } else if (mode == CYGEMM_SCALE_ROWWISE) {
-        cudaError_t err = cudaMemsetAsync(scale, 0, size_t(cols) * sizeof(float), stream);
-        if (err != cudaSuccess) return err;
-        launch_transposed<T, T_AMAX>(vec, grid_for(tiles), stream, rows, cols, x, q, scale, fmax, pow2, fmt);
-        if ((err = cudaGetLastError()) != cudaSuccess) return err;
-        launch_transposed<T, T_ROWS>(vec, grid_for(tiles), stream, rows, cols, x, q, scale, fmax, pow2, fmt);
-        if ((err = cudaGetLastError()) != cudaSuccess) return err;
-        amax_to_scale_kernel<<<grid_for((cols + kThreads - 1) / kThreads), kThreads, 0, stream>>>(cols, scale, fmax, pow2);
+        if (j.vec) launch_rows<T, true>(j);
+        else launch_rows<T, false>(j);
+    } else if (mode == CYGEMM_SCALE_1X128 && transpose) {
+        launch_transposed<T, T_TILES>(j);
+    } else if (mode == CYGEMM_SCALE_1X128) {
+        if (j.vec) launch_tiles<T, true>(j);
+        else launch_tiles<T, false>(j);
     } else if (transpose) {
-        if (vec) blocks_kernel<T, true, true><<<grid_for(blocks), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
-        else blocks_kernel<T, false, true><<<grid_for(blocks), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+        if (j.vec) launch_blocks<T, true, true>(j);
+        else launch_blocks<T, false, true>(j);
     } else {
-        if (vec) blocks_kernel<T, true, false><<<grid_for(blocks), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
-        else blocks_kernel<T, false, false><<<grid_for(blocks), kThreads, 0, stream>>>(rows, cols, x, q, scale, fmax, pow2, fmt);
+        if (j.vec) launch_blocks<T, true, false>(j);
+        else launch_blocks<T, false, false>(j);
     }
     return cudaGetLastError();
 }
@@ -555,12 +576,14 @@ extern "C" cudaError_t cygemm_fp8_quantize_scaled(cudaDataType dtype, cudaDataTy
     auto qs = static_cast<unsigned char*>(q);
     switch (dtype) {
     case CUDA_R_32F:
-        return quantize_scaled(mode, transpose, pow2, rows, cols, static_cast<const float*>(x), qs, scale, fmax, fmt, stream);
+        return quantize_scaled<float>(mode, transpose, {rows, cols, static_cast<const float*>(x), qs, scale, fmax,
+                                                        bool(pow2), fmt, stream, false, false});
     case CUDA_R_16F:
-        return quantize_scaled(mode, transpose, pow2, rows, cols, static_cast<const __half*>(x), qs, scale, fmax, fmt, stream);
+        return quantize_scaled<__half>(mode, transpose, {rows, cols, static_cast<const __half*>(x), qs, scale, fmax,
+                                                         bool(pow2), fmt, stream, false, false});
     case CUDA_R_16BF:
-        return quantize_scaled(mode, transpose, pow2, rows, cols, static_cast<const __nv_bfloat16*>(x), qs, scale, fmax,
-                               fmt, stream);
+        return quantize_scaled<__nv_bfloat16>(mode, transpose, {rows, cols, static_cast<const __nv_bfloat16*>(x), qs,
+                                                                scale, fmax, bool(pow2), fmt, stream, false, false});
     default:
         return cudaErrorInvalidValue;
     }
