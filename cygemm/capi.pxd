@@ -65,4 +65,11 @@ from cygemm.rowmajor cimport gemm_rowmajor, gemm_rowmajor_strided_batched
 #   CYGEMM_ACT_GELU. fast_accum: cuBLASLt's faster, less precise FP8 accumulation. Pointers
 #   16-byte aligned, leading dimensions multiples of 16 bytes. nogil: callable without the GIL; it takes the GIL to plan and run. Errors: -1 with
 #   ValueError (act), CudaError or CublasError set.
+# scaled_gemm_rowmajor(..., fast_accum, scale_mode_a, scale_mode_w) (two optional last arguments):
+#   how scale_a and scale_w apply, each SCALE_TENSOR (the default: one float), SCALE_OUTER (one
+#   per row of A, one per row of W; the pair together), SCALE_1X128 (one per 128 elements along
+#   k) or SCALE_128X128 (one per 128 x 128 block; not for both), the scales in the layout
+#   cygemm.fp8.quantize_scaled writes for A (m x k) and for W (n x k). Finer scales need a bf16,
+#   fp16 or fp32 D, m and n multiples of 4, and cuBLASLt 12.9 or newer on compute capability 9.0.
 from cygemm.fp8 cimport scaled_gemm_rowmajor
+from cygemm._fp8_args cimport SCALE_TENSOR, SCALE_OUTER, SCALE_1X128, SCALE_128X128

@@ -196,6 +196,26 @@ def test_every_pairing_matches_float64_of_the_scaled_fp8_values(mode_a, mode_b, 
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("mode_a, mode_b", PAIRS)
+def test_the_bias_and_relu_epilogue_runs_with_every_pairing(mode_a, mode_b):
+    import cupy as cp
+    rng = np.random.default_rng()
+    m, k, n = 256, 1024, 512
+    a, a64, w, b64 = _operands(cp, rng, m, k, n)
+    sa_host, sa = _scales_on_device(cp, rng, mode_a, "a", m, k, n)
+    sb_host, sb = _scales_on_device(cp, rng, mode_b, "b", m, k, n)
+    bias_host = rng.standard_normal(n).astype(np.float16) * 64
+    ref = np.maximum(fp8_ref.scaled_product(a64, sa_host, mode_a, b64, sb_host, mode_b) + bias_host, 0)
+    out = cp.full((m, n), cp.nan, dtype=cp.float16)
+    fp8.scaled_matmul(a, w.T, sa, sb, out=out, bias=cp.asarray(bias_host), act="relu",
+                      format_a="e4m3", format_b="e4m3")
+    got = cp.asnumpy(out).astype(np.float64)
+    assert not np.isnan(got).any(), "elements left unwritten"
+    assert (got == 0).any() and (got > 0).any()            # relu clipped some and kept some
+    assert rel_err(got, ref) < 1e-2, (mode_a, mode_b)
+
+
+@pytest.mark.gpu
 def test_rowwise_equals_torch_scaled_mm():
     torch = pytest.importorskip("torch")
     m, k, n = 256, 512, 384

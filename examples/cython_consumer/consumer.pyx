@@ -4,7 +4,7 @@ from libc.stdint cimport int64_t, uintptr_t
 # cygemm.capi is cygemm's cimport contract: everything below comes from it.
 from cygemm.capi cimport (GemmContext, current_context, cudaStream_t, CUDA_R_32F, CUDA_R_8F_E4M3,
                           CUBLAS_COMPUTE_32F, CYGEMM_ACT_NONE, gemm_rowmajor,
-                          gemm_rowmajor_strided_batched, scaled_gemm_rowmajor)
+                          gemm_rowmajor_strided_batched, scaled_gemm_rowmajor, SCALE_1X128, SCALE_128X128)
 
 
 def sgemm(uintptr_t A, uintptr_t B, uintptr_t C, int64_t m, int64_t n, int64_t k,
@@ -39,3 +39,15 @@ def fp8_gemm(uintptr_t A, uintptr_t W, uintptr_t D, int64_t m, int64_t n, int64_
         scaled_gemm_rowmajor(ctx, <cudaStream_t>stream, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_32F,
                              m, n, k, <const void*>A, k, <const void*>W, k, <void*>D, n,
                              <const float*>scale_a, <const float*>scale_w, NULL, NULL, NULL, CYGEMM_ACT_NONE, False)
+
+
+def fp8_gemm_blocks(uintptr_t A, uintptr_t W, uintptr_t D, int64_t m, int64_t n, int64_t k,
+                    uintptr_t scale_a, uintptr_t scale_w, uintptr_t stream):
+    """The same with DeepSeek-V3's scales: A's per 1 x 128 tile along k, W's per 128 x 128 block
+    (as cygemm.fp8.quantize_scaled writes them)."""
+    cdef GemmContext* ctx = current_context()
+    with nogil:
+        scaled_gemm_rowmajor(ctx, <cudaStream_t>stream, CUDA_R_8F_E4M3, CUDA_R_8F_E4M3, CUDA_R_32F,
+                             m, n, k, <const void*>A, k, <const void*>W, k, <void*>D, n,
+                             <const float*>scale_a, <const float*>scale_w, NULL, NULL, NULL, CYGEMM_ACT_NONE, False,
+                             SCALE_1X128, SCALE_128X128)
