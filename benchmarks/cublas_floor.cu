@@ -10,9 +10,13 @@
 //                                cublasGemmEx per group), grouped (cublasGemmGroupedBatchedEx,
 //                                its arrays prepared once) or batched (cublasGemmStridedBatchedEx,
 //                                uniform groups)
-//   fp8     M N K EPI           cublasLtMatmul, E4M3 x E4M3 -> bf16, row-major out = x @ W^T
-//                                (x M x K, W N x K), epilogue none|gelu_bias; the fastest of the
-//                                heuristic's first eight algorithms, timed once before
+//   fp8     M N K EPI [SA SW]   cublasLtMatmul, E4M3 x E4M3 -> bf16, row-major out = x @ W^T
+//                                (x M x K, W N x K), epilogue none|gelu_bias; SA, SW: x's and
+//                                W's scale modes, tensor (default) | rowwise | 1x128 | 128x128
+//                                (scales of 1 in buffers of each mode's size). Per tensor: the
+//                                fastest of the heuristic's first eight algorithms; finer scales:
+//                                the fastest of every candidate it offers (up to 64) under each
+//                                workspace limit of 0, 4 MiB and 32 MiB, timed once before
 // followed by MODE: gpu (CUDA-event time per call), host (wall time per call over
 // thousands of back-to-back calls, one sync), graph (time per call replayed from a graph).
 // PREC: tf32 | fp32 | fp16 | bf16. A case's operands are made once and kept for later
@@ -186,7 +190,8 @@ struct Bench {
 // One prepared case: operands (several sets, rotated, when one set fits in L2, as the
 // Python side does), descriptors and the chosen algorithm.
 struct Case {
-    std::string kind, prec_s = "tf32", epi_s;
+    std::string kind, prec_s = "tf32", epi_s, scale_a_s = "tensor", scale_w_s = "tensor";
+    void* scales = nullptr;     // FP8 with finer scales: both operands' scales, all 1
     long long M = 0, N = 0, K = 0, batch = 1;
     int ta = 0, tb = 0, bcast = 0;
     Prec p;
@@ -255,6 +260,7 @@ struct Case {
         }
         else if (kind == "fp8") {
             in >> M >> N >> K >> epi_s;
+            if (!(in >> scale_a_s >> scale_w_s)) scale_a_s = scale_w_s = "tensor";
             prepare_fp8();
             return;
         }
@@ -307,20 +313,39 @@ struct Case {
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, K, N, K));
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, K, M, K));
         CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, N, M, N));
+        const bool finer = scale_a_s != "tensor" || scale_w_s != "tensor";
+        if (finer) {
+            // cuBLAS's A is W, its B is x. Buffers of 1s, large enough for any mode's layout.
+            const int ma = scale_mode(scale_w_s), mb = scale_mode(scale_a_s);
+            const size_t kb = (K + 127) / 128 + 4, per = (size_t(std::max(M, N) + 128) * kb + 3) / 4 * 4;   // (16-byte aligned)
+            std::vector<float> ones(2 * per, 1.f);
+            CUDA_CHECK(cudaMalloc(&scales, ones.size() * sizeof(float)));
+            CUDA_CHECK(cudaMemcpy(scales, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice));
+            const float* sa = static_cast<const float*>(scales);
+            const float* sb = sa + per;
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof(ma)));
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof(mb)));
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof(sa)));
+            CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof(sb)));
+        }
         CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-        uint64_t wsb64 = ws_bytes;
-        CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb64,
-                                                          sizeof(wsb64)));
-        cublasLtMatmulHeuristicResult_t cand[8];
-        int found = 0;
-        CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, 8, cand, &found));
-        if (!found) { fprintf(stderr, "no FP8 algorithm for %s\n", kind.c_str()); exit(1); }
+        std::vector<cublasLtMatmulHeuristicResult_t> cand;
+        for (uint64_t limit : finer ? std::vector<uint64_t>{0, 4u << 20, ws_bytes} : std::vector<uint64_t>{ws_bytes}) {
+            CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &limit,
+                                                              sizeof(limit)));
+            std::vector<cublasLtMatmulHeuristicResult_t> got(finer ? 64 : 8);
+            int found = 0;
+            if (cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, lc, lc, pref, int(got.size()), got.data(), &found) ==
+                CUBLAS_STATUS_SUCCESS)
+                cand.insert(cand.end(), got.begin(), got.begin() + found);
+        }
+        if (cand.empty()) { fprintf(stderr, "no FP8 algorithm for %s\n", kind.c_str()); exit(1); }
         // The fastest candidate: median of 7 timed runs each, after 3 warm-up runs.
         cudaEvent_t e0, e1;
         CUDA_CHECK(cudaEventCreate(&e0));
         CUDA_CHECK(cudaEventCreate(&e1));
         float best = 1e30f;
-        for (int i = 0; i < found; ++i) {
+        for (size_t i = 0; i < cand.size(); ++i) {
             std::vector<double> ms;
             for (int r = 0; r < 10; ++r) {
                 CUDA_CHECK(cudaEventRecord(e0, s));
@@ -395,6 +420,16 @@ struct Case {
         for (auto& o : sets) { cudaFree(o.A); cudaFree(o.B); cudaFree(o.C); }
         if (dptrs) cudaFree(dptrs);
         if (bias) cudaFree(bias);
+        if (scales) cudaFree(scales);
+    }
+
+    static int scale_mode(const std::string& name) {     // cublasLtMatmulMatrixScale_t's values
+        if (name == "tensor") return 0;
+        if (name == "rowwise") return 3;
+        if (name == "1x128") return 4;
+        if (name == "128x128") return 5;
+        fprintf(stderr, "unknown scale mode %s\n", name.c_str());
+        exit(1);
     }
 };
 

@@ -10,6 +10,9 @@ quantize for them.
 - Accuracy (metric ``rel_err``): each cygemm mode's result against float64 of the bfloat16
   inputs (what quantizing costs), and fast_accum's against float64 of the FP8 values themselves
   (what skipping the promotion of partial sums costs), as K grows.
+- The C++ floor for each pair: cuBLASLt's fastest candidate of all its heuristic offers, under
+  several workspace limits, timed from C++ (benchmarks/cublas_floor.cu).
+- A cygemm.nn Dense layer's training step with 8192^3 GEMMs, bf16-mixed against each FP8 recipe.
 - Quantizing (8192 x 8192 bfloat16 -> E4M3 with scales): quantize_scaled in each mode, plain and
   transposed, in GB/s and as a fraction of a device-to-device copy of the same bytes."""
 import cupy as cp
@@ -69,7 +72,11 @@ def fp8_scales_section(R, s, floor):
             except Exception as exc:
                 contenders[name] = C.Skip(f"torch {torch.__version__} refused it: {type(exc).__name__}: {str(exc)[:120]}")
         contenders["torch bf16 mm"] = _on_torch_stream(s, lambda: torch.mm(a, w.t(), out=outs["torch"]))
-        rows = R.measure(case, contenders, s, flop=2.0 * M * N * K, reps=20, rounds=5)
+        # cuBLASLt's best from C++ for each pair: every candidate its heuristic offers under
+        # workspace limits of 0, 4 MiB and 32 MiB, the fastest kept (scales of 1, random codes).
+        floors = [(f"C++ cuBLASLt fp8 {ma} x {mb} (fastest candidate)", f"fp8 {M} {N} {K} none {ma} {mb} gpu")
+                  for ma, mb in PAIRS]
+        rows = R.measure(case, contenders, s, flop=2.0 * M * N * K, reps=20, rounds=5, floors=floors)
         bf16 = next((r["value"] for r in rows if r["contender"] == "cygemm bf16"), None)
         for r in rows:
             if bf16:
@@ -92,7 +99,32 @@ def fp8_scales_section(R, s, floor):
                   _rel_err(torch, out, exact), against="float64 of the FP8 values")
         del quant, contenders, outs, ref, exact
         torch.cuda.empty_cache()
+    _dense_step(R, s)
     _quantize_bandwidth(R, s, torch)
+
+
+def _dense_step(R, s):
+    """One cygemm.nn Dense layer's training step (forward and backward, every quantization and
+    cast included; relu) with 8192 x 8192 x 8192 GEMMs, in bf16-mixed and each FP8 recipe,
+    interleaved on the same input. Each row's ``vs_bf16_mixed`` is its time over bf16-mixed's."""
+    from cygemm import nn
+    n = 4096 if R.quick else 8192
+    case = f"dense layer step {n}x{n}x{n} relu"
+    R.progress(case)
+    with s:
+        x = cp.random.default_rng(5).standard_normal((n, n), dtype=cp.float32)
+        gy = cp.random.default_rng(6).standard_normal((n, n), dtype=cp.float32)
+    contenders = {}
+    for precision in ("bf16-mixed", "fp8-tensor", "fp8-rowwise", "fp8-block"):
+        layer = nn.Dense(n, n, act="relu", seed=1, precision=precision).bind(n, stream=s)
+        contenders[f"cygemm.nn Dense {precision}"] = lambda layer=layer: (layer.forward(x), layer.backward(gy))
+    rows = R.measure(case, contenders, s, flop=6.0 * n ** 3, reps=10, rounds=5)
+    base = next((r["value"] for r in rows if r["contender"] == "cygemm.nn Dense bf16-mixed"), None)
+    for r in rows:
+        if base:
+            r["vs_bf16_mixed"] = r["value"] / base
+    del contenders
+    cp.get_default_memory_pool().free_all_blocks()
 
 
 def _quantize_bandwidth(R, s, torch):
