@@ -144,6 +144,12 @@ cdef object _ptr(const void* p, bint memory):
     return <uintptr_t>p if memory and p != NULL else None
 
 
+# The keys every description starts with, in this order (describe_call's; describe_matmul's
+# entries for CuPy's path give them too).
+DESCRIBE_KEYS = ("M", "N", "K", "batch", "swapped", "cublas_a", "cublas_b", "why", "determinism", "kernels",
+                 "opa", "opb", "m", "n", "k", "lda", "ldb", "ldc", "stride_a", "stride_b", "stride_c", "a", "b", "c")
+
+
 cdef dict describe_call(const MatrixView* va, const MatrixView* vb, const MatrixView* vc,
                         const ColMajorGemm* g, bint trans_a, bint trans_b, tuple names, tuple memory):
     a, b, out = names

@@ -26,6 +26,8 @@ from cygemm._batch_layout cimport (BatchLayout, MatmulPlan, read_layout, result_
                                    decide_copies)
 from cygemm._alloc cimport is_torch, new_array, torch_dtype, torch_stream
 from cygemm import _alloc
+from cygemm import _matmul_fallback
+from cygemm._described import DESCRIBE_KEYS
 
 
 __all__ = ["matmul", "describe_matmul"]
@@ -153,7 +155,11 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None, deter
     ----------
     a, b : device arrays
         CuPy arrays, torch CUDA tensors, or any object with ``__cuda_array_interface__`` or
-        ``__dlpack__`` on a CUDA device; float16, bfloat16 (torch), float32 or float64.
+        ``__dlpack__`` on a CUDA device. float16, bfloat16, float32 and float64 run through
+        cuBLAS as described here; any other pair of dtypes ``cp.matmul`` takes (integers,
+        booleans, complex, and their mixes with floats) runs through CuPy's own matmul on
+        ``stream``, with NumPy's type promotion (``math``, ``autotune`` and ``determinism`` do
+        not apply; :func:`describe_matmul` says which path a call takes).
         1-D operands are promoted as NumPy does (a row for ``a``, a column for ``b``, the
         axis removed from the result); batch axes (all but the last two) broadcast.
     out : device array, optional
@@ -207,6 +213,8 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None, deter
     another dtype, and an ``out`` that overlaps an input or cannot be written in place. Without them, and with ``out``
     given, the call allocates nothing and can be captured into a CUDA graph.
     """
+    if _matmul_fallback.takes(a, b):    # a dtype cygemm's GEMMs do not take: CuPy's matmul runs it
+        return _matmul_fallback.run(a, b, out, stream)
     cdef bint torch_lib = is_torch(a) or is_torch(b)
     if torch_lib and _records_grad(a, b, out):     # torch's autograd records the call (cygemm.autograd)
         return _grad_path(a, b, out, math, stream, autotune, determinism)
@@ -310,7 +318,8 @@ def describe_matmul(a, b, out=None):
         or a ``(shape, dtype)`` pair, a C-contiguous array with no memory. Device arrays
         (CuPy, torch CUDA tensors, objects with ``__cuda_array_interface__``) are read, never
         touched. Dtypes: float16, bfloat16 (torch's, ml_dtypes', or the name ``"bfloat16"``),
-        float32, float64; a and b of one dtype (matmul would cast).
+        float32, float64, a and b of one dtype (matmul would cast); or any dtypes that go to
+        CuPy's matmul (described as such).
     out : the same, optional
         None: a new C-ordered result of the promoted dtype, as ``matmul(a, b)`` makes.
 
@@ -319,7 +328,10 @@ def describe_matmul(a, b, out=None):
     list of dict
         One dict per cuBLAS call (none for an empty result), with the keys every ``describe_*``
         gives (:func:`cygemm.describe_gemm`, :func:`cygemm.fp8.describe_scaled_matmul`, each
-        group of :func:`cygemm.describe_grouped`), in this order. In the user's row-major terms:
+        group of :func:`cygemm.describe_grouped`), in this order, then ``path``: "cublas". For
+        dtypes that go to CuPy's matmul instead (see :func:`matmul`), one dict with the same
+        keys, ``M``, ``N``, ``K``, ``batch`` and ``why`` filled and the cuBLAS arguments None,
+        and ``path`` "cupy.matmul". In the user's row-major terms:
 
         - ``M``, ``N``, ``K``: the call's out is M x N, the sum runs over K;
         - ``batch``: the matrices of the call (a strided-batched GEMM when > 1);
@@ -343,6 +355,8 @@ def describe_matmul(a, b, out=None):
     TypeError
         As matmul, naming the argument; also a sequence that is no (shape, dtype) pair.
     """
+    if _matmul_fallback.takes(a, b, describing=True):
+        return [_matmul_fallback.describe(a, b, DESCRIBE_KEYS)]
     cdef Addresses addresses = Addresses()
     a, b = layout_operand(a, "a", addresses), layout_operand(b, "b", addresses)
     cdef tuple memory = (has_memory(a), has_memory(b), out is not None)
@@ -369,6 +383,8 @@ def describe_matmul(a, b, out=None):
     calls = []
     if L.M and L.N and not empty_batch(&L):
         _run_all(NULL, NULL, &L, &da, &db, &dc, da.dtype, CUBLAS_COMPUTE_32F, 0, calls, memory)
+    for d in calls:
+        d["path"] = "cublas"
     return calls
 
 

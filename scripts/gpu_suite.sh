@@ -4,7 +4,7 @@
 # Results go to DIR (default: $OUT, else ./out); the logs are packed into DIR/logs.tar.gz
 # (the device tool brings back only a few files).
 #   bash scripts/gpu_suite.sh [DIR] [STAGES]
-# TESTS: the test paths (default: tests). STAGES: a comma list of tests, firstcall, compare, sanitize, bench, bench-quick, bench-host
+# TESTS: the test paths (default: tests). STAGES: a comma list of tests, firstcall, compare, sanitize, peer, bench, bench-quick, bench-host
 # (default tests,sanitize,bench); BENCH_ONLY=a,b limits the benchmark sections. firstcall: the first-call, plan-count and thread-stall
 # measurements (their tests, with their printed figures); compare: this tree against
 # COMPARE_WITH (default 9579766) built beside it, interleaved (benchmarks/compare_builds.py).
@@ -90,6 +90,12 @@ if [[ $STAGES == *,sanitize,* ]]; then
         >> "$LOGS/racecheck.log" 2>&1
     rc=$?; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|passed|failed" "$LOGS/racecheck.log" | tail -3; echo "racecheck rc=$rc"
     [ $rc = 0 ] || status=1
+fi
+if [[ $STAGES == *,peer,* ]]; then
+    # CuPy's own gemm and matmul tests with the calls routed to cygemm (CuPy's files: copy
+    # ../shared/peer/cupy-v14.2.0 into the ignored peer/ and carry it to the GPU machine).
+    echo "== CuPy's tests routed to cygemm"
+    bash scripts/peer_suites.sh "${PEER_DIR:-peer/cupy-v14.2.0}" "$LOGS" || status=1
 fi
 if [[ $STAGES == *,bench,* || $STAGES == *,bench-quick,* || $STAGES == *,bench-host,* ]]; then
     echo "== benchmarks"

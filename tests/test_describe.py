@@ -44,7 +44,7 @@ def test_every_describe_gives_the_common_keys_first_in_one_order():
                     ("group 0", grouped["per_group"][0]), ("empty group 1", grouped["per_group"][1])]:
         assert list(d)[:len(COMMON)] == COMMON, what
     assert list(gemm)[len(COMMON):] == ["strided_batched", "int64_api"]
-    assert list(matmul) == COMMON
+    assert list(matmul) == COMMON + ["path"] and matmul["path"] == "cublas"
     assert {"call", "a_type", "b_type", "c_type", "d_type", "bias_type", "epilogue", "scales", "scale_modes",
             "amax", "fast_accum"} == set(scaled) - set(COMMON)
     assert list(grouped["per_group"][0])[len(COMMON):] == ["route"]
@@ -277,7 +277,7 @@ def test_describe_scaled_matmul_of_ml_dtypes_fp8_arrays_computes_the_product():
      ["B:", "(shape, dtype) pair"]),
     (lambda: cygemm.describe_gemm(((4, 3), "float32"), ((3, 5), "float32"), ((4, 6), "float32")), ValueError,
      ["out:", "(4, 5)"]),
-    (lambda: cygemm.describe_matmul(((4, 3), "complex64"), ((3, 5), "complex64")), TypeError, ["a:", "complex64"]),
+    (lambda: cygemm.describe_matmul(((4, 3), "bfloat16"), ((3, 5), "int32")), TypeError, ["b:", "int32"]),
     (lambda: cygemm.describe_matmul(np.zeros((4, 3), np.float32), np.zeros((4, 3), np.float32)), ValueError,
      ["b:"]),
     (lambda: cygemm.describe_grouped([((4, 3), "float32")] * 2, [((3, 5), "float32"), ((3, 5), "float16")],
