@@ -11,7 +11,7 @@ import contextlib
 from libc.stdint cimport uintptr_t
 
 from cygemm.bindings.cudart cimport (cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F,
-                                     CUDA_R_8F_E4M3, CUDA_R_8F_E5M2)
+                                     CUDA_C_32F, CUDA_C_64F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2)
 from cygemm._streams cimport stream_from_object
 from cygemm._errors cimport refuse_in_capture
 from cygemm._arrays cimport dtype_name
@@ -126,7 +126,7 @@ cdef object first_torch(tuple arrays):
 
 cdef object torch_dtype(object torch, cudaDataType t):
     return {CUDA_R_32F: torch.float32, CUDA_R_16F: torch.float16, CUDA_R_16BF: torch.bfloat16,
-            CUDA_R_64F: torch.float64}[t]
+            CUDA_R_64F: torch.float64, CUDA_C_32F: torch.complex64, CUDA_C_64F: torch.complex128}[t]
 
 
 cdef object torch_stream(object torch, cudaStream_t s, object device):

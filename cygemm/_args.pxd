@@ -46,17 +46,18 @@ cdef inline void args_init(CallArgs* c) noexcept nogil:
     c.stream = NULL
 
 
-# Read `x` into the next slot (view_from_object; a workspace: read_buffer) and return it.
+# Read `x` into the next slot (view_from_object; a workspace: read_buffer) and return it. wide:
+# float64 and complex too (the GEMM entry points).
 # Inline: every entry point calls it for each buffer (the hot path).
 cdef inline MatrixView* add_array(CallArgs* c, object x, str name, ArgRole role, int min_ndim,
-                                  int max_ndim) except NULL:
+                                  int max_ndim, bint wide=False) except NULL:
     if c.n >= MAX_ARGS:
         raise RuntimeError("cygemm: too many buffers for one call (internal limit)")
     cdef MatrixView* v = &c.views[c.n]
     if role == ARG_SCRATCH:
         read_buffer(x, v, name)
     else:
-        view_from_object(x, v, name, min_ndim, max_ndim)
+        view_from_object(x, v, name, min_ndim, max_ndim, wide)
     c.names[c.n], c.roles[c.n], c.in_place_of[c.n] = <PyObject*>name, role, 0
     c.n += 1
     return v

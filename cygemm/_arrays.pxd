@@ -9,7 +9,8 @@ cdef int read_array(object x, ArrayDesc* d, str name, bint wide) except -1
 cdef tuple desc_shape(const ArrayDesc* d)
 # A (batch, rows, cols) view of a device array of min_ndim..max_ndim (<= 3) dimensions; a
 # 1-D array is one row.
-cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1
+cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim,
+                          bint wide=*) except -1
 cdef int view_from_desc(const ArrayDesc* d, MatrixView* view, str name, int min_ndim, int max_ndim) except -1
 # An FP8 array: torch float8_e4m3fn/float8_e5m2 (format from the dtype) or uint8 bytes whose
 # format `fmt` ('e4m3'/'e5m2', the argument `fmt_arg`) names; d.dtype = CUDA_R_8F_E4M3/E5M2.

@@ -4,8 +4,8 @@ without touching the GPU; and the geometry of views in memory (whether two overl
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
 
-from cygemm.bindings.cudart cimport (cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F, CUDA_R_8F_E4M3,
-                            CUDA_R_8F_E5M2)
+from cygemm.bindings.cudart cimport (cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F, CUDA_C_32F,
+                            CUDA_C_64F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2)
 from cygemm._types cimport MatrixView, ArrayDesc, MAX_NDIM, view_is_empty
 from cygemm._described cimport ArrayLayout, LAYOUT_TYPED, LAYOUT_BYTES
 
@@ -46,22 +46,26 @@ cdef extern from *:
 cdef enum:
     DL_FLOAT = 2
     DL_BFLOAT = 4
+    DL_COMPLEX = 5
     DL_CUDA = 2
     DL_CPU = 1
 
-# dtype name -> (cudaDataType, itemsize); float64 only where the caller accepts it (wide).
+# dtype name -> (cudaDataType, itemsize); float64 and complex only where the caller accepts them (wide).
 # bfloat16: torch's, or CuPy's through ml_dtypes (CuPy 14), whose typestr is '<V2'.
 _DTYPES = {"float32": (CUDA_R_32F, 4), "float16": (CUDA_R_16F, 2), "bfloat16": (CUDA_R_16BF, 2)}
-_WIDE_DTYPES = dict(_DTYPES, float64=(CUDA_R_64F, 8))
-_TYPESTRS = {"<f4": "float32", "<f2": "float16", "<f8": "float64"}
+_WIDE_DTYPES = dict(_DTYPES, float64=(CUDA_R_64F, 8), complex64=(CUDA_C_32F, 8), complex128=(CUDA_C_64F, 16))
+_TYPESTRS = {"<f4": "float32", "<f2": "float16", "<f8": "float64", "<c8": "complex64", "<c16": "complex128"}
 _CAI_DTYPES = {t: _DTYPES[n] for t, n in _TYPESTRS.items() if n in _DTYPES}     # CAI names no bfloat16
 _CAI_WIDE_DTYPES = {t: _WIDE_DTYPES[n] for t, n in _TYPESTRS.items()}
-_F32, _F16, _F64 = _DTYPES["float32"], _DTYPES["float16"], _WIDE_DTYPES["float64"]
+_DL_TYPES = {(DL_BFLOAT, 16): CUDA_R_16BF, (DL_FLOAT, 16): CUDA_R_16F, (DL_FLOAT, 32): CUDA_R_32F}  # DLPack's
+_DL_WIDE_TYPES = {**_DL_TYPES, (DL_FLOAT, 64): CUDA_R_64F, (DL_COMPLEX, 64): CUDA_C_32F, (DL_COMPLEX, 128): CUDA_C_64F}
+_F32, _F16 = _DTYPES["float32"], _DTYPES["float16"]
 _NP_F32, _NP_F16 = _np.dtype("float32"), _np.dtype("float16")
 
 
 _DTYPE_NAMES = {CUDA_R_32F: "float32", CUDA_R_16F: "float16", CUDA_R_16BF: "bfloat16", CUDA_R_64F: "float64",
-                CUDA_R_8F_E4M3: "float8_e4m3", CUDA_R_8F_E5M2: "float8_e5m2"}
+                CUDA_C_32F: "complex64", CUDA_C_64F: "complex128", CUDA_R_8F_E4M3: "float8_e4m3",
+                CUDA_R_8F_E5M2: "float8_e5m2"}
 
 
 cdef object dtype_name(cudaDataType dtype):
@@ -69,17 +73,17 @@ cdef object dtype_name(cudaDataType dtype):
 
 
 cdef str _expected(bint wide):
-    return "float16, bfloat16, float32 or float64" if wide else "float16, bfloat16 or float32"
+    return ("float16, bfloat16, float32, float64, complex64 or complex128" if wide
+            else "float16, bfloat16 or float32")
 
 
 cdef object _bad_dtype(str name, str got, bint wide):
     """TypeError for an array whose dtype (named `got`) the entry cannot take, with what to do
-    instead: matmul for float64 (wide False), CuPy or torch (or a cast) for integers, booleans
-    and complex numbers, which no cygemm GEMM multiplies."""
+    instead: gemm or matmul for float64 and complex (wide False), a cast or CuPy for the rest."""
     msg = f"{name}: expected {_expected(wide)}, got {got}"
-    if got == "float64" and not wide:
-        msg += " (cygemm.matmul takes float64; or cast it with x.astype(cupy.float32))"
-    elif got.startswith(("int", "uint", "bool", "complex")):
+    if got in ("float64", "complex64", "complex128") and not wide:
+        msg += f" (cygemm.gemm and cygemm.matmul take {got}; or cast it with x.astype(cupy.float32))"
+    elif got.startswith(("int", "uint", "bool")):
         msg += (f" (cygemm has no {got} GEMM: use cupy.matmul or torch.matmul for {got}, or cast it "
                 "to a float dtype with x.astype(cupy.float32))")
     return TypeError(msg)
@@ -177,17 +181,18 @@ cdef int read_array(object x, ArrayDesc* d, str name, bint wide) except -1:
 cdef int _read_layout(ArrayLayout x, ArrayDesc* d, str name, bint wide) except -1:
     cdef cudaDataType t = x.d.dtype
     if x.kind != LAYOUT_TYPED or not (t == CUDA_R_32F or t == CUDA_R_16F or t == CUDA_R_16BF
-                                      or (wide and t == CUDA_R_64F)):
+                                      or (wide and (t == CUDA_R_64F or t == CUDA_C_32F or t == CUDA_C_64F))):
         raise TypeError(f"{name}: expected {_expected(wide)}, got {x.dtype}")
     d[0] = x.d
     return 0
 
 
-cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim) except -1:
+cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim,
+                          bint wide=False) except -1:
     """A (batch, rows, cols) view of a device array of min_ndim..max_ndim (<= 3) dimensions;
-    a 1-D array is one row."""
+    a 1-D array is one row. wide: float64 and complex too."""
     cdef ArrayDesc d
-    read_array(x, &d, name, False)
+    read_array(x, &d, name, wide)
     return view_from_desc(&d, view, name, min_ndim, max_ndim)
 
 
@@ -215,19 +220,20 @@ cdef int view_from_desc(const ArrayDesc* dp, MatrixView* view, str name, int min
 # __dlpack__ cost microseconds a call, and CAI refuses tensors that require grad or bfloat16.
 cdef object _torch_tensor = None
 cdef dict _torch_dtypes = None
-cdef object _torch_f64 = None
+cdef object _torch_wide = None
 cdef object _torch_grad_enabled = None
 
 
 cdef bint _find_torch() except -1:
-    global _torch_tensor, _torch_dtypes, _torch_f64, _torch_grad_enabled
+    global _torch_tensor, _torch_dtypes, _torch_wide, _torch_grad_enabled
     import sys
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "Tensor"):
         return False
     _torch_dtypes = {torch.float32: (CUDA_R_32F, 4), torch.float16: (CUDA_R_16F, 2),
                      torch.bfloat16: (CUDA_R_16BF, 2)}
-    _torch_f64 = torch.float64
+    _torch_wide = {torch.float64: (CUDA_R_64F, 8), torch.complex64: (CUDA_C_32F, 8),
+                  torch.complex128: (CUDA_C_64F, 16)}
     _torch_grad_enabled = torch.is_grad_enabled
     _torch_tensor = torch.Tensor
     return True
@@ -249,8 +255,8 @@ cdef int _read_torch(object x, ArrayDesc* d, str name, bint wide) except -1:
                         "is not a CUDA array: move it with .cuda())")
     _refuse_recorded(x, name)
     dt = _torch_dtypes.get(x.dtype)
-    if dt is None and wide and x.dtype == _torch_f64:
-        dt = _F64
+    if dt is None and wide:
+        dt = _torch_wide.get(x.dtype)
     if dt is None:
         raise _bad_dtype(name, str(x.dtype).replace("torch.", ""), wide)
     d.dtype = <cudaDataType>(<int>dt[0])
@@ -272,16 +278,10 @@ cdef int _read_dlpack(object x, ArrayDesc* d, str name, bint wide) except -1:
         raise TypeError(f"{name}: __dlpack__ returned no 'dltensor' capsule")
     cdef cg_DLTensor* t = <cg_DLTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
     cdef int itemsize
-    if t.dtype.lanes == 1 and t.dtype.bits == 16 and t.dtype.code == DL_BFLOAT:
-        d.dtype = CUDA_R_16BF
-    elif t.dtype.lanes == 1 and t.dtype.bits == 16 and t.dtype.code == DL_FLOAT:
-        d.dtype = CUDA_R_16F
-    elif t.dtype.lanes == 1 and t.dtype.bits == 32 and t.dtype.code == DL_FLOAT:
-        d.dtype = CUDA_R_32F
-    elif wide and t.dtype.lanes == 1 and t.dtype.bits == 64 and t.dtype.code == DL_FLOAT:
-        d.dtype = CUDA_R_64F
-    else:
+    dt = (_DL_WIDE_TYPES if wide else _DL_TYPES).get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
+    if dt is None:
         raise _bad_dtype(name, _dlpack_dtype_name(t.dtype.code, t.dtype.bits, t.dtype.lanes), wide)
+    d.dtype = <cudaDataType>(<int>dt)
     itemsize = t.dtype.bits // 8
     shape = tuple([t.shape[i] for i in range(t.ndim)])
     strides = None if t.strides == NULL else tuple([t.strides[i] * itemsize for i in range(t.ndim)])

@@ -13,7 +13,7 @@ from libc.string cimport memcpy
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
-from cygemm._types cimport ColMajorGemm, is_fp8_type, type_size
+from cygemm._types cimport ColMajorGemm, Scalars, real_scalars, is_fp8_type, type_size
 from cygemm._context cimport GemmContext
 from cygemm._release cimport defer_free
 from cygemm._settings cimport AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN
@@ -42,7 +42,7 @@ ctypedef struct _TuneArg:
 
 cdef int _tune_enqueue(void* arg, int choice) except -1:
     cdef _TuneArg* a = <_TuneArg*>arg
-    cdef float alpha = 1.0, beta = 0.0
+    cdef Scalars sc = real_scalars(1.0, 0.0)
     cdef PlanRoute route = a.d.route
     cdef cublasLtMatmulAlgo_t algo = a.d.algo
     cdef int st
@@ -53,7 +53,7 @@ cdef int _tune_enqueue(void* arg, int choice) except -1:
         a.d.algo = a.d.candidates[choice].algo
     try:
         with nogil:
-            st = plan_run(a.ctx, a.stream, a.d, &a.g, a.bias, a.aux, a.ws, a.ws_bytes, &alpha, &beta)
+            st = plan_run(a.ctx, a.stream, a.d, &a.g, a.bias, a.aux, a.ws, a.ws_bytes, &sc)
     finally:
         a.d.route, a.d.algo = route, algo
     return 0 if st == CUBLAS_STATUS_SUCCESS else 1

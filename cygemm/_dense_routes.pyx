@@ -15,7 +15,7 @@ from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm.kernels.elementwise cimport *
 from cygemm.epilogues cimport NO_EPILOGUE
-from cygemm._types cimport ColMajorGemm, pointer_alignment
+from cygemm._types cimport ColMajorGemm, Scalars, real_scalars, pointer_alignment
 from cygemm._errors cimport check_cuda
 from cygemm._errors import CygemmError
 from cygemm._context cimport GemmContext, run_forked
@@ -29,9 +29,9 @@ from cygemm.routes cimport (RouteTable, route_table, choose_route, ROUTE_FORCED,
 
 cdef int dense_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                     cublasComputeType_t compute, float beta, int autotune) except -1:
-    cdef float alpha = 1.0
+    cdef Scalars sc = real_scalars(1.0, beta)
     with nogil:
-        run_gemm(ctx, stream, g, dtype, compute, &alpha, &beta, autotune)
+        run_gemm(ctx, stream, g, dtype, compute, &sc, autotune)
     return 0
 
 
@@ -86,12 +86,12 @@ cdef int _fwd_default(const ForwardCall* f) noexcept nogil:
 cdef int _lt_call(ForwardCall* f, ColMajorGemm* g, cublasLtEpilogue_t epi, const void* bias, void* aux,
                   int64_t aux_ld) except -1:
     """One cuBLASLt call by its plan: 0 done, 1 refused (nothing enqueued; the caller falls back)."""
-    cdef float alpha = 1.0, beta = 0.0
+    cdef Scalars sc = real_scalars(1.0, 0.0)
     cdef Plan plan = get_plan(f.ctx, f.s, g, f.dtype, f.compute, epi, bias, aux, aux_ld, f.ws, f.ws_bytes,
                               f.autotune, False)
     if plan is None:
         return 1
-    return execute_plan(plan, f.ctx, f.s, g, bias, aux, f.ws, f.ws_bytes, &alpha, &beta)
+    return execute_plan(plan, f.ctx, f.s, g, bias, aux, f.ws, f.ws_bytes, &sc)
 
 
 cdef int _fwd_run(ForwardCall* f, int route) except -1:

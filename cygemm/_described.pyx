@@ -16,8 +16,8 @@ and why), then the column-major arguments cuBLAS gets.
 from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.bindings.cudart cimport (cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F,
-                                     CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_8U)
-from cygemm.bindings.cublas cimport CUBLAS_OP_T
+                                     CUDA_C_32F, CUDA_C_64F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_8U)
+from cygemm.bindings.cublas cimport CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C
 from cygemm._types cimport MatrixView, ColMajorGemm, MAX_NDIM
 from cygemm._mapping cimport is_rowmajor
 from cygemm._settings import get_options
@@ -27,6 +27,7 @@ import numpy as np
 # name -> (type, itemsize, the name a layout reports)
 _TYPED = {"float32": (CUDA_R_32F, 4, "float32"), "float16": (CUDA_R_16F, 2, "float16"),
           "bfloat16": (CUDA_R_16BF, 2, "bfloat16"), "float64": (CUDA_R_64F, 8, "float64"),
+          "complex64": (CUDA_C_32F, 8, "complex64"), "complex128": (CUDA_C_64F, 16, "complex128"),
           "float8_e4m3fn": (CUDA_R_8F_E4M3, 1, "float8_e4m3fn"), "e4m3": (CUDA_R_8F_E4M3, 1, "float8_e4m3fn"),
           "float8_e5m2": (CUDA_R_8F_E5M2, 1, "float8_e5m2"), "e5m2": (CUDA_R_8F_E5M2, 1, "float8_e5m2")}
 _FIRST_ADDRESS = 0x10_0000_0000       # pairs' made-up addresses start here (never NULL)
@@ -144,6 +145,9 @@ cdef object _ptr(const void* p, bint memory):
     return <uintptr_t>p if memory and p != NULL else None
 
 
+_OP_NAMES = {<int>CUBLAS_OP_N: "N", <int>CUBLAS_OP_T: "T", <int>CUBLAS_OP_C: "C"}
+
+
 # The keys every description starts with, in this order (describe_call's; describe_matmul's
 # entries for CuPy's path give them too).
 DESCRIBE_KEYS = ("M", "N", "K", "batch", "swapped", "cublas_a", "cublas_b", "why", "determinism", "kernels",
@@ -172,7 +176,7 @@ cdef dict describe_call(const MatrixView* va, const MatrixView* vb, const Matrix
                                 "stride_c", "a", "b", "c")))
         return d
     first_memory, second_memory = (memory[1], memory[0]) if swapped else (memory[0], memory[1])
-    d.update(opa="T" if g.opa == CUBLAS_OP_T else "N", opb="T" if g.opb == CUBLAS_OP_T else "N",
+    d.update(opa=_OP_NAMES[<int>g.opa], opb=_OP_NAMES[<int>g.opb],
              m=g.m, n=g.n, k=g.k, lda=g.lda, ldb=g.ldb, ldc=g.ldc,
              stride_a=g.stride_a, stride_b=g.stride_b, stride_c=g.stride_c,
              a=_ptr(g.a, first_memory), b=_ptr(g.b, second_memory), c=_ptr(g.c, memory[2]))

@@ -4,7 +4,7 @@ from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm.bindings.cublas cimport cublasComputeType_t
 from cygemm.bindings.cublaslt cimport (cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t,
                               cublasLtMatmulAlgo_t, cublasLtMatmulHeuristicResult_t)
-from cygemm._types cimport ColMajorGemm, GemmTypes
+from cygemm._types cimport ColMajorGemm, GemmTypes, Scalars
 from cygemm._context cimport GemmContext
 
 
@@ -47,8 +47,7 @@ ctypedef struct PlanData:
 # cublasGemmEx / cublasGemmStridedBatchedEx (their _64 forms past 2**31 - 1), on the
 # context's handle bound to `stream`. No plan: cuBLAS chooses the algorithm.
 cdef int gemm_colmajor(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
-                       cudaDataType dtype, cublasComputeType_t compute,
-                       const float* alpha, const float* beta) except -1 nogil
+                       cudaDataType dtype, cublasComputeType_t compute, const Scalars* sc) except -1 nogil
 
 # Whether any size or leading dimension passes 2**31 - 1 (cuBLAS's 64-bit API then).
 cdef bint needs_64bit_api(const ColMajorGemm* g) noexcept nogil
@@ -56,8 +55,7 @@ cdef bint needs_64bit_api(const ColMajorGemm* g) noexcept nogil
 # Run a plan: the cuBLAS status (a refused call enqueues nothing; the caller decides), or -1
 # with an exception set when binding the stream failed.
 cdef int plan_run(GemmContext* ctx, cudaStream_t stream, PlanData* d, const ColMajorGemm* g,
-                  const void* bias, void* aux, void* ws, size_t ws_bytes,
-                  const float* alpha, const float* beta) except -1 nogil
+                  const void* bias, void* aux, void* ws, size_t ws_bytes, const Scalars* sc) except -1 nogil
 
 # Point a plan's descriptor at this call's scales and amax (FP8; pointers change between calls
 # that share a plan, as bias and aux do): the cuBLAS status.

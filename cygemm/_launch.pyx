@@ -7,7 +7,8 @@ from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
-from cygemm._types cimport ColMajorGemm, GemmTypes
+from cygemm.bindings.cudart cimport CUDA_R_32F, CUDA_R_64F, CUDA_C_32F, CUDA_C_64F, CUDA_R_32I
+from cygemm._types cimport ColMajorGemm, GemmTypes, Scalars, scale_type
 from cygemm._errors cimport check_cublas
 from cygemm._context cimport GemmContext, bind_stream
 
@@ -16,9 +17,8 @@ cdef int64_t INT32_MAX = 2147483647
 
 
 cdef int gemm_colmajor(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
-                       cudaDataType dtype, cublasComputeType_t compute,
-                       const float* alpha, const float* beta) except -1 nogil:
-    return check_cublas(<cublasStatus_t>_gemmex(ctx, stream, g, dtype, compute, alpha, beta),
+                       cudaDataType dtype, cublasComputeType_t compute, const Scalars* sc) except -1 nogil:
+    return check_cublas(<cublasStatus_t>_gemmex(ctx, stream, g, dtype, compute, sc),
                         "cublasGemmEx" if not g.strided_batched else "cublasGemmStridedBatchedEx")
 
 
@@ -27,22 +27,37 @@ cdef bint needs_64bit_api(const ColMajorGemm* g) noexcept nogil:
             or g.ldb > INT32_MAX or g.ldc > INT32_MAX or g.batch > INT32_MAX)
 
 
-cdef inline void _scalars_for(cublasComputeType_t compute, const float** alpha, const float** beta,
-                              double* as_double) noexcept nogil:
-    """alpha and beta in the compute type's scale type, what cuBLAS and cuBLASLt read: double
-    for a 64-bit compute type (written into as_double[0:2]), float for every other."""
-    if compute == CUBLAS_COMPUTE_64F:
-        as_double[0], as_double[1] = alpha[0][0], beta[0][0]
-        alpha[0], beta[0] = <const float*>&as_double[0], <const float*>&as_double[1]
+cdef inline void _write_scalars(cudaDataType scale, const Scalars* sc, double* buf, const void** alpha,
+                                const void** beta) noexcept nogil:
+    """alpha and beta as cuBLAS and cuBLASLt read them for the scale type `scale` (see
+    _types.scale_type), written into buf (32 bytes); alpha and beta point into it."""
+    cdef float* f = <float*>buf
+    cdef int* i = <int*>buf
+    if scale == CUDA_R_64F:
+        buf[0], buf[1] = sc.alpha_re, sc.beta_re
+        alpha[0], beta[0] = &buf[0], &buf[1]
+    elif scale == CUDA_C_64F:
+        buf[0], buf[1], buf[2], buf[3] = sc.alpha_re, sc.alpha_im, sc.beta_re, sc.beta_im
+        alpha[0], beta[0] = &buf[0], &buf[2]
+    elif scale == CUDA_C_32F:
+        f[0], f[1], f[2], f[3] = <float>sc.alpha_re, <float>sc.alpha_im, <float>sc.beta_re, <float>sc.beta_im
+        alpha[0], beta[0] = &f[0], &f[2]
+    elif scale == CUDA_R_32I:
+        i[0], i[1] = <int>sc.alpha_re, <int>sc.beta_re
+        alpha[0], beta[0] = &i[0], &i[1]
+    else:
+        f[0], f[1] = <float>sc.alpha_re, <float>sc.beta_re
+        alpha[0], beta[0] = &f[0], &f[1]
 
 
 cdef int _gemmex(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
-                 cudaDataType dtype, cublasComputeType_t compute,
-                 const float* alpha, const float* beta) except -1 nogil:
+                 cudaDataType dtype, cublasComputeType_t compute, const Scalars* sc) except -1 nogil:
     """The cuBLAS status of one GemmEx call (-1: binding the stream raised)."""
     bind_stream(ctx, stream)
-    cdef double as_double[2]
-    _scalars_for(compute, &alpha, &beta, as_double)
+    cdef double buf[4]
+    cdef const void* alpha
+    cdef const void* beta
+    _write_scalars(scale_type(compute, dtype), sc, buf, &alpha, &beta)
     # Past 2**31 - 1 in any size or leading dimension take cuBLAS's 64-bit API;
     # below it the 32-bit one, whose kernels and heuristics are the tuned ones.
     if g.strided_batched and needs_64bit_api(g):
@@ -66,13 +81,14 @@ cdef int _gemmex(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
 
 
 cdef int plan_run(GemmContext* ctx, cudaStream_t stream, PlanData* d, const ColMajorGemm* g,
-                  const void* bias, void* aux, void* ws, size_t ws_bytes,
-                  const float* alpha, const float* beta) except -1 nogil:
+                  const void* bias, void* aux, void* ws, size_t ws_bytes, const Scalars* sc) except -1 nogil:
     cdef cublasStatus_t st
     if d.route == PLAN_GEMMEX:
-        return _gemmex(ctx, stream, g, d.dtype, d.compute, alpha, beta)
-    cdef double as_double[2]
-    _scalars_for(d.compute, &alpha, &beta, as_double)
+        return _gemmex(ctx, stream, g, d.dtype, d.compute, sc)
+    cdef double buf[4]
+    cdef const void* alpha
+    cdef const void* beta
+    _write_scalars(scale_type(d.compute, d.dtype), sc, buf, &alpha, &beta)
     # Pointers change between calls that share a plan; setting them is a host-side copy.
     if bias != NULL:
         st = cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias))

@@ -38,7 +38,7 @@ cdef int make_descriptors(PlanData* d, const ColMajorGemm* g, int64_t batch, cud
                           cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
                           int64_t aux_ld, size_t ws_bytes, uint32_t al_a, uint32_t al_b, uint32_t al_c,
                           const GemmTypes* types) except -1:
-    check_cublas(cublasLtMatmulDescCreate(&d.desc, compute, scale_type(compute)), "cublasLtMatmulDescCreate")
+    check_cublas(cublasLtMatmulDescCreate(&d.desc, compute, scale_type(compute, dtype)), "cublasLtMatmulDescCreate")
     cdef int32_t opa = g.opa, opb = g.opb
     cdef uint32_t epi32 = epi
     _set_desc(d.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa))

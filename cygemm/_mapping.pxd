@@ -9,11 +9,18 @@ cdef enum MapResult:
     MAP_BAD_A = 1
     MAP_BAD_B = 2
     MAP_BAD_OUT = 3
+    MAP_CONJ_A = 4      # conj(A) without a transpose: cuBLAS has no such op
+    MAP_CONJ_B = 5
 
 
 # The one place where row-major views become cuBLAS arguments.
 cdef MapResult map_rowmajor_gemm(const MatrixView* a, const MatrixView* b, const MatrixView* c,
                                  bint trans_a, bint trans_b, ColMajorGemm* g) noexcept nogil
+
+# Conjugate the user's A and/or B in a call map_rowmajor_gemm mapped (c: its output view): the
+# operand's op T becomes C. MAP_CONJ_A / MAP_CONJ_B where that operand is read with op N (its
+# conjugate would need conj without a transpose, which cuBLAS lacks); g is then unchanged.
+cdef MapResult conjugate_ops(const MatrixView* c, ColMajorGemm* g, bint conj_a, bint conj_b) noexcept nogil
 
 # The leading dimension cuBLAS and cygemm's kernels take for a row-major view (unit
 # stride along its last axis): its row stride, or, for a single row, its length (a
@@ -21,7 +28,8 @@ cdef MapResult map_rowmajor_gemm(const MatrixView* a, const MatrixView* b, const
 cdef int64_t rowmajor_ld(const MatrixView* v) noexcept nogil
 # Whether v is row-major as rowmajor_ld needs (the mapping reads it that way).
 cdef bint is_rowmajor(const MatrixView* v) noexcept nogil
-# The ValueError for a layout map_rowmajor_gemm refused (r: MAP_BAD_A, MAP_BAD_B or MAP_BAD_OUT):
+# The ValueError for a layout map_rowmajor_gemm refused (r: MAP_BAD_A, MAP_BAD_B or MAP_BAD_OUT;
+# MAP_CONJ_A/B: conjugate_ops):
 # names that operand (`names`: of a, b and c), its strides, and the fix; `note` ("" or "; ...")
 # says what the caller would do instead.
 cdef object layout_error(MapResult r, const MatrixView* a, const MatrixView* b, const MatrixView* c,

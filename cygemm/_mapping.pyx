@@ -4,7 +4,7 @@ swap (no copies), and the checks that go with it. Pure: no GPU state, no allocat
 GEMM entry point (gemm, matmul, the dense layer, FP8, grouped) maps through here."""
 from libc.stdint cimport int64_t
 
-from cygemm.bindings.cublas cimport cublasOperation_t, CUBLAS_OP_N, CUBLAS_OP_T
+from cygemm.bindings.cublas cimport cublasOperation_t, CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C
 from cygemm._types cimport MatrixView, ColMajorGemm
 
 
@@ -60,6 +60,25 @@ cdef MapResult map_rowmajor_gemm(const MatrixView* a, const MatrixView* b, const
     return MAP_OK
 
 
+cdef MapResult conjugate_ops(const MatrixView* c, ColMajorGemm* g, bint conj_a, bint conj_b) noexcept nogil:
+    # The swap (a row-major out) puts the user's A second: cuBLAS computes op(B)^T op(A)^T, and
+    # conj(op(X)^T) = conj(op(X))^T, so conjugating an operand is conjugating its cuBLAS op.
+    cdef cublasOperation_t unused
+    cdef int64_t ld
+    cdef bint swapped = _colmajor_operand(c, False, &unused, &ld) == 1
+    cdef cublasOperation_t* op_a = &g.opb if swapped else &g.opa
+    cdef cublasOperation_t* op_b = &g.opa if swapped else &g.opb
+    if conj_a and op_a[0] == CUBLAS_OP_N:
+        return MAP_CONJ_A
+    if conj_b and op_b[0] == CUBLAS_OP_N:
+        return MAP_CONJ_B
+    if conj_a:
+        op_a[0] = CUBLAS_OP_C
+    if conj_b:
+        op_b[0] = CUBLAS_OP_C
+    return MAP_OK
+
+
 cdef bint is_rowmajor(const MatrixView* v) noexcept nogil:
     cdef cublasOperation_t op
     cdef int64_t ld
@@ -75,6 +94,11 @@ cdef int64_t rowmajor_ld(const MatrixView* v) noexcept nogil:
 
 cdef object layout_error(MapResult r, const MatrixView* a, const MatrixView* b, const MatrixView* c,
                          tuple names, str note):
+    if r == MAP_CONJ_A or r == MAP_CONJ_B:
+        x = names[0] if r == MAP_CONJ_A else names[1]
+        return ValueError(f"{x}: its conjugate transpose ('H') in this memory order needs conj({x}) without a "
+                          f"transpose, which cuBLAS has no op for{note}; pass {x} in the other order "
+                          f"(cupy.asfortranarray({x}) or cupy.ascontiguousarray({x})) or {x}.conj() with 'T'")
     cdef const MatrixView* v = a if r == MAP_BAD_A else (b if r == MAP_BAD_B else c)
     cdef str name = names[0 if r == MAP_BAD_A else (1 if r == MAP_BAD_B else 2)]
     return ValueError(f"{name}: a layout cuBLAS cannot {'write' if r == MAP_BAD_OUT else 'read'} in place: "

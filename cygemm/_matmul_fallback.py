@@ -1,9 +1,9 @@
 """matmul for the dtypes cygemm's GEMMs do not take: CuPy's own matmul, on the call's stream.
 
-cygemm.matmul multiplies float16, bfloat16, float32 and float64 through cuBLAS. Every other pair
-of dtypes ``cp.matmul`` accepts (integers, booleans, complex, and mixes of them with floats)
-goes to CuPy's matmul instead, so that cygemm.matmul never refuses what cp.matmul takes: NumPy's
-type promotion and results, CuPy's kernels (cuBLAS's complex GEMMs for complex). describe_matmul
+cygemm.matmul multiplies float16, bfloat16, float32, float64, complex64 and complex128 through
+cuBLAS. Every other pair of dtypes ``cp.matmul`` accepts (integers, booleans, and mixes of them
+with floats) goes to CuPy's matmul instead, so that cygemm.matmul never refuses what cp.matmul
+takes: NumPy's type promotion and results, CuPy's kernels. describe_matmul
 says which path a call takes. CuPy's function is the one it had when cygemm was imported (a
 caller may route ``cupy.matmul`` to cygemm's afterwards without a loop).
 """
@@ -13,7 +13,7 @@ import cupy
 import numpy as np
 
 # The dtypes cygemm's engine multiplies; a pair of them stays on cuBLAS.
-GEMM_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+GEMM_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "complex64", "complex128"})
 
 _cupy_matmul = cupy.matmul
 
@@ -119,7 +119,7 @@ def describe(a, b, columns):
     ta, tb = dtype_name(a), dtype_name(b)
     d = dict.fromkeys(columns)
     d.update(M=M, N=N, K=K, batch=batch,
-             why=f"cygemm's GEMMs take float16, bfloat16, float32 and float64; a is {ta} and b is {tb}: "
+             why=f"cygemm's GEMMs take float16, bfloat16, float32, float64 and complex; a is {ta} and b is {tb}: "
                  f"CuPy's matmul runs the call on the same stream, with NumPy's type promotion",
              path="cupy.matmul")
     return d

@@ -2,9 +2,10 @@
 # own but inline functions: a module that needs a type cimports it from here, not from the
 # module that happens to produce it.
 from libc.stdint cimport int64_t, uint32_t, uintptr_t
-from cygemm.bindings.cudart cimport cudaDataType, CUDA_R_32F, CUDA_R_64F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2
+from cygemm.bindings.cudart cimport (cudaDataType, CUDA_R_32F, CUDA_R_64F, CUDA_C_32F, CUDA_C_64F, CUDA_R_8I,
+                                     CUDA_R_32I, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2)
 from cygemm.bindings.cublas cimport (cublasOperation_t, cublasComputeType_t, CUBLAS_COMPUTE_32F,
-                            CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_64F)
+                            CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_32I)
 
 cdef enum:
     MAX_NDIM = 64               # dimensions of an array cygemm reads
@@ -88,10 +89,12 @@ cdef enum Math:
 cdef inline cublasComputeType_t compute_type(cudaDataType dtype, Math math) noexcept nogil:
     """The one compute-type rule: float64 in fp64; float32 in TF32 or strict fp32; the half
     types accumulate in fp32 either way."""
-    if dtype == CUDA_R_64F:
+    if dtype == CUDA_R_64F or dtype == CUDA_C_64F:
         return CUBLAS_COMPUTE_64F
-    if dtype == CUDA_R_32F and math == MATH_TF32:
+    if (dtype == CUDA_R_32F or dtype == CUDA_C_32F) and math == MATH_TF32:
         return CUBLAS_COMPUTE_32F_FAST_TF32
+    if dtype == CUDA_R_8I:
+        return CUBLAS_COMPUTE_32I
     return CUBLAS_COMPUTE_32F
 
 
@@ -99,11 +102,19 @@ cdef inline bint is_fp8_type(cudaDataType t) noexcept nogil:
     return t == CUDA_R_8F_E4M3 or t == CUDA_R_8F_E5M2
 
 
-# Bytes per element of a GEMM storage type (FP8, half types, float32, float64).
+# Bytes per element of a GEMM storage type (FP8, int8, half types, float32, int32, float64, complex).
 cdef inline int type_size(cudaDataType t) noexcept nogil:
-    if is_fp8_type(t):
+    if is_fp8_type(t) or t == CUDA_R_8I:
         return 1
-    return 8 if t == CUDA_R_64F else (4 if t == CUDA_R_32F else 2)
+    if t == CUDA_C_64F:
+        return 16
+    if t == CUDA_R_64F or t == CUDA_C_32F:
+        return 8
+    return 4 if t == CUDA_R_32F or t == CUDA_R_32I else 2
+
+
+cdef inline bint is_complex_type(cudaDataType t) noexcept nogil:
+    return t == CUDA_C_32F or t == CUDA_C_64F
 
 
 cdef inline cublasComputeType_t typed_compute_type(const GemmTypes* t) noexcept nogil:
@@ -115,10 +126,35 @@ cdef inline cublasComputeType_t typed_compute_type(const GemmTypes* t) noexcept 
     return compute_type(t.a, MATH_FP32)
 
 
-cdef inline cudaDataType scale_type(cublasComputeType_t compute) noexcept nogil:
-    """The type of alpha and beta (cuBLASLt's scale type) for a compute type: double for fp64,
-    float for every other (FP8 included)."""
+cdef inline cudaDataType scale_type(cublasComputeType_t compute, cudaDataType dtype) noexcept nogil:
+    """The type of alpha and beta (cuBLAS's and cuBLASLt's scale type) for a compute type and
+    the output's type: complex for complex outputs (float or double parts by the compute type),
+    int32 for integer compute, double for fp64, float for every other (FP8 included)."""
+    if dtype == CUDA_C_32F or dtype == CUDA_C_64F:
+        return CUDA_C_64F if compute == CUBLAS_COMPUTE_64F else CUDA_C_32F
+    if compute == CUBLAS_COMPUTE_32I:
+        return CUDA_R_32I
     return CUDA_R_64F if compute == CUBLAS_COMPUTE_64F else CUDA_R_32F
+
+
+# alpha and beta of one GEMM as the caller gave them (a real value has im 0): what every layer
+# passes down. _launch writes them in the call's scale type just before cuBLAS reads them, so
+# that a float64 or complex GEMM gets its scalars at full precision.
+ctypedef struct Scalars:
+    double alpha_re
+    double alpha_im
+    double beta_re
+    double beta_im
+
+
+cdef inline Scalars real_scalars(double alpha, double beta) noexcept nogil:
+    cdef Scalars s
+    s.alpha_re, s.alpha_im, s.beta_re, s.beta_im = alpha, 0.0, beta, 0.0
+    return s
+
+
+cdef inline bint beta_is_zero(const Scalars* s) noexcept nogil:
+    return s.beta_re == 0.0 and s.beta_im == 0.0
 
 
 # The alignment cuBLASLt is told of a pointer: its largest power-of-two divisor, at most 256

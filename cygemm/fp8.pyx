@@ -27,7 +27,7 @@ from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm.kernels.elementwise cimport CYGEMM_ACT_NONE, CYGEMM_ACT_RELU, CYGEMM_ACT_GELU
-from cygemm._types cimport MatrixView, ColMajorGemm, GemmTypes, is_fp8_type, typed_compute_type
+from cygemm._types cimport MatrixView, ColMajorGemm, GemmTypes, Scalars, real_scalars, is_fp8_type, typed_compute_type
 from cygemm._errors cimport check_cublas
 from cygemm._arrays cimport dtype_name
 from cygemm._args cimport CallArgs, prepare_typed_call
@@ -64,10 +64,10 @@ cdef int _run_scaled(GemmContext* ctx, cudaStream_t stream, cublasComputeType_t 
         raise ValueError(_no_fp8_kernel(&s.g, &s.types, s.epi))
     if not plan.d.capture_ok and stream_is_capturing(stream):
         raise ValueError("cublasLtMatmul refused this FP8 GEMM inside a capture; run it once eagerly first")
-    cdef float alpha = 1.0, beta = 0.0
+    cdef Scalars sc = real_scalars(1.0, 0.0)
     cdef int st = CUBLAS_STATUS_SUCCESS
     check_cublas(<cublasStatus_t>set_scale_pointers(&plan.d, &s.types), "cublasLtMatmulDescSetAttribute(scales)")
-    if execute_plan(plan, ctx, stream, &s.g, s.bias, NULL, ws, ws_bytes, &alpha, &beta, &st):
+    if execute_plan(plan, ctx, stream, &s.g, s.bias, NULL, ws, ws_bytes, &sc, &st):
         check_cublas(<cublasStatus_t>st, "cublasLtMatmul (FP8)")      # refused: nothing ran
     return 0
 
@@ -329,7 +329,8 @@ cdef class ScaledMatmulPlan(GemmPlan):
         self.out_dtype, self.act_name, self.fast_accum, self.scale_mode = out_dtype, act, fast_accum, scale_mode
         self.format_a, self.format_b, self.format_out = format_a, format_b, format_out
         self.plan_kind = KIND_SCALED
-        self.alpha_f, self.beta_f, self.math = 1.0, 0.0, "fp32"
+        self.alpha, self.beta, self.math = 1.0, 0.0, "fp32"
+        self.scalars = real_scalars(1.0, 0.0)
         self._setup((a, b, out, scale_a, scale_b, bias, scale_out, amax_out))
 
     cdef int _read(self, CallArgs* c, PlannedCall* call, tuple operands) except -1:

@@ -3,7 +3,7 @@
 from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaDataType
 from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t
-from cygemm._types cimport ColMajorGemm, GemmTypes
+from cygemm._types cimport ColMajorGemm, GemmTypes, Scalars
 from cygemm._args cimport CallArgs
 from cygemm.epilogues cimport Activation
 from cygemm.plans cimport Plan
@@ -31,8 +31,9 @@ cdef class GemmPlan(Plan):
     cdef CallArgs args          # the planned operands (their overlaps checked once, when made)
     cdef PlannedCall call
     cdef PlanKind plan_kind
-    cdef float alpha_f, beta_f
-    cdef bint trans_a, trans_b, batched
+    cdef object alpha, beta     # as given; read into scalars with the operands
+    cdef Scalars scalars
+    cdef bint trans_a, trans_b, conj_a, conj_b, batched
     cdef const Activation* act
     cdef str math
     cdef int device             # -1 until first resolved

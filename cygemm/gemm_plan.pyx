@@ -22,12 +22,12 @@ made (``cygemm.gemm_ops.forward_into`` does it with cygemm's kernels).
 from libc.stdint cimport uintptr_t
 from libc.string cimport memset
 
-from cygemm.bindings.cudart cimport cudaStream_t
+from cygemm.bindings.cudart cimport cudaStream_t, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF
 from cygemm.bindings.cublas cimport cublasStatus_t
 from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t, CUBLASLT_EPILOGUE_DEFAULT
 from cygemm.kernels.elementwise cimport CYGEMM_ACT_NONE
 from cygemm.epilogues cimport Activation, activation_row, NO_EPILOGUE
-from cygemm._types cimport MatrixView, ColMajorGemm, pointer_alignment
+from cygemm._types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, pointer_alignment
 from cygemm._errors cimport check_cublas, refuse_in_capture
 from cygemm._errors import CaptureError
 from cygemm._streams cimport stream_is_capturing
@@ -39,7 +39,7 @@ from cygemm._args cimport (CallArgs, add_view, add_vector, add_matrix, check_ove
 from cygemm._mapping cimport is_rowmajor, rowmajor_ld
 from cygemm._settings cimport autotune_level, AUTOTUNE_OFF, POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT
 from cygemm.plans cimport Plan, init_plan, decide_plan, execute_plan, run_with_fallback, raise_no_family
-from cygemm.rowmajor cimport read_gemm
+from cygemm.rowmajor cimport read_gemm, parse_trans
 
 _KINDS = ("gemm", "epilogue", "fp8")
 _FORWARD_INTO = "cygemm.gemm_ops.forward_into does it (a GEMM and cygemm's kernel)"
@@ -138,7 +138,7 @@ cdef int _run_one(GemmPlan p, GemmContext* ctx, cudaStream_t s, const PlannedCal
     """The epilogue and FP8 kinds: their one cuBLASLt call, by the plan executor. Where it
     cannot run, raises with nothing enqueued (no other route: the plan is that one call)."""
     cdef int st = 0
-    if not execute_plan(p, ctx, s, &c.g, c.bias, c.aux, ws, ctx.workspace_bytes, &p.alpha_f, &p.beta_f, &st):
+    if not execute_plan(p, ctx, s, &c.g, c.bias, c.aux, ws, ctx.workspace_bytes, &p.scalars, &st):
         return 0
     if st != 0:                         # refused now (inside a capture: not in graphs from now on)
         return check_cublas(<cublasStatus_t>st, "cublasLtMatmul (GemmPlan)")
@@ -208,15 +208,17 @@ cdef class GemmPlan(Plan):
     def __cinit__(self, *args, **kwargs):
         self.policy = -1
 
-    def __init__(self, A, B, out, *, bias=None, act="none", z_out=None, bint trans_a=False,
-                 bint trans_b=False, alpha=1.0, beta=0.0, str math="tf32", bint batched=False,
+    def __init__(self, A, B, out, *, bias=None, act="none", z_out=None, trans_a=False,
+                 trans_b=False, alpha=1.0, beta=0.0, str math="tf32", bint batched=False,
                  determinism=None):
         if determinism is not None:
             self.policy = autotune_level(None, determinism)
             self.policy = self.policy if self.policy >= POLICY_RUN_TO_RUN else 0
         self.act = activation_row(act)
-        self.alpha_f, self.beta_f = alpha, beta
-        self.trans_a, self.trans_b, self.batched, self.math = trans_a, trans_b, batched, math
+        self.alpha, self.beta = alpha, beta
+        parse_trans(trans_a, "trans_a", &self.trans_a, &self.conj_a)
+        parse_trans(trans_b, "trans_b", &self.trans_b, &self.conj_b)
+        self.batched, self.math = batched, math
         self.plan_kind = KIND_GEMM
         if bias is not None or z_out is not None or self.act.code != CYGEMM_ACT_NONE:
             self.plan_kind = KIND_EPILOGUE
@@ -237,10 +239,14 @@ cdef class GemmPlan(Plan):
     cdef int _read(self, CallArgs* c, PlannedCall* call, tuple operands) except -1:
         A, B, out, bias, z_out = operands
         memset(call, 0, sizeof(PlannedCall))
-        read_gemm(c, A, B, out, self.trans_a, self.trans_b, self.batched, self.beta_f, &call.g)
+        read_gemm(c, A, B, out, self.trans_a, self.trans_b, self.batched, self.alpha, self.beta, &self.scalars,
+                  &call.g, self.conj_a, self.conj_b)
         call.dtype = c.views[0].dtype
         call.epi = CUBLASLT_EPILOGUE_DEFAULT
         if self.plan_kind == KIND_EPILOGUE:
+            if call.dtype != CUDA_R_32F and call.dtype != CUDA_R_16F and call.dtype != CUDA_R_16BF:
+                raise TypeError(f"A: bias, act and z_out take float16, bfloat16 or float32 operands (cuBLASLt's "
+                                f"epilogues), got {dtype_name(call.dtype)}: plan the plain GEMM and apply them apart")
             _read_epilogue(c, call, self.act, bias, z_out, self.batched)
         return 0
 
@@ -271,7 +277,7 @@ cdef class GemmPlan(Plan):
         init_plan(self, ctx, s, &c.g, c.dtype, self.args.compute, c.epi, c.bias, c.aux, c.aux_ld, ws,
                   ctx.workspace_bytes, &c.types if c.typed else NULL, self.policy)
         self.planned = True
-        decide_plan(self, ctx, s, &c.g, c.bias, c.aux, ws, ctx.workspace_bytes, AUTOTUNE_OFF, self.beta_f != 0,
+        decide_plan(self, ctx, s, &c.g, c.bias, c.aux, ws, ctx.workspace_bytes, AUTOTUNE_OFF, not beta_is_zero(&self.scalars),
                     &keep)
         if self.d.policy == POLICY_BATCH_INVARIANT and not self.d.usable:
             raise_no_family(self)
@@ -319,7 +325,7 @@ cdef class GemmPlan(Plan):
         cdef PlannedCall* c = &self.call
         cdef bint keep = True
         decide_plan(self, ctx, self.args.stream, &c.g, c.bias, c.aux, ws, ctx.workspace_bytes, level,
-                    self.beta_f != 0, &keep, True)
+                    not beta_is_zero(&self.scalars), &keep, True)
         return self
 
     def execute(self, A=None, B=None, out=None, *, stream=None):
@@ -352,7 +358,7 @@ cdef class GemmPlan(Plan):
         cdef void* ws = call_workspace(fresh.ctx, fresh.stream)
         if self.plan_kind == KIND_GEMM:
             run_with_fallback(self, fresh.ctx, fresh.stream, &c.g, ws, fresh.ctx.workspace_bytes,
-                              &self.alpha_f, &self.beta_f)
+                              &self.scalars)
         else:
             _run_one(self, fresh.ctx, fresh.stream, c, ws)
         return out

@@ -19,7 +19,7 @@ from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.kernels.grouped cimport (cygemm_ptr_triples, cygemm_write_pointer_table,
                                      CYGEMM_GROUPED_PTRS_PER_LAUNCH)
-from cygemm._types cimport ColMajorGemm, MatrixView, Math, compute_type
+from cygemm._types cimport ColMajorGemm, MatrixView, Math, Scalars, real_scalars, compute_type
 from cygemm._mapping cimport map_rowmajor_gemm, MAP_OK
 from cygemm._described cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm._errors cimport check_cuda, check_cublas
@@ -87,6 +87,7 @@ ctypedef struct GroupedCall:
     cublasComputeType_t compute
     float alpha
     float beta
+    Scalars sc                      # the same, as the plan layer takes them
     int autotune
     const ColMajorGemm* gs          # the active groups
     int64_t n
@@ -147,7 +148,7 @@ cdef int _run_streams(void* call, cudaStream_t main, cudaStream_t side) except -
     cdef int64_t i
     with nogil:
         for i in range(f.n):
-            run_gemm(f.ctx, side if i & 1 else main, &f.gs[i], f.dtype, f.compute, &f.alpha, &f.beta,
+            run_gemm(f.ctx, side if i & 1 else main, &f.gs[i], f.dtype, f.compute, &f.sc,
                      f.autotune)
     return 0
 
@@ -162,12 +163,12 @@ cdef int _run_route(GroupedCall* f, int route) except -1:
         return 0
     if route == R_BATCHED:
         with nogil:
-            run_gemm(f.ctx, f.s, f.batched, f.dtype, f.compute, &f.alpha, &f.beta, f.autotune)
+            run_gemm(f.ctx, f.s, f.batched, f.dtype, f.compute, &f.sc, f.autotune)
         return 0
     if route == R_LOOP:
         with nogil:
             for i in range(f.n):
-                run_gemm(f.ctx, f.s, &f.gs[i], f.dtype, f.compute, &f.alpha, &f.beta, f.autotune)
+                run_gemm(f.ctx, f.s, &f.gs[i], f.dtype, f.compute, &f.sc, f.autotune)
         return 0
     return run_forked(f.ctx, f.s, _run_streams, f)      # R_STREAMS
 
@@ -235,6 +236,7 @@ cdef int _run(Groups grp, CallArgs* c, object alpha, object beta, object math, o
     cdef GroupedCall f
     f.grp = <void*>grp
     f.alpha, f.beta = alpha, beta
+    f.sc = real_scalars(f.alpha, f.beta)
     cdef Math m = parse_math(math)
     f.dtype = grp.dtype
     f.compute = compute_type(grp.dtype, m)
@@ -253,7 +255,7 @@ cdef int _run(Groups grp, CallArgs* c, object alpha, object beta, object math, o
         # K == 0: out = beta out, which cublasGemmEx does (the plan layer sends k == 0 there).
         with nogil:
             for i in range(grp.n_zero_k):
-                run_gemm(f.ctx, f.s, &grp.zero_k[i], f.dtype, f.compute, &f.alpha, &f.beta, f.autotune)
+                run_gemm(f.ctx, f.s, &grp.zero_k[i], f.dtype, f.compute, &f.sc, f.autotune)
     if grp.n_act == 0:
         _tls.route = "loop" if grp.n_zero_k else None
         return 0

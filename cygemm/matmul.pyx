@@ -10,9 +10,10 @@ decide_copies); then it runs.
 """
 from libc.stdint cimport int64_t, uintptr_t
 
-from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F
+from cygemm.bindings.cudart cimport (cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F,
+                                     CUDA_C_32F, CUDA_C_64F)
 from cygemm.bindings.cublas cimport cublasComputeType_t, CUBLAS_OP_T, CUBLAS_COMPUTE_32F
-from cygemm._types cimport ArrayDesc, MatrixView, ColMajorGemm
+from cygemm._types cimport ArrayDesc, MatrixView, ColMajorGemm, Scalars, real_scalars, is_complex_type
 from cygemm._errors cimport refuse_in_capture
 from cygemm._context cimport GemmContext
 from cygemm._arrays cimport read_array, desc_shape, dtype_name
@@ -40,9 +41,12 @@ cdef int _rank(cudaDataType t) noexcept:
 
 
 cdef cudaDataType _promote(cudaDataType x, cudaDataType y) noexcept:
-    """As cp.matmul / torch promote among float16, bfloat16, float32, float64."""
+    """As cp.matmul / torch promote among float16, bfloat16, float32, float64, complex64 and
+    complex128: complex with either complex, its parts as wide as the wider operand's."""
     if x == y:
         return x
+    if is_complex_type(x) or is_complex_type(y):
+        return CUDA_C_64F if CUDA_R_64F in (x, y) or CUDA_C_64F in (x, y) else CUDA_C_32F
     if _rank(x) == _rank(y):            # float16 with bfloat16: neither holds the other
         return CUDA_R_32F
     return x if _rank(x) > _rank(y) else y
@@ -122,6 +126,10 @@ cdef int _read_operands(object a, object b, object out, ArrayDesc* da, ArrayDesc
     if out is None:
         return 0
     read_array(out, dc, "out", True)
+    if is_complex_type(t[0]) and not is_complex_type(dc.dtype):
+        raise TypeError(f"out: the product of {dtype_name(da.dtype)} and {dtype_name(db.dtype)} is "
+                        f"{dtype_name(t[0])}, which a {dtype_name(dc.dtype)} out cannot hold (NumPy refuses "
+                        f"this cast too): pass a complex out")
     if not has_result_shape(dc, L):
         raise ValueError(f"out: expected shape {result_shape(L)}, got {desc_shape(dc)}")
     check_out(L, dc, da, db)
@@ -279,7 +287,7 @@ cdef int _run_all(GemmContext* ctx, cudaStream_t s, const BatchLayout* L, const 
     cdef int64_t off_a, off_b, off_c
     cdef MatrixView va, vb, vc
     cdef ColMajorGemm g
-    cdef float alpha = 1.0, beta = 0.0
+    cdef Scalars sc = real_scalars(1.0, 0.0)
     for i in range(outer):
         idx[i] = 0
     while True:
@@ -295,7 +303,7 @@ cdef int _run_all(GemmContext* ctx, cudaStream_t s, const BatchLayout* L, const 
             calls.append(describe_call(&va, &vb, &vc, &g, False, False, ("a", "b", "out"), memory))
         else:
             with nogil:
-                run_gemm(ctx, s, &g, t, compute, &alpha, &beta, autotune)
+                run_gemm(ctx, s, &g, t, compute, &sc, autotune)
         i = outer - 1                   # next index, last axis fastest
         while i >= 0:
             idx[i] += 1

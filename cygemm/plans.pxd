@@ -5,7 +5,7 @@ from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm.bindings.cublas cimport cublasComputeType_t
 from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t
-from cygemm._types cimport ColMajorGemm, GemmTypes
+from cygemm._types cimport ColMajorGemm, GemmTypes, Scalars
 from cygemm._launch cimport PlanData
 from cygemm._context cimport GemmContext
 
@@ -45,19 +45,19 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
 # plan is marked capture_ok = False once the capture is found alive, else usable = False;
 # refused_status receives cuBLASLt's status). A failed cublasGemmEx route raises.
 cdef int execute_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
-                      const void* bias, void* aux, void* ws, size_t ws_bytes, const float* alpha,
-                      const float* beta, int* refused_status=*) except -1
+                      const void* bias, void* aux, void* ws, size_t ws_bytes, const Scalars* sc,
+                      int* refused_status=*) except -1
 
 # A plain GEMM's plan (not None), with cublasGemmEx where cuBLASLt refuses it (under the
 # batch-invariant policy: CygemmError, see raise_no_family). Raises on failure.
 cdef int run_with_fallback(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
-                           void* ws, size_t ws_bytes, const float* alpha, const float* beta) except -1
+                           void* ws, size_t ws_bytes, const Scalars* sc) except -1
 
 # A plain GEMM through the plans: small problems (and 64-bit sizes) go straight to
 # cublasGemmEx, except under the batch-invariant policy; large ones run their plan, decided
 # once. autotune: a level or policy, -1 for the options'. Raises on failure.
 cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
-                  cublasComputeType_t compute, const float* alpha, const float* beta,
+                  cublasComputeType_t compute, const Scalars* sc,
                   int autotune) except -1 nogil
 
 # CygemmError: the batch-invariant policy found no kernel of the plan's family for its problem.

@@ -22,7 +22,8 @@ from libc.string cimport memcmp, memset
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
-from cygemm._types cimport ColMajorGemm, GemmTypes, pointer_alignment, is_fp8_type, type_size
+from cygemm._types cimport (ColMajorGemm, GemmTypes, Scalars, beta_is_zero, pointer_alignment, is_fp8_type,
+                            type_size)
 from cygemm._errors cimport check_cublas
 from cygemm._errors import CygemmError
 from cygemm._streams cimport stream_is_capturing, check_capture_alive
@@ -408,7 +409,7 @@ cdef bint _lt_batch_ok(const ColMajorGemm* g) noexcept nogil:
 # ---------------------------------------------------------------- running a plan
 
 cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
-                  cublasComputeType_t compute, const float* alpha, const float* beta,
+                  cublasComputeType_t compute, const Scalars* sc,
                   int autotune) except -1 nogil:
     cdef int64_t batch = g.batch if g.strided_batched else 1
     if autotune < 0:
@@ -417,18 +418,18 @@ cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, 
     if g.k == 0 or (autotune != POLICY_BATCH_INVARIANT and (
             needs_64bit_api(g) or _force_gemm == 1 or compute == CUBLAS_COMPUTE_64F or (
             _force_gemm == 0 and not worth_tuning(<double>g.m * g.n * g.k * batch)))):
-        return gemm_colmajor(ctx, stream, g, dtype, compute, alpha, beta)
+        return gemm_colmajor(ctx, stream, g, dtype, compute, sc)
     cdef void* ws = stream_workspace(ctx, stream)       # may allocate: without the GIL
     with gil:
         if autotune == POLICY_BATCH_INVARIANT and batch > 1 and not _lt_batch_ok(g):
-            _each_matrix(ctx, stream, g, dtype, compute, alpha, beta, ws, autotune)
+            _each_matrix(ctx, stream, g, dtype, compute, sc, ws, autotune)
         else:
-            _run_planned(ctx, stream, g, dtype, compute, alpha, beta, ws, autotune)
+            _run_planned(ctx, stream, g, dtype, compute, sc, ws, autotune)
     return 0
 
 
 cdef int _each_matrix(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
-                      cublasComputeType_t compute, const float* alpha, const float* beta, void* ws,
+                      cublasComputeType_t compute, const Scalars* sc, void* ws,
                       int autotune) except -1:
     """A batch cuBLASLt is not asked about (broadcast or interleaved), one matrix at a time:
     each by the plan of one matrix, as it would run alone."""
@@ -439,20 +440,20 @@ cdef int _each_matrix(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm*
         one.a = <const char*>g.a + i * g.stride_a * size
         one.b = <const char*>g.b + i * g.stride_b * size
         one.c = <char*>g.c + i * g.stride_c * size
-        _run_planned(ctx, stream, &one, dtype, compute, alpha, beta, ws, autotune)
+        _run_planned(ctx, stream, &one, dtype, compute, sc, ws, autotune)
     return 0
 
 
 cdef int execute_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
-                      const void* bias, void* aux, void* ws, size_t ws_bytes, const float* alpha,
-                      const float* beta, int* refused_status=NULL) except -1:
+                      const void* bias, void* aux, void* ws, size_t ws_bytes, const Scalars* sc,
+                      int* refused_status=NULL) except -1:
     if not plan.d.usable:
         return 1
     if plan.d.route == PLAN_LT and not plan.d.capture_ok and stream_is_capturing(stream):
         return 1
     cdef int st
     with nogil:
-        st = plan_run(ctx, stream, &plan.d, g, bias, aux, ws, ws_bytes, alpha, beta)
+        st = plan_run(ctx, stream, &plan.d, g, bias, aux, ws, ws_bytes, sc)
     if st == CUBLAS_STATUS_SUCCESS:
         return 0
     if plan.d.route == PLAN_GEMMEX:         # cuBLAS's own choice failed: nothing to fall back to
@@ -470,24 +471,24 @@ cdef int execute_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Co
 
 
 cdef int run_with_fallback(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
-                           void* ws, size_t ws_bytes, const float* alpha, const float* beta) except -1:
+                           void* ws, size_t ws_bytes, const Scalars* sc) except -1:
     """Run a plain GEMM's plan; where cuBLASLt refuses it (nothing enqueued), cublasGemmEx (but
     under the batch-invariant policy, CygemmError)."""
-    if execute_plan(plan, ctx, stream, g, NULL, NULL, ws, ws_bytes, alpha, beta):
+    if execute_plan(plan, ctx, stream, g, NULL, NULL, ws, ws_bytes, sc):
         if plan.d.policy == POLICY_BATCH_INVARIANT:
             raise_no_family(plan)
         with nogil:
-            gemm_colmajor(ctx, stream, g, plan.d.dtype, plan.d.compute, alpha, beta)
+            gemm_colmajor(ctx, stream, g, plan.d.dtype, plan.d.compute, sc)
     return 0
 
 
 cdef int _run_planned(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
-                      cublasComputeType_t compute, const float* alpha, const float* beta, void* ws,
+                      cublasComputeType_t compute, const Scalars* sc, void* ws,
                       int autotune) except -1:
     cdef size_t ws_bytes = ctx.workspace_bytes
     cdef Plan plan = get_plan(ctx, stream, g, dtype, compute, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0,
-                              ws, ws_bytes, autotune, beta[0] != 0)
-    return run_with_fallback(plan, ctx, stream, g, ws, ws_bytes, alpha, beta)
+                              ws, ws_bytes, autotune, not beta_is_zero(sc))
+    return run_with_fallback(plan, ctx, stream, g, ws, ws_bytes, sc)
 
 
 cdef int raise_no_family(Plan plan) except -1:

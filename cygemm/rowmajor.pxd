@@ -2,7 +2,7 @@
 from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm.bindings.cublas cimport cublasOperation_t, cublasComputeType_t
-from cygemm._types cimport MatrixView, ColMajorGemm
+from cygemm._types cimport MatrixView, ColMajorGemm, Scalars
 from cygemm._context cimport GemmContext
 from cygemm._args cimport CallArgs
 # The mapping lives in _mapping; cimportable from here too, as cygemm.rowmajor documented it.
@@ -18,20 +18,24 @@ from cygemm._mapping cimport (MapResult, MAP_OK, MAP_BAD_A, MAP_BAD_B, MAP_BAD_O
 cdef int gemm_rowmajor(GemmContext* ctx, cudaStream_t stream,
                        cudaDataType dtype, cublasComputeType_t compute,
                        bint trans_a, bint trans_b, int64_t m, int64_t n, int64_t k,
-                       float alpha, const void* A, int64_t lda,
+                       double complex alpha, const void* A, int64_t lda,
                        const void* B, int64_t ldb,
-                       float beta, void* C, int64_t ldc) except -1 nogil
+                       double complex beta, void* C, int64_t ldc) except -1 nogil
 
 # The same over `batch` matrices at element strides stride_a/b/c (0 broadcasts).
 cdef int gemm_rowmajor_strided_batched(GemmContext* ctx, cudaStream_t stream,
                                        cudaDataType dtype, cublasComputeType_t compute,
                                        bint trans_a, bint trans_b, int64_t m, int64_t n, int64_t k,
-                                       float alpha, const void* A, int64_t lda, int64_t stride_a,
+                                       double complex alpha, const void* A, int64_t lda, int64_t stride_a,
                                        const void* B, int64_t ldb, int64_t stride_b,
-                                       float beta, void* C, int64_t ldc, int64_t stride_c,
+                                       double complex beta, void* C, int64_t ldc, int64_t stride_c,
                                        int64_t batch) except -1 nogil
 
 # The argument path of gemm, gemm_strided_batched and GemmPlan: operands read into c (A, B,
-# out) and mapped to cuBLAS; out=None gives a row-major result whose pointer is NULL.
+# out), alpha and beta into sc (complex values for complex operands only), mapped to cuBLAS;
+# out=None gives a row-major result whose pointer is NULL.
 cdef int read_gemm(CallArgs* c, object A, object B, object out, bint trans_a, bint trans_b,
-                   bint batched, double beta, ColMajorGemm* g) except -1
+                   bint batched, object alpha, object beta, Scalars* sc, ColMajorGemm* g,
+                   bint conj_a=*, bint conj_b=*) except -1
+# trans_a / trans_b as the entry points take them (False/True, "N", "T", "H"): transposed, conjugated.
+cdef int parse_trans(object value, str name, bint* trans, bint* conj) except -1

@@ -1,13 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Row-major GEMM and strided-batched GEMM by operand swap (no copies, through _mapping): the
 C entry points and the gemm/gemm_strided_batched surface over the plan layer."""
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm.bindings.cublas cimport *
-from cygemm._types cimport MatrixView, ColMajorGemm
+from cygemm._types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, is_complex_type
 from cygemm._context cimport GemmContext
-from cygemm._mapping cimport rowmajor_view     # (the mapping itself: cimported by rowmajor.pxd)
+from cygemm._mapping cimport rowmajor_view, conjugate_ops, layout_error, MAP_CONJ_A  # (more: rowmajor.pxd)
+from cygemm._errors cimport refuse_in_capture
+from cygemm._arrays cimport dtype_name
 
 from cygemm._alloc cimport empty_array, first_torch, data_pointer
 from cygemm._args cimport (CallArgs, args_init, add_array, add_view, prepare_call, expect_dtype, ARG_READ,
@@ -22,12 +24,18 @@ cdef int64_t INT32_MAX = 2147483647
 
 # ------------------------------------------------------------ the C API
 
+cdef inline Scalars _c_scalars(double complex alpha, double complex beta) noexcept nogil:
+    cdef Scalars sc
+    sc.alpha_re, sc.alpha_im, sc.beta_re, sc.beta_im = alpha.real, alpha.imag, beta.real, beta.imag
+    return sc
+
+
 cdef int gemm_rowmajor_strided_batched(GemmContext* ctx, cudaStream_t stream,
                                        cudaDataType dtype, cublasComputeType_t compute,
                                        bint trans_a, bint trans_b, int64_t m, int64_t n, int64_t k,
-                                       float alpha, const void* A, int64_t lda, int64_t stride_a,
+                                       double complex alpha, const void* A, int64_t lda, int64_t stride_a,
                                        const void* B, int64_t ldb, int64_t stride_b,
-                                       float beta, void* C, int64_t ldc, int64_t stride_c,
+                                       double complex beta, void* C, int64_t ldc, int64_t stride_c,
                                        int64_t batch) except -1 nogil:
     cdef MatrixView a, b, c
     cdef ColMajorGemm g
@@ -36,15 +44,16 @@ cdef int gemm_rowmajor_strided_batched(GemmContext* ctx, cudaStream_t stream,
     rowmajor_view(&c, C, m, n, ldc, stride_c, batch)
     map_rowmajor_gemm(&a, &b, &c, trans_a, trans_b, &g)   # row-major views always map
     g.strided_batched = True
-    return run_gemm(ctx, stream, &g, dtype, compute, &alpha, &beta, -1)
+    cdef Scalars sc = _c_scalars(alpha, beta)
+    return run_gemm(ctx, stream, &g, dtype, compute, &sc, -1)
 
 
 cdef int gemm_rowmajor(GemmContext* ctx, cudaStream_t stream,
                        cudaDataType dtype, cublasComputeType_t compute,
                        bint trans_a, bint trans_b, int64_t m, int64_t n, int64_t k,
-                       float alpha, const void* A, int64_t lda,
+                       double complex alpha, const void* A, int64_t lda,
                        const void* B, int64_t ldb,
-                       float beta, void* C, int64_t ldc) except -1 nogil:
+                       double complex beta, void* C, int64_t ldc) except -1 nogil:
     cdef MatrixView a, b, c
     cdef ColMajorGemm g
     rowmajor_view(&a, A, k if trans_a else m, m if trans_a else k, lda, 0, 1)
@@ -52,7 +61,8 @@ cdef int gemm_rowmajor(GemmContext* ctx, cudaStream_t stream,
     rowmajor_view(&c, C, m, n, ldc, 0, 1)
     map_rowmajor_gemm(&a, &b, &c, trans_a, trans_b, &g)
     g.strided_batched = False
-    return run_gemm(ctx, stream, &g, dtype, compute, &alpha, &beta, -1)
+    cdef Scalars sc = _c_scalars(alpha, beta)
+    return run_gemm(ctx, stream, &g, dtype, compute, &sc, -1)
 
 
 # ------------------------------------------------------------ Python surface
@@ -63,17 +73,61 @@ cdef str _shape_str(const MatrixView* v, bint batched):
     return f"({v.rows}, {v.cols})"
 
 
+cdef int read_scalars(object alpha, object beta, cudaDataType dtype, Scalars* sc) except -1:
+    """alpha and beta into sc; complex values only for complex operands."""
+    cdef str name
+    cdef object value
+    for name, value in (("alpha", alpha), ("beta", beta)):
+        try:
+            z = complex(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"{name}: expected a number, got {type(value).__name__}") from None
+        if z.imag != 0 and not is_complex_type(dtype):
+            raise ValueError(f"{name}: a complex value ({value!r}) needs complex operands, got "
+                             f"{dtype_name(dtype)} ones")
+        if name == "alpha":
+            sc.alpha_re, sc.alpha_im = z.real, z.imag
+        else:
+            sc.beta_re, sc.beta_im = z.real, z.imag
+    return 0
+
+
+class _ConjugateLayoutError(ValueError):
+    """An operand whose conjugate transpose cuBLAS cannot read in its memory order (`operand`:
+    "A" or "B"); gemm then reads a conjugated copy, a GemmPlan refuses it."""
+
+    def __init__(self, message, operand):
+        super().__init__(message)
+        self.operand = operand
+
+
+cdef int parse_trans(object value, str name, bint* trans, bint* conj) except -1:
+    """trans_a / trans_b: False or "N" (as stored), True or "T" (transposed), "H" or "C" (the
+    conjugate transpose; for real dtypes the same as "T")."""
+    if isinstance(value, str):
+        v = value.upper()
+        if v in ("N", "T", "H", "C"):
+            trans[0], conj[0] = v != "N", v in ("H", "C")
+            return 0
+    elif value is True or value is False or (type(value).__name__ == "bool_") or value in (0, 1):
+        trans[0], conj[0] = bool(value), False
+        return 0
+    raise ValueError(f"{name}: expected False/True or 'N', 'T', 'H' (conjugate transpose), got {value!r}")
+
+
 cdef int read_gemm(CallArgs* c, object A, object B, object out, bint trans_a, bint trans_b,
-                   bint batched, double beta, ColMajorGemm* g) except -1:
+                   bint batched, object alpha, object beta, Scalars* sc, ColMajorGemm* g,
+                   bint conj_a=False, bint conj_b=False) except -1:
     """The argument path of gemm, gemm_strided_batched, GemmPlan and describe_gemm: read and
-    check the operands into c (A, B, then out) and map them to cuBLAS (out=None: a row-major
-    result, its pointer NULL until allocated). No GPU state."""
+    check the operands into c (A, B, then out), alpha and beta into sc, and map them to cuBLAS
+    (out=None: a row-major result, its pointer NULL until allocated). No GPU state."""
     cdef int min_nd = 2
     cdef int max_nd = 3 if batched else 2
     args_init(c)
-    cdef MatrixView* a = add_array(c, A, "A", ARG_READ, min_nd, max_nd)
-    cdef MatrixView* b = add_array(c, B, "B", ARG_READ, min_nd, max_nd)
+    cdef MatrixView* a = add_array(c, A, "A", ARG_READ, min_nd, max_nd, True)
+    cdef MatrixView* b = add_array(c, B, "B", ARG_READ, min_nd, max_nd, True)
     expect_dtype(b, "B", a.dtype, "A")
+    read_scalars(alpha, beta, a.dtype, sc)
     cdef int64_t M = a.cols if trans_a else a.rows
     cdef int64_t K = a.rows if trans_a else a.cols
     cdef int64_t K2 = b.cols if trans_b else b.rows
@@ -94,32 +148,69 @@ cdef int read_gemm(CallArgs* c, object A, object B, object out, bint trans_a, bi
     cdef MatrixView res
     cdef MatrixView* cv
     if out is None:
-        if beta != 0.0:
-            raise ValueError(f"beta: a nonzero beta ({beta}) needs an existing out=, got out=None")
+        if not beta_is_zero(sc):
+            raise ValueError(f"beta: a nonzero beta ({beta!r}) needs an existing out=, got out=None")
         res.ptr = NULL
         res.device = -1
         res.rows, res.cols, res.row_stride, res.col_stride = M, N, N, 1
         res.batch, res.batch_stride, res.dtype, res.itemsize = batch, M * N, a.dtype, a.itemsize
         cv = add_view(c, &res, "out", ARG_WRITE)
     else:
-        cv = add_array(c, out, "out", ARG_WRITE, max_nd, max_nd)
+        cv = add_array(c, out, "out", ARG_WRITE, max_nd, max_nd, True)
         expect_dtype(cv, "out", a.dtype, None)
         if cv.rows != M or cv.cols != N or cv.batch != batch:
             want = f"({batch}, {M}, {N})" if batched else f"({M}, {N})"
             raise ValueError(f"out: expected shape {want}, got {_shape_str(cv, batched)}")
     map_or_raise(a, b, cv, trans_a, trans_b, g, ("A", "B", "out"))
+    cdef MapResult r
+    if is_complex_type(a.dtype) and (conj_a or conj_b):
+        r = conjugate_ops(cv, g, conj_a, conj_b)
+        if r != MAP_OK:
+            raise _ConjugateLayoutError(str(layout_error(r, a, b, cv, ("A", "B", "out"), "")),
+                                       "A" if r == MAP_CONJ_A else "B")
     if out is not None:
         check_batch_disjoint(g, "out")
     g.strided_batched = batched
     return 0
 
 
-cdef object _run(object A, object B, object out, bint trans_a, bint trans_b, object alpha,
+cdef object _conjugated(object x, object stream, str name):
+    """A conjugated copy of x, made on the call's stream (refused while it is being captured)."""
+    from cygemm._streams import stream_pointer
+    from cygemm import _alloc
+    cdef uintptr_t s
+    if type(x).__module__.startswith("torch") and stream is None:
+        import torch
+        stream = torch.cuda.current_stream().cuda_stream
+    s = stream_pointer(stream)
+    refuse_in_capture(<cudaStream_t>s, f"{name}: its conjugate transpose in this memory order is read from a "
+                                       f"conjugated copy, which allocates")
+    if type(x).__module__.startswith("torch"):
+        import torch
+        with torch.cuda.stream(torch.cuda.ExternalStream(s, device=x.device)):
+            return x.conj().resolve_conj()
+    import cupy
+    with _alloc.stream_context(s):
+        return cupy.conj(x)
+
+
+cdef object _run(object A, object B, object out, object trans_a, object trans_b, object alpha,
                  object beta, str math, object stream, object autotune, object determinism, bint batched):
     cdef CallArgs c
     cdef ColMajorGemm g
-    cdef float alpha_f = alpha, beta_f = beta
-    read_gemm(&c, A, B, out, trans_a, trans_b, batched, beta_f, &g)
+    cdef Scalars sc
+    cdef bint ta, tb, ca, cb
+    parse_trans(trans_a, "trans_a", &ta, &ca)
+    parse_trans(trans_b, "trans_b", &tb, &cb)
+    for _ in range(3):      # an operand cuBLAS cannot conjugate in place is copied conjugated
+        try:
+            read_gemm(&c, A, B, out, ta, tb, batched, alpha, beta, &sc, &g, ca, cb)
+            break
+        except _ConjugateLayoutError as e:
+            if e.operand == "A":
+                A, ca = _conjugated(A, stream, "A"), False
+            else:
+                B, cb = _conjugated(B, stream, "B"), False
     cdef int level = autotune_level(autotune, determinism)
     cdef MatrixView* cv = &c.views[2]
     prepare_call(&c, math, cv.dtype, stream)    # out=None: the result has no memory yet, skipped
@@ -132,32 +223,36 @@ cdef object _run(object A, object B, object out, bint trans_a, bint trans_b, obj
     if g.m == 0 or g.n == 0 or g.batch == 0:
         return out
     with nogil:
-        run_gemm(c.ctx, c.stream, &g, cv.dtype, c.compute, &alpha_f, &beta_f, level)
+        run_gemm(c.ctx, c.stream, &g, cv.dtype, c.compute, &sc, level)
     return out
 
 
-def gemm(A, B, out=None, *, bint trans_a=False, bint trans_b=False, alpha=1.0, beta=0.0,
+def gemm(A, B, out=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
          str math="tf32", stream=None, autotune=None, determinism=None):
     """out = alpha * op(A) @ op(B) + beta * out, one cuBLAS GEMM on 2-D device arrays.
 
     Parameters
     ----------
     A, B : device arrays, 2-D
-        float32, float16 or bfloat16 (both alike): CuPy arrays, torch CUDA tensors, or objects
-        with ``__cuda_array_interface__`` / ``__dlpack__``. A matrix is read in place when
-        one axis has unit stride and the other a stride >= its length (C or F order, slices,
-        ``.T``).
+        float16, bfloat16, float32, float64, complex64 or complex128 (both alike): CuPy arrays,
+        torch CUDA tensors, or objects with ``__cuda_array_interface__`` / ``__dlpack__``. A
+        matrix is read in place when one axis has unit stride and the other a stride >= its
+        length (C or F order, slices, ``.T``).
     out : device array, optional
         (M, N), the dtype of A; any such layout. None: a new C-ordered array of the inputs'
         library (a torch tensor when A or B is one, else a CuPy array).
-    trans_a, trans_b : bool
-        Use A.T / B.T (no copy).
-    alpha, beta : float
-        Scalars; a nonzero beta needs ``out``.
+    trans_a, trans_b : bool or {"N", "T", "H"}
+        Use A.T / B.T (True or "T", no copy), or the conjugate transpose ("H", also "C"; for
+        real dtypes the same as "T"), which cuBLAS reads in place where the operand's memory
+        order allows and gemm otherwise reads from a conjugated copy made on ``stream``.
+    alpha, beta : number
+        Scalars, complex for complex operands (full precision for float64 and complex128); a
+        nonzero beta needs ``out``.
     math : {"tf32", "fp32", "cupy"}
-        float32 products with ``CUBLAS_COMPUTE_32F_FAST_TF32`` ("tf32", the default), strict
-        fp32 ("fp32"), or as ``cupy.matmul`` computes them ("cupy": TF32 only when the
-        environment sets ``CUPY_TF32=1``); float16 and bfloat16 accumulate in fp32 either way.
+        float32 and complex64 products with ``CUBLAS_COMPUTE_32F_FAST_TF32`` ("tf32", the
+        default), strict fp32 ("fp32"), or as ``cupy.matmul`` computes them ("cupy": TF32
+        only when the environment sets ``CUPY_TF32=1``); float16 and bfloat16 accumulate in
+        fp32 either way, float64 and complex128 in fp64.
     stream : optional
         None (CuPy's current stream), a CuPy or torch stream, an object with
         ``__cuda_stream__``, or an int ``cudaStream_t``. The GEMM is enqueued there.
@@ -196,7 +291,7 @@ def gemm(A, B, out=None, *, bint trans_a=False, bint trans_b=False, alpha=1.0, b
     return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, autotune, determinism, False)
 
 
-def gemm_strided_batched(A, B, out=None, *, bint trans_a=False, bint trans_b=False, alpha=1.0,
+def gemm_strided_batched(A, B, out=None, *, trans_a=False, trans_b=False, alpha=1.0,
                          beta=0.0, str math="tf32", stream=None, autotune=None, determinism=None):
     """out[i] = alpha * op(A[i]) @ op(B[i]) + beta * out[i] for every i of a batch.
 
@@ -233,7 +328,7 @@ def gemm_strided_batched(A, B, out=None, *, bint trans_a=False, bint trans_b=Fal
     return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, autotune, determinism, True)
 
 
-def describe_gemm(A, B, out=None, *, bint trans_a=False, bint trans_b=False, bint batched=False):
+def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, bint batched=False):
     """The cuBLAS call :func:`gemm` (``batched``: :func:`gemm_strided_batched`) makes for these
     arguments, without launching anything (no GPU needed).
 
@@ -247,8 +342,8 @@ def describe_gemm(A, B, out=None, *, bint trans_a=False, bint trans_b=False, bin
     out : the same, optional
         (M, N) (``batched``: (batch, M, N)) of A's dtype. None: the new C-ordered result
         ``gemm(A, B)`` allocates.
-    trans_a, trans_b : bool
-        As :func:`gemm`: use A.T / B.T.
+    trans_a, trans_b : bool or {"N", "T", "H"}
+        As :func:`gemm` (an operand gemm would copy conjugated is refused here).
     batched : bool
         Describe :func:`gemm_strided_batched` (one operand of batch 1 is broadcast).
 
@@ -278,7 +373,11 @@ def describe_gemm(A, B, out=None, *, bint trans_a=False, bint trans_b=False, bin
         out = layout_operand(out, "out", addresses)
     cdef CallArgs c
     cdef ColMajorGemm g
-    read_gemm(&c, A, B, out, trans_a, trans_b, batched, 0.0, &g)
+    cdef Scalars sc
+    cdef bint ta, tb, ca, cb
+    parse_trans(trans_a, "trans_a", &ta, &ca)
+    parse_trans(trans_b, "trans_b", &tb, &cb)
+    read_gemm(&c, A, B, out, ta, tb, batched, 1.0, 0.0, &sc, &g, ca, cb)
     check_overlaps(&c)                  # as gemm's prepare_call (out=None: no memory, skipped)
     if not g.strided_batched:           # cublasGemmEx takes no batch strides
         g.stride_a = g.stride_b = g.stride_c = 0

@@ -242,7 +242,7 @@ def test_shape_errors_name_the_argument_and_both_shapes(a, b, out, exc, words):
 
 
 def test_dtype_errors_name_the_argument():
-    with pytest.raises(TypeError, match="a: expected float16, bfloat16, float32 or float64"):
+    with pytest.raises(TypeError, match="a: expected float16, bfloat16, float32, float64, complex64 or complex128"):
         cygemm.matmul(FakeDeviceArray((2, 2), "<V2"), FakeDeviceArray((2, 2)))     # (no dtype CuPy multiplies)
     with pytest.raises(ValueError, match="a: matmul needs at least 1 dimension"):
         cygemm.matmul(FakeDeviceArray(()), FakeDeviceArray((2, 2)))

@@ -15,7 +15,7 @@ from test_describe import COMMON
 @pytest.mark.parametrize("ta, tb, fallback", [
     ("float32", "float32", False), ("float64", "float64", False), ("bfloat16", "float32", False),
     ("int32", "int32", True), ("int8", "float32", True), ("bool", "bool", True), ("uint8", "int64", True),
-    ("complex64", "complex64", True), ("float32", "complex128", True)])
+    ("complex64", "complex64", False), ("complex128", "complex128", False), ("complex64", "int32", True)])
 def test_the_path_follows_the_dtypes(ta, tb, fallback):
     typestr = {"float32": "<f4", "float16": "<f2", "float64": "<f8", "int32": "<i4", "int8": "|i1", "bool": "|b1",
                "uint8": "|u1", "int64": "<i8", "complex64": "<c8", "complex128": "<c16"}

@@ -32,6 +32,7 @@ cdef extern from "cublas_v2.h" nogil:
         CUBLAS_COMPUTE_32F_FAST_16BF
         CUBLAS_COMPUTE_32F_FAST_TF32
         CUBLAS_COMPUTE_64F
+        CUBLAS_COMPUTE_32I
 
     ctypedef enum cublasGemmAlgo_t:
         CUBLAS_GEMM_DEFAULT

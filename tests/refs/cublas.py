@@ -14,7 +14,12 @@ def load(mem, ptr, ld, rows, cols, *, itemsize=4, base=BASE, offset=0):
     `itemsize` bytes per entry, its first at address `base`."""
     start = (ptr - base) // itemsize + offset
     idx = start + np.arange(rows)[:, None] + ld * np.arange(cols)[None, :]
-    return mem[idx].astype(np.float64)
+    return mem[idx].astype(np.complex128 if np.iscomplexobj(mem) else np.float64)
+
+
+def _op(x, op):
+    """op(X) as cuBLAS defines it: N as is, T transposed, C conjugate-transposed."""
+    return x if op == "N" else (x.T if op == "T" else x.conj().T)
 
 
 def cublas_gemm_model(mem, d, batched=False, *, itemsize=4, c_mem=None, c_itemsize=None, base=BASE):
@@ -27,7 +32,7 @@ def cublas_gemm_model(mem, d, batched=False, *, itemsize=4, c_mem=None, c_itemsi
         element per entry, each `itemsize` bytes, the first at address `base`. For FP8 pass the
         decoded value of each byte (itemsize 1).
     d : dict
-        ``opa``, ``opb`` ("N" or "T"), ``m``, ``n``, ``k``, addresses ``a``, ``b``, ``c`` and
+        ``opa``, ``opb`` ("N", "T" or "C"), ``m``, ``n``, ``k``, addresses ``a``, ``b``, ``c`` and
         leading dimensions ``lda``, ``ldb``, ``ldc``; batched: also ``batch`` and element
         strides ``stride_a``, ``stride_b``, ``stride_c``.
     batched : bool
@@ -44,8 +49,7 @@ def cublas_gemm_model(mem, d, batched=False, *, itemsize=4, c_mem=None, c_itemsi
                  offset=i * d.get("stride_a", 0))
         b = load(mem, d["b"], d["ldb"], *((k, n) if d["opb"] == "N" else (n, k)), itemsize=itemsize, base=base,
                  offset=i * d.get("stride_b", 0))
-        a = a if d["opa"] == "N" else a.T
-        b = b if d["opb"] == "N" else b.T
+        a, b = _op(a, d["opa"]), _op(b, d["opb"])
         start = (d["c"] - base) // c_itemsize + i * d.get("stride_c", 0)
         idx = start + np.arange(m)[:, None] + d["ldc"] * np.arange(n)[None, :]
         c_mem[idx] = a @ b
