@@ -33,13 +33,12 @@ def _scalar(x):
 
 
 def _op(trans):
-    """cygemm.gemm's transpose flag for CuPy's 'N', 'T', 'H' (or cuBLAS's 0, 1, 2): conjugation
-    is the identity on the real dtypes cygemm's gemm takes; a complex operand is refused there."""
-    if trans in ("N", "n", 0):
-        return False
-    if trans in ("T", "t", 1, "H", "h", "C", "c", 2):
-        return True
-    raise ValueError(f"transa/transb: expected 'N', 'T' or 'H', got {trans!r}")
+    """cygemm.gemm's transpose for CuPy's 'N', 'T', 'H' (or cuBLAS's 0, 1, 2)."""
+    names = {"n": "N", "t": "T", "h": "H", "c": "H", 0: "N", 1: "T", 2: "H"}
+    key = trans.lower() if isinstance(trans, str) else trans
+    if key not in names:
+        raise ValueError(f"transa/transb: expected 'N', 'T' or 'H', got {trans!r}")
+    return names[key]
 
 
 def pytest_configure(config):
