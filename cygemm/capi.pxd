@@ -18,7 +18,7 @@
 from cygemm.bindings.cudart cimport (
     cudaStream_t,                          # a CUDA stream (0: the legacy default stream)
     cudaDataType,                          # element types:
-    CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F, CUDA_R_64F,
+    CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F, CUDA_R_64F, CUDA_C_32F, CUDA_C_64F,
     CUDA_R_8F_E4M3, CUDA_R_8F_E5M2)        # FP8, for scaled_gemm_rowmajor
 from cygemm.bindings.cublas cimport (
     cublasComputeType_t,                   # accumulation: strict fp32, TF32, fp64, ...
@@ -41,8 +41,9 @@ from cygemm._context cimport GemmContext, current_context
 # gemm_rowmajor(ctx, stream, dtype, compute, trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb,
 #               beta, C, ldc):
 #   C (m x n) = alpha op(A) op(B) + beta C on `stream`, op(A) m x k, op(B) k x n; A, B and C
-#   of `dtype` (CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F; CUDA_R_64F with CUBLAS_COMPUTE_64F),
-#   accumulated as `compute` says. Large problems run the fastest of cuBLASLt's candidates and
+#   of `dtype` (CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F, CUDA_C_32F; CUDA_R_64F and CUDA_C_64F with
+#   CUBLAS_COMPUTE_64F), accumulated as `compute` says. alpha and beta are `double complex`
+#   (a real value converts; the imaginary part counts only for complex dtypes). Large problems run the fastest of cuBLASLt's candidates and
 #   cublasGemmEx (timed once per shape), small ones cublasGemmEx. nogil: callable without the
 #   GIL; small problems run without it, large ones take it briefly for the plan layer, and an
 #   error takes it to raise. Errors: -1 with CudaError or CublasError set. The work is only
