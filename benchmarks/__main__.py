@@ -38,6 +38,7 @@ import host  # noqa: E402
 import matmul_section  # noqa: E402
 import reproducibility  # noqa: E402
 import training  # noqa: E402
+import wide_dtypes  # noqa: E402
 from common import build_floor, clocks, environment  # noqa: E402
 from recorder import Recorder  # noqa: E402
 
@@ -61,6 +62,7 @@ SECTIONS = {
     "grouped": hopper.grouped_section,
     "elementwise": hopper.elementwise_section,
     "determinism": reproducibility.determinism_section,
+    "dtypes": wide_dtypes.dtypes_section,
 }
 
 
