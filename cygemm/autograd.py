@@ -67,22 +67,36 @@ def _matrix_grads(a, b, g, need_a, need_b, math, autotune, determinism=None):
     b2 = b.unsqueeze(-1) if b.dim() == 1 else b
     g2 = g.unsqueeze(-1) if b.dim() == 1 else g
     g2 = g2.unsqueeze(-2) if a.dim() == 1 else g2
+    # Complex operands take conjugate transposes (torch's convention: dL/da = g @ b^H), made
+    # here as tensors that hold their values: cygemm reads memory, not torch's lazy conjugate
+    # bit (an output gradient may carry one, e.g. from a later .conj()).
+    g2 = g2.resolve_conj().resolve_neg()
     ga = gb = None
-    if need_a:      # dL/da = g @ b^T
-        ga = _matmul(g2, b2.mT, math=math, autotune=autotune, determinism=determinism).sum_to_size(a2.shape).reshape(a.shape)
-        ga = ga.to(a.dtype)
-    if need_b:      # dL/db = a^T @ g
-        gb = _matmul(a2.mT, g2, math=math, autotune=autotune, determinism=determinism).sum_to_size(b2.shape).reshape(b.shape)
-        gb = gb.to(b.dtype)
+    if need_a:      # dL/da = g @ b^H
+        bh = b2.mH.resolve_conj() if b2.is_complex() else b2.mT
+        ga = _matmul(g2, bh, math=math, autotune=autotune, determinism=determinism).sum_to_size(a2.shape).reshape(a.shape)
+        ga = _as_grad_of(ga, a)
+    if need_b:      # dL/db = a^H @ g
+        ah = a2.mH.resolve_conj() if a2.is_complex() else a2.mT
+        gb = _matmul(ah, g2, math=math, autotune=autotune, determinism=determinism).sum_to_size(b2.shape).reshape(b.shape)
+        gb = _as_grad_of(gb, b)
     return ga, gb
+
+
+def _as_grad_of(grad, x):
+    """grad in x's dtype: a real x (multiplied with a complex operand) takes the real part."""
+    if grad.is_complex() and not x.is_complex():
+        grad = grad.real
+    return grad.to(x.dtype)
 
 
 class MatmulFunction(torch.autograd.Function):
     """``cygemm.matmul(a, b)`` recorded by torch's autograd.
 
     ``MatmulFunction.apply(a, b, math="tf32", stream=None, autotune=None, determinism=None)``:
-    a and b are CUDA tensors (float16, bfloat16, float32, float64), shapes as
-    :func:`cygemm.matmul` takes. The backward computes ``g @ b^T`` and ``a^T @ g`` with
+    a and b are CUDA tensors (float16, bfloat16, float32, float64, complex64, complex128), shapes
+    as :func:`cygemm.matmul` takes. The backward computes ``g @ b^H`` and ``a^H @ g`` (for real
+    dtypes the transposes; a real operand's gradient is the real part) with
     ``cygemm.matmul`` (the same ``math``, ``autotune`` and ``determinism``), sums them over broadcast batch axes, and is itself
     differentiable (``create_graph=True`` records it again). ``cygemm.matmul`` calls this for
     you when an input requires grad.

@@ -93,6 +93,37 @@ def test_out_with_an_input_that_requires_grad_is_refused_naming_out():
         cygemm.matmul(a, b, out)
 
 
+
+MIXED_COMPLEX = [(torch.complex64, torch.complex64), (torch.float32, torch.complex64),
+                 (torch.complex128, torch.float64), (torch.float64, torch.float64)]
+
+
+@pytest.mark.parametrize("da, db", MIXED_COMPLEX)
+@pytest.mark.parametrize("shape_a, shape_b", [((4, 3), (3, 5)), ((2, 4, 3), (3, 5)), ((3,), (3, 5)), ((4, 3), (3,))])
+def test_matmul_backward_formula_conjugates_complex_operands(monkeypatch, da, db, shape_a, shape_b):
+    """CPU: the backward's products (torch.matmul standing in for cygemm.matmul, which reads
+    memory and so must never get a lazily conjugated tensor) against torch's own autograd:
+    g @ b^H and a^H @ g, a real operand's gradient the real part, a conjugate-bit g resolved."""
+    def plain_matmul(x, y, **kwargs):
+        assert not (x.is_conj() or y.is_conj() or x.is_neg() or y.is_neg()), "a lazy view reached cygemm.matmul"
+        t = torch.promote_types(x.dtype, y.dtype)
+        return torch.matmul(x.to(t), y.to(t))
+    monkeypatch.setattr(autograd, "_matmul", plain_matmul)
+    gen = torch.Generator().manual_seed(6)
+    a = torch.randn(shape_a, dtype=da, generator=gen, requires_grad=True)
+    b = torch.randn(shape_b, dtype=db, generator=gen, requires_grad=True)
+    t = torch.promote_types(da, db)
+    out = torch.matmul(a.to(t), b.to(t))
+    gy = torch.randn(out.shape, dtype=out.dtype, generator=gen)
+    ref_a, ref_b = torch.autograd.grad(out, (a, b), gy)
+    lazy = gy.conj().resolve_conj().conj() if gy.is_complex() else gy     # gy's values, conjugate bit set
+    for g in (gy, lazy):
+        ga, gb = autograd._matrix_grads(a.detach(), b.detach(), g, True, True, "fp32", None)
+        assert ga.dtype == da and gb.dtype == db
+        torch.testing.assert_close(ga, ref_a)
+        torch.testing.assert_close(gb, ref_b)
+
+
 # ------------------------------------------------------------------ GPU
 
 @pytest.fixture
@@ -126,6 +157,15 @@ def test_matmul_gradcheck_in_float64(gpu, shape_a, shape_b):
     g = torch.Generator(device="cuda").manual_seed(3)
     a = torch.randn(*shape_a, device="cuda", dtype=torch.float64, generator=g, requires_grad=True)
     b = torch.randn(*shape_b, device="cuda", dtype=torch.float64, generator=g, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, y: cygemm.matmul(x, y), (a, b))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("da, db", [(torch.complex128, torch.complex128), (torch.float64, torch.complex128)])
+def test_matmul_gradcheck_in_complex128(gpu, da, db):
+    g = torch.Generator(device="cuda").manual_seed(3)
+    a = torch.randn(2, 4, 6, device="cuda", dtype=da, generator=g, requires_grad=True)
+    b = torch.randn(6, 5, device="cuda", dtype=db, generator=g, requires_grad=True)
     assert torch.autograd.gradcheck(lambda x, y: cygemm.matmul(x, y), (a, b))
 
 
