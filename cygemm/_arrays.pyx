@@ -254,11 +254,12 @@ cdef int _read_torch(object x, ArrayDesc* d, str name, bint wide) except -1:
         raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {x.device} (a CPU tensor "
                         "is not a CUDA array: move it with .cuda())")
     _refuse_recorded(x, name)
-    dt = _torch_dtypes.get(x.dtype)
-    if dt is None and wide:
-        dt = _torch_wide.get(x.dtype)
+    dt = _torch_dtypes.get(x.dtype) or (_torch_wide.get(x.dtype) if wide else None)
     if dt is None:
         raise _bad_dtype(name, str(x.dtype).replace("torch.", ""), wide)
+    if x.is_conj() or x.is_neg():   # lazy x.conj(), x.mH, negation: the memory does not hold the values
+        raise ValueError(f"{name}: a torch tensor with the conjugate or negative bit set (a lazy view such as "
+                         "x.conj() or x.mH), wrong read raw: pass x.resolve_conj().resolve_neg(), or x with trans 'H'")
     d.dtype = <cudaDataType>(<int>dt[0])
     itemsize = dt[1]
     strides = tuple([st * itemsize for st in x.stride()])

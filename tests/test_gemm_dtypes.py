@@ -114,3 +114,14 @@ def test_torch_complex_tensors_and_the_conjugate_copy_runs_on_torchs_stream():
     assert isinstance(got, torch.Tensor) and got.dtype == torch.complex64
     assert torch.allclose(got, a @ b, atol=1e-4)
     assert torch.allclose(got_h, b.conj().t() @ a.t(), atol=1e-4)
+
+
+def test_torch_lazy_conjugates_are_refused_not_read_raw():
+    """x.conj() / x.mH of a torch tensor keep unconjugated memory and a bit: refused by name."""
+    torch = pytest.importorskip("torch")
+    a = torch.randn(4, 3, dtype=torch.complex64, device="cuda")
+    b = torch.randn(3, 5, dtype=torch.complex64, device="cuda")
+    for call in (lambda: cygemm.gemm(a.conj(), b), lambda: cygemm.gemm(a, a.mH),
+                 lambda: cygemm.matmul(a.conj(), b)):
+        with pytest.raises(ValueError, match="conjugate or negative bit"):
+            call()
