@@ -11,7 +11,7 @@ from cygemm._mapping cimport rowmajor_view, conjugate_ops, layout_error, MAP_CON
 from cygemm._errors cimport refuse_in_capture
 from cygemm._arrays cimport dtype_name
 
-from cygemm._alloc cimport empty_array, first_torch, data_pointer
+from cygemm._alloc cimport empty_array, first_torch, data_pointer, is_torch, torch_stream
 from cygemm._args cimport (CallArgs, args_init, add_array, add_view, prepare_call, expect_dtype, ARG_READ,
                            ARG_WRITE)
 from cygemm._args cimport check_overlaps
@@ -175,23 +175,26 @@ cdef int read_gemm(CallArgs* c, object A, object B, object out, bint trans_a, bi
 
 
 cdef object _conjugated(object x, object stream, str name):
-    """A conjugated copy of x, made on the call's stream (refused while it is being captured)."""
+    """A conjugated copy of x, made on the call's stream as gemm resolves it (stream=None:
+    CuPy's current stream, for torch tensors too), where the GEMM then reads it and where the
+    copy's memory is freed in stream order; refused while that stream is being captured."""
     from cygemm._streams import stream_pointer
     from cygemm import _alloc
-    cdef uintptr_t s
-    if type(x).__module__.startswith("torch") and stream is None:
-        import torch
-        stream = torch.cuda.current_stream().cuda_stream
-    s = stream_pointer(stream)
+    cdef uintptr_t s = stream_pointer(stream)
     refuse_in_capture(<cudaStream_t>s, f"{name}: its conjugate transpose in this memory order is read from a "
                                        f"conjugated copy, which allocates")
-    if type(x).__module__.startswith("torch"):
+    if is_torch(x):
         import torch
-        with torch.cuda.stream(torch.cuda.ExternalStream(s, device=x.device)):
+        if torch.cuda.current_stream(x.device).cuda_stream == s:
+            return x.conj().resolve_conj()
+        with torch.cuda.stream(torch_stream(torch, <cudaStream_t>s, x.device)):
             return x.conj().resolve_conj()
     import cupy
     with _alloc.stream_context(s):
-        return cupy.conj(x)
+        # cupy.conj takes CuPy arrays only: other CUDA arrays are wrapped first (no copy)
+        xc = x if isinstance(x, cupy.ndarray) else (
+            cupy.asarray(x) if hasattr(x, "__cuda_array_interface__") else cupy.from_dlpack(x))
+        return cupy.conj(xc)
 
 
 cdef object _run(object A, object B, object out, object trans_a, object trans_b, object alpha,

@@ -102,14 +102,16 @@ def test_matmul_and_cupys_agree_on_complex_and_promotion(ta, tb):
         cygemm.matmul(cp.asarray(a), cp.asarray(b), out=cp.empty((3, 20, 6), cp.float64))
 
 
-def test_torch_complex_tensors_and_the_conjugate_copy_runs_on_torchs_stream():
+def test_torch_complex_tensors_and_the_conjugate_copy_runs_on_the_calls_stream():
+    """The conjugated copy is made on the stream the GEMM runs on (gemm's stream=; None is
+    CuPy's current stream for torch tensors too), not on torch's current one."""
     torch = pytest.importorskip("torch")
     a = torch.randn(8, 6, dtype=torch.complex64, device="cuda")
     b = torch.randn(5, 6, dtype=torch.complex64, device="cuda").t()      # (6, 5), F-ordered
+    torch.cuda.synchronize()
     s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        got = cygemm.gemm(a, b, math="fp32")
-        got_h = cygemm.gemm(b, a.t(), trans_a="H", math="fp32")     # b is F-ordered: a conjugated copy
+    got = cygemm.gemm(a, b, math="fp32", stream=s)
+    got_h = cygemm.gemm(b, a.t(), trans_a="H", math="fp32", stream=s)   # b is F-ordered: a conjugated copy
     s.synchronize()
     assert isinstance(got, torch.Tensor) and got.dtype == torch.complex64
     assert torch.allclose(got, a @ b, atol=1e-4)
@@ -125,3 +127,20 @@ def test_torch_lazy_conjugates_are_refused_not_read_raw():
                  lambda: cygemm.matmul(a.conj(), b)):
         with pytest.raises(ValueError, match="conjugate or negative bit"):
             call()
+
+
+def test_the_conjugated_copy_of_a_plain_cuda_array_interface_object():
+    """gemm takes any __cuda_array_interface__ object; its conjugated copy too (cupy.conj
+    takes CuPy arrays only)."""
+    import cupy as cp
+
+    class CAI:
+        def __init__(self, x):
+            self.x = x
+            self.__cuda_array_interface__ = x.__cuda_array_interface__
+
+    rng = np.random.default_rng()
+    a, b = _rand(rng, (6, 4), "complex128"), _rand(rng, (6, 5), "complex128")
+    out = cp.full((4, 5), np.nan, dtype=np.complex128)
+    cygemm.gemm(CAI(cp.asarray(a, order="F")), CAI(cp.asarray(b)), out, trans_a="H")   # F-ordered A, "H": a copy
+    assert _err(cp.asnumpy(out), a.conj().T @ b) < 1e-12
