@@ -1,13 +1,14 @@
 from typing import Literal, Optional
 
 from cygemm._typing import DeviceArray, Math, StreamLike
+from cygemm.rowmajor import Trans
 from cygemm.plans import Plan
 
 class GemmPlan(Plan):
     closed: bool
     def __init__(self, A: DeviceArray, B: DeviceArray, out: DeviceArray, *, bias: Optional[DeviceArray] = None,
                  act: Literal["none", "identity", "relu", "gelu"] = "none", z_out: Optional[DeviceArray] = None,
-                 trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0,
+                 trans_a: Trans = False, trans_b: Trans = False, alpha: complex = 1.0, beta: complex = 0.0,
                  math: Math = "tf32", batched: bool = False) -> None: ...
     def plan(self, stream: StreamLike = None) -> "GemmPlan": ...
     def autotune(self, mode: Literal["auto", "exhaustive"] = "auto", stream: StreamLike = None) -> "GemmPlan": ...

@@ -1,22 +1,24 @@
-from typing import Any, Dict, Optional, TypeVar, overload
+from typing import Any, Dict, Literal, Optional, TypeVar, Union, overload
 
 from cygemm._typing import Autotune, DeviceArray, Math, StreamLike
 
 _Out = TypeVar("_Out", bound=DeviceArray)
+# False/True, or BLAS's names ("H"/"C": the conjugate transpose)
+Trans = Union[bool, Literal["N", "T", "H", "C", "n", "t", "h", "c"]]
 
 @overload
-def gemm(A: DeviceArray, B: DeviceArray, out: None = None, *, trans_a: bool = False, trans_b: bool = False,
-         alpha: float = 1.0, beta: float = 0.0, math: Math = "tf32", stream: StreamLike = None, autotune: Autotune = None) -> DeviceArray: ...
+def gemm(A: DeviceArray, B: DeviceArray, out: None = None, *, trans_a: Trans = False, trans_b: Trans = False,
+         alpha: complex = 1.0, beta: complex = 0.0, math: Math = "tf32", stream: StreamLike = None, autotune: Autotune = None) -> DeviceArray: ...
 @overload
-def gemm(A: DeviceArray, B: DeviceArray, out: _Out, *, trans_a: bool = False, trans_b: bool = False,
-         alpha: float = 1.0, beta: float = 0.0, math: Math = "tf32", stream: StreamLike = None, autotune: Autotune = None) -> _Out: ...
+def gemm(A: DeviceArray, B: DeviceArray, out: _Out, *, trans_a: Trans = False, trans_b: Trans = False,
+         alpha: complex = 1.0, beta: complex = 0.0, math: Math = "tf32", stream: StreamLike = None, autotune: Autotune = None) -> _Out: ...
 @overload
-def gemm_strided_batched(A: DeviceArray, B: DeviceArray, out: None = None, *, trans_a: bool = False,
-                         trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0, math: Math = "tf32",
+def gemm_strided_batched(A: DeviceArray, B: DeviceArray, out: None = None, *, trans_a: Trans = False,
+                         trans_b: Trans = False, alpha: complex = 1.0, beta: complex = 0.0, math: Math = "tf32",
                          stream: StreamLike = None, autotune: Autotune = None) -> DeviceArray: ...
 @overload
-def gemm_strided_batched(A: DeviceArray, B: DeviceArray, out: _Out, *, trans_a: bool = False,
-                         trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0, math: Math = "tf32",
+def gemm_strided_batched(A: DeviceArray, B: DeviceArray, out: _Out, *, trans_a: Trans = False,
+                         trans_b: Trans = False, alpha: complex = 1.0, beta: complex = 0.0, math: Math = "tf32",
                          stream: StreamLike = None, autotune: Autotune = None) -> _Out: ...
-def describe_gemm(A: Any, B: Any, out: Any = None, *, trans_a: bool = False,
-                  trans_b: bool = False, batched: bool = False) -> Dict[str, Any]: ...
+def describe_gemm(A: Any, B: Any, out: Any = None, *, trans_a: Trans = False,
+                  trans_b: Trans = False, batched: bool = False) -> Dict[str, Any]: ...
