@@ -98,7 +98,8 @@ cdef object layout_error(MapResult r, const MatrixView* a, const MatrixView* b, 
         x = names[0] if r == MAP_CONJ_A else names[1]
         return ValueError(f"{x}: its conjugate transpose ('H') in this memory order needs conj({x}) without a "
                           f"transpose, which cuBLAS has no op for{note}; pass {x} in the other order "
-                          f"(cupy.asfortranarray({x}) or cupy.ascontiguousarray({x})) or {x}.conj() with 'T'")
+                          f"(cupy.asfortranarray({x}) or cupy.ascontiguousarray({x})) or {x}.conj() with 'T' "
+                          f"(torch: {x}.conj().resolve_conj(); a lazy conjugate is refused)")
     cdef const MatrixView* v = a if r == MAP_BAD_A else (b if r == MAP_BAD_B else c)
     cdef str name = names[0 if r == MAP_BAD_A else (1 if r == MAP_BAD_B else 2)]
     return ValueError(f"{name}: a layout cuBLAS cannot {'write' if r == MAP_BAD_OUT else 'read'} in place: "
