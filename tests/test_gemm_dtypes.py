@@ -50,6 +50,7 @@ def test_gemm_every_order_and_transpose(dtype, oa, ob, oc, ta, tb):
     A = cp.asarray(a, order=oa)
     B = cp.asarray(b, order=ob)
     C = cp.asarray(c0, order=oc)
+    cp.cuda.Device().synchronize()      # the copies above ran on the null stream, which s does not wait for
     s = cp.cuda.Stream(non_blocking=True)
     out = cygemm.gemm(A, B, C, trans_a=ta, trans_b=tb, alpha=alpha, beta=beta, math="fp32", stream=s)
     s.synchronize()
