@@ -1,6 +1,7 @@
 from typing import Any, Dict, Literal, Optional, Sequence, TypeVar
 
 from cygemm._typing import DeviceArray, Math, StreamLike
+from cygemm.rowmajor import Trans
 
 _Outs = TypeVar("_Outs", bound=Sequence[DeviceArray])
 _Out = TypeVar("_Out", bound=DeviceArray)
@@ -9,11 +10,11 @@ Route = Optional[Literal["batched", "grouped", "loop", "streams"]]
 ROUTES: Dict[str, str]
 
 def last_route() -> Optional[str]: ...
-def grouped_gemm(As: Sequence[DeviceArray], Bs: Sequence[DeviceArray], outs: _Outs, *, trans_a: bool = False,
-                 trans_b: bool = False, alpha: float = 1.0, beta: float = 0.0, math: Math = "tf32",
+def grouped_gemm(As: Sequence[DeviceArray], Bs: Sequence[DeviceArray], outs: _Outs, *, trans_a: Trans = False,
+                 trans_b: Trans = False, alpha: float = 1.0, beta: float = 0.0, math: Math = "tf32",
                  stream: StreamLike = None, route: Route = None) -> _Outs: ...
 def moe_gemm(x: DeviceArray, w: DeviceArray, group_offsets: Sequence[int], out: _Out, *,
              w_layout: Literal["kn", "nk"] = "kn", math: Math = "tf32", stream: StreamLike = None,
              route: Route = None) -> _Out: ...
-def describe_grouped(As: Sequence[Any], Bs: Sequence[Any], outs: Sequence[Any], *, trans_a: bool = False,
-                     trans_b: bool = False, math: Math = "tf32") -> Dict[str, Any]: ...
+def describe_grouped(As: Sequence[Any], Bs: Sequence[Any], outs: Sequence[Any], *, trans_a: Trans = False,
+                     trans_b: Trans = False, math: Math = "tf32") -> Dict[str, Any]: ...

@@ -21,6 +21,7 @@ from cygemm.kernels.grouped cimport (cygemm_ptr_triples, cygemm_write_pointer_ta
                                      CYGEMM_GROUPED_PTRS_PER_LAUNCH)
 from cygemm._types cimport ColMajorGemm, MatrixView, Math, Scalars, real_scalars, compute_type
 from cygemm._mapping cimport map_rowmajor_gemm, MAP_OK
+from cygemm.rowmajor cimport parse_trans
 from cygemm._described cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm._errors cimport check_cuda, check_cublas
 from cygemm._args cimport CallArgs, args_init, resolve_call, check_overlaps, parse_math
@@ -271,7 +272,15 @@ cdef int _run(Groups grp, CallArgs* c, object alpha, object beta, object math, o
 
 # ---------------------------------------------------------------- Python surface
 
-def grouped_gemm(As, Bs, outs, *, bint trans_a=False, bint trans_b=False, alpha=1.0, beta=0.0,
+cdef bint _flag(object value, str name) except -1:
+    """A transpose flag as gemm takes it (False/True, "N", "T", "H": the groups are real, so "H"
+    is "T"); anything else is refused rather than read as truthy."""
+    cdef bint trans, conj
+    parse_trans(value, name, &trans, &conj)
+    return trans
+
+
+def grouped_gemm(As, Bs, outs, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
                  str math="tf32", stream=None, route=None):
     """outs[g] = alpha * op(As[g]) @ op(Bs[g]) + beta * outs[g] for every group g, in one call.
 
@@ -282,7 +291,7 @@ def grouped_gemm(As, Bs, outs, *, bint trans_a=False, bint trans_b=False, alpha=
         bfloat16); sizes may differ from group to group. Each is read in place as
         :func:`cygemm.gemm` reads its operands (C or F order, slices, ``.T``). A group whose
         out is empty is skipped; one with K == 0 gets ``outs[g] = beta * outs[g]``.
-    trans_a, trans_b : bool
+    trans_a, trans_b : bool or {"N", "T"}
         Use As[g].T / Bs[g].T (no copy), alike for every group.
     alpha, beta : float
         Scalars shared by every group.
@@ -323,7 +332,7 @@ def grouped_gemm(As, Bs, outs, *, bint trans_a=False, bint trans_b=False, alpha=
     """
     cdef CallArgs c
     args_init(&c)
-    cdef Groups grp = read_lists(As, Bs, outs, trans_a, trans_b)
+    cdef Groups grp = read_lists(As, Bs, outs, _flag(trans_a, "trans_a"), _flag(trans_b, "trans_b"))
     _run(grp, &c, alpha, beta, math, stream, route)
     return outs
 
@@ -395,7 +404,7 @@ _WHY_CHOSEN = {
 }
 
 
-def describe_grouped(As, Bs, outs, *, bint trans_a=False, bint trans_b=False, str math="tf32"):
+def describe_grouped(As, Bs, outs, *, trans_a=False, trans_b=False, str math="tf32"):
     """Which routes :func:`grouped_gemm` could take for these groups, the one it would, and each
     group's cuBLAS arguments, without launching anything (no GPU needed).
 
@@ -435,7 +444,7 @@ def describe_grouped(As, Bs, outs, *, bint trans_a=False, bint trans_b=False, st
     """
     cdef Addresses addresses = Addresses()
     As, Bs, outs = _layouts(As, "As", addresses), _layouts(Bs, "Bs", addresses), _layouts(outs, "outs", addresses)
-    cdef Groups grp = read_lists(As, Bs, outs, trans_a, trans_b)
+    cdef Groups grp = read_lists(As, Bs, outs, _flag(trans_a, "trans_a"), _flag(trans_b, "trans_b"))
     cdef GroupedCall f
     f.grp, f.compute = <void*>grp, compute_type(grp.dtype, parse_math(math))
     f.autotune = autotune_level(None)       # (the fixed rule reads the determinism policy)

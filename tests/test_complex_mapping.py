@@ -99,3 +99,16 @@ def test_matmul_describes_complex_products_on_cublas_and_promotes_with_reals():
     assert d["path"] == "cublas" and d["opa"] == "N"
     with pytest.raises(ValueError, match="matmul would cast both to complex128"):
         cygemm.describe_matmul(((4, 3), "complex64"), ((3, 2), "float64"))
+
+
+@pytest.mark.parametrize("value, words", [("N", None), ("T", None), ("X", "trans_a: expected")])
+def test_grouped_takes_the_same_transpose_names_and_refuses_others(value, words):
+    a, b = ((4, 3), "float32"), ((3, 5), "float32")
+    if value == "T":
+        a = ((3, 4), "float32")
+    if words:
+        with pytest.raises(ValueError, match=words):
+            cygemm.describe_grouped([a], [b], [((4, 5), "float32")], trans_a=value)
+        return
+    d = cygemm.describe_grouped([a], [b], [((4, 5), "float32")], trans_a=value)
+    assert d["per_group"][0]["K"] == 3           # "N" is not read as a truthy flag
