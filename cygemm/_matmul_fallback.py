@@ -68,17 +68,11 @@ def _is_torch(x):
     return type(x).__module__.startswith("torch")
 
 
-def _as_cupy(x):
-    if _is_torch(x):
-        return cupy.from_dlpack(x.detach())
-    return x if isinstance(x, cupy.ndarray) else cupy.asarray(x)
-
-
 def run(a, b, out, stream):
     """``cp.matmul(a, b, out=out)`` on `stream` (None: torch's current stream for torch
     operands, else CuPy's), reading torch tensors and other device arrays in place. Returns out,
     or the new result in the operands' library (a torch tensor when either is one)."""
-    from cygemm._alloc import stream_context
+    from cygemm._alloc import as_cupy, stream_context
     from cygemm._streams import stream_pointer
     torch_lib = _is_torch(a) or _is_torch(b)
     if torch_lib and any(getattr(x, "requires_grad", False) for x in (a, b, out)):
@@ -90,7 +84,7 @@ def run(a, b, out, stream):
         import torch
         stream = torch.cuda.current_stream().cuda_stream
     with stream_context(stream_pointer(stream)):
-        result = _cupy_matmul(_as_cupy(a), _as_cupy(b), out=None if out is None else _as_cupy(out))
+        result = _cupy_matmul(as_cupy(a), as_cupy(b), out=None if out is None else as_cupy(out))
     if out is not None:
         return out
     if torch_lib:
