@@ -38,10 +38,24 @@ def dtype_name(x):
         return None
 
 
+# NumPy's float dtypes, for the answer every float call gets at once (naming a dtype costs
+# microseconds, and matmul asks on every call).
+_FLOATS = frozenset(np.dtype(t) for t in ("float16", "float32", "float64"))
+
+
+def _float_at_once(x):
+    """True where x's dtype is plainly a float one (NumPy's or CuPy's float16/32/64, any torch
+    floating dtype): the GEMM path takes or refuses it; False where takes must look closer."""
+    dt = getattr(x, "dtype", None)
+    return getattr(dt, "is_floating_point", False) is True or dt in _FLOATS
+
+
 def takes(a, b, describing=False):
     """Whether matmul(a, b) goes to CuPy's matmul: both dtypes NumPy's, not both GEMM dtypes, and
     (unless describing, which reads stand-ins) both on the device: host arrays and CPU tensors
     stay on the GEMM path, which refuses them by name."""
+    if _float_at_once(a) and _float_at_once(b):
+        return False
     ta, tb = dtype_name(a), dtype_name(b)
     if ta is None or tb is None or (ta in GEMM_DTYPES and tb in GEMM_DTYPES):
         return False
