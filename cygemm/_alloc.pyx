@@ -117,6 +117,19 @@ cdef bint is_torch(object x):
     return type(x).__module__.startswith("torch")
 
 
+def as_cupy(x):
+    """x as a CuPy array over the same memory: torch tensors through DLPack (torch's CAI
+    refuses bfloat16 and tensors that require grad), other device arrays through their CAI or
+    DLPack."""
+    if type(x) is _cupy_ndarray:
+        return x
+    if is_torch(x):
+        return _cupy.from_dlpack(x.detach())
+    if hasattr(x, "__cuda_array_interface__"):
+        return _cupy.asarray(x)
+    return _cupy.from_dlpack(x)
+
+
 cdef object first_torch(tuple arrays):
     for x in arrays:
         if x is not None and is_torch(x):

@@ -38,10 +38,24 @@ def dtype_name(x):
         return None
 
 
+# NumPy's float dtypes, for the answer every float call gets at once (naming a dtype costs
+# microseconds, and matmul asks on every call).
+_FLOATS = frozenset(np.dtype(t) for t in ("float16", "float32", "float64"))
+
+
+def _float_at_once(x):
+    """True where x's dtype is plainly a float one (NumPy's or CuPy's float16/32/64, any torch
+    floating dtype): the GEMM path takes or refuses it; False where takes must look closer."""
+    dt = getattr(x, "dtype", None)
+    return getattr(dt, "is_floating_point", False) is True or dt in _FLOATS
+
+
 def takes(a, b, describing=False):
     """Whether matmul(a, b) goes to CuPy's matmul: both dtypes NumPy's, not both GEMM dtypes, and
     (unless describing, which reads stand-ins) both on the device: host arrays and CPU tensors
     stay on the GEMM path, which refuses them by name."""
+    if _float_at_once(a) and _float_at_once(b):
+        return False
     ta, tb = dtype_name(a), dtype_name(b)
     if ta is None or tb is None or (ta in GEMM_DTYPES and tb in GEMM_DTYPES):
         return False
@@ -68,17 +82,11 @@ def _is_torch(x):
     return type(x).__module__.startswith("torch")
 
 
-def _as_cupy(x):
-    if _is_torch(x):
-        return cupy.from_dlpack(x.detach())
-    return x if isinstance(x, cupy.ndarray) else cupy.asarray(x)
-
-
 def run(a, b, out, stream):
     """``cp.matmul(a, b, out=out)`` on `stream` (None: torch's current stream for torch
     operands, else CuPy's), reading torch tensors and other device arrays in place. Returns out,
     or the new result in the operands' library (a torch tensor when either is one)."""
-    from cygemm._alloc import stream_context
+    from cygemm._alloc import as_cupy, stream_context
     from cygemm._streams import stream_pointer
     torch_lib = _is_torch(a) or _is_torch(b)
     if torch_lib and any(getattr(x, "requires_grad", False) for x in (a, b, out)):
@@ -90,7 +98,7 @@ def run(a, b, out, stream):
         import torch
         stream = torch.cuda.current_stream().cuda_stream
     with stream_context(stream_pointer(stream)):
-        result = _cupy_matmul(_as_cupy(a), _as_cupy(b), out=None if out is None else _as_cupy(out))
+        result = _cupy_matmul(as_cupy(a), as_cupy(b), out=None if out is None else as_cupy(out))
     if out is not None:
         return out
     if torch_lib:

@@ -27,6 +27,7 @@ from cygemm._batch_layout cimport (BatchLayout, MatmulPlan, read_layout, result_
                                    decide_copies)
 from cygemm._alloc cimport is_torch, new_array, torch_dtype, torch_stream
 from cygemm import _alloc
+from cygemm._alloc import as_cupy
 from cygemm import _matmul_fallback
 from cygemm._described import DESCRIBE_KEYS
 
@@ -60,16 +61,7 @@ cdef object _contiguous(object x, cudaDataType t, cudaStream_t s):
             return x.to(torch_dtype(torch, t)).contiguous()
     import cupy
     with _alloc.stream_context(<uintptr_t>s):
-        return cupy.ascontiguousarray(_as_cupy(x), dtype=_alloc.numpy_dtype(dtype_name(t)))
-
-
-cdef object _as_cupy(object x):
-    import cupy
-    if is_torch(x):        # torch's CAI refuses bfloat16 (and tensors that require grad)
-        return cupy.from_dlpack(x.detach())
-    if hasattr(x, "__cuda_array_interface__"):
-        return cupy.asarray(x)
-    return cupy.from_dlpack(x)
+        return cupy.ascontiguousarray(as_cupy(x), dtype=_alloc.numpy_dtype(dtype_name(t)))
 
 
 cdef int _copy_into(object out, object src, cudaStream_t s) except -1:
@@ -80,7 +72,7 @@ cdef int _copy_into(object out, object src, cudaStream_t s) except -1:
             out.copy_(src if is_torch(src) else torch.as_tensor(src, device=out.device))
         return 0
     with _alloc.stream_context(<uintptr_t>s):
-        _as_cupy(out)[...] = _as_cupy(src)      # casts when the dtypes differ
+        as_cupy(out)[...] = as_cupy(src)      # casts when the dtypes differ
     return 0
 
 

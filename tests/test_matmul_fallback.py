@@ -116,3 +116,17 @@ def test_device_arrays_are_described_as_cupys_path():
     import cupy as cp
     [d] = cygemm.describe_matmul(cp.ones((4, 3), cp.int32), cp.ones((3, 2), cp.int32))
     assert d["path"] == "cupy.matmul" and (d["M"], d["N"], d["K"]) == (4, 2, 3)
+
+
+def test_float_operands_are_answered_without_naming_dtypes(monkeypatch):
+    """matmul asks on every call: float operands (NumPy/CuPy dtypes, torch floating dtypes)
+    must not pay for naming their dtypes (microseconds a call)."""
+    def no(x):
+        raise AssertionError("dtype_name called on the float path")
+    monkeypatch.setattr(_matmul_fallback, "dtype_name", no)
+    for dtype in ("float16", "float32", "float64"):
+        x = np.ones((2, 2), dtype)
+        assert _matmul_fallback.takes(x, x) is False
+    torch = pytest.importorskip("torch")
+    t = torch.ones(2, 2, dtype=torch.bfloat16)
+    assert _matmul_fallback.takes(t, t) is False
