@@ -2,7 +2,10 @@
 interleaved: cygemm.matmul against cp.matmul and torch.matmul at 2048^3 to 8192^3 in float64 and
 complex128 (fp64 everywhere), and complex64 strict fp32 and TF32 (cp.matmul's compute type set
 per call as CUPY_TF32 would; torch's allow_tf32 set per call). Rows carry TFLOP/s: a complex
-multiply-add counts 8 real flops."""
+multiply-add counts 8 real flops. Then int8 x int8 -> int32: cygemm.int_mm against torch._int_mm
+on the same operands (a C-ordered (M, K), b = w.T of a C-ordered (N, K) weight, the layout both
+read along K) at 4096^3, 8192^3 and inference shapes (M 32-256, K 4096-8192); TOPS in the
+TFLOP/s column (an integer multiply-add counts 2 operations)."""
 import cupy as cp
 import numpy as np
 
@@ -54,3 +57,39 @@ def dtypes_section(R, s, floor):
             torch.backends.cuda.matmul.allow_tf32 = False
             del a, b, out, ta, tb, tout
             cp.get_default_memory_pool().free_all_blocks()
+    int8_cases(R, s, torch, rng)
+
+
+INT8_SHAPES = ((4096, 4096, 4096), (8192, 8192, 8192), (32, 14336, 4096), (128, 8192, 8192), (256, 4096, 8192))
+
+
+def int8_cases(R, s, torch, rng):
+    shapes = INT8_SHAPES[:1] + INT8_SHAPES[2:3] if R.quick else INT8_SHAPES
+    for m, n, k in shapes:
+        case = f"int8 {m}x{n}x{k}"
+        R.progress(case)
+        with s:
+            a = cp.asarray(rng.integers(-128, 128, (m, k), dtype=np.int8))
+            w = cp.asarray(rng.integers(-128, 128, (n, k), dtype=np.int8))
+            out = cp.empty((m, n), cp.int32)
+        ta, tw, tout = (torch.from_dlpack(x) for x in (a, w, out))
+        s.synchronize()
+        cygemm.int_mm(a, w.T, out, stream=s)
+        check = cp.asnumpy(out)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(torch.cuda.ExternalStream(s.ptr)):
+            theirs = torch._int_mm(ta, tw.t()).cpu().numpy()
+        assert (check == theirs).all(), f"{case}: cygemm.int_mm and torch._int_mm differ"
+
+        def torch_int_mm(ta=ta, tw=tw, tout=tout):
+            torch._int_mm(ta, tw.t(), out=tout)
+
+        flop = 2.0 * m * n * k
+        rows = R.measure(case, {
+            "cygemm.int_mm": lambda a=a, w=w, out=out: cygemm.int_mm(a, w.T, out, stream=s),
+            "torch._int_mm": _on_torch_stream(s, torch_int_mm),
+        }, s, flop, reps=10 if m * n * k >= 8192 ** 3 else 20, rounds=5)
+        for r in rows:
+            r["tflops"] = flop / r["value"] / 1e9
+        del a, w, out, ta, tw, tout
+        cp.get_default_memory_pool().free_all_blocks()

@@ -14,7 +14,7 @@ from cygemm._context import device_count, release_workspaces, versions
 from cygemm._streams import stream_pointer
 from cygemm._settings import get_options, set_options
 from cygemm.tuning import load_tuning, save_tuning
-from cygemm.rowmajor import gemm, gemm_strided_batched, describe_gemm
+from cygemm.rowmajor import gemm, gemm_strided_batched, describe_gemm, int_mm
 from cygemm.gemm_plan import GemmPlan
 from cygemm.matmul import matmul, describe_matmul, _set_grad_path
 from cygemm.grouped import grouped_gemm, moe_gemm, describe_grouped
@@ -35,7 +35,7 @@ def _record_matmul(*args):
 _set_grad_path(_record_matmul)
 del _set_grad_path
 
-__all__ = ["nn", "backend", "matmul", "describe_matmul", "grouped_gemm", "moe_gemm", "describe_grouped", "gemm", "gemm_strided_batched", "describe_gemm", "GemmPlan", "gemm_ops", "graph", "plans", "tuning",
+__all__ = ["nn", "backend", "matmul", "describe_matmul", "grouped_gemm", "moe_gemm", "describe_grouped", "gemm", "gemm_strided_batched", "describe_gemm", "int_mm", "GemmPlan", "gemm_ops", "graph", "plans", "tuning",
            "fp8", "elementwise", "grouped", "dense",
            "load_tuning", "save_tuning", "get_options", "set_options", "CygemmError", "CudaError",
            "CudaDriverError", "CublasError", "CaptureError", "device_count", "release_workspaces",

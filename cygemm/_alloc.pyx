@@ -11,7 +11,8 @@ import contextlib
 from libc.stdint cimport uintptr_t
 
 from cygemm.bindings.cudart cimport (cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F,
-                                     CUDA_C_32F, CUDA_C_64F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2)
+                                     CUDA_C_32F, CUDA_C_64F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_8I,
+                                     CUDA_R_32I)
 from cygemm._streams cimport stream_from_object
 from cygemm._errors cimport refuse_in_capture
 from cygemm._arrays cimport dtype_name
@@ -90,6 +91,10 @@ cdef uintptr_t data_pointer(object x) except? 0:
     return <uintptr_t>x.data_ptr()
 
 
+# The dtypes a cygemm GEMM writes (int32: the int8 GEMM's exact result; int8: its scaled one).
+RESULT_DTYPES = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128", "int32", "int8")
+
+
 def empty(shape, dtype, stream=None, str what="the result", like=None):
     """A C-ordered array on `stream` (None: CuPy's current stream): a torch tensor from torch's
     allocator on the device of the first torch tensor in `like` (an array or a tuple of
@@ -99,8 +104,8 @@ def empty(shape, dtype, stream=None, str what="the result", like=None):
     stream_from_object(stream, &s)
     refuse_in_capture(s, f"{what}: allocating it uses device memory")
     name = str(dtype) if str(dtype) == "bfloat16" else _np.dtype(dtype).name
-    if name not in ("float32", "float16", "float64", "bfloat16"):
-        raise TypeError(f"dtype: expected float16, bfloat16, float32 or float64, got {name}")
+    if name not in RESULT_DTYPES:
+        raise TypeError(f"dtype: expected one of {', '.join(RESULT_DTYPES)}, got {name}")
     tensor = first_torch(like) if type(like) is tuple else (like if like is not None and is_torch(like) else None)
     if tensor is not None:
         return _torch_empty(tensor, tuple(shape), name, <uintptr_t>s)
@@ -139,7 +144,8 @@ cdef object first_torch(tuple arrays):
 
 cdef object torch_dtype(object torch, cudaDataType t):
     return {CUDA_R_32F: torch.float32, CUDA_R_16F: torch.float16, CUDA_R_16BF: torch.bfloat16,
-            CUDA_R_64F: torch.float64, CUDA_C_32F: torch.complex64, CUDA_C_64F: torch.complex128}[t]
+            CUDA_R_64F: torch.float64, CUDA_C_32F: torch.complex64, CUDA_C_64F: torch.complex128,
+            CUDA_R_8I: torch.int8, CUDA_R_32I: torch.int32}[t]
 
 
 cdef object torch_stream(object torch, cudaStream_t s, object device):

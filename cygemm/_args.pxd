@@ -47,10 +47,10 @@ cdef inline void args_init(CallArgs* c) noexcept nogil:
 
 
 # Read `x` into the next slot (view_from_object; a workspace: read_buffer) and return it. wide:
-# float64 and complex too (the GEMM entry points).
+# a DTYPES_* level of cygemm._arrays (which dtypes it takes).
 # Inline: every entry point calls it for each buffer (the hot path).
 cdef inline MatrixView* add_array(CallArgs* c, object x, str name, ArgRole role, int min_ndim,
-                                  int max_ndim, bint wide=False) except NULL:
+                                  int max_ndim, int wide=0) except NULL:
     if c.n >= MAX_ARGS:
         raise RuntimeError("cygemm: too many buffers for one call (internal limit)")
     cdef MatrixView* v = &c.views[c.n]

@@ -19,7 +19,8 @@ from cygemm._errors cimport check_cuda
 from cygemm._streams cimport stream_from_object, stream_device
 from cygemm._mapping cimport is_rowmajor
 from cygemm._context cimport current_context, known_device_count, call_workspace
-from cygemm._arrays cimport views_overlap, check_no_overlap, dtype_name, read_array, desc_shape
+from cygemm._arrays cimport dtype_name, read_array, desc_shape
+from cygemm._overlap cimport views_overlap, check_no_overlap
 
 
 cdef Math parse_math(object math) except *:

@@ -1,11 +1,11 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Device arrays of CuPy, torch, __cuda_array_interface__ and DLPack read into views, once and
-without touching the GPU; and the geometry of views in memory (whether two overlap)."""
+without touching the GPU (whether two views overlap: cygemm._overlap)."""
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
 
 from cygemm.bindings.cudart cimport (cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F, CUDA_C_32F,
-                            CUDA_C_64F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2)
+                            CUDA_C_64F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_8I, CUDA_R_32I)
 from cygemm._types cimport MatrixView, ArrayDesc, MAX_NDIM, view_is_empty
 from cygemm._described cimport ArrayLayout, LAYOUT_TYPED, LAYOUT_BYTES
 
@@ -44,6 +44,7 @@ cdef extern from *:
         uint64_t byte_offset
 
 cdef enum:
+    DL_INT = 0
     DL_FLOAT = 2
     DL_BFLOAT = 4
     DL_COMPLEX = 5
@@ -54,35 +55,47 @@ cdef enum:
 # bfloat16: torch's, or CuPy's through ml_dtypes (CuPy 14), whose typestr is '<V2'.
 _DTYPES = {"float32": (CUDA_R_32F, 4), "float16": (CUDA_R_16F, 2), "bfloat16": (CUDA_R_16BF, 2)}
 _WIDE_DTYPES = dict(_DTYPES, float64=(CUDA_R_64F, 8), complex64=(CUDA_C_32F, 8), complex128=(CUDA_C_64F, 16))
-_TYPESTRS = {"<f4": "float32", "<f2": "float16", "<f8": "float64", "<c8": "complex64", "<c16": "complex128"}
+_GEMM_DTYPES = dict(_WIDE_DTYPES, int8=(CUDA_R_8I, 1), int32=(CUDA_R_32I, 4))
+_TYPESTRS = {"<f4": "float32", "<f2": "float16", "<f8": "float64", "<c8": "complex64", "<c16": "complex128",
+             "|i1": "int8", "<i4": "int32"}
 _CAI_DTYPES = {t: _DTYPES[n] for t, n in _TYPESTRS.items() if n in _DTYPES}     # CAI names no bfloat16
-_CAI_WIDE_DTYPES = {t: _WIDE_DTYPES[n] for t, n in _TYPESTRS.items()}
+_CAI_WIDE_DTYPES = {t: _WIDE_DTYPES[n] for t, n in _TYPESTRS.items() if n in _WIDE_DTYPES}
+_CAI_GEMM_DTYPES = {t: _GEMM_DTYPES[n] for t, n in _TYPESTRS.items()}
 _DL_TYPES = {(DL_BFLOAT, 16): CUDA_R_16BF, (DL_FLOAT, 16): CUDA_R_16F, (DL_FLOAT, 32): CUDA_R_32F}  # DLPack's
 _DL_WIDE_TYPES = {**_DL_TYPES, (DL_FLOAT, 64): CUDA_R_64F, (DL_COMPLEX, 64): CUDA_C_32F, (DL_COMPLEX, 128): CUDA_C_64F}
+_DL_GEMM_TYPES = {**_DL_WIDE_TYPES, (DL_INT, 8): CUDA_R_8I, (DL_INT, 32): CUDA_R_32I}
+# Indexed by a DTYPES_* level.
+_BY_NAME = (_DTYPES, _WIDE_DTYPES, _GEMM_DTYPES)
+_BY_TYPESTR = (_CAI_DTYPES, _CAI_WIDE_DTYPES, _CAI_GEMM_DTYPES)
+_BY_DLPACK = (_DL_TYPES, _DL_WIDE_TYPES, _DL_GEMM_TYPES)
 _F32, _F16 = _DTYPES["float32"], _DTYPES["float16"]
 _NP_F32, _NP_F16 = _np.dtype("float32"), _np.dtype("float16")
 
 
 _DTYPE_NAMES = {CUDA_R_32F: "float32", CUDA_R_16F: "float16", CUDA_R_16BF: "bfloat16", CUDA_R_64F: "float64",
                 CUDA_C_32F: "complex64", CUDA_C_64F: "complex128", CUDA_R_8F_E4M3: "float8_e4m3",
-                CUDA_R_8F_E5M2: "float8_e5m2"}
+                CUDA_R_8F_E5M2: "float8_e5m2", CUDA_R_8I: "int8", CUDA_R_32I: "int32"}
 
 
 cdef object dtype_name(cudaDataType dtype):
     return _DTYPE_NAMES.get(dtype) or f"cudaDataType {<int>dtype}"
 
 
-cdef str _expected(bint wide):
+cdef str _expected(int wide):
+    if wide == DTYPES_GEMM:
+        return "float16, bfloat16, float32, float64, complex64, complex128 or int8"
     return ("float16, bfloat16, float32, float64, complex64 or complex128" if wide
             else "float16, bfloat16 or float32")
 
 
-cdef object _bad_dtype(str name, str got, bint wide):
+cdef object _bad_dtype(str name, str got, int wide):
     """TypeError for an array whose dtype (named `got`) the entry cannot take, with what to do
     instead: gemm or matmul for float64 and complex (wide False), a cast or CuPy for the rest."""
     msg = f"{name}: expected {_expected(wide)}, got {got}"
     if got in ("float64", "complex64", "complex128") and not wide:
         msg += f" (cygemm.gemm and cygemm.matmul take {got}; or cast it with x.astype(cupy.float32))"
+    elif got == "int8" and wide != DTYPES_GEMM:
+        msg += " (cygemm.gemm, gemm_strided_batched and int_mm multiply int8 into int32)"
     elif got.startswith(("int", "uint", "bool")):
         msg += (f" (cygemm has no {got} GEMM: use cupy.matmul or torch.matmul for {got}, or cast it "
                 "to a float dtype with x.astype(cupy.float32))")
@@ -133,7 +146,7 @@ cdef tuple desc_shape(const ArrayDesc* d):
     return tuple([d.shape[i] for i in range(d.ndim)])
 
 
-cdef int read_array(object x, ArrayDesc* d, str name, bint wide) except -1:
+cdef int read_array(object x, ArrayDesc* d, str name, int wide) except -1:
     """Read pointer, shape, strides, dtype and device of a device array, once, without touching
     the GPU. wide: float64 too (else float32, float16, bfloat16)."""
     cdef object dt
@@ -141,7 +154,7 @@ cdef int read_array(object x, ArrayDesc* d, str name, bint wide) except -1:
         dt_obj = x.dtype
         # NumPy's builtin dtypes are singletons: identity beats building dtype.str.
         dt = _F32 if dt_obj is _NP_F32 else (_F16 if dt_obj is _NP_F16 else (
-            _WIDE_DTYPES if wide else _DTYPES).get(dt_obj.name))
+            _BY_NAME[wide]).get(dt_obj.name))
         if dt is None:
             raise _bad_dtype(name, str(x.dtype), wide)
         d.dtype = <cudaDataType>(<int>dt[0])
@@ -161,7 +174,7 @@ cdef int read_array(object x, ArrayDesc* d, str name, bint wide) except -1:
     except (TypeError, BufferError, RuntimeError):  # e.g. torch bfloat16: use DLPack
         cai = None
     if cai is not None:
-        dt = (_CAI_WIDE_DTYPES if wide else _CAI_DTYPES).get(cai["typestr"])
+        dt = (<dict>_BY_TYPESTR[wide]).get(cai["typestr"])
         if dt is None and hasattr(x, "__dlpack__"):
             # CAI has no bfloat16 typestr (torch says '<V2'); DLPack names it.
             return _read_dlpack(x, d, name, wide)
@@ -178,17 +191,18 @@ cdef int read_array(object x, ArrayDesc* d, str name, bint wide) except -1:
                     f"on a CUDA device), got {type(x).__module__}.{type(x).__name__}")
 
 
-cdef int _read_layout(ArrayLayout x, ArrayDesc* d, str name, bint wide) except -1:
+cdef int _read_layout(ArrayLayout x, ArrayDesc* d, str name, int wide) except -1:
     cdef cudaDataType t = x.d.dtype
     if x.kind != LAYOUT_TYPED or not (t == CUDA_R_32F or t == CUDA_R_16F or t == CUDA_R_16BF
-                                      or (wide and (t == CUDA_R_64F or t == CUDA_C_32F or t == CUDA_C_64F))):
+                                      or (wide and (t == CUDA_R_64F or t == CUDA_C_32F or t == CUDA_C_64F))
+                                      or (wide == DTYPES_GEMM and (t == CUDA_R_8I or t == CUDA_R_32I))):
         raise TypeError(f"{name}: expected {_expected(wide)}, got {x.dtype}")
     d[0] = x.d
     return 0
 
 
 cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim,
-                          bint wide=False) except -1:
+                          int wide=False) except -1:
     """A (batch, rows, cols) view of a device array of min_ndim..max_ndim (<= 3) dimensions;
     a 1-D array is one row. wide: float64 and complex too."""
     cdef ArrayDesc d
@@ -221,11 +235,12 @@ cdef int view_from_desc(const ArrayDesc* dp, MatrixView* view, str name, int min
 cdef object _torch_tensor = None
 cdef dict _torch_dtypes = None
 cdef object _torch_wide = None
+cdef object _torch_ints = None
 cdef object _torch_grad_enabled = None
 
 
 cdef bint _find_torch() except -1:
-    global _torch_tensor, _torch_dtypes, _torch_wide, _torch_grad_enabled
+    global _torch_tensor, _torch_dtypes, _torch_wide, _torch_ints, _torch_grad_enabled
     import sys
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "Tensor"):
@@ -234,6 +249,7 @@ cdef bint _find_torch() except -1:
                      torch.bfloat16: (CUDA_R_16BF, 2)}
     _torch_wide = {torch.float64: (CUDA_R_64F, 8), torch.complex64: (CUDA_C_32F, 8),
                   torch.complex128: (CUDA_C_64F, 16)}
+    _torch_ints = {torch.int8: (CUDA_R_8I, 1), torch.int32: (CUDA_R_32I, 4)}
     _torch_grad_enabled = torch.is_grad_enabled
     _torch_tensor = torch.Tensor
     return True
@@ -249,12 +265,13 @@ cdef int _refuse_recorded(object x, str name) except -1:
     return 0
 
 
-cdef int _read_torch(object x, ArrayDesc* d, str name, bint wide) except -1:
+cdef int _read_torch(object x, ArrayDesc* d, str name, int wide) except -1:
     if not x.is_cuda:
         raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {x.device} (a CPU tensor "
                         "is not a CUDA array: move it with .cuda())")
     _refuse_recorded(x, name)
-    dt = _torch_dtypes.get(x.dtype) or (_torch_wide.get(x.dtype) if wide else None)
+    dt = _torch_dtypes.get(x.dtype) or (_torch_wide.get(x.dtype) if wide else None) or (
+        _torch_ints.get(x.dtype) if wide == DTYPES_GEMM else None)
     if dt is None:
         raise _bad_dtype(name, str(x.dtype).replace("torch.", ""), wide)
     if x.is_conj() or x.is_neg():   # lazy x.conj(), x.mH, negation: the memory does not hold the values
@@ -266,7 +283,7 @@ cdef int _read_torch(object x, ArrayDesc* d, str name, bint wide) except -1:
     return _fill_desc(d, name, x.data_ptr(), tuple(x.shape), strides, itemsize, x.get_device())
 
 
-cdef int _read_dlpack(object x, ArrayDesc* d, str name, bint wide) except -1:
+cdef int _read_dlpack(object x, ArrayDesc* d, str name, int wide) except -1:
     dev = x.__dlpack_device__()
     if int(dev[0]) != DL_CUDA:
         where = "host memory" if int(dev[0]) == DL_CPU else f"DLPack device type {dev[0]}"
@@ -279,7 +296,7 @@ cdef int _read_dlpack(object x, ArrayDesc* d, str name, bint wide) except -1:
         raise TypeError(f"{name}: __dlpack__ returned no 'dltensor' capsule")
     cdef cg_DLTensor* t = <cg_DLTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
     cdef int itemsize
-    dt = (_DL_WIDE_TYPES if wide else _DL_TYPES).get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
+    dt = (<dict>_BY_DLPACK[wide]).get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
     if dt is None:
         raise _bad_dtype(name, _dlpack_dtype_name(t.dtype.code, t.dtype.bits, t.dtype.lanes), wide)
     d.dtype = <cudaDataType>(<int>dt)
@@ -325,107 +342,6 @@ def describe_array(x, str name="x"):
     return dict(ptr=<uintptr_t>v.ptr, batch=v.batch, rows=v.rows, cols=v.cols,
                 batch_stride=v.batch_stride, row_stride=v.row_stride, col_stride=v.col_stride,
                 dtype=dtype_name(v.dtype))
-
-cdef void _byte_range(const MatrixView* v, int64_t* lo, int64_t* hi) noexcept nogil:
-    """[lo, hi): the bytes a non-empty view can touch."""
-    cdef int64_t start = <int64_t><uintptr_t>v.ptr, span
-    lo[0] = start
-    hi[0] = start + v.itemsize
-    cdef int64_t sizes[3]
-    cdef int64_t strides[3]
-    sizes[0], sizes[1], sizes[2] = v.batch, v.rows, v.cols
-    strides[0], strides[1], strides[2] = v.batch_stride, v.row_stride, v.col_stride
-    for i in range(3):
-        span = (sizes[i] - 1) * strides[i] * v.itemsize
-        if span < 0:
-            lo[0] += span
-        else:
-            hi[0] += span
-
-
-cdef bint _as_lines(const MatrixView* v, int64_t* n, int64_t* length, int64_t* ld) noexcept nogil:
-    """The memory of 2-D view v as n segments of `length` contiguous elements, ld apart
-    (ld 0: one segment). False when v is not such a view (no unit-stride axis, batches)."""
-    if v.batch != 1:
-        return False
-    cdef int64_t count, stride
-    if v.rows == 1 or v.cols == 1:          # a vector: one segment, or segments of one
-        count = v.rows * v.cols
-        stride = v.col_stride if v.cols > 1 else v.row_stride
-        if count == 1 or stride == 1:
-            n[0], length[0], ld[0] = 1, count, 0
-        elif stride > 0:
-            n[0], length[0], ld[0] = count, 1, stride
-        else:
-            return False
-    elif v.col_stride == 1:                 # rows are the segments
-        n[0], length[0], ld[0] = v.rows, v.cols, v.row_stride
-    elif v.row_stride == 1:                 # columns are the segments
-        n[0], length[0], ld[0] = v.cols, v.rows, v.col_stride
-    else:
-        return False
-    return True
-
-
-cdef bint _blocks_overlap(const MatrixView* x, const MatrixView* y) noexcept nogil:
-    """Whether two views with overlapping byte ranges share an element. Exact when both
-    are blocks of one matrix (segments of contiguous elements, one distance ld apart);
-    True (conservative) otherwise."""
-    if x.itemsize != y.itemsize:
-        return True
-    cdef int64_t xn, xl, xld, yn, yl, yld, ld, base, ox, oy
-    if not (_as_lines(x, &xn, &xl, &xld) and _as_lines(y, &yn, &yl, &yld)):
-        return True
-    if xld and yld and xld != yld:
-        return True
-    ld = xld if xld else yld
-    if ld == 0:
-        return True          # two contiguous segments: their byte ranges are exact
-    if xl > ld or yl > ld:
-        return True
-    base = min(<int64_t><uintptr_t>x.ptr, <int64_t><uintptr_t>y.ptr)
-    ox = <int64_t><uintptr_t>x.ptr - base
-    oy = <int64_t><uintptr_t>y.ptr - base
-    if ox % x.itemsize or oy % x.itemsize:
-        return True
-    ox //= x.itemsize
-    oy //= x.itemsize
-    if ox % ld + xl > ld or oy % ld + yl > ld:     # a block that wraps past the line's end
-        return True
-    return (ox // ld < oy // ld + yn and oy // ld < ox // ld + xn and
-            ox % ld < oy % ld + yl and oy % ld < ox % ld + xl)
-
-
-cdef bint views_overlap(const MatrixView* x, const MatrixView* y) noexcept nogil:
-    if view_is_empty(x) or view_is_empty(y):
-        return False
-    cdef int64_t lo1, hi1, lo2, hi2
-    _byte_range(x, &lo1, &hi1)
-    _byte_range(y, &lo2, &hi2)
-    return not (hi1 <= lo2 or hi2 <= lo1) and _blocks_overlap(x, y)
-
-
-cdef int check_no_overlap(const MatrixView* out, str out_name, const MatrixView* other,
-                          str other_name) except -1:
-    if not views_overlap(out, other):
-        return 0
-    cdef int64_t lo1, hi1, lo2, hi2
-    _byte_range(out, &lo1, &hi1)
-    _byte_range(other, &lo2, &hi2)
-    raise ValueError(f"{out_name}: its memory overlaps {other_name} (bytes "
-                     f"[{lo1:#x}, {hi1:#x}) and [{lo2:#x}, {hi2:#x})); cuBLAS and cygemm's kernels "
-                     f"need outputs that share no memory with the other arguments")
-
-
-def arrays_overlap(x, y):
-    """Whether cygemm would treat device arrays x and y as sharing memory (the check every
-    output goes through). Exact for two 2-D views of one leading dimension; otherwise by
-    address ranges, so it may say True for interleaved views that share no element."""
-    cdef MatrixView a, b
-    view_from_object(x, &a, "x", 1, 3)
-    view_from_object(y, &b, "y", 1, 3)
-    return views_overlap(&a, &b)
-
 
 # ---------------------------------------------------------------- FP8 arrays
 

@@ -7,7 +7,8 @@ allocate for cuBLAS to read and write them in place (decide_copies)."""
 from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm._types cimport ArrayDesc, MatrixView, ColMajorGemm, type_size
-from cygemm._arrays cimport desc_shape, views_overlap, dtype_name
+from cygemm._arrays cimport desc_shape, dtype_name
+from cygemm._overlap cimport views_overlap
 from cygemm.bindings.cudart cimport cudaDataType
 from cygemm._mapping cimport MapResult, MAP_OK, MAP_BAD_A, MAP_BAD_B, MAP_BAD_OUT, map_rowmajor_gemm, check_batch_disjoint
 

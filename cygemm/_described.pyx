@@ -16,7 +16,7 @@ and why), then the column-major arguments cuBLAS gets.
 from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.bindings.cudart cimport (cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F,
-                                     CUDA_C_32F, CUDA_C_64F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_8U)
+                                     CUDA_C_32F, CUDA_C_64F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_8U, CUDA_R_8I, CUDA_R_32I)
 from cygemm.bindings.cublas cimport CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C
 from cygemm._types cimport MatrixView, ColMajorGemm, MAX_NDIM
 from cygemm._mapping cimport is_rowmajor
@@ -28,6 +28,7 @@ import numpy as np
 _TYPED = {"float32": (CUDA_R_32F, 4, "float32"), "float16": (CUDA_R_16F, 2, "float16"),
           "bfloat16": (CUDA_R_16BF, 2, "bfloat16"), "float64": (CUDA_R_64F, 8, "float64"),
           "complex64": (CUDA_C_32F, 8, "complex64"), "complex128": (CUDA_C_64F, 16, "complex128"),
+          "int8": (CUDA_R_8I, 1, "int8"), "int32": (CUDA_R_32I, 4, "int32"),
           "float8_e4m3fn": (CUDA_R_8F_E4M3, 1, "float8_e4m3fn"), "e4m3": (CUDA_R_8F_E4M3, 1, "float8_e4m3fn"),
           "float8_e5m2": (CUDA_R_8F_E5M2, 1, "float8_e5m2"), "e5m2": (CUDA_R_8F_E5M2, 1, "float8_e5m2")}
 _FIRST_ADDRESS = 0x10_0000_0000       # pairs' made-up addresses start here (never NULL)

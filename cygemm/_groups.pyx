@@ -14,7 +14,8 @@ from libc.stdlib cimport malloc, free, qsort
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm._types cimport MatrixView, ColMajorGemm, pointer_alignment
-from cygemm._arrays cimport view_from_object, views_overlap, check_no_overlap, dtype_name
+from cygemm._arrays cimport view_from_object, dtype_name
+from cygemm._overlap cimport views_overlap, check_no_overlap
 from cygemm._args cimport (CallArgs, args_init, add_array, add_view, check_devices, expect_dtype, ARG_READ,
                            ARG_WRITE, MAX_ARGS)
 from cygemm._context cimport known_device_count

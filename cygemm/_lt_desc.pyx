@@ -6,7 +6,7 @@ from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
 from cygemm.bindings.cudart cimport cudaDataType
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
-from cygemm._types cimport ColMajorGemm, GemmTypes, scale_type
+from cygemm._types cimport ColMajorGemm, GemmTypes, scale_type, is_fp8_type
 from cygemm._errors cimport check_cublas
 from cygemm._launch cimport PlanData, set_scale_pointers
 
@@ -56,7 +56,8 @@ cdef int make_descriptors(PlanData* d, const ColMajorGemm* g, int64_t batch, cud
         a_type, b_type, c_type = types.a, types.b, types.c
         check_cublas(<cublasStatus_t>set_scale_pointers(d, types), "cublasLtMatmulDescSetAttribute(scales)")
         fast = 1 if types.fast_accum else 0
-        _set_desc(d.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast))
+        if is_fp8_type(types.a) or is_fp8_type(types.b):    # (an FP8 attribute: int8 GEMMs leave it)
+            _set_desc(d.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast))
         if types.a_scale_mode:          # (scalar scales are the default: older cuBLAS lacks the attribute)
             _set_desc(d.desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &types.a_scale_mode, sizeof(int32_t))
         if types.b_scale_mode:

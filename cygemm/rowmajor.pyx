@@ -3,13 +3,14 @@
 C entry points and the gemm/gemm_strided_batched surface over the plan layer."""
 from libc.stdint cimport int64_t, uintptr_t
 
-from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType, CUDA_R_8I, CUDA_R_32I
 from cygemm.bindings.cublas cimport *
 from cygemm._types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, is_complex_type
 from cygemm._context cimport GemmContext
 from cygemm._mapping cimport rowmajor_view, conjugate_ops, layout_error, MAP_CONJ_A  # (more: rowmajor.pxd)
 from cygemm._errors cimport refuse_in_capture
-from cygemm._arrays cimport dtype_name
+from cygemm._arrays cimport dtype_name, DTYPES_WIDE, DTYPES_GEMM
+from cygemm._int8 cimport check_int8, run_int8
 
 from cygemm._alloc cimport empty_array, first_torch, data_pointer, is_torch, torch_stream
 from cygemm._args cimport (CallArgs, args_init, add_array, add_view, prepare_call, expect_dtype, ARG_READ,
@@ -117,16 +118,21 @@ cdef int parse_trans(object value, str name, bint* trans, bint* conj) except -1:
 
 cdef int read_gemm(CallArgs* c, object A, object B, object out, bint trans_a, bint trans_b,
                    bint batched, object alpha, object beta, Scalars* sc, ColMajorGemm* g,
-                   bint conj_a=False, bint conj_b=False) except -1:
+                   bint conj_a=False, bint conj_b=False, bint ints=False) except -1:
     """The argument path of gemm, gemm_strided_batched, GemmPlan and describe_gemm: read and
     check the operands into c (A, B, then out), alpha and beta into sc, and map them to cuBLAS
     (out=None: a row-major result, its pointer NULL until allocated). No GPU state."""
     cdef int min_nd = 2
     cdef int max_nd = 3 if batched else 2
+    cdef int level = DTYPES_GEMM if ints else DTYPES_WIDE
     args_init(c)
-    cdef MatrixView* a = add_array(c, A, "A", ARG_READ, min_nd, max_nd, True)
-    cdef MatrixView* b = add_array(c, B, "B", ARG_READ, min_nd, max_nd, True)
+    cdef MatrixView* a = add_array(c, A, "A", ARG_READ, min_nd, max_nd, level)
+    cdef MatrixView* b = add_array(c, B, "B", ARG_READ, min_nd, max_nd, level)
+    if a.dtype == CUDA_R_32I:
+        raise TypeError("A: expected float16, bfloat16, float32, float64, complex64, complex128 or int8, got "
+                        "int32 (cuBLAS multiplies int8 into int32, not int32: use cupy.matmul for int32)")
     expect_dtype(b, "B", a.dtype, "A")
+    cdef bint int8 = a.dtype == CUDA_R_8I
     read_scalars(alpha, beta, a.dtype, sc)
     cdef int64_t M = a.cols if trans_a else a.rows
     cdef int64_t K = a.rows if trans_a else a.cols
@@ -154,10 +160,16 @@ cdef int read_gemm(CallArgs* c, object A, object B, object out, bint trans_a, bi
         res.device = -1
         res.rows, res.cols, res.row_stride, res.col_stride = M, N, N, 1
         res.batch, res.batch_stride, res.dtype, res.itemsize = batch, M * N, a.dtype, a.itemsize
+        if int8:            # the exact sums
+            res.dtype, res.itemsize = CUDA_R_32I, 4
         cv = add_view(c, &res, "out", ARG_WRITE)
     else:
-        cv = add_array(c, out, "out", ARG_WRITE, max_nd, max_nd, True)
-        expect_dtype(cv, "out", a.dtype, None)
+        cv = add_array(c, out, "out", ARG_WRITE, max_nd, max_nd, level)
+        if not int8:
+            expect_dtype(cv, "out", a.dtype, None)
+        elif cv.dtype != CUDA_R_32I and cv.dtype != CUDA_R_8I:
+            raise TypeError(f"out: int8 operands write an int32 out (exact sums) or an int8 one (scaled by "
+                            f"alpha, rounded and saturated), got {dtype_name(cv.dtype)}")
         if cv.rows != M or cv.cols != N or cv.batch != batch:
             want = f"({batch}, {M}, {N})" if batched else f"({M}, {N})"
             raise ValueError(f"out: expected shape {want}, got {_shape_str(cv, batched)}")
@@ -171,6 +183,8 @@ cdef int read_gemm(CallArgs* c, object A, object B, object out, bint trans_a, bi
     if out is not None:
         check_batch_disjoint(g, "out")
     g.strided_batched = batched
+    if int8:
+        check_int8(a, b, cv, trans_a, trans_b, g, sc)
     return 0
 
 
@@ -198,7 +212,8 @@ cdef object _conjugated(object x, object stream, str name):
 
 
 cdef object _run(object A, object B, object out, object trans_a, object trans_b, object alpha,
-                 object beta, str math, object stream, object autotune, object determinism, bint batched):
+                 object beta, str math, object stream, object autotune, object determinism, bint batched,
+                 bint int8_only=False):
     cdef CallArgs c
     cdef ColMajorGemm g
     cdef Scalars sc
@@ -207,7 +222,7 @@ cdef object _run(object A, object B, object out, object trans_a, object trans_b,
     parse_trans(trans_b, "trans_b", &tb, &cb)
     for _ in range(3):      # an operand cuBLAS cannot conjugate in place is copied conjugated
         try:
-            read_gemm(&c, A, B, out, ta, tb, batched, alpha, beta, &sc, &g, ca, cb)
+            read_gemm(&c, A, B, out, ta, tb, batched, alpha, beta, &sc, &g, ca, cb, True)
             break
         except _ConjugateLayoutError as e:
             if e.operand == "A":
@@ -216,6 +231,12 @@ cdef object _run(object A, object B, object out, object trans_a, object trans_b,
                 B, cb = _conjugated(B, stream, "B"), False
     cdef int level = autotune_level(autotune, determinism)
     cdef MatrixView* cv = &c.views[2]
+    if int8_only and c.views[0].dtype != CUDA_R_8I:
+        raise TypeError(f"A: int_mm multiplies int8 matrices, got {dtype_name(c.views[0].dtype)} "
+                        "(cygemm.gemm and cygemm.matmul take the float dtypes)")
+    if int8_only and cv.dtype != CUDA_R_32I:
+        raise TypeError(f"out: int_mm writes int32, got {dtype_name(cv.dtype)} (an int8 out with a real "
+                        "scale: cygemm.gemm(a, b, out, alpha=...))")
     prepare_call(&c, math, cv.dtype, stream)    # out=None: the result has no memory yet, skipped
     cdef object like
     if out is None:         # in the caller's library: a torch tensor when A or B is one
@@ -224,6 +245,9 @@ cdef object _run(object A, object B, object out, object trans_a, object trans_b,
                           "out: out=None allocates the result; pass out=", like)
         g.c = <void*>data_pointer(out)
     if g.m == 0 or g.n == 0 or g.batch == 0:
+        return out
+    if c.views[0].dtype == CUDA_R_8I:
+        run_int8(c.ctx, c.stream, &g, cv.dtype, &sc, level)
         return out
     with nogil:
         run_gemm(c.ctx, c.stream, &g, cv.dtype, c.compute, &sc, level)
@@ -331,6 +355,50 @@ def gemm_strided_batched(A, B, out=None, *, trans_a=False, trans_b=False, alpha=
     return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, autotune, determinism, True)
 
 
+def int_mm(A, B, out=None, *, stream=None):
+    """out = A @ B for int8 matrices, summed exactly in int32 on the integer tensor cores.
+
+    What ``torch._int_mm`` computes (the GEMM of W8A8 inference): one cuBLASLt int8 GEMM with
+    int32 accumulation and no scale, so each element is the exact integer sum while it fits in
+    int32 (a sum past int32 wraps, as int32 arithmetic does).
+
+    Parameters
+    ----------
+    A : device array, int8, (M, K)
+        Read along K: C-ordered (or any layout whose rows are contiguous).
+    B : device array, int8, (K, N)
+        Read along K too: F-ordered, i.e. ``w.T`` of a C-ordered (N, K) weight ``w``, the
+        layout of a linear layer's weight and of ``torch._int_mm``'s fast path.
+    out : device array, int32, (M, N), optional
+        Any layout cuBLAS reads; None: a new C-ordered int32 array of the inputs' library.
+    stream : optional
+        As :func:`gemm`.
+
+    Returns
+    -------
+    device array
+        ``out``, or the new int32 array.
+
+    Raises
+    ------
+    ValueError
+        Before anything runs, naming the argument, the rule and the fix: an operand not
+        contiguous along K, a leading dimension that is not a multiple of 4 elements, data not
+        aligned to 4 bytes, K = 0, or a problem cuBLASLt has no int8 kernel for.
+    TypeError
+        Operands that are not int8, an ``out`` that is not int32.
+
+    Notes
+    -----
+    :func:`gemm` and :func:`gemm_strided_batched` take int8 operands too: into an int32 ``out``
+    with integer ``alpha`` and ``beta``, or into an int8 ``out`` with real ones (rounded to
+    nearest and saturated). :func:`cygemm.matmul` follows NumPy for int8 (an int8 result that
+    wraps) and runs CuPy's kernel for it. Integer sums do not depend on their order, so every
+    kernel gives the same bits: ``determinism`` needs nothing here.
+    """
+    return _run(A, B, out, False, False, 1, 0, "tf32", stream, None, None, False, True)
+
+
 def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, bint batched=False):
     """The cuBLAS call :func:`gemm` (``batched``: :func:`gemm_strided_batched`) makes for these
     arguments, without launching anything (no GPU needed).
@@ -380,12 +448,15 @@ def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, bint batched=
     cdef bint ta, tb, ca, cb
     parse_trans(trans_a, "trans_a", &ta, &ca)
     parse_trans(trans_b, "trans_b", &tb, &cb)
-    read_gemm(&c, A, B, out, ta, tb, batched, 1.0, 0.0, &sc, &g, ca, cb)
+    read_gemm(&c, A, B, out, ta, tb, batched, 1.0, 0.0, &sc, &g, ca, cb, True)
     check_overlaps(&c)                  # as gemm's prepare_call (out=None: no memory, skipped)
     if not g.strided_batched:           # cublasGemmEx takes no batch strides
         g.stride_a = g.stride_b = g.stride_c = 0
     d = describe_call(&c.views[0], &c.views[1], &c.views[2], &g, trans_a, trans_b, ("A", "B", "out"),
                       (has_memory(A), has_memory(B), out is not None and has_memory(out)))
+    if c.views[0].dtype == CUDA_R_8I:
+        d["kernels"] = ("cuBLASLt's int8 kernels, int32 accumulation (the fastest, timed once when large; "
+                        "every one gives the same exact sums)")
     d.update(strided_batched=bool(g.strided_batched),
              int64_api=max(g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch) > INT32_MAX)
     return d

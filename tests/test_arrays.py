@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from cygemm import _arrays
-from cygemm._arrays import arrays_overlap
+from cygemm._overlap import arrays_overlap
 from fakes import BASE, FakeDeviceArray, fake_view
 
 

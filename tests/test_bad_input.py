@@ -101,7 +101,7 @@ class Reals(Fakes):
 
 
 def fn(name):
-    return {"gemm": cygemm.gemm, "gemm_strided_batched": cygemm.gemm_strided_batched,
+    return {"gemm": cygemm.gemm, "gemm_strided_batched": cygemm.gemm_strided_batched, "int_mm": cygemm.int_mm,
             "forward_into": gemm_ops.forward_into, "backward_into": gemm_ops.backward_into,
             "forward": gemm_ops.forward, "backward": gemm_ops.backward,
             "as_tensor_2d": gemm_ops.as_tensor_2d, "assert_f32_2d": gemm_ops.assert_f32_2d,
@@ -134,8 +134,20 @@ CASES = {
     "gemm/mixed dtypes": ("gemm", lambda mk: ((mk.arr((2, 2)), mk.arr((2, 2), "float16"), mk.out((2, 2))), {}),
                           TypeError, ["B:", "float32", "float16"], True),
     "gemm/int32": ("gemm", lambda mk: ((mk.arr((2, 2), "int32"), mk.arr((2, 2), "int32")), {}),
-                   TypeError, ["A:", "expected float16, bfloat16, float32, float64, complex64 or complex128, got int32",
-                               "cupy.matmul"], True),
+                   TypeError, ["A:", "expected float16, bfloat16, float32, float64, complex64, complex128 or int8, "
+                               "got int32", "cupy.matmul"], True),
+    # ---- int_mm
+    "int_mm/B read along N": ("int_mm", lambda mk: ((mk.arr((8, 16), "int8"), mk.arr((16, 8), "int8"),
+                                                     mk.out((8, 8), "int32")), {}),
+                              ValueError, ["B:", "along K", "asfortranarray"], True),
+    "int_mm/leading dimension": ("int_mm", lambda mk: ((mk.arr((8, 6), "int8"), mk.transpose(mk.arr((8, 6), "int8")),
+                                                        mk.out((8, 8), "int32")), {}),
+                                 ValueError, ["multiples of 4", "got 6"], True),
+    "int_mm/float32": ("int_mm", lambda mk: ((mk.arr((8, 8)), mk.transpose(mk.arr((8, 8))), mk.out((8, 8))), {}),
+                       TypeError, ["A:", "int_mm multiplies int8", "float32"], True),
+    "int_mm/out float32": ("int_mm", lambda mk: ((mk.arr((8, 8), "int8"), mk.transpose(mk.arr((8, 8), "int8")),
+                                                  mk.out((8, 8))), {}),
+                           TypeError, ["out:", "int32", "float32"], True),
     "gemm/mixed float64 and complex128": ("gemm", lambda mk: ((mk.arr((2, 2), "float64"), mk.arr((2, 2), "complex128"),
                                                                mk.out((2, 2), "float64")), {}),
                                           TypeError, ["B:", "expected the dtype of A (float64), got complex128"], True),

@@ -269,7 +269,7 @@ def test_describe_scaled_matmul_of_ml_dtypes_fp8_arrays_computes_the_product():
 
 @pytest.mark.parametrize("call, exc, words", [
     (lambda: cygemm.describe_gemm(((4, 3), "int32"), ((3, 5), "float32")), TypeError,
-     ["A:", "float16, bfloat16, float32, float64, complex64 or complex128", "int32"]),
+     ["A:", "float16, bfloat16, float32, float64, complex64, complex128 or int8", "int32"]),
     (lambda: cygemm.describe_gemm(((4, 3), "float32"), ((3, -5), "float32")), ValueError, ["B:", "shape"]),
     (lambda: cygemm.describe_gemm(((4, 3), "float32"), ((3, 5), "float32"), ((4, 5), "nonsense")), TypeError,
      ["out:", "expected a dtype", "'nonsense'"]),

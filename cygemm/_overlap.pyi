@@ -1,0 +1,3 @@
+from cygemm._typing import DeviceArray
+
+def arrays_overlap(x: DeviceArray, y: DeviceArray) -> bool: ...
