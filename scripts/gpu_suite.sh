@@ -4,7 +4,7 @@
 # Results go to DIR (default: $OUT, else ./out); the logs are packed into DIR/logs.tar.gz
 # (the device tool brings back only a few files).
 #   bash scripts/gpu_suite.sh [DIR] [STAGES]
-# TESTS: the test paths (default: tests). STAGES: a comma list of tests, firstcall, compare, sanitize, peer, bench, bench-quick, bench-host
+# TESTS: the test paths (default: tests); TEST_TIMEOUT: seconds the tests may take (default: no limit). STAGES: a comma list of tests, firstcall, compare, sanitize, peer, bench, bench-quick, bench-host
 # (default tests,sanitize,bench); BENCH_ONLY=a,b limits the benchmark sections. firstcall: the first-call, plan-count and thread-stall
 # measurements (their tests, with their printed figures); compare: this tree against
 # COMPARE_WITH (default 9579766) built beside it, interleaved (benchmarks/compare_builds.py).
@@ -37,7 +37,7 @@ fi
 status=0
 if [[ $STAGES == *,tests,* ]]; then
     echo "== tests"
-    python3 -m pytest -q -rs -p no:cacheprovider --durations=12 ${TESTS:-tests} 2>&1 | tee "$LOGS/tests.log" \
+    timeout "${TEST_TIMEOUT:-0}" python3 -m pytest -q -rs -p no:cacheprovider --durations=12 ${TESTS:-tests} 2>&1 | tee "$LOGS/tests.log" \
         | grep -vE '^[.sF]+ *(\[ *[0-9]+%\])?$' | tail -60
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
     echo "== the Cython consumer example, as the README builds and runs it"
