@@ -49,18 +49,23 @@ cdef int check_int8(const MatrixView* a, const MatrixView* b, const MatrixView* 
                          f"such as w.T of a C-ordered (N, K) weight, or trans_b=True with w itself), got "
                          f"{_strides(b)}{' with trans_b' if trans_b else ''}; pass w.T of a C-ordered (N, K) "
                          f"array, or cupy.asfortranarray(B)")
-    cdef str who
-    for who, ld, ptr in (("A" if g.a == <const void*>a.ptr else "B", g.lda, <size_t>g.a),
-                         ("B" if g.b == <const void*>b.ptr else "A", g.ldb, <size_t>g.b),
-                         ("out", g.ldc, <size_t>g.c)):
+    # The operands' leading dimensions and pointers (out's are free: measured on the H200, an int32
+    # out of any leading dimension runs); cuBLAS's A is the user's B when the call is swapped.
+    cdef int i
+    cdef int64_t ld
+    cdef const void* ptr
+    for i in range(2):
+        ld = g.lda if i == 0 else g.ldb
+        ptr = g.a if i == 0 else g.b
+        who = "A" if ptr == <const void*>a.ptr else "B"
         if ld % 4:
             raise ValueError(f"{who}: cuBLASLt's int8 GEMM needs leading dimensions that are multiples of 4 "
-                             f"elements (an operand's stride from one run along K to the next; out's between its "
-                             f"rows or columns), got {ld}; pad K (or out's row) to a multiple of 4")
-        if ptr and pointer_alignment(<const void*>ptr) < 4:
+                             f"elements (the stride from one run along K to the next), got {ld}; pad K to a "
+                             f"multiple of 4")
+        if ptr != NULL and pointer_alignment(ptr) < 4:
             raise ValueError(f"{who}: cuBLASLt's int8 GEMM needs data aligned to 4 bytes (16 for its fastest "
-                             f"kernels), got an address {pointer_alignment(<const void*>ptr)}-byte aligned; "
-                             "start views at multiples of 4 (int8) elements")
+                             f"kernels), got an address {pointer_alignment(ptr)}-byte aligned; start views at "
+                             "multiples of 4 (int8) elements")
     if out.dtype == CUDA_R_32I:
         for name, v in (("alpha", sc.alpha_re), ("beta", sc.beta_re)):
             if v != <double><int64_t>v or not (INT32_MIN_D <= v <= INT32_MAX_D):

@@ -88,7 +88,7 @@ def test_complex_products_match_complex128(dtype, tol):
     rng = np.random.default_rng()
     a = (rng.standard_normal((3, 33, 17)) + 1j * rng.standard_normal((3, 33, 17))).astype(dtype)
     b = (rng.standard_normal((17, 9)) + 1j * rng.standard_normal((17, 9))).astype(dtype)
-    got = cygemm.matmul(cp.asarray(a), cp.asarray(b))
+    got = cygemm.matmul(cp.asarray(a), cp.asarray(b), math="fp32")      # (complex64: strict, not TF32)
     ref = a.astype(np.complex128) @ b.astype(np.complex128)
     assert got.dtype == np.dtype(dtype)
     diff = np.linalg.norm(cp.asnumpy(got) - ref) / np.linalg.norm(ref)
@@ -104,11 +104,13 @@ def test_torch_integer_tensors_give_a_torch_result_and_gradients_are_not_lost_si
     got = cygemm.matmul(a, b)
     assert isinstance(got, torch.Tensor) and got.dtype == torch.int32
     assert torch.equal(got.cpu(), (a.cpu().long() @ b.cpu().long()).int())   # torch has no CUDA int64 matmul
-    z = torch.randn(4, 4, device="cuda", dtype=torch.complex64, requires_grad=True)
+    x = torch.randn(6, 4, device="cuda", requires_grad=True)       # float @ int: CuPy's path
     with pytest.raises(TypeError, match="use torch.matmul for tensors that require grad"):
-        cygemm.matmul(z, z)
+        cygemm.matmul(x, b)
     with torch.no_grad():
-        assert torch.allclose(cygemm.matmul(z, z), z @ z, atol=1e-4)
+        assert torch.allclose(cygemm.matmul(x, b), x.double() @ b.double(), atol=1e-4)
+    z = torch.randn(4, 4, device="cuda", dtype=torch.complex64, requires_grad=True)   # cuBLAS: recorded
+    assert cygemm.matmul(z, z).grad_fn is not None
 
 
 @pytest.mark.gpu

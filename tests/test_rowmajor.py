@@ -113,7 +113,7 @@ def test_torch_tensors_read_from_attributes_requires_grad_and_errors():
     assert rel_err(out.cpu().numpy(), ref) < 1e-5
     with pytest.raises(TypeError, match="A: expected a CUDA tensor"):
         cygemm.gemm(torch.ones(2, 2), B[:2, :2], out[:2, :2])
-    with pytest.raises(TypeError, match="^B: expected float16, bfloat16, float32, .*, got int32"):
+    with pytest.raises(TypeError, match=r"^B: expected the dtype of A \(float32\), got int32"):
         cygemm.gemm(A.detach(), torch.ones(30, 10, device="cuda", dtype=torch.int32), out)
     assert rel_err(out.cpu().numpy(), ref) < 1e-5            # the refused calls wrote nothing
 
