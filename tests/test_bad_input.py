@@ -82,7 +82,7 @@ class Reals(Fakes):
 
     def out(self, shape, dtype="float32"):
         # poisoned: NaN, or for an integer dtype its most negative value
-        fill = self.cp.nan if np.dtype(dtype).kind == "f" else np.iinfo(dtype).min
+        fill = self.cp.nan if np.dtype(dtype).kind in "fc" else np.iinfo(dtype).min
         x = self.cp.full(shape, fill, dtype=dtype)
         self.outputs.append(x)
         return x
@@ -496,7 +496,7 @@ def test_bad_input_gpu_writes_nothing(name):
     _check_raises(name, mk)
     cp.cuda.Device().synchronize()
     for out in mk.outputs:
-        poisoned = cp.isnan(out) if out.dtype.kind == "f" else out == np.iinfo(out.dtype).min
+        poisoned = cp.isnan(out) if out.dtype.kind in "fc" else out == np.iinfo(out.dtype).min
         assert bool(poisoned.all()), f"{name}: an output lost its poison"
     # The library is still usable on this thread.
     A, B = mk.arr((3, 4)), mk.arr((4, 2))
