@@ -9,7 +9,7 @@ import re
 import pytest
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-RUN_FILES = {"A": "bench.json", "B": "training.json", "C": "hopper.json"}
+RUN_FILES = {"A": "bench.json", "B": "training.json", "C": "hopper.json", "E": "dtypes.json"}
 
 # Each row of the table (by the start of its case cell) -> the run's case it quotes, and which of
 # its contenders compare (the host case times several APIs: the GEMM row compares GEMM calls).
@@ -21,6 +21,8 @@ CASES = {
     "FP8 E4M3 GEMM, 4096³": ("fp8 4096x4096x4096", ""),
     "grouped bfloat16 GEMMs, 64 experts": ("grouped bf16 64 x 256, K=4096, N=1024", ""),
     "grouped bfloat16 GEMMs, 16 experts": ("grouped bf16 16 ragged, K=4096, N=1024", ""),
+    "int8 GEMM, 8192³": ("int8 8192x8192x8192", ""),
+    "complex128 GEMM, 8192³": ("complex128 8192^3", ""),
 }
 UNIT = {"host_us": "µs", "step_us": "µs", "gpu_ms": "ms"}
 
