@@ -247,7 +247,7 @@ cdef object _run(object A, object B, object out, object trans_a, object trans_b,
     if g.m == 0 or g.n == 0 or g.batch == 0:
         return out
     if c.views[0].dtype == CUDA_R_8I:
-        run_int8(c.ctx, c.stream, &g, cv.dtype, &sc, level)
+        run_int8(c.ctx, c.stream, &g, cv, cv.dtype, &sc, level)
         return out
     with nogil:
         run_gemm(c.ctx, c.stream, &g, cv.dtype, c.compute, &sc, level)
@@ -261,13 +261,15 @@ def gemm(A, B, out=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
     Parameters
     ----------
     A, B : device arrays, 2-D
-        float16, bfloat16, float32, float64, complex64 or complex128 (both alike): CuPy arrays,
-        torch CUDA tensors, or objects with ``__cuda_array_interface__`` / ``__dlpack__``. A
-        matrix is read in place when one axis has unit stride and the other a stride >= its
-        length (C or F order, slices, ``.T``).
+        float16, bfloat16, float32, float64, complex64 or complex128 (both alike), or int8 (both,
+        read along K: see :func:`int_mm`): CuPy arrays, torch CUDA tensors, or objects with
+        ``__cuda_array_interface__`` / ``__dlpack__``. A matrix is read in place when one axis
+        has unit stride and the other a stride >= its length (C or F order, slices, ``.T``).
     out : device array, optional
-        (M, N), the dtype of A; any such layout. None: a new C-ordered array of the inputs'
-        library (a torch tensor when A or B is one, else a CuPy array).
+        (M, N), the dtype of A (int8 operands: int32 with integer ``alpha`` and ``beta``, exact;
+        or int8 with real ones, rounded and saturated); any such layout. None: a new C-ordered
+        array (int32 for int8 operands) of the inputs' library (a torch tensor when A or B is
+        one, else a CuPy array).
     trans_a, trans_b : bool or {"N", "T", "H"}
         Use A.T / B.T (True or "T", no copy), or the conjugate transpose ("H", also "C"; for
         real dtypes the same as "T"), which cuBLAS reads in place where the operand's memory
@@ -359,8 +361,8 @@ def int_mm(A, B, out=None, *, stream=None):
     """out = A @ B for int8 matrices, summed exactly in int32 on the integer tensor cores.
 
     What ``torch._int_mm`` computes (the GEMM of W8A8 inference): one cuBLASLt int8 GEMM with
-    int32 accumulation and no scale, so each element is the exact integer sum while it fits in
-    int32 (a sum past int32 wraps, as int32 arithmetic does).
+    int32 accumulation and no scale, so each element is the exact integer sum (|sum| < 2**31,
+    which every K up to 131072 guarantees: 128 * 128 * K < 2**31).
 
     Parameters
     ----------

@@ -138,6 +138,11 @@ CASES = {
     "gemm/int32": ("gemm", lambda mk: ((mk.arr((2, 2), "int32"), mk.arr((2, 2), "int32")), {}),
                    TypeError, ["A:", "expected float16, bfloat16, float32, float64, complex64, complex128 or int8, "
                                "got int32", "cupy.matmul"], True),
+    # ---- int8 operands
+    **{f"gemm/int8 {k} {v!r}": ("gemm", lambda mk, k=k, v=v: ((mk.arr((8, 8), "int8"), mk.transpose(mk.arr((8, 8), "int8")),
+                                                          mk.out((8, 8), "int32")), {k: v}),
+                                ValueError, [f"{k}:", "integer alpha and beta", repr(v)], True)
+       for k, v in (("alpha", 0.5), ("alpha", float("inf")), ("beta", float("nan")), ("alpha", 1e20))},
     # ---- int_mm
     "int_mm/B read along N": ("int_mm", lambda mk: ((mk.arr((8, 16), "int8"), mk.arr((16, 8), "int8"),
                                                      mk.out((8, 8), "int32")), {}),

@@ -24,6 +24,38 @@ def test_described_int8_call_reads_both_operands_along_k():
     assert (f["opa"], f["opb"]) == ("T", "N")
 
 
+def test_a_single_row_or_column_is_read_along_k_whatever_its_strides_say():
+    w = np.zeros((1, 32), np.int8)          # N = 1: b = w.T is one column, strides (1, 32)
+    d = cygemm.describe_gemm(np.zeros((64, 32), np.int8), w.T)
+    assert (d["opa"], d["opb"], d["m"], d["n"], d["k"]) == ("T", "N", 1, 64, 32) and d["lda"] % 4 == 0
+    x = np.zeros((1, 36), np.int8)          # M = 1
+    d = cygemm.describe_gemm(x, np.asfortranarray(np.zeros((36, 8), np.int8)))
+    assert (d["opa"], d["opb"], d["n"], d["k"]) == ("T", "N", 1, 36) and d["ldb"] % 4 == 0
+
+
+def test_refusals_name_the_operand_and_a_fix_that_fits_the_transpose():
+    with pytest.raises(ValueError, match=r"^A: .*with trans_a; pass cupy.asfortranarray\(A\)"):
+        cygemm.describe_gemm(((32, 64), "int8"), ((16, 32), "int8"), trans_a=True, trans_b=True)
+    with pytest.raises(ValueError, match=r"^B: .*with trans_b; pass cupy.ascontiguousarray\(B\)"):
+        cygemm.describe_gemm(((64, 32), "int8"), np.asfortranarray(np.zeros((16, 32), np.int8)), trans_b=True)
+    # An F-ordered out is not swapped: cuBLAS's A is the user's A, and the message says so.
+    b = np.asfortranarray(np.zeros((30, 8), np.int8))
+    a = np.zeros((8, 30), np.int8)
+    with pytest.raises(ValueError, match=r"^A: .*multiples of 4 elements.*got 30"):
+        cygemm.describe_gemm(a, b, np.asfortranarray(np.zeros((8, 8), np.int32)))
+    with pytest.raises(ValueError, match=r"^B: .*multiples of 4 elements.*got 30"):
+        cygemm.describe_gemm(np.zeros((8, 32), np.int8)[:, :30], b, ((8, 8), "int32"))     # (A's ld: 32)
+
+
+def test_a_batch_stride_off_four_bytes_is_refused():
+    buf = np.zeros(3 * 66, np.int8)
+    a = np.lib.stride_tricks.as_strided(buf, (3, 8, 8), (66, 8, 1))
+    w = np.zeros((3, 8, 8), np.int8)
+    with pytest.raises(ValueError, match=r"^A: .*batch stride of 66 elements"):
+        cygemm.describe_gemm(a, w, trans_b=True, batched=True)
+    assert cygemm.describe_gemm(np.zeros((3, 8, 8), np.int8), w, trans_b=True, batched=True)["stride_b"] == 64
+
+
 @pytest.mark.parametrize("A, B, kw, match", [
     (((64, 32), "int8"), ((32, 16), "int8"), {}, r"^B: cuBLASLt's int8 GEMM reads op\(B\) along K"),
     (((32, 64), "int8"), ((16, 32), "int8"), {"trans_a": True, "trans_b": True},
