@@ -86,7 +86,7 @@ def _exact(a, b):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M, N, K", [(64, 64, 64), (63, 61, 64), (1, 8, 16), (17, 4096, 4096),
+@pytest.mark.parametrize("M, N, K", [(64, 64, 64), (63, 61, 64), (1, 8, 16), (37, 1, 96), (17, 4096, 4096),
                                      (256, 512, 1024), (1024, 768, 2048)])
 def test_int_mm_is_exact(M, N, K):
     import cupy as cp
@@ -231,3 +231,20 @@ def test_int_mm_captures_into_a_graph_and_replays_with_new_inputs():
     g.launch(s)
     s.synchronize()
     np.testing.assert_array_equal(cp.asnumpy(out), _exact(a2, w2.T).astype(np.int32))
+
+
+@pytest.mark.gpu
+def test_one_array_as_both_operands_and_an_int8_out_under_determinism():
+    import cupy as cp
+    rng = np.random.default_rng()
+    x = _ints(rng, (48, 64))
+    X = cp.asarray(x)
+    out = cp.full((48, 48), POISON, cp.int32)
+    cygemm.int_mm(X, X.T, out)
+    np.testing.assert_array_equal(cp.asnumpy(out), _exact(x, x.T).astype(np.int32))
+    small = cp.full((48, 48), 7, cp.int8)
+    with pytest.raises(ValueError, match=r"^determinism: an int8 out"):
+        cygemm.gemm(X, X.T, small, alpha=1 / 4096, determinism="run_to_run")
+    cygemm.gemm(X, X.T, out, determinism="batch_invariant")          # int32: exact whatever the kernel
+    np.testing.assert_array_equal(cp.asnumpy(out), _exact(x, x.T).astype(np.int32))
+    assert bool(cp.all(small == 7))
