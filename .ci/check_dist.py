@@ -3,7 +3,8 @@
     python check_dist.py SDIST WHEEL BUILD_DIR [BUILD_DIR ...]
 
 What is needed comes from the source tree beside this script: setup.py's MODULES (compiled
-modules, their stubs and kernels), every .pxd, .py and public header of cygemm/. Fails (exit 1,
+modules, their stubs and kernels), every .pxd, .py and public header of cygemm/, every source
+file of docs/. Fails (exit 1,
 each problem on a line) if a needed file is missing, a generated or source-only
 file is in the wheel, an extension's RUNPATH/RPATH has an entry outside $ORIGIN, or any file of
 the wheel contains one of the BUILD_DIR paths or pip's temporary build folders.
@@ -45,6 +46,11 @@ SDIST_NEEDS = (WHEEL_NEEDS + [f"cygemm/{m}.pyx" for m in PYX] + [f"cygemm/kernel
                   "tests/conftest.py", "tests/fakes.py", "tests/gpu_util.py", "tests/refs/cublas.py",
                   "tests/contracts/test_cimport.py",
                   "examples/cython_consumer/consumer.pyx", "examples/cython_consumer/setup.py"])
+# The docs are built from the sdist: every source file of docs/ (what Sphinx generates aside).
+DOCS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "**", "*"), recursive=True)
+              if os.path.isfile(p) and not os.path.relpath(p, ROOT).startswith(("docs/_build", "docs/_generated"))
+              and "__pycache__" not in p)
+SDIST_NEEDS += DOCS
 GENERATED = (".c", ".cpp", ".o", ".so")
 NOT_IN_WHEEL = (".c", ".cpp", ".o", ".pyx", ".cu")
 
