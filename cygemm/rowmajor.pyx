@@ -411,10 +411,11 @@ def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, bint batched=
         What :func:`gemm` takes, or a stand-in read for its layout only (describing never
         touches memory): a NumPy array in host memory (its shape, strides, dtype and address)
         or a ``(shape, dtype)`` pair (C-contiguous, no memory). 2-D (``batched``: 2-D or 3-D);
-        float16, bfloat16 (torch's, ml_dtypes', or ``"bfloat16"``) or float32, both alike.
+        float16, bfloat16 (torch's, ml_dtypes', or ``"bfloat16"``), float32, float64, complex64,
+        complex128 or int8, both alike (int8 is checked against the int8 GEMM's rules).
     out : the same, optional
-        (M, N) (``batched``: (batch, M, N)) of A's dtype. None: the new C-ordered result
-        ``gemm(A, B)`` allocates.
+        (M, N) (``batched``: (batch, M, N)) of A's dtype (int8 operands: int32 or int8). None:
+        the new C-ordered result ``gemm(A, B)`` allocates.
     trans_a, trans_b : bool or {"N", "T", "H"}
         As :func:`gemm` (an operand gemm would copy conjugated is refused here).
     batched : bool
