@@ -361,8 +361,8 @@ def int_mm(A, B, out=None, *, stream=None):
     """out = A @ B for int8 matrices, summed exactly in int32 on the integer tensor cores.
 
     What ``torch._int_mm`` computes (the GEMM of W8A8 inference): one cuBLASLt int8 GEMM with
-    int32 accumulation and no scale, so each element is the exact integer sum (|sum| < 2**31,
-    which every K up to 131072 guarantees: 128 * 128 * K < 2**31).
+    int32 accumulation and no scale, so each element is the exact integer sum (its magnitude
+    below 2**31, which every K up to 131072 guarantees: 128 * 128 * K < 2**31).
 
     Parameters
     ----------
