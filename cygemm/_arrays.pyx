@@ -148,7 +148,7 @@ cdef tuple desc_shape(const ArrayDesc* d):
 
 cdef int read_array(object x, ArrayDesc* d, str name, int wide) except -1:
     """Read pointer, shape, strides, dtype and device of a device array, once, without touching
-    the GPU. wide: float64 too (else float32, float16, bfloat16)."""
+    the GPU. wide: a DTYPES_* level (which dtypes it takes)."""
     cdef object dt
     if _cupy_ndarray is not None and type(x) is _cupy_ndarray:    # fast path: no dict built
         dt_obj = x.dtype
@@ -193,18 +193,16 @@ cdef int read_array(object x, ArrayDesc* d, str name, int wide) except -1:
 
 cdef int _read_layout(ArrayLayout x, ArrayDesc* d, str name, int wide) except -1:
     cdef cudaDataType t = x.d.dtype
-    if x.kind != LAYOUT_TYPED or not (t == CUDA_R_32F or t == CUDA_R_16F or t == CUDA_R_16BF
-                                      or (wide and (t == CUDA_R_64F or t == CUDA_C_32F or t == CUDA_C_64F))
-                                      or (wide == DTYPES_GEMM and (t == CUDA_R_8I or t == CUDA_R_32I))):
+    if x.kind != LAYOUT_TYPED or _DTYPE_NAMES.get(t) not in <dict>_BY_NAME[wide]:
         raise TypeError(f"{name}: expected {_expected(wide)}, got {x.dtype}")
     d[0] = x.d
     return 0
 
 
 cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim,
-                          int wide=False) except -1:
+                          int wide=DTYPES_FLOAT) except -1:
     """A (batch, rows, cols) view of a device array of min_ndim..max_ndim (<= 3) dimensions;
-    a 1-D array is one row. wide: float64 and complex too."""
+    a 1-D array is one row. wide: a DTYPES_* level."""
     cdef ArrayDesc d
     read_array(x, &d, name, wide)
     return view_from_desc(&d, view, name, min_ndim, max_ndim)

@@ -25,7 +25,7 @@ from cygemm._context cimport GemmContext, call_workspace
 from cygemm._streams cimport stream_is_capturing
 from cygemm._mapping cimport is_rowmajor
 from cygemm._arrays cimport dtype_name
-from cygemm.plans cimport Plan, get_plan, execute_plan
+from cygemm.plans cimport Plan, get_plan, execute_plan, lt_batch_ok
 
 from libc.string cimport memset
 
@@ -117,14 +117,6 @@ cdef str _no_kernel(const ColMajorGemm* g, const MatrixView* out, cudaDataType o
             f"multiples of 4 and 16-byte aligned data for some sizes")
 
 
-cdef bint _batch_in_order(const ColMajorGemm* g) noexcept nogil:
-    """Every operand's matrices one after another: the batches cuBLASLt takes (else each
-    matrix runs alone)."""
-    cdef int64_t a_cols = g.k if g.opa == CUBLAS_OP_N else g.m
-    cdef int64_t b_cols = g.n if g.opb == CUBLAS_OP_N else g.k
-    return g.stride_a >= g.lda * a_cols and g.stride_b >= g.ldb * b_cols and g.stride_c >= g.ldc * g.n
-
-
 cdef Plan _plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, GemmTypes* types, const Scalars* sc,
                int autotune, const MatrixView* out, void* ws):
     cdef Plan plan = get_plan(ctx, stream, g, types.d, CUBLAS_COMPUTE_32I, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL,
@@ -167,7 +159,7 @@ cdef int run_int8(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, 
     cdef int64_t i
     cdef int out_size = 4 if out_type == CUDA_R_32I else 1
     cdef int phase
-    if g.strided_batched and g.batch > 1 and not _batch_in_order(g):
+    if g.strided_batched and g.batch > 1 and not lt_batch_ok(g):
         one = g[0]
         one.batch, one.strided_batched = 1, False
         for phase in range(2):          # every matrix's plan first: nothing runs unless all have a kernel

@@ -131,7 +131,7 @@ cdef inline cudaDataType scale_type(cublasComputeType_t compute, cudaDataType dt
     the output's type: complex for complex outputs (float or double parts by the compute type),
     int32 for integer compute into int32 (float into int8: a real scale), double for fp64, float
     for every other (FP8 included)."""
-    if dtype == CUDA_C_32F or dtype == CUDA_C_64F:
+    if is_complex_type(dtype):
         return CUDA_C_64F if compute == CUBLAS_COMPUTE_64F else CUDA_C_32F
     if compute == CUBLAS_COMPUTE_32I:
         return CUDA_R_32F if dtype == CUDA_R_8I else CUDA_R_32I

@@ -312,7 +312,7 @@ cdef Plan _make_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
     cdef cublasStatus_t st = CUBLAS_STATUS_SUCCESS
     if k.policy:
         d.gemmex_ok = False
-        if batch == 1 or _lt_batch_ok(g):   # (a batch cuBLASLt is not asked about finds none below)
+        if batch == 1 or lt_batch_ok(g):   # (a batch cuBLASLt is not asked about finds none below)
             family_candidates(ctx, d, g, k.policy, dtype, compute, epi, bias, aux, ws_bytes,
                               k.al_a, k.al_b, k.al_c, types)
         found = d.n_candidates
@@ -324,7 +324,7 @@ cdef Plan _make_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
         found = 0
         if capturing:               # perhaps the capture's fault: decided again eagerly
             keep[0] = False
-    if batch > 1 and not _lt_batch_ok(g):
+    if batch > 1 and not lt_batch_ok(g):
         found = 0
     cdef int n_ok = 0
     for i in range(found):          # keep the candidates that fit this workspace
@@ -396,7 +396,7 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
     return 0
 
 
-cdef bint _lt_batch_ok(const ColMajorGemm* g) noexcept nogil:
+cdef bint lt_batch_ok(const ColMajorGemm* g) noexcept nogil:
     """Batches cuBLASLt is asked about: every operand's matrices one after another. Broadcast
     (stride 0) and interleaved batches stay with cublasGemmStridedBatchedEx, which is
     documented for them."""
@@ -421,7 +421,7 @@ cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, 
         return gemm_colmajor(ctx, stream, g, dtype, compute, sc)
     cdef void* ws = stream_workspace(ctx, stream)       # may allocate: without the GIL
     with gil:
-        if autotune == POLICY_BATCH_INVARIANT and batch > 1 and not _lt_batch_ok(g):
+        if autotune == POLICY_BATCH_INVARIANT and batch > 1 and not lt_batch_ok(g):
             _each_matrix(ctx, stream, g, dtype, compute, sc, ws, autotune)
         else:
             _run_planned(ctx, stream, g, dtype, compute, sc, ws, autotune)

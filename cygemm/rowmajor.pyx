@@ -206,9 +206,7 @@ cdef object _conjugated(object x, object stream, str name):
     import cupy
     with _alloc.stream_context(s):
         # cupy.conj takes CuPy arrays only: other CUDA arrays are wrapped first (no copy)
-        xc = x if isinstance(x, cupy.ndarray) else (
-            cupy.asarray(x) if hasattr(x, "__cuda_array_interface__") else cupy.from_dlpack(x))
-        return cupy.conj(xc)
+        return cupy.conj(_alloc.as_cupy(x))
 
 
 cdef object _run(object A, object B, object out, object trans_a, object trans_b, object alpha,
