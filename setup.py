@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # the modules that launch it.
 MODULES = {"_errors": [], "_settings": [], "_streams": [], "_release": [], "_context": [], "_mapping": [],
            "_described": [], "_arrays": [], "_overlap": [], "_alloc": [], "_args": [],
-           "_timing": ["timing"], "tuning": [], "_launch": [], "_lt_desc": [], "_families": [], "_candidates": [], "plans": [], "_int8": [],
+           "_timing": ["timing"], "tuning": [], "_ktail": [], "_launch": [], "_lt_desc": [], "_families": [], "_candidates": [], "plans": [], "_int8": [],
            "routes": [], "epilogues": [], "rowmajor": [], "gemm_plan": [], "_batch_layout": [], "matmul": [],
            "_dense_routes": ["elementwise"], "dense": ["elementwise"], "fp8_convert": ["fp8"],
            "_fp8_args": [], "fp8_scales": ["fp8_scales"], "fp8": [], "elementwise": ["elementwise"], "_groups": [], "grouped": ["grouped"], "graph": [],

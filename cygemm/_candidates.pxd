@@ -1,4 +1,5 @@
 # Timing a plan's candidates (see _candidates.pyx).
+from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaStream_t
 from cygemm._types cimport ColMajorGemm
 from cygemm._context cimport GemmContext
@@ -13,6 +14,6 @@ cdef int tune_candidates(GemmContext* ctx, cudaStream_t stream, PlanData* d, con
 
 # Use a tuning table record (route, algorithm) if it still fits d's problem (cublasLtMatmulAlgoCheck;
 # under a determinism policy, a kernel of d's family only): True when d took it.
-cdef bint apply_record(GemmContext* ctx, PlanData* d, dict record, size_t ws_bytes)
+cdef bint apply_record(GemmContext* ctx, PlanData* d, dict record, size_t ws_bytes, int64_t k)
 # d's choice as a tuning table record.
 cdef dict record_of(PlanData* d)

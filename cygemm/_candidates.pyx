@@ -18,6 +18,7 @@ from cygemm._context cimport GemmContext
 from cygemm._release cimport defer_free
 from cygemm._settings cimport AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN
 from cygemm._families cimport in_family
+from cygemm._ktail cimport make_safe
 from cygemm._launch cimport PlanData, PlanRoute, PLAN_GEMMEX, PLAN_LT, PLAN_CANDIDATES, plan_run
 from cygemm._errors cimport check_cuda
 from cygemm._timing cimport time_choices, tuning_budget_ms
@@ -227,11 +228,12 @@ cdef str _algo_name(const cublasLtMatmulAlgo_t* algo):
 
 # ---------------------------------------------------------------- the tuning table's records
 
-cdef bint apply_record(GemmContext* ctx, PlanData* d, dict record, size_t ws_bytes):
+cdef bint apply_record(GemmContext* ctx, PlanData* d, dict record, size_t ws_bytes, int64_t k):
     """Use a tuned choice if it still fits (cublasLtMatmulAlgoCheck for a stored algorithm)."""
     cdef cublasLtMatmulAlgo_t algo
     cdef cublasLtMatmulHeuristicResult_t check
     cdef float ms
+    cdef size_t ws_needed
     try:
         route = record["route"]
         ms = float(record.get("ms", 0.0))
@@ -251,7 +253,10 @@ cdef bint apply_record(GemmContext* ctx, PlanData* d, dict record, size_t ws_byt
                 return False
             if d.policy >= POLICY_RUN_TO_RUN and not in_family(&algo, d.family):
                 return False        # (a determinism policy runs its family's kernels only)
-            d.route, d.algo, d.workspace_needed = PLAN_LT, algo, check.workspaceSize
+            ws_needed = check.workspaceSize
+            if make_safe(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld, &algo, k, ws_bytes, &ws_needed) < 0:
+                return False        # (a tuned choice that would drop part of K: decided again)
+            d.route, d.algo, d.workspace_needed = PLAN_LT, algo, ws_needed
         else:
             return False
     except (KeyError, ValueError, TypeError, AttributeError):

@@ -25,7 +25,8 @@ from cygemm._context cimport GemmContext, call_workspace
 from cygemm._streams cimport stream_is_capturing
 from cygemm._mapping cimport is_rowmajor
 from cygemm._arrays cimport dtype_name
-from cygemm.plans cimport Plan, get_plan, execute_plan, lt_batch_ok
+from cygemm.plans cimport Plan, get_plan, execute_plan
+from cygemm._types cimport lt_batch_ok
 
 from libc.string cimport memset
 

@@ -8,9 +8,10 @@ from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm.bindings.cudart cimport CUDA_R_32F, CUDA_R_64F, CUDA_C_32F, CUDA_C_64F, CUDA_R_32I
-from cygemm._types cimport ColMajorGemm, GemmTypes, Scalars, scale_type
+from cygemm._types cimport ColMajorGemm, GemmTypes, Scalars, scale_type, type_size
 from cygemm._errors cimport check_cublas
 from cygemm._context cimport GemmContext, bind_stream
+from cygemm._ktail cimport KTAIL_GRAIN, gemmex_drops
 
 
 cdef int64_t INT32_MAX = 2147483647
@@ -52,8 +53,46 @@ cdef inline void _write_scalars(cudaDataType scale, const Scalars* sc, double* b
 
 cdef int _gemmex(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
                  cudaDataType dtype, cublasComputeType_t compute, const Scalars* sc) except -1 nogil:
-    """The cuBLAS status of one GemmEx call (-1: binding the stream raised)."""
+    """The cuBLAS status of one GemmEx call (-1: binding the stream raised). Where the kernel
+    cuBLAS would choose drops the end of K (cygemm._ktail), K's largest multiple of 256 runs as
+    cuBLAS chooses and the rest of K without a workspace (so unsplit), added with beta = 1."""
+    cdef ColMajorGemm head, tail
+    cdef Scalars sc_tail
+    cdef int st
+    cdef int64_t size
+    if not gemmex_drops(ctx, g, dtype, compute):
+        return _gemmex_one(ctx, stream, g, dtype, compute, sc)
+    head = g[0]
+    head.k = g.k - g.k % KTAIL_GRAIN
+    if head.k > 0:
+        st = _gemmex_one(ctx, stream, &head, dtype, compute, sc)
+        if st != CUBLAS_STATUS_SUCCESS:
+            return st
+    tail = g[0]
+    tail.k = g.k - head.k
+    size = type_size(dtype)
+    tail.a = <const char*>g.a + (head.k * g.lda if g.opa == CUBLAS_OP_N else head.k) * size
+    tail.b = <const char*>g.b + (head.k if g.opb == CUBLAS_OP_N else head.k * g.ldb) * size
+    sc_tail = sc[0]
+    if head.k > 0:
+        sc_tail.beta_re, sc_tail.beta_im = 1.0, 0.0
     bind_stream(ctx, stream)
+    # cuBLAS splits K only into its workspace: none, and the tail runs in one piece.
+    st = cublasSetWorkspace(ctx.blas, NULL, 0)
+    ctx.bound = False               # the next call binds the workspace again
+    if st != CUBLAS_STATUS_SUCCESS:
+        return st
+    return _gemmex_raw(ctx, &tail, dtype, compute, &sc_tail)
+
+
+cdef int _gemmex_one(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
+                     cudaDataType dtype, cublasComputeType_t compute, const Scalars* sc) except -1 nogil:
+    bind_stream(ctx, stream)
+    return _gemmex_raw(ctx, g, dtype, compute, sc)
+
+
+cdef int _gemmex_raw(GemmContext* ctx, const ColMajorGemm* g, cudaDataType dtype, cublasComputeType_t compute,
+                     const Scalars* sc) noexcept nogil:
     cdef double buf[4]
     cdef const void* alpha
     cdef const void* beta

@@ -4,7 +4,7 @@
 from libc.stdint cimport int64_t, uint32_t, uintptr_t
 from cygemm.bindings.cudart cimport (cudaDataType, CUDA_R_32F, CUDA_R_64F, CUDA_C_32F, CUDA_C_64F, CUDA_R_8I,
                                      CUDA_R_32I, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2)
-from cygemm.bindings.cublas cimport (cublasOperation_t, cublasComputeType_t, CUBLAS_COMPUTE_32F,
+from cygemm.bindings.cublas cimport (cublasOperation_t, CUBLAS_OP_N, cublasComputeType_t, CUBLAS_COMPUTE_32F,
                             CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_32I)
 
 cdef enum:
@@ -170,3 +170,13 @@ cdef inline uint32_t pointer_alignment(const void* p) noexcept nogil:
 
 cdef inline bint view_is_empty(const MatrixView* v) noexcept nogil:
     return v.rows == 0 or v.cols == 0 or v.batch == 0
+
+
+# Whether cuBLASLt is asked about this batch: every operand's matrices one after another.
+# Broadcast (stride 0) and interleaved batches stay with cublasGemmStridedBatchedEx, which is
+# documented for them.
+cdef inline bint lt_batch_ok(const ColMajorGemm* g) noexcept nogil:
+    cdef int64_t a_cols = g.k if g.opa == CUBLAS_OP_N else g.m
+    cdef int64_t b_cols = g.n if g.opb == CUBLAS_OP_N else g.k
+    return (g.stride_a >= g.lda * a_cols and g.stride_b >= g.ldb * b_cols
+            and g.stride_c >= g.ldc * g.n)

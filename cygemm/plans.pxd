@@ -33,9 +33,6 @@ cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
 cdef Plan init_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                     cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
                     int64_t aux_ld, void* ws, size_t ws_bytes, const GemmTypes* types=*, int policy=*)
-# Whether cuBLASLt is asked about this batch: every operand's matrices one after another (broadcast
-# and interleaved batches are not).
-cdef bint lt_batch_ok(const ColMajorGemm* g) noexcept nogil
 # Choose among a plan's candidates as `autotune` says (keep[0] False: decided during a capture).
 # explicit (GemmPlan.autotune): time them at any size, also when decided or recorded before.
 cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,

@@ -4,13 +4,11 @@
 Every GEMM of cygemm goes through here: `gemm`, `gemm_strided_batched`, `matmul`, the dense
 forward (epilogues included), the backward's two GEMMs and :class:`cygemm.GemmPlan`. A plan is
 one problem's way to run: a cuBLASLt algorithm (with its descriptors) or cublasGemmEx. Neither
-wins everywhere (on the H200 the best cuBLASLt candidate beat cublasGemmEx by 5.9% at 1024^3
-fp32 and lost by 6.4% at 8192^3 TF32), so for a large problem the candidates are timed once
-(see cygemm.tuning). Small problems take cublasGemmEx (plain) or the heuristic's first choice
-(epilogues): timing them costs more than it could save.
-
-Each thread keeps at most ``plan_cache_size`` plans (an option), dropping the least recently
-used: a server that sees many batch sizes does not grow without bound.
+wins everywhere (H200: the best cuBLASLt candidate beat cublasGemmEx by 5.9% at 1024^3 fp32 and
+lost by 6.4% at 8192^3 TF32), so a large problem's candidates are timed once (cygemm.tuning).
+Small problems take cublasGemmEx (plain) or the heuristic's first choice (epilogues). No
+candidate drops the end of K (cygemm._ktail). Each thread keeps at most ``plan_cache_size``
+plans (an option), the least recently used dropped: many batch sizes do not grow it unbounded.
 """
 from collections import OrderedDict
 import threading
@@ -23,7 +21,7 @@ from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm._types cimport (ColMajorGemm, GemmTypes, Scalars, beta_is_zero, pointer_alignment, is_fp8_type,
-                            type_size)
+                            type_size, lt_batch_ok)
 from cygemm._errors cimport check_cublas
 from cygemm._errors import CygemmError
 from cygemm._streams cimport stream_is_capturing, check_capture_alive
@@ -37,7 +35,8 @@ from cygemm._timing cimport worth_tuning, in_route_timing
 from cygemm.tuning cimport lookup, remember, claim_tuning, release_tuning, forced_route
 from cygemm._candidates cimport tune_candidates, apply_record, record_of
 from cygemm._families cimport family_candidates
-from cygemm import _settings, tuning
+from cygemm._ktail cimport make_safe, gemmex_drops
+from cygemm import _settings, tuning, _promises
 
 # ---------------------------------------------------------------- plans
 
@@ -304,13 +303,14 @@ cdef Plan _make_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
     # policy: it picks its kernel by the problem's size.
     d.gemmex_ok = epi == CUBLASLT_EPILOGUE_DEFAULT and bias == NULL and aux == NULL and types == NULL
     d.policy, d.family = k.policy, -1
-    # cuBLASLt 13.1's FP8 split-K kernels can return wrong results (when the split does not
-    # divide K, fixed in a later cuBLAS): a timed FP8 choice must agree with the first candidate.
+    # (FP8: a timed choice must agree with the first candidate, as a second check of its kernels)
     d.verify = types != NULL and (is_fp8_type(types.a) or is_fp8_type(types.b))
     cdef int found = 0, i
     cdef bint capturing = stream_is_capturing(stream)
     cdef cublasStatus_t st = CUBLAS_STATUS_SUCCESS
     if k.policy:
+        if k.policy == POLICY_BATCH_INVARIANT:
+            _promises.require("batch_invariant")    # (checked once where cuBLAS is unverified)
         d.gemmex_ok = False
         if batch == 1 or lt_batch_ok(g):   # (a batch cuBLASLt is not asked about finds none below)
             family_candidates(ctx, d, g, k.policy, dtype, compute, epi, bias, aux, ws_bytes,
@@ -331,6 +331,17 @@ cdef Plan _make_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
         if d.candidates[i].state == CUBLAS_STATUS_SUCCESS and d.candidates[i].workspaceSize <= ws_bytes:
             d.candidates[n_ok] = d.candidates[i]
             n_ok += 1
+    cdef int safe         # no candidate may drop the end of K: a flagged split moves (cygemm._ktail)
+    cdef size_t ws_needed = 0
+    found, n_ok = n_ok, 0
+    for i in range(found):
+        ws_needed = d.candidates[i].workspaceSize
+        safe = make_safe(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld, &d.candidates[i].algo, g.k, ws_bytes, &ws_needed)
+        if safe >= 0:
+            d.candidates[n_ok] = d.candidates[i]
+            d.candidates[n_ok].workspaceSize = ws_needed
+            n_ok += 1
+    d.gemmex_ok = d.gemmex_ok and not gemmex_drops(ctx, g, dtype, compute)     # (its kernel's K tail)
     d.n_candidates = n_ok
     d.usable = n_ok > 0 or d.gemmex_ok
     if n_ok > 0:
@@ -364,7 +375,7 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
         d.tune_level = decided
         return 0
     record = lookup(ctx.device, "gemm", plan.key)
-    if record is not None and not explicit and apply_record(ctx, d, record, ws_bytes):
+    if record is not None and not explicit and apply_record(ctx, d, record, ws_bytes, g.k):
         d.tune_level = decided
         return 0
     cdef int64_t batch = g.batch if g.strided_batched else 1
@@ -383,7 +394,7 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
         # Another thread timed this problem (perhaps while this one waited): its choice.
         # Or this thread is timing it already: the heuristic's for now, decided next call.
         record = lookup(ctx.device, "gemm", plan.key)
-        if record is not None and apply_record(ctx, d, record, ws_bytes):
+        if record is not None and apply_record(ctx, d, record, ws_bytes, g.k):
             d.tune_level = decided
         return 0
     try:
@@ -396,16 +407,6 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
     return 0
 
 
-cdef bint lt_batch_ok(const ColMajorGemm* g) noexcept nogil:
-    """Batches cuBLASLt is asked about: every operand's matrices one after another. Broadcast
-    (stride 0) and interleaved batches stay with cublasGemmStridedBatchedEx, which is
-    documented for them."""
-    cdef int64_t a_cols = g.k if g.opa == CUBLAS_OP_N else g.m
-    cdef int64_t b_cols = g.n if g.opb == CUBLAS_OP_N else g.k
-    return (g.stride_a >= g.lda * a_cols and g.stride_b >= g.ldb * b_cols
-            and g.stride_c >= g.ldc * g.n)
-
-
 # ---------------------------------------------------------------- running a plan
 
 cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
@@ -414,10 +415,12 @@ cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, 
     cdef int64_t batch = g.batch if g.strided_batched else 1
     if autotune < 0:
         autotune = default_policy()
-    # cublasGemmEx (it picks its kernel by the size) for no batch-invariant call but k = 0 (C = beta C)
+    # cublasGemmEx (its own kernel choice, guarded in _launch) for no batch-invariant call but k = 0;
+    # small problems too, unless its kernel would drop part of K (then their guarded plan).
     if g.k == 0 or (autotune != POLICY_BATCH_INVARIANT and (
             needs_64bit_api(g) or _force_gemm == 1 or compute == CUBLAS_COMPUTE_64F or (
-            _force_gemm == 0 and not worth_tuning(<double>g.m * g.n * g.k * batch)))):
+            _force_gemm == 0 and not worth_tuning(<double>g.m * g.n * g.k * batch)
+            and not gemmex_drops(ctx, g, dtype, compute)))):
         return gemm_colmajor(ctx, stream, g, dtype, compute, sc)
     cdef void* ws = stream_workspace(ctx, stream)       # may allocate: without the GIL
     with gil:

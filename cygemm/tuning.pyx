@@ -452,3 +452,14 @@ def autotune_threshold():
     """Multiply-adds from which a problem's candidates are timed (the autotune_min_macs option)."""
     return options().autotune_min_macs
 
+
+
+# ---------------------------------------------------------------- promises' verdicts
+
+def _lookup_promise(int device, tuple key):
+    """The kept verdict of a promise's first-use check on this GPU and cuBLASLt (cygemm._promises)."""
+    return lookup(device, "promise", key)
+
+
+def _remember_promise(int device, tuple key, dict record):
+    remember(device, "promise", key, record)

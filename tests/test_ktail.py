@@ -1,0 +1,254 @@
+"""The K-tail guard (cygemm._ktail) and the first-use checks of promises (cygemm._promises).
+
+The detector needs no tolerance: A (M x K) is zero but its first and last columns, which are 1,
+and B (K x N) is all ones, so every element of C = A @ B is exactly 2; a kernel that never adds
+the end of K returns 1. On an H200 with cuBLAS 13.1, cuBLAS itself returned 1 on the shapes in
+KNOWN_WRONG (benchmarks/ktail_probe.cu); with the guard every shape here must give 2.
+"""
+import json
+import os
+
+import numpy as np
+import pytest
+
+import cygemm
+from cygemm import _ktail, _promises
+
+# (M, N, K) that cuBLAS 13.1's cublasGemmEx and cuBLASLt's first choice got wrong (bf16 and fp16).
+KNOWN_WRONG = [(64, 256, 32776), (256, 128, 32776), (16, 512, 24584), (8, 128, 40968), (1, 1024, 32776),
+               (128, 256, 32776), (1, 64, 40968)]
+
+
+# ---------------------------------------------------------------- the rule, without a GPU
+
+@pytest.mark.parametrize("k, splits, drops", [
+    (32776, 16, True),      # q = 512 (block 64), t = 8: 512 % 16 == 0, 16 > 8
+    (32776, 8, False),      # 8 > t fails for block 64 (t = 8); block 128: t = 8, q = 256, 8 > 8 fails
+    (32776, 15, False),     # 15 divides no q of any block
+    (24584, 16, True),
+    (40968, 32, True),
+    (32768, 16, False),     # a multiple of 256: no block leaves a tail
+    (1000, 1, False),       # no split, nothing dropped
+])
+def test_the_rule_flags_the_splits_that_leave_a_tail(k, splits, drops):
+    was = _ktail.enabled()
+    _ktail.set_enabled(True)
+    try:
+        possible, flagged = _ktail._rule(k, splits)
+    finally:
+        _ktail.set_enabled(was)
+    assert flagged == drops
+    assert possible == (k % 256 != 0)
+
+
+def test_short_or_whole_ks_are_never_looked_at():
+    assert _ktail._rule(64, 2)[0] is False          # 64 = one block of 64, no q > t for any block
+    assert _ktail._rule(4096, 2)[0] is False
+    assert _ktail._rule(4100, 2)[0] is True
+
+
+# ---------------------------------------------------------------- first-use checks, without a GPU
+
+@pytest.fixture
+def fresh_promises(monkeypatch):
+    _promises._reset_for_tests()
+    ran = []
+    monkeypatch.setattr(_promises, "_CHECKS", {p: (lambda p=p: ran.append(p) or True) for p in _promises.PROMISES})
+    kept = {}
+    from cygemm import tuning, _context
+    monkeypatch.setattr(tuning, "_lookup_promise", lambda device, key: kept.get(key))
+    monkeypatch.setattr(tuning, "_remember_promise", lambda device, key, record: kept.__setitem__(key, record))
+    monkeypatch.setattr(_context, "current_device", lambda: 0)
+    yield ran, kept
+    _promises._reset_for_tests()
+
+
+def test_a_verified_cublas_runs_no_check(fresh_promises, monkeypatch):
+    ran, kept = fresh_promises
+    monkeypatch.setattr(_promises, "_cublaslt_version", lambda: _promises.VERIFIED_CUBLASLT[0])
+    for p in _promises.PROMISES:
+        _promises.require(p)
+    assert ran == [] and kept == {}
+
+
+def test_an_unverified_cublas_checks_each_promise_once_and_keeps_the_verdict(fresh_promises, monkeypatch):
+    ran, kept = fresh_promises
+    monkeypatch.setattr(_promises, "_cublaslt_version", lambda: 139999)
+    for _ in range(3):
+        _promises.require("ktail_guard")
+        _promises.require("batch_invariant")
+    assert sorted(ran) == ["batch_invariant", "ktail_guard"]
+    assert kept == {("ktail_guard",): {"holds": True}, ("batch_invariant",): {"holds": True}}
+    _promises._reset_for_tests()            # a new process: the kept verdict, no second check
+    _promises.require("ktail_guard")
+    assert sorted(ran) == ["batch_invariant", "ktail_guard"]
+
+
+def test_a_failed_check_makes_the_mode_refuse(fresh_promises, monkeypatch):
+    ran, kept = fresh_promises
+    monkeypatch.setattr(_promises, "_cublaslt_version", lambda: 139999)
+    _promises._fail.add("batch_invariant")
+    with pytest.raises(cygemm.CygemmError, match="batch_invariant.*139999.*run_to_run"):
+        _promises.require("batch_invariant")
+    with pytest.raises(cygemm.CygemmError):         # and again: the verdict is kept
+        _promises.require("batch_invariant")
+    assert kept[("batch_invariant",)] == {"holds": False}
+
+
+# ---------------------------------------------------------------- the detector on the GPU
+
+def _detector(cp, dtype, m, n, k):
+    a = cp.zeros((m, k), dtype)
+    a[:, 0] = 1
+    a[:, -1] = 1
+    return a, cp.ones((k, n), dtype)
+
+
+def _dtypes():
+    from cygemm._alloc import numpy_dtype
+    out = [("float16", "tf32")]
+    try:
+        out.insert(0, (numpy_dtype("bfloat16"), "tf32"))
+    except TypeError:
+        pass
+    return out + [("float32", "tf32"), ("float32", "fp32")]
+
+
+def _wrong(cp, c):
+    return int((c.astype(cp.float32) != 2).sum())
+
+
+def _run(cp, entry, mode, a, b, math):
+    """One detector product through `entry` under `mode` (determinism or autotune); C poisoned."""
+    m, n = a.shape[0], b.shape[1]
+    c = cp.full((m, n), cp.nan, a.dtype)
+    kw = {"determinism": mode} if mode in ("run_to_run", "batch_invariant") else {"autotune": mode}
+    if entry == "gemm":
+        cygemm.gemm(a, b, out=c, math=math, **kw)
+    elif entry == "matmul":
+        cygemm.matmul(a, b, out=c, math=math, **kw)
+    elif entry == "strided_batched":
+        c3 = cp.full((2, m, n), cp.nan, a.dtype)
+        cygemm.gemm_strided_batched(cp.stack([a, a]), cp.stack([b, b]), out=c3, math=math, **kw)
+        return _wrong(cp, c3)
+    elif entry == "plan":           # (a GemmPlan is timed by its autotune(), not an option)
+        with cygemm.GemmPlan(a, b, c, math=math, **({} if "autotune" in kw else kw)) as p:
+            p.plan()
+            if mode == "auto":
+                p.autotune("auto")
+            p.execute()
+    elif entry == "dense":
+        from cygemm.gemm_ops import forward_into
+        forward_into(a, b, c, cp.zeros(n, a.dtype), act="relu", math=math, **kw)
+    return _wrong(cp, c)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, math", _dtypes(), ids=lambda x: str(x))
+@pytest.mark.parametrize("entry", ["gemm", "matmul", "strided_batched", "plan", "dense"])
+@pytest.mark.parametrize("mode", ["off", "auto", "run_to_run", "batch_invariant"])
+def test_no_entry_point_or_mode_drops_the_end_of_k(entry, mode, dtype, math):
+    """The shapes cuBLAS 13.1 got wrong, and their neighbours, through every entry point and mode."""
+    import cupy as cp
+    for m, n, k in KNOWN_WRONG[:4] + [(32, 512, 24584 + 16), (64, 1024, 8200)]:
+        a, b = _detector(cp, dtype, m, n, k)
+        assert _run(cp, entry, mode, a, b, math) == 0, (entry, mode, m, n, k)
+
+
+def _sweep_shapes(count, seed):
+    """Deep K (8k-64k), small M and N (1-512), K mod 64 over 1..40; fixed by the seed."""
+    rng = np.random.default_rng(seed)
+    qs = rng.integers(128, 1001, count)
+    ts = rng.integers(1, 41, count)
+    ms = rng.choice([1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512], count)
+    ns = rng.choice([8, 64, 128, 192, 256, 384, 512], count)
+    pads = rng.random(count) < 0.25
+    return [(int(m), int(n), int(64 * q + t), bool(p)) for m, n, q, t, p in zip(ms, ns, qs, ts, pads)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype, math", _dtypes(), ids=lambda x: str(x))
+def test_sweep_the_guard_saves_every_shape_cublas_gets_wrong(dtype, math):
+    """CYGEMM_KTAIL_SHAPES shapes per dtype (default 2000) through gemm, with the guard and without
+    it (cuBLAS alone); with it none is wrong. CYGEMM_KTAIL_REPORT=path appends the counts as JSON."""
+    import cupy as cp
+    from cygemm import plans
+    shapes = _sweep_shapes(int(os.environ.get("CYGEMM_KTAIL_SHAPES", "2000")), 37)
+    wrong = {"guarded": [], "cublas": []}
+    for guarded in (True, False):
+        _ktail.set_enabled(guarded)
+        plans.clear_plan_cache()
+        try:
+            for m, n, k, pad in shapes:
+                a, b = _detector(cp, dtype, m, n, k)
+                if pad:                 # unaligned leading dimensions: views of wider arrays
+                    a = cp.pad(a, ((0, 0), (0, 1)))[:, :k]
+                    b = cp.pad(b, ((0, 0), (0, 1)))[:, :n]
+                    a[:, 0], a[:, k - 1] = 1, 1
+                c = cp.full((m, n), cp.nan, a.dtype)
+                cygemm.gemm(a, b, out=c, math=math)
+                if _wrong(cp, c):
+                    wrong["guarded" if guarded else "cublas"].append((m, n, k, pad))
+        finally:
+            _ktail.set_enabled(True)
+            plans.clear_plan_cache()
+    name = f"{np.dtype(dtype).name}/{math}"
+    print(f"ktail sweep {name}: {len(shapes)} shapes; wrong with the guard {len(wrong['guarded'])}, "
+          f"cuBLAS alone {len(wrong['cublas'])}: {wrong['cublas'][:12]}")
+    if os.environ.get("CYGEMM_KTAIL_REPORT"):
+        with open(os.environ["CYGEMM_KTAIL_REPORT"], "a") as f:
+            f.write(json.dumps({"dtype": name, "shapes": len(shapes), "cublas": cygemm.versions().get("cublasLt"),
+                                "wrong_guarded": wrong["guarded"], "wrong_cublas": wrong["cublas"]}) + "\n")
+    assert wrong["guarded"] == []
+
+
+@pytest.mark.gpu
+def test_with_the_guard_off_the_detector_sees_what_cublas_returns():
+    """The detector itself: cuBLAS 13.1 alone leaves K's last element out of this product (the
+    test of the fix, which failed before it); on a cuBLAS that is right here too, it says so."""
+    import cupy as cp
+    from cygemm import plans
+    a, b = _detector(cp, "float16", 64, 256, 32776)
+    _ktail.set_enabled(False)
+    plans.clear_plan_cache()
+    try:
+        c = cp.full((64, 256), cp.nan, cp.float16)
+        cygemm.gemm(a, b, out=c)
+        raw = _wrong(cp, c)
+    finally:
+        _ktail.set_enabled(True)
+        plans.clear_plan_cache()
+    c = cp.full((64, 256), cp.nan, cp.float16)
+    cygemm.gemm(a, b, out=c)
+    assert _wrong(cp, c) == 0
+    if cygemm.versions()["cublasLt"] == 130100:
+        assert raw == 64 * 256          # measured: every element 1 on cuBLAS 13.1 (H200)
+
+
+@pytest.mark.gpu
+def test_a_forced_failure_of_the_batch_invariant_check_refuses_the_mode(monkeypatch):
+    import cupy as cp
+    from cygemm import plans
+    _promises._reset_for_tests()
+    monkeypatch.setattr(_promises, "_cublaslt_version", lambda: 139999)
+    monkeypatch.setattr(_promises, "VERIFIED_CUBLASLT", ())
+    from cygemm import tuning
+    monkeypatch.setattr(tuning, "_remember_promise", lambda *a: None)
+    monkeypatch.setattr(tuning, "_lookup_promise", lambda *a: None)
+    _promises._fail.add("batch_invariant")
+    plans.clear_plan_cache()
+    x = cp.ones((3, 64), cp.float32)
+    try:
+        with pytest.raises(cygemm.CygemmError, match="batch_invariant"):
+            cygemm.matmul(x, x.T, determinism="batch_invariant")
+        assert _promises.checks_run["batch_invariant"] >= 1
+    finally:
+        _promises._reset_for_tests()
+        plans.clear_plan_cache()
+
+
+@pytest.mark.gpu
+def test_the_checks_themselves_hold_on_this_gpu(monkeypatch):
+    """The first-use checks as an unverified cuBLAS would run them: both hold here."""
+    assert _promises._check_ktail_guard()
+    assert _promises._check_batch_invariant()
