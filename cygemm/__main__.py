@@ -11,12 +11,25 @@ import numpy as np
 import cygemm
 
 
+def _lt(lt):
+    return f"{lt // 10000}.{lt // 100 % 100}.{lt % 100}"
+
+
+def _verified_line(v):
+    verified = ", ".join(_lt(x) for x in v["cublasLt_verified"])
+    if v["cublasLt"] in v["cublasLt_verified"]:
+        return f"cuBLAS verified: this release's promises were measured on cuBLASLt {verified}, the one loaded"
+    return (f"cuBLAS not verified: this release was measured on cuBLASLt {verified}; the loaded {_lt(v['cublasLt'])} "
+            "is checked at first use (the K-tail guard, batch_invariant), see the errors page")
+
+
 def main():
     v = cygemm.versions()
     lt = v["cublasLt"]
     driver = f"driver supports CUDA {_version(v['cuda_driver'])}" if v["cuda_driver"] else "no driver found"
     print(f"cygemm {cygemm.__version__}: CUDA runtime {_version(v['cuda_runtime'])}, {driver}, "
-          f"cuBLASLt {lt // 10000}.{lt // 100 % 100}.{lt % 100} (python -m cygemm info: more)")
+          f"cuBLASLt {_lt(lt)} (python -m cygemm info: more)")
+    print(_verified_line(v))
     reason = cygemm.gpu_unavailable_reason()
     if reason:
         print(f"No GPU here: {reason}. Checking what works without one (every GEMM needs a GPU):")
@@ -156,7 +169,8 @@ def info(out=print):
     driver = f"driver supports CUDA {_version(v['cuda_driver'])}" if v["cuda_driver"] else "no driver found"
     out(f"CUDA runtime {_version(v['cuda_runtime'])} (linked statically into cygemm), {driver}")
     lt = v["cublasLt"]
-    out(f"cuBLASLt {lt // 10000}.{lt // 100 % 100}.{lt % 100} ({lt})")
+    out(f"cuBLASLt {_lt(lt)} ({lt})")
+    out(_verified_line(v))
     libs = _loaded_libraries(["cublasLt", "cublas", "cuda"])
     for name in ("cublas", "cublasLt", "cuda"):
         where = libs.get(name) or _cuda_paths.LOADED.get(name) or "not loaded"

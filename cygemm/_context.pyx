@@ -458,11 +458,15 @@ cdef int bind_stream(GemmContext* ctx, cudaStream_t stream) except -1 nogil:
     ctx.bound = True
     return 0
 def versions():
-    """Versions of what cygemm was built with and runs on (no GPU needed for the first two)."""
+    """Versions of what cygemm was built with and runs on (no GPU needed): the CUDA runtime, the
+    driver's CUDA, the loaded cuBLAS(Lt) (major * 10000 + minor * 100 + patch), and the cuBLASLt
+    versions this release's observed-behaviour promises were verified on (cygemm._promises)."""
     cdef int rt = 0, drv = 0
     cudaRuntimeGetVersion(&rt)
     cudaDriverGetVersion(&drv)
-    return {"cuda_runtime": rt, "cuda_driver": drv, "cublasLt": cublasLtGetVersion()}
+    from cygemm._promises import VERIFIED_CUBLASLT
+    return {"cuda_runtime": rt, "cuda_driver": drv, "cublasLt": cublasLtGetVersion(),
+            "cublasLt_verified": list(VERIFIED_CUBLASLT)}
 
 
 cdef int known_device_count() noexcept nogil:
