@@ -75,3 +75,23 @@ def test_no_module_is_over_500_lines():
     assert len(sources) > 30
     long = {os.path.relpath(p, PACKAGE): n for p in sources if (n := sum(1 for _ in open(p))) > 500}
     assert not long, long
+
+
+def test_every_cublas_gemm_is_enqueued_in_one_module_behind_the_k_tail_guard():
+    """cublasGemmEx / cublasGemmStridedBatchedEx and cublasLtMatmul run from cygemm/_launch.pyx
+    alone, where the K-tail guard (cygemm/_ktail.pyx) sees every call; the grouped route's
+    cublasGemmGroupedBatchedEx is the one other GEMM call."""
+    import re
+    calls = re.compile(r"\b(cublasGemmEx|cublasGemmEx_64|cublasGemmStridedBatchedEx|cublasGemmStridedBatchedEx_64"
+                       r"|cublasLtMatmul)\(")
+    found = {}
+    for path in glob.glob(os.path.join(PACKAGE, "**", "*.pyx"), recursive=True):
+        code = "\n".join(line.split("#")[0] for line in open(path))
+        code = re.sub(r'"""(.|\n)*?"""', "", code)
+        if calls.search(code):
+            found[os.path.relpath(path, PACKAGE)] = sorted(set(calls.findall(code)))
+    assert set(found) == {"_launch.pyx"}, found
+    launch = open(os.path.join(PACKAGE, "_launch.pyx")).read()
+    assert "gemmex_drops(" in launch
+    plans = open(os.path.join(PACKAGE, "plans.pyx")).read()
+    assert "make_safe(" in plans and "gemmex_drops(" in plans
