@@ -37,6 +37,9 @@ from cygemm._context cimport GemmContext
 from cygemm._errors cimport check_cublas
 
 cdef bint _enabled = True
+import os as _os
+# CYGEMM_KTAIL_MOVE=0: a flagged candidate is dropped rather than given a safe split (diagnostics).
+cdef bint _move_splits = _os.environ.get("CYGEMM_KTAIL_MOVE", "1") != "0"
 cdef dict _verdicts = {}        # problem -> whether cublasGemmEx's kernel drops part of K
 
 
@@ -115,13 +118,13 @@ cdef int make_safe(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc, cublasLtMatri
     if not ktail_possible(k) or not split_drops(k, s):
         return 0
     _require_checked()
-    for d in range(1, s + 1):           # the nearest split counts first: the same kernel's speed
-        for cand in (s - d, s + d):
-            if cand >= 2 and not split_drops(k, cand) and _accepts(lt, desc, la, lb, lc, ld, algo, cand,
-                                                                   ws_bytes, ws_needed):
-                return 1
-    if _accepts(lt, desc, la, lb, lc, ld, algo, 1, ws_bytes, ws_needed):
-        return 1
+    if not _move_splits:
+        return -1
+    # Fewer splits only, the nearest first: the same kernel's speed, and no more workspace. (More
+    # splits than cuBLASLt offered crashed inside cuBLASLt for a TF32 kernel, 512 x 512 x 8208.)
+    for cand in range(s - 1, 1, -1):
+        if not split_drops(k, cand) and _accepts(lt, desc, la, lb, lc, ld, algo, cand, ws_bytes, ws_needed):
+            return 1
     return -1
 
 
