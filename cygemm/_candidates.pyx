@@ -254,7 +254,7 @@ cdef bint apply_record(GemmContext* ctx, PlanData* d, dict record, size_t ws_byt
             if d.policy >= POLICY_RUN_TO_RUN and not in_family(&algo, d.family):
                 return False        # (a determinism policy runs its family's kernels only)
             ws_needed = check.workspaceSize
-            if make_safe(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld, &algo, k, ws_bytes, &ws_needed) < 0:
+            if make_safe(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld, &algo, d.dtype, k, ws_bytes, &ws_needed) < 0:
                 return False        # (a tuned choice that would drop part of K: decided again)
             d.route, d.algo, d.workspace_needed = PLAN_LT, algo, ws_needed
         else:

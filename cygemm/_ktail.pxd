@@ -26,7 +26,10 @@ cdef bint split_drops(int64_t k, int splits) noexcept nogil
 # CygemmError where the guard's first-use check failed on this cuBLAS.
 cdef int make_safe(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t la,
                    cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, cublasLtMatrixLayout_t ld,
-                   cublasLtMatmulAlgo_t* algo, int64_t k, size_t ws_bytes, size_t* ws_needed) except -2
+                   cublasLtMatmulAlgo_t* algo, cudaDataType dtype, int64_t k, size_t ws_bytes,
+                   size_t* ws_needed) except -2
+# The storage types the guard acts on (bfloat16 and float16: where the defect was measured).
+cdef bint guarded_type(cudaDataType dtype) noexcept nogil
 # Whether cublasGemmEx would run a kernel that drops part of K for this problem: the kernel
 # cuBLASLt's heuristic puts first for it (cublasGemmEx runs that kernel: measured). Cached per problem.
 cdef bint gemmex_drops(GemmContext* ctx, const ColMajorGemm* g, cudaDataType dtype,

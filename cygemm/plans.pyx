@@ -336,7 +336,7 @@ cdef Plan _make_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
     found, n_ok = n_ok, 0
     for i in range(found):
         ws_needed = d.candidates[i].workspaceSize
-        safe = make_safe(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld, &d.candidates[i].algo, g.k, ws_bytes, &ws_needed)
+        safe = make_safe(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld, &d.candidates[i].algo, dtype, g.k, ws_bytes, &ws_needed)
         if safe >= 0:
             d.candidates[n_ok] = d.candidates[i]
             d.candidates[n_ok].workspaceSize = ws_needed
