@@ -28,8 +28,7 @@ def main():
     lt = v["cublasLt"]
     driver = f"driver supports CUDA {_version(v['cuda_driver'])}" if v["cuda_driver"] else "no driver found"
     print(f"cygemm {cygemm.__version__}: CUDA runtime {_version(v['cuda_runtime'])}, {driver}, "
-          f"cuBLASLt {_lt(lt)} (python -m cygemm info: more)")
-    print(_verified_line(v))
+          f"cuBLASLt {_lt(lt)} (python -m cygemm info: more). {_verified_line(v)}")
     reason = cygemm.gpu_unavailable_reason()
     if reason:
         print(f"No GPU here: {reason}. Checking what works without one (every GEMM needs a GPU):")
