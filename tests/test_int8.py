@@ -245,6 +245,7 @@ def test_one_array_as_both_operands_and_an_int8_out_under_determinism():
     small = cp.full((48, 48), 7, cp.int8)
     with pytest.raises(ValueError, match=r"^determinism: an int8 out"):
         cygemm.gemm(X, X.T, small, alpha=1 / 4096, determinism="run_to_run")
+    out.fill(POISON)                            # (it held the answer from int_mm above)
     cygemm.gemm(X, X.T, out, determinism="batch_invariant")          # int32: exact whatever the kernel
     np.testing.assert_array_equal(cp.asnumpy(out), _exact(x, x.T).astype(np.int32))
     assert bool(cp.all(small == 7))

@@ -1,6 +1,8 @@
 """CPU: the row-major -> column-major cuBLAS mapping (rowmajor.describe_gemm), checked against a
 NumPy model of what cuBLAS does with the arguments cygemm would pass (tests/refs/cublas.py), and
-the batched output's overlap check against brute force. No GPU is touched."""
+the batched output's overlap check on fixed cases. No GPU is touched, and nothing here needs
+hypothesis: the property tests (the overlap check against brute force among them) are in
+tests/test_mapping_properties.py, which skips alone where hypothesis is missing."""
 import itertools
 
 import numpy as np
@@ -126,6 +128,7 @@ def test_empty_arrays_with_zero_strides_are_accepted():
 
 
 # ---- a batched output's matrices must not overlap: exact for any batch stride (issue 10, item 4)
+# (against brute force over many strides: test_mapping_properties.py, with hypothesis)
 
 def test_interleaved_heads_in_one_buffer_are_accepted():
     S, H, D, K = 96, 4, 32, 48
@@ -134,33 +137,3 @@ def test_interleaved_heads_in_one_buffer_are_accepted():
     # A and B elsewhere: describe_gemm refuses an out overlapping them, as gemm does
     d = cg.describe_gemm(F((H, S, K), ptr=BASE + 2**25), F((H, K, D), ptr=BASE + 2**24), out, batched=True)
     assert (d["stride_c"], d["ldc"], d["batch"]) == (D, H * D, H)
-
-
-def _brute_force_overlap(batch, rows, cols, row_stride, batch_stride):
-    seen = set()
-    for i in range(batch):
-        cells = {i * batch_stride + r * row_stride + c for r in range(rows) for c in range(cols)}
-        if cells & seen:
-            return True
-        seen |= cells
-    return False
-
-
-hyp = pytest.importorskip("hypothesis")
-from hypothesis import given, settings, strategies as st  # noqa: E402
-
-
-@settings(max_examples=300, deadline=None, derandomize=True)
-@given(batch=st.integers(2, 6), rows=st.integers(1, 5), cols=st.integers(1, 5), extra=st.integers(0, 6),
-       batch_stride=st.integers(1, 60))
-def test_batch_overlap_check_matches_brute_force(batch, rows, cols, extra, batch_stride):
-    row_stride = cols + extra
-    span = (batch - 1) * batch_stride + (rows - 1) * row_stride + cols
-    out = F((batch, rows, cols), strides=(batch_stride * 4, row_stride * 4, 4), ptr=BASE + 2**24)
-    A, B = F((batch, rows, 3)), F((batch, 3, cols), ptr=BASE + 2**25 + span * 4)
-    overlaps = _brute_force_overlap(batch, rows, cols, row_stride, batch_stride)
-    if overlaps:
-        with pytest.raises(ValueError, match="out: batch stride"):
-            cg.describe_gemm(A, B, out, batched=True)
-    else:
-        cg.describe_gemm(A, B, out, batched=True)

@@ -1,12 +1,17 @@
-"""CPU property test: for random shapes, transposes and layouts (slices, F order,
-padding, broadcast batches), the cuBLAS arguments cygemm derives compute op(A) @ op(B)
-under a NumPy model of column-major cuBLAS. Derandomized, so CI runs a fixed set."""
+"""CPU property tests, with hypothesis (the module skips where it is missing; the fixed-case
+checks in test_mapping.py run regardless): for random shapes, transposes and layouts (slices,
+F order, padding, broadcast batches), the cuBLAS arguments cygemm derives compute
+op(A) @ op(B) under a NumPy model of column-major cuBLAS; and a batched output's overlap check
+agrees with brute force for any batch stride. Derandomized, so CI runs a fixed set."""
 import numpy as np
-from hypothesis import given, settings, strategies as st
+import pytest
 
-import cygemm.rowmajor as cg
-from fakes import fake_view
-from refs.cublas import cublas_gemm_model
+pytest.importorskip("hypothesis")
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+import cygemm.rowmajor as cg  # noqa: E402
+from fakes import BASE, FakeDeviceArray as F, fake_view  # noqa: E402
+from refs.cublas import cublas_gemm_model  # noqa: E402
 
 LAYOUTS = ["C", "F", "C-pad", "F-pad"]
 
@@ -50,3 +55,31 @@ def test_mapping_property(m, k, n, ta, tb, la, lb, lc, batch, bcast):
     B3 = np.broadcast_to(B, (nb, *b_shape)).astype(np.float64)
     ref = (A3.swapaxes(1, 2) if ta else A3) @ (B3.swapaxes(1, 2) if tb else B3)
     np.testing.assert_allclose(np.broadcast_to(C, ref.shape), ref, rtol=1e-5, atol=1e-5, err_msg=str(d))
+
+
+# ---- a batched output's matrices must not overlap: the check against brute force (issue 10, item 4)
+
+def _brute_force_overlap(batch, rows, cols, row_stride, batch_stride):
+    seen = set()
+    for i in range(batch):
+        cells = {i * batch_stride + r * row_stride + c for r in range(rows) for c in range(cols)}
+        if cells & seen:
+            return True
+        seen |= cells
+    return False
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(batch=st.integers(2, 6), rows=st.integers(1, 5), cols=st.integers(1, 5), extra=st.integers(0, 6),
+       batch_stride=st.integers(1, 60))
+def test_batch_overlap_check_matches_brute_force(batch, rows, cols, extra, batch_stride):
+    row_stride = cols + extra
+    span = (batch - 1) * batch_stride + (rows - 1) * row_stride + cols
+    out = F((batch, rows, cols), strides=(batch_stride * 4, row_stride * 4, 4), ptr=BASE + 2**24)
+    A, B = F((batch, rows, 3)), F((batch, 3, cols), ptr=BASE + 2**25 + span * 4)
+    overlaps = _brute_force_overlap(batch, rows, cols, row_stride, batch_stride)
+    if overlaps:
+        with pytest.raises(ValueError, match="out: batch stride"):
+            cg.describe_gemm(A, B, out, batched=True)
+    else:
+        cg.describe_gemm(A, B, out, batched=True)

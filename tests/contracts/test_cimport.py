@@ -12,26 +12,35 @@ import pytest
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 EXAMPLE = os.path.join(ROOT, "examples", "cython_consumer")
 
-# The cimport contract: what cygemm/capi.pxd promises to other Cython code.
+# The cimport contract: what cygemm/capi.pxd promises to other Cython code, every name it
+# exports and no other (test_capi_pxd_declares_the_contract checks equality: a name added to
+# capi.pxd is added here, and so to the check that each one cimports).
 CAPI_NAMES = {"GemmContext", "current_context", "gemm_rowmajor", "gemm_rowmajor_strided_batched",
               "scaled_gemm_rowmajor", "cudaStream_t", "cudaDataType", "CUDA_R_16F", "CUDA_R_16BF",
-              "CUDA_R_32F", "CUDA_R_64F", "CUDA_R_8F_E4M3", "CUDA_R_8F_E5M2", "cublasComputeType_t",
+              "CUDA_R_32F", "CUDA_R_64F", "CUDA_C_32F", "CUDA_C_64F", "CUDA_R_8F_E4M3", "CUDA_R_8F_E5M2",
+              "cublasComputeType_t",
               "CUBLAS_COMPUTE_16F", "CUBLAS_COMPUTE_32F", "CUBLAS_COMPUTE_32F_PEDANTIC",
               "CUBLAS_COMPUTE_32F_FAST_16F", "CUBLAS_COMPUTE_32F_FAST_16BF", "CUBLAS_COMPUTE_32F_FAST_TF32",
               "CUBLAS_COMPUTE_64F", "cublasOperation_t", "CUBLAS_OP_N", "CUBLAS_OP_T",
-              "CYGEMM_ACT_NONE", "CYGEMM_ACT_RELU", "CYGEMM_ACT_GELU"}
+              "CYGEMM_ACT_NONE", "CYGEMM_ACT_RELU", "CYGEMM_ACT_GELU",
+              "SCALE_TENSOR", "SCALE_OUTER", "SCALE_1X128", "SCALE_128X128"}
 
 
-def _cimports(path):
-    """{module: names} of a Cython file's `from M cimport a, b` and `cimport M` statements."""
+def _cimports(path, bound=False):
+    """{module: names} of a Cython file's `from M cimport a, b` and `cimport M` statements: the
+    names as M defines them, or with `bound` the names they are bound to in the file (b for
+    `a as b`; for `cimport M [as N]`, N or M's first part, under M)."""
     text = re.sub(r"#[^\n]*", "", open(path).read())            # comments out
     found = {}
+    pick = (lambda n: n.split(" as ")[-1].strip()) if bound else (lambda n: n.split(" as ")[0].strip())
     for module, names in re.findall(r"^\s*from\s+([\w.]+)\s+cimport\s+(\([^)]*\)|[^\n]+)", text, re.M):
-        found.setdefault(module, set()).update(n.split(" as ")[0].strip() for n in names.strip("()").split(",")
-                                               if n.strip())
+        found.setdefault(module, set()).update(pick(n) for n in names.strip("()").split(",") if n.strip())
     for modules in re.findall(r"^\s*cimport\s+([^\n]+)", text, re.M):
         for m in modules.split(","):
-            found.setdefault(m.split(" as ")[0].strip(), set())
+            name = m.split(" as ")[0].strip()
+            found.setdefault(name, set())
+            if bound:
+                found[name].add(m.split(" as ")[1].strip() if " as " in m else name.split(".")[0])
     return found
 
 
@@ -66,10 +75,16 @@ def test_the_consumer_cimports_only_the_contract():
 
 
 def test_capi_pxd_declares_the_contract():
+    """capi.pxd exports exactly CAPI_NAMES: its names are those its cimports bind (it declares
+    nothing of its own, which is checked too), none missing and none beyond the contract."""
     import cygemm                   # the installed contract (CI: the wheel's, the source package removed)
-    found = _cimports(os.path.join(os.path.dirname(cygemm.__file__), "capi.pxd"))
-    declared = set().union(*found.values())
-    assert CAPI_NAMES <= declared, f"cygemm/capi.pxd lacks {sorted(CAPI_NAMES - declared)}"
+    path = os.path.join(os.path.dirname(cygemm.__file__), "capi.pxd")
+    code = re.sub(r"#[^\n]*", "", open(path).read())
+    own = re.findall(r"^\s*(?:cdef|cpdef|ctypedef|DEF|include)\b[^\n]*", code, re.M)
+    assert not own, f"cygemm/capi.pxd declares names itself (not only cimports), which this test does not read: {own}"
+    exported = set().union(*_cimports(path, bound=True).values())
+    assert exported == CAPI_NAMES, (f"cygemm/capi.pxd lacks {sorted(CAPI_NAMES - exported)}; exports beyond the "
+                                    f"contract: {sorted(exported - CAPI_NAMES)}")
 
 
 def test_every_contract_name_cimports_from_capi(tmp_path):
