@@ -1,4 +1,8 @@
-"""Helpers for GPU tests: fresh random inputs, NaN-poisoned outputs, float64 references."""
+"""Helpers for GPU tests: seeded random inputs, NaN-poisoned outputs, float64 references."""
+import os
+import threading
+import zlib
+
 import numpy as np
 
 # ||out - ref|| / ||ref|| bounds by precision: strict fp32 ~1e-5, TF32 ~1e-3 growing with sqrt(K),
@@ -14,8 +18,35 @@ def tol(dtype, math="tf32", k=64):
     return RTOL[math] * max(1.0, (k / 256) ** 0.5)
 
 
+# rand()'s seeds: BASE_SEED (CYGEMM_TEST_SEED overrides it, to run the tests on other data) and,
+# per test, the phase (setup, call, teardown) it runs in and a counter of rand's calls in it.
+BASE_SEED = int(os.environ.get("CYGEMM_TEST_SEED", "20240611"))
+_phase = [None, 0]          # (pytest's current test and phase, rand's calls in it so far)
+_phase_lock = threading.Lock()
+
+
+def seed_for(test, n, base=None):
+    """The seed of the n-th rand() call (from 0) of `test`: pytest's PYTEST_CURRENT_TEST for
+    it, e.g. "tests/test_dense.py::test_x[8] (call)" ("" outside pytest)."""
+    return zlib.crc32(f"{BASE_SEED if base is None else base}:{test}:{n}".encode())
+
+
 def rand(cp, shape, dtype="float32", rng=None):
-    rng = rng or np.random.default_rng()
+    """Standard normal values of `shape` and `dtype` on the device, from `rng` when given, else
+    reproducibly: the n-th call of a test's phase draws from ``default_rng(seed_for(test, n))``,
+    so a test run alone, or again, gets the same inputs. The first call of each test phase
+    prints the base seed and the test (pytest shows a failed test's captured output)."""
+    if rng is None:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "")
+        with _phase_lock:
+            if _phase[0] != test:
+                _phase[0], _phase[1] = test, 0
+                print(f"gpu_util.rand: CYGEMM_TEST_SEED={BASE_SEED}; call n of {test or 'this process'} "
+                      f"draws from seed_for({test!r}, n)")
+            n = _phase[1]
+            _phase[1] += 1
+        seed = seed_for(test, n)
+        rng = np.random.default_rng(seed)
     return cp.asarray(rng.standard_normal(shape).astype(dtype))
 
 

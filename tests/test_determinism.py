@@ -1,8 +1,9 @@
 """Reproducible GEMMs: the determinism option (run_to_run, batch_invariant) through every entry
 point. GPU: row i of a result is bitwise the same for every number of rows M and whatever the
 other rows hold (batch_invariant), the same bits in processes with different tuning files, in
-eager and captured runs, on other threads and streams; each result against float64. CPU: the
-option's checks."""
+eager and captured runs, on other threads and streams; and each result against a float64 NumPy
+reference made from the host copies of the inputs (not from cygemm): the GEMMs and matmul, the
+dense layer's forward and backward, FP8 and cygemm.nn. CPU: the option's checks."""
 import os
 import subprocess
 import sys
@@ -16,6 +17,11 @@ import cygemm
 from cygemm import gemm_ops
 from fakes import FakeDeviceArray
 from gpu_util import f64, rel_err, tol
+from refs import activations
+
+# FP8 products against float64 of the FP8 values: test_fp8.py's OUT_TOL (FP8 tensor-core sums are
+# not kept in full fp32 between promotions, so a float32 out is bounded looser than strict fp32).
+FP8_TOL = {"bfloat16": 1e-2, "float32": 4e-4}
 
 MS = [1, 2, 3, 7, 64, 100, 1000, 4096]
 K, N = 1024, 768
@@ -66,14 +72,23 @@ def _dtype(name):
     return np.dtype(name)
 
 
-def _check_rows(run, x, mode, dtype, math, ref64=None):
+def _host64(x):
+    """float64 host copy of a device array (16-bit floats through float32, which holds them exactly)."""
+    cp = _cp()
+    return f64(cp, x if x.dtype in (np.float32, np.float64) else x.astype(cp.float32))
+
+
+def _check_rows(run, x, mode, dtype, math, ref64=None, bound=None):
     """run(rows) -> result; every M's result is bitwise the first M rows of the full one, and
-    the full one's row 0 is unchanged when the other rows change."""
+    the full one's row 0 is unchanged when the other rows change. With `ref64`, the full one
+    is also within `bound` (default: tol(dtype, math, K)) of that float64 reference."""
     cp = _cp()
     full = run(x)
     cp.cuda.Device().synchronize()
     if ref64 is not None:
-        assert rel_err(f64(cp, full.astype(cp.float32)), ref64) < tol(dtype, math, K)
+        bound = tol(dtype, math, K) if bound is None else bound
+        err = rel_err(_host64(full), ref64)
+        assert err < bound, f"{mode}: {err:.3g} from float64, bound {bound:.3g}"
     for m in MS:
         part = run(x[:m])
         assert _same_bits(part, full[:m]), f"{mode}: rows of M={m} differ from those of M={len(x)}"
@@ -86,7 +101,7 @@ def _check_rows(run, x, mode, dtype, math, ref64=None):
 @pytest.mark.parametrize("dtype,math", DTYPES)
 def test_gemm_rows_are_batch_invariant(dtype, math):
     x, w = _operands(dtype)
-    ref = f64(_cp(), x.astype(np.float32)) @ f64(_cp(), w.astype(np.float32))
+    ref = _host64(x) @ _host64(w)
     _check_rows(lambda a: cygemm.gemm(a, w, math=math, determinism="batch_invariant"), x,
                 "gemm", dtype, math, ref)
 
@@ -96,14 +111,18 @@ def test_gemm_rows_are_batch_invariant(dtype, math):
 def test_matmul_rows_and_batches_are_batch_invariant(dtype, math):
     cp = _cp()
     x, w = _operands(dtype)
-    _check_rows(lambda a: cygemm.matmul(a, w, math=math, determinism="batch_invariant"), x, "matmul", dtype, math)
+    ref = _host64(x) @ _host64(w)
+    _check_rows(lambda a: cygemm.matmul(a, w, math=math, determinism="batch_invariant"), x, "matmul", dtype, math,
+                ref)
     # Batched: (B, M, K) @ (K, N), and each batch element of a stacked weight.
     x3 = x[:1024].reshape(8, 128, K)
     full = cygemm.matmul(x3, w, math=math, determinism="batch_invariant")
+    assert rel_err(_host64(full), ref[:1024].reshape(8, 128, N)) < tol(dtype, math, K)
     for b in (1, 3, 8):
         assert _same_bits(cygemm.matmul(x3[:b], w, math=math, determinism="batch_invariant"), full[:b])
     w3 = cp.stack([w, w[:, ::-1].copy()])
     both = cygemm.matmul(x[:100], w3, math=math, determinism="batch_invariant")
+    assert rel_err(_host64(both), np.stack([ref[:100], ref[:100, ::-1]])) < tol(dtype, math, K)
     assert _same_bits(both[0], cygemm.matmul(x[:100], w, math=math, determinism="batch_invariant"))
     assert _same_bits(cygemm.matmul(x[:7], w3, math=math, determinism="batch_invariant"), both[:, :7])
 
@@ -128,6 +147,10 @@ def test_dense_forward_rows_are_batch_invariant(dtype, math, act, save_z):
     cp = _cp()
     x, w = _operands(dtype)
     bias = cp.asarray(np.random.default_rng(1).standard_normal(N).astype(np.float32)).astype(_dtype(dtype))
+    z64 = _host64(x) @ _host64(w) + _host64(bias)
+    ref = activations.act(act, z64)
+    if save_z:
+        ref = np.concatenate([ref, z64], axis=1)
 
     def run(a):
         y = cp.full((len(a), N), np.nan, dtype=a.dtype)
@@ -135,7 +158,8 @@ def test_dense_forward_rows_are_batch_invariant(dtype, math, act, save_z):
         gemm_ops.forward_into(a, w, y, bias, act=act, save_z=save_z, z_out=z, math=math,
                               determinism="batch_invariant")
         return y if z is None else cp.concatenate([y, z], axis=1)
-    _check_rows(run, x, f"forward {act}", dtype, math)
+    # (float32: 4x the GEMM's bound for the activation's epilogue, as test_dense.py allows)
+    _check_rows(run, x, f"forward {act}", dtype, math, ref, tol(dtype, math, K) * (4 if dtype == "float32" else 1))
 
 
 @pytest.mark.gpu
@@ -145,6 +169,7 @@ def test_dense_backward_data_gradient_rows_are_batch_invariant(dtype, math):
     x, w = _operands(dtype)
     rng = np.random.default_rng(2)
     gy = cp.asarray(rng.standard_normal((4096, N)).astype(np.float32)).astype(_dtype(dtype))
+    ref = _host64(gy) @ _host64(w).T                    # gA = gY @ B^T: sums of N terms
 
     def run(g):
         ga = cp.full((len(g), K), np.nan, dtype=g.dtype)
@@ -152,7 +177,7 @@ def test_dense_backward_data_gradient_rows_are_batch_invariant(dtype, math):
         gemm_ops.backward_into(x[:len(g)], w, g, None, with_bias=False, gA_out=ga, gB_out=gb, math=math,
                                determinism="batch_invariant")
         return ga
-    _check_rows(run, gy, "backward gA", dtype, math)
+    _check_rows(run, gy, "backward gA", dtype, math, ref, tol(dtype, math, N))
 
 
 @pytest.mark.gpu
@@ -170,6 +195,36 @@ def test_dense_backward_weight_gradient_is_run_to_run_under_batch_invariant():
         got[mode] = gb
     assert _same_bits(got["batch_invariant"], got["run_to_run"])
     assert rel_err(f64(cp, got["run_to_run"]), f64(cp, x).T @ f64(cp, gy)) < tol("float32", "tf32", 2048)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,math", DTYPES)
+@pytest.mark.parametrize("act", ["relu", "gelu", "silu"])
+def test_dense_layer_under_batch_invariant_matches_float64(dtype, math, act):
+    """The dense layer under batch_invariant, against float64 from the host copies of its
+    inputs: forward_into's Y = act(X @ W + b) and Z, then backward_into's gA, gB and gBias
+    from gY and that Z (dZ = gY * act'(Z)), every output poisoned first."""
+    cp = _cp()
+    M = 1000
+    x, w = _operands(dtype, m=M, seed=7)
+    rng = np.random.default_rng(8)
+    bias = cp.asarray(rng.standard_normal(N).astype(np.float32)).astype(_dtype(dtype))
+    gy = cp.asarray(rng.standard_normal((M, N)).astype(np.float32)).astype(_dtype(dtype))
+    y, z = (cp.full((M, N), np.nan, dtype=x.dtype) for _ in range(2))
+    gemm_ops.forward_into(x, w, y, bias, act=act, save_z=True, z_out=z, math=math, determinism="batch_invariant")
+    ga, gb, gbias = (cp.full(shape, np.nan, dtype=x.dtype) for shape in ((M, K), (K, N), (N,)))
+    gemm_ops.backward_into(x, w, gy, z, act=act, gA_out=ga, gB_out=gb, gBias_out=gbias,
+                           work_dZ=cp.empty((M, N), dtype=x.dtype), math=math, determinism="batch_invariant")
+    cp.cuda.Device().synchronize()
+    x64, w64, gy64 = _host64(x), _host64(w), _host64(gy)
+    z64 = x64 @ w64 + _host64(bias)
+    fp32 = dtype == "float32"
+    assert rel_err(_host64(z), z64) < tol(dtype, math, K)
+    assert rel_err(_host64(y), activations.act(act, z64)) < tol(dtype, math, K) * (4 if fp32 else 1)
+    dz = gy64 * activations.act_grad(act, _host64(z))       # from the Z the backward was given
+    assert rel_err(_host64(ga), dz @ w64.T) < tol(dtype, math, N)
+    assert rel_err(_host64(gb), x64.T @ dz) < tol(dtype, math, M)
+    assert rel_err(_host64(gbias), dz.sum(axis=0)) < tol(dtype, math, M)
 
 
 @pytest.mark.gpu
@@ -193,13 +248,16 @@ def test_fp8_rows_are_batch_invariant(out_dtype):
     from cygemm import fp8
     from refs import fp8 as fp8_ref
     rng = np.random.default_rng(3)
-    a = cp.asarray(fp8_ref.to_codes(rng.standard_normal((4096, K)) * 4, "e4m3"))
-    wt = cp.asarray(fp8_ref.to_codes(rng.standard_normal((N, K)) * 4, "e4m3"))
+    a_codes = fp8_ref.to_codes(rng.standard_normal((4096, K)) * 4, "e4m3")
+    wt_codes = fp8_ref.to_codes(rng.standard_normal((N, K)) * 4, "e4m3")
+    a, wt = cp.asarray(a_codes), cp.asarray(wt_codes)
     sa, sb = cp.asarray([0.5], cp.float32), cp.asarray([0.25], cp.float32)
+    ref = 0.5 * 0.25 * (fp8_ref.decode(a_codes, "e4m3") @ fp8_ref.decode(wt_codes, "e4m3").T)
     old = cygemm.set_options(determinism="batch_invariant")
     try:
         _check_rows(lambda q: fp8.scaled_matmul(q, wt.T, sa, sb, out_dtype=out_dtype, format_a="e4m3",
-                                                format_b="e4m3"), a, "fp8", out_dtype, "tf32")
+                                                format_b="e4m3"), a, "fp8", out_dtype, "tf32", ref,
+                    FP8_TOL[out_dtype])
     finally:
         cygemm.set_options(**old)
 
@@ -301,12 +359,15 @@ def test_fp8_takes_the_mode_per_call():
     from cygemm import fp8
     from refs import fp8 as fp8_ref
     rng = np.random.default_rng(4)
-    a = cp.asarray(fp8_ref.to_codes(rng.standard_normal((4096, K)) * 4, "e4m3"))
-    wt = cp.asarray(fp8_ref.to_codes(rng.standard_normal((N, K)) * 4, "e4m3"))
+    a_codes = fp8_ref.to_codes(rng.standard_normal((4096, K)) * 4, "e4m3")
+    wt_codes = fp8_ref.to_codes(rng.standard_normal((N, K)) * 4, "e4m3")
+    a, wt = cp.asarray(a_codes), cp.asarray(wt_codes)
     one = cp.asarray([1.0], cp.float32)
+    ref = fp8_ref.decode(a_codes, "e4m3") @ fp8_ref.decode(wt_codes, "e4m3").T
     assert cygemm.get_options()["determinism"] == "off"
     _check_rows(lambda q: fp8.scaled_matmul(q, wt.T, one, one, format_a="e4m3", format_b="e4m3",
-                                            determinism="batch_invariant"), a, "fp8 per call", "bfloat16", "tf32")
+                                            determinism="batch_invariant"), a, "fp8 per call", "bfloat16", "tf32",
+                ref, FP8_TOL["bfloat16"])            # (the default out: bfloat16)
 
 
 @pytest.mark.gpu
@@ -316,9 +377,20 @@ def test_nn_predict_rows_are_batch_invariant(precision):
     from cygemm import nn
     model = nn.MLP([K, 256, 128], act="gelu", seed=0, precision=precision)
     x = cp.asarray(np.random.default_rng(5).standard_normal((4096, K)).astype(np.float32))
+    # float64 from the host copies of x and the float32 parameters, rounded to bfloat16 where
+    # bf16-mixed's GEMMs read them so; gelu (tanh form) between the layers, none after the last.
+    if precision == "fp32":
+        r, bound = (lambda a: np.asarray(a, np.float64)), tol("float32", "tf32", K)
+    else:
+        r = lambda a: np.asarray(a, np.float32).astype(_dtype("bfloat16")).astype(np.float64)    # noqa: E731
+        bound = tol("bfloat16")
+    h = r(x.get())
+    for i, layer in enumerate(model.layers):
+        h = h @ r(layer.weight.get()).T + r(layer.bias.get())
+        h = activations.act("gelu" if i < len(model.layers) - 1 else "none", h)
     old = cygemm.set_options(determinism="batch_invariant")
     try:
-        _check_rows(lambda rows: model.predict(rows), x, f"nn {precision}", "float32", "tf32")
+        _check_rows(lambda rows: model.predict(rows), x, f"nn {precision}", "float32", "tf32", h, bound)
     finally:
         cygemm.set_options(**old)
 
