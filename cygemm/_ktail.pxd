@@ -14,8 +14,6 @@ from cygemm._context cimport GemmContext
 cdef enum:
     KTAIL_GRAIN = 256
 
-# Whether the guard is on (a test and the sweep turn it off to show what cuBLAS alone returns).
-cdef bint guard_enabled() noexcept nogil
 # Whether a kernel that splits K could drop part of a K this long (no split can where K is a
 # multiple of KTAIL_GRAIN, or too short to split): the cheap test before any other.
 cdef bint ktail_possible(int64_t k) noexcept nogil

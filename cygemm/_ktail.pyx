@@ -12,10 +12,11 @@ wrong shape met the rule, and no float32 shape was wrong (benchmarks/ktail_probe
 
 The guard, in the one place each kind of GEMM is enqueued:
 
-- A cuBLASLt algorithm (every plan's candidates, tuned choices read from a tuning file) whose
-  split of K the rule flags for *any* block of K from 8 to 256 is given the nearest split count
-  the rule clears and cuBLASLt accepts: the same kernel, nearly the same time. Where none is
-  accepted, the same kernel without a split.
+- A bfloat16 or float16 cuBLASLt algorithm (every plan's candidates, tuned choices read from a
+  tuning file) whose split of K the rule flags for *any* block of K from 8 to 256 is given the
+  nearest smaller split count the rule clears and cuBLASLt accepts: the same kernel, nearly the
+  same time. Where none is accepted, the candidate is dropped. (float32 is left as cuBLAS
+  chooses: never wrong in the sweeps, and a TF32 kernel given another split crashed in cuBLAS.)
 - cublasGemmEx chooses its kernel inside cuBLAS, where nothing can be read; its choice is the
   kernel cuBLASLt's heuristic puts first (measured: the same wrong shapes, the same times). So
   a problem whose first kernel the rule flags does not run through cublasGemmEx: the plain path
@@ -52,10 +53,6 @@ def set_enabled(bint on):
 
 
 def enabled():
-    return _enabled
-
-
-cdef bint guard_enabled() noexcept nogil:
     return _enabled
 
 
