@@ -19,10 +19,17 @@ option cublasLtMatmulAlgoCheck accepts. The heuristic offers split kernels where
 leave the GPU idle; a small split-free tile of the family fills it as well (bf16, 1 x 4096 x
 4096 on an H200: 64 x 8 runs 0.89x the heuristic's fastest split kernel, with the rows of every
 other size). Timing picks among them: every member gives the same bits.
+
+Timing a new size's members takes tens of milliseconds (H200, bf16, N = 14336, K = 4096: 30-90
+ms), and a server meets every batch size. Sizes whose M and N round up to the same powers of two
+form a bucket: the first size of a bucket is timed and its winner kept for the bucket (in the
+tuning table, kind "gemm", the key bucket_key); a later size of the bucket runs that member
+where cublasLtMatmulAlgoCheck accepts it, without timing. Any member gives the same bits, so
+this changes speed only.
 """
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
 from libc.stdlib cimport malloc, free
-from libc.string cimport memset, memcmp
+from libc.string cimport memset, memcmp, memcpy
 from libc.math cimport ceilf
 
 from cygemm.bindings.cublas cimport *
@@ -203,7 +210,7 @@ cdef int _retiled(GemmContext* ctx, PlanData* d, const cublasLtMatmulAlgo_t* ref
 cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g, int policy,
                            cudaDataType dtype, cublasComputeType_t compute, cublasLtEpilogue_t epi,
                            const void* bias, void* aux, size_t ws_bytes, unsigned al_a, unsigned al_b,
-                           unsigned al_c, const GemmTypes* types) except -1:
+                           unsigned al_c, const GemmTypes* types, object bucket_choice=None) except -1:
     cdef cublasLtMatmulHeuristicResult_t results[QUERY]
     cdef cublasLtMatmulHeuristicResult_t reference[QUERY]
     cdef int n = _query(ctx, d, results, ws_bytes), n_ref = 0, n_probe, i, ref = -1, family = -1
@@ -224,6 +231,8 @@ cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g,
         family = _config(&results[0].algo, CUBLASLT_ALGO_CONFIG_ID) if n > 0 else -1
     d.family = family
     if family < 0:
+        return 0
+    if policy == POLICY_BATCH_INVARIANT and _bucket_member(ctx, d, bucket_choice, family, ws_bytes):
         return 0
     for i in range(n):              # this size's own family kernels, in the heuristic's order
         if d.n_candidates < OWN_MEMBERS and in_family(&results[i].algo, family):
@@ -251,3 +260,32 @@ cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g,
     _members(ctx, d, &reference[ref], 1, family, ws_bytes)
     _retiled(ctx, d, &reference[ref].algo, small, ws_bytes)
     return 0
+
+
+cdef int64_t _power_of_two_at_least(int64_t x) noexcept nogil:
+    cdef int64_t b = 1
+    while b < x:
+        b <<= 1
+    return b
+
+
+cdef tuple bucket_key(tuple key):
+    # (key: dtype, compute, epi, opa, opb, m, n, k, lda, ldb, ldc, aux_ld, ...: plans._key_tuple)
+    return (key[:5] + (_power_of_two_at_least(key[5]), _power_of_two_at_least(key[6]), key[7])
+            + key[11:] + ("bucket",))
+
+
+cdef bint _bucket_member(GemmContext* ctx, PlanData* d, object record, int family, size_t ws_bytes) except -1:
+    """Whether the bucket's tuned member (a tuning record) took d's problem: then d holds it alone."""
+    cdef cublasLtMatmulHeuristicResult_t kept
+    if not isinstance(record, dict) or record.get("route") != "cublasLt":
+        return False
+    try:
+        raw = bytes.fromhex(record["algo"])
+    except (KeyError, TypeError, ValueError):
+        return False
+    if len(raw) != sizeof(cublasLtMatmulAlgo_t):
+        return False
+    memset(&kept, 0, sizeof(kept))
+    memcpy(&kept.algo, <const char*>raw, sizeof(cublasLtMatmulAlgo_t))
+    return _members(ctx, d, &kept, 1, family, ws_bytes) > 0

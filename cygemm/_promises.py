@@ -77,12 +77,29 @@ def _decide(promise):
     _checking.add(promise)
     try:
         checks_run[promise] += 1
-        holds = _CHECKS[promise]() and promise not in _fail
+        holds = _on_a_side_stream(_CHECKS[promise]) and promise not in _fail
     finally:
         _checking.discard(promise)
         _fail.discard(promise)
     tuning._remember_promise(device, key, {"holds": holds})
     return holds
+
+
+def _on_a_side_stream(check):
+    """Run a check on a new stream of its own, in relaxed capture mode: the first call that needs
+    it may come inside a capture (of another stream), which the check's allocations, GEMMs and
+    syncs must neither join nor invalidate."""
+    import cupy as cp
+    from cygemm._streams import exchange_capture_mode
+    old = exchange_capture_mode(2)
+    try:
+        side = cp.cuda.Stream(non_blocking=True)
+        with side:
+            holds = check()
+        side.synchronize()
+        return holds
+    finally:
+        exchange_capture_mode(old)
 
 
 def _half_dtypes(cp):

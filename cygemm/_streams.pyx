@@ -69,6 +69,15 @@ def is_capturing(stream=None):
     return stream_is_capturing(s)
 
 
+def exchange_capture_mode(int mode):
+    """cudaThreadExchangeStreamCaptureMode for this thread: set `mode` (0 global, 1 thread local,
+    2 relaxed), return the one it replaces. Relaxed lets this thread allocate and synchronize
+    other streams while some stream is captured (the first-use checks, cygemm._promises)."""
+    cdef cudaStreamCaptureMode m = <cudaStreamCaptureMode>mode
+    check_cuda(cudaThreadExchangeStreamCaptureMode(&m), "cudaThreadExchangeStreamCaptureMode")
+    return <int>m
+
+
 def stream_pointer(stream=None):
     """The raw cudaStream_t (int) that `stream` denotes, as cygemm resolves it."""
     cdef cudaStream_t s

@@ -2,13 +2,11 @@
 """Plans: how each GEMM runs, chosen once per problem and kept in a bounded cache per thread.
 
 Every GEMM of cygemm goes through here: `gemm`, `gemm_strided_batched`, `matmul`, the dense
-forward (epilogues included), the backward's two GEMMs and :class:`cygemm.GemmPlan`. A plan is
-one problem's way to run: a cuBLASLt algorithm (with its descriptors) or cublasGemmEx. Neither
-wins everywhere (H200: the best cuBLASLt candidate beat cublasGemmEx by 5.9% at 1024^3 fp32 and
-lost by 6.4% at 8192^3 TF32), so a large problem's candidates are timed once (cygemm.tuning).
-Small problems take cublasGemmEx (plain) or the heuristic's first choice (epilogues). No
-candidate drops the end of K (cygemm._ktail). Each thread keeps at most ``plan_cache_size``
-plans (an option), the least recently used dropped: many batch sizes do not grow it unbounded.
+forward and backward, :class:`cygemm.GemmPlan`. A plan is one problem's way to run: a cuBLASLt
+algorithm (with its descriptors) or cublasGemmEx. Neither wins everywhere (H200: cuBLASLt 5.9%
+faster at 1024^3 fp32, 6.4% slower at 8192^3 TF32), so a large problem's candidates are timed
+once (cygemm.tuning); small ones take cublasGemmEx (plain) or the heuristic's first (epilogues).
+No candidate drops the end of K (cygemm._ktail). Each thread keeps ``plan_cache_size`` plans.
 """
 from collections import OrderedDict
 import threading
@@ -34,7 +32,7 @@ from cygemm._settings cimport (options, loaded_options, default_policy, AUTOTUNE
 from cygemm._timing cimport worth_tuning, in_route_timing
 from cygemm.tuning cimport lookup, remember, claim_tuning, release_tuning, forced_route
 from cygemm._candidates cimport tune_candidates, apply_record, record_of
-from cygemm._families cimport family_candidates
+from cygemm._families cimport family_candidates, bucket_key
 from cygemm._ktail cimport make_safe, gemmex_drops
 from cygemm import _settings, tuning, _promises
 
@@ -188,8 +186,7 @@ cdef int _force_gemm = 0
 
 def _on_routes_changed():
     global _force_gemm
-    forced = forced_route("gemm")
-    _force_gemm = {None: 0, "cublasGemmEx": 1, "cublasLt": 2}[forced]
+    _force_gemm = {None: 0, "cublasGemmEx": 1, "cublasLt": 2}[forced_route("gemm")]
     clear_plan_cache()
 
 
@@ -283,15 +280,16 @@ cdef Plan init_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColM
     free_descriptors(&plan.d)           # what it held before (a plan made again): none left behind
     memset(&plan.d, 0, sizeof(PlanData))
     return _make_plan(plan, ctx, stream, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, &k,
-                      _key_tuple(&k), &keep, types)
+                      _key_tuple(&k), &keep, types, False)
 
 
 cdef Plan _make_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                      cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
                      int64_t aux_ld, void* ws, size_t ws_bytes, const PlanKey* k, tuple key, bint* keep,
-                     const GemmTypes* types=NULL):
+                     const GemmTypes* types=NULL, bint shared=True):
     """Fill `plan` (a new one) with the heuristic's candidates; keep[0] False when it must not be
-    cached: made during a capture, where a heuristic may be refused (the next eager call decides)."""
+    cached: made during a capture, where a heuristic may be refused (the next eager call decides).
+    shared: a batch-invariant plan may take its size bucket's member (not a GemmPlan's)."""
     plan.key = key
     cdef PlanData* d = &plan.d
     d.capture_ok = True
@@ -313,8 +311,8 @@ cdef Plan _make_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
             _promises.require("batch_invariant")    # (checked once where cuBLAS is unverified)
         d.gemmex_ok = False
         if batch == 1 or lt_batch_ok(g):   # (a batch cuBLASLt is not asked about finds none below)
-            family_candidates(ctx, d, g, k.policy, dtype, compute, epi, bias, aux, ws_bytes,
-                              k.al_a, k.al_b, k.al_c, types)
+            family_candidates(ctx, d, g, k.policy, dtype, compute, epi, bias, aux, ws_bytes, k.al_a, k.al_b,
+                              k.al_c, types, lookup(ctx.device, "gemm", bucket_key(key)) if shared else None)
         found = d.n_candidates
     else:
         with nogil:     # the first heuristic query of a process loads cuBLASLt's tables
@@ -402,6 +400,8 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
         d.tune_level = autotune
         if d.tuned:
             remember(ctx.device, "gemm", plan.key, record_of(d))
+            if d.policy == POLICY_BATCH_INVARIANT:      # (the member its size bucket then runs)
+                remember(ctx.device, "gemm", bucket_key(plan.key), record_of(d))
     finally:
         release_tuning(ctx.device, "gemm", plan.key)
     return 0

@@ -410,3 +410,30 @@ def test_float64_rows_are_batch_invariant_and_right():
         _check_rows(lambda a: cygemm.matmul(a, w), x, "float64", "float32", "fp32")
     finally:
         cygemm.set_options(**old)
+
+
+@pytest.mark.gpu
+def test_a_new_size_in_a_timed_bucket_runs_its_member_untimed_with_the_same_rows():
+    """batch_invariant: M = 9 is timed; M = 12 and 16 (the same power-of-two bucket) take its
+    member without timing, and their rows are those of M = 9 and of float64."""
+    cp = _cp()
+    from cygemm import plans, tuning
+    x, w = _operands("bfloat16", m=16, k=4096, n=1024, seed=7)
+    wt = cp.ascontiguousarray(w.T)          # a linear layer's (N, K) weight
+    tuning.clear_tuning()
+    plans.clear_plan_cache()
+
+    def run(m):
+        out = cp.full((m, 1024), cp.nan, x.dtype)
+        return cygemm.gemm(x[:m], wt, out, trans_b=True, determinism="batch_invariant")
+
+    first = run(9)
+    timed = tuning.tuning_count()
+    assert timed >= 1
+    assert any(e["key"][-1] == "bucket" for e in tuning.tuning_entries())
+    for m in (12, 16):
+        got = run(m)
+        assert tuning.tuning_count() == timed, f"M={m} was timed again"
+        assert _same_bits(got[:9], first)
+    err = rel_err(_host64(got), _host64(x) @ _host64(w))
+    assert err < tol("bfloat16", "tf32", 4096)

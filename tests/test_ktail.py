@@ -59,6 +59,7 @@ def fresh_promises(monkeypatch):
     monkeypatch.setattr(tuning, "_lookup_promise", lambda device, key: kept.get(key))
     monkeypatch.setattr(tuning, "_remember_promise", lambda device, key, record: kept.__setitem__(key, record))
     monkeypatch.setattr(_context, "current_device", lambda: 0)
+    monkeypatch.setattr(_promises, "_on_a_side_stream", lambda check: check())     # (no GPU here)
     yield ran, kept
     _promises._reset_for_tests()
 
@@ -253,7 +254,146 @@ def test_a_forced_failure_of_the_batch_invariant_check_refuses_the_mode(monkeypa
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("promise", ["ktail_guard", "batch_invariant"])
+def test_a_first_use_inside_a_capture_checks_beside_it_and_the_graph_replays_right(promise, monkeypatch):
+    """On an unverified cuBLAS, the first GEMM that relies on a promise comes inside a capture
+    (CuPy's, global mode): the check runs on its own stream, the capture survives, and the
+    replayed graph gives the exact detector result."""
+    import cupy as cp
+    from cygemm import plans, tuning
+    _promises._reset_for_tests()
+    monkeypatch.setattr(_promises, "_cublaslt_version", lambda: 139999)
+    monkeypatch.setattr(_promises, "VERIFIED_CUBLASLT", ())
+    monkeypatch.setattr(tuning, "_remember_promise", lambda *a: None)
+    monkeypatch.setattr(tuning, "_lookup_promise", lambda *a: None)
+    dtype = _dtypes()[1][0]                                 # float16
+    a, b = _detector(cp, dtype, 64, 256, 32776)
+    c = cp.full((64, 256), cp.nan, dtype)
+    mode = "batch_invariant" if promise == "batch_invariant" else "off"
+    s = cp.cuda.Stream(non_blocking=True)
+    cygemm.gemm(a, b, out=c, determinism=mode, stream=s)   # (plans made eagerly; the check not yet run)
+    s.synchronize()
+    _promises._reset_for_tests()
+    plans.clear_plan_cache()
+    before = _promises.checks_run[promise]
+    try:
+        s.begin_capture()
+        try:
+            cygemm.gemm(a, b, out=c, determinism=mode, stream=s)
+        finally:
+            graph = s.end_capture()
+        assert _promises.checks_run[promise] == before + 1
+        with s:
+            c[...] = cp.nan
+        graph.launch(s)
+        s.synchronize()
+        assert _wrong(cp, c) == 0
+    finally:
+        _promises._reset_for_tests()
+        plans.clear_plan_cache()
+
+
+@pytest.mark.gpu
 def test_the_checks_themselves_hold_on_this_gpu(monkeypatch):
     """The first-use checks as an unverified cuBLAS would run them: both hold here."""
     assert _promises._check_ktail_guard()
     assert _promises._check_batch_invariant()
+
+
+# ---------------------------------------------------------------- every other entry point
+
+ENTRIES = ["matmul", "strided_batched", "plan", "dense", "dense_backward_gB", "dense_backward_gA",
+           "grouped:batched", "grouped:grouped", "grouped:loop", "grouped:streams", "moe", "fp8", "int8"]
+MODES = ["off", "auto", "run_to_run", "batch_invariant"]
+
+
+def _set_mode(mode):
+    if mode in ("run_to_run", "batch_invariant"):
+        return cygemm.set_options(determinism=mode, autotune="auto")
+    return cygemm.set_options(determinism="off", autotune=mode)
+
+
+def _entry_wrong(cp, entry, dtype, math, m, n, k):
+    """Elements of the entry's detector product that are not exactly what they must be."""
+    from cygemm import fp8, gemm_ops, grouped
+    if entry.startswith("dense_backward"):
+        ones = cp.ones
+        if entry == "dense_backward_gB":     # gB = A.T @ gY: the layer's rows (k of them) are its K
+            A = cp.zeros((k, m), dtype)
+            A[0], A[-1] = 1, 1
+            _, gB, _ = gemm_ops.backward(A, ones((m, n), dtype), ones((k, n), dtype), None, with_bias=False,
+                                         need_gA=False, math=math)
+            return _wrong(cp, gB)
+        gY = cp.zeros((m, k), dtype)         # gA = gY @ B.T: the layer's width (k) is its K
+        gY[:, 0], gY[:, -1] = 1, 1
+        gA, _, _ = gemm_ops.backward(ones((m, n), dtype), ones((n, k), dtype), gY, None, with_bias=False,
+                                     need_gB=False, math=math)
+        return _wrong(cp, gA)
+    if entry.startswith("grouped:"):
+        a, b = _detector(cp, dtype, m, n, k)
+        a2, b2 = cp.stack([a, a]), cp.stack([b, b])      # (views at strides: every route applies)
+        out = cp.full((2, m, n), cp.nan, dtype)
+        grouped.grouped_gemm([a2[0], a2[1]], [b2[0], b2[1]], [out[0], out[1]], math=math,
+                             route=entry.split(":")[1])
+        return _wrong(cp, out)
+    if entry == "moe":
+        a, _ = _detector(cp, dtype, m, n, k)
+        out = cp.full((2 * m, n), cp.nan, dtype)
+        grouped.moe_gemm(cp.concatenate([a, a]), cp.ones((2, k, n), dtype), [0, m, 2 * m], out, math=math)
+        return _wrong(cp, out)
+    if entry == "fp8":                      # 0x38 is 1.0 in E4M3; K a multiple of 16
+        k = k - k % 16 + 16
+        a = cp.zeros((m, k), cp.uint8)
+        a[:, 0], a[:, -1] = 0x38, 0x38
+        w = cp.full((n, k), 0x38, cp.uint8)
+        one = cp.ones(1, cp.float32)
+        out = cp.full((m, n), cp.nan, cp.float16)
+        fp8.scaled_matmul(a, w.T, one, one, out=out, format_a="e4m3", format_b="e4m3")
+        return _wrong(cp, out)
+    if entry == "int8":                     # K a multiple of 4; exact int32
+        k = k - k % 4 + 4
+        a = cp.zeros((m, k), cp.int8)
+        a[:, 0], a[:, -1] = 1, 1
+        out = cp.full((m, n), -1, cp.int32)
+        cygemm.int_mm(a, cp.ones((n, k), cp.int8).T, out)
+        return int((out != 2).sum())
+    a, b = _detector(cp, dtype, m, n, k)
+    return _run(cp, entry, "off", a, b, math)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("entry", ENTRIES)
+def test_sweep_every_other_entry_point_and_mode(entry):
+    """CYGEMM_KTAIL_ENTRY_SHAPES swept shapes (default 200) per 16-bit dtype through `entry`, the
+    modes taken in turn (set as options, which every entry point follows): none drops the end of
+    K. (FP8 and int8 run once, on their own types.) A mode that refuses a shape is counted apart."""
+    import cupy as cp
+    count = int(os.environ.get("CYGEMM_KTAIL_ENTRY_SHAPES", "200"))
+    dtypes = [d for d, math in _dtypes() if math == "tf32" and np.dtype(d).itemsize == 2]
+    if entry in ("fp8", "int8"):
+        dtypes = dtypes[:1]
+    wrong, refused, done = [], [], 0
+    old = cygemm.get_options()
+    try:
+        for dtype in dtypes:
+            for i, (m, n, k, _) in enumerate(_sweep_shapes(count, 38)):
+                mode = MODES[i % len(MODES)]
+                _set_mode(mode)
+                try:
+                    bad = _entry_wrong(cp, entry, dtype, "tf32", m, n, k)
+                except cygemm.CygemmError as exc:
+                    refused.append((mode, m, n, k, str(exc)[:80]))
+                    continue
+                done += 1
+                if bad:
+                    wrong.append((np.dtype(dtype).name, mode, m, n, k, bad))
+    finally:
+        cygemm.set_options(determinism=old["determinism"], autotune=old["autotune"])
+    print(f"ktail entry sweep {entry}: {done} shapes run, wrong {len(wrong)}: {wrong[:8]}; "
+          f"refused {len(refused)}: {refused[:3]}")
+    if os.environ.get("CYGEMM_KTAIL_REPORT"):
+        with open(os.environ["CYGEMM_KTAIL_REPORT"], "a") as f:
+            f.write(json.dumps({"entry": entry, "shapes_run": done, "wrong": wrong, "refused": len(refused),
+                                "cublas": cygemm.versions().get("cublasLt")}) + "\n")
+    assert wrong == []
+    assert done >= len(refused)         # (a sweep that refuses most of its shapes proves little)
