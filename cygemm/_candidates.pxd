@@ -17,3 +17,7 @@ cdef int tune_candidates(GemmContext* ctx, cudaStream_t stream, PlanData* d, con
 cdef bint apply_record(GemmContext* ctx, PlanData* d, dict record, size_t ws_bytes, int64_t k)
 # d's choice as a tuning table record.
 cdef dict record_of(PlanData* d)
+
+# A batch-invariant plan's record for its size bucket: record_of's, and the fastest members'
+# algorithms ("members", in the order of their first timed round).
+cdef dict bucket_record_of(PlanData* d)

@@ -16,7 +16,7 @@ from cygemm.bindings.cublaslt cimport *
 from cygemm._types cimport ColMajorGemm, Scalars, real_scalars, is_fp8_type, type_size
 from cygemm._context cimport GemmContext
 from cygemm._release cimport defer_free
-from cygemm._settings cimport AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN
+from cygemm._settings cimport AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT
 from cygemm._families cimport in_family
 from cygemm._ktail cimport make_safe
 from cygemm._launch cimport PlanData, PlanRoute, PLAN_GEMMEX, PLAN_LT, PLAN_CANDIDATES, plan_run
@@ -27,6 +27,8 @@ from cygemm.tuning cimport count_tuning
 cdef enum:
     TUNE_REPS = 5           # rounds for every candidate (auto: fewer when the budget says so)
     FINAL_REPS = 11         # rounds for the finalists (auto: within what is left of the budget)
+    BUCKET_MEMBERS = 4      # batch-invariant: the fastest members a size bucket keeps
+    BUCKET_BUDGET_MS = 12   # and the time (auto) a later size of the bucket spends on them
 
 
 ctypedef struct _TuneArg:
@@ -153,8 +155,11 @@ cdef int tune_candidates(GemmContext* ctx, cudaStream_t stream, PlanData* d, con
     cdef int second = -1, n_final = 0, base = -1
     cdef int final[4]
     cdef float final_ms[4]
+    cdef float first_ms[PLAN_CANDIDATES + 1]
     try:
-        time_choices(ctx, stream, _tune_enqueue, &a, choices, n, TUNE_REPS, ms, 0 if exhaustive else 1e30)
+        time_choices(ctx, stream, _tune_enqueue, &a, choices, n, TUNE_REPS, ms,
+                     0 if exhaustive else (BUCKET_BUDGET_MS if d.shared else 1e30))
+        memcpy(first_ms, ms, n * sizeof(float))
         for i in range(n):
             if ms[i] < 0:
                 continue
@@ -173,7 +178,8 @@ cdef int tune_candidates(GemmContext* ctx, cudaStream_t stream, PlanData* d, con
                 n_final += 1
         fastest = ms[best]
         if not exhaustive:
-            left_ms = tuning_budget_ms(fastest) - (time.perf_counter() - start) * 1e3
+            left_ms = (min(<double>BUCKET_BUDGET_MS, tuning_budget_ms(fastest)) if d.shared
+                       else tuning_budget_ms(fastest)) - (time.perf_counter() - start) * 1e3
         if n_final > 1 and (exhaustive or left_ms > 3 * n_final * fastest * 1.2):
             time_choices(ctx, stream, _tune_enqueue, &a, final, n_final, FINAL_REPS, final_ms,
                          0 if exhaustive else left_ms)
@@ -214,7 +220,28 @@ cdef int tune_candidates(GemmContext* ctx, cudaStream_t stream, PlanData* d, con
         d.route, d.algo, d.workspace_needed = PLAN_LT, d.candidates[best].algo, d.candidates[best].workspaceSize
     d.tuned = True
     d.tuned_ms = ms[best]
+    if d.policy == POLICY_BATCH_INVARIANT:
+        _fastest_first(d, first_ms, found)
     return 0
+
+
+cdef void _fastest_first(PlanData* d, float* ms, int n) noexcept:
+    """Order the first BUCKET_MEMBERS candidates by their first round's times (failed ones last),
+    the order bucket_record_of keeps."""
+    cdef int i, j, b
+    cdef float t
+    cdef cublasLtMatmulHeuristicResult_t c
+    for i in range(min(n, <int>BUCKET_MEMBERS)):
+        b = i
+        for j in range(i + 1, n):
+            if ms[j] >= 0 and (ms[b] < 0 or ms[j] < ms[b]):
+                b = j
+        c = d.candidates[i]
+        d.candidates[i] = d.candidates[b]
+        d.candidates[b] = c
+        t = ms[i]
+        ms[i] = ms[b]
+        ms[b] = t
 
 
 cdef str _algo_name(const cublasLtMatmulAlgo_t* algo):
@@ -263,6 +290,13 @@ cdef bint apply_record(GemmContext* ctx, PlanData* d, dict record, size_t ws_byt
         return False
     d.tuned, d.tuned_ms = True, ms
     return True
+
+
+cdef dict bucket_record_of(PlanData* d):
+    record = record_of(d)
+    record["members"] = [(<char*>&d.candidates[i].algo)[:sizeof(cublasLtMatmulAlgo_t)].hex()
+                         for i in range(min(d.n_candidates, <int>BUCKET_MEMBERS))]
+    return record
 
 
 cdef dict record_of(PlanData* d):

@@ -22,10 +22,11 @@ other size). Timing picks among them: every member gives the same bits.
 
 Timing a new size's members takes tens of milliseconds (H200, bf16, N = 14336, K = 4096: 30-90
 ms), and a server meets every batch size. Sizes whose M and N round up to the same powers of two
-form a bucket: the first size of a bucket is timed and its winner kept for the bucket (in the
-tuning table, kind "gemm", the key bucket_key); a later size of the bucket runs that member
-where cublasLtMatmulAlgoCheck accepts it, without timing. Any member gives the same bits, so
-this changes speed only.
+form a bucket: the first size of a bucket times every member and keeps its fastest four for the
+bucket (in the tuning table, kind "gemm", the key bucket_key); a later size of the bucket times
+only those (that cublasLtMatmulAlgoCheck accepts for it), within 12 ms. Any member gives the
+same bits, so this changes speed only. (The winner alone, reused, cost up to 1.4x: a member
+fast at 256 rows was not at 200.)
 """
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
 from libc.stdlib cimport malloc, free
@@ -276,16 +277,21 @@ cdef tuple bucket_key(tuple key):
 
 
 cdef bint _bucket_member(GemmContext* ctx, PlanData* d, object record, int family, size_t ws_bytes) except -1:
-    """Whether the bucket's tuned member (a tuning record) took d's problem: then d holds it alone."""
+    """Whether the bucket's fastest members (a tuning record's "members") took d's problem: then d
+    holds those cublasLtMatmulAlgoCheck accepts, to be timed briefly (d.shared)."""
     cdef cublasLtMatmulHeuristicResult_t kept
     if not isinstance(record, dict) or record.get("route") != "cublasLt":
         return False
-    try:
-        raw = bytes.fromhex(record["algo"])
-    except (KeyError, TypeError, ValueError):
-        return False
-    if len(raw) != sizeof(cublasLtMatmulAlgo_t):
-        return False
-    memset(&kept, 0, sizeof(kept))
-    memcpy(&kept.algo, <const char*>raw, sizeof(cublasLtMatmulAlgo_t))
-    return _members(ctx, d, &kept, 1, family, ws_bytes) > 0
+    members = record.get("members")
+    for algo in (members if isinstance(members, list) else [record.get("algo")]):
+        try:
+            raw = bytes.fromhex(algo)
+        except (TypeError, ValueError):
+            continue
+        if len(raw) != sizeof(cublasLtMatmulAlgo_t):
+            continue
+        memset(&kept, 0, sizeof(kept))
+        memcpy(&kept.algo, <const char*>raw, sizeof(cublasLtMatmulAlgo_t))
+        _members(ctx, d, &kept, 1, family, ws_bytes)
+    d.shared = d.n_candidates > 0
+    return d.shared

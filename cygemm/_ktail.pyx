@@ -52,6 +52,11 @@ def set_enabled(bint on):
     _verdicts.clear()
 
 
+def _forget_verdicts():
+    """Forget the cached cublasGemmEx verdicts (tests: the next problem asks cuBLASLt again)."""
+    _verdicts.clear()
+
+
 def enabled():
     return _enabled
 

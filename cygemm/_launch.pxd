@@ -41,6 +41,7 @@ ctypedef struct PlanData:
     int policy          # the autotune level, or the determinism policy, the plan was made under
     int family          # under a determinism policy: the cuBLASLt algorithm id of its kernels
     bint verify         # a timed choice is kept only if its result agrees with the first candidate's (FP8)
+    bint shared         # batch-invariant: its candidates are its size bucket's fastest members (cygemm._families)
     cublasLtMatmulHeuristicResult_t candidates[PLAN_CANDIDATES]
 
 

@@ -31,7 +31,7 @@ from cygemm._settings cimport (options, loaded_options, default_policy, AUTOTUNE
                                POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT)
 from cygemm._timing cimport worth_tuning, in_route_timing
 from cygemm.tuning cimport lookup, remember, claim_tuning, release_tuning, forced_route
-from cygemm._candidates cimport tune_candidates, apply_record, record_of
+from cygemm._candidates cimport tune_candidates, apply_record, record_of, bucket_record_of
 from cygemm._families cimport family_candidates, bucket_key
 from cygemm._ktail cimport make_safe, gemmex_drops
 from cygemm import _settings, tuning, _promises
@@ -400,8 +400,8 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
         d.tune_level = autotune
         if d.tuned:
             remember(ctx.device, "gemm", plan.key, record_of(d))
-            if d.policy == POLICY_BATCH_INVARIANT:      # (the member its size bucket then runs)
-                remember(ctx.device, "gemm", bucket_key(plan.key), record_of(d))
+            if d.policy == POLICY_BATCH_INVARIANT and not d.shared:    # (what its size bucket times)
+                remember(ctx.device, "gemm", bucket_key(plan.key), bucket_record_of(d))
     finally:
         release_tuning(ctx.device, "gemm", plan.key)
     return 0

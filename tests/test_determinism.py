@@ -413,9 +413,10 @@ def test_float64_rows_are_batch_invariant_and_right():
 
 
 @pytest.mark.gpu
-def test_a_new_size_in_a_timed_bucket_runs_its_member_untimed_with_the_same_rows():
-    """batch_invariant: M = 9 is timed; M = 12 and 16 (the same power-of-two bucket) take its
-    member without timing, and their rows are those of M = 9 and of float64."""
+def test_a_new_size_in_a_timed_bucket_times_only_its_fastest_members_with_the_same_rows():
+    """batch_invariant: M = 9 times the family and keeps its fastest members for the bucket of
+    M = 9..16; M = 12 and 16 choose among those alone, and their rows are those of M = 9 and of
+    float64."""
     cp = _cp()
     from cygemm import plans, tuning
     x, w = _operands("bfloat16", m=16, k=4096, n=1024, seed=7)
@@ -427,13 +428,19 @@ def test_a_new_size_in_a_timed_bucket_runs_its_member_untimed_with_the_same_rows
         out = cp.full((m, 1024), cp.nan, x.dtype)
         return cygemm.gemm(x[:m], wt, out, trans_b=True, determinism="batch_invariant")
 
+    def records():
+        return {tuple(e["key"]): e for e in tuning.tuning_entries()}
+
     first = run(9)
-    timed = tuning.tuning_count()
-    assert timed >= 1
-    assert any(e["key"][-1] == "bucket" for e in tuning.tuning_entries())
+    buckets = [e for key, e in records().items() if key[-1] == "bucket"]
+    assert len(buckets) == 1 and 1 <= len(buckets[0]["members"]) <= 4
+    members = buckets[0]["members"]
     for m in (12, 16):
+        before = set(records())
         got = run(m)
-        assert tuning.tuning_count() == timed, f"M={m} was timed again"
+        new = [e for key, e in records().items() if key not in before]
+        assert all(e["algo"] in members for e in new), f"M={m} chose outside its bucket's members"
         assert _same_bits(got[:9], first)
+    assert [e["members"] for key, e in records().items() if key[-1] == "bucket"] == [members]
     err = rel_err(_host64(got), _host64(x) @ _host64(w))
     assert err < tol("bfloat16", "tf32", 4096)

@@ -267,19 +267,19 @@ def test_a_first_use_inside_a_capture_checks_beside_it_and_the_graph_replays_rig
     monkeypatch.setattr(tuning, "_remember_promise", lambda *a: None)
     monkeypatch.setattr(tuning, "_lookup_promise", lambda *a: None)
     dtype = _dtypes()[1][0]                                 # float16
-    a, b = _detector(cp, dtype, 64, 256, 32776)
-    c = cp.full((64, 256), cp.nan, dtype)
+    m, n, k = 64, 256, 32776
+    _ktail._forget_verdicts()       # (the guard's verdict on it, and with it its check, come now)
+    a, b = _detector(cp, dtype, m, n, k)
+    c = cp.full((m, n), cp.nan, dtype)
     mode = "batch_invariant" if promise == "batch_invariant" else "off"
     s = cp.cuda.Stream(non_blocking=True)
-    cygemm.gemm(a, b, out=c, determinism=mode, stream=s)   # (plans made eagerly; the check not yet run)
-    s.synchronize()
     _promises._reset_for_tests()
     plans.clear_plan_cache()
     before = _promises.checks_run[promise]
     try:
         s.begin_capture()
         try:
-            cygemm.gemm(a, b, out=c, determinism=mode, stream=s)
+            cygemm.gemm(a, b, out=c, determinism=mode, stream=s)   # (its first call: plan and check now)
         finally:
             graph = s.end_capture()
         assert _promises.checks_run[promise] == before + 1
@@ -331,11 +331,14 @@ def _entry_wrong(cp, entry, dtype, math, m, n, k):
         return _wrong(cp, gA)
     if entry.startswith("grouped:"):
         a, b = _detector(cp, dtype, m, n, k)
-        a2, b2 = cp.stack([a, a]), cp.stack([b, b])      # (views at strides: every route applies)
-        out = cp.full((2, m, n), cp.nan, dtype)
-        grouped.grouped_gemm([a2[0], a2[1]], [b2[0], b2[1]], [out[0], out[1]], math=math,
-                             route=entry.split(":")[1])
-        return _wrong(cp, out)
+        route = entry.split(":")[1]
+        if route == "batched":              # (views at strides: its one strided-batched GEMM)
+            a2, b2, out = cp.stack([a, a]), cp.stack([b, b]), cp.full((2, m, n), cp.nan, dtype)
+            As, Bs, outs = [a2[0], a2[1]], [b2[0], b2[1]], [out[0], out[1]]
+        else:                               # (arrays of their own: 16-byte aligned, as cuBLAS needs)
+            As, Bs, outs = [a, a], [b, b], [cp.full((m, n), cp.nan, dtype) for _ in range(2)]
+        grouped.grouped_gemm(As, Bs, outs, math=math, route=route)
+        return sum(_wrong(cp, c) for c in outs)
     if entry == "moe":
         a, _ = _detector(cp, dtype, m, n, k)
         out = cp.full((2 * m, n), cp.nan, dtype)
