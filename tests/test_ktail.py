@@ -267,15 +267,29 @@ def test_a_first_use_inside_a_capture_checks_beside_it_and_the_graph_replays_rig
     monkeypatch.setattr(tuning, "_remember_promise", lambda *a: None)
     monkeypatch.setattr(tuning, "_lookup_promise", lambda *a: None)
     dtype = _dtypes()[1][0]                                 # float16
-    m, n, k = 64, 256, 32776
-    _ktail._forget_verdicts()       # (the guard's verdict on it, and with it its check, come now)
-    a, b = _detector(cp, dtype, m, n, k)
-    c = cp.full((m, n), cp.nan, dtype)
     mode = "batch_invariant" if promise == "batch_invariant" else "off"
     s = cp.cuda.Stream(non_blocking=True)
-    _promises._reset_for_tests()
-    plans.clear_plan_cache()
-    before = _promises.checks_run[promise]
+
+    def first_use(m, n, k, stream):
+        """A first call of (m, n, k) in a fresh state: whether it ran the promise's check."""
+        _promises._reset_for_tests()
+        _ktail._forget_verdicts()       # (the guard's verdicts, and with them its check, come anew)
+        plans.clear_plan_cache()
+        before = _promises.checks_run[promise]
+        a, b = _detector(cp, dtype, m, n, k)
+        c = cp.full((m, n), cp.nan, dtype)
+        return a, b, c, before
+    # The guard's check runs where the guard acts: a shape whose kernel it moves, with cygemm's
+    # own handle and workspaces (found eagerly first).
+    for m, n, k in KNOWN_WRONG + [(32, 128, 51232)]:
+        a, b, c, before = first_use(m, n, k, s)
+        cygemm.gemm(a, b, out=c, determinism=mode, stream=s)
+        s.synchronize()
+        if _promises.checks_run[promise] > before:
+            break
+    else:
+        pytest.skip(f"the guard acts on none of these shapes with cuBLASLt {cygemm.versions()['cublasLt']}")
+    a, b, c, before = first_use(m, n, k, s)
     try:
         s.begin_capture()
         try:
