@@ -31,12 +31,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # subpackage ("nn._kernels": cygemm/nn/_kernels.pyx, cygemm.nn._kernels).
 # Each module's kernels (cygemm/kernels/*.cu): every .cu is compiled once, its object linked into
 # the modules that launch it.
-MODULES = {"_errors": [], "_settings": [], "_streams": [], "_release": [], "_context": [], "_mapping": [],
-           "_described": [], "_arrays": [], "_overlap": [], "_alloc": [], "_args": [],
-           "_timing": ["timing"], "tuning": [], "_ktail": [], "_launch": [], "_lt_desc": [], "_families": [], "_candidates": [], "plans": [], "_int8": [],
-           "routes": [], "epilogues": [], "rowmajor": [], "gemm_plan": [], "_batch_layout": [], "matmul": [],
-           "_dense_routes": ["elementwise"], "dense": ["elementwise"], "fp8_convert": ["fp8"],
-           "_fp8_args": [], "fp8_scales": ["fp8_scales"], "fp8": [], "elementwise": ["elementwise"], "_groups": [], "grouped": ["grouped"], "graph": [],
+MODULES = {"engine.errors": [], "engine.settings": [], "engine.streams": [], "engine.release": [], "engine.context": [], "engine.mapping": [],
+           "engine.described": [], "engine.arrays": [], "engine.overlap": [], "engine.alloc": [], "engine.args": [],
+           "engine.timing": ["timing"], "tuning": [], "engine.ktail": [], "engine.launch": [], "engine.lt_desc": [], "engine.families": [], "engine.candidates": [], "plans": [], "engine.int8": [],
+           "routes": [], "epilogues": [], "rowmajor": [], "gemm_plan": [], "engine.batch_layout": [], "matmul": [],
+           "engine.dense_routes": ["elementwise"], "dense": ["elementwise"], "fp8_convert": ["fp8"],
+           "engine.fp8_args": [], "fp8_scales": ["fp8_scales"], "fp8": [], "elementwise": ["elementwise"], "engine.groups": [], "grouped": ["grouped"], "graph": [],
            "nn._kernels": ["nn"], "backend._kernels": ["backend"]}
 HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h",
            "cygemm/include/cygemm/fp8_kernels.h", "cygemm/include/cygemm/fp8_scale_kernels.h",

@@ -12,7 +12,8 @@ import time
 import cupy as cp
 
 import cygemm
-from cygemm import _ktail, plans
+from cygemm import plans
+from cygemm.engine import ktail as _ktail
 from cygemm.graph import capture
 
 ACTS = [(64, 256, 32776), (256, 128, 32776), (16, 512, 24584), (8, 128, 40968), (1, 1024, 32776),
@@ -49,7 +50,7 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
-    from cygemm._alloc import numpy_dtype
+    from cygemm.engine.alloc import numpy_dtype
     stream = cp.cuda.Stream(non_blocking=True)
     rows = []
     for dtype in (numpy_dtype("bfloat16"), cp.float16):

@@ -9,10 +9,10 @@ try:
 except _cuda_paths.CudaNotFoundError as exc:
     raise ImportError(f"cygemm: {exc}") from exc
 
-from cygemm._errors import CygemmError, CudaError, CudaDriverError, CublasError, CaptureError
-from cygemm._context import device_count, release_workspaces, versions
-from cygemm._streams import stream_pointer
-from cygemm._settings import get_options, set_options
+from cygemm.engine.errors import CygemmError, CudaError, CudaDriverError, CublasError, CaptureError
+from cygemm.engine.context import device_count, release_workspaces, versions
+from cygemm.engine.streams import stream_pointer
+from cygemm.engine.settings import get_options, set_options
 from cygemm.tuning import load_tuning, save_tuning
 from cygemm.rowmajor import gemm, gemm_strided_batched, describe_gemm, int_mm
 from cygemm.gemm_plan import GemmPlan
@@ -81,5 +81,5 @@ def gpu_unavailable_reason():
     Needs no GPU: without a driver it says "no NVIDIA GPU/driver found" rather than a CUDA
     error code.
     """
-    from cygemm import _context
+    from cygemm.engine import context as _context
     return _context.gpu_unavailable_reason()

@@ -186,7 +186,8 @@ def info(out=print):
             name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
             out(f"  {i}: {name}, sm_{p['major']}{p['minor']}, {p['totalGlobalMem'] / 2**30:.1f} GiB, "
                 f"L2 {p['l2CacheSize'] / 2**20:.0f} MiB")
-    from cygemm import _settings, tuning
+    from cygemm import tuning
+    from cygemm.engine import settings as _settings
     out("settings (cygemm.set_options; environment variables give the defaults):")
     out("  float32 math: TF32 by default (math='tf32'); math='fp32' is strict; math='cupy' "
         f"follows CUPY_TF32 (now {os.environ.get('CUPY_TF32', 'unset')})")

@@ -4,7 +4,7 @@
 #
 # Every name below is re-exported from the module that defines it (a cimport inside this
 # .pxd is visible to whoever cimports cygemm.capi); the functions are still looked up at
-# import from those modules (cygemm._context, cygemm.rowmajor, cygemm.fp8), so there is no
+# import from those modules (cygemm.engine.context, cygemm.rowmajor, cygemm.fp8), so there is no
 # cygemm.capi module to load. The names and signatures here are the contract; the modules
 # behind them are private and may change between releases.
 #
@@ -35,7 +35,7 @@ from cygemm.kernels.elementwise cimport CYGEMM_ACT_NONE, CYGEMM_ACT_RELU, CYGEMM
 # the calling thread on the current CUDA device, made on first use and valid for the life of
 # the thread. It needs the GIL (not nogil): call it before `with nogil:`; it raises
 # cygemm.CudaError where there is no usable GPU (returns NULL to Cython).
-from cygemm._context cimport GemmContext, current_context
+from cygemm.engine.context cimport GemmContext, current_context
 
 # ---- row-major GEMMs (defined in cygemm.rowmajor)
 # gemm_rowmajor(ctx, stream, dtype, compute, trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb,
@@ -73,4 +73,4 @@ from cygemm.rowmajor cimport gemm_rowmajor, gemm_rowmajor_strided_batched
 #   cygemm.fp8.quantize_scaled writes for A (m x k) and for W (n x k). Finer scales need a bf16,
 #   fp16 or fp32 D, m and n multiples of 4, and cuBLASLt 12.9 or newer on compute capability 9.0.
 from cygemm.fp8 cimport scaled_gemm_rowmajor
-from cygemm._fp8_args cimport SCALE_TENSOR, SCALE_OUTER, SCALE_1X128, SCALE_128X128
+from cygemm.engine.fp8_args cimport SCALE_TENSOR, SCALE_OUTER, SCALE_1X128, SCALE_128X128

@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The dense layer: Y = act(A @ B + bias) and its backward, into buffers the caller gives
 (:func:`forward_into`, :func:`backward_into`). Each call is read and checked here, then run by
-one of its routes (cygemm._dense_routes: cuBLASLt epilogues, a GEMM and cygemm's kernels, one
+one of its routes (cygemm.engine.dense_routes: cuBLASLt epilogues, a GEMM and cygemm's kernels, one
 stream or two). Large problems time the routes that apply once and keep the fastest (the
 tuning table, which tuning files save); small ones take a fixed rule.
 """
@@ -10,19 +10,19 @@ from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport *
 from cygemm.kernels.elementwise cimport *
 from cygemm.epilogues cimport Activation, activation_row, leaky_slope_of
-from cygemm._types cimport MatrixView, ColMajorGemm
-from cygemm._errors cimport check_cuda
-from cygemm._context cimport GemmContext, stream_workspace
-from cygemm._args cimport (CallArgs, args_init, add_array, add_matrix, add_vector, call_workspace_of,
-                           expect_dtype, prepare_call, ARG_READ, ARG_WRITE, ARG_SCRATCH)
-from cygemm._arrays cimport dtype_name
-from cygemm._settings cimport autotune_level
-from cygemm._mapping cimport map_or_raise, rowmajor_ld
-from cygemm._dense_routes cimport ForwardCall, BackwardCall, run_forward, run_backward, dense_gemm, weight_policy
+from cygemm.engine.types cimport MatrixView, ColMajorGemm
+from cygemm.engine.errors cimport check_cuda
+from cygemm.engine.context cimport GemmContext, stream_workspace
+from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_matrix, add_vector, call_workspace_of,
+                                 expect_dtype, prepare_call, ARG_READ, ARG_WRITE, ARG_SCRATCH)
+from cygemm.engine.arrays cimport dtype_name
+from cygemm.engine.settings cimport autotune_level
+from cygemm.engine.mapping cimport map_or_raise, rowmajor_ld
+from cygemm.engine.dense_routes cimport ForwardCall, BackwardCall, run_forward, run_backward, dense_gemm, weight_policy
 
 from cygemm.plans import clear_plan_cache, plan_cache_size
 from cygemm.epilogues import ACTIVATIONS, activation_table, parse_activation
-from cygemm._dense_routes import FORWARD_ROUTES, BACKWARD_ROUTES
+from cygemm.engine.dense_routes import FORWARD_ROUTES, BACKWARD_ROUTES
 
 
 cdef int _operands(CallArgs* c, object A, object B) except -1:

@@ -13,13 +13,13 @@ from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport *
 from cygemm.kernels.elementwise cimport *
 from cygemm.epilogues cimport Activation, activation_row, leaky_slope_of
-from cygemm._types cimport MatrixView
-from cygemm._errors cimport check_cuda
-from cygemm._args cimport (CallArgs, args_init, add_array, add_matrix, add_vector, allow_in_place, prepare_kernel_call,
-                           expect_dtype,
-                           ARG_READ, ARG_WRITE)
-from cygemm._context cimport call_workspace
-from cygemm._mapping cimport rowmajor_ld, is_rowmajor
+from cygemm.engine.types cimport MatrixView
+from cygemm.engine.errors cimport check_cuda
+from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_matrix, add_vector, allow_in_place, prepare_kernel_call,
+                                 expect_dtype,
+                                 ARG_READ, ARG_WRITE)
+from cygemm.engine.context cimport call_workspace
+from cygemm.engine.mapping cimport rowmajor_ld, is_rowmajor
 
 
 cdef int _row_major(const MatrixView* v, str name) except -1:

@@ -1,8 +1,8 @@
 # FP8 GEMMs through the plan layer, and the cimport API.
 from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
-from cygemm._types cimport ColMajorGemm, GemmTypes
-from cygemm._context cimport GemmContext
+from cygemm.engine.types cimport ColMajorGemm, GemmTypes
+from cygemm.engine.context cimport GemmContext
 
 # The cimport API. Row-major: D (m x n, leading dimension ldd) = act(scale_a * scale_b *
 # A @ W^T + bias), A (m x k) FP8 with lda, W (n x k) FP8 with ldw (the weight layout: both
@@ -14,7 +14,7 @@ from cygemm._context cimport GemmContext
 # 16-byte aligned, leading dimensions multiples of 16 bytes. scale_mode_a, scale_mode_w: how
 # scale_a and scale_w apply, cuBLASLt's cublasLtMatmulMatrixScale_t (0 per tensor, the default;
 # 3 per row of A and per row of W; 4 per 1 x 128 along K; 5 per 128 x 128 block: the layouts of
-# cygemm._fp8_args, with W's those of b = W^T); other than per tensor, D is not FP8.
+# cygemm.engine.fp8_args, with W's those of b = W^T); other than per tensor, D is not FP8.
 cdef int scaled_gemm_rowmajor(GemmContext* ctx, cudaStream_t stream, cudaDataType a_type,
                               cudaDataType w_type, cudaDataType d_type, int64_t m, int64_t n, int64_t k,
                               const void* A, int64_t lda, const void* W, int64_t ldw, void* D, int64_t ldd,

@@ -27,23 +27,23 @@ from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm.kernels.elementwise cimport CYGEMM_ACT_NONE, CYGEMM_ACT_RELU, CYGEMM_ACT_GELU
-from cygemm._types cimport MatrixView, ColMajorGemm, GemmTypes, Scalars, real_scalars, is_fp8_type, typed_compute_type
-from cygemm._errors cimport check_cublas
-from cygemm._arrays cimport dtype_name
-from cygemm._args cimport CallArgs, prepare_typed_call
-from cygemm._settings cimport autotune_level
-from cygemm._context cimport GemmContext, call_workspace
-from cygemm._streams cimport stream_is_capturing
-from cygemm._launch cimport set_scale_pointers
+from cygemm.engine.types cimport MatrixView, ColMajorGemm, GemmTypes, Scalars, real_scalars, is_fp8_type, typed_compute_type
+from cygemm.engine.errors cimport check_cublas
+from cygemm.engine.arrays cimport dtype_name
+from cygemm.engine.args cimport CallArgs, prepare_typed_call
+from cygemm.engine.settings cimport autotune_level
+from cygemm.engine.context cimport GemmContext, call_workspace
+from cygemm.engine.streams cimport stream_is_capturing
+from cygemm.engine.launch cimport set_scale_pointers
 from cygemm.plans cimport Plan, get_plan, execute_plan
 from cygemm.gemm_plan cimport GemmPlan, PlannedCall, KIND_SCALED
-from cygemm._mapping cimport map_rowmajor_gemm, rowmajor_view
-from cygemm._described cimport Addresses, layout_operand, has_memory, describe_call
-from cygemm._alloc cimport empty_array, data_pointer, first_torch
-from cygemm._fp8_args cimport (ScaledCall, ScaleMode, SCALE_TENSOR, read_scaled, scale_mode_name,
-                               modes_pair)
-from cygemm._arrays import FP8_FORMATS
-from cygemm._fp8_args import SCALE_MODES
+from cygemm.engine.mapping cimport map_rowmajor_gemm, rowmajor_view
+from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
+from cygemm.engine.alloc cimport empty_array, data_pointer, first_torch
+from cygemm.engine.fp8_args cimport (ScaledCall, ScaleMode, SCALE_TENSOR, read_scaled, scale_mode_name,
+                                     modes_pair)
+from cygemm.engine.arrays import FP8_FORMATS
+from cygemm.engine.fp8_args import SCALE_MODES
 from cygemm.fp8_convert import quantize, dequantize, amax
 from cygemm.fp8_scales import quantize_scaled
 

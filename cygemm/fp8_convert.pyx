@@ -11,14 +11,14 @@ from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.bindings.cudart cimport *
 from cygemm.kernels.fp8 cimport cygemm_fp8_quantize, cygemm_fp8_dequantize, cygemm_amax
-from cygemm._types cimport MatrixView, ArrayDesc
-from cygemm._errors cimport check_cuda
-from cygemm._arrays cimport read_fp8, read_array, desc_shape
-from cygemm._args cimport (CallArgs, ArgRole, args_init, add_view, add_scalar, prepare_kernel_call, ARG_READ,
-                           ARG_WRITE)
-from cygemm._alloc cimport empty_array, data_pointer, first_torch
+from cygemm.engine.types cimport MatrixView, ArrayDesc
+from cygemm.engine.errors cimport check_cuda
+from cygemm.engine.arrays cimport read_fp8, read_array, desc_shape
+from cygemm.engine.args cimport (CallArgs, ArgRole, args_init, add_view, add_scalar, prepare_kernel_call, ARG_READ,
+                                 ARG_WRITE)
+from cygemm.engine.alloc cimport empty_array, data_pointer, first_torch
 
-from cygemm._arrays import FP8_FORMATS
+from cygemm.engine.arrays import FP8_FORMATS
 
 __all__ = ["quantize", "dequantize", "amax"]
 

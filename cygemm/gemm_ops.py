@@ -9,18 +9,18 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from cygemm import _alloc, _context
+from cygemm.engine import alloc as _alloc, context as _context
 from cygemm.dense import (ACTIVATIONS, backward_into, clear_plan_cache, forward_into, layer_shape,
                           parse_activation)
-# Deprecated helpers, re-exported for one release (each warns when called): cygemm._seed_helpers.
-from cygemm._seed_helpers import (TensorDesc, as_tensor_2d, assert_f32_2d, empty_2d, empty_like_2d,
-                                  ensure_cuda_dlls, get_stream_ptr, to_voidp_capsule)
+# Deprecated helpers, re-exported for one release (each warns when called): cygemm.engine.seed_helpers.
+from cygemm.engine.seed_helpers import (TensorDesc, as_tensor_2d, assert_f32_2d, empty_2d, empty_like_2d,
+                                        ensure_cuda_dlls, get_stream_ptr, to_voidp_capsule)
 
 __all__ = ["forward_into", "backward_into", "forward", "backward", "GemmWorkspaces", "ensure_workspaces",
            "clear_ws_cache", "clear_plan_cache", "ActAttrs", "parse_activation", "ACTIVATIONS"]
 # The seed's helpers (TensorDesc, as_tensor_2d, assert_f32_2d, empty_2d, empty_like_2d,
 # get_stream_ptr, to_voidp_capsule, ensure_cuda_dlls) still import from here, deprecated
-# (cygemm._seed_helpers): not in __all__, removed in the next release.
+# (cygemm.engine.seed_helpers): not in __all__, removed in the next release.
 
 
 # ------------------------------------------------------------------ attributes
@@ -47,7 +47,7 @@ class ActAttrs(NamedTuple):
 
 
 # ------------------------------------------------------------------ workspaces
-# Cached in the engine's per-stream buffers (cygemm._context.stream_buffer): one set per
+# Cached in the engine's per-stream buffers (cygemm.engine.context.stream_buffer): one set per
 # (device, stream, name, shape, dtype), allocated on that stream, kept alive by graphs captured
 # while they exist.
 

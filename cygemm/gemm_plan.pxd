@@ -3,8 +3,8 @@
 from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaDataType
 from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t
-from cygemm._types cimport ColMajorGemm, GemmTypes, Scalars
-from cygemm._args cimport CallArgs
+from cygemm.engine.types cimport ColMajorGemm, GemmTypes, Scalars
+from cygemm.engine.args cimport CallArgs
 from cygemm.epilogues cimport Activation
 from cygemm.plans cimport Plan
 

@@ -27,17 +27,17 @@ from cygemm.bindings.cublas cimport cublasStatus_t
 from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t, CUBLASLT_EPILOGUE_DEFAULT
 from cygemm.kernels.elementwise cimport CYGEMM_ACT_NONE
 from cygemm.epilogues cimport Activation, activation_row, NO_EPILOGUE
-from cygemm._types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, pointer_alignment
-from cygemm._errors cimport check_cublas, refuse_in_capture
-from cygemm._errors import CaptureError
-from cygemm._streams cimport stream_is_capturing
-from cygemm._arrays cimport dtype_name
-from cygemm._context cimport GemmContext, call_workspace
-from cygemm._launch cimport PLAN_LT
-from cygemm._args cimport (CallArgs, add_view, add_vector, add_matrix, check_overlaps, resolve_call,
-                           resolve_typed_call, parse_math, ARG_READ, ARG_WRITE)
-from cygemm._mapping cimport is_rowmajor, rowmajor_ld
-from cygemm._settings cimport autotune_level, AUTOTUNE_OFF, POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT
+from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, pointer_alignment
+from cygemm.engine.errors cimport check_cublas, refuse_in_capture
+from cygemm.engine.errors import CaptureError
+from cygemm.engine.streams cimport stream_is_capturing
+from cygemm.engine.arrays cimport dtype_name
+from cygemm.engine.context cimport GemmContext, call_workspace
+from cygemm.engine.launch cimport PLAN_LT
+from cygemm.engine.args cimport (CallArgs, add_view, add_vector, add_matrix, check_overlaps, resolve_call,
+                                 resolve_typed_call, parse_math, ARG_READ, ARG_WRITE)
+from cygemm.engine.mapping cimport is_rowmajor, rowmajor_ld
+from cygemm.engine.settings cimport autotune_level, AUTOTUNE_OFF, POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT
 from cygemm.plans cimport Plan, init_plan, decide_plan, execute_plan, run_with_fallback, raise_no_family
 from cygemm.rowmajor cimport read_gemm, parse_trans
 

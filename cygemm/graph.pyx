@@ -10,10 +10,10 @@ from libc.stdlib cimport malloc, free
 from libc.stdint cimport uintptr_t
 
 from cygemm.bindings.cudart cimport *
-from cygemm._errors cimport check_cuda
-from cygemm._streams cimport stream_from_object
+from cygemm.engine.errors cimport check_cuda
+from cygemm.engine.streams cimport stream_from_object
 
-from cygemm import _context, _release
+from cygemm.engine import context as _context, release as _release
 
 _MODES = {"global": cudaStreamCaptureModeGlobal, "thread_local": cudaStreamCaptureModeThreadLocal,
           "relaxed": cudaStreamCaptureModeRelaxed}

@@ -19,19 +19,19 @@ from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.kernels.grouped cimport (cygemm_ptr_triples, cygemm_write_pointer_table,
                                      CYGEMM_GROUPED_PTRS_PER_LAUNCH)
-from cygemm._types cimport ColMajorGemm, MatrixView, Math, Scalars, real_scalars, compute_type
-from cygemm._mapping cimport map_rowmajor_gemm, MAP_OK
+from cygemm.engine.types cimport ColMajorGemm, MatrixView, Math, Scalars, real_scalars, compute_type
+from cygemm.engine.mapping cimport map_rowmajor_gemm, MAP_OK
 from cygemm.rowmajor cimport parse_trans
-from cygemm._described cimport Addresses, layout_operand, has_memory, describe_call
-from cygemm._errors cimport check_cuda, check_cublas
-from cygemm._args cimport CallArgs, args_init, resolve_call, check_overlaps, parse_math
-from cygemm._context cimport GemmContext, bind_stream, stream_table, run_forked, STREAM_TABLE_BYTES
-from cygemm._settings cimport autotune_level, AUTOTUNE_OFF, POLICY_RUN_TO_RUN
-from cygemm._timing cimport worth_tuning
+from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
+from cygemm.engine.errors cimport check_cuda, check_cublas
+from cygemm.engine.args cimport CallArgs, args_init, resolve_call, check_overlaps, parse_math
+from cygemm.engine.context cimport GemmContext, bind_stream, stream_table, run_forked, STREAM_TABLE_BYTES
+from cygemm.engine.settings cimport autotune_level, AUTOTUNE_OFF, POLICY_RUN_TO_RUN
+from cygemm.engine.timing cimport worth_tuning
 from cygemm.plans cimport run_gemm
 from cygemm.routes cimport RouteTable, route_table, choose_route, describe_route
-from cygemm._groups cimport (Groups, read_lists, read_moe, check_group_devices, R_BATCHED, R_GROUPED, R_LOOP,
-                             R_STREAMS)
+from cygemm.engine.groups cimport (Groups, read_lists, read_moe, check_group_devices, R_BATCHED, R_GROUPED, R_LOOP,
+                                   R_STREAMS)
 
 
 # ---------------------------------------------------------------- route table
@@ -457,7 +457,7 @@ def describe_grouped(As, Bs, outs, *, trans_a=False, trans_b=False, str math="tf
     if grp.n_act:
         tabled = _tabled(grp, f.autotune)
         if tabled:
-            from cygemm import _context
+            from cygemm.engine import context as _context
             if _context.gpu_unavailable_reason() is None:       # the table is per GPU model
                 device = _context.current_device()
         chosen, decided_by = describe_route(_GROUPED, &f, device, tabled)

@@ -13,23 +13,23 @@ from libc.stdint cimport int64_t, uintptr_t
 from cygemm.bindings.cudart cimport (cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F,
                                      CUDA_C_32F, CUDA_C_64F)
 from cygemm.bindings.cublas cimport cublasComputeType_t, CUBLAS_OP_T, CUBLAS_COMPUTE_32F
-from cygemm._types cimport ArrayDesc, MatrixView, ColMajorGemm, Scalars, real_scalars, is_complex_type
-from cygemm._errors cimport refuse_in_capture
-from cygemm._context cimport GemmContext
-from cygemm._arrays cimport read_array, desc_shape, dtype_name
-from cygemm._args cimport CallArgs, args_init, add_view, resolve_call, ARG_READ, ARG_WRITE
-from cygemm._settings cimport autotune_level
+from cygemm.engine.types cimport ArrayDesc, MatrixView, ColMajorGemm, Scalars, real_scalars, is_complex_type
+from cygemm.engine.errors cimport refuse_in_capture
+from cygemm.engine.context cimport GemmContext
+from cygemm.engine.arrays cimport read_array, desc_shape, dtype_name
+from cygemm.engine.args cimport CallArgs, args_init, add_view, resolve_call, ARG_READ, ARG_WRITE
+from cygemm.engine.settings cimport autotune_level
 from cygemm.plans cimport run_gemm
-from cygemm._mapping cimport MapResult, MAP_OK, map_rowmajor_gemm, check_batch_disjoint, is_rowmajor, layout_error
-from cygemm._described cimport Addresses, layout_operand, has_memory, describe_call
-from cygemm._batch_layout cimport (BatchLayout, MatmulPlan, read_layout, result_shape, has_result_shape,
-                                   merge_out, check_out, empty_batch, may_overlap_inputs, call_views, span_view,
-                                   decide_copies)
-from cygemm._alloc cimport is_torch, new_array, torch_dtype, torch_stream
-from cygemm import _alloc
-from cygemm._alloc import as_cupy
-from cygemm import _matmul_fallback
-from cygemm._described import DESCRIBE_KEYS
+from cygemm.engine.mapping cimport MapResult, MAP_OK, map_rowmajor_gemm, check_batch_disjoint, is_rowmajor, layout_error
+from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
+from cygemm.engine.batch_layout cimport (BatchLayout, MatmulPlan, read_layout, result_shape, has_result_shape,
+                                         merge_out, check_out, empty_batch, may_overlap_inputs, call_views, span_view,
+                                         decide_copies)
+from cygemm.engine.alloc cimport is_torch, new_array, torch_dtype, torch_stream
+from cygemm.engine import alloc as _alloc
+from cygemm.engine.alloc import as_cupy
+from cygemm.engine import matmul_fallback as _matmul_fallback
+from cygemm.engine.described import DESCRIBE_KEYS
 
 
 __all__ = ["matmul", "describe_matmul"]

@@ -5,9 +5,9 @@ from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm.bindings.cublas cimport cublasComputeType_t
 from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t
-from cygemm._types cimport ColMajorGemm, GemmTypes, Scalars
-from cygemm._launch cimport PlanData
-from cygemm._context cimport GemmContext
+from cygemm.engine.types cimport ColMajorGemm, GemmTypes, Scalars
+from cygemm.engine.launch cimport PlanData
+from cygemm.engine.context cimport GemmContext
 
 
 cdef class Plan:

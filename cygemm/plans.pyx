@@ -6,7 +6,7 @@ forward and backward, :class:`cygemm.GemmPlan`. A plan is one problem's way to r
 algorithm (with its descriptors) or cublasGemmEx. Neither wins everywhere (H200: cuBLASLt 5.9%
 faster at 1024^3 fp32, 6.4% slower at 8192^3 TF32), so a large problem's candidates are timed
 once (cygemm.tuning); small ones take cublasGemmEx (plain) or the heuristic's first (epilogues).
-No candidate drops the end of K (cygemm._ktail). Each thread keeps ``plan_cache_size`` plans.
+No candidate drops the end of K (cygemm.engine.ktail). Each thread keeps ``plan_cache_size`` plans.
 """
 from collections import OrderedDict
 import threading
@@ -18,23 +18,24 @@ from libc.string cimport memcmp, memset
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
-from cygemm._types cimport (ColMajorGemm, GemmTypes, Scalars, beta_is_zero, pointer_alignment, is_fp8_type,
-                            type_size, lt_batch_ok)
-from cygemm._errors cimport check_cublas
-from cygemm._errors import CygemmError
-from cygemm._streams cimport stream_is_capturing, check_capture_alive
-from cygemm._context cimport GemmContext, stream_workspace
-from cygemm._launch cimport (PlanData, PLAN_GEMMEX, PLAN_LT, gemm_colmajor, needs_64bit_api, plan_run,
-                             set_scale_pointers)
-from cygemm._lt_desc cimport make_descriptors, free_descriptors
-from cygemm._settings cimport (options, loaded_options, default_policy, AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE,
-                               POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT)
-from cygemm._timing cimport worth_tuning, in_route_timing
+from cygemm.engine.types cimport (ColMajorGemm, GemmTypes, Scalars, beta_is_zero, pointer_alignment, is_fp8_type,
+                                  type_size, lt_batch_ok)
+from cygemm.engine.errors cimport check_cublas
+from cygemm.engine.errors import CygemmError
+from cygemm.engine.streams cimport stream_is_capturing, check_capture_alive
+from cygemm.engine.context cimport GemmContext, stream_workspace
+from cygemm.engine.launch cimport (PlanData, PLAN_GEMMEX, PLAN_LT, gemm_colmajor, needs_64bit_api, plan_run,
+                                   set_scale_pointers)
+from cygemm.engine.lt_desc cimport make_descriptors, free_descriptors
+from cygemm.engine.settings cimport (options, loaded_options, default_policy, AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE,
+                                     POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT)
+from cygemm.engine.timing cimport worth_tuning, in_route_timing
 from cygemm.tuning cimport lookup, remember, claim_tuning, release_tuning, forced_route
-from cygemm._candidates cimport tune_candidates, apply_record, record_of, bucket_record_of
-from cygemm._families cimport family_candidates, bucket_key
-from cygemm._ktail cimport make_safe, gemmex_drops
-from cygemm import _settings, tuning, _promises
+from cygemm.engine.candidates cimport tune_candidates, apply_record, record_of, bucket_record_of
+from cygemm.engine.families cimport family_candidates, bucket_key
+from cygemm.engine.ktail cimport make_safe, gemmex_drops
+from cygemm import tuning
+from cygemm.engine import settings as _settings, promises as _promises
 
 # ---------------------------------------------------------------- plans
 
@@ -72,10 +73,9 @@ cdef class Plan:
         return self.d.tuned_ms
 
 
-# The plan key as a C struct: a repeated call finds its plan among the last few by memcmp,
-# without building the dict key (measured ~0.5 us of the small-call cost). It holds
-# everything that changes which algorithm is valid, alignment included, so a plan chosen
-# for aligned pointers never runs on unaligned ones.
+# The plan key as a C struct: a repeated call finds its plan among the last few by memcmp, without
+# building the dict key (measured ~0.5 us of the small-call cost). It holds all that changes which
+# algorithm is valid, alignment included: a plan chosen for aligned pointers never runs unaligned.
 ctypedef struct PlanKey:
     int device, dtype, compute, epi
     int policy          # a determinism policy, else 0 (the autotune levels share plans)
@@ -329,7 +329,7 @@ cdef Plan _make_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
         if d.candidates[i].state == CUBLAS_STATUS_SUCCESS and d.candidates[i].workspaceSize <= ws_bytes:
             d.candidates[n_ok] = d.candidates[i]
             n_ok += 1
-    cdef int safe         # no candidate may drop the end of K: a flagged split moves (cygemm._ktail)
+    cdef int safe         # no candidate may drop the end of K: a flagged split moves (cygemm.engine.ktail)
     cdef size_t ws_needed = 0
     found, n_ok = n_ok, 0
     for i in range(found):

@@ -1,8 +1,8 @@
 # The one route chooser: every feature with routes (the dense layer's forward and backward,
 # grouped GEMMs) describes its routes by a RouteTable and asks choose_route for each call.
 from cygemm.bindings.cudart cimport cudaStream_t
-from cygemm._context cimport GemmContext
-from cygemm._timing cimport enqueue_fn
+from cygemm.engine.context cimport GemmContext
+from cygemm.engine.timing cimport enqueue_fn
 
 cdef enum:
     MAX_ROUTES = 8

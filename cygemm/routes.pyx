@@ -6,10 +6,10 @@ decides every call alike: forced, tuned, timed now (large, eager, allowed) and r
 the fixed rule; describe_route says what it would decide without running anything.
 """
 from cygemm.bindings.cudart cimport cudaStream_t
-from cygemm._context cimport GemmContext
-from cygemm._streams cimport stream_is_capturing
-from cygemm._settings cimport AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN
-from cygemm._timing cimport enqueue_fn, time_choices, enter_route_timing, leave_route_timing
+from cygemm.engine.context cimport GemmContext
+from cygemm.engine.streams cimport stream_is_capturing
+from cygemm.engine.settings cimport AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN
+from cygemm.engine.timing cimport enqueue_fn, time_choices, enter_route_timing, leave_route_timing
 from cygemm.tuning cimport forced_route, tuned_route, remember_route, claim_tuning, release_tuning
 from cygemm import tuning
 

@@ -2,12 +2,12 @@
 from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm.bindings.cublas cimport cublasOperation_t, cublasComputeType_t
-from cygemm._types cimport MatrixView, ColMajorGemm, Scalars
-from cygemm._context cimport GemmContext
-from cygemm._args cimport CallArgs
+from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars
+from cygemm.engine.context cimport GemmContext
+from cygemm.engine.args cimport CallArgs
 # The mapping lives in _mapping; cimportable from here too, as cygemm.rowmajor documented it.
-from cygemm._mapping cimport (MapResult, MAP_OK, MAP_BAD_A, MAP_BAD_B, MAP_BAD_OUT, map_rowmajor_gemm,
-                              rowmajor_ld, is_rowmajor, map_or_raise, check_batch_disjoint)
+from cygemm.engine.mapping cimport (MapResult, MAP_OK, MAP_BAD_A, MAP_BAD_B, MAP_BAD_OUT, map_rowmajor_gemm,
+                                    rowmajor_ld, is_rowmajor, map_or_raise, check_batch_disjoint)
 
 
 # cimport API. Row-major (C-order) matrices given by pointer and leading

@@ -5,19 +5,19 @@ from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType, CUDA_R_8I, CUDA_R_32I
 from cygemm.bindings.cublas cimport *
-from cygemm._types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, is_complex_type
-from cygemm._context cimport GemmContext
-from cygemm._mapping cimport rowmajor_view, conjugate_ops, layout_error, MAP_CONJ_A  # (more: rowmajor.pxd)
-from cygemm._errors cimport refuse_in_capture
-from cygemm._arrays cimport dtype_name, DTYPES_WIDE, DTYPES_GEMM
-from cygemm._int8 cimport check_int8, run_int8
+from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, is_complex_type
+from cygemm.engine.context cimport GemmContext
+from cygemm.engine.mapping cimport rowmajor_view, conjugate_ops, layout_error, MAP_CONJ_A  # (more: rowmajor.pxd)
+from cygemm.engine.errors cimport refuse_in_capture
+from cygemm.engine.arrays cimport dtype_name, DTYPES_WIDE, DTYPES_GEMM
+from cygemm.engine.int8 cimport check_int8, run_int8
 
-from cygemm._alloc cimport empty_array, first_torch, data_pointer, is_torch, torch_stream
-from cygemm._args cimport (CallArgs, args_init, add_array, add_view, prepare_call, expect_dtype, ARG_READ,
-                           ARG_WRITE)
-from cygemm._args cimport check_overlaps
-from cygemm._described cimport Addresses, layout_operand, has_memory, describe_call
-from cygemm._settings cimport autotune_level
+from cygemm.engine.alloc cimport empty_array, first_torch, data_pointer, is_torch, torch_stream
+from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_view, prepare_call, expect_dtype, ARG_READ,
+                                 ARG_WRITE)
+from cygemm.engine.args cimport check_overlaps
+from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
+from cygemm.engine.settings cimport autotune_level
 from cygemm.plans cimport run_gemm
 
 cdef int64_t INT32_MAX = 2147483647
@@ -192,8 +192,8 @@ cdef object _conjugated(object x, object stream, str name):
     """A conjugated copy of x, made on the call's stream as gemm resolves it (stream=None:
     CuPy's current stream, for torch tensors too), where the GEMM then reads it and where the
     copy's memory is freed in stream order; refused while that stream is being captured."""
-    from cygemm._streams import stream_pointer
-    from cygemm import _alloc
+    from cygemm.engine.streams import stream_pointer
+    from cygemm.engine import alloc as _alloc
     cdef uintptr_t s = stream_pointer(stream)
     refuse_in_capture(<cudaStream_t>s, f"{name}: its conjugate transpose in this memory order is read from a "
                                        f"conjugated copy, which allocates")

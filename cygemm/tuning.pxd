@@ -1,5 +1,5 @@
 # The table of tuned choices (what tuning files hold) and the registry of routes that features
-# register. Below the plans: it knows no plan and no feature (timing is cygemm._timing).
+# register. Below the plans: it knows no plan and no feature (timing is cygemm.engine.timing).
 
 # The tuned table, keyed by (GPU model, kind, key); kind "gemm" is the plans', the others
 # are registered routes. Entries come from timing or from the tuning file.

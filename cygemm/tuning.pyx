@@ -3,7 +3,7 @@
 features register.
 
 A large problem's candidates (cuBLASLt algorithms and cublasGemmEx for a plan, a feature's
-routes) are timed once (cygemm._timing); what won is kept here.
+routes) are timed once (cygemm.engine.timing); what won is kept here.
 
 Tuned choices are kept in a process-wide table keyed by GPU model, driver and cuBLASLt version
 and the problem, and persist in a tuning file (by default in the user's cache folder; see
@@ -24,10 +24,10 @@ import warnings
 
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublaslt cimport cublasLtGetVersion
-from cygemm._errors cimport check_cuda
-from cygemm._settings cimport options
-from cygemm import _settings
-from cygemm._timing import SingleFlight
+from cygemm.engine.errors cimport check_cuda
+from cygemm.engine.settings cimport options
+from cygemm.engine import settings as _settings
+from cygemm.engine.timing import SingleFlight
 
 # ---------------------------------------------------------------- the table of tuned choices
 
@@ -457,7 +457,7 @@ def autotune_threshold():
 # ---------------------------------------------------------------- promises' verdicts
 
 def _lookup_promise(int device, tuple key):
-    """The kept verdict of a promise's first-use check on this GPU and cuBLASLt (cygemm._promises)."""
+    """The kept verdict of a promise's first-use check on this GPU and cuBLASLt (cygemm.engine.promises)."""
     return lookup(device, "promise", key)
 
 

@@ -5,8 +5,10 @@ import sys
 import cupy as cp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "engine"))
 import cygemm
-from cygemm import _ktail, plans
+from cygemm import plans
+from cygemm.engine import ktail as _ktail
 from test_ktail import _sweep_shapes, _detector
 
 guarded = sys.argv[1] == "on"

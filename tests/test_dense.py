@@ -420,7 +420,7 @@ def test_backward_branches_capture_into_a_graph_with_two_branches_and_replay(unf
     assert rel_err(gA.get(), dz @ f64(cp, B).T) < 1e-5
     assert rel_err(gB.get(), f64(cp, A).T @ dz) < 1e-5
     assert rel_err(gb.get(), dz.sum(0)) < 1e-5
-    assert cygemm._release.open_capture_count() == 0, "the side stream's part of the capture is over too"
+    assert cygemm.engine.release.open_capture_count() == 0, "the side stream's part of the capture is over too"
 
 
 @pytest.mark.gpu

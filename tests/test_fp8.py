@@ -166,7 +166,7 @@ def test_scaled_matmul_matches_float64_of_the_fp8_values(out_dtype, act, with_bi
     bias = None
     if with_bias:
         bias_dtype = "float16" if out_dtype == "float16" else "bfloat16"
-        from cygemm._alloc import numpy_dtype
+        from cygemm.engine.alloc import numpy_dtype
         b32 = rng.standard_normal(N).astype(np.float32) * 5
         if bias_dtype == "float16":
             bias = cp.asarray(b32.astype(np.float16))

@@ -102,7 +102,7 @@ def test_voidp_capsule_and_stream_ptr_and_dlls():
 
 
 def test_deprecated_helpers_are_the_compat_modules_and_public_for_one_release():
-    from cygemm import _seed_helpers
+    from cygemm.engine import seed_helpers as _seed_helpers
     for name in DEPRECATED_HELPERS:
         assert getattr(gemm_ops, name) is getattr(_seed_helpers, name), name
         assert name not in gemm_ops.__all__, name     # deprecated: importable, not exported

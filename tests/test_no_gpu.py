@@ -116,7 +116,7 @@ def test_no_gpu_reason_starts_with_no_nvidia_gpu_driver_found_where_libcuda_is_m
 
 @pytest.mark.nogpu
 def test_nn_and_core_share_one_no_gpu_check():
-    from cygemm import _context
+    from cygemm.engine import context as _context
     from cygemm.nn import _gpu
     assert _gpu.require_gpu is _context.require_gpu
     with pytest.raises(cygemm.CudaError) as info:

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import cygemm
-from cygemm import _context, gemm_ops
+from cygemm import gemm_ops
+from cygemm.engine import context as _context
 from cygemm.gemm_ops import backward_into, forward_into
 from gpu_util import err_vs_scale, f64, poisoned, rand, rel_err
 from refs import activations

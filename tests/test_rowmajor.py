@@ -189,7 +189,7 @@ def test_two_threads_have_their_own_handles_and_right_results():
                     s.synchronize()
                     err = rel_err(out.get(), f64(cp, A) @ f64(cp, B))
                     assert err < 1e-5, err
-            contexts[tid] = cygemm._context.context_info()
+            contexts[tid] = cygemm.engine.context.context_info()
         except Exception as exc:  # reported below, from the main thread
             errors.append(exc)
 
@@ -202,6 +202,6 @@ def test_two_threads_have_their_own_handles_and_right_results():
     assert set(contexts) == {0, 1}
     assert contexts[0]["blas"] != contexts[1]["blas"]
     # Created once per thread and reused: the main thread's handle is stable across calls.
-    first = cygemm._context.context_info()
+    first = cygemm.engine.context.context_info()
     cygemm.gemm(rand(cp, (8, 8)), rand(cp, (8, 8)))
-    assert cygemm._context.context_info()["blas"] == first["blas"]
+    assert cygemm.engine.context.context_info()["blas"] == first["blas"]

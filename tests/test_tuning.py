@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import cygemm
-from cygemm import _timing, plans, tuning
+from cygemm import plans, tuning
+from cygemm.engine import timing as _timing
 from gpu_util import f64, poisoned, rand, rel_err
 
 cp = None
@@ -628,7 +629,8 @@ def test_a_timed_fp8_choice_whose_result_differs_from_the_first_candidates_is_re
     only if its output agrees with cuBLASLt's first choice on the same operands. A test hook
     makes candidate 1 the fastest and its result wrong; autotune must warn, naming the
     algorithm, and keep the first choice, whose result is right."""
-    from cygemm import _candidates, fp8
+    from cygemm import fp8
+    from cygemm.engine import candidates as _candidates
     from refs import fp8 as fp8_ref
     rng = np.random.default_rng()
     M = N = K = 1024

@@ -12,8 +12,8 @@ import numpy as np
 
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_64F
 from cygemm.kernels.backend cimport *
-from cygemm._errors cimport check_cuda
-from cygemm._streams cimport stream_from_object
+from cygemm.engine.errors cimport check_cuda
+from cygemm.engine.streams cimport stream_from_object
 
 cdef object _ndarray = cp.ndarray
 cdef object _F32 = np.dtype(np.float32)

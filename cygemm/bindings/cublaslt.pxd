@@ -103,7 +103,7 @@ cdef extern from "cublasLt.h" nogil:
         cublasLtMatmulPreference_t pref, int requestedAlgoCount,
         cublasLtMatmulHeuristicResult_t* results, int* returnAlgoCount)
 
-    # What identifies a kernel family (see cygemm._families): the algorithm and its split of K;
+    # What identifies a kernel family (see cygemm.engine.families): the algorithm and its split of K;
     # its other members differ in tile and custom option.
     ctypedef enum cublasLtMatmulAlgoConfigAttributes_t:
         CUBLASLT_ALGO_CONFIG_ID

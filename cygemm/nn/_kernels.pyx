@@ -17,8 +17,8 @@ import numpy as np
 
 from cygemm.bindings.cudart cimport cudaStream_t
 from cygemm.kernels.nn cimport *
-from cygemm._errors cimport check_cuda
-from cygemm._streams cimport stream_from_object
+from cygemm.engine.errors cimport check_cuda
+from cygemm.engine.streams cimport stream_from_object
 
 THREADS = CYGEMM_NN_THREADS
 MAX_BLOCKS = 1024

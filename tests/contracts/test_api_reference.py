@@ -96,7 +96,8 @@ def _is_api_object(obj):
 
 def _from_public_cygemm_module(obj):
     mod = getattr(obj, "__module__", None) or ""
-    return mod.split(".")[0] == "cygemm" and not any(p.startswith("_") for p in mod.split("."))
+    parts = mod.split(".")
+    return parts[0] == "cygemm" and parts[1:2] != ["engine"] and not any(p.startswith("_") for p in parts)
 
 
 def public_objects():

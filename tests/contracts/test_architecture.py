@@ -14,7 +14,7 @@ if not os.path.isfile(os.path.join(ROOT, "setup.py")) or not os.path.isdir(PACKA
     pytest.skip("needs the source tree (setup.py and cygemm/ beside tests/)", allow_module_level=True)
 
 NAMED = re.compile(r"^\s*(?:from|cimport|import)\s+cygemm\.([\w.]+)")
-FROM_PACKAGE = re.compile(r"^\s*from\s+cygemm\s+c?import\s+\(?([\w ,]+)")
+FROM_PACKAGE = re.compile(r"^\s*from\s+cygemm(\.engine)?\s+c?import\s+\(?([\w ,]+)")
 
 
 def modules_in_build_order():
@@ -34,7 +34,11 @@ def named_modules(path):
             found.append((number, m.group(1)))
         m = FROM_PACKAGE.match(line)
         if m:
-            found += [(number, name) for name in re.split(r"[ ,]+", m.group(1).strip()) if name]
+            prefix = "engine." if m.group(1) else ""
+            if prefix:
+                found = [f for f in found if f != (number, "engine")]      # (the package, not a module)
+            names = [part.split(" as ")[0].strip() for part in m.group(2).split(",")]
+            found += [(number, prefix + name) for name in names if name]
     return found
 
 
@@ -65,9 +69,9 @@ def test_bindings_and_kernel_declarations_name_only_the_bindings(folder):
 
 
 def test_the_row_major_mapping_is_pure():
-    names = {name for _, name in named_modules(os.path.join(PACKAGE, "_mapping.pyx"))}
-    names |= {name for _, name in named_modules(os.path.join(PACKAGE, "_mapping.pxd"))}
-    assert names <= {"_types", "bindings.cublas", "bindings.cudart"}, names
+    names = {name for _, name in named_modules(os.path.join(PACKAGE, "engine", "mapping.pyx"))}
+    names |= {name for _, name in named_modules(os.path.join(PACKAGE, "engine", "mapping.pxd"))}
+    assert names <= {"engine.types", "bindings.cublas", "bindings.cudart"}, names
 
 
 def test_no_module_is_over_500_lines():
@@ -78,8 +82,8 @@ def test_no_module_is_over_500_lines():
 
 
 def test_every_cublas_gemm_is_enqueued_in_one_module_behind_the_k_tail_guard():
-    """cublasGemmEx / cublasGemmStridedBatchedEx and cublasLtMatmul run from cygemm/_launch.pyx
-    alone, where the K-tail guard (cygemm/_ktail.pyx) sees every call; the grouped route's
+    """cublasGemmEx / cublasGemmStridedBatchedEx and cublasLtMatmul run from cygemm/engine/launch.pyx
+    alone, where the K-tail guard (cygemm/engine/ktail.pyx) sees every call; the grouped route's
     cublasGemmGroupedBatchedEx is the one other GEMM call."""
     import re
     calls = re.compile(r"\b(cublasGemmEx|cublasGemmEx_64|cublasGemmStridedBatchedEx|cublasGemmStridedBatchedEx_64"
@@ -90,8 +94,8 @@ def test_every_cublas_gemm_is_enqueued_in_one_module_behind_the_k_tail_guard():
         code = re.sub(r'"""(.|\n)*?"""', "", code)
         if calls.search(code):
             found[os.path.relpath(path, PACKAGE)] = sorted(set(calls.findall(code)))
-    assert set(found) == {"_launch.pyx"}, found
-    launch = open(os.path.join(PACKAGE, "_launch.pyx")).read()
+    assert set(found) == {os.path.join("engine", "launch.pyx")}, found
+    launch = open(os.path.join(PACKAGE, "engine", "launch.pyx")).read()
     assert "gemmex_drops(" in launch
     plans = open(os.path.join(PACKAGE, "plans.pyx")).read()
     assert "make_safe(" in plans and "gemmex_drops(" in plans

@@ -11,10 +11,10 @@ def test_every_compiled_module_has_a_stub_naming_its_public_functions():
     import os
     root = os.path.dirname(cygemm.__file__)
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    modules = sorted({os.path.join(sub, n.split(".")[0]) for sub in ("", "nn", "backend")
+    modules = sorted({os.path.join(sub, n.split(".")[0]) for sub in ("", "engine", "nn", "backend")
                       for n in os.listdir(os.path.join(root, sub)) if n.endswith(suffixes)})
     # The compiled modules, installed or built, those of the subpackages too.
-    assert {"_context", "plans", "nn/_kernels", "backend/_kernels"} <= set(modules)
+    assert {"engine/context", "plans", "nn/_kernels", "backend/_kernels"} <= set(modules)
     for name in modules:
         stub = os.path.join(root, f"{name}.pyi")
         assert os.path.isfile(stub), f"{name}: no stub"

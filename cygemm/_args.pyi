@@ -1,1 +1,0 @@
-# The one argument path has no Python API: entry points cimport it (see _args.pxd).

@@ -1,1 +1,0 @@
-# Timing a plan's candidates has no Python API: the plans cimport it (see _candidates.pxd).

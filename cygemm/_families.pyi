@@ -1,1 +1,0 @@
-# Kernel families for the determinism policies have no Python API: the plans cimport them (see _families.pxd).

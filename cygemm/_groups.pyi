@@ -1,3 +1,0 @@
-# A grouped call's groups: cygemm.grouped cimports them (see _groups.pxd); no Python API but the type.
-
-class Groups: ...

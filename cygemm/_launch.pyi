@@ -1,1 +1,0 @@
-# Enqueueing one GEMM has no Python API: the plans cimport it (see _launch.pxd).

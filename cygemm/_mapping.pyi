@@ -1,1 +1,0 @@
-# The row-major -> column-major mapping has no Python API: the entry points cimport it (see _mapping.pxd).

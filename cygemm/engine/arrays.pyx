@@ -1,0 +1,414 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Device arrays of CuPy, torch, __cuda_array_interface__ and DLPack read into views, once and
+without touching the GPU (whether two views overlap: cygemm.engine.overlap)."""
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
+
+from cygemm.bindings.cudart cimport (cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F, CUDA_C_32F,
+                            CUDA_C_64F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_8I, CUDA_R_32I)
+from cygemm.engine.types cimport MatrixView, ArrayDesc, MAX_NDIM, view_is_empty
+from cygemm.engine.described cimport ArrayLayout, LAYOUT_TYPED, LAYOUT_BYTES
+
+import numpy as _np
+
+try:
+    import cupy as _cupy
+    _cupy_ndarray = _cupy.ndarray
+except ImportError:
+    _cupy = None
+    _cupy_ndarray = None
+
+
+cdef extern from *:
+    """
+    /* DLPack v0.x ABI, enough to read a tensor's description. */
+    typedef struct { int32_t device_type; int32_t device_id; } cg_DLDevice;
+    typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } cg_DLDataType;
+    typedef struct {
+        void* data; cg_DLDevice device; int32_t ndim; cg_DLDataType dtype;
+        int64_t* shape; int64_t* strides; uint64_t byte_offset;
+    } cg_DLTensor;
+    """
+    ctypedef struct cg_DLDevice:
+        int32_t device_type, device_id
+    ctypedef struct cg_DLDataType:
+        uint8_t code, bits
+        uint16_t lanes
+    ctypedef struct cg_DLTensor:
+        void* data
+        cg_DLDevice device
+        int32_t ndim
+        cg_DLDataType dtype
+        int64_t* shape
+        int64_t* strides
+        uint64_t byte_offset
+
+cdef enum:
+    DL_INT = 0
+    DL_FLOAT = 2
+    DL_BFLOAT = 4
+    DL_COMPLEX = 5
+    DL_CUDA = 2
+    DL_CPU = 1
+
+# dtype name -> (cudaDataType, itemsize); float64 and complex only where the caller accepts them (wide).
+# bfloat16: torch's, or CuPy's through ml_dtypes (CuPy 14), whose typestr is '<V2'.
+_DTYPES = {"float32": (CUDA_R_32F, 4), "float16": (CUDA_R_16F, 2), "bfloat16": (CUDA_R_16BF, 2)}
+_WIDE_DTYPES = dict(_DTYPES, float64=(CUDA_R_64F, 8), complex64=(CUDA_C_32F, 8), complex128=(CUDA_C_64F, 16))
+_GEMM_DTYPES = dict(_WIDE_DTYPES, int8=(CUDA_R_8I, 1), int32=(CUDA_R_32I, 4))
+_TYPESTRS = {"<f4": "float32", "<f2": "float16", "<f8": "float64", "<c8": "complex64", "<c16": "complex128",
+             "|i1": "int8", "<i4": "int32"}
+_CAI_DTYPES = {t: _DTYPES[n] for t, n in _TYPESTRS.items() if n in _DTYPES}     # CAI names no bfloat16
+_CAI_WIDE_DTYPES = {t: _WIDE_DTYPES[n] for t, n in _TYPESTRS.items() if n in _WIDE_DTYPES}
+_CAI_GEMM_DTYPES = {t: _GEMM_DTYPES[n] for t, n in _TYPESTRS.items()}
+_DL_TYPES = {(DL_BFLOAT, 16): CUDA_R_16BF, (DL_FLOAT, 16): CUDA_R_16F, (DL_FLOAT, 32): CUDA_R_32F}  # DLPack's
+_DL_WIDE_TYPES = {**_DL_TYPES, (DL_FLOAT, 64): CUDA_R_64F, (DL_COMPLEX, 64): CUDA_C_32F, (DL_COMPLEX, 128): CUDA_C_64F}
+_DL_GEMM_TYPES = {**_DL_WIDE_TYPES, (DL_INT, 8): CUDA_R_8I, (DL_INT, 32): CUDA_R_32I}
+# Indexed by a DTYPES_* level.
+_BY_NAME = (_DTYPES, _WIDE_DTYPES, _GEMM_DTYPES)
+_BY_TYPESTR = (_CAI_DTYPES, _CAI_WIDE_DTYPES, _CAI_GEMM_DTYPES)
+_BY_DLPACK = (_DL_TYPES, _DL_WIDE_TYPES, _DL_GEMM_TYPES)
+_F32, _F16 = _DTYPES["float32"], _DTYPES["float16"]
+_NP_F32, _NP_F16 = _np.dtype("float32"), _np.dtype("float16")
+
+
+_DTYPE_NAMES = {CUDA_R_32F: "float32", CUDA_R_16F: "float16", CUDA_R_16BF: "bfloat16", CUDA_R_64F: "float64",
+                CUDA_C_32F: "complex64", CUDA_C_64F: "complex128", CUDA_R_8F_E4M3: "float8_e4m3",
+                CUDA_R_8F_E5M2: "float8_e5m2", CUDA_R_8I: "int8", CUDA_R_32I: "int32"}
+
+
+cdef object dtype_name(cudaDataType dtype):
+    return _DTYPE_NAMES.get(dtype) or f"cudaDataType {<int>dtype}"
+
+
+cdef str _expected(int wide):
+    if wide == DTYPES_GEMM:
+        return "float16, bfloat16, float32, float64, complex64, complex128 or int8"
+    return ("float16, bfloat16, float32, float64, complex64 or complex128" if wide
+            else "float16, bfloat16 or float32")
+
+
+cdef object _bad_dtype(str name, str got, int wide):
+    """TypeError for an array whose dtype (named `got`) the entry cannot take, with what to do
+    instead: gemm or matmul for float64 and complex (wide False), a cast or CuPy for the rest."""
+    msg = f"{name}: expected {_expected(wide)}, got {got}"
+    if got in ("float64", "complex64", "complex128") and not wide:
+        msg += f" (cygemm.gemm and cygemm.matmul take {got}; or cast it with x.astype(cupy.float32))"
+    elif got == "int8" and wide != DTYPES_GEMM:
+        msg += " (cygemm.gemm, gemm_strided_batched and int_mm multiply int8 into int32)"
+    elif got.startswith(("int", "uint", "bool")):
+        msg += (f" (cygemm has no {got} GEMM: use cupy.matmul or torch.matmul for {got}, or cast it "
+                "to a float dtype with x.astype(cupy.float32))")
+    return TypeError(msg)
+
+
+cdef str _dlpack_dtype_name(int code, int bits, int lanes):
+    """A DLPack dtype as NumPy names it (int32, complex64...), or its codes where it has no name."""
+    kind = {0: "int", 1: "uint", 2: "float", 4: "bfloat", 5: "complex", 6: "bool"}.get(code)
+    if kind is None or lanes != 1:
+        return f"DLPack dtype (code={code}, bits={bits}, lanes={lanes})"
+    return "bool" if kind == "bool" else f"{kind}{bits}"
+
+
+cdef str _typestr_name(str typestr):
+    try:
+        return _np.dtype(typestr).name
+    except TypeError:
+        return f"typestr {typestr!r}"
+
+
+cdef int _fill_desc(ArrayDesc* d, str name, uintptr_t ptr, tuple shape, object strides, int itemsize,
+                    int device) except -1:
+    cdef int ndim = len(shape), i
+    if ndim > MAX_NDIM:
+        raise ValueError(f"{name}: expected at most {MAX_NDIM} dimensions, got {ndim}")
+    cdef int64_t expect = 1
+    d.ptr, d.ndim, d.itemsize, d.device = <char*>ptr, ndim, itemsize, device
+    # C-contiguous; also for an empty array, whose strides are meaningless (CuPy gives 0s).
+    if strides is None or 0 in shape:
+        for i in range(ndim - 1, -1, -1):
+            d.shape[i] = shape[i]
+            d.strides[i] = expect
+            expect *= d.shape[i]
+        return 0
+    cdef int64_t st
+    for i in range(ndim):
+        d.shape[i] = shape[i]
+        st = strides[i]
+        if st % itemsize:
+            raise ValueError(f"{name}: stride {st} bytes on axis {i} is not a multiple "
+                             f"of the element size ({itemsize} bytes)")
+        d.strides[i] = st // itemsize
+    return 0
+
+
+cdef tuple desc_shape(const ArrayDesc* d):
+    return tuple([d.shape[i] for i in range(d.ndim)])
+
+
+cdef int read_array(object x, ArrayDesc* d, str name, int wide) except -1:
+    """Read pointer, shape, strides, dtype and device of a device array, once, without touching
+    the GPU. wide: a DTYPES_* level (which dtypes it takes)."""
+    cdef object dt
+    if _cupy_ndarray is not None and type(x) is _cupy_ndarray:    # fast path: no dict built
+        dt_obj = x.dtype
+        # NumPy's builtin dtypes are singletons: identity beats building dtype.str.
+        dt = _F32 if dt_obj is _NP_F32 else (_F16 if dt_obj is _NP_F16 else (
+            _BY_NAME[wide]).get(dt_obj.name))
+        if dt is None:
+            raise _bad_dtype(name, str(x.dtype), wide)
+        d.dtype = <cudaDataType>(<int>dt[0])
+        mem = x.data        # its device_id spares check_devices a cudaPointerGetAttributes
+        return _fill_desc(d, name, mem.ptr, x.shape, x.strides, dt[1], mem.device_id)
+    if type(x) is ArrayLayout:      # a describe_* operand: a host array or a (shape, dtype) pair
+        return _read_layout(<ArrayLayout>x, d, name, wide)
+    if _torch_tensor is not None and isinstance(x, _torch_tensor):
+        return _read_torch(x, d, name, wide)
+    if _torch_tensor is None and type(x).__module__.startswith("torch") and _find_torch():
+        return read_array(x, d, name, wide)
+    cdef object cai
+    try:
+        cai = x.__cuda_array_interface__
+    except AttributeError:
+        cai = None
+    except (TypeError, BufferError, RuntimeError):  # e.g. torch bfloat16: use DLPack
+        cai = None
+    if cai is not None:
+        dt = (<dict>_BY_TYPESTR[wide]).get(cai["typestr"])
+        if dt is None and hasattr(x, "__dlpack__"):
+            # CAI has no bfloat16 typestr (torch says '<V2'); DLPack names it.
+            return _read_dlpack(x, d, name, wide)
+        if dt is None:
+            raise _bad_dtype(name, _typestr_name(cai["typestr"]), wide)
+        d.dtype = <cudaDataType>(<int>dt[0])
+        return _fill_desc(d, name, cai["data"][0], tuple(cai["shape"]), cai.get("strides"), dt[1], -1)
+    if isinstance(x, _np.ndarray):
+        raise TypeError(f"{name}: expected a CUDA device array, got a NumPy array in host memory "
+                        f"(move it to the GPU with cupy.asarray)")
+    if hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"):
+        return _read_dlpack(x, d, name, wide)
+    raise TypeError(f"{name}: expected a CUDA device array (__cuda_array_interface__ or DLPack "
+                    f"on a CUDA device), got {type(x).__module__}.{type(x).__name__}")
+
+
+cdef int _read_layout(ArrayLayout x, ArrayDesc* d, str name, int wide) except -1:
+    cdef cudaDataType t = x.d.dtype
+    if x.kind != LAYOUT_TYPED or _DTYPE_NAMES.get(t) not in <dict>_BY_NAME[wide]:
+        raise TypeError(f"{name}: expected {_expected(wide)}, got {x.dtype}")
+    d[0] = x.d
+    return 0
+
+
+cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim,
+                          int wide=DTYPES_FLOAT) except -1:
+    """A (batch, rows, cols) view of a device array of min_ndim..max_ndim (<= 3) dimensions;
+    a 1-D array is one row. wide: a DTYPES_* level."""
+    cdef ArrayDesc d
+    read_array(x, &d, name, wide)
+    return view_from_desc(&d, view, name, min_ndim, max_ndim)
+
+
+cdef int view_from_desc(const ArrayDesc* dp, MatrixView* view, str name, int min_ndim, int max_ndim) except -1:
+    cdef int ndim = dp.ndim
+    if ndim < min_ndim or ndim > max_ndim:
+        want = f"{min_ndim}-D" if min_ndim == max_ndim else f"{min_ndim}-D or {max_ndim}-D"
+        raise ValueError(f"{name}: expected a {want} array, got {ndim}-D with shape {desc_shape(dp)}")
+    view.ptr, view.itemsize, view.device, view.dtype = dp.ptr, dp.itemsize, dp.device, dp.dtype
+    if ndim == 1:                             # a vector is one row
+        view.rows, view.cols = 1, dp.shape[0]
+        view.row_stride, view.col_stride = dp.shape[0], dp.strides[0]
+        view.batch, view.batch_stride = 1, 0
+        return 0
+    view.rows, view.cols = dp.shape[ndim - 2], dp.shape[ndim - 1]
+    view.row_stride, view.col_stride = dp.strides[ndim - 2], dp.strides[ndim - 1]
+    if ndim == 3:
+        view.batch, view.batch_stride = dp.shape[0], dp.strides[0]
+    else:
+        view.batch, view.batch_stride = 1, 0
+    return 0
+
+
+# torch tensors are read through their attributes: torch's __cuda_array_interface__ and
+# __dlpack__ cost microseconds a call, and CAI refuses tensors that require grad or bfloat16.
+cdef object _torch_tensor = None
+cdef dict _torch_dtypes = None
+cdef object _torch_wide = None
+cdef object _torch_ints = None
+cdef object _torch_grad_enabled = None
+
+
+cdef bint _find_torch() except -1:
+    global _torch_tensor, _torch_dtypes, _torch_wide, _torch_ints, _torch_grad_enabled
+    import sys
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "Tensor"):
+        return False
+    _torch_dtypes = {torch.float32: (CUDA_R_32F, 4), torch.float16: (CUDA_R_16F, 2),
+                     torch.bfloat16: (CUDA_R_16BF, 2)}
+    _torch_wide = {torch.float64: (CUDA_R_64F, 8), torch.complex64: (CUDA_C_32F, 8),
+                  torch.complex128: (CUDA_C_64F, 16)}
+    _torch_ints = {torch.int8: (CUDA_R_8I, 1), torch.int32: (CUDA_R_32I, 4)}
+    _torch_grad_enabled = torch.is_grad_enabled
+    _torch_tensor = torch.Tensor
+    return True
+
+
+cdef int _refuse_recorded(object x, str name) except -1:
+    # Only cygemm.matmul and cygemm.autograd are recorded: elsewhere a gradient would be lost.
+    if x.requires_grad and _torch_grad_enabled():
+        raise TypeError(f"{name}: a torch tensor that requires grad, and this cygemm call is not recorded by "
+                        "torch's autograd (its gradient would be lost): use cygemm.matmul or "
+                        "cygemm.autograd.linear, which are, or pass .detach() or call it under "
+                        "torch.no_grad()")
+    return 0
+
+
+cdef int _read_torch(object x, ArrayDesc* d, str name, int wide) except -1:
+    if not x.is_cuda:
+        raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {x.device} (a CPU tensor "
+                        "is not a CUDA array: move it with .cuda())")
+    _refuse_recorded(x, name)
+    dt = _torch_dtypes.get(x.dtype) or (_torch_wide.get(x.dtype) if wide else None) or (
+        _torch_ints.get(x.dtype) if wide == DTYPES_GEMM else None)
+    if dt is None:
+        raise _bad_dtype(name, str(x.dtype).replace("torch.", ""), wide)
+    if x.is_conj() or x.is_neg():   # lazy x.conj(), x.mH, negation: the memory does not hold the values
+        raise ValueError(f"{name}: a torch tensor with the conjugate or negative bit set (a lazy view such as "
+                         "x.conj() or x.mH), wrong read raw: pass x.resolve_conj().resolve_neg(), or x with trans 'H'")
+    d.dtype = <cudaDataType>(<int>dt[0])
+    itemsize = dt[1]
+    strides = tuple([st * itemsize for st in x.stride()])
+    return _fill_desc(d, name, x.data_ptr(), tuple(x.shape), strides, itemsize, x.get_device())
+
+
+cdef int _read_dlpack(object x, ArrayDesc* d, str name, int wide) except -1:
+    dev = x.__dlpack_device__()
+    if int(dev[0]) != DL_CUDA:
+        where = "host memory" if int(dev[0]) == DL_CPU else f"DLPack device type {dev[0]}"
+        raise TypeError(f"{name}: expected an array on a CUDA device, got "
+                        f"{type(x).__module__}.{type(x).__name__} in {where} (move it to the GPU, "
+                        "e.g. with cupy.asarray)")
+    # The capsule keeps its own reference; x outlives this call, so the memory does too.
+    capsule = x.__dlpack__(stream=-1)
+    if not PyCapsule_IsValid(capsule, b"dltensor"):
+        raise TypeError(f"{name}: __dlpack__ returned no 'dltensor' capsule")
+    cdef cg_DLTensor* t = <cg_DLTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
+    cdef int itemsize
+    dt = (<dict>_BY_DLPACK[wide]).get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
+    if dt is None:
+        raise _bad_dtype(name, _dlpack_dtype_name(t.dtype.code, t.dtype.bits, t.dtype.lanes), wide)
+    d.dtype = <cudaDataType>(<int>dt)
+    itemsize = t.dtype.bits // 8
+    shape = tuple([t.shape[i] for i in range(t.ndim)])
+    strides = None if t.strides == NULL else tuple([t.strides[i] * itemsize for i in range(t.ndim)])
+    return _fill_desc(d, name, <uintptr_t>t.data + t.byte_offset, shape, strides, itemsize,
+                      t.device.device_id)
+
+cdef int read_buffer(object x, MatrixView* view, str name) except -1:
+    """A workspace of any dtype as a view of its bytes (one row of nbytes): C-contiguous, or
+    TypeError/ValueError naming it."""
+    cdef object cai
+    try:
+        cai = x.__cuda_array_interface__
+    except AttributeError:
+        raise TypeError(f"{name}: expected a CUDA device array, got {type(x).__module__}.{type(x).__name__}") from None
+    shape = tuple(cai["shape"])
+    itemsize = _np.dtype(cai["typestr"]).itemsize
+    cdef int64_t n = 1
+    for extent in shape:
+        n *= extent
+    strides = cai.get("strides")
+    if strides is not None and n > 1:
+        expect = itemsize
+        for extent, st in reversed(list(zip(shape, strides))):
+            if extent > 1 and st != expect:
+                raise ValueError(f"{name}: expected a contiguous buffer, got strides {tuple(strides)} "
+                                 f"bytes for shape {shape}")
+            expect *= extent
+    view.ptr = <char*><uintptr_t>cai["data"][0]
+    view.batch, view.rows, view.cols = 1, 1, n * itemsize
+    view.batch_stride, view.row_stride, view.col_stride = 0, n * itemsize, 1
+    view.dtype, view.itemsize = CUDA_R_32F, 1          # dtype unused: only bytes matter
+    view.device = x.data.device_id if _cupy_ndarray is not None and type(x) is _cupy_ndarray else -1
+    return 0
+
+
+def describe_array(x, str name="x"):
+    """How cygemm reads `x`: dict of ptr, batch, rows, cols, strides (elements), dtype."""
+    cdef MatrixView v
+    view_from_object(x, &v, name, 2, 3)
+    return dict(ptr=<uintptr_t>v.ptr, batch=v.batch, rows=v.rows, cols=v.cols,
+                batch_stride=v.batch_stride, row_stride=v.row_stride, col_stride=v.col_stride,
+                dtype=dtype_name(v.dtype))
+
+# ---------------------------------------------------------------- FP8 arrays
+
+FP8_FORMATS = {"e4m3": CUDA_R_8F_E4M3, "e5m2": CUDA_R_8F_E5M2}
+cdef dict _torch_fp8 = None
+
+
+cdef dict _torch_fp8_dtypes():
+    global _torch_fp8
+    if _torch_fp8 is None:
+        import torch
+        _torch_fp8 = {getattr(torch, "float8_e4m3fn", None): CUDA_R_8F_E4M3,
+                      getattr(torch, "float8_e5m2", None): CUDA_R_8F_E5M2, torch.uint8: None}
+        _torch_fp8.pop(None, None)
+    return _torch_fp8
+
+
+cdef int read_fp8(object x, ArrayDesc* d, str name, object fmt, str fmt_arg) except -1:
+    """Read an FP8 array: a torch float8_e4m3fn / float8_e5m2 tensor (its format from its
+    dtype), or uint8 bytes (CuPy, torch, __cuda_array_interface__) whose format `fmt` names."""
+    cdef object found = False         # None: bytes of either format; else the tensor's format
+    cdef ArrayLayout layout
+    if fmt is not None and fmt not in FP8_FORMATS:
+        raise ValueError(f"{fmt_arg}: expected 'e4m3' or 'e5m2', got {fmt!r}")
+    if type(x) is ArrayLayout:      # a describe_* operand: float8 dtypes carry their format
+        layout = <ArrayLayout>x
+        if layout.kind == LAYOUT_BYTES:
+            found = None
+        elif layout.kind == LAYOUT_TYPED and (layout.d.dtype == CUDA_R_8F_E4M3 or layout.d.dtype == CUDA_R_8F_E5M2):
+            found = layout.d.dtype
+        else:
+            raise TypeError(f"{name}: expected float8_e4m3fn, float8_e5m2 or uint8, got {layout.dtype}")
+        d[0] = layout.d
+    elif _cupy_ndarray is not None and type(x) is _cupy_ndarray:
+        if x.dtype.name != "uint8":
+            raise TypeError(f"{name}: expected FP8 bytes (a uint8 array, with {fmt_arg}=), got {x.dtype}")
+        mem = x.data
+        _fill_desc(d, name, mem.ptr, x.shape, x.strides, 1, mem.device_id)
+        found = None
+    elif (_torch_tensor is not None or (type(x).__module__.startswith("torch") and _find_torch())) \
+            and isinstance(x, _torch_tensor):
+        if not x.is_cuda:
+            raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {x.device}")
+        _refuse_recorded(x, name)
+        table = _torch_fp8_dtypes()
+        if x.dtype not in table:
+            raise TypeError(f"{name}: expected float8_e4m3fn, float8_e5m2 or uint8, got "
+                            f"{str(x.dtype).replace('torch.', '')}")
+        found = table[x.dtype]
+        _fill_desc(d, name, x.data_ptr(), tuple(x.shape), tuple(x.stride()), 1, x.get_device())
+    else:
+        try:
+            cai = x.__cuda_array_interface__
+        except AttributeError:
+            raise TypeError(f"{name}: expected a CUDA device array of FP8 bytes, got "
+                            f"{type(x).__module__}.{type(x).__name__}") from None
+        if cai["typestr"] != "|u1":
+            raise TypeError(f"{name}: expected FP8 bytes (a uint8 array, with {fmt_arg}=), got "
+                            f"{_typestr_name(cai['typestr'])}")
+        _fill_desc(d, name, cai["data"][0], tuple(cai["shape"]), cai.get("strides"), 1, -1)
+        found = None
+    if found is None:
+        if fmt is None:
+            raise TypeError(f"{name}: a uint8 array can hold either FP8 format; say which with "
+                            f"{fmt_arg}='e4m3' or {fmt_arg}='e5m2'")
+        d.dtype = FP8_FORMATS[fmt]
+    else:
+        if fmt is not None and FP8_FORMATS[fmt] != found:
+            raise TypeError(f"{name}: its dtype is {dtype_name(found)} but {fmt_arg}={fmt!r}")
+        d.dtype = found
+    d.itemsize = 1
+    return 0

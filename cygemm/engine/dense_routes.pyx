@@ -1,0 +1,290 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The dense layer's routes: the forward's (cuBLASLt epilogues, a GEMM and cygemm's kernels) and
+the backward's (its two GEMMs on one stream or two), each a table that cygemm.routes chooses
+from: forced, tuned, timed once for large problems, else a fixed rule.
+
+Under the row-major swap cuBLASLt computes D = Y^T (N x M, column-major), so its bias (length
+= rows of D = N) runs along the last axis of Y, as a layer wants. Epilogues need a
+column-major D, which is why Y must be row-major here.
+"""
+from libc.stdint cimport int64_t
+from libc.string cimport memcmp, memset
+
+from cygemm.bindings.cudart cimport *
+from cygemm.bindings.cublas cimport *
+from cygemm.bindings.cublaslt cimport *
+from cygemm.kernels.elementwise cimport *
+from cygemm.epilogues cimport NO_EPILOGUE
+from cygemm.engine.types cimport ColMajorGemm, Scalars, real_scalars, pointer_alignment
+from cygemm.engine.errors cimport check_cuda
+from cygemm.engine.errors import CygemmError
+from cygemm.engine.context cimport GemmContext, run_forked
+from cygemm.engine.settings cimport AUTOTUNE_OFF, POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT
+from cygemm.engine.timing cimport worth_tuning
+from cygemm.tuning cimport routes_generation
+from cygemm.plans cimport Plan, get_plan, execute_plan, run_gemm
+from cygemm.routes cimport (RouteTable, route_table, choose_route, ROUTE_FORCED, ROUTE_TUNED,
+                            ROUTE_TIMED)
+
+
+cdef int dense_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
+                    cublasComputeType_t compute, float beta, int autotune) except -1:
+    cdef Scalars sc = real_scalars(1.0, beta)
+    with nogil:
+        run_gemm(ctx, stream, g, dtype, compute, &sc, autotune)
+    return 0
+
+
+# ---------------------------------------------------------------- the forward's routes
+
+# In the order the fixed rule for small problems prefers them.
+cdef enum ForwardRoute:
+    FWD_EPILOGUE = 0
+    FWD_GELU_AUX = 1
+    FWD_BIAS_EPILOGUE_KERNEL = 2
+    FWD_GEMM_KERNEL = 3
+
+FORWARD_ROUTES = {
+    "epilogue": "one cuBLASLt call with the bias and activation in its epilogue (relu, gelu, none; "
+                "Z not saved)",
+    "gelu_aux": "one cuBLASLt call writing out and Z (GELU_AUX[_BIAS]: gelu with save_z; Z's ld a "
+                "multiple of 8, 16-byte aligned)",
+    "bias_epilogue_kernel": "cuBLASLt with the BIAS epilogue writes Z (or out), cygemm's kernel applies "
+                            "the activation",
+    "gemm_kernel": "a plain GEMM (the plan layer's choice) writes Z (or out), cygemm's kernel adds the "
+                   "bias and applies the activation; the fallback of every other route",
+}
+
+
+cdef bint _fwd_applies(const ForwardCall* f, int route) noexcept nogil:
+    cdef bint kernel_work = f.save_z or f.code != CYGEMM_ACT_NONE
+    if route == FWD_EPILOGUE:
+        return f.K > 0 and not f.save_z and f.act.epilogue != NO_EPILOGUE
+    if route == FWD_GELU_AUX:
+        return (f.K > 0 and f.save_z and f.act.aux_epilogue != NO_EPILOGUE
+                and f.z_ld % f.act.aux_ld_multiple == 0 and pointer_alignment(f.z) >= f.act.aux_alignment)
+    if route == FWD_BIAS_EPILOGUE_KERNEL:
+        return f.K > 0 and f.bias != NULL and kernel_work
+    return True
+
+
+cdef int _fwd_default(const ForwardCall* f) noexcept nogil:
+    """The fixed rule (small problems, or a capture before any eager call): one launch where
+    an epilogue does it all; GELU_AUX only when small (on large problems it ran 1.54x a plain
+    GEMM on the H200 against 1.36x for BIAS + our kernel); else a BIAS epilogue + kernel."""
+    if _fwd_applies(f, FWD_EPILOGUE):
+        return FWD_EPILOGUE
+    # (Under a determinism policy the route must not depend on M: never GELU_AUX.)
+    if (_fwd_applies(f, FWD_GELU_AUX) and not worth_tuning(<double>f.M * f.N * f.K)
+            and f.autotune < POLICY_RUN_TO_RUN):
+        return FWD_GELU_AUX
+    if _fwd_applies(f, FWD_BIAS_EPILOGUE_KERNEL):
+        return FWD_BIAS_EPILOGUE_KERNEL
+    return FWD_GEMM_KERNEL
+
+
+cdef int _lt_call(ForwardCall* f, ColMajorGemm* g, cublasLtEpilogue_t epi, const void* bias, void* aux,
+                  int64_t aux_ld) except -1:
+    """One cuBLASLt call by its plan: 0 done, 1 refused (nothing enqueued; the caller falls back)."""
+    cdef Scalars sc = real_scalars(1.0, 0.0)
+    cdef Plan plan = get_plan(f.ctx, f.s, g, f.dtype, f.compute, epi, bias, aux, aux_ld, f.ws, f.ws_bytes,
+                              f.autotune, False)
+    if plan is None:
+        return 1
+    return execute_plan(plan, f.ctx, f.s, g, bias, aux, f.ws, f.ws_bytes, &sc)
+
+
+cdef int _fwd_run(ForwardCall* f, int route) except -1:
+    """Enqueue one route: 0 done, 1 its cuBLASLt call was refused (nothing enqueued)."""
+    cdef cublasLtEpilogue_t epi
+    cdef bint has_bias = f.bias != NULL
+    cdef ColMajorGemm* g = &f.g_z if f.save_z else &f.g_y
+    cdef void* target = f.z if f.save_z else f.y
+    cdef int64_t target_ld = f.z_ld if f.save_z else f.y_ld
+    if route == FWD_EPILOGUE:
+        epi = <cublasLtEpilogue_t>(f.act.epilogue_bias if has_bias else f.act.epilogue)
+        return _lt_call(f, &f.g_y, epi, f.bias, NULL, 0)
+    if route == FWD_GELU_AUX:
+        epi = <cublasLtEpilogue_t>(f.act.aux_epilogue_bias if has_bias else f.act.aux_epilogue)
+        return _lt_call(f, &f.g_y, epi, f.bias, f.z, f.z_ld)
+    if route == FWD_BIAS_EPILOGUE_KERNEL:
+        if _lt_call(f, g, CUBLASLT_EPILOGUE_BIAS, f.bias, NULL, 0):
+            return 1
+        with nogil:
+            check_cuda(cygemm_bias_act_forward(f.dtype, f.M, f.N, target, target_ld, NULL,
+                                               f.y, f.y_ld, NULL, 0, f.code, f.slope, f.s),
+                       "cygemm_bias_act_forward")
+        return 0
+    # FWD_GEMM_KERNEL: always runs (the plan layer falls back to cublasGemmEx itself).
+    dense_gemm(f.ctx, f.s, g, f.dtype, f.compute, 0.0, f.autotune)
+    with nogil:
+        check_cuda(cygemm_bias_act_forward(f.dtype, f.M, f.N, target, target_ld, f.bias,
+                                           f.y, f.y_ld, f.z if f.save_z else NULL, f.z_ld,
+                                           f.code, f.slope, f.s),
+                   "cygemm_bias_act_forward")
+    return 0
+
+
+# The forward's table for cygemm.routes.
+cdef int _fwd_applies_hook(void* call, int route) except -1:
+    return _fwd_applies(<const ForwardCall*>call, route)
+
+
+cdef int _fwd_rule_hook(void* call) except -1:
+    return _fwd_default(<const ForwardCall*>call)
+
+
+cdef object _fwd_key(void* call):
+    cdef const ForwardCall* f = <const ForwardCall*>call
+    return ("forward", <int>f.dtype, <int>f.compute, <int>f.code, f.bias != NULL, f.save_z, f.M, f.N, f.K,
+            <int>f.g_y.opa, <int>f.g_y.opb, f.g_y.lda, f.g_y.ldb, f.y_ld, f.z_ld, f.ws_bytes)
+
+
+cdef int _fwd_enqueue(void* call, int route) except -1:
+    return _fwd_run(<ForwardCall*>call, route)
+
+
+cdef RouteTable _FORWARD = route_table("forward", ("epilogue", "gelu_aux", "bias_epilogue_kernel", "gemm_kernel"),
+                                       _fwd_applies_hook, _fwd_rule_hook, _fwd_key, _fwd_enqueue)
+
+
+cdef int run_forward(ForwardCall* f) except -1:
+    # Large problems are in the tuning table (timed now when new and the stream is not capturing).
+    cdef bint tabled = f.autotune != AUTOTUNE_OFF and worth_tuning(<double>f.M * f.N * f.K)
+    cdef int route = choose_route(_FORWARD, f, f.ctx, f.s, f.autotune, tabled, True, NULL)
+    if _fwd_run(f, route) != 0:
+        if f.autotune == POLICY_BATCH_INVARIANT:    # another route gives other bits
+            raise CygemmError(f"determinism='batch_invariant': cuBLASLt refused the dense layer's "
+                              f"{_FORWARD.names[route]} route for this problem")
+        _fwd_run(f, FWD_GEMM_KERNEL)       # always correct
+    return 0
+
+
+# ---------------------------------------------------------------- the backward's routes
+
+cdef int weight_policy(int autotune) noexcept nogil:
+    """The weight gradient sums over the batch's rows: no kernel makes it batch-invariant, so
+    under that policy it is run-to-run deterministic (the bias gradient's kernel always is)."""
+    return POLICY_RUN_TO_RUN if autotune == POLICY_BATCH_INVARIANT else autotune
+
+
+# The backward's routes for its two GEMMs (the activation's backward kernel runs first).
+# The chained DRELU_BGRAD/DGELU_BGRAD epilogues are not among them: on the H200 they ran
+# 2.2-4.9x a plain GEMM, slower than a plain GEMM plus cygemm's kernel.
+cdef enum BackwardRoute:
+    BWD_SERIAL = 0
+    BWD_BRANCHES = 1
+
+BACKWARD_ROUTES = {
+    "serial": "gA = dZ @ B.T, then gB = A.T @ dZ, on the caller's stream",
+    "branches": "gB on a second stream forked from the caller's and joined back with events, gA on "
+                "the caller's: the two GEMMs overlap (a graph captured from it has two branches)",
+}
+
+
+cdef int _bwd_branches(void* call, cudaStream_t main, cudaStream_t side) except -1:
+    cdef BackwardCall* b = <BackwardCall*>call
+    dense_gemm(b.ctx, side, &b.g_b, b.dtype, b.compute, b.beta, weight_policy(b.autotune))
+    dense_gemm(b.ctx, main, &b.g_a, b.dtype, b.compute, b.beta, b.autotune)
+    return 0
+
+
+cdef int _bwd_run(BackwardCall* b, int route) except -1:
+    if route == BWD_SERIAL:
+        dense_gemm(b.ctx, b.s, &b.g_a, b.dtype, b.compute, b.beta, b.autotune)
+        dense_gemm(b.ctx, b.s, &b.g_b, b.dtype, b.compute, b.beta, weight_policy(b.autotune))
+        return 0
+    return run_forked(b.ctx, b.s, _bwd_branches, b)
+
+
+# The backward's table for cygemm.routes: both routes always apply; serial until timed. Timed
+# at every size (the branches pay where one GEMM leaves the GPU idle, i.e. on small problems).
+cdef int _bwd_applies_hook(void* call, int route) except -1:
+    return 1
+
+
+cdef int _bwd_rule_hook(void* call) except -1:
+    return BWD_SERIAL
+
+
+cdef object _bwd_key(void* call):
+    cdef const BackwardCall* b = <const BackwardCall*>call
+    return ("backward", <int>b.dtype, <int>b.compute, b.M, b.N, b.K, <int>b.g_a.opa, <int>b.g_a.opb, b.g_a.lda,
+            b.g_a.ldb, b.g_a.ldc, <int>b.g_b.opa, <int>b.g_b.opb, b.g_b.lda, b.g_b.ldb, b.g_b.ldc)
+
+
+cdef int _bwd_enqueue(void* call, int route) except -1:
+    return _bwd_run(<BackwardCall*>call, route)
+
+
+cdef RouteTable _BACKWARD = route_table("backward", ("serial", "branches"), _bwd_applies_hook, _bwd_rule_hook,
+                                        _bwd_key, _bwd_enqueue)
+
+
+# The routes of recent backward problems, keyed in C: a repeated small backward finds its
+# route without building a Python key. Filled only with routes from the table (forced, tuned
+# or timed); valid while tuning.routes_generation() is what it was. Used with the GIL held.
+ctypedef struct _BwdKey:
+    int64_t device, dtype, compute, M, N, K
+    int64_t ops, lda_a, ldb_a, ldc_a, lda_b, ldb_b, ldc_b
+
+cdef enum:
+    BWD_MEMO = 16
+
+cdef _BwdKey _bwd_memo_key[BWD_MEMO]
+cdef int _bwd_memo_route[BWD_MEMO]
+cdef int _bwd_memo_n = 0, _bwd_memo_next = 0
+cdef unsigned long _bwd_memo_generation = 0
+
+
+cdef void _bwd_key_of(const BackwardCall* b, _BwdKey* k) noexcept nogil:
+    memset(k, 0, sizeof(_BwdKey))
+    k.device, k.dtype, k.compute, k.M, k.N, k.K = b.ctx.device, <int>b.dtype, <int>b.compute, b.M, b.N, b.K
+    k.ops = (<int>b.g_a.opa) | (<int>b.g_a.opb << 8) | (<int>b.g_b.opa << 16) | (<int>b.g_b.opb << 24)
+    k.lda_a, k.ldb_a, k.ldc_a = b.g_a.lda, b.g_a.ldb, b.g_a.ldc
+    k.lda_b, k.ldb_b, k.ldc_b = b.g_b.lda, b.g_b.ldb, b.g_b.ldc
+
+
+cdef int _bwd_memo_find(const _BwdKey* k) noexcept nogil:
+    global _bwd_memo_n, _bwd_memo_generation
+    cdef int i
+    if _bwd_memo_generation != routes_generation():
+        _bwd_memo_n = 0
+        _bwd_memo_generation = routes_generation()
+        return -1
+    for i in range(_bwd_memo_n):
+        if memcmp(&_bwd_memo_key[i], k, sizeof(_BwdKey)) == 0:
+            return _bwd_memo_route[i]
+    return -1
+
+
+cdef void _bwd_memo_add(const _BwdKey* k, int route, unsigned long generation) noexcept nogil:
+    global _bwd_memo_n, _bwd_memo_next
+    if generation != routes_generation() or generation != _bwd_memo_generation:
+        return                          # chosen under routes that have changed since
+    cdef int i = _bwd_memo_next
+    if _bwd_memo_n < BWD_MEMO:
+        i = _bwd_memo_n
+        _bwd_memo_n += 1
+    else:
+        _bwd_memo_next = (_bwd_memo_next + 1) % BWD_MEMO
+    _bwd_memo_key[i] = k[0]
+    _bwd_memo_route[i] = route
+
+
+cdef int run_backward(BackwardCall* b, bint accumulate) except -1:
+    """Serial or branches: the memo's, else chosen by cygemm.routes (the tuned table is read at
+    every size and autotune level; timed outside capture, on a call that does not accumulate:
+    timing runs write the gradients)."""
+    cdef _BwdKey ck
+    _bwd_key_of(b, &ck)
+    # Timing waits without the GIL: another thread may force or clear routes meanwhile, and
+    # then a route chosen now must not enter the memo.
+    cdef unsigned long generation = routes_generation()
+    cdef int why
+    cdef int route = _bwd_memo_find(&ck)
+    if route < 0:
+        route = choose_route(_BACKWARD, b, b.ctx, b.s, b.autotune, True, not accumulate, &why)
+        if why == ROUTE_FORCED or why == ROUTE_TUNED or why == ROUTE_TIMED:
+            _bwd_memo_add(&ck, route, generation)
+    return _bwd_run(b, route)

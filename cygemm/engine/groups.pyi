@@ -1,0 +1,3 @@
+# A grouped call's groups: cygemm.grouped cimports them (see groups.pxd); no Python API but the type.
+
+class Groups: ...

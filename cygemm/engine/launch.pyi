@@ -1,0 +1,1 @@
+# Enqueueing one GEMM has no Python API: the plans cimport it (see launch.pxd).
