@@ -33,8 +33,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # the modules that launch it.
 MODULES = {"engine.errors": [], "engine.settings": [], "engine.streams": [], "engine.release": [], "engine.context": [], "engine.mapping": [],
            "engine.described": [], "engine.arrays": [], "engine.overlap": [], "engine.alloc": [], "engine.args": [],
-           "engine.timing": ["timing"], "tuning": [], "engine.ktail": [], "engine.launch": [], "engine.lt_desc": [], "engine.families": [], "engine.candidates": [], "plans": [], "engine.int8": [],
-           "routes": [], "epilogues": [], "rowmajor": [], "gemm_plan": [], "engine.batch_layout": [], "matmul": [],
+           "engine.timing": ["timing"], "engine.tuning": [], "engine.ktail": [], "engine.launch": [], "engine.lt_desc": [], "engine.families": [], "engine.candidates": [], "engine.plans": [], "engine.int8": [],
+           "engine.routes": [], "engine.epilogues": [], "rowmajor": [], "gemm_plan": [], "engine.batch_layout": [], "matmul": [],
            "engine.dense_routes": ["elementwise"], "dense": ["elementwise"], "fp8_convert": ["fp8"],
            "engine.fp8_args": [], "fp8_scales": ["fp8_scales"], "fp8": [], "elementwise": ["elementwise"], "engine.groups": [], "grouped": ["grouped"], "graph": [],
            "nn._kernels": ["nn"], "backend._kernels": ["backend"]}

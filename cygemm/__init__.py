@@ -13,7 +13,7 @@ from cygemm.engine.errors import CygemmError, CudaError, CudaDriverError, Cublas
 from cygemm.engine.context import device_count, release_workspaces, versions
 from cygemm.engine.streams import stream_pointer
 from cygemm.engine.settings import get_options, set_options
-from cygemm.tuning import load_tuning, save_tuning
+from cygemm.engine.tuning import load_tuning, save_tuning
 from cygemm.rowmajor import gemm, gemm_strided_batched, describe_gemm, int_mm
 from cygemm.gemm_plan import GemmPlan
 from cygemm.matmul import matmul, describe_matmul, _set_grad_path

@@ -156,7 +156,8 @@ def _version(v):
 def info(out=print):
     """Print cygemm's versions, the CUDA and cuBLAS it runs with, the GPUs and the settings
     that change what it does. Works without a GPU (and says so)."""
-    from cygemm import _cuda_paths, plans
+    from cygemm import _cuda_paths
+    from cygemm.engine import plans
     v = cygemm.versions()
     out(f"cygemm {cygemm.__version__} ({os.path.dirname(cygemm.__file__)})")
     out(f"python {sys.version.split()[0]}, numpy {np.__version__}")
@@ -186,7 +187,7 @@ def info(out=print):
             name = p["name"].decode() if isinstance(p["name"], bytes) else p["name"]
             out(f"  {i}: {name}, sm_{p['major']}{p['minor']}, {p['totalGlobalMem'] / 2**30:.1f} GiB, "
                 f"L2 {p['l2CacheSize'] / 2**20:.0f} MiB")
-    from cygemm import tuning
+    from cygemm.engine import tuning
     from cygemm.engine import settings as _settings
     out("settings (cygemm.set_options; environment variables give the defaults):")
     out("  float32 math: TF32 by default (math='tf32'); math='fp32' is strict; math='cupy' "

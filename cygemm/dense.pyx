@@ -9,7 +9,7 @@ from libc.stdint cimport int64_t
 
 from cygemm.bindings.cudart cimport *
 from cygemm.kernels.elementwise cimport *
-from cygemm.epilogues cimport Activation, activation_row, leaky_slope_of
+from cygemm.engine.epilogues cimport Activation, activation_row, leaky_slope_of
 from cygemm.engine.types cimport MatrixView, ColMajorGemm
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.context cimport GemmContext, stream_workspace
@@ -20,8 +20,8 @@ from cygemm.engine.settings cimport autotune_level
 from cygemm.engine.mapping cimport map_or_raise, rowmajor_ld
 from cygemm.engine.dense_routes cimport ForwardCall, BackwardCall, run_forward, run_backward, dense_gemm, weight_policy
 
-from cygemm.plans import clear_plan_cache, plan_cache_size
-from cygemm.epilogues import ACTIVATIONS, activation_table, parse_activation
+from cygemm.engine.plans import clear_plan_cache, plan_cache_size
+from cygemm.engine.epilogues import ACTIVATIONS, activation_table, parse_activation
 from cygemm.engine.dense_routes import FORWARD_ROUTES, BACKWARD_ROUTES
 
 

@@ -12,7 +12,7 @@ from libc.stdint cimport int64_t
 
 from cygemm.bindings.cudart cimport *
 from cygemm.kernels.elementwise cimport *
-from cygemm.epilogues cimport Activation, activation_row, leaky_slope_of
+from cygemm.engine.epilogues cimport Activation, activation_row, leaky_slope_of
 from cygemm.engine.types cimport MatrixView
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_matrix, add_vector, allow_in_place, prepare_kernel_call,

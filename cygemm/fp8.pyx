@@ -35,7 +35,7 @@ from cygemm.engine.settings cimport autotune_level
 from cygemm.engine.context cimport GemmContext, call_workspace
 from cygemm.engine.streams cimport stream_is_capturing
 from cygemm.engine.launch cimport set_scale_pointers
-from cygemm.plans cimport Plan, get_plan, execute_plan
+from cygemm.engine.plans cimport Plan, get_plan, execute_plan
 from cygemm.gemm_plan cimport GemmPlan, PlannedCall, KIND_SCALED
 from cygemm.engine.mapping cimport map_rowmajor_gemm, rowmajor_view
 from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call

@@ -5,8 +5,8 @@ from cygemm.bindings.cudart cimport cudaDataType
 from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t
 from cygemm.engine.types cimport ColMajorGemm, GemmTypes, Scalars
 from cygemm.engine.args cimport CallArgs
-from cygemm.epilogues cimport Activation
-from cygemm.plans cimport Plan
+from cygemm.engine.epilogues cimport Activation
+from cygemm.engine.plans cimport Plan
 
 
 # What a plan's one call hands cuBLAS(Lt), read from its operands.

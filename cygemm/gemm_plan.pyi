@@ -2,7 +2,7 @@ from typing import Literal, Optional
 
 from cygemm._typing import DeviceArray, Math, StreamLike
 from cygemm.rowmajor import Trans
-from cygemm.plans import Plan
+from cygemm.engine.plans import Plan
 
 class GemmPlan(Plan):
     closed: bool

@@ -12,7 +12,7 @@ when to tune. A GemmPlan leaves both to you, as nvmath-python's ``Matmul`` does:
             p.execute(stream=s)             # allocation-free, capturable
     # closed: its descriptors are freed
 
-A GemmPlan is the plan layer's own plan (``cygemm.plans.Plan``: the descriptors and the
+A GemmPlan is the plan layer's own plan (``cygemm.engine.plans.Plan``: the descriptors and the
 algorithm, decided and run by the one plan executor) with its operands and lifecycle added.
 Its kinds: a plain GEMM; a GEMM with a cuBLASLt epilogue (bias, relu/gelu, gelu's Z); an FP8
 GEMM (:class:`cygemm.fp8.ScaledMatmulPlan`, a subclass). The epilogue and FP8 kinds run exactly
@@ -26,7 +26,7 @@ from cygemm.bindings.cudart cimport cudaStream_t, CUDA_R_32F, CUDA_R_16F, CUDA_R
 from cygemm.bindings.cublas cimport cublasStatus_t
 from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t, CUBLASLT_EPILOGUE_DEFAULT
 from cygemm.kernels.elementwise cimport CYGEMM_ACT_NONE
-from cygemm.epilogues cimport Activation, activation_row, NO_EPILOGUE
+from cygemm.engine.epilogues cimport Activation, activation_row, NO_EPILOGUE
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, pointer_alignment
 from cygemm.engine.errors cimport check_cublas, refuse_in_capture
 from cygemm.engine.errors import CaptureError
@@ -38,7 +38,7 @@ from cygemm.engine.args cimport (CallArgs, add_view, add_vector, add_matrix, che
                                  resolve_typed_call, parse_math, ARG_READ, ARG_WRITE)
 from cygemm.engine.mapping cimport is_rowmajor, rowmajor_ld
 from cygemm.engine.settings cimport autotune_level, AUTOTUNE_OFF, POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT
-from cygemm.plans cimport Plan, init_plan, decide_plan, execute_plan, run_with_fallback, raise_no_family
+from cygemm.engine.plans cimport Plan, init_plan, decide_plan, execute_plan, run_with_fallback, raise_no_family
 from cygemm.rowmajor cimport read_gemm, parse_trans
 
 _KINDS = ("gemm", "epilogue", "fp8")
@@ -202,7 +202,7 @@ cdef class GemmPlan(Plan):
     next batch in the same buffers' layout. It runs on any stream of the plan's device and can
     be captured into a CUDA graph. The plan uses the calling thread's cuBLAS handles and the
     stream's workspace (owned by cygemm's per-stream workspaces, so two streams never share
-    one); use one plan from one thread at a time. A GemmPlan is a ``cygemm.plans.Plan``.
+    one); use one plan from one thread at a time. A GemmPlan is a ``cygemm.engine.plans.Plan``.
     """
 
     def __cinit__(self, *args, **kwargs):

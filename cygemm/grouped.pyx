@@ -28,8 +28,8 @@ from cygemm.engine.args cimport CallArgs, args_init, resolve_call, check_overlap
 from cygemm.engine.context cimport GemmContext, bind_stream, stream_table, run_forked, STREAM_TABLE_BYTES
 from cygemm.engine.settings cimport autotune_level, AUTOTUNE_OFF, POLICY_RUN_TO_RUN
 from cygemm.engine.timing cimport worth_tuning
-from cygemm.plans cimport run_gemm
-from cygemm.routes cimport RouteTable, route_table, choose_route, describe_route
+from cygemm.engine.plans cimport run_gemm
+from cygemm.engine.routes cimport RouteTable, route_table, choose_route, describe_route
 from cygemm.engine.groups cimport (Groups, read_lists, read_moe, check_group_devices, R_BATCHED, R_GROUPED, R_LOOP,
                                    R_STREAMS)
 
@@ -174,7 +174,7 @@ cdef int _run_route(GroupedCall* f, int route) except -1:
     return run_forked(f.ctx, f.s, _run_streams, f)      # R_STREAMS
 
 
-# The grouped table for cygemm.routes.
+# The grouped table for cygemm.engine.routes.
 cdef int _applies(void* call, int route) except -1:
     cdef const GroupedCall* f = <const GroupedCall*>call
     return (<Groups>f.grp).why_not(route, f.compute) is None
@@ -301,7 +301,7 @@ def grouped_gemm(As, Bs, outs, *, trans_a=False, trans_b=False, alpha=1.0, beta=
         As :func:`cygemm.gemm`; everything is enqueued there (the "streams" route also on the
         stream's side stream, joined back before the call returns).
     route : {None, "batched", "grouped", "loop", "streams"}
-        Run this route (see ``ROUTES``); None: the forced route of ``cygemm.tuning``, the
+        Run this route (see ``ROUTES``); None: the forced route of ``cygemm.engine.tuning``, the
         tuned one, or the fixed rule.
 
     Returns
@@ -396,7 +396,7 @@ cdef object _layouts(object xs, str name, Addresses addresses):
 
 
 _WHY_CHOSEN = {
-    "forced": "cygemm.tuning forces this route",
+    "forced": "cygemm.engine.tuning forces this route",
     "tuned": "the fastest route when this problem was timed on this GPU (the tuning table)",
     "rule": "the fixed rule (a problem too small to time, or autotune off): 'batched' where it applies, "
             "else 'grouped' for 8 or more groups, else 'loop'",

@@ -19,7 +19,7 @@ from cygemm.engine.context cimport GemmContext
 from cygemm.engine.arrays cimport read_array, desc_shape, dtype_name
 from cygemm.engine.args cimport CallArgs, args_init, add_view, resolve_call, ARG_READ, ARG_WRITE
 from cygemm.engine.settings cimport autotune_level
-from cygemm.plans cimport run_gemm
+from cygemm.engine.plans cimport run_gemm
 from cygemm.engine.mapping cimport MapResult, MAP_OK, map_rowmajor_gemm, check_batch_disjoint, is_rowmajor, layout_error
 from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm.engine.batch_layout cimport (BatchLayout, MatmulPlan, read_layout, result_shape, has_result_shape,

@@ -18,7 +18,7 @@ from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_view, prepa
 from cygemm.engine.args cimport check_overlaps
 from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm.engine.settings cimport autotune_level
-from cygemm.plans cimport run_gemm
+from cygemm.engine.plans cimport run_gemm
 
 cdef int64_t INT32_MAX = 2147483647
 
@@ -313,7 +313,7 @@ def gemm(A, B, out=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
     With ``out`` given it allocates nothing and can be captured into a CUDA graph. Problems
     of at least ``autotune_min_macs`` multiply-adds (an option) run the fastest of cuBLASLt's
     candidates and ``cublasGemmEx``, timed once and kept in the tuning file (see
-    ``cygemm.tuning``). For a plan you hold and tune yourself, see :class:`cygemm.GemmPlan`.
+    ``cygemm.engine.tuning``). For a plan you hold and tune yourself, see :class:`cygemm.GemmPlan`.
     """
     return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, autotune, determinism, False)
 

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import cygemm
-from cygemm import gemm_ops, tuning
+from cygemm import gemm_ops
+from cygemm.engine import tuning
 from cygemm.gemm_ops import backward_into, forward_into
 from gpu_util import err_vs_scale, f64, poisoned, rand, rel_err
 from refs import activations
@@ -234,7 +235,7 @@ def test_large_problem_paths_autotune_and_gelu_route_in_a_subprocess():
     code = textwrap.dedent("""
         import numpy as np, cupy as cp
         from cygemm.gemm_ops import forward_into
-        from cygemm import plans
+        from cygemm.engine import plans
         rng = np.random.default_rng()
         M, K, N = 96, 64, 80
         a, b, bias = (rng.standard_normal(s).astype(np.float32) for s in ((M, K), (K, N), (N,)))
@@ -266,7 +267,7 @@ def test_forward_k_zero_is_act_of_bias(act):
 
 
 def test_plan_cache_reuses_plans_across_alternating_layers_and_clears():
-    from cygemm import plans
+    from cygemm.engine import plans
     plans.clear_plan_cache()
     layers = [(rand(cp, (32, 48)), rand(cp, (48, 40)), rand(cp, (40,)), cp.empty((32, 40), cp.float32)),
               (rand(cp, (32, 40)), rand(cp, (40, 24)), rand(cp, (24,)), cp.empty((32, 24), cp.float32)),

@@ -418,7 +418,7 @@ def test_a_new_size_in_a_timed_bucket_times_only_its_fastest_members_with_the_sa
     M = 9..16; M = 12 and 16 choose among those alone, and their rows are those of M = 9 and of
     float64."""
     cp = _cp()
-    from cygemm import plans, tuning
+    from cygemm.engine import plans, tuning
     x, w = _operands("bfloat16", m=16, k=4096, n=1024, seed=7)
     wt = cp.ascontiguousarray(w.T)          # a linear layer's (N, K) weight
     tuning.clear_tuning()

@@ -9,7 +9,7 @@ import pytest
 
 import cygemm
 from cygemm import gemm_ops
-from cygemm.epilogues import activation_table
+from cygemm.engine.epilogues import activation_table
 from cygemm.gemm_ops import ActAttrs, parse_activation
 from fakes import BASE, FakeDeviceArray as F
 

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 import cygemm
-from cygemm import fp8, plans, tuning
+from cygemm import fp8
+from cygemm.engine import plans, tuning
 from fakes import BASE, FakeDeviceArray
 from gpu_util import f64, poisoned, rand, rel_err
 from refs import activations, fp8 as fp8_ref

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import cygemm
-from cygemm import grouped, tuning
+from cygemm import grouped
+from cygemm.engine import tuning
 from fakes import BASE, FakeDeviceArray
 from gpu_util import f64, poisoned, rand, rel_err, tol
 

@@ -1,11 +1,11 @@
-"""The plan layer (cygemm.plans): each GEMM route it runs (forced) against float64, single and
+"""The plan layer (cygemm.engine.plans): each GEMM route it runs (forced) against float64, single and
 strided batched, and its plan cache, bounded over thousands of shapes. The dense layer's routes
 are in test_dense.py, the tuning table and file in test_tuning.py."""
 import numpy as np
 import pytest
 
 import cygemm
-from cygemm import plans, tuning
+from cygemm.engine import plans, tuning
 from gpu_util import f64, poisoned, rand, rel_err
 
 cp = None

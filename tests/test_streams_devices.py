@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import cygemm
-from cygemm import dense, gemm_ops, plans
+from cygemm import dense, gemm_ops
+from cygemm.engine import plans
 from cygemm.engine import context as _context, release as _release
 from cygemm.gemm_ops import backward_into, forward_into
 from gpu_util import f64, poisoned, rand, rel_err

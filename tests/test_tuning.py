@@ -1,4 +1,4 @@
-"""cygemm.tuning: the tuning file (CPU: corrupt, foreign, malformed and older files, save and load
+"""cygemm.engine.tuning: the tuning file (CPU: corrupt, foreign, malformed and older files, save and load
 round trips), forcing routes, and on the GPU tuned choices that leave outputs right, read back by
 a second process without timing, one appended line per new result, each autotune mode, and a first
 call that tunes stalling no other thread."""
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import cygemm
-from cygemm import plans, tuning
+from cygemm.engine import plans, tuning
 from cygemm.engine import timing as _timing
 from gpu_util import f64, poisoned, rand, rel_err
 
@@ -92,7 +92,7 @@ def test_malformed_entries_are_skipped_one_by_one(tmp_path):
 
 
 def test_an_fp8_plan_entry_whose_key_names_its_storage_types_is_read_back(tmp_path):
-    """An FP8 GEMM's plan key marks its storage types with the word "types" (cygemm.plans):
+    """An FP8 GEMM's plan key marks its storage types with the word "types" (cygemm.engine.plans):
     such an entry, written by one process, is read by the next (it was skipped as malformed)."""
     path = tmp_path / "t.jsonl"
     tuning.save_tuning(path)
@@ -139,7 +139,7 @@ def test_a_file_of_the_older_single_object_format_is_still_read(tmp_path):
 
 _TUNED_CALLS = """
     import numpy as np, cupy as cp, cygemm
-    from cygemm import plans
+    from cygemm.engine import plans
     from cygemm.gemm_ops import forward_into, backward_into
     rng = np.random.default_rng(int(__import__("os").environ["SEED"]))
     def r(*s): return cp.asarray(rng.standard_normal(s).astype(np.float32))
@@ -167,8 +167,8 @@ _TUNED_CALLS = """
     z = a @ b + c; sg = 1 / (1 + np.exp(-z)); dz = g * (sg * (1 + z * (1 - sg)))
     errs["backward gA"] = err(gA, dz @ b.T); errs["backward gB"] = err(gB, a.T @ dz)
     print("ERRS", errs)
-    print("COUNT", cygemm.tuning.tuning_count())
-    print("KINDS", sorted({e["kind"] for e in cygemm.tuning.tuning_entries()}))
+    print("COUNT", cygemm.engine.tuning.tuning_count())
+    print("KINDS", sorted({e["kind"] for e in cygemm.engine.tuning.tuning_entries()}))
 """
 
 
@@ -191,7 +191,7 @@ def test_tuned_choices_are_right_and_a_second_process_reads_them_without_timing(
 
 _FIRST_CALL = """
     import time, numpy as np, cupy as cp, cygemm
-    from cygemm import plans
+    from cygemm.engine import plans
     rng = np.random.default_rng(0)
     A, B = (cp.asarray(rng.standard_normal((2048, 2048)).astype(np.float32)) for _ in range(2))
     C = cp.full((2048, 2048), cp.nan, cp.float32)
@@ -207,7 +207,7 @@ _FIRST_CALL = """
     s.synchronize()
     t2 = time.perf_counter()
     err = float(np.linalg.norm(C.get() - A.get().astype(np.float64) @ B.get()) / np.linalg.norm(C.get()))
-    print("FIRST", (t1 - t0) * 1e3, "SECOND", (t2 - t1) * 1e3, "COUNT", cygemm.tuning.tuning_count(), "ERR", err)
+    print("FIRST", (t1 - t0) * 1e3, "SECOND", (t2 - t1) * 1e3, "COUNT", cygemm.engine.tuning.tuning_count(), "ERR", err)
 """
 
 
@@ -245,7 +245,7 @@ _FIRST_CALL_DEFAULT = """
     t2 = time.perf_counter()
     a, b = A[:256].get().astype(np.float64), B.get().astype(np.float64)
     err = float(np.linalg.norm(C[:256].get() - a @ b) / np.linalg.norm(a @ b))
-    print("FIRST", (t1 - t0) * 1e3, "SECOND", (t2 - t1) * 1e3, "COUNT", cygemm.tuning.tuning_count(), "ERR", err)
+    print("FIRST", (t1 - t0) * 1e3, "SECOND", (t2 - t1) * 1e3, "COUNT", cygemm.engine.tuning.tuning_count(), "ERR", err)
 """
 
 
@@ -350,7 +350,7 @@ _STALL = """
     raw = max(b - a for a, b in gaps) * 1e3 - 1.0
     net = max((b - a) - in_gc(a, b) for a, b in gaps) * 1e3 - 1.0
     gc_ms = max([((e or s) - s) * 1e3 for s, e in pauses] or [0.0])
-    print("FIRST", (t1 - t0) * 1e3, "GAP", raw, "NET", net, "GC", gc_ms, "COUNT", cygemm.tuning.tuning_count())
+    print("FIRST", (t1 - t0) * 1e3, "GAP", raw, "NET", net, "GC", gc_ms, "COUNT", cygemm.engine.tuning.tuning_count())
 """
 
 
@@ -420,7 +420,7 @@ def test_save_tuning_keeps_the_entries_around_a_torn_line_and_warns_once(tmp_pat
 
 _APPENDER = """
     import os, sys, threading, time
-    from cygemm import tuning
+    from cygemm.engine import tuning
     path, go, proc, n_threads, n_entries = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     open(go + f".ready{proc}", "w").close()
     while not os.path.exists(go):           # every process starts appending at once
@@ -612,10 +612,10 @@ def test_each_tuned_problem_is_reported_to_the_cygemm_tuning_logger(gpu, tmp_pat
         tuning.clear_tuning()
         A, B = rand(cp, (256, 128)), rand(cp, (128, 192))
         out = poisoned(cp, (256, 192))
-        with caplog.at_level("INFO", logger="cygemm.tuning"):
+        with caplog.at_level("INFO", logger="cygemm.engine.tuning"):
             cygemm.gemm(A, B, out, math="fp32")
             cp.cuda.Device().synchronize()
-        tuned = [r for r in caplog.records if r.name == "cygemm.tuning"]
+        tuned = [r for r in caplog.records if r.name == "cygemm.engine.tuning"]
         assert len(tuned) == 1 and "tuned gemm" in tuned[0].getMessage(), [r.getMessage() for r in tuned]
         assert rel_err(out.get(), f64(cp, A) @ f64(cp, B)) < 1e-5
     finally:

@@ -22,7 +22,7 @@ from cygemm.engine.ktail cimport make_safe
 from cygemm.engine.launch cimport PlanData, PlanRoute, PLAN_GEMMEX, PLAN_LT, PLAN_CANDIDATES, plan_run
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.timing cimport time_choices, tuning_budget_ms
-from cygemm.tuning cimport count_tuning
+from cygemm.engine.tuning cimport count_tuning
 
 cdef enum:
     TUNE_REPS = 5           # rounds for every candidate (auto: fewer when the budget says so)

@@ -4,7 +4,7 @@ from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm.bindings.cublas cimport cublasComputeType_t
 from cygemm.kernels.elementwise cimport cygemm_act_t
-from cygemm.epilogues cimport Activation
+from cygemm.engine.epilogues cimport Activation
 from cygemm.engine.types cimport ColMajorGemm
 from cygemm.engine.context cimport GemmContext
 
@@ -46,7 +46,7 @@ ctypedef struct BackwardCall:
     int64_t N
     int64_t K
 
-# The forward by its route (chosen by cygemm.routes), falling back to a plain GEMM and
+# The forward by its route (chosen by cygemm.engine.routes), falling back to a plain GEMM and
 # cygemm's kernel where cuBLASLt refuses.
 cdef int run_forward(ForwardCall* f) except -1
 # The backward's two GEMMs by their route (accumulate: beta 1, so the call may not time).

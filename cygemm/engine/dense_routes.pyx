@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The dense layer's routes: the forward's (cuBLASLt epilogues, a GEMM and cygemm's kernels) and
-the backward's (its two GEMMs on one stream or two), each a table that cygemm.routes chooses
+the backward's (its two GEMMs on one stream or two), each a table that cygemm.engine.routes chooses
 from: forced, tuned, timed once for large problems, else a fixed rule.
 
 Under the row-major swap cuBLASLt computes D = Y^T (N x M, column-major), so its bias (length
@@ -14,16 +14,16 @@ from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm.kernels.elementwise cimport *
-from cygemm.epilogues cimport NO_EPILOGUE
+from cygemm.engine.epilogues cimport NO_EPILOGUE
 from cygemm.engine.types cimport ColMajorGemm, Scalars, real_scalars, pointer_alignment
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.errors import CygemmError
 from cygemm.engine.context cimport GemmContext, run_forked
 from cygemm.engine.settings cimport AUTOTUNE_OFF, POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT
 from cygemm.engine.timing cimport worth_tuning
-from cygemm.tuning cimport routes_generation
-from cygemm.plans cimport Plan, get_plan, execute_plan, run_gemm
-from cygemm.routes cimport (RouteTable, route_table, choose_route, ROUTE_FORCED, ROUTE_TUNED,
+from cygemm.engine.tuning cimport routes_generation
+from cygemm.engine.plans cimport Plan, get_plan, execute_plan, run_gemm
+from cygemm.engine.routes cimport (RouteTable, route_table, choose_route, ROUTE_FORCED, ROUTE_TUNED,
                             ROUTE_TIMED)
 
 
@@ -125,7 +125,7 @@ cdef int _fwd_run(ForwardCall* f, int route) except -1:
     return 0
 
 
-# The forward's table for cygemm.routes.
+# The forward's table for cygemm.engine.routes.
 cdef int _fwd_applies_hook(void* call, int route) except -1:
     return _fwd_applies(<const ForwardCall*>call, route)
 
@@ -197,7 +197,7 @@ cdef int _bwd_run(BackwardCall* b, int route) except -1:
     return run_forked(b.ctx, b.s, _bwd_branches, b)
 
 
-# The backward's table for cygemm.routes: both routes always apply; serial until timed. Timed
+# The backward's table for cygemm.engine.routes: both routes always apply; serial until timed. Timed
 # at every size (the branches pay where one GEMM leaves the GPU idle, i.e. on small problems).
 cdef int _bwd_applies_hook(void* call, int route) except -1:
     return 1
@@ -273,7 +273,7 @@ cdef void _bwd_memo_add(const _BwdKey* k, int route, unsigned long generation) n
 
 
 cdef int run_backward(BackwardCall* b, bint accumulate) except -1:
-    """Serial or branches: the memo's, else chosen by cygemm.routes (the tuned table is read at
+    """Serial or branches: the memo's, else chosen by cygemm.engine.routes (the tuned table is read at
     every size and autotune level; timed outside capture, on a call that does not accumulate:
     timing runs write the gradients)."""
     cdef _BwdKey ck

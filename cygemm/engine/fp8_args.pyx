@@ -31,7 +31,7 @@ from libc.stdint cimport int64_t, uintptr_t
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
-from cygemm.epilogues cimport Activation, activation_row, NO_EPILOGUE
+from cygemm.engine.epilogues cimport Activation, activation_row, NO_EPILOGUE
 from cygemm.engine.types cimport MatrixView, ArrayDesc, is_fp8_type, type_size
 from cygemm.engine.arrays cimport read_fp8, read_array, view_from_desc, dtype_name, desc_shape
 from cygemm.engine.args cimport CallArgs, ArgRole, args_init, add_view, add_scalar, ARG_READ, ARG_WRITE

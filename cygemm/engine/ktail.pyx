@@ -46,7 +46,7 @@ cdef dict _verdicts = {}        # problem -> whether cublasGemmEx's kernel drops
 
 def set_enabled(bint on):
     """Turn the guard on or off (off: what cuBLAS alone returns; for the sweep and tests). Plans
-    made before keep their kernels: clear them (cygemm.plans.clear_plan_cache) to re-decide."""
+    made before keep their kernels: clear them (cygemm.engine.plans.clear_plan_cache) to re-decide."""
     global _enabled
     _enabled = on
     _verdicts.clear()

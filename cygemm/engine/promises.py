@@ -9,7 +9,7 @@ Two of cygemm's promises are not documented by cuBLAS, only measured:
 
 Each was measured on the cuBLASLt versions in VERIFIED_CUBLASLT. On any other, the first call that
 relies on a promise runs a small exact check of it once (a few GEMMs of at most 80 MB, then a
-sync), and the verdict is kept per cuBLASLt version in the tuning table (cygemm.tuning, which
+sync), and the verdict is kept per cuBLASLt version in the tuning table (cygemm.engine.tuning, which
 keys its file by that version). A promise whose check failed makes the mode refuse with
 CygemmError; it is never broken silently.
 """
@@ -67,7 +67,7 @@ _INSTEAD = {"ktail_guard": "avoid deep-K bf16/fp16 GEMMs whose K is not a multip
 def _decide(promise):
     if verified() and promise not in _fail:
         return True
-    from cygemm import tuning
+    from cygemm.engine import tuning
     from cygemm.engine import context as _context
     device = _context.current_device()
     key = (promise,)
@@ -125,7 +125,7 @@ def _check_ktail_guard():
     neighbours in K: every element exact through the guarded paths."""
     import cupy as cp
     import cygemm
-    from cygemm import plans
+    from cygemm.engine import plans
     ok = True
     for dtype in _half_dtypes(cp):
         for m, n, k in ((64, 256, 32776), (16, 512, 24584), (8, 128, 40968), (1, 1024, 32776)):
@@ -142,7 +142,7 @@ def _check_batch_invariant():
     same operands: bitwise the same."""
     import cupy as cp
     import cygemm
-    from cygemm import plans
+    from cygemm.engine import plans
     ok = True
     for dtype in _half_dtypes(cp)[1:] + [cp.float32]:
         # Operands without cuRAND (its first use would not run beside a capture): sin of a ramp.

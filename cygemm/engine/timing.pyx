@@ -1,12 +1,12 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Timing candidates on the GPU: a plan's algorithms (cygemm.engine.candidates) and a feature's
-routes (cygemm.routes) are timed here, never during a capture, waiting without the GIL.
+routes (cygemm.engine.routes) are timed here, never during a capture, waiting without the GIL.
 
 With ``autotune="auto"`` (the default) a new problem's timing stays within max(50 ms, 25 runs
 of it): a few candidates, rounds cut short by the budget. ``"exhaustive"`` times every candidate
 and then the finalists again, longer; ``"off"`` times nothing. The tuning mode says how each run
 is timed: with the L2 cache flushed first ("cold", the default), or several calls back to back
-("sustained"). What won is kept by cygemm.tuning. Threads that meet one new problem at once
+("sustained"). What won is kept by cygemm.engine.tuning. Threads that meet one new problem at once
 time it once (SingleFlight).
 """
 import threading

@@ -10,7 +10,7 @@ import cupy as cp
 import numpy as np
 
 from cygemm.elementwise import act_backward, bias_act
-from cygemm.epilogues import activation_table, parse_activation
+from cygemm.dense import activation_table, parse_activation
 from cygemm.gemm_ops import backward_into, forward, forward_into
 from cygemm.nn import _fp8, _kernels, serialization
 from cygemm.nn._gpu import require_gpu

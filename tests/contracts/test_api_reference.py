@@ -31,17 +31,12 @@ import cygemm
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 API_RST = os.path.join(ROOT, "docs", "api.rst")
 
-MODULES_WITH_ALL = ("cygemm", "cygemm.gemm_ops", "cygemm.nn", "cygemm.backend")
+MODULES_WITH_ALL = ("cygemm", "cygemm.gemm_ops", "cygemm.nn", "cygemm.backend", "cygemm.tuning", "cygemm.plans")
 MODULES_WITHOUT_ALL = ("cygemm.dense", "cygemm.fp8", "cygemm.grouped", "cygemm.elementwise", "cygemm.graph",
-                       "cygemm.tuning", "cygemm.plans", "cygemm.rowmajor")
+                       "cygemm.rowmajor")
 
 # Public-looking names that are cygemm's own plumbing, called by its other modules: not API.
 INTERNAL = {
-    "cygemm.tuning.autotune_threshold": "the autotune_min_macs option as the plan layer reads it",
-    "cygemm.tuning.forced_gemm_route": "force_routes' gemm choice as the plan layer reads it",
-    "cygemm.tuning.register_routes": "how a layer (dense, grouped, nn) declares its routes at import",
-    "cygemm.plans.Plan": "one cached plan of the plan layer; users hold GemmPlan",
-    "cygemm.plans.thread_plans": "a copy of the thread's plan cache, for tests and diagnostics",
 }
 
 # Classes users never construct themselves: their signature is not theirs to call.

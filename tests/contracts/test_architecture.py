@@ -97,5 +97,5 @@ def test_every_cublas_gemm_is_enqueued_in_one_module_behind_the_k_tail_guard():
     assert set(found) == {os.path.join("engine", "launch.pyx")}, found
     launch = open(os.path.join(PACKAGE, "engine", "launch.pyx")).read()
     assert "gemmex_drops(" in launch
-    plans = open(os.path.join(PACKAGE, "plans.pyx")).read()
+    plans = open(os.path.join(PACKAGE, "engine", "plans.pyx")).read()
     assert "make_safe(" in plans and "gemmex_drops(" in plans

@@ -131,7 +131,7 @@ def test_the_c_api_alone_runs_with_the_options_loaded(consumer):
             "    s = cp.cuda.Stream(non_blocking=True)\n"
             "    consumer.sgemm(A.data.ptr, B.data.ptr, C.data.ptr, 16, 16, 16, 1.0, 0.0, s.ptr)\n"
             "    s.synchronize()\n"
-            "from cygemm import _context, plans\n"
+            "from cygemm import plans\nfrom cygemm.engine import context as _context\n"
             "info = _context.context_info()\n"
             "print(plans.plan_cache_size(), info['eager_workspaces'], info['max_eager_workspaces'], float(C[0, 0]))\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -55,7 +55,7 @@ def fresh_promises(monkeypatch):
     ran = []
     monkeypatch.setattr(_promises, "_CHECKS", {p: (lambda p=p: ran.append(p) or True) for p in _promises.PROMISES})
     kept = {}
-    from cygemm import tuning
+    from cygemm.engine import tuning
     from cygemm.engine import context as _context
     monkeypatch.setattr(tuning, "_lookup_promise", lambda device, key: kept.get(key))
     monkeypatch.setattr(tuning, "_remember_promise", lambda device, key, record: kept.__setitem__(key, record))
@@ -177,7 +177,7 @@ def test_sweep_the_guard_saves_every_shape_cublas_gets_wrong(dtype, math):
     """CYGEMM_KTAIL_SHAPES shapes per dtype (default 2000) through gemm, with the guard and without
     it (cuBLAS alone); with it none is wrong. CYGEMM_KTAIL_REPORT=path appends the counts as JSON."""
     import cupy as cp
-    from cygemm import plans
+    from cygemm.engine import plans
     shapes = _sweep_shapes(int(os.environ.get("CYGEMM_KTAIL_SHAPES", "2000")), 37)
     wrong = {"guarded": [], "cublas": []}
     for guarded in (True, False):
@@ -211,7 +211,7 @@ def test_sweep_the_guard_saves_every_shape_cublas_gets_wrong(dtype, math):
 def test_with_the_guard_off_the_detector_sees_what_cublas_returns():
     """The detector through cygemm with the guard off and on: on, every element is 2."""
     import cupy as cp
-    from cygemm import plans
+    from cygemm.engine import plans
     a, b = _detector(cp, "float16", 64, 256, 32776)
     _ktail.set_enabled(False)
     plans.clear_plan_cache()
@@ -235,11 +235,11 @@ def test_with_the_guard_off_the_detector_sees_what_cublas_returns():
 @pytest.mark.gpu
 def test_a_forced_failure_of_the_batch_invariant_check_refuses_the_mode(monkeypatch):
     import cupy as cp
-    from cygemm import plans
+    from cygemm.engine import plans
     _promises._reset_for_tests()
     monkeypatch.setattr(_promises, "_cublaslt_version", lambda: 139999)
     monkeypatch.setattr(_promises, "VERIFIED_CUBLASLT", ())
-    from cygemm import tuning
+    from cygemm.engine import tuning
     monkeypatch.setattr(tuning, "_remember_promise", lambda *a: None)
     monkeypatch.setattr(tuning, "_lookup_promise", lambda *a: None)
     _promises._fail.add("batch_invariant")
@@ -261,7 +261,7 @@ def test_a_first_use_inside_a_capture_checks_beside_it_and_the_graph_replays_rig
     (CuPy's, global mode): the check runs on its own stream, the capture survives, and the
     replayed graph gives the exact detector result."""
     import cupy as cp
-    from cygemm import plans, tuning
+    from cygemm.engine import plans, tuning
     _promises._reset_for_tests()
     monkeypatch.setattr(_promises, "_cublaslt_version", lambda: 139999)
     monkeypatch.setattr(_promises, "VERIFIED_CUBLASLT", ())

@@ -140,7 +140,7 @@ def _forks(graph):
 def test_compile_step_keeps_a_forced_backward_route_and_restores_the_forcing():
     import cupy as cp
     import cygemm.nn as nn
-    from cygemm import tuning
+    from cygemm.engine import tuning
     rng = np.random.default_rng()
     x = rng.standard_normal((16, 20)).astype(np.float32)
     y = rng.integers(0, 5, 16)

@@ -93,7 +93,7 @@ cdef object lookup(int device, str kind, tuple key):
 
 # Each tuned problem is reported at INFO (what was timed, what won, the times): long tuning
 # (autotune="exhaustive") can be followed with logging.basicConfig(level=logging.INFO).
-logger = logging.getLogger("cygemm.tuning")
+logger = logging.getLogger("cygemm.engine.tuning")
 
 
 cdef int remember(int device, str kind, tuple key, dict record) except -1:

@@ -10,8 +10,8 @@ from cygemm.engine.context cimport GemmContext
 from cygemm.engine.streams cimport stream_is_capturing
 from cygemm.engine.settings cimport AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN
 from cygemm.engine.timing cimport enqueue_fn, time_choices, enter_route_timing, leave_route_timing
-from cygemm.tuning cimport forced_route, tuned_route, remember_route, claim_tuning, release_tuning
-from cygemm import tuning
+from cygemm.engine.tuning cimport forced_route, tuned_route, remember_route, claim_tuning, release_tuning
+from cygemm.engine import tuning
 
 cdef enum:
     ROUTE_REPS = 7          # timed rounds per route (median)

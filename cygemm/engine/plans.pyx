@@ -5,7 +5,7 @@ Every GEMM of cygemm goes through here: `gemm`, `gemm_strided_batched`, `matmul`
 forward and backward, :class:`cygemm.GemmPlan`. A plan is one problem's way to run: a cuBLASLt
 algorithm (with its descriptors) or cublasGemmEx. Neither wins everywhere (H200: cuBLASLt 5.9%
 faster at 1024^3 fp32, 6.4% slower at 8192^3 TF32), so a large problem's candidates are timed
-once (cygemm.tuning); small ones take cublasGemmEx (plain) or the heuristic's first (epilogues).
+once (cygemm.engine.tuning); small ones take cublasGemmEx (plain) or the heuristic's first (epilogues).
 No candidate drops the end of K (cygemm.engine.ktail). Each thread keeps ``plan_cache_size`` plans.
 """
 from collections import OrderedDict
@@ -30,11 +30,11 @@ from cygemm.engine.lt_desc cimport make_descriptors, free_descriptors
 from cygemm.engine.settings cimport (options, loaded_options, default_policy, AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE,
                                      POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT)
 from cygemm.engine.timing cimport worth_tuning, in_route_timing
-from cygemm.tuning cimport lookup, remember, claim_tuning, release_tuning, forced_route
+from cygemm.engine.tuning cimport lookup, remember, claim_tuning, release_tuning, forced_route
 from cygemm.engine.candidates cimport tune_candidates, apply_record, record_of, bucket_record_of
 from cygemm.engine.families cimport family_candidates, bucket_key
 from cygemm.engine.ktail cimport make_safe, gemmex_drops
-from cygemm import tuning
+from cygemm.engine import tuning
 from cygemm.engine import settings as _settings, promises as _promises
 
 # ---------------------------------------------------------------- plans
@@ -362,7 +362,7 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
     """Choose among the plan's candidates as `autotune` says: a forced route, a tuned choice
     from the table, timing (large problems, or, explicit, any size and again; not during a
     capture), or the heuristic's first. Threads deciding one new problem at once time it once:
-    the others wait for that thread's choice (cygemm.tuning.claim_tuning)."""
+    the others wait for that thread's choice (cygemm.engine.tuning.claim_tuning)."""
     cdef PlanData* d = &plan.d
     if (d.tune_level >= autotune and not explicit) or not d.usable:
         return 0

@@ -9,7 +9,7 @@ cdef enum:
 
 # Why a route was chosen (choose_route's `why`).
 cdef enum RouteReason:
-    ROUTE_FORCED = 0        # cygemm.tuning.force_routes
+    ROUTE_FORCED = 0        # cygemm.engine.tuning.force_routes
     ROUTE_TUNED = 1         # the tuned table (timed before, or a tuning file)
     ROUTE_TIMED = 2         # timed by this call, and remembered
     ROUTE_RULE = 3          # the fixed rule: a problem not timed, or a forced/tuned route that does not apply
@@ -31,7 +31,7 @@ cdef class RouteTable:
     cdef key_fn key
     cdef enqueue_fn enqueue
 
-# A feature's table (registered with cygemm.tuning, so force_routes knows its names).
+# A feature's table (registered with cygemm.engine.tuning, so force_routes knows its names).
 cdef RouteTable route_table(str kind, tuple names, applies_fn applies, fixed_rule_fn fixed_rule, key_fn key,
                             enqueue_fn enqueue)
 
