@@ -38,12 +38,12 @@ MODULES = {"engine.errors": [], "engine.settings": [], "engine.streams": [], "en
            "engine.dense_routes": ["elementwise"], "dense": ["elementwise"], "fp8_convert": ["fp8"],
            "engine.fp8_args": [], "fp8_scales": ["fp8_scales"], "fp8": [], "elementwise": ["elementwise"], "engine.groups": [], "grouped": ["grouped"], "graph": [],
            "nn._kernels": ["nn"], "backend._kernels": ["backend"]}
-HEADERS = ["cygemm/include/cygemm/kernels.h", "cygemm/include/cygemm/timing.h",
-           "cygemm/include/cygemm/fp8_kernels.h", "cygemm/include/cygemm/fp8_scale_kernels.h",
-           "cygemm/include/cygemm/grouped_kernels.h",
-           "cygemm/include/cygemm/convert.h", "cygemm/include/cygemm/nn_kernels.h",
-           "cygemm/include/cygemm/backend_kernels.h", "cygemm/include/cygemm/warp_reduce.cuh",
-           "cygemm/include/cygemm/sm_count.cuh"]
+HEADERS = ["cygemm/kernels/include/cygemm/kernels.h", "cygemm/kernels/include/cygemm/timing.h",
+           "cygemm/kernels/include/cygemm/fp8_kernels.h", "cygemm/kernels/include/cygemm/fp8_scale_kernels.h",
+           "cygemm/kernels/include/cygemm/grouped_kernels.h",
+           "cygemm/kernels/include/cygemm/convert.h", "cygemm/kernels/include/cygemm/nn_kernels.h",
+           "cygemm/kernels/include/cygemm/backend_kernels.h", "cygemm/kernels/include/cygemm/warp_reduce.cuh",
+           "cygemm/kernels/include/cygemm/sm_count.cuh"]
 KERNELS = sorted({k for kernels in MODULES.values() for k in kernels})
 CYTHON_DIRECTIVES = {"language_level": 3, "binding": True}
 # nvcc's files, longest first (measured: elementwise's 96 template kernels take 3/4 of nvcc's
@@ -248,7 +248,7 @@ def extension(name, kernels):
 check_sources()
 paths = _cuda_paths()
 NVCC = paths.find_nvcc()
-INCLUDE_DIRS = ["cygemm/include", paths.header_dir("cudart"), paths.header_dir("cublas")]
+INCLUDE_DIRS = ["cygemm/kernels/include", paths.header_dir("cudart"), paths.header_dir("cublas")]
 CUBLAS_HEADERS = [os.path.join(paths.header_dir("cublas"), h) for h in ("cublas_api.h", "cublasLt.h")]
 CUBLAS = paths.load_cublas()
 # Linked by path; the DT_NEEDED entries are the sonames (libcublas.so.13), not paths.

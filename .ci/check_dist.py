@@ -37,7 +37,7 @@ KERNELS = sorted({k for ks in MODULES.values() for k in ks})
 # Every .pxd of the source tree is part of the cimport contract the wheel ships.
 PXD = sorted(os.path.relpath(p, os.path.join(ROOT, "cygemm"))[:-4]
              for p in glob.glob(os.path.join(ROOT, "cygemm", "**", "*.pxd"), recursive=True))
-HEADERS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "cygemm", "include", "cygemm", "*.h")))
+HEADERS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "cygemm", "kernels", "include", "cygemm", "*.h")))
 PY = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "cygemm", "**", "*.py"), recursive=True))
 WHEEL_NEEDS = ([f"cygemm/{m}.pxd" for m in PXD] + [f"cygemm/{m}.pyi" for m in PYX] + HEADERS + PY
                + ["cygemm/py.typed", "cygemm/capi.pxd"])
