@@ -1,6 +1,6 @@
 from typing import Dict, List, Optional, Tuple, TypeVar
 
-from cygemm._typing import Activation, Autotune, DeviceArray, Math, StreamLike
+from cygemm.engine.typing import Activation, Autotune, DeviceArray, Math, StreamLike
 
 _Out = TypeVar("_Out", bound=DeviceArray)
 

@@ -1,6 +1,6 @@
 from typing import Any, Dict, Literal, Optional, Tuple, Union
 
-from cygemm._typing import DeviceArray, StreamLike
+from cygemm.engine.typing import DeviceArray, StreamLike
 from cygemm.gemm_plan import GemmPlan
 
 Format = Literal["e4m3", "e5m2"]

@@ -1,6 +1,6 @@
 from typing import Literal, Optional
 
-from cygemm._typing import DeviceArray, Math, StreamLike
+from cygemm.engine.typing import DeviceArray, Math, StreamLike
 from cygemm.rowmajor import Trans
 from cygemm.engine.plans import Plan
 

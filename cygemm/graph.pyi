@@ -1,6 +1,6 @@
 from typing import Any
 
-from cygemm._typing import StreamLike
+from cygemm.engine.typing import StreamLike
 
 class Graph:
     keepalive: list

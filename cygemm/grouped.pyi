@@ -1,6 +1,6 @@
 from typing import Any, Dict, Literal, Optional, Sequence, TypeVar
 
-from cygemm._typing import DeviceArray, Math, StreamLike
+from cygemm.engine.typing import DeviceArray, Math, StreamLike
 from cygemm.rowmajor import Trans
 
 _Outs = TypeVar("_Outs", bound=Sequence[DeviceArray])

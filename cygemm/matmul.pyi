@@ -1,6 +1,6 @@
 from typing import Any, List, Optional, TypeVar, overload
 
-from cygemm._typing import Autotune, DeviceArray, MatmulMath, StreamLike
+from cygemm.engine.typing import Autotune, DeviceArray, MatmulMath, StreamLike
 
 _Out = TypeVar("_Out", bound=DeviceArray)
 

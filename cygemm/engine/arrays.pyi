@@ -1,3 +1,3 @@
-from cygemm._typing import DeviceArray
+from cygemm.engine.typing import DeviceArray
 
 def describe_array(x: DeviceArray, name: str = "x") -> dict: ...

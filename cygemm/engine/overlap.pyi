@@ -1,3 +1,3 @@
-from cygemm._typing import DeviceArray
+from cygemm.engine.typing import DeviceArray
 
 def arrays_overlap(x: DeviceArray, y: DeviceArray) -> bool: ...

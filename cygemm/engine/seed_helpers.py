@@ -116,5 +116,5 @@ def to_voidp_capsule(ptr: int):
 @_deprecated("cygemm is Linux-only and loads cuBLAS at import; nothing is needed")
 def ensure_cuda_dlls():
     """Does nothing and returns ``[]`` (no DLL folders added): cygemm is Linux-only, and
-    cygemm._cuda_paths loads cuBLAS at import."""
+    cygemm.engine.cuda_paths loads cuBLAS at import."""
     return []

@@ -2,7 +2,7 @@ from typing import Optional
 
 import cupy
 
-from cygemm._typing import StreamLike
+from cygemm.engine.typing import StreamLike
 
 THREADS: int
 MAX_BLOCKS: int

@@ -19,7 +19,7 @@ _HEADERS = {
     "cublas": (("cublas_v2.h", "cublasLt.h"),
                "pip install nvidia-cublas (or set CUDA_HOME to a toolkit that has cuBLAS)"),
 }
-PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # cygemm/ (this file: cygemm/engine/)
 
 
 def _wheel_dirs(sub):
