@@ -72,5 +72,5 @@ from cygemm.rowmajor cimport gemm_rowmajor, gemm_rowmajor_strided_batched
 #   k) or SCALE_128X128 (one per 128 x 128 block; not for both), the scales in the layout
 #   cygemm.fp8.quantize_scaled writes for A (m x k) and for W (n x k). Finer scales need a bf16,
 #   fp16 or fp32 D, m and n multiples of 4, and cuBLASLt 12.9 or newer on compute capability 9.0.
-from cygemm.fp8 cimport scaled_gemm_rowmajor
+from cygemm.fp8.scaled cimport scaled_gemm_rowmajor
 from cygemm.engine.fp8_args cimport SCALE_TENSOR, SCALE_OUTER, SCALE_1X128, SCALE_128X128

@@ -1,4 +1,4 @@
-"""cygemm.fp8.quantize_scaled (cygemm.fp8_scales): FP8 codes and scales per row, per 1 x 128 tile
+"""cygemm.fp8.quantize_scaled (cygemm.fp8.scales): FP8 codes and scales per row, per 1 x 128 tile
 and per 128 x 128 block, plain and transposed, bitwise against the NumPy definition
 (tests/refs/fp8.py) with saturation, NaN and zero groups; written into given arrays, captured
 and replayed, and read by scaled_matmul as they are written (GPU). Refusals (CPU)."""

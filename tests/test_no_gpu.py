@@ -51,7 +51,8 @@ def _fake(shape, typestr="<f4", i=0, strides=None):
 
 def _core_entries():
     """Every core entry on valid operands, as a function of its stream argument."""
-    from cygemm import dense, elementwise, fp8, fp8_convert
+    from cygemm import dense, elementwise, fp8
+    from cygemm.fp8 import convert as fp8_convert
     a, b, o = _fake((16, 16)), _fake((16, 16), i=1), _fake((16, 16), i=2)
     a3, b3, o3 = _fake((2, 16, 16), i=3), _fake((2, 16, 16), i=4), _fake((2, 16, 16), i=5)
     bias, z = _fake((16,), i=6), _fake((16, 16), i=7)

@@ -25,7 +25,7 @@ FP8 GEMMs read 16-byte rows: in_features, out_features and the batch must be mul
 import cupy as cp
 
 from cygemm import fp8
-from cygemm.fp8_scales import _empty_scale
+from cygemm.fp8.scales import _empty_scale
 
 RECIPES = {
     "fp8-tensor": dict(x="tensor", w="tensor", g="tensor", grad_format="e5m2", pow2=False),

@@ -11,8 +11,8 @@ def test_every_compiled_module_has_a_stub_naming_its_public_functions():
     import os
     root = os.path.dirname(cygemm.__file__)
     suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
-    modules = sorted({os.path.join(sub, n.split(".")[0]) for sub in ("", "engine", "nn", "backend")
-                      for n in os.listdir(os.path.join(root, sub)) if n.endswith(suffixes)})
+    modules = sorted({os.path.relpath(os.path.join(folder, n.split(".")[0]), root)
+                      for folder, _, names in os.walk(root) for n in names if n.endswith(suffixes)})
     # The compiled modules, installed or built, those of the subpackages too.
     assert {"engine/context", "engine/plans", "nn/_kernels", "backend/_kernels"} <= set(modules)
     for name in modules:

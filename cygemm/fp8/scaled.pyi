@@ -38,5 +38,3 @@ class ScaledMatmulPlan(GemmPlan):
     def execute(self, a: Optional[DeviceArray] = None, b: Optional[DeviceArray] = None,  # type: ignore[override]
                 out: Optional[DeviceArray] = None, *, stream: StreamLike = None) -> DeviceArray: ...
 
-from cygemm.fp8_convert import amax as amax, dequantize as dequantize, quantize as quantize
-from cygemm.fp8_scales import quantize_scaled as quantize_scaled

@@ -1,25 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""FP8 GEMMs (Hopper and later), and the conversions of :mod:`cygemm.fp8_convert` re-exported.
-
-:func:`scaled_matmul` computes ``out = act(scale_a * scale_b * (a @ b) + bias)`` with ``a`` and
-``b`` in FP8 (E4M3 or E5M2) through cuBLASLt, in the plan layer like every other GEMM (one plan
-per problem, timed once when large). Scales are device float32 scalars, read when the GEMM runs,
-so a captured graph replays with whatever scales the buffers hold then (delayed scaling). An
-FP8 output has its own quantizing scale, and the output's amax can be written on the way.
-
-Hopper's FP8 kernels read both operands K-contiguous: ``a`` row-major (M, K) and ``b`` (K, N)
-column-major, i.e. ``b = w.T`` for a C-contiguous weight ``w`` of shape (N, K), the layout of a
-linear layer's weight and of ``torch._scaled_mm``. Any other layout is refused (nothing runs).
-
-:func:`quantize` and :func:`dequantize` convert between FP8 and float32/float16/bfloat16 with
-cygemm's kernels (16-byte accesses, grid sized to the GPU, allocation-free, capturable); they
-live in :mod:`cygemm.fp8_convert` and are re-exported here with :func:`amax`.
-:func:`quantize_scaled` quantizes with per-row, 1 x 128 or 128 x 128 scales in the layout
-scaled_matmul reads (from :mod:`cygemm.fp8_scales`).
-
-CuPy has no FP8 dtype: FP8 data live in ``uint8`` arrays, and the ``format_*`` arguments say
-which format the bytes hold. torch's ``float8_e4m3fn`` and ``float8_e5m2`` tensors carry theirs.
-"""
+"""FP8 GEMMs through cuBLASLt: scaled_matmul, describe_scaled_matmul and ScaledMatmulPlan (the
+public calls are cygemm.fp8's; this package's docstring says what they do)."""
 from libc.stdint cimport int64_t
 from libc.string cimport memset
 
@@ -44,8 +25,6 @@ from cygemm.engine.fp8_args cimport (ScaledCall, ScaleMode, SCALE_TENSOR, read_s
                                      modes_pair)
 from cygemm.engine.arrays import FP8_FORMATS
 from cygemm.engine.fp8_args import SCALE_MODES
-from cygemm.fp8_convert import quantize, dequantize, amax
-from cygemm.fp8_scales import quantize_scaled
 
 #: The largest finite value of each format: quantize saturates there.
 FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
