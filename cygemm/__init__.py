@@ -15,8 +15,8 @@ from cygemm.engine.streams import stream_pointer
 from cygemm.engine.settings import get_options, set_options
 from cygemm.engine.tuning import load_tuning, save_tuning
 from cygemm.rowmajor import gemm, gemm_strided_batched, describe_gemm, int_mm
-from cygemm.gemm_plan import GemmPlan
-from cygemm.matmul import matmul, describe_matmul, _set_grad_path
+from cygemm.rowmajor.plan import GemmPlan
+from cygemm.rowmajor.matmul import matmul, describe_matmul, _set_grad_path
 from cygemm.grouped import grouped_gemm, moe_gemm, describe_grouped
 from cygemm import dense, elementwise, fp8, gemm_ops, graph, grouped, plans, tuning
 

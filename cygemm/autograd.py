@@ -29,7 +29,7 @@ except ImportError as exc:          # only a torch user gets here (cygemm.matmul
 from torch.autograd.function import once_differentiable
 
 from cygemm.dense import activation_table, backward_into, forward_into, parse_activation
-from cygemm.matmul import _set_grad_path, matmul as _matmul
+from cygemm.rowmajor.matmul import _set_grad_path, matmul as _matmul
 
 __all__ = ["MatmulFunction", "LinearFunction", "linear"]
 

@@ -52,7 +52,7 @@ from cygemm.engine.context cimport GemmContext, current_context
 #                               stride_c, batch):
 #   the same for `batch` matrices at element strides stride_a/b/c apart (0 broadcasts one
 #   operand to every batch); same GIL use and errors.
-from cygemm.rowmajor cimport gemm_rowmajor, gemm_rowmajor_strided_batched
+from cygemm.rowmajor.gemm cimport gemm_rowmajor, gemm_rowmajor_strided_batched
 
 # ---- FP8 GEMM (defined in cygemm.fp8)
 # scaled_gemm_rowmajor(ctx, stream, a_type, w_type, d_type, m, n, k, A, lda, W, ldw, D, ldd,

@@ -1,7 +1,7 @@
 from typing import Any, Dict, Literal, Optional, Sequence, TypeVar
 
 from cygemm.engine.typing import DeviceArray, Math, StreamLike
-from cygemm.rowmajor import Trans
+from cygemm.rowmajor.gemm import Trans
 
 _Outs = TypeVar("_Outs", bound=Sequence[DeviceArray])
 _Out = TypeVar("_Out", bound=DeviceArray)

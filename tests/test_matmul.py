@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import cygemm
-from cygemm.matmul import describe_matmul
+from cygemm.rowmajor.matmul import describe_matmul
 from fakes import BASE, FakeDeviceArray, fake_view
 from gpu_util import err_vs_scale, f64, poisoned, rand, rel_err
 from refs.cublas import cublas_gemm_model

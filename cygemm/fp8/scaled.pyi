@@ -1,7 +1,7 @@
 from typing import Any, Dict, Literal, Optional, Tuple, Union
 
 from cygemm.engine.typing import DeviceArray, StreamLike
-from cygemm.gemm_plan import GemmPlan
+from cygemm.rowmajor.plan import GemmPlan
 
 Format = Literal["e4m3", "e5m2"]
 ScaleMode = Literal["tensor", "rowwise", "1x128", "128x128"]

@@ -17,7 +17,7 @@ from cygemm.engine.context cimport GemmContext, call_workspace
 from cygemm.engine.streams cimport stream_is_capturing
 from cygemm.engine.launch cimport set_scale_pointers
 from cygemm.engine.plans cimport Plan, get_plan, execute_plan
-from cygemm.gemm_plan cimport GemmPlan, PlannedCall, KIND_SCALED
+from cygemm.rowmajor.plan cimport GemmPlan, PlannedCall, KIND_SCALED
 from cygemm.engine.mapping cimport map_rowmajor_gemm, rowmajor_view
 from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm.engine.alloc cimport empty_array, data_pointer, first_torch

@@ -98,7 +98,7 @@ def test_every_contract_name_cimports_from_capi(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     generated = (tmp_path / "uses_capi.c").read_text()
     assert 'PyImport_ImportModule("cygemm.capi")' not in generated
-    assert 'PyImport_ImportModule("cygemm.rowmajor")' in generated      # where the functions live
+    assert 'PyImport_ImportModule("cygemm.rowmajor.gemm")' in generated      # where the functions live
 
 
 @pytest.mark.parametrize("path", ["../examples/cython_consumer/consumer.pyx", "../examples/cython_consumer/setup.py",

@@ -9,7 +9,7 @@ def test_get_include_lists_existing_folders_with_pxd_and_headers():
     import os
     dirs = cygemm.get_include()
     assert dirs and all(os.path.isdir(d) for d in dirs)
-    for needed in ("cygemm/rowmajor.pxd", "cygemm/engine/context.pxd", "cygemm/kernels.h", "cublas_v2.h",
+    for needed in ("cygemm/rowmajor/gemm.pxd", "cygemm/engine/context.pxd", "cygemm/kernels.h", "cublas_v2.h",
                    "cublasLt.h", "cuda_runtime_api.h"):
         assert any(os.path.exists(os.path.join(d, needed)) for d in dirs), needed
 

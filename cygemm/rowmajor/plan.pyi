@@ -1,7 +1,7 @@
 from typing import Literal, Optional
 
 from cygemm.engine.typing import DeviceArray, Math, StreamLike
-from cygemm.rowmajor import Trans
+from cygemm.rowmajor.gemm import Trans
 from cygemm.engine.plans import Plan
 
 class GemmPlan(Plan):
