@@ -35,8 +35,8 @@ MODULES = {"engine.errors": [], "engine.settings": [], "engine.streams": [], "en
            "engine.described": [], "engine.arrays": [], "engine.overlap": [], "engine.alloc": [], "engine.args": [],
            "engine.timing": ["timing"], "engine.tuning": [], "engine.ktail": [], "engine.launch": [], "engine.lt_desc": [], "engine.families": [], "engine.candidates": [], "engine.plans": [], "engine.int8": [],
            "engine.routes": [], "engine.epilogues": [], "rowmajor.gemm": [], "rowmajor.plan": [], "engine.batch_layout": [], "rowmajor.matmul": [],
-           "engine.dense_routes": ["elementwise"], "dense": ["elementwise"], "fp8.convert": ["fp8"],
-           "engine.fp8_args": [], "fp8.scales": ["fp8_scales"], "fp8.scaled": [], "elementwise": ["elementwise"], "engine.groups": [], "grouped": ["grouped"], "graph": [],
+           "engine.dense_routes": ["elementwise"], "dense.layer": ["elementwise"], "fp8.convert": ["fp8"],
+           "engine.fp8_args": [], "fp8.scales": ["fp8_scales"], "fp8.scaled": [], "dense.elementwise": ["elementwise"], "engine.groups": [], "grouped.gemm": ["grouped"], "engine.graph": [],
            "nn._kernels": ["nn"], "backend._kernels": ["backend"]}
 HEADERS = ["cygemm/kernels/include/cygemm/kernels.h", "cygemm/kernels/include/cygemm/timing.h",
            "cygemm/kernels/include/cygemm/fp8_kernels.h", "cygemm/kernels/include/cygemm/fp8_scale_kernels.h",

@@ -31,9 +31,9 @@ import cygemm
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 API_RST = os.path.join(ROOT, "docs", "api.rst")
 
-MODULES_WITH_ALL = ("cygemm", "cygemm.gemm_ops", "cygemm.nn", "cygemm.backend", "cygemm.tuning", "cygemm.plans")
-MODULES_WITHOUT_ALL = ("cygemm.dense", "cygemm.fp8", "cygemm.grouped", "cygemm.elementwise", "cygemm.graph",
-                       "cygemm.rowmajor")
+MODULES_WITH_ALL = ("cygemm", "cygemm.gemm_ops", "cygemm.nn", "cygemm.backend", "cygemm.tuning", "cygemm.plans",
+                    "cygemm.graph", "cygemm.elementwise")
+MODULES_WITHOUT_ALL = ("cygemm.dense", "cygemm.fp8", "cygemm.grouped", "cygemm.rowmajor")
 
 # Public-looking names that are cygemm's own plumbing, called by its other modules: not API.
 INTERNAL = {
