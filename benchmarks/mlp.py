@@ -1,6 +1,6 @@
 """A 3-layer MLP training step (forward, MSE loss gradient, backward, SGD) on cygemm's
 *_into API, allocation-free so that it can be captured whole into a CUDA graph.
-Used by the benchmarks and by tests/test_graph.py."""
+Used by the benchmarks and by tests/engine/test_graph.py."""
 import cupy as cp
 import numpy as np
 

@@ -48,7 +48,7 @@ if [[ $STAGES == *,tests,* ]]; then
 fi
 if [[ $STAGES == *,firstcall,* ]]; then
     echo "== first calls, plan count, thread stalls (figures printed by their tests)"
-    python3 -m pytest -q -s -p no:cacheprovider tests/test_plans.py tests/test_tuning.py \
+    python3 -m pytest -q -s -p no:cacheprovider tests/engine/test_plans.py tests/engine/test_tuning.py \
         -k "bounded or second_process or stalls or appended" 2>&1 | tee "$LOGS/firstcall.log" \
         | grep -E "plans after|first call ms|first forward_into|passed|failed|Error" | tail -20
     [ "${PIPESTATUS[0]}" = 0 ] || status=1
@@ -72,21 +72,21 @@ if [[ $STAGES == *,sanitize,* ]]; then
     RACECHECK_K='backward'
     echo "== compute-sanitizer memcheck"
     timeout 300 "$SAN" --tool memcheck --error-exitcode 99 --print-limit 20 \
-        python3 -m pytest -q -p no:cacheprovider tests/test_dense.py tests/test_reliability.py tests/test_graph.py \
-        tests/test_elementwise.py tests/test_fp8.py tests/test_fp8_scales.py \
-        "tests/test_streams_devices.py::test_one_row_out_and_z_out_of_row_stride_0_or_1" \
-        "tests/test_streams_devices.py::test_graph_replayed_on_another_stream_while_eager_work_runs_on_the_capture_stream" \
-        "tests/test_streams_devices.py::test_per_head_results_written_into_one_interleaved_buffer" \
+        python3 -m pytest -q -p no:cacheprovider tests/dense/test_layer.py tests/properties/test_reliability.py tests/engine/test_graph.py \
+        tests/dense/test_elementwise.py tests/fp8/test_scaled.py tests/fp8/test_scales.py \
+        "tests/engine/test_streams_devices.py::test_one_row_out_and_z_out_of_row_stride_0_or_1" \
+        "tests/engine/test_streams_devices.py::test_graph_replayed_on_another_stream_while_eager_work_runs_on_the_capture_stream" \
+        "tests/engine/test_streams_devices.py::test_per_head_results_written_into_one_interleaved_buffer" \
         -k "$MEMCHECK_K" \
         > "$LOGS/memcheck.log" 2>&1
     rc=$?; grep -E "ERROR SUMMARY|passed|failed" "$LOGS/memcheck.log" | tail -3; echo "memcheck rc=$rc"
     [ $rc = 0 ] || status=1
     echo "== compute-sanitizer racecheck"
     timeout 200 "$SAN" --tool racecheck --error-exitcode 99 --print-limit 20 \
-        python3 -m pytest -q -p no:cacheprovider tests/test_dense.py -k "$RACECHECK_K" \
+        python3 -m pytest -q -p no:cacheprovider tests/dense/test_layer.py -k "$RACECHECK_K" \
         > "$LOGS/racecheck.log" 2>&1 &&
     timeout 200 "$SAN" --tool racecheck --error-exitcode 99 --print-limit 20 \
-        python3 -m pytest -q -p no:cacheprovider tests/test_fp8_scales.py -k "definitions" \
+        python3 -m pytest -q -p no:cacheprovider tests/fp8/test_scales.py -k "definitions" \
         >> "$LOGS/racecheck.log" 2>&1
     rc=$?; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|passed|failed" "$LOGS/racecheck.log" | tail -3; echo "racecheck rc=$rc"
     [ $rc = 0 ] || status=1

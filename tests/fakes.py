@@ -15,3 +15,8 @@ def fake_view(buf, view):
     """A FakeDeviceArray describing `view`, a NumPy view into `buf`, at BASE + its byte offset."""
     offset = view.__array_interface__["data"][0] - buf.__array_interface__["data"][0]
     return FakeDeviceArray(view.shape, view.dtype.str, view.strides, BASE + offset)
+
+
+# The keys every describe_* result starts with, in this order (tests/properties/test_describe.py).
+DESCRIBE_KEYS = ["M", "N", "K", "batch", "swapped", "cublas_a", "cublas_b", "why", "determinism", "kernels",
+                 "opa", "opb", "m", "n", "k", "lda", "ldb", "ldc", "stride_a", "stride_b", "stride_c", "a", "b", "c"]

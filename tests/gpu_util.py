@@ -27,7 +27,7 @@ _phase_lock = threading.Lock()
 
 def seed_for(test, n, base=None):
     """The seed of the n-th rand() call (from 0) of `test`: pytest's PYTEST_CURRENT_TEST for
-    it, e.g. "tests/test_dense.py::test_x[8] (call)" ("" outside pytest)."""
+    it, e.g. "tests/dense/test_layer.py::test_x[8] (call)" ("" outside pytest)."""
     return zlib.crc32(f"{BASE_SEED if base is None else base}:{test}:{n}".encode())
 
 

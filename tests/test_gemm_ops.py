@@ -1,6 +1,6 @@
 """CPU: cygemm.gemm_ops's activation parsing (against the codes kernels.h defines), attributes
 and the deprecated helpers it re-exports (the arrays are fakes never dereferenced). The dense
-layer's argument checks are in test_bad_input.py."""
+layer's argument checks are in properties/test_bad_input.py."""
 import os
 import re
 

@@ -7,7 +7,7 @@ import pytest
 import cygemm
 from cygemm.engine import matmul_fallback as _matmul_fallback
 from fakes import FakeDeviceArray
-from test_describe import COMMON
+from fakes import DESCRIBE_KEYS as COMMON
 
 
 # ------------------------------------------------------------------ CPU: which path

@@ -9,12 +9,11 @@ import pytest
 
 import cygemm
 from cygemm import fp8
-from fakes import BASE, FakeDeviceArray, fake_view
+from fakes import DESCRIBE_KEYS, BASE, FakeDeviceArray, fake_view
 from refs.cublas import cublas_gemm_model
 
 # The keys every description starts with, in this order (describe_matmul's docstring).
-COMMON = ["M", "N", "K", "batch", "swapped", "cublas_a", "cublas_b", "why", "determinism", "kernels",
-          "opa", "opb", "m", "n", "k", "lda", "ldb", "ldc", "stride_a", "stride_b", "stride_c", "a", "b", "c"]
+COMMON = DESCRIBE_KEYS
 POINTERS = ("a", "b", "c")
 
 

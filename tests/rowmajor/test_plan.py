@@ -423,7 +423,7 @@ def test_epilogue_plan_autotune_then_execute(gpu):
 
 # ------------------------------------------------------------------ GPU: FP8 plans
 
-# As tests/test_fp8.py bounds scaled_matmul against the float64 of the FP8 values.
+# As tests/fp8/test_scaled.py bounds scaled_matmul against the float64 of the FP8 values.
 FP8_TOL = {"float16": 2e-3, "float32": 4e-4, "e4m3": 6e-2}
 
 

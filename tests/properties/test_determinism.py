@@ -19,7 +19,7 @@ from fakes import FakeDeviceArray
 from gpu_util import f64, rel_err, tol
 from refs import activations
 
-# FP8 products against float64 of the FP8 values: test_fp8.py's OUT_TOL (FP8 tensor-core sums are
+# FP8 products against float64 of the FP8 values: fp8/test_scaled.py's OUT_TOL (FP8 tensor-core sums are
 # not kept in full fp32 between promotions, so a float32 out is bounded looser than strict fp32).
 FP8_TOL = {"bfloat16": 1e-2, "float32": 4e-4}
 
@@ -158,7 +158,7 @@ def test_dense_forward_rows_are_batch_invariant(dtype, math, act, save_z):
         gemm_ops.forward_into(a, w, y, bias, act=act, save_z=save_z, z_out=z, math=math,
                               determinism="batch_invariant")
         return y if z is None else cp.concatenate([y, z], axis=1)
-    # (float32: 4x the GEMM's bound for the activation's epilogue, as test_dense.py allows)
+    # (float32: 4x the GEMM's bound for the activation's epilogue, as dense/test_layer.py allows)
     _check_rows(run, x, f"forward {act}", dtype, math, ref, tol(dtype, math, K) * (4 if dtype == "float32" else 1))
 
 

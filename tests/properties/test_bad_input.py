@@ -515,7 +515,7 @@ NO_BAD_INPUT = {
     "get_include": "takes no arguments", "gpu_unavailable_reason": "takes no arguments",
     "device_count": "takes no arguments", "versions": "takes no arguments",
     "release_workspaces": "takes no arguments", "get_options": "takes no arguments",
-    "load_tuning": "a missing or corrupt file is a RuntimeWarning and is ignored (tests/test_plans.py)",
+    "load_tuning": "a missing or corrupt file is a RuntimeWarning and is ignored (tests/engine/test_plans.py)",
     "clear_ws_cache": "takes no arguments", "clear_plan_cache": "takes no arguments",
     "parse_activation": "covered through every act= row",
     "GemmWorkspaces": "a NamedTuple of results",

@@ -1,6 +1,6 @@
 """The plan layer (cygemm.engine.plans): each GEMM route it runs (forced) against float64, single and
 strided batched, and its plan cache, bounded over thousands of shapes. The dense layer's routes
-are in test_dense.py, the tuning table and file in test_tuning.py."""
+are in dense/test_layer.py, the tuning table and file in engine/test_tuning.py."""
 import numpy as np
 import pytest
 
