@@ -13,7 +13,7 @@ from gpu_util import f64, rand, rel_err, tol
 
 pytestmark = pytest.mark.gpu
 cp = pytest.importorskip("cupy")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 
 
 def test_capture_forward_backward_replays_match_eager():
