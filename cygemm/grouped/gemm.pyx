@@ -21,7 +21,7 @@ from cygemm.kernels.grouped cimport (cygemm_ptr_triples, cygemm_write_pointer_ta
                                      CYGEMM_GROUPED_PTRS_PER_LAUNCH)
 from cygemm.engine.types cimport ColMajorGemm, MatrixView, Math, Scalars, real_scalars, compute_type
 from cygemm.engine.mapping cimport map_rowmajor_gemm, MAP_OK
-from cygemm.rowmajor.gemm cimport parse_trans
+from cygemm.engine.operands cimport parse_trans
 from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm.engine.errors cimport check_cuda, check_cublas
 from cygemm.engine.args cimport CallArgs, args_init, resolve_call, check_overlaps, parse_math

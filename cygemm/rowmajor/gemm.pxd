@@ -31,12 +31,4 @@ cdef int gemm_rowmajor_strided_batched(GemmContext* ctx, cudaStream_t stream,
                                        double complex beta, void* C, int64_t ldc, int64_t stride_c,
                                        int64_t batch) except -1 nogil
 
-# The argument path of gemm, gemm_strided_batched and GemmPlan: operands read into c (A, B,
-# out), alpha and beta into sc (complex values for complex operands only), mapped to cuBLAS;
-# out=None gives a row-major result whose pointer is NULL. ints: int8 operands too (into an
-# int32 or int8 out, checked against cuBLASLt's int8 rules).
-cdef int read_gemm(CallArgs* c, object A, object B, object out, bint trans_a, bint trans_b,
-                   bint batched, object alpha, object beta, Scalars* sc, ColMajorGemm* g,
-                   bint conj_a=*, bint conj_b=*, bint ints=*) except -1
-# trans_a / trans_b as the entry points take them (False/True, "N", "T", "H"): transposed, conjugated.
-cdef int parse_trans(object value, str name, bint* trans, bint* conj) except -1
+# The GEMM reader (read_gemm, parse_trans) is the engine's: cygemm.engine.operands.

@@ -39,7 +39,7 @@ from cygemm.engine.args cimport (CallArgs, add_view, add_vector, add_matrix, che
 from cygemm.engine.mapping cimport is_rowmajor, rowmajor_ld
 from cygemm.engine.settings cimport autotune_level, AUTOTUNE_OFF, POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT
 from cygemm.engine.plans cimport Plan, init_plan, decide_plan, execute_plan, run_with_fallback, raise_no_family
-from cygemm.rowmajor.gemm cimport read_gemm, parse_trans
+from cygemm.engine.operands cimport read_gemm, parse_trans
 
 _KINDS = ("gemm", "epilogue", "fp8")
 _FORWARD_INTO = "cygemm.gemm_ops.forward_into does it (a GEMM and cygemm's kernel)"
