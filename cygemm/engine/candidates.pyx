@@ -18,6 +18,7 @@ from cygemm.engine.context cimport GemmContext
 from cygemm.engine.release cimport defer_free
 from cygemm.engine.settings cimport AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT
 from cygemm.engine.families cimport in_family
+from cygemm.engine.lt_desc cimport algo_hex, algo_from_hex
 from cygemm.engine.ktail cimport make_safe
 from cygemm.engine.launch cimport PlanData, PlanRoute, PLAN_GEMMEX, PLAN_LT, PLAN_CANDIDATES, plan_run
 from cygemm.engine.errors cimport check_cuda
@@ -269,10 +270,8 @@ cdef bint apply_record(GemmContext* ctx, PlanData* d, dict record, size_t ws_byt
                 return False
             d.route = PLAN_GEMMEX
         elif route == "cublasLt":
-            raw = bytes.fromhex(record["algo"])
-            if len(raw) != sizeof(cublasLtMatmulAlgo_t):
+            if not algo_from_hex(record["algo"], &algo):
                 return False
-            memcpy(&algo, <const char*>raw, sizeof(algo))
             if cublasLtMatmulAlgoCheck(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld if d.ld != NULL else d.lc,
                                        &algo, &check) != CUBLAS_STATUS_SUCCESS:
                 return False
@@ -294,13 +293,12 @@ cdef bint apply_record(GemmContext* ctx, PlanData* d, dict record, size_t ws_byt
 
 cdef dict bucket_record_of(PlanData* d):
     record = record_of(d)
-    record["members"] = [(<char*>&d.candidates[i].algo)[:sizeof(cublasLtMatmulAlgo_t)].hex()
-                         for i in range(min(d.n_candidates, <int>BUCKET_MEMBERS))]
+    record["members"] = [algo_hex(&d.candidates[i].algo) for i in range(min(d.n_candidates, <int>BUCKET_MEMBERS))]
     return record
 
 
 cdef dict record_of(PlanData* d):
     if d.route == PLAN_GEMMEX:
         return {"route": "cublasGemmEx", "ms": d.tuned_ms}
-    return {"route": "cublasLt", "algo": (<char*>&d.algo)[:sizeof(cublasLtMatmulAlgo_t)].hex(),
+    return {"route": "cublasLt", "algo": algo_hex(&d.algo),
             "ws": d.workspace_needed, "ms": d.tuned_ms}

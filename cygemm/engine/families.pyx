@@ -30,13 +30,13 @@ fast at 256 rows was not at 200.)
 """
 from libc.stdint cimport int32_t, int64_t, uint16_t, uint32_t
 from libc.stdlib cimport malloc, free
-from libc.string cimport memset, memcmp, memcpy
+from libc.string cimport memset, memcmp
 from libc.math cimport ceilf
 
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm.engine.settings cimport POLICY_BATCH_INVARIANT
-from cygemm.engine.lt_desc cimport make_descriptors, free_descriptors
+from cygemm.engine.lt_desc cimport make_descriptors, free_descriptors, algo_from_hex
 from cygemm.engine.launch cimport PLAN_CANDIDATES
 
 cdef enum:
@@ -284,14 +284,8 @@ cdef bint _bucket_member(GemmContext* ctx, PlanData* d, object record, int famil
         return False
     members = record.get("members")
     for algo in (members if isinstance(members, list) else [record.get("algo")]):
-        try:
-            raw = bytes.fromhex(algo)
-        except (TypeError, ValueError):
-            continue
-        if len(raw) != sizeof(cublasLtMatmulAlgo_t):
-            continue
         memset(&kept, 0, sizeof(kept))
-        memcpy(&kept.algo, <const char*>raw, sizeof(cublasLtMatmulAlgo_t))
-        _members(ctx, d, &kept, 1, family, ws_bytes)
+        if algo_from_hex(algo, &kept.algo):
+            _members(ctx, d, &kept, 1, family, ws_bytes)
     d.shared = d.n_candidates > 0
     return d.shared

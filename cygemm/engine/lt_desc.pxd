@@ -3,7 +3,7 @@
 from libc.stdint cimport int64_t, uint32_t
 from cygemm.bindings.cudart cimport cudaDataType
 from cygemm.bindings.cublas cimport cublasComputeType_t
-from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t
+from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t, cublasLtMatmulAlgo_t
 from cygemm.engine.types cimport ColMajorGemm, GemmTypes
 from cygemm.engine.launch cimport PlanData
 
@@ -20,3 +20,8 @@ cdef int make_descriptors(PlanData* d, const ColMajorGemm* g, int64_t batch, cud
 
 # Destroy what make_descriptors made (NULL handles are skipped) and clear the handles.
 cdef void free_descriptors(PlanData* d) noexcept nogil
+
+# A cuBLASLt algorithm as the tuning table keeps it (hex of its bytes), and back: False where the
+# text is not one (not a string, not hex, another length).
+cdef str algo_hex(const cublasLtMatmulAlgo_t* algo)
+cdef bint algo_from_hex(object text, cublasLtMatmulAlgo_t* algo) except -1

@@ -2,6 +2,7 @@
 """cuBLASLt descriptors of one plan (see lt_desc.pxd): what a plan hands
 cublasLtMatmulAlgoGetHeuristic and cublasLtMatmul. Made once per plan; no GPU work."""
 from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t
+from libc.string cimport memcpy
 
 from cygemm.bindings.cudart cimport cudaDataType
 from cygemm.bindings.cublas cimport *
@@ -100,3 +101,18 @@ cdef void free_descriptors(PlanData* d) noexcept nogil:
     if d.desc != NULL:
         cublasLtMatmulDescDestroy(d.desc)
         d.desc = NULL
+
+
+cdef str algo_hex(const cublasLtMatmulAlgo_t* algo):
+    return (<const char*>algo)[:sizeof(cublasLtMatmulAlgo_t)].hex()
+
+
+cdef bint algo_from_hex(object text, cublasLtMatmulAlgo_t* algo) except -1:
+    try:
+        raw = bytes.fromhex(text)
+    except (TypeError, ValueError):
+        return False
+    if len(raw) != sizeof(cublasLtMatmulAlgo_t):
+        return False
+    memcpy(algo, <const char*>raw, sizeof(cublasLtMatmulAlgo_t))
+    return True
