@@ -9,7 +9,6 @@ kernels each mode runs are listed (torch's profiler, where torch is installed).
     python -m benchmarks.batch_invariant_cost [--out FILE] [--rounds 5] [--kernels]
 """
 import argparse
-import json
 import statistics
 import time
 
@@ -19,6 +18,7 @@ import numpy as np
 import cygemm
 from cygemm import plans
 from cygemm.graph import capture
+from benchmarks.common import write_probe_results
 
 MODES = ("off", "run_to_run", "batch_invariant")
 # (dtype, N, K, rows): the issue's three cases and their neighbours
@@ -144,9 +144,7 @@ def main():
     if args.kernels:
         kernels(stream)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "versions": cygemm.versions(),
-                       "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": rows}, f, indent=1)
+        write_probe_results(args.out, rows)
 
 
 if __name__ == "__main__":

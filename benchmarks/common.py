@@ -157,3 +157,13 @@ class Floor:
 def run_floor(floor, lines):
     """{line: value} for several case lines ("gemm 64 64 64 tf32 0 0 host")."""
     return {line: floor(line) for line in lines}
+
+
+def write_probe_results(path, rows):
+    """A probe's rows as JSON, with the date, the GPU and cygemm's versions (the probes run
+    outside the suite's recorder: ktail_cost, batch_invariant_cost)."""
+    import cupy as cp
+    import cygemm
+    with open(path, "w") as f:
+        json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "versions": cygemm.versions(),
+                   "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": rows}, f, indent=1)

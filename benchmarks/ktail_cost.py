@@ -5,9 +5,7 @@ Each case is captured as a CUDA graph of 20 cygemm.gemm calls and launched 5 tim
 rounds alternate guard on / off, 5 rounds, medians. python -m benchmarks.ktail_cost [--out FILE]
 """
 import argparse
-import json
 import statistics
-import time
 
 import cupy as cp
 
@@ -15,6 +13,7 @@ import cygemm
 from cygemm import plans
 from cygemm.engine import ktail as _ktail
 from cygemm.graph import capture
+from benchmarks.common import write_probe_results
 
 ACTS = [(64, 256, 32776), (256, 128, 32776), (16, 512, 24584), (8, 128, 40968), (1, 1024, 32776),
         (1, 64, 40968), (128, 256, 32776), (64, 1024, 32776)]
@@ -81,9 +80,7 @@ def main():
                       f"cuBLAS {off:8.2f} us  {on / off:.3f}x  wrong {row['guarded_wrong']}/{row['cublas_wrong']}  "
                       f"same bits {row['same_bits']}", flush=True)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "versions": cygemm.versions(),
-                       "gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": rows}, f, indent=1)
+        write_probe_results(args.out, rows)
 
 
 if __name__ == "__main__":
