@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # subpackage ("nn._kernels": cygemm/nn/_kernels.pyx, cygemm.nn._kernels).
 # Each module's kernels (cygemm/kernels/*.cu): every .cu is compiled once, its object linked into
 # the modules that launch it.
-MODULES = {"engine.errors": [], "engine.settings": [], "engine.streams": [], "engine.release": [], "engine.context": [], "engine.mapping": [],
+MODULES = {"engine.dtypes": [], "engine.errors": [], "engine.settings": [], "engine.streams": [], "engine.release": [], "engine.context": [], "engine.mapping": [],
            "engine.described": [], "engine.arrays": [], "engine.overlap": [], "engine.alloc": [], "engine.args": [],
            "engine.timing": ["timing"], "engine.tuning": [], "engine.ktail": [], "engine.launch": [], "engine.lt_desc": [], "engine.families": [], "engine.candidates": [], "engine.plans": [], "engine.int8": [], "engine.operands": [],
            "engine.routes": [], "engine.epilogues": [], "rowmajor.gemm": [], "rowmajor.plan": [], "engine.batch_layout": [], "rowmajor.matmul": [],

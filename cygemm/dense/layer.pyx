@@ -15,7 +15,7 @@ from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.context cimport GemmContext, stream_workspace
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_matrix, add_vector, call_workspace_of,
                                  expect_dtype, prepare_call, ARG_READ, ARG_WRITE, ARG_SCRATCH)
-from cygemm.engine.arrays cimport dtype_name
+from cygemm.engine.dtypes cimport dtype_name
 from cygemm.engine.settings cimport autotune_level
 from cygemm.engine.mapping cimport map_or_raise, rowmajor_ld
 from cygemm.engine.dense_routes cimport ForwardCall, BackwardCall, run_forward, run_backward, dense_gemm, weight_policy

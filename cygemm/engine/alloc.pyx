@@ -10,12 +10,11 @@ import contextlib
 
 from libc.stdint cimport uintptr_t
 
-from cygemm.bindings.cudart cimport (cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F,
-                                     CUDA_C_32F, CUDA_C_64F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_8I,
-                                     CUDA_R_32I)
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm.engine.streams cimport stream_from_object
 from cygemm.engine.errors cimport refuse_in_capture
-from cygemm.engine.arrays cimport dtype_name
+from cygemm.engine.dtypes cimport dtype_name, is_fp8_type, DTYPES_GEMM
+from cygemm.engine.dtypes import names, numpy_dtype, row_of_name
 
 import numpy as _np
 
@@ -54,18 +53,6 @@ def stream_context(uintptr_t ptr):
     return _cupy_stream(ptr)
 
 
-def numpy_dtype(name):
-    """The NumPy dtype CuPy allocates for `name` (bfloat16 through ml_dtypes, as CuPy 14 reads it)."""
-    if name == "bfloat16":
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise TypeError("bfloat16: allocating a CuPy bfloat16 array needs the ml_dtypes package "
-                            "(pip install ml_dtypes), or pass torch tensors / out=") from None
-        return _np.dtype(ml_dtypes.bfloat16)
-    return _np.dtype(name)
-
-
 def empty_on(tuple shape, dtype, uintptr_t ptr):
     """A C-ordered CuPy array allocated with the raw stream `ptr` current (no capture check)."""
     with stream_context(ptr):
@@ -74,14 +61,13 @@ def empty_on(tuple shape, dtype, uintptr_t ptr):
 
 cdef object empty_array(tuple shape, cudaDataType dtype, cudaStream_t stream, str what, object like=None):
     refuse_in_capture(stream, what)
-    cdef bint fp8 = dtype == CUDA_R_8F_E4M3 or dtype == CUDA_R_8F_E5M2
+    cdef bint fp8 = is_fp8_type(dtype)
     if like is not None:        # FP8 as torch's float8 dtype of the format
-        name = ("float8_e4m3fn" if dtype == CUDA_R_8F_E4M3 else "float8_e5m2") if fp8 else dtype_name(dtype)
-        return _torch_empty(like, shape, name, <uintptr_t>stream)
+        return _torch_empty(like, shape, dtype_name(dtype), <uintptr_t>stream)
     if _cupy is None:
         raise RuntimeError(f"{what}: allocating needs CuPy; pass an existing array instead")
     # CuPy has no FP8 dtype: the codes as uint8 bytes
-    return empty_on(shape, _np.dtype("uint8") if fp8 else numpy_dtype(dtype_name(dtype)), <uintptr_t>stream)
+    return empty_on(shape, _np.dtype(_np.uint8) if fp8 else numpy_dtype(dtype_name(dtype)), <uintptr_t>stream)
 
 
 cdef uintptr_t data_pointer(object x) except? 0:
@@ -92,7 +78,7 @@ cdef uintptr_t data_pointer(object x) except? 0:
 
 
 # The dtypes a cygemm GEMM writes (int32: the int8 GEMM's exact result; int8: its scaled one).
-RESULT_DTYPES = ("float16", "bfloat16", "float32", "float64", "complex64", "complex128", "int32", "int8")
+RESULT_DTYPES = names(DTYPES_GEMM)
 
 
 def empty(shape, dtype, stream=None, str what="the result", like=None):
@@ -103,7 +89,7 @@ def empty(shape, dtype, stream=None, str what="the result", like=None):
     cdef cudaStream_t s
     stream_from_object(stream, &s)
     refuse_in_capture(s, f"{what}: allocating it uses device memory")
-    name = str(dtype) if str(dtype) == "bfloat16" else _np.dtype(dtype).name
+    name = str(dtype) if row_of_name(str(dtype)) is not None else _np.dtype(dtype).name
     if name not in RESULT_DTYPES:
         raise TypeError(f"dtype: expected one of {', '.join(RESULT_DTYPES)}, got {name}")
     tensor = first_torch(like) if type(like) is tuple else (like if like is not None and is_torch(like) else None)
@@ -143,9 +129,7 @@ cdef object first_torch(tuple arrays):
 
 
 cdef object torch_dtype(object torch, cudaDataType t):
-    return {CUDA_R_32F: torch.float32, CUDA_R_16F: torch.float16, CUDA_R_16BF: torch.bfloat16,
-            CUDA_R_64F: torch.float64, CUDA_C_32F: torch.complex64, CUDA_C_64F: torch.complex128,
-            CUDA_R_8I: torch.int8, CUDA_R_32I: torch.int32}[t]
+    return getattr(torch, dtype_name(t))
 
 
 cdef object torch_stream(object torch, cudaStream_t s, object device):

@@ -19,7 +19,8 @@ from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.streams cimport stream_from_object, stream_device
 from cygemm.engine.mapping cimport is_rowmajor
 from cygemm.engine.context cimport current_context, known_device_count, call_workspace
-from cygemm.engine.arrays cimport dtype_name, read_array, desc_shape
+from cygemm.engine.arrays cimport read_array, desc_shape
+from cygemm.engine.dtypes cimport dtype_name
 from cygemm.engine.overlap cimport views_overlap, check_no_overlap
 
 

@@ -3,12 +3,8 @@
 from cygemm.bindings.cudart cimport cudaDataType
 from cygemm.engine.types cimport MatrixView, ArrayDesc
 
-# Which dtypes a reader takes (its `wide` argument): the float types of every entry point,
-# also float64 and complex (matmul and the GEMMs), also int8 and int32 (the GEMMs' int8 path).
-cdef enum:
-    DTYPES_FLOAT = 0
-    DTYPES_WIDE = 1
-    DTYPES_GEMM = 2
+# Which dtypes a reader takes (its `wide` argument): a DTYPES_* level of the dtype table.
+from cygemm.engine.dtypes cimport DTYPES_FLOAT, DTYPES_WIDE, DTYPES_GEMM
 
 # Read pointer, shape, strides (elements), dtype and device of a device array, once, without
 # touching the GPU; `wide` a DTYPES_* level.
@@ -24,4 +20,3 @@ cdef int view_from_desc(const ArrayDesc* d, MatrixView* view, str name, int min_
 cdef int read_fp8(object x, ArrayDesc* d, str name, object fmt, str fmt_arg) except -1
 # A workspace (any dtype, contiguous) as a view of its bytes.
 cdef int read_buffer(object x, MatrixView* view, str name) except -1
-cdef object dtype_name(cudaDataType dtype)

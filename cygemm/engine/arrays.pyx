@@ -4,8 +4,10 @@ without touching the GPU (whether two views overlap: cygemm.engine.overlap)."""
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
 
-from cygemm.bindings.cudart cimport (cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F, CUDA_C_32F,
-                            CUDA_C_64F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_8I, CUDA_R_32I)
+from cygemm.bindings.cudart cimport cudaDataType, CUDA_R_32F, CUDA_R_16F
+from cygemm.engine.dtypes cimport (DTYPES_FLOAT, DTYPES_WIDE, DTYPES_GEMM, DTYPES_FP8, DTYPES_BYTES, by_name,
+                                   by_typestr, by_dlpack, dtype_name, expected_names, type_size, is_fp8_type)
+from cygemm.engine.dtypes import ROWS, names, row_of_name
 from cygemm.engine.types cimport MatrixView, ArrayDesc, MAX_NDIM, view_is_empty
 from cygemm.engine.described cimport ArrayLayout, LAYOUT_TYPED, LAYOUT_BYTES
 
@@ -51,51 +53,25 @@ cdef enum:
     DL_CUDA = 2
     DL_CPU = 1
 
-# dtype name -> (cudaDataType, itemsize); float64 and complex only where the caller accepts them (wide).
-# bfloat16: torch's, or CuPy's through ml_dtypes (CuPy 14), whose typestr is '<V2'.
-_DTYPES = {"float32": (CUDA_R_32F, 4), "float16": (CUDA_R_16F, 2), "bfloat16": (CUDA_R_16BF, 2)}
-_WIDE_DTYPES = dict(_DTYPES, float64=(CUDA_R_64F, 8), complex64=(CUDA_C_32F, 8), complex128=(CUDA_C_64F, 16))
-_GEMM_DTYPES = dict(_WIDE_DTYPES, int8=(CUDA_R_8I, 1), int32=(CUDA_R_32I, 4))
-_TYPESTRS = {"<f4": "float32", "<f2": "float16", "<f8": "float64", "<c8": "complex64", "<c16": "complex128",
-             "|i1": "int8", "<i4": "int32"}
-_CAI_DTYPES = {t: _DTYPES[n] for t, n in _TYPESTRS.items() if n in _DTYPES}     # CAI names no bfloat16
-_CAI_WIDE_DTYPES = {t: _WIDE_DTYPES[n] for t, n in _TYPESTRS.items() if n in _WIDE_DTYPES}
-_CAI_GEMM_DTYPES = {t: _GEMM_DTYPES[n] for t, n in _TYPESTRS.items()}
-_DL_TYPES = {(DL_BFLOAT, 16): CUDA_R_16BF, (DL_FLOAT, 16): CUDA_R_16F, (DL_FLOAT, 32): CUDA_R_32F}  # DLPack's
-_DL_WIDE_TYPES = {**_DL_TYPES, (DL_FLOAT, 64): CUDA_R_64F, (DL_COMPLEX, 64): CUDA_C_32F, (DL_COMPLEX, 128): CUDA_C_64F}
-_DL_GEMM_TYPES = {**_DL_WIDE_TYPES, (DL_INT, 8): CUDA_R_8I, (DL_INT, 32): CUDA_R_32I}
-# Indexed by a DTYPES_* level.
-_BY_NAME = (_DTYPES, _WIDE_DTYPES, _GEMM_DTYPES)
-_BY_TYPESTR = (_CAI_DTYPES, _CAI_WIDE_DTYPES, _CAI_GEMM_DTYPES)
-_BY_DLPACK = (_DL_TYPES, _DL_WIDE_TYPES, _DL_GEMM_TYPES)
-_F32, _F16 = _DTYPES["float32"], _DTYPES["float16"]
-_NP_F32, _NP_F16 = _np.dtype("float32"), _np.dtype("float16")
-
-
-_DTYPE_NAMES = {CUDA_R_32F: "float32", CUDA_R_16F: "float16", CUDA_R_16BF: "bfloat16", CUDA_R_64F: "float64",
-                CUDA_C_32F: "complex64", CUDA_C_64F: "complex128", CUDA_R_8F_E4M3: "float8_e4m3",
-                CUDA_R_8F_E5M2: "float8_e5m2", CUDA_R_8I: "int8", CUDA_R_32I: "int32"}
-
-
-cdef object dtype_name(cudaDataType dtype):
-    return _DTYPE_NAMES.get(dtype) or f"cudaDataType {<int>dtype}"
-
-
-cdef str _expected(int wide):
-    if wide == DTYPES_GEMM:
-        return "float16, bfloat16, float32, float64, complex64, complex128 or int8"
-    return ("float16, bfloat16, float32, float64, complex64 or complex128" if wide
-            else "float16, bfloat16 or float32")
+# (cudaDataType, itemsize) by NumPy name, CAI typestr and DLPack (code, bits), indexed by a DTYPES_*
+# level: the dtype table's (cygemm.engine.dtypes). bfloat16: torch's, or CuPy's through ml_dtypes
+# (CuPy 14), whose typestr is '<V2'.
+_BY_NAME = tuple([by_name(level) for level in (DTYPES_FLOAT, DTYPES_WIDE, DTYPES_GEMM)])
+_BY_TYPESTR = tuple([by_typestr(level) for level in (DTYPES_FLOAT, DTYPES_WIDE, DTYPES_GEMM)])
+_BY_DLPACK = tuple([by_dlpack(level) for level in (DTYPES_FLOAT, DTYPES_WIDE, DTYPES_GEMM)])
+_F32, _F16 = (CUDA_R_32F, type_size(CUDA_R_32F)), (CUDA_R_16F, type_size(CUDA_R_16F))
+_NP_F32, _NP_F16 = _np.dtype(_np.float32), _np.dtype(_np.float16)
 
 
 cdef object _bad_dtype(str name, str got, int wide):
     """TypeError for an array whose dtype (named `got`) the entry cannot take, with what to do
     instead: gemm or matmul for float64 and complex (wide False), a cast or CuPy for the rest."""
-    msg = f"{name}: expected {_expected(wide)}, got {got}"
-    if got in ("float64", "complex64", "complex128") and not wide:
+    msg = f"{name}: expected {expected_names(wide)}, got {got}"
+    row = row_of_name(got)
+    if got in by_name(DTYPES_WIDE) and not wide:
         msg += f" (cygemm.gemm and cygemm.matmul take {got}; or cast it with x.astype(cupy.float32))"
-    elif got == "int8" and wide != DTYPES_GEMM:
-        msg += " (cygemm.gemm, gemm_strided_batched and int_mm multiply int8 into int32)"
+    elif row is not None and row["kind"] == "i" and row["listed"] and wide != DTYPES_GEMM:
+        msg += f" (cygemm.gemm, gemm_strided_batched and int_mm multiply {got} into int32)"
     elif got.startswith(("int", "uint", "bool")):
         msg += (f" (cygemm has no {got} GEMM: use cupy.matmul or torch.matmul for {got}, or cast it "
                 "to a float dtype with x.astype(cupy.float32))")
@@ -193,8 +169,8 @@ cdef int read_array(object x, ArrayDesc* d, str name, int wide) except -1:
 
 cdef int _read_layout(ArrayLayout x, ArrayDesc* d, str name, int wide) except -1:
     cdef cudaDataType t = x.d.dtype
-    if x.kind != LAYOUT_TYPED or _DTYPE_NAMES.get(t) not in <dict>_BY_NAME[wide]:
-        raise TypeError(f"{name}: expected {_expected(wide)}, got {x.dtype}")
+    if x.kind != LAYOUT_TYPED or dtype_name(t) not in <dict>_BY_NAME[wide]:
+        raise TypeError(f"{name}: expected {expected_names(wide)}, got {x.dtype}")
     d[0] = x.d
     return 0
 
@@ -231,23 +207,19 @@ cdef int view_from_desc(const ArrayDesc* dp, MatrixView* view, str name, int min
 # torch tensors are read through their attributes: torch's __cuda_array_interface__ and
 # __dlpack__ cost microseconds a call, and CAI refuses tensors that require grad or bfloat16.
 cdef object _torch_tensor = None
-cdef dict _torch_dtypes = None
-cdef object _torch_wide = None
-cdef object _torch_ints = None
+cdef tuple _torch_by_level = None
 cdef object _torch_grad_enabled = None
 
 
 cdef bint _find_torch() except -1:
-    global _torch_tensor, _torch_dtypes, _torch_wide, _torch_ints, _torch_grad_enabled
+    global _torch_tensor, _torch_by_level, _torch_grad_enabled
     import sys
     torch = sys.modules.get("torch")
     if torch is None or not hasattr(torch, "Tensor"):
         return False
-    _torch_dtypes = {torch.float32: (CUDA_R_32F, 4), torch.float16: (CUDA_R_16F, 2),
-                     torch.bfloat16: (CUDA_R_16BF, 2)}
-    _torch_wide = {torch.float64: (CUDA_R_64F, 8), torch.complex64: (CUDA_C_32F, 8),
-                  torch.complex128: (CUDA_C_64F, 16)}
-    _torch_ints = {torch.int8: (CUDA_R_8I, 1), torch.int32: (CUDA_R_32I, 4)}
+    # torch's dtype objects by level (its attributes of the table's names)
+    _torch_by_level = tuple([{getattr(torch, n): v for n, v in (<dict>_BY_NAME[level]).items() if hasattr(torch, n)}
+                             for level in (DTYPES_FLOAT, DTYPES_WIDE, DTYPES_GEMM)])
     _torch_grad_enabled = torch.is_grad_enabled
     _torch_tensor = torch.Tensor
     return True
@@ -268,8 +240,7 @@ cdef int _read_torch(object x, ArrayDesc* d, str name, int wide) except -1:
         raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {x.device} (a CPU tensor "
                         "is not a CUDA array: move it with .cuda())")
     _refuse_recorded(x, name)
-    dt = _torch_dtypes.get(x.dtype) or (_torch_wide.get(x.dtype) if wide else None) or (
-        _torch_ints.get(x.dtype) if wide == DTYPES_GEMM else None)
+    dt = (<dict>_torch_by_level[wide]).get(x.dtype)
     if dt is None:
         raise _bad_dtype(name, str(x.dtype).replace("torch.", ""), wide)
     if x.is_conj() or x.is_neg():   # lazy x.conj(), x.mH, negation: the memory does not hold the values
@@ -297,8 +268,8 @@ cdef int _read_dlpack(object x, ArrayDesc* d, str name, int wide) except -1:
     dt = (<dict>_BY_DLPACK[wide]).get((t.dtype.code, t.dtype.bits)) if t.dtype.lanes == 1 else None
     if dt is None:
         raise _bad_dtype(name, _dlpack_dtype_name(t.dtype.code, t.dtype.bits, t.dtype.lanes), wide)
-    d.dtype = <cudaDataType>(<int>dt)
-    itemsize = t.dtype.bits // 8
+    d.dtype = <cudaDataType>(<int>dt[0])
+    itemsize = dt[1]
     shape = tuple([t.shape[i] for i in range(t.ndim)])
     strides = None if t.strides == NULL else tuple([t.strides[i] * itemsize for i in range(t.ndim)])
     return _fill_desc(d, name, <uintptr_t>t.data + t.byte_offset, shape, strides, itemsize,
@@ -343,7 +314,11 @@ def describe_array(x, str name="x"):
 
 # ---------------------------------------------------------------- FP8 arrays
 
-FP8_FORMATS = {"e4m3": CUDA_R_8F_E4M3, "e5m2": CUDA_R_8F_E5M2}
+#: The FP8 formats by their short names (the table's aliases): what fmt= and format_*= take.
+FP8_FORMATS = {r["alias"]: r["cuda"] for r in ROWS if r["level"] == DTYPES_FP8}
+_FORMATS_EXPECTED = " or ".join([repr(f) for f in FP8_FORMATS])
+_FP8_EXPECTED = ", ".join(names(DTYPES_FP8)) + " or " + names(DTYPES_BYTES)[0]     # (FP8 bytes)
+_BYTES_TYPESTRS = by_typestr(DTYPES_BYTES)
 cdef dict _torch_fp8 = None
 
 
@@ -351,8 +326,8 @@ cdef dict _torch_fp8_dtypes():
     global _torch_fp8
     if _torch_fp8 is None:
         import torch
-        _torch_fp8 = {getattr(torch, "float8_e4m3fn", None): CUDA_R_8F_E4M3,
-                      getattr(torch, "float8_e5m2", None): CUDA_R_8F_E5M2, torch.uint8: None}
+        _torch_fp8 = {getattr(torch, n, None): (<dict>by_name(DTYPES_FP8))[n][0] for n in names(DTYPES_FP8)}
+        _torch_fp8[torch.uint8] = None
         _torch_fp8.pop(None, None)
     return _torch_fp8
 
@@ -363,18 +338,18 @@ cdef int read_fp8(object x, ArrayDesc* d, str name, object fmt, str fmt_arg) exc
     cdef object found = False         # None: bytes of either format; else the tensor's format
     cdef ArrayLayout layout
     if fmt is not None and fmt not in FP8_FORMATS:
-        raise ValueError(f"{fmt_arg}: expected 'e4m3' or 'e5m2', got {fmt!r}")
+        raise ValueError(f"{fmt_arg}: expected {_FORMATS_EXPECTED}, got {fmt!r}")
     if type(x) is ArrayLayout:      # a describe_* operand: float8 dtypes carry their format
         layout = <ArrayLayout>x
         if layout.kind == LAYOUT_BYTES:
             found = None
-        elif layout.kind == LAYOUT_TYPED and (layout.d.dtype == CUDA_R_8F_E4M3 or layout.d.dtype == CUDA_R_8F_E5M2):
+        elif layout.kind == LAYOUT_TYPED and is_fp8_type(layout.d.dtype):
             found = layout.d.dtype
         else:
-            raise TypeError(f"{name}: expected float8_e4m3fn, float8_e5m2 or uint8, got {layout.dtype}")
+            raise TypeError(f"{name}: expected {_FP8_EXPECTED}, got {layout.dtype}")
         d[0] = layout.d
     elif _cupy_ndarray is not None and type(x) is _cupy_ndarray:
-        if x.dtype.name != "uint8":
+        if x.dtype != _np.uint8:
             raise TypeError(f"{name}: expected FP8 bytes (a uint8 array, with {fmt_arg}=), got {x.dtype}")
         mem = x.data
         _fill_desc(d, name, mem.ptr, x.shape, x.strides, 1, mem.device_id)
@@ -386,8 +361,7 @@ cdef int read_fp8(object x, ArrayDesc* d, str name, object fmt, str fmt_arg) exc
         _refuse_recorded(x, name)
         table = _torch_fp8_dtypes()
         if x.dtype not in table:
-            raise TypeError(f"{name}: expected float8_e4m3fn, float8_e5m2 or uint8, got "
-                            f"{str(x.dtype).replace('torch.', '')}")
+            raise TypeError(f"{name}: expected {_FP8_EXPECTED}, got {str(x.dtype).replace('torch.', '')}")
         found = table[x.dtype]
         _fill_desc(d, name, x.data_ptr(), tuple(x.shape), tuple(x.stride()), 1, x.get_device())
     else:
@@ -396,7 +370,7 @@ cdef int read_fp8(object x, ArrayDesc* d, str name, object fmt, str fmt_arg) exc
         except AttributeError:
             raise TypeError(f"{name}: expected a CUDA device array of FP8 bytes, got "
                             f"{type(x).__module__}.{type(x).__name__}") from None
-        if cai["typestr"] != "|u1":
+        if cai["typestr"] not in _BYTES_TYPESTRS:
             raise TypeError(f"{name}: expected FP8 bytes (a uint8 array, with {fmt_arg}=), got "
                             f"{_typestr_name(cai['typestr'])}")
         _fill_desc(d, name, cai["data"][0], tuple(cai["shape"]), cai.get("strides"), 1, -1)
@@ -404,7 +378,7 @@ cdef int read_fp8(object x, ArrayDesc* d, str name, object fmt, str fmt_arg) exc
     if found is None:
         if fmt is None:
             raise TypeError(f"{name}: a uint8 array can hold either FP8 format; say which with "
-                            f"{fmt_arg}='e4m3' or {fmt_arg}='e5m2'")
+                            f"{fmt_arg}= ({_FORMATS_EXPECTED})")
         d.dtype = FP8_FORMATS[fmt]
     else:
         if fmt is not None and FP8_FORMATS[fmt] != found:

@@ -7,7 +7,8 @@ allocate for cuBLAS to read and write them in place (decide_copies)."""
 from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.engine.types cimport ArrayDesc, MatrixView, ColMajorGemm, type_size
-from cygemm.engine.arrays cimport desc_shape, dtype_name
+from cygemm.engine.arrays cimport desc_shape
+from cygemm.engine.dtypes cimport dtype_name
 from cygemm.engine.overlap cimport views_overlap
 from cygemm.bindings.cudart cimport cudaDataType
 from cygemm.engine.mapping cimport MapResult, MAP_OK, MAP_BAD_A, MAP_BAD_B, MAP_BAD_OUT, map_rowmajor_gemm, check_batch_disjoint

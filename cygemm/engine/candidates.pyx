@@ -14,6 +14,8 @@ from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm.engine.types cimport ColMajorGemm, Scalars, real_scalars, is_fp8_type, type_size
+from cygemm.engine.dtypes cimport dtype_name
+from cygemm.engine.dtypes import numpy_dtype
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.release cimport defer_free
 from cygemm.engine.settings cimport AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT
@@ -84,11 +86,7 @@ cdef object _output_values(_TuneArg* a):
     with nogil:
         check_cuda(cudaStreamSynchronize(a.stream), "cudaStreamSynchronize")
         check_cuda(cudaMemcpy(&view[0], a.g.c, count * item, cudaMemcpyDeviceToHost), "cudaMemcpy")
-    import ml_dtypes
-    dtype = {CUDA_R_32F: np.float32, CUDA_R_64F: np.float64, CUDA_R_16F: np.float16,
-             CUDA_R_16BF: ml_dtypes.bfloat16, CUDA_R_8F_E4M3: ml_dtypes.float8_e4m3fn,
-             CUDA_R_8F_E5M2: ml_dtypes.float8_e5m2}[t]
-    return raw.view(dtype).reshape(a.g.n, a.g.ldc)[:, :a.g.m].astype(np.float64)
+    return raw.view(numpy_dtype(dtype_name(t))).reshape(a.g.n, a.g.ldc)[:, :a.g.m].astype(np.float64)
 
 
 cdef bint _agrees(_TuneArg* a, int choice, int first) except -1:

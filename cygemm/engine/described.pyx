@@ -21,16 +21,13 @@ from cygemm.bindings.cublas cimport CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, MAX_NDIM
 from cygemm.engine.mapping cimport is_rowmajor
 from cygemm.engine.settings import get_options
+from cygemm.engine.dtypes import BY_ANY_NAME, ROWS
 
 import numpy as np
 
-# name -> (type, itemsize, the name a layout reports)
-_TYPED = {"float32": (CUDA_R_32F, 4, "float32"), "float16": (CUDA_R_16F, 2, "float16"),
-          "bfloat16": (CUDA_R_16BF, 2, "bfloat16"), "float64": (CUDA_R_64F, 8, "float64"),
-          "complex64": (CUDA_C_32F, 8, "complex64"), "complex128": (CUDA_C_64F, 16, "complex128"),
-          "int8": (CUDA_R_8I, 1, "int8"), "int32": (CUDA_R_32I, 4, "int32"),
-          "float8_e4m3fn": (CUDA_R_8F_E4M3, 1, "float8_e4m3fn"), "e4m3": (CUDA_R_8F_E4M3, 1, "float8_e4m3fn"),
-          "float8_e5m2": (CUDA_R_8F_E5M2, 1, "float8_e5m2"), "e5m2": (CUDA_R_8F_E5M2, 1, "float8_e5m2")}
+# name or alias -> (type, itemsize, the name a layout reports): the dtype table's typed rows.
+_TYPED = {n: (r["cuda"], r["size"], r["name"]) for n, r in BY_ANY_NAME.items() if r["kind"] != "u"}
+_BYTES = {r["name"]: (r["cuda"], r["size"], r["name"]) for r in ROWS if r["kind"] == "u"}
 _FIRST_ADDRESS = 0x10_0000_0000       # pairs' made-up addresses start here (never NULL)
 
 
@@ -64,13 +61,13 @@ cdef tuple _dtype_of(object dt, str name):
     try:
         np_dt = np.dtype(key)
     except (TypeError, ValueError):
-        raise TypeError(f"{name}: expected a dtype (e.g. 'float32', 'bfloat16', 'float8_e4m3fn'), "
-                        f"got {dt!r}") from None
+        raise TypeError(f"{name}: expected a dtype (one of {', '.join(_TYPED)}, or a NumPy, ml_dtypes or "
+                        f"torch dtype), got {dt!r}") from None
     if np_dt.name in _TYPED:                # ml_dtypes' bfloat16 and float8 types among them
         t, size, shown = _TYPED[np_dt.name]
         return LAYOUT_TYPED, t, size, shown
-    if np_dt.name == "uint8":
-        return LAYOUT_BYTES, CUDA_R_8U, 1, "uint8"
+    if np_dt.name in _BYTES:
+        return (LAYOUT_BYTES,) + _BYTES[np_dt.name]
     return LAYOUT_OTHER, CUDA_R_8U, max(np_dt.itemsize, 1), np_dt.name
 
 

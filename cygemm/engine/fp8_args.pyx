@@ -33,14 +33,18 @@ from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm.engine.epilogues cimport Activation, activation_row, NO_EPILOGUE
 from cygemm.engine.types cimport MatrixView, ArrayDesc, is_fp8_type, type_size
-from cygemm.engine.arrays cimport read_fp8, read_array, view_from_desc, dtype_name, desc_shape
+from cygemm.engine.arrays cimport read_fp8, read_array, view_from_desc, desc_shape
+from cygemm.engine.dtypes cimport dtype_name
 from cygemm.engine.args cimport CallArgs, ArgRole, args_init, add_view, add_scalar, ARG_READ, ARG_WRITE
 from cygemm.engine.mapping cimport map_or_raise, is_rowmajor
 from cygemm.engine.arrays import FP8_FORMATS
+from cygemm.engine.dtypes cimport by_name, DTYPES_FLOAT, DTYPES_FP8, DTYPES_BYTES
+from cygemm.engine.dtypes import names
 
-OUT_DTYPES = {"bfloat16": CUDA_R_16BF, "float16": CUDA_R_16F, "float32": CUDA_R_32F,
-              "e4m3": CUDA_R_8F_E4M3, "e5m2": CUDA_R_8F_E5M2}
-_FP8_NAMES = ("uint8", "float8_e4m3fn", "float8_e5m2")
+#: What out_dtype= takes: the float types by name, the FP8 formats by their short names.
+OUT_DTYPES = {**{n: v[0] for n, v in by_name(DTYPES_FLOAT).items()}, **FP8_FORMATS}
+_FP8_NAMES = names(DTYPES_BYTES) + names(DTYPES_FP8)      # (the dtypes that hold FP8 codes)
+_DEFAULT_OUT = dtype_name(CUDA_R_16BF)      # an FP8 GEMM's output unless told: bfloat16, as torch._scaled_mm's
 #: scale_mode's names, by cuBLASLt mode.
 SCALE_MODES = {"tensor": SCALE_TENSOR, "rowwise": SCALE_OUTER, "1x128": SCALE_1X128, "128x128": SCALE_128X128}
 _MODE_NAMES = {v: k for k, v in SCALE_MODES.items()}
@@ -313,7 +317,7 @@ cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scal
             raise ValueError(f"out: expected a row-major array (unit stride along the last axis), got "
                              f"element strides ({vo.row_stride}, {vo.col_stride})")
     else:
-        d_name = out_dtype if out_dtype is not None else (format_out if format_out is not None else "bfloat16")
+        d_name = out_dtype if out_dtype is not None else (format_out if format_out is not None else _DEFAULT_OUT)
         if d_name not in OUT_DTYPES:
             raise ValueError(f"format_out: expected 'e4m3' or 'e5m2', got {d_name!r}")
         vo.dtype = OUT_DTYPES[d_name]

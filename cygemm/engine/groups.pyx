@@ -14,7 +14,8 @@ from libc.stdlib cimport malloc, free, qsort
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, pointer_alignment
-from cygemm.engine.arrays cimport view_from_object, dtype_name
+from cygemm.engine.arrays cimport view_from_object
+from cygemm.engine.dtypes cimport dtype_name
 from cygemm.engine.overlap cimport views_overlap, check_no_overlap
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_view, check_devices, expect_dtype, ARG_READ,
                                  ARG_WRITE, MAX_ARGS)

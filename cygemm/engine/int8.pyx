@@ -24,7 +24,7 @@ from cygemm.engine.settings cimport default_policy, AUTOTUNE_AUTO, POLICY_RUN_TO
 from cygemm.engine.context cimport GemmContext, call_workspace
 from cygemm.engine.streams cimport stream_is_capturing
 from cygemm.engine.mapping cimport is_rowmajor
-from cygemm.engine.arrays cimport dtype_name
+from cygemm.engine.dtypes cimport dtype_name
 from cygemm.engine.plans cimport Plan, get_plan, execute_plan
 from cygemm.engine.types cimport lt_batch_ok
 

@@ -12,8 +12,10 @@ import math
 import cupy
 import numpy as np
 
+from cygemm.engine.dtypes import BY_ANY_NAME, LEVELS, names
+
 # The dtypes cygemm's engine multiplies; a pair of them stays on cuBLAS.
-GEMM_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64", "complex64", "complex128"})
+GEMM_DTYPES = frozenset(names(LEVELS["wide"]))
 
 _cupy_matmul = cupy.matmul
 
@@ -33,14 +35,14 @@ def dtype_name(x):
             dt = x.__cuda_array_interface__["typestr"]
         else:
             return None
-        return "bfloat16" if str(dt) == "bfloat16" else np.dtype(dt).name
+        return str(dt) if str(dt) in BY_ANY_NAME else np.dtype(dt).name
     except (TypeError, ValueError, KeyError):
         return None
 
 
 # NumPy's float dtypes, for the answer every float call gets at once (naming a dtype costs
 # microseconds, and matmul asks on every call).
-_FLOATS = frozenset(np.dtype(t) for t in ("float16", "float32", "float64"))
+_FLOATS = frozenset(np.dtype(t) for t in (np.float16, np.float32, np.float64))
 
 
 def _float_at_once(x):
@@ -67,7 +69,8 @@ def takes(a, b, describing=False):
 def _numpys(name):
     """A dtype of NumPy's own (boolean, integer, float, complex) that CuPy's matmul takes."""
     try:
-        return name != "bfloat16" and np.dtype(name).kind in "biufc"
+        row = BY_ANY_NAME.get(name)
+        return (row is None or row["typestr"] is not None) and np.dtype(name).kind in "biufc"
     except TypeError:               # (a name NumPy does not parse back, e.g. void16)
         return False
 

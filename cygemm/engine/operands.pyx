@@ -8,7 +8,7 @@ from cygemm.bindings.cudart cimport cudaDataType, CUDA_R_8I, CUDA_R_32I
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, is_complex_type
 from cygemm.engine.mapping cimport (MapResult, MAP_OK, MAP_CONJ_A, conjugate_ops, layout_error, map_or_raise,
                                     check_batch_disjoint)
-from cygemm.engine.arrays cimport dtype_name, DTYPES_WIDE, DTYPES_GEMM
+from cygemm.engine.dtypes cimport dtype_name, DTYPES_WIDE, DTYPES_GEMM
 from cygemm.engine.int8 cimport check_int8
 from cygemm.engine.args cimport CallArgs, args_init, add_array, add_view, expect_dtype, ARG_READ, ARG_WRITE
 

@@ -105,7 +105,7 @@ def _on_a_side_stream(check):
 
 def _half_dtypes(cp):
     """float16, and bfloat16 where ml_dtypes lets CuPy hold it."""
-    from cygemm.engine.alloc import numpy_dtype
+    from cygemm.engine.dtypes import numpy_dtype
     try:
         return [cp.float16, numpy_dtype("bfloat16")]
     except TypeError:

@@ -1,11 +1,12 @@
-# The structs every layer shares, the limits, and the one compute-type rule. No code of its
-# own but inline functions: a module that needs a type cimports it from here, not from the
-# module that happens to produce it.
+# The structs every layer shares and the limits. No code of its own but inline functions: a
+# module that needs a type cimports it from here, not from the module that happens to produce
+# it. The dtype rules (compute type, sizes, scale type) are the dtype table's
+# (cygemm.engine.dtypes), re-exported here for the modules that take them with these structs.
 from libc.stdint cimport int64_t, uint32_t, uintptr_t
-from cygemm.bindings.cudart cimport (cudaDataType, CUDA_R_32F, CUDA_R_64F, CUDA_C_32F, CUDA_C_64F, CUDA_R_8I,
-                                     CUDA_R_32I, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2)
-from cygemm.bindings.cublas cimport (cublasOperation_t, CUBLAS_OP_N, cublasComputeType_t, CUBLAS_COMPUTE_32F,
-                            CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_32I)
+from cygemm.bindings.cudart cimport cudaDataType
+from cygemm.bindings.cublas cimport cublasOperation_t, CUBLAS_OP_N, cublasComputeType_t, CUBLAS_COMPUTE_32F
+from cygemm.engine.dtypes cimport (Math, MATH_TF32, MATH_FP32, MATH_CUPY, compute_type, is_fp8_type, type_size,
+                                   is_complex_type, scale_type)
 
 cdef enum:
     MAX_NDIM = 64               # dimensions of an array cygemm reads
@@ -78,45 +79,6 @@ ctypedef struct GemmTypes:
     int b_scale_mode            # scalar; see cygemm.engine.fp8_args), each its operand's (cuBLAS's A, B)
 
 
-# How float32 products are computed: math="tf32" / "fp32"; "cupy" is resolved to one of the
-# two by the caller (CuPy's CUPY_TF32 rule).
-cdef enum Math:
-    MATH_TF32 = 0
-    MATH_FP32 = 1
-    MATH_CUPY = 2
-
-
-cdef inline cublasComputeType_t compute_type(cudaDataType dtype, Math math) noexcept nogil:
-    """The one compute-type rule: float64 in fp64; float32 in TF32 or strict fp32; the half
-    types accumulate in fp32 either way."""
-    if dtype == CUDA_R_64F or dtype == CUDA_C_64F:
-        return CUBLAS_COMPUTE_64F
-    if (dtype == CUDA_R_32F or dtype == CUDA_C_32F) and math == MATH_TF32:
-        return CUBLAS_COMPUTE_32F_FAST_TF32
-    if dtype == CUDA_R_8I:
-        return CUBLAS_COMPUTE_32I
-    return CUBLAS_COMPUTE_32F
-
-
-cdef inline bint is_fp8_type(cudaDataType t) noexcept nogil:
-    return t == CUDA_R_8F_E4M3 or t == CUDA_R_8F_E5M2
-
-
-# Bytes per element of a GEMM storage type (FP8, int8, half types, float32, int32, float64, complex).
-cdef inline int type_size(cudaDataType t) noexcept nogil:
-    if is_fp8_type(t) or t == CUDA_R_8I:
-        return 1
-    if t == CUDA_C_64F:
-        return 16
-    if t == CUDA_R_64F or t == CUDA_C_32F:
-        return 8
-    return 4 if t == CUDA_R_32F or t == CUDA_R_32I else 2
-
-
-cdef inline bint is_complex_type(cudaDataType t) noexcept nogil:
-    return t == CUDA_C_32F or t == CUDA_C_64F
-
-
 cdef inline cublasComputeType_t typed_compute_type(const GemmTypes* t) noexcept nogil:
     """The compute type of a GEMM of mixed storage types, from the operands' real types: FP8
     operands accumulate in fp32 (cuBLASLt's one FP8 compute type); others as compute_type
@@ -124,18 +86,6 @@ cdef inline cublasComputeType_t typed_compute_type(const GemmTypes* t) noexcept 
     if is_fp8_type(t.a) or is_fp8_type(t.b):
         return CUBLAS_COMPUTE_32F
     return compute_type(t.a, MATH_FP32)
-
-
-cdef inline cudaDataType scale_type(cublasComputeType_t compute, cudaDataType dtype) noexcept nogil:
-    """The type of alpha and beta (cuBLAS's and cuBLASLt's scale type) for a compute type and
-    the output's type: complex for complex outputs (float or double parts by the compute type),
-    int32 for integer compute into int32 (float into int8: a real scale), double for fp64, float
-    for every other (FP8 included)."""
-    if is_complex_type(dtype):
-        return CUDA_C_64F if compute == CUBLAS_COMPUTE_64F else CUDA_C_32F
-    if compute == CUBLAS_COMPUTE_32I:
-        return CUDA_R_32F if dtype == CUDA_R_8I else CUDA_R_32I
-    return CUDA_R_64F if compute == CUBLAS_COMPUTE_64F else CUDA_R_32F
 
 
 # alpha and beta of one GEMM as the caller gave them (a real value has im 0): what every layer

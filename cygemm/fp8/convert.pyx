@@ -19,10 +19,12 @@ from cygemm.engine.args cimport (CallArgs, ArgRole, args_init, add_view, add_sca
 from cygemm.engine.alloc cimport empty_array, data_pointer, first_torch
 
 from cygemm.engine.arrays import FP8_FORMATS
+from cygemm.engine.dtypes cimport by_name, expected_names, DTYPES_FLOAT
 
 __all__ = ["quantize", "dequantize", "amax"]
 
-_DEQUANTIZED = {"float32": CUDA_R_32F, "float16": CUDA_R_16F, "bfloat16": CUDA_R_16BF}
+_DEQUANTIZED = by_name(DTYPES_FLOAT)      # the float types every entry takes: (type, itemsize)
+_DEQUANTIZED_EXPECTED = expected_names(DTYPES_FLOAT)
 
 
 cdef int64_t _contiguous(const ArrayDesc* d, str name) except -1:
@@ -165,12 +167,11 @@ def dequantize(q, scale_inv, *, out=None, dtype="float32", format=None, stream=N
         _contiguous(&dy, "out")
         v = _flat(&dy, n)
     else:
-        if dtype not in ("float32", "float16", "bfloat16"):
-            raise ValueError(f"dtype: expected 'float32', 'float16' or 'bfloat16', got {dtype!r}")
+        if dtype not in _DEQUANTIZED:
+            raise ValueError(f"dtype: expected {_DEQUANTIZED_EXPECTED}, got {dtype!r}")
         v = _flat(&dq, n)
         v.ptr, v.device = NULL, -1
-        v.dtype = _DEQUANTIZED[dtype]
-        v.itemsize = 4 if v.dtype == CUDA_R_32F else 2
+        v.dtype, v.itemsize = _DEQUANTIZED[dtype]
     vy = add_view(&c, &v, "out", ARG_WRITE)
     prepare_kernel_call(&c, stream)
     if out is None:     # in the caller's library: a torch tensor for a torch q

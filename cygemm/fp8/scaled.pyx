@@ -10,7 +10,7 @@ from cygemm.bindings.cublaslt cimport *
 from cygemm.kernels.elementwise cimport CYGEMM_ACT_NONE, CYGEMM_ACT_RELU, CYGEMM_ACT_GELU
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, GemmTypes, Scalars, real_scalars, is_fp8_type, typed_compute_type
 from cygemm.engine.errors cimport check_cublas
-from cygemm.engine.arrays cimport dtype_name
+from cygemm.engine.dtypes cimport dtype_name
 from cygemm.engine.args cimport CallArgs, prepare_typed_call
 from cygemm.engine.settings cimport autotune_level
 from cygemm.engine.context cimport GemmContext, call_workspace
@@ -222,7 +222,7 @@ def describe_scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, 
         ``ldb``, ``ldc``, ``stride_a``, ``stride_b``, ``stride_c`` (0) and the pointers ``a``,
         ``b``, ``c`` (None where there is no memory: a (shape, dtype) pair, out=None's result).
         Then FP8's own: ``call`` ("cublasLtMatmul"); ``a_type``, ``b_type``, ``c_type``,
-        ``d_type`` (cuBLAS's A, B, C and D, e.g. "float8_e4m3", "bfloat16") and ``bias_type``
+        ``d_type`` (cuBLAS's A, B, C and D, e.g. "float8_e4m3fn", "bfloat16") and ``bias_type``
         (None without a bias); ``epilogue`` ("default", "bias", "relu", "relu_bias", "gelu",
         "gelu_bias"); ``scales`` ({"a", "b", "out"}: whether each scale is set),
         ``scale_modes`` ({"a", "b"}: "tensor", "rowwise", "1x128" or "128x128"), ``amax``

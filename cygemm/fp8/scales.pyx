@@ -10,7 +10,8 @@ from cygemm.bindings.cudart cimport *
 from cygemm.kernels.fp8_scales cimport cygemm_fp8_quantize_scaled
 from cygemm.engine.types cimport MatrixView, ArrayDesc
 from cygemm.engine.errors cimport check_cuda
-from cygemm.engine.arrays cimport read_fp8, read_array, desc_shape, dtype_name
+from cygemm.engine.arrays cimport read_fp8, read_array, desc_shape
+from cygemm.engine.dtypes cimport dtype_name
 from cygemm.engine.args cimport CallArgs, args_init, add_view, prepare_kernel_call, ARG_READ, ARG_WRITE
 from cygemm.engine.alloc cimport empty_array, data_pointer, first_torch
 from cygemm.engine.fp8_args cimport SCALE_TENSOR, SCALE_OUTER, SCALE_1X128, SCALE_128X128, expect_scale

@@ -10,7 +10,7 @@ from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.mapping cimport rowmajor_view, conjugate_ops, layout_error, MAP_CONJ_A  # (more: rowmajor.pxd)
 from cygemm.engine.errors cimport refuse_in_capture
-from cygemm.engine.arrays cimport dtype_name, DTYPES_WIDE, DTYPES_GEMM
+from cygemm.engine.dtypes cimport dtype_name, DTYPES_WIDE, DTYPES_GEMM
 from cygemm.engine.int8 cimport check_int8, run_int8
 
 from cygemm.engine.alloc cimport empty_array, first_torch, data_pointer, is_torch, torch_stream

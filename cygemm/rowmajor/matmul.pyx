@@ -16,7 +16,8 @@ from cygemm.bindings.cublas cimport cublasComputeType_t, CUBLAS_OP_T, CUBLAS_COM
 from cygemm.engine.types cimport ArrayDesc, MatrixView, ColMajorGemm, Scalars, real_scalars, is_complex_type
 from cygemm.engine.errors cimport refuse_in_capture
 from cygemm.engine.context cimport GemmContext
-from cygemm.engine.arrays cimport read_array, desc_shape, dtype_name
+from cygemm.engine.arrays cimport read_array, desc_shape
+from cygemm.engine.dtypes cimport dtype_name
 from cygemm.engine.args cimport CallArgs, args_init, add_view, resolve_call, ARG_READ, ARG_WRITE
 from cygemm.engine.settings cimport autotune_level
 from cygemm.engine.plans cimport run_gemm
@@ -27,6 +28,7 @@ from cygemm.engine.batch_layout cimport (BatchLayout, MatmulPlan, read_layout, r
                                          decide_copies)
 from cygemm.engine.alloc cimport is_torch, new_array, torch_dtype, torch_stream
 from cygemm.engine import alloc as _alloc
+from cygemm.engine.dtypes import numpy_dtype
 from cygemm.engine.alloc import as_cupy
 from cygemm.engine import matmul_fallback as _matmul_fallback
 from cygemm.engine.described import DESCRIBE_KEYS
@@ -61,7 +63,7 @@ cdef object _contiguous(object x, cudaDataType t, cudaStream_t s):
             return x.to(torch_dtype(torch, t)).contiguous()
     import cupy
     with _alloc.stream_context(<uintptr_t>s):
-        return cupy.ascontiguousarray(as_cupy(x), dtype=_alloc.numpy_dtype(dtype_name(t)))
+        return cupy.ascontiguousarray(as_cupy(x), dtype=numpy_dtype(dtype_name(t)))
 
 
 cdef int _copy_into(object out, object src, cudaStream_t s) except -1:

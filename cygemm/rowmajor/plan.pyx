@@ -31,7 +31,7 @@ from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero
 from cygemm.engine.errors cimport check_cublas, refuse_in_capture
 from cygemm.engine.errors import CaptureError
 from cygemm.engine.streams cimport stream_is_capturing
-from cygemm.engine.arrays cimport dtype_name
+from cygemm.engine.dtypes cimport dtype_name
 from cygemm.engine.context cimport GemmContext, call_workspace
 from cygemm.engine.launch cimport PLAN_LT
 from cygemm.engine.args cimport (CallArgs, add_view, add_vector, add_matrix, check_overlaps, resolve_call,

@@ -107,7 +107,7 @@ def _detector(cp, dtype, m, n, k):
 
 
 def _dtypes():
-    from cygemm.engine.alloc import numpy_dtype
+    from cygemm.engine.dtypes import numpy_dtype
     out = [("float16", "tf32")]
     try:
         out.insert(0, (numpy_dtype("bfloat16"), "tf32"))

@@ -31,7 +31,7 @@ def test_describe_maps_a_rowmajor_b_kmajor_to_cublas_tn():
                                    format_a="e4m3", format_b="e4m3")
     assert (d["opa"], d["opb"], d["m"], d["n"], d["k"]) == ("T", "N", 32, 64, 128)
     assert (d["M"], d["N"], d["K"]) == (64, 32, 128)
-    assert (d["a_type"], d["b_type"], d["d_type"]) == ("float8_e4m3", "float8_e4m3", "bfloat16")
+    assert (d["a_type"], d["b_type"], d["d_type"]) == ("float8_e4m3fn", "float8_e4m3fn", "bfloat16")
     assert d["epilogue"] == "default" and d["lda"] == 128 and d["ldb"] == 128 and d["ldc"] == 32
 
 
@@ -39,7 +39,7 @@ def test_describe_fp8_output_takes_bfloat16_c_and_the_epilogue():
     d = fp8.describe_scaled_matmul(fake((64, 128)), kmajor_b(128, 32), SCALE, SCALE, format_a="e4m3",
                                    format_b="e5m2", out_dtype="e4m3", scale_out=SCALE, amax_out=SCALE,
                                    act="gelu")
-    assert (d["c_type"], d["d_type"], d["epilogue"]) == ("bfloat16", "float8_e4m3", "gelu")
+    assert (d["c_type"], d["d_type"], d["epilogue"]) == ("bfloat16", "float8_e4m3fn", "gelu")
     assert d["scales"] == {"a": True, "b": True, "out": True} and d["amax"]
     assert d["a_type"] == "float8_e5m2"            # cuBLAS's A is our b
 
@@ -74,8 +74,9 @@ def test_describe_gives_cublas_arguments_that_compute_a_times_b(M, K, N, pad_a, 
     d = fp8.describe_scaled_matmul(
         fake((M, K), strides=(lda, 1), ptr=ptr["a"]), fake((K, N), strides=(1, ldb), ptr=ptr["b"]), SCALE, SCALE,
         out=fake((M, N), "<f4", strides=(4 * ldo, 4), ptr=BASE + out_off), format_a=format_a, format_b=format_b)
-    fmt = {"a": format_a, "b": format_b}
-    assert (d["a_type"], d["b_type"]) == (f"float8_{fmt[d['cublas_a']]}", f"float8_{fmt[d['cublas_b']]}")
+    name = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+    fmt = {"a": name[format_a], "b": name[format_b]}
+    assert (d["a_type"], d["b_type"]) == (fmt[d["cublas_a"]], fmt[d["cublas_b"]])
     cublas_gemm_model(values, dict(d, a=ptr[d["cublas_a"]], b=ptr[d["cublas_b"]], c=BASE + out_off), itemsize=1,
                       c_mem=out_mem, c_itemsize=4)
     out = out_mem[out_off // 4:].reshape(M, ldo)
@@ -166,7 +167,7 @@ def test_scaled_matmul_matches_float64_of_the_fp8_values(out_dtype, act, with_bi
     bias = None
     if with_bias:
         bias_dtype = "float16" if out_dtype == "float16" else "bfloat16"
-        from cygemm.engine.alloc import numpy_dtype
+        from cygemm.engine.dtypes import numpy_dtype
         b32 = rng.standard_normal(N).astype(np.float32) * 5
         if bias_dtype == "float16":
             bias = cp.asarray(b32.astype(np.float16))

@@ -110,7 +110,7 @@ def test_fp8_takes_host_arrays_pairs_and_fakes():
                                       format_a="e4m3", format_b="e5m2")
     assert _without_pointers(host) == _without_pointers(paired) == _without_pointers(fake)
     assert (host["opa"], host["opb"], host["m"], host["n"], host["k"]) == ("T", "N", 32, 64, 128)
-    assert (host["a_type"], host["b_type"]) == ("float8_e5m2", "float8_e4m3")       # cuBLAS's A is b
+    assert (host["a_type"], host["b_type"]) == ("float8_e5m2", "float8_e4m3fn")       # cuBLAS's A is b
     assert (host["a"], host["b"], host["c"]) == (_address(b), _address(a), None)
     assert (paired["a"], paired["b"]) == (_address(b), None)
 
@@ -119,8 +119,8 @@ def test_fp8_takes_host_arrays_pairs_and_fakes():
 def test_fp8_dtype_names_carry_their_format(name):
     a, b, s = _fp8_operands()
     d = fp8.describe_scaled_matmul(((64, 128), name), b, s, s, format_b="e4m3", bias=((32,), "bfloat16"))
-    assert (d["b_type"], d["bias_type"], d["epilogue"]) == ("float8_e4m3", "bfloat16", "bias")
-    with pytest.raises(TypeError, match="a: its dtype is float8_e4m3 but format_a='e5m2'"):
+    assert (d["b_type"], d["bias_type"], d["epilogue"]) == ("float8_e4m3fn", "bfloat16", "bias")
+    with pytest.raises(TypeError, match="a: its dtype is float8_e4m3fn but format_a='e5m2'"):
         fp8.describe_scaled_matmul(((64, 128), name), b, s, s, format_a="e5m2", format_b="e4m3")
 
 
@@ -177,7 +177,7 @@ def test_bfloat16_ml_dtypes_arrays_in_every_describe():
     w = np.zeros((32, 128), ml_dtypes.float8_e4m3fn)
     d = fp8.describe_scaled_matmul(np.zeros((64, 128), ml_dtypes.float8_e4m3fn), w.T, ((), "float32"),
                                    ((), "float32"), bias=np.zeros(32, bf16))
-    assert (d["a_type"], d["b_type"], d["bias_type"]) == ("float8_e4m3", "float8_e4m3", "bfloat16")
+    assert (d["a_type"], d["b_type"], d["bias_type"]) == ("float8_e4m3fn", "float8_e4m3fn", "bfloat16")
 
 
 # ------------------------------------------------------------------ the mapping, run by the NumPy model

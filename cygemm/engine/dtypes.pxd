@@ -1,0 +1,119 @@
+# The dtype table: every fact cygemm knows about a storage type, in one C table (its rows
+# below), and the rules that derive from it. Readers, allocators, describers and checkers
+# (cygemm.engine.arrays, .alloc, .described, ...) ask it; none names a dtype itself.
+from cygemm.bindings.cudart cimport (cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F, CUDA_C_32F,
+                                     CUDA_C_64F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_8I, CUDA_R_32I, CUDA_R_8U)
+from cygemm.bindings.cublas cimport (cublasComputeType_t, CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32,
+                                     CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_32I)
+
+# Which dtypes an entry takes (a reader's `wide` argument): the float types every entry takes;
+# also float64 and complex (matmul and the GEMMs); also int8 and int32 (the GEMMs' int8 path).
+# FP8 and bytes rows are read by their own readers (cygemm.engine.arrays.read_fp8).
+cdef enum:
+    DTYPES_FLOAT = 0
+    DTYPES_WIDE = 1
+    DTYPES_GEMM = 2
+    DTYPES_FP8 = 3
+    DTYPES_BYTES = 4
+
+# How float32 products are computed: math="tf32" / "fp32"; "cupy" is resolved to one of the
+# two by the caller (CuPy's CUPY_TF32 rule).
+cdef enum Math:
+    MATH_TF32 = 0
+    MATH_FP32 = 1
+    MATH_CUPY = 2
+
+cdef extern from *:
+    """
+    /* One row per storage type. level: the DTYPES_* level that takes it; listed: named in the
+       errors' lists of what an entry takes (int32 is the int8 GEMM's result, not an input);
+       kind: 'f' real float, 'c' complex, 'i' integer, '8' FP8, 'u' bytes; dl_code/dl_bits:
+       DLPack's (dl_code -1: none read); typestr: __cuda_array_interface__'s ("" : none);
+       compute_fast/compute_strict: the compute type under math "tf32"/"fp32" (-1: none);
+       alias: a second name ("" : none). */
+    typedef struct {
+        int cuda; int size; const char* name; int level; int listed; char kind;
+        int dl_code; int dl_bits; const char* typestr; int compute_fast; int compute_strict;
+        const char* alias;
+    } cg_dtype_row;
+    static const cg_dtype_row cg_DTYPES[] = {
+        {CUDA_R_16F, 2, "float16", 0, 1, 'f', 2, 16, "<f2", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, ""},
+        {CUDA_R_16BF, 2, "bfloat16", 0, 1, 'f', 4, 16, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, ""},
+        {CUDA_R_32F, 4, "float32", 0, 1, 'f', 2, 32, "<f4", CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F, ""},
+        {CUDA_R_64F, 8, "float64", 1, 1, 'f', 2, 64, "<f8", CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_64F, ""},
+        {CUDA_C_32F, 8, "complex64", 1, 1, 'c', 5, 64, "<c8", CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F, ""},
+        {CUDA_C_64F, 16, "complex128", 1, 1, 'c', 5, 128, "<c16", CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_64F, ""},
+        {CUDA_R_8I, 1, "int8", 2, 1, 'i', 0, 8, "|i1", CUBLAS_COMPUTE_32I, CUBLAS_COMPUTE_32I, ""},
+        {CUDA_R_32I, 4, "int32", 2, 0, 'i', 0, 32, "<i4", -1, -1, ""},
+        {CUDA_R_8F_E4M3, 1, "float8_e4m3fn", 3, 1, '8', -1, 8, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "e4m3"},
+        {CUDA_R_8F_E5M2, 1, "float8_e5m2", 3, 1, '8', -1, 8, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "e5m2"},
+        {CUDA_R_8U, 1, "uint8", 4, 0, 'u', 1, 8, "|u1", -1, -1, ""},
+    };
+    enum { cg_N_DTYPES = sizeof(cg_DTYPES) / sizeof(cg_DTYPES[0]) };
+    static inline const cg_dtype_row* cg_dtype_at(int i) { return &cg_DTYPES[i]; }
+
+    /* The row of a type (NULL: none). */
+    static inline const cg_dtype_row* cg_dtype_row_of(int cuda) {
+        for (int i = 0; i < cg_N_DTYPES; i++)
+            if (cg_DTYPES[i].cuda == cuda) return &cg_DTYPES[i];
+        return 0;
+    }
+    """
+    ctypedef struct cg_dtype_row:
+        int cuda, size, level, listed, dl_code, dl_bits, compute_fast, compute_strict
+        const char* name
+        const char* typestr
+        const char* alias
+        char kind
+    int cg_N_DTYPES
+    const cg_dtype_row* cg_dtype_at(int i) noexcept nogil
+    const cg_dtype_row* cg_dtype_row_of(int cuda) noexcept nogil
+
+
+cdef inline bint is_fp8_type(cudaDataType t) noexcept nogil:
+    cdef const cg_dtype_row* r = cg_dtype_row_of(t)
+    return r != NULL and r.kind == b'8'
+
+
+cdef inline bint is_complex_type(cudaDataType t) noexcept nogil:
+    cdef const cg_dtype_row* r = cg_dtype_row_of(t)
+    return r != NULL and r.kind == b'c'
+
+
+# Bytes per element of a storage type (0: not in the table).
+cdef inline int type_size(cudaDataType t) noexcept nogil:
+    cdef const cg_dtype_row* r = cg_dtype_row_of(t)
+    return r.size if r != NULL else 0
+
+
+cdef inline cublasComputeType_t compute_type(cudaDataType dtype, Math math) noexcept nogil:
+    """The compute type of a GEMM of one storage type: the table's, by math (float64 in fp64;
+    float32 and complex64 in TF32 or strict fp32; the half types in fp32 either way; int8 in
+    int32)."""
+    cdef const cg_dtype_row* r = cg_dtype_row_of(dtype)
+    if r == NULL or r.compute_fast < 0:
+        return CUBLAS_COMPUTE_32F
+    return <cublasComputeType_t>(r.compute_fast if math == MATH_TF32 else r.compute_strict)
+
+
+cdef inline cudaDataType scale_type(cublasComputeType_t compute, cudaDataType dtype) noexcept nogil:
+    """The type of alpha and beta (cuBLAS's and cuBLASLt's scale type) for a compute type and
+    the output's type: complex for complex outputs (float or double parts by the compute type),
+    int32 for integer compute into int32 (float into int8: a real scale), double for fp64, float
+    for every other (FP8 included)."""
+    if is_complex_type(dtype):
+        return CUDA_C_64F if compute == CUBLAS_COMPUTE_64F else CUDA_C_32F
+    if compute == CUBLAS_COMPUTE_32I:
+        return CUDA_R_32F if dtype == CUDA_R_8I else CUDA_R_32I
+    return CUDA_R_64F if compute == CUBLAS_COMPUTE_64F else CUDA_R_32F
+
+
+# The name of a type ("float32", "float8_e4m3fn", ...; "cudaDataType N" outside the table).
+cdef object dtype_name(cudaDataType dtype)
+# "float16, bfloat16 or float32": the listed names of the rows a level takes, for errors.
+cdef str expected_names(int level)
+# (type, itemsize) by name, typestr or DLPack (code, bits), of the rows `level` takes (dicts
+# built once from the table).
+cdef dict by_name(int level)
+cdef dict by_typestr(int level)
+cdef dict by_dlpack(int level)
