@@ -28,6 +28,7 @@ except ImportError as exc:          # only a torch user gets here (cygemm.matmul
     raise ImportError("cygemm.autograd needs PyTorch (pip install torch)") from exc
 from torch.autograd.function import once_differentiable
 
+from cygemm.engine.dtypes import LEVELS, expected
 from cygemm.dense import activation_table, backward_into, forward_into, parse_activation
 from cygemm.rowmajor.matmul import _set_grad_path, matmul as _matmul
 
@@ -36,7 +37,7 @@ __all__ = ["MatmulFunction", "LinearFunction", "linear"]
 _DENSE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Activations whose derivative the output fixes: the backward reads y, no Z is saved.
 _FROM_OUTPUT = {row["code"] for row in activation_table() if row["grad_from_output"]}
-_LEAKY_RELU = parse_activation("leaky_relu")
+_SLOPED = {row["code"] for row in activation_table() if row["takes_slope"]}     # (from y only when slope > 0)
 
 
 def _cuda_tensor(x, name):
@@ -152,7 +153,7 @@ def _check_dense(x, weight, bias):
         if tuple(bias.shape) != (weight.shape[0],):
             raise ValueError(f"bias: expected shape ({weight.shape[0]},), got {tuple(bias.shape)}")
     if x.dtype not in _DENSE_DTYPES:
-        raise TypeError(f"x: expected float32, float16 or bfloat16 (the dense layer has no float64; "
+        raise TypeError(f"x: expected {expected(LEVELS['float'])} (the dense layer has no float64; "
                         f"cygemm.matmul has), got {_name(x.dtype)}")
     for name, t in (("weight", weight), ("bias", bias)):
         if t is not None and t.dtype != x.dtype:
@@ -170,7 +171,7 @@ def _saves(act, leaky_slope):
     code = parse_activation(act)
     if code == 0:
         return None
-    if code in _FROM_OUTPUT and (code != _LEAKY_RELU or leaky_slope > 0):
+    if code in _FROM_OUTPUT and (code not in _SLOPED or leaky_slope > 0):
         return "y"
     return "z"
 

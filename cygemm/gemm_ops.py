@@ -91,7 +91,7 @@ def ensure_workspaces(M, N, lt_bytes=4 << 20, dtype=np.float32, stream=None) -> 
     dZ = _context.stream_buffer("dZ", (int(M), int(N)), dtype.name, stream, _alloc.empty_on)
     lt_ws = None
     if lt_bytes:
-        lt_ws = _context.stream_buffer("lt_ws", (int(lt_bytes),), "uint8", stream, _alloc.empty_on)
+        lt_ws = _context.stream_buffer("lt_ws", (int(lt_bytes),), np.uint8, stream, _alloc.empty_on)
     return GemmWorkspaces(dZ, lt_ws)
 
 

@@ -14,6 +14,7 @@ from cygemm.bindings.cudart cimport *
 from cygemm.kernels.elementwise cimport *
 from cygemm.engine.epilogues cimport Activation, activation_row, leaky_slope_of
 from cygemm.engine.types cimport MatrixView
+from cygemm.engine.dtypes cimport dtype_level, expected_names, DTYPES_FLOAT
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_matrix, add_vector, allow_in_place, prepare_kernel_call,
                                  expect_dtype,
@@ -26,8 +27,8 @@ cdef int _row_major(const MatrixView* v, str name) except -1:
     if not is_rowmajor(v):
         raise ValueError(f"{name}: expected a row-major array (unit stride along the last axis), got "
                          f"element strides ({v.row_stride}, {v.col_stride})")
-    if v.dtype != CUDA_R_32F and v.dtype != CUDA_R_16F and v.dtype != CUDA_R_16BF:
-        raise TypeError(f"{name}: expected float32, float16 or bfloat16")
+    if dtype_level(v.dtype) != DTYPES_FLOAT:
+        raise TypeError(f"{name}: expected {expected_names(DTYPES_FLOAT)}")
     return 0
 
 

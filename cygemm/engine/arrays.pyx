@@ -7,7 +7,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_
 from cygemm.bindings.cudart cimport cudaDataType, CUDA_R_32F, CUDA_R_16F
 from cygemm.engine.dtypes cimport (DTYPES_FLOAT, DTYPES_WIDE, DTYPES_GEMM, DTYPES_FP8, DTYPES_BYTES, by_name,
                                    by_typestr, by_dlpack, dtype_name, expected_names, type_size, is_fp8_type)
-from cygemm.engine.dtypes import ROWS, names, row_of_name
+from cygemm.engine.dtypes import ROWS, names, row_of_name, FP8_FORMATS, FORMATS_EXPECTED as _FORMATS_EXPECTED
 from cygemm.engine.types cimport MatrixView, ArrayDesc, MAX_NDIM, view_is_empty
 from cygemm.engine.described cimport ArrayLayout, LAYOUT_TYPED, LAYOUT_BYTES
 
@@ -314,9 +314,6 @@ def describe_array(x, str name="x"):
 
 # ---------------------------------------------------------------- FP8 arrays
 
-#: The FP8 formats by their short names (the table's aliases): what fmt= and format_*= take.
-FP8_FORMATS = {r["alias"]: r["cuda"] for r in ROWS if r["level"] == DTYPES_FP8}
-_FORMATS_EXPECTED = " or ".join([repr(f) for f in FP8_FORMATS])
 _FP8_EXPECTED = ", ".join(names(DTYPES_FP8)) + " or " + names(DTYPES_BYTES)[0]     # (FP8 bytes)
 _BYTES_TYPESTRS = by_typestr(DTYPES_BYTES)
 cdef dict _torch_fp8 = None

@@ -14,7 +14,8 @@ from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm.kernels.elementwise cimport *
-from cygemm.engine.epilogues cimport NO_EPILOGUE
+from cygemm.engine.epilogues cimport has_lt_epilogue, lt_epilogue_of
+from cygemm.engine.epilogues import EPILOGUE_ACTS
 from cygemm.engine.types cimport ColMajorGemm, Scalars, real_scalars, pointer_alignment
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.errors import CygemmError
@@ -45,7 +46,7 @@ cdef enum ForwardRoute:
     FWD_GEMM_KERNEL = 3
 
 FORWARD_ROUTES = {
-    "epilogue": "one cuBLASLt call with the bias and activation in its epilogue (relu, gelu, none; "
+    "epilogue": f"one cuBLASLt call with the bias and activation in its epilogue ({EPILOGUE_ACTS}; "
                 "Z not saved)",
     "gelu_aux": "one cuBLASLt call writing out and Z (GELU_AUX[_BIAS]: gelu with save_z; Z's ld a "
                 "multiple of 8, 16-byte aligned)",
@@ -59,9 +60,9 @@ FORWARD_ROUTES = {
 cdef bint _fwd_applies(const ForwardCall* f, int route) noexcept nogil:
     cdef bint kernel_work = f.save_z or f.code != CYGEMM_ACT_NONE
     if route == FWD_EPILOGUE:
-        return f.K > 0 and not f.save_z and f.act.epilogue != NO_EPILOGUE
+        return f.K > 0 and not f.save_z and has_lt_epilogue(f.act, False)
     if route == FWD_GELU_AUX:
-        return (f.K > 0 and f.save_z and f.act.aux_epilogue != NO_EPILOGUE
+        return (f.K > 0 and f.save_z and has_lt_epilogue(f.act, True)
                 and f.z_ld % f.act.aux_ld_multiple == 0 and pointer_alignment(f.z) >= f.act.aux_alignment)
     if route == FWD_BIAS_EPILOGUE_KERNEL:
         return f.K > 0 and f.bias != NULL and kernel_work
@@ -102,10 +103,10 @@ cdef int _fwd_run(ForwardCall* f, int route) except -1:
     cdef void* target = f.z if f.save_z else f.y
     cdef int64_t target_ld = f.z_ld if f.save_z else f.y_ld
     if route == FWD_EPILOGUE:
-        epi = <cublasLtEpilogue_t>(f.act.epilogue_bias if has_bias else f.act.epilogue)
+        epi = <cublasLtEpilogue_t>lt_epilogue_of(f.act, has_bias, False)
         return _lt_call(f, &f.g_y, epi, f.bias, NULL, 0)
     if route == FWD_GELU_AUX:
-        epi = <cublasLtEpilogue_t>(f.act.aux_epilogue_bias if has_bias else f.act.aux_epilogue)
+        epi = <cublasLtEpilogue_t>lt_epilogue_of(f.act, has_bias, True)
         return _lt_call(f, &f.g_y, epi, f.bias, f.z, f.z_ld)
     if route == FWD_BIAS_EPILOGUE_KERNEL:
         if _lt_call(f, g, CUBLASLT_EPILOGUE_BIAS, f.bias, NULL, 0):

@@ -30,24 +30,25 @@ cdef extern from *:
        kind: 'f' real float, 'c' complex, 'i' integer, '8' FP8, 'u' bytes; dl_code/dl_bits:
        DLPack's (dl_code -1: none read); typestr: __cuda_array_interface__'s ("" : none);
        compute_fast/compute_strict: the compute type under math "tf32"/"fp32" (-1: none);
-       alias: a second name ("" : none). */
+       alias: a second name ("" : none; an FP8 format's short name); max_finite: the largest
+       finite value, where an entry saturates to it (FP8; 0: not used). */
     typedef struct {
         int cuda; int size; const char* name; int level; int listed; char kind;
         int dl_code; int dl_bits; const char* typestr; int compute_fast; int compute_strict;
-        const char* alias;
+        const char* alias; double max_finite;
     } cg_dtype_row;
     static const cg_dtype_row cg_DTYPES[] = {
-        {CUDA_R_16F, 2, "float16", 0, 1, 'f', 2, 16, "<f2", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, ""},
-        {CUDA_R_16BF, 2, "bfloat16", 0, 1, 'f', 4, 16, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, ""},
-        {CUDA_R_32F, 4, "float32", 0, 1, 'f', 2, 32, "<f4", CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F, ""},
-        {CUDA_R_64F, 8, "float64", 1, 1, 'f', 2, 64, "<f8", CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_64F, ""},
-        {CUDA_C_32F, 8, "complex64", 1, 1, 'c', 5, 64, "<c8", CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F, ""},
-        {CUDA_C_64F, 16, "complex128", 1, 1, 'c', 5, 128, "<c16", CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_64F, ""},
-        {CUDA_R_8I, 1, "int8", 2, 1, 'i', 0, 8, "|i1", CUBLAS_COMPUTE_32I, CUBLAS_COMPUTE_32I, ""},
-        {CUDA_R_32I, 4, "int32", 2, 0, 'i', 0, 32, "<i4", -1, -1, ""},
-        {CUDA_R_8F_E4M3, 1, "float8_e4m3fn", 3, 1, '8', -1, 8, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "e4m3"},
-        {CUDA_R_8F_E5M2, 1, "float8_e5m2", 3, 1, '8', -1, 8, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "e5m2"},
-        {CUDA_R_8U, 1, "uint8", 4, 0, 'u', 1, 8, "|u1", -1, -1, ""},
+        {CUDA_R_16F, 2, "float16", 0, 1, 'f', 2, 16, "<f2", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "", 0.0},
+        {CUDA_R_16BF, 2, "bfloat16", 0, 1, 'f', 4, 16, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "", 0.0},
+        {CUDA_R_32F, 4, "float32", 0, 1, 'f', 2, 32, "<f4", CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F, "", 0.0},
+        {CUDA_R_64F, 8, "float64", 1, 1, 'f', 2, 64, "<f8", CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_64F, "", 0.0},
+        {CUDA_C_32F, 8, "complex64", 1, 1, 'c', 5, 64, "<c8", CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F, "", 0.0},
+        {CUDA_C_64F, 16, "complex128", 1, 1, 'c', 5, 128, "<c16", CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_64F, "", 0.0},
+        {CUDA_R_8I, 1, "int8", 2, 1, 'i', 0, 8, "|i1", CUBLAS_COMPUTE_32I, CUBLAS_COMPUTE_32I, "", 0.0},
+        {CUDA_R_32I, 4, "int32", 2, 0, 'i', 0, 32, "<i4", -1, -1, "", 0.0},
+        {CUDA_R_8F_E4M3, 1, "float8_e4m3fn", 3, 1, '8', -1, 8, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "e4m3", 448.0},
+        {CUDA_R_8F_E5M2, 1, "float8_e5m2", 3, 1, '8', -1, 8, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "e5m2", 57344.0},
+        {CUDA_R_8U, 1, "uint8", 4, 0, 'u', 1, 8, "|u1", -1, -1, "", 0.0},
     };
     enum { cg_N_DTYPES = sizeof(cg_DTYPES) / sizeof(cg_DTYPES[0]) };
     static inline const cg_dtype_row* cg_dtype_at(int i) { return &cg_DTYPES[i]; }
@@ -64,6 +65,7 @@ cdef extern from *:
         const char* name
         const char* typestr
         const char* alias
+        double max_finite
         char kind
     int cg_N_DTYPES
     const cg_dtype_row* cg_dtype_at(int i) noexcept nogil
@@ -78,6 +80,12 @@ cdef inline bint is_fp8_type(cudaDataType t) noexcept nogil:
 cdef inline bint is_complex_type(cudaDataType t) noexcept nogil:
     cdef const cg_dtype_row* r = cg_dtype_row_of(t)
     return r != NULL and r.kind == b'c'
+
+
+# The DTYPES_* level of a type (-1: not in the table).
+cdef inline int dtype_level(cudaDataType t) noexcept nogil:
+    cdef const cg_dtype_row* r = cg_dtype_row_of(t)
+    return r.level if r != NULL else -1
 
 
 # Bytes per element of a storage type (0: not in the table).

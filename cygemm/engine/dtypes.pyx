@@ -15,7 +15,8 @@ cdef list _rows():
         rows.append(dict(cuda=r.cuda, size=r.size, name=r.name.decode(), level=r.level, listed=bool(r.listed),
                          kind=chr(r.kind), dlpack=(r.dl_code, r.dl_bits) if r.dl_code >= 0 else None,
                          typestr=r.typestr.decode() or None, alias=r.alias.decode() or None,
-                         compute=(r.compute_fast, r.compute_strict) if r.compute_fast >= 0 else None))
+                         compute=(r.compute_fast, r.compute_strict) if r.compute_fast >= 0 else None,
+                         max_finite=r.max_finite or None))
     return rows
 
 
@@ -55,6 +56,19 @@ _EXPECTED = [None] * (DTYPES_BYTES + 1)
 for _level in range(DTYPES_BYTES + 1):
     _listed = names(_level, True)
     _EXPECTED[_level] = ", ".join(_listed[:-1]) + " or " + _listed[-1] if len(_listed) > 1 else "".join(_listed)
+
+
+#: The FP8 formats by their short names (the FP8 rows' aliases): what format= and format_*= take.
+FP8_FORMATS = {r["alias"]: r["cuda"] for r in ROWS if r["level"] == DTYPES_FP8}
+#: The largest finite value of each FP8 format: quantize saturates there.
+FP8_MAX = {r["alias"]: r["max_finite"] for r in ROWS if r["level"] == DTYPES_FP8}
+#: "'e4m3' or 'e5m2'", for errors.
+FORMATS_EXPECTED = " or ".join([repr(f) for f in FP8_FORMATS])
+
+
+def expected(int level):
+    """The listed names of a level, as errors say them ("float16, bfloat16 or float32")."""
+    return _EXPECTED[level]
 
 
 cdef object dtype_name(cudaDataType dtype):

@@ -1,4 +1,6 @@
 # The epilogue table (see epilogues.pyx).
+from cygemm.bindings.cudart cimport cudaDataType, CUDA_R_16F, CUDA_R_16BF
+from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t
 from cygemm.kernels.elementwise cimport cygemm_act_t
 
 # One row per activation: its kernel code, the cuBLASLt epilogues that apply it in the GEMM
@@ -23,3 +25,22 @@ cdef enum:
 cdef const Activation* activation_row(object act) except NULL
 # leaky_relu's slope, checked (ValueError unless finite and >= 0).
 cdef float leaky_slope_of(object leaky_slope) except? -1
+# The row of a kernel code (CYGEMM_ACT_*): NULL where none (the C API's int act), or
+# ValueError naming `arg`.
+cdef const Activation* activation_of_code(int code) noexcept nogil
+cdef const Activation* activation_by_code(int code, str arg) except NULL
+# The cuBLASLt epilogue of an activation (NO_EPILOGUE: none), without the GIL.
+cdef int lt_epilogue_of(const Activation* act, bint has_bias, bint writes_z) noexcept nogil
+# The one cuBLASLt epilogue of an activation, with or without bias, writing Z (aux) or not;
+# ValueError naming `act` (or `z_out`) when none does, listing what does. `who`: whose rule
+# it is, for the message ("cuBLASLt's epilogues", "FP8 GEMMs").
+cdef cublasLtEpilogue_t lt_epilogue(const Activation* act, bint has_bias, bint writes_z, str who) except *
+cdef bint has_lt_epilogue(const Activation* act, bint writes_z) noexcept nogil
+# The message of an activation (code) no cuBLASLt epilogue applies, for `who`.
+cdef str no_lt_epilogue(int code, str who)
+
+
+# The bias of an FP8 GEMM's epilogue: float16 for a float16 output, bfloat16 for every other
+# (cuBLASLt's rule for FP8 epilogues).
+cdef inline cudaDataType fp8_bias_type(cudaDataType d_type) noexcept nogil:
+    return CUDA_R_16F if d_type == CUDA_R_16F else CUDA_R_16BF

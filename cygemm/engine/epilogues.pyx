@@ -46,6 +46,89 @@ cdef const Activation* activation_row(object act) except NULL:
     raise AssertionError(f"act {act!r}: no row in the epilogue table")
 
 
+cdef const Activation* activation_of_code(int code) noexcept nogil:
+    cdef int i
+    for i in range(N_ACTIVATIONS):
+        if <int>_ACTS[i].code == code:
+            return &_ACTS[i]
+    return NULL
+
+
+cdef const Activation* activation_by_code(int code, str arg) except NULL:
+    cdef const Activation* row = activation_of_code(code)
+    if row == NULL:
+        raise ValueError(f"{arg}: expected an activation code ({_CODES}), got {code}")
+    return row
+
+
+cdef int lt_epilogue_of(const Activation* act, bint has_bias, bint writes_z) noexcept nogil:
+    if writes_z:
+        return act.aux_epilogue_bias if has_bias else act.aux_epilogue
+    return act.epilogue_bias if has_bias else act.epilogue
+
+
+cdef str no_lt_epilogue(int code, str who):
+    cdef const Activation* row = activation_of_code(code)
+    got = repr(row.name.decode()) if row != NULL else f"code {code}"
+    return f"act: {who} apply {_EPILOGUE_ACTS} ({_EPILOGUE_CODES}), got {got}"
+
+
+cdef bint has_lt_epilogue(const Activation* act, bint writes_z) noexcept nogil:
+    return (act.aux_epilogue if writes_z else act.epilogue) != NO_EPILOGUE
+
+
+cdef cublasLtEpilogue_t lt_epilogue(const Activation* act, bint has_bias, bint writes_z, str who) except *:
+    cdef str name = act.name.decode()
+    if not has_lt_epilogue(act, False):
+        raise ValueError(f"act: {who} apply {_EPILOGUE_ACTS}, got {name!r}")
+    if writes_z and not has_lt_epilogue(act, True):
+        raise ValueError(f"z_out: cuBLASLt writes Z beside out only for {_AUX_ACTS}, got act={name!r}")
+    return <cublasLtEpilogue_t>lt_epilogue_of(act, has_bias, writes_z)
+
+
+cdef str _listed(names):
+    names = [repr(n) for n in names]
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)
+
+
+cdef list _epilogue_rows():
+    """Each cuBLASLt epilogue of the table as data: its name, activation, inputs and outputs,
+    the operand dtypes it takes and Z's rules (the nvmath-python epilog-protocol idea)."""
+    rows = []
+    cdef int i
+    for i in range(N_ACTIVATIONS):
+        act = _ACTS[i].name.decode()
+        base = "" if act == _NO_ACT else act
+        for epi, bias, aux in ((_ACTS[i].epilogue, False, False), (_ACTS[i].epilogue_bias, True, False),
+                               (_ACTS[i].aux_epilogue, False, True), (_ACTS[i].aux_epilogue_bias, True, True)):
+            if epi == NO_EPILOGUE:
+                continue
+            name = "_".join([p for p in (base, "aux" if aux else "", "bias" if bias else "") if p]) or "default"
+            rows.append(dict(name=name, epilogue=epi, act=act, inputs=("bias",) if bias else (),
+                             outputs=("out", "z") if aux else ("out",),
+                             dtypes="float" if aux else "float or fp8",
+                             z_ld_multiple=_ACTS[i].aux_ld_multiple if aux else None,
+                             z_alignment=_ACTS[i].aux_alignment if aux else None))
+    return rows
+
+
+_NO_ACT = _ACTS[0].name.decode()
+_CODES = ", ".join([f"{<int>_ACTS[i].code} {_ACTS[i].name.decode()}" for i in range(N_ACTIVATIONS)])
+_EPILOGUE_ACTS = _listed([_ACTS[i].name.decode() for i in range(N_ACTIVATIONS) if _ACTS[i].epilogue != NO_EPILOGUE])
+_EPILOGUE_CODES = ", ".join([f"{_ACTS[i].name.decode()} {<int>_ACTS[i].code}" for i in range(N_ACTIVATIONS)
+                             if _ACTS[i].epilogue != NO_EPILOGUE])
+
+#: Every cuBLASLt epilogue cygemm applies, one dict each (name, epilogue, act, inputs, outputs,
+#: dtypes, Z's rules).
+EPILOGUES = tuple(_epilogue_rows())
+_AUX_ACTS = " or ".join([f"{r['act']!r} ({r['name'].upper()})" for r in EPILOGUES
+                          if "z" in r["outputs"] and not r["inputs"]])
+#: cuBLASLt epilogue value -> its name ("default", "bias", "relu", "gelu_bias", "gelu_aux", ...).
+EPILOGUE_NAMES = {row["epilogue"]: row["name"] for row in EPILOGUES}
+#: The activations that have a cuBLASLt epilogue, listed for messages ("'none', 'relu' or 'gelu'").
+EPILOGUE_ACTS = _EPILOGUE_ACTS
+
+
 def parse_activation(act):
     """Activation name (case-insensitive) -> kernel code; ValueError lists the valid names."""
     try:
@@ -58,7 +141,8 @@ def activation_table():
     """The epilogue table, one dict per activation (for tests and docs)."""
     return [dict(name=_ACTS[i].name.decode(), code=<int>_ACTS[i].code,
                  epilogue=_ACTS[i].epilogue != NO_EPILOGUE, aux_epilogue=_ACTS[i].aux_epilogue != NO_EPILOGUE,
-                 grad_from_output=bool(_ACTS[i].grad_from_output)) for i in range(N_ACTIVATIONS)]
+                 grad_from_output=bool(_ACTS[i].grad_from_output),
+                 takes_slope=_ACTS[i].code == CYGEMM_ACT_LEAKY_RELU) for i in range(N_ACTIVATIONS)]
 
 
 cdef float leaky_slope_of(object leaky_slope) except? -1:

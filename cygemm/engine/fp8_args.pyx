@@ -31,15 +31,15 @@ from libc.stdint cimport int64_t, uintptr_t
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
-from cygemm.engine.epilogues cimport Activation, activation_row, NO_EPILOGUE
+from cygemm.engine.epilogues cimport Activation, activation_row, lt_epilogue, fp8_bias_type
 from cygemm.engine.types cimport MatrixView, ArrayDesc, is_fp8_type, type_size
 from cygemm.engine.arrays cimport read_fp8, read_array, view_from_desc, desc_shape
 from cygemm.engine.dtypes cimport dtype_name
 from cygemm.engine.args cimport CallArgs, ArgRole, args_init, add_view, add_scalar, ARG_READ, ARG_WRITE
 from cygemm.engine.mapping cimport map_or_raise, is_rowmajor
-from cygemm.engine.arrays import FP8_FORMATS
+from cygemm.engine.dtypes import FP8_FORMATS, FORMATS_EXPECTED
 from cygemm.engine.dtypes cimport by_name, DTYPES_FLOAT, DTYPES_FP8, DTYPES_BYTES
-from cygemm.engine.dtypes import names
+from cygemm.engine.dtypes import names, expected
 
 #: What out_dtype= takes: the float types by name, the FP8 formats by their short names.
 OUT_DTYPES = {**{n: v[0] for n, v in by_name(DTYPES_FLOAT).items()}, **FP8_FORMATS}
@@ -107,10 +107,7 @@ cdef int _aligned16(const MatrixView* v, str name, int64_t ld, int64_t lines, st
 
 
 cdef int _epilogue(const Activation* act, bint has_bias, cublasLtEpilogue_t* epi) except -1:
-    if act.epilogue == NO_EPILOGUE:
-        raise ValueError(f"act: FP8 GEMMs apply 'none', 'relu' or 'gelu' (cuBLASLt epilogues), got "
-                         f"{act.name.decode()!r}")
-    epi[0] = <cublasLtEpilogue_t>(act.epilogue_bias if has_bias else act.epilogue)
+    epi[0] = lt_epilogue(act, has_bias, False, "FP8 GEMMs (cuBLASLt epilogues)")
     return 0
 
 
@@ -319,7 +316,7 @@ cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scal
     else:
         d_name = out_dtype if out_dtype is not None else (format_out if format_out is not None else _DEFAULT_OUT)
         if d_name not in OUT_DTYPES:
-            raise ValueError(f"format_out: expected 'e4m3' or 'e5m2', got {d_name!r}")
+            raise ValueError(f"format_out: expected {FORMATS_EXPECTED}, got {d_name!r}")
         vo.dtype = OUT_DTYPES[d_name]
         vo.itemsize = type_size(vo.dtype)
         vo.ptr, vo.device = NULL, -1
@@ -328,8 +325,8 @@ cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scal
     d_type = vo.dtype
     cdef bint fp8_out = is_fp8_type(d_type)
     if fp8_out and mode_a != SCALE_TENSOR:
-        raise ValueError(f"out: an FP8 GEMM with {scale_mode_name(mode_a)} scales writes bfloat16, float16 or "
-                         f"float32 (cuBLASLt quantizes an FP8 output only under per-tensor scales), got "
+        raise ValueError(f"out: an FP8 GEMM with {scale_mode_name(mode_a)} scales writes {expected(DTYPES_FLOAT)} "
+                         f"(cuBLASLt quantizes an FP8 output only under per-tensor scales), got "
                          f"{dtype_name(d_type)}")
     if (mode_a == SCALE_1X128 or mode_a == SCALE_128X128) and (va.rows % 4 or vb.cols % 4):
         if va.rows % 4:
@@ -337,7 +334,7 @@ cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scal
                              f"pad a (and its scales) with zero rows")
         raise ValueError(f"b: FP8 GEMMs with block scales need N to be a multiple of 4, got N = {vb.cols}; "
                          f"pad b (and its scales) with zero columns")
-    cdef cudaDataType bias_type = CUDA_R_16F if d_type == CUDA_R_16F else CUDA_R_16BF
+    cdef cudaDataType bias_type = fp8_bias_type(d_type)
     cdef ArrayDesc db
     cdef MatrixView vbias
     cdef MatrixView* pbias = NULL

@@ -12,7 +12,7 @@ import math
 import cupy
 import numpy as np
 
-from cygemm.engine.dtypes import BY_ANY_NAME, LEVELS, names
+from cygemm.engine.dtypes import BY_ANY_NAME, LEVELS, expected, names
 
 # The dtypes cygemm's engine multiplies; a pair of them stays on cuBLAS.
 GEMM_DTYPES = frozenset(names(LEVELS["wide"]))
@@ -130,7 +130,7 @@ def describe(a, b, columns):
     ta, tb = dtype_name(a), dtype_name(b)
     d = dict.fromkeys(columns)
     d.update(M=M, N=N, K=K, batch=batch,
-             why=f"cygemm's GEMMs take float16, bfloat16, float32, float64 and complex; a is {ta} and b is {tb}: "
+             why=f"cygemm's GEMMs take {expected(LEVELS['wide'])}; a is {ta} and b is {tb}: "
                  f"CuPy's matmul runs the call on the same stream, with NumPy's type promotion",
              path="cupy.matmul")
     return d

@@ -8,7 +8,7 @@ from cygemm.bindings.cudart cimport cudaDataType, CUDA_R_8I, CUDA_R_32I
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, is_complex_type
 from cygemm.engine.mapping cimport (MapResult, MAP_OK, MAP_CONJ_A, conjugate_ops, layout_error, map_or_raise,
                                     check_batch_disjoint)
-from cygemm.engine.dtypes cimport dtype_name, DTYPES_WIDE, DTYPES_GEMM
+from cygemm.engine.dtypes cimport dtype_name, expected_names, DTYPES_WIDE, DTYPES_GEMM
 from cygemm.engine.int8 cimport check_int8
 from cygemm.engine.args cimport CallArgs, args_init, add_array, add_view, expect_dtype, ARG_READ, ARG_WRITE
 
@@ -74,7 +74,7 @@ cdef int read_gemm(CallArgs* c, object A, object B, object out, bint trans_a, bi
     cdef MatrixView* a = add_array(c, A, "A", ARG_READ, min_nd, max_nd, level)
     cdef MatrixView* b = add_array(c, B, "B", ARG_READ, min_nd, max_nd, level)
     if a.dtype == CUDA_R_32I:
-        raise TypeError("A: expected float16, bfloat16, float32, float64, complex64, complex128 or int8, got "
+        raise TypeError(f"A: expected {expected_names(DTYPES_GEMM)}, got "
                         "int32 (cuBLAS multiplies int8 into int32, not int32: use cupy.matmul for int32)")
     expect_dtype(b, "B", a.dtype, "A")
     cdef bint int8 = a.dtype == CUDA_R_8I

@@ -16,6 +16,7 @@ CygemmError; it is never broken silently.
 import threading
 
 from cygemm.engine.errors import CygemmError
+from cygemm.engine.dtypes import ROWS
 
 # cuBLASLt versions (cublasLtGetVersion) whose behaviour the promises were measured on.
 VERIFIED_CUBLASLT = (130100,)
@@ -107,7 +108,7 @@ def _half_dtypes(cp):
     """float16, and bfloat16 where ml_dtypes lets CuPy hold it."""
     from cygemm.engine.dtypes import numpy_dtype
     try:
-        return [cp.float16, numpy_dtype("bfloat16")]
+        return [numpy_dtype(r["name"]) for r in ROWS if r["kind"] == "f" and r["size"] == 2]    # the half types
     except TypeError:
         return [cp.float16]
 

@@ -73,7 +73,7 @@ def as_tensor_2d(x, name="x") -> TensorDesc:
 def assert_f32_2d(x, name="x") -> Tuple[int, int]:
     """(rows, cols) of a row-major 2-D float32 device array; TypeError/ValueError otherwise."""
     d = _describe_2d(x, name)
-    if d.dtype != "float32":
+    if d.dtype != np.dtype(np.float32).name:
         raise TypeError(f"{name}: expected float32, got {d.dtype}")
     return d.rows, d.cols
 

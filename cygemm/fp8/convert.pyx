@@ -18,7 +18,7 @@ from cygemm.engine.args cimport (CallArgs, ArgRole, args_init, add_view, add_sca
                                  ARG_WRITE)
 from cygemm.engine.alloc cimport empty_array, data_pointer, first_torch
 
-from cygemm.engine.arrays import FP8_FORMATS
+from cygemm.engine.dtypes import FP8_FORMATS, FORMATS_EXPECTED
 from cygemm.engine.dtypes cimport by_name, expected_names, DTYPES_FLOAT
 
 __all__ = ["quantize", "dequantize", "amax"]
@@ -95,7 +95,7 @@ def quantize(x, scale, *, out=None, format="e4m3", amax=None, stream=None):
     cdef int64_t n = _add_contiguous(&c, x, &dx, "x", ARG_READ)
     cdef MatrixView* vs = add_scalar(&c, scale, "scale", ARG_READ)
     if format not in FP8_FORMATS:
-        raise ValueError(f"format: expected 'e4m3' or 'e5m2', got {format!r}")
+        raise ValueError(f"format: expected {FORMATS_EXPECTED}, got {format!r}")
     cdef cudaDataType fmt = FP8_FORMATS[format]
     cdef MatrixView* vq
     if out is not None:

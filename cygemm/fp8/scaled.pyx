@@ -7,7 +7,8 @@ from libc.string cimport memset
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
-from cygemm.kernels.elementwise cimport CYGEMM_ACT_NONE, CYGEMM_ACT_RELU, CYGEMM_ACT_GELU
+from cygemm.engine.epilogues cimport Activation, activation_of_code, lt_epilogue_of, no_lt_epilogue, NO_EPILOGUE, fp8_bias_type
+from cygemm.engine.epilogues import EPILOGUE_NAMES
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, GemmTypes, Scalars, real_scalars, is_fp8_type, typed_compute_type
 from cygemm.engine.errors cimport check_cublas
 from cygemm.engine.dtypes cimport dtype_name
@@ -23,11 +24,11 @@ from cygemm.engine.described cimport Addresses, layout_operand, has_memory, desc
 from cygemm.engine.alloc cimport empty_array, data_pointer, first_torch
 from cygemm.engine.fp8_args cimport (ScaledCall, ScaleMode, SCALE_TENSOR, read_scaled, scale_mode_name,
                                      modes_pair)
-from cygemm.engine.arrays import FP8_FORMATS
+from cygemm.engine.dtypes import FP8_FORMATS, FP8_MAX as _FP8_MAX
 from cygemm.engine.fp8_args import SCALE_MODES
 
 #: The largest finite value of each format: quantize saturates there.
-FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+FP8_MAX = _FP8_MAX
 
 
 cdef int _run_scaled(GemmContext* ctx, cudaStream_t stream, cublasComputeType_t compute, ScaledCall* s,
@@ -82,21 +83,17 @@ cdef int scaled_gemm_rowmajor(GemmContext* ctx, cudaStream_t stream, cudaDataTyp
     s.g.strided_batched = False
     s.types.a, s.types.b, s.types.d = w_type, a_type, d_type
     s.types.c = CUDA_R_16BF if is_fp8_type(d_type) else d_type
-    s.types.bias = CUDA_R_16F if d_type == CUDA_R_16F else CUDA_R_16BF
+    s.types.bias = fp8_bias_type(d_type)
     s.types.a_scale, s.types.b_scale, s.types.d_scale, s.types.amax_d = scale_w, scale_a, scale_d, amax_d
     s.types.fast_accum = fast_accum
     s.types.a_scale_mode, s.types.b_scale_mode = scale_mode_w, scale_mode_a
     s.bias = bias
-    if act == CYGEMM_ACT_RELU:
-        s.epi = CUBLASLT_EPILOGUE_RELU_BIAS if bias != NULL else CUBLASLT_EPILOGUE_RELU
-    elif act == CYGEMM_ACT_GELU:
-        s.epi = CUBLASLT_EPILOGUE_GELU_BIAS if bias != NULL else CUBLASLT_EPILOGUE_GELU
-    elif act == CYGEMM_ACT_NONE:
-        s.epi = CUBLASLT_EPILOGUE_BIAS if bias != NULL else CUBLASLT_EPILOGUE_DEFAULT
-    else:
+    cdef const Activation* row = activation_of_code(act)
+    cdef int epi = lt_epilogue_of(row, bias != NULL, False) if row != NULL else NO_EPILOGUE
+    if epi == NO_EPILOGUE:
         with gil:
-            raise ValueError(f"act: FP8 GEMMs apply none (0), relu (1) or gelu (3) in cuBLASLt's epilogue, "
-                             f"got {act}")
+            raise ValueError(no_lt_epilogue(act, "FP8 GEMMs (cuBLASLt epilogues)"))
+    s.epi = <cublasLtEpilogue_t>epi
     if m == 0 or n == 0:
         return 0
     with gil:
@@ -249,9 +246,7 @@ def describe_scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, 
             at_out = i
     d = describe_call(&c.views[0], &c.views[1], &c.views[at_out], &s.g, False, False, ("a", "b", "out"),
                       (has_memory(a), has_memory(b), out is not None and has_memory(out)))
-    epilogues = {CUBLASLT_EPILOGUE_DEFAULT: "default", CUBLASLT_EPILOGUE_BIAS: "bias",
-                 CUBLASLT_EPILOGUE_RELU: "relu", CUBLASLT_EPILOGUE_RELU_BIAS: "relu_bias",
-                 CUBLASLT_EPILOGUE_GELU: "gelu", CUBLASLT_EPILOGUE_GELU_BIAS: "gelu_bias"}
+    epilogues = EPILOGUE_NAMES
     d.update(call="cublasLtMatmul",
              a_type=dtype_name(s.types.a), b_type=dtype_name(s.types.b), c_type=dtype_name(s.types.c),
              d_type=dtype_name(s.types.d), bias_type=dtype_name(s.types.bias) if bias is not None else None,

@@ -11,12 +11,12 @@ from cygemm.kernels.fp8_scales cimport cygemm_fp8_quantize_scaled
 from cygemm.engine.types cimport MatrixView, ArrayDesc
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.arrays cimport read_fp8, read_array, desc_shape
-from cygemm.engine.dtypes cimport dtype_name
+from cygemm.engine.dtypes cimport dtype_name, dtype_level, expected_names, DTYPES_FLOAT
 from cygemm.engine.args cimport CallArgs, args_init, add_view, prepare_kernel_call, ARG_READ, ARG_WRITE
 from cygemm.engine.alloc cimport empty_array, data_pointer, first_torch
 from cygemm.engine.fp8_args cimport SCALE_TENSOR, SCALE_OUTER, SCALE_1X128, SCALE_128X128, expect_scale
 
-from cygemm.engine.arrays import FP8_FORMATS
+from cygemm.engine.dtypes import FP8_FORMATS, FORMATS_EXPECTED
 
 __all__ = ["quantize_scaled"]
 
@@ -127,15 +127,15 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
     if mode not in _MODES:
         raise ValueError(f"mode: expected 'tensor', 'rowwise', '1x128' or '128x128', got {mode!r}")
     if format not in FP8_FORMATS:
-        raise ValueError(f"format: expected 'e4m3' or 'e5m2', got {format!r}")
+        raise ValueError(f"format: expected {FORMATS_EXPECTED}, got {format!r}")
     cdef int m = _MODES[mode]
     cdef cudaDataType fmt = FP8_FORMATS[format]
     read_array(x, &dx, "x", False)
     if dx.ndim != 2:
         raise ValueError(f"x: expected a matrix (R, C), got shape {desc_shape(&dx)}; for more dimensions "
                          f"quantize x.reshape(-1, C)")
-    if dx.dtype != CUDA_R_32F and dx.dtype != CUDA_R_16F and dx.dtype != CUDA_R_16BF:
-        raise TypeError(f"x: expected float32, float16 or bfloat16, got {dtype_name(dx.dtype)}")
+    if dtype_level(dx.dtype) != DTYPES_FLOAT:
+        raise TypeError(f"x: expected {expected_names(DTYPES_FLOAT)}, got {dtype_name(dx.dtype)}")
     cdef int64_t rows = dx.shape[0], cols = dx.shape[1]
     _expect_c_contiguous(&dx, "x", (rows, cols))
     v = _view(&dx, rows, cols, cols, 1)

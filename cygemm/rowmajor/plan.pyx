@@ -26,12 +26,12 @@ from cygemm.bindings.cudart cimport cudaStream_t, CUDA_R_32F, CUDA_R_16F, CUDA_R
 from cygemm.bindings.cublas cimport cublasStatus_t
 from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t, CUBLASLT_EPILOGUE_DEFAULT
 from cygemm.kernels.elementwise cimport CYGEMM_ACT_NONE
-from cygemm.engine.epilogues cimport Activation, activation_row, NO_EPILOGUE
+from cygemm.engine.epilogues cimport Activation, activation_row, lt_epilogue
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, pointer_alignment
 from cygemm.engine.errors cimport check_cublas, refuse_in_capture
 from cygemm.engine.errors import CaptureError
 from cygemm.engine.streams cimport stream_is_capturing
-from cygemm.engine.dtypes cimport dtype_name
+from cygemm.engine.dtypes cimport dtype_name, dtype_level, expected_names, DTYPES_FLOAT
 from cygemm.engine.context cimport GemmContext, call_workspace
 from cygemm.engine.launch cimport PLAN_LT
 from cygemm.engine.args cimport (CallArgs, add_view, add_vector, add_matrix, check_overlaps, resolve_call,
@@ -60,13 +60,12 @@ cdef int _read_epilogue(CallArgs* c, PlannedCall* call, const Activation* act, o
                         bint batched) except -1:
     """The epilogue's buffers (c holds read_gemm's A, B and out) and its one cuBLASLt epilogue,
     from the epilogue table. ValueError, naming the argument, for what no epilogue does."""
-    cdef str name = act.name.decode()
-    if act.epilogue == NO_EPILOGUE:
-        raise ValueError(f"act: cuBLASLt's epilogues apply 'none', 'relu' or 'gelu' (tanh), got {name!r}; "
-                         f"{_FORWARD_INTO}")
-    if z_out is not None and act.aux_epilogue == NO_EPILOGUE:
-        raise ValueError(f"z_out: cuBLASLt writes Z beside out only for act='gelu' (GELU_AUX), got act={name!r}; "
-                         f"forward_into(..., save_z=True, z_out=z_out) saves it for every activation")
+    cdef cublasLtEpilogue_t epi
+    try:
+        epi = lt_epilogue(act, bias is not None, z_out is not None, "cuBLASLt's epilogues")
+    except ValueError as e:
+        raise ValueError(f"{e}; " + ("forward_into(..., save_z=True, z_out=z_out) saves it for every activation"
+                                     if str(e).startswith("z_out") else _FORWARD_INTO)) from None
     if batched:
         raise ValueError("batched: a plan with bias, act or z_out is one 2-D GEMM with a cuBLASLt epilogue, "
                          "got batched=True")
@@ -94,10 +93,7 @@ cdef int _read_epilogue(CallArgs* c, PlannedCall* call, const Activation* act, o
             raise ValueError(f"z_out: GELU_AUX needs a {act.aux_alignment}-byte aligned z_out, got address "
                              f"{<uintptr_t>z.ptr:#x}; {_FORWARD_INTO}")
     call.bias = bv.ptr if bv != NULL else NULL
-    if z != NULL:
-        call.epi = <cublasLtEpilogue_t>(act.aux_epilogue_bias if bv != NULL else act.aux_epilogue)
-    else:
-        call.epi = <cublasLtEpilogue_t>(act.epilogue_bias if bv != NULL else act.epilogue)
+    call.epi = epi
     return 0
 
 
@@ -244,8 +240,8 @@ cdef class GemmPlan(Plan):
         call.dtype = c.views[0].dtype
         call.epi = CUBLASLT_EPILOGUE_DEFAULT
         if self.plan_kind == KIND_EPILOGUE:
-            if call.dtype != CUDA_R_32F and call.dtype != CUDA_R_16F and call.dtype != CUDA_R_16BF:
-                raise TypeError(f"A: bias, act and z_out take float16, bfloat16 or float32 operands (cuBLASLt's "
+            if dtype_level(call.dtype) != DTYPES_FLOAT:
+                raise TypeError(f"A: bias, act and z_out take {expected_names(DTYPES_FLOAT)} operands (cuBLASLt's "
                                 f"epilogues), got {dtype_name(call.dtype)}: plan the plain GEMM and apply them apart")
             _read_epilogue(c, call, self.act, bias, z_out, self.batched)
         return 0

@@ -88,7 +88,7 @@ def test_rowwise_scales_may_be_vectors_and_shapes_fitting_two_modes_take_the_fir
     ((SCALES["1x128"][0], SCALES["1x128"][1]), dict(scale_mode=("128x128", "128x128")), ValueError,
      ["scale_mode:", "not 128x128 with 128x128"]),
     ((SCALES["1x128"][0], SCALES["1x128"][1]), dict(out_dtype="e4m3"), ValueError,
-     ["out:", "1x128 scales", "bfloat16, float16 or float32", "float8_e4m3"]),
+     ["out:", "1x128 scales", "float16, bfloat16 or float32", "float8_e4m3fn"]),
     ((f32((M, KB), strides=(1, M), ptr=BASE + 0x400004), SCALES["1x128"][1]), {}, ValueError,
      ["scale_a:", "16-byte aligned", "0x7f0000400004"]),
     ((fake((M, KB), "<f2", strides=(1, M)), SCALES["1x128"][1]), {}, TypeError, ["scale_a:", "float32", "float16"]),
