@@ -5,7 +5,7 @@
 // cublasLtMatmulAlgoCheck accepts at M is run: whether its rows are bitwise those of the
 // reference kernel at M = 4096 ("same"), and its time (CUDA events, median of 15), against the
 // fastest of the heuristic's first 8 kernels at that M (what determinism="off" can reach).
-// Measures cuBLASLt's behaviour for cygemm._families; it is not part of the benchmark suite.
+// Measures cuBLASLt's behaviour for cygemm.engine.families; it is not part of the benchmark suite.
 //   nvcc -std=c++17 -O2 benchmarks/family_tiles.cu -o family_tiles -lcublasLt && ./family_tiles
 #include <cublasLt.h>
 #include <cuda_runtime.h>

@@ -13,7 +13,7 @@ from fakes import FakeDeviceArray
 
 torch = pytest.importorskip("torch")
 autograd = importlib.import_module("cygemm.autograd")
-matmul_module = importlib.import_module("cygemm.matmul")
+matmul_module = importlib.import_module("cygemm.rowmajor.matmul")
 
 
 @pytest.fixture
