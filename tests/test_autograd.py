@@ -418,7 +418,7 @@ def test_linear_forward_and_backward_run_on_torchs_current_stream(gpu):
 @pytest.mark.gpu
 def test_linear_refuses_float64_and_mismatched_shapes_naming_the_argument(gpu):
     x, w = torch.ones(4, 8, device="cuda", dtype=torch.float64), torch.ones(3, 8, device="cuda", dtype=torch.float64)
-    with pytest.raises(TypeError, match="x: expected float32, float16 or bfloat16 .*cygemm.matmul has"):
+    with pytest.raises(TypeError, match="x: expected float16, bfloat16 or float32 .*cygemm.matmul has"):
         autograd.linear(x, w)
     with pytest.raises(ValueError, match=r"x: expected a last axis of weight's in_features \(7\)"):
         autograd.linear(x.float(), torch.ones(3, 7, device="cuda"))
