@@ -6,7 +6,7 @@ without cygemm importing any of them.
 from typing import Any, Literal, Optional, Protocol, Tuple, Union, runtime_checkable
 
 __all__ = ["CudaArrayInterface", "DLPackArray", "DeviceArray", "CudaStreamProtocol", "StreamLike", "Math",
-           "MatmulMath", "Activation", "Autotune"]
+           "MatmulMath", "Activation", "Autotune", "Determinism"]
 
 
 @runtime_checkable
@@ -44,3 +44,4 @@ MatmulMath = Literal["tf32", "fp32", "cupy"]
 Activation = Literal["none", "identity", "relu", "leaky_relu", "gelu", "gelu_erf", "sigmoid", "tanh", "silu"]
 
 Autotune = Optional[Literal["off", "auto", "exhaustive"]]
+Determinism = Optional[Literal["off", "run_to_run", "batch_invariant"]]

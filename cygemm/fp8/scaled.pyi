@@ -1,6 +1,6 @@
 from typing import Any, Dict, Literal, Optional, Tuple, Union
 
-from cygemm.engine.typing import DeviceArray, StreamLike
+from cygemm.engine.typing import Autotune, Determinism, DeviceArray, StreamLike
 from cygemm.rowmajor.plan import GemmPlan
 
 Format = Literal["e4m3", "e5m2"]
@@ -18,8 +18,8 @@ def scaled_matmul(a: DeviceArray, b: DeviceArray, scale_a: DeviceArray, scale_b:
                   format_a: Optional[Format] = None, format_b: Optional[Format] = None,
                   format_out: Optional[Format] = None, fast_accum: bool = False,
                   scale_mode: ScaleModeArg = None,
-                  determinism: Optional[Literal["off", "run_to_run", "batch_invariant"]] = None,
-                  stream: StreamLike = None) -> DeviceArray: ...
+                  determinism: Determinism = None, stream: StreamLike = None,
+                  autotune: Autotune = None) -> DeviceArray: ...
 def describe_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out: Any = None,
                            out_dtype: Optional[str] = None, bias: Any = None, act: str = "none",
                            scale_out: Any = None, amax_out: Any = None, format_a: Optional[Format] = None,

@@ -103,7 +103,7 @@ cdef int scaled_gemm_rowmajor(GemmContext* ctx, cudaStream_t stream, cudaDataTyp
 
 def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None, act="none",
                   scale_out=None, amax_out=None, format_a=None, format_b=None, format_out=None,
-                  bint fast_accum=False, scale_mode=None, determinism=None, stream=None):
+                  bint fast_accum=False, scale_mode=None, determinism=None, stream=None, autotune=None):
     """``out = act(scale_a * scale_b * (a @ b) + bias)`` with FP8 operands, through cuBLASLt.
 
     Parameters
@@ -160,6 +160,9 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
         This call's determinism mode (None: the option's); see :doc:`reproducibility`.
     stream : optional
         The stream (default: CuPy's current stream).
+    autotune : {None, "off", "auto", "exhaustive"}
+        Whether a large call times cuBLASLt's FP8 kernels (None: the option's), as
+        :func:`cygemm.gemm`; a determinism mode other than "off" replaces it.
 
     Returns
     -------
@@ -177,7 +180,7 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
     """
     cdef CallArgs c
     cdef ScaledCall s
-    cdef int level = autotune_level(None, determinism)
+    cdef int level = autotune_level(autotune, determinism)
     read_scaled(&c, &s, a, b, scale_a, scale_b, out, out_dtype, bias, act, scale_out, amax_out,
                 format_a, format_b, format_out, fast_accum, scale_mode)
     prepare_typed_call(&c, &s.types, stream)      # the compute type from a's, b's and out's types

@@ -230,7 +230,7 @@ cdef int _asked_route(Groups grp, object route, cublasComputeType_t compute) exc
 
 
 cdef int _run(Groups grp, CallArgs* c, object alpha, object beta, object math, object stream,
-              object route) except -1:
+              object route, object autotune, object determinism) except -1:
     """The engine of grouped_gemm and moe_gemm: grp read and checked, c holding the buffers
     whose devices resolve_call checks (moe_gemm's x, w, out, their overlaps checked by moe_gemm; none for
     grouped_gemm)."""
@@ -241,11 +241,11 @@ cdef int _run(Groups grp, CallArgs* c, object alpha, object beta, object math, o
     cdef Math m = parse_math(math)
     f.dtype = grp.dtype
     f.compute = compute_type(grp.dtype, m)
+    f.autotune = autotune_level(autotune, determinism)
     cdef int asked = _asked_route(grp, route, f.compute)
     if grp.n == 0:
         _tls.route = None
         return 0
-    f.autotune = autotune_level(None)
     resolve_call(c, math, grp.dtype, stream)    # overlaps checked before: the groups' sweep, moe's x/w/out
     check_group_devices(c, grp)
     f.ctx, f.s = c.ctx, c.stream
@@ -281,7 +281,7 @@ cdef bint _flag(object value, str name) except -1:
 
 
 def grouped_gemm(As, Bs, outs, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
-                 str math="tf32", stream=None, route=None):
+                 str math="tf32", stream=None, route=None, autotune=None, determinism=None):
     """outs[g] = alpha * op(As[g]) @ op(Bs[g]) + beta * outs[g] for every group g, in one call.
 
     Parameters
@@ -303,6 +303,12 @@ def grouped_gemm(As, Bs, outs, *, trans_a=False, trans_b=False, alpha=1.0, beta=
     route : {None, "batched", "grouped", "loop", "streams"}
         Run this route (see ``ROUTES``); None: the forced route of ``cygemm.engine.tuning``, the
         tuned one, or the fixed rule.
+    autotune : {None, "off", "auto", "exhaustive"}
+        Whether a large call times the routes that apply (None: the option's), as
+        :func:`cygemm.gemm`.
+    determinism : {None, "off", "run_to_run", "batch_invariant"}
+        As :func:`cygemm.gemm` (None: the option's). Other than "off", it replaces ``autotune``:
+        the fixed rule picks the route, and each route's GEMMs run under the mode.
 
     Returns
     -------
@@ -333,11 +339,12 @@ def grouped_gemm(As, Bs, outs, *, trans_a=False, trans_b=False, alpha=1.0, beta=
     cdef CallArgs c
     args_init(&c)
     cdef Groups grp = read_lists(As, Bs, outs, _flag(trans_a, "trans_a"), _flag(trans_b, "trans_b"))
-    _run(grp, &c, alpha, beta, math, stream, route)
+    _run(grp, &c, alpha, beta, math, stream, route, autotune, determinism)
     return outs
 
 
-def moe_gemm(x, w, group_offsets, out, *, str w_layout="kn", str math="tf32", stream=None, route=None):
+def moe_gemm(x, w, group_offsets, out, *, str w_layout="kn", str math="tf32", stream=None, route=None,
+             autotune=None, determinism=None):
     """Mixture-of-experts GEMM: out[a:b] = x[a:b] @ w[g] for expert g's rows a:b of sorted tokens.
 
     Parameters
@@ -354,7 +361,7 @@ def moe_gemm(x, w, group_offsets, out, *, str w_layout="kn", str math="tf32", st
     w_layout : {"kn", "nk"}
         "kn": ``w[g]`` is (K, N); "nk": ``w[g]`` is (N, K), the layout of a linear layer's
         weight, and ``out[a:b] = x[a:b] @ w[g].T``.
-    math, stream, route
+    math, stream, route, autotune, determinism
         As :func:`grouped_gemm`.
 
     Returns
@@ -381,7 +388,7 @@ def moe_gemm(x, w, group_offsets, out, *, str w_layout="kn", str math="tf32", st
     cdef CallArgs c
     cdef Groups grp = read_moe(&c, x, w, group_offsets, out, w_layout)
     check_overlaps(&c)
-    _run(grp, &c, 1.0, 0.0, math, stream, route)
+    _run(grp, &c, 1.0, 0.0, math, stream, route, autotune, determinism)
     return out
 
 
@@ -404,7 +411,8 @@ _WHY_CHOSEN = {
 }
 
 
-def describe_grouped(As, Bs, outs, *, trans_a=False, trans_b=False, str math="tf32"):
+def describe_grouped(As, Bs, outs, *, trans_a=False, trans_b=False, str math="tf32", autotune=None,
+                     determinism=None):
     """Which routes :func:`grouped_gemm` could take for these groups, the one it would, and each
     group's cuBLAS arguments, without launching anything (no GPU needed).
 
@@ -417,8 +425,8 @@ def describe_grouped(As, Bs, outs, *, trans_a=False, trans_b=False, str math="tf
         one after another, As, then Bs, then outs, as slices of one buffer would be, so
         "batched" applies to pairs of equal shapes). Dtypes: float16, bfloat16 (torch's,
         ml_dtypes', or ``"bfloat16"``) or float32, one for all.
-    trans_a, trans_b, math
-        As :func:`grouped_gemm`.
+    trans_a, trans_b, math, autotune, determinism
+        As :func:`grouped_gemm` (what would decide the route).
 
     Returns
     -------
@@ -447,7 +455,7 @@ def describe_grouped(As, Bs, outs, *, trans_a=False, trans_b=False, str math="tf
     cdef Groups grp = read_lists(As, Bs, outs, _flag(trans_a, "trans_a"), _flag(trans_b, "trans_b"))
     cdef GroupedCall f
     f.grp, f.compute = <void*>grp, compute_type(grp.dtype, parse_math(math))
-    f.autotune = autotune_level(None)       # (the fixed rule reads the determinism policy)
+    f.autotune = autotune_level(autotune, determinism)     # (the fixed rule reads the determinism policy)
     why = {n: grp.why_not(i, f.compute) for i, n in enumerate(_NAMES)}
     info = dict(groups=grp.n, active=grp.n_act, zero_k=grp.n_zero_k, macs=grp.macs,
                 routes=[n for n in _NAMES if why[n] is None],

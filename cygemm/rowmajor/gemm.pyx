@@ -238,7 +238,7 @@ def gemm_strided_batched(A, B, out=None, *, trans_a=False, trans_b=False, alpha=
     return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, autotune, determinism, True)
 
 
-def int_mm(A, B, out=None, *, stream=None):
+def int_mm(A, B, out=None, *, stream=None, autotune=None, determinism=None):
     """out = A @ B for int8 matrices, summed exactly in int32 on the integer tensor cores.
 
     What ``torch._int_mm`` computes (the GEMM of W8A8 inference): one cuBLASLt int8 GEMM with
@@ -256,6 +256,10 @@ def int_mm(A, B, out=None, *, stream=None):
         Any layout cuBLAS reads; None: a new C-ordered int32 array of the inputs' library.
     stream : optional
         As :func:`gemm`.
+    autotune, determinism : optional
+        As :func:`gemm`: whether a large call times cuBLASLt's int8 kernels, and the
+        determinism mode. Integer sums do not depend on their order, so every kernel gives the
+        same bits: each mode holds whichever kernel runs.
 
     Returns
     -------
@@ -279,7 +283,7 @@ def int_mm(A, B, out=None, *, stream=None):
     wraps) and runs CuPy's kernel for it. Integer sums do not depend on their order, so every
     kernel gives the same bits: ``determinism`` needs nothing here.
     """
-    return _run(A, B, out, False, False, 1, 0, "tf32", stream, None, None, False, True)
+    return _run(A, B, out, False, False, 1, 0, "tf32", stream, autotune, determinism, False, True)
 
 
 def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, bint batched=False):

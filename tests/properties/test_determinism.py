@@ -40,6 +40,56 @@ def test_a_bad_determinism_is_refused_naming_it_before_anything_runs(call):
         getattr(cygemm, call)(a, a, out, determinism="bitwise")
 
 
+# (GemmPlan takes determinism=; its timing is its autotune() method, asked for by name.)
+ENTRY_POINTS = ["gemm", "gemm_strided_batched", "matmul", "int_mm", "grouped.grouped_gemm",
+                "grouped.moe_gemm", "grouped.describe_grouped", "fp8.scaled_matmul", "dense.forward_into",
+                "dense.backward_into"]
+
+
+def _entry(path):
+    import importlib
+    mod, _, name = path.rpartition(".")
+    return getattr(importlib.import_module("cygemm." + mod) if mod else cygemm, name)
+
+
+@pytest.mark.parametrize("path", ENTRY_POINTS)
+def test_every_gemm_entry_point_takes_autotune_and_determinism(path):
+    import inspect
+    params = inspect.signature(_entry(path)).parameters
+    for name in ("autotune", "determinism"):
+        assert name in params and params[name].kind == inspect.Parameter.KEYWORD_ONLY
+        assert params[name].default is None
+
+
+def _bad_policy_call(path, **policy):
+    base = FakeDeviceArray((1,)).__cuda_array_interface__["data"][0]
+    a = FakeDeviceArray((4, 4))
+    b = FakeDeviceArray((4, 4), ptr=base + 4096)
+    out = FakeDeviceArray((4, 4), "<i4" if path == "int_mm" else "<f4", ptr=base + 8192)
+    if path == "int_mm":
+        return cygemm.int_mm(FakeDeviceArray((4, 4), "|i1"), FakeDeviceArray((4, 4), "|i1", (1, 4), base + 4096), out,
+                             **policy)
+    if path.startswith("grouped.") and path != "grouped.moe_gemm":
+        return _entry(path)([a], [b], [out], **policy)
+    if path == "grouped.moe_gemm":
+        w = FakeDeviceArray((1, 4, 4), ptr=base + 4096)
+        return cygemm.grouped.moe_gemm(a, w, [0, 4], out, **policy)
+    if path == "fp8.scaled_matmul":
+        return cygemm.fp8.scaled_matmul(a, b, a, b, **policy)
+    return _entry(path)(a, b, out, **policy)
+
+
+@pytest.mark.parametrize("path", ["int_mm", "grouped.grouped_gemm", "grouped.moe_gemm", "grouped.describe_grouped",
+                                  "fp8.scaled_matmul"])
+@pytest.mark.parametrize("policy, words", [
+    (dict(determinism="bitwise"), "determinism: expected None, 'off', 'run_to_run' or 'batch_invariant', got 'bitwise'"),
+    (dict(autotune="fast"), "autotune: expected None, 'off', 'auto' or 'exhaustive', got 'fast'")])
+def test_a_bad_policy_is_refused_naming_it_by_the_entry_points_that_lacked_it(path, policy, words):
+    import re
+    with pytest.raises(ValueError, match=re.escape(words)):
+        _bad_policy_call(path, **policy)
+
+
 # ------------------------------------------------------------------ GPU
 
 def _cp():
@@ -281,6 +331,53 @@ def test_moe_groups_do_not_depend_on_the_other_groups_sizes(dtype, math):
                     assert _same_bits(out[lo:hi], alone), (sizes, g)
     finally:
         cygemm.set_options(**old)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,math", DTYPES[1:])
+def test_per_call_batch_invariant_grouped_and_moe_match_each_group_alone_and_float64(dtype, math):
+    """determinism= per call (the option left "off"): each expert's rows are those of the expert
+    alone under the same mode, whatever the other experts hold, and within bound of float64."""
+    cp = _cp()
+    x, _ = _operands(dtype, m=1024)
+    rng = np.random.default_rng(6)
+    w = cp.asarray(rng.standard_normal((4, K, N)).astype(np.float32)).astype(_dtype(dtype))
+    x64, w64 = _host64(x), _host64(w)
+    for sizes in ([100, 300, 24, 600], [1, 7, 16, 1000]):
+        offsets = [0] + np.cumsum(sizes).tolist()
+        out = cp.full((1024, N), np.nan, dtype=x.dtype)
+        cygemm.moe_gemm(x, w, offsets, out, math=math, determinism="batch_invariant")
+        groups = [(g, lo, hi) for g, (lo, hi) in enumerate(zip(offsets[:-1], offsets[1:])) if hi > lo]
+        outs = [cp.full((hi - lo, N), np.nan, dtype=x.dtype) for _, lo, hi in groups]
+        cygemm.grouped.grouped_gemm([x[lo:hi] for _, lo, hi in groups], [w[g] for g, _, _ in groups], outs,
+                                    math=math, determinism="batch_invariant")
+        for (g, lo, hi), o in zip(groups, outs):
+            alone = cygemm.gemm(x[lo:hi], w[g], math=math, determinism="batch_invariant")
+            assert _same_bits(out[lo:hi], alone) and _same_bits(o, alone), (sizes, g)
+            assert rel_err(_host64(out[lo:hi]), x64[lo:hi] @ w64[g]) < tol(dtype, math, K)
+
+
+@pytest.mark.gpu
+def test_per_call_batch_invariant_fp8_and_int_mm_rows():
+    cp = _cp()
+    from cygemm import fp8
+    from refs import fp8 as fp8_ref
+    rng = np.random.default_rng(7)
+    a_codes = fp8_ref.to_codes(rng.standard_normal((1024, K)) * 4, "e4m3")
+    wt_codes = fp8_ref.to_codes(rng.standard_normal((N, K)) * 4, "e4m3")
+    a, wt = cp.asarray(a_codes), cp.asarray(wt_codes)
+    sa, sb = cp.asarray([0.5], cp.float32), cp.asarray([0.25], cp.float32)
+    ref = 0.5 * 0.25 * (fp8_ref.decode(a_codes, "e4m3") @ fp8_ref.decode(wt_codes, "e4m3").T)
+    _check_rows(lambda q: fp8.scaled_matmul(q, wt.T, sa, sb, out_dtype="float32", format_a="e4m3",
+                                            format_b="e4m3", determinism="batch_invariant", autotune="off"),
+                a, "fp8", "float32", "tf32", ref, FP8_TOL["float32"])
+    xi = cp.asarray(rng.integers(-128, 128, (1024, K)).astype(np.int8))
+    wi = cp.asarray(rng.integers(-128, 128, (N, K)).astype(np.int8))
+    exact = xi.get().astype(np.int64) @ wi.get().astype(np.int64).T
+    full = cygemm.int_mm(xi, wi.T, determinism="batch_invariant")
+    assert np.array_equal(full.get(), exact)
+    for m in MS[:5]:
+        assert cp.array_equal(cygemm.int_mm(xi[:m], wi.T, determinism="run_to_run"), full[:m])
 
 
 _PROCESS = textwrap.dedent("""
