@@ -9,7 +9,7 @@ from libc.stdint cimport int64_t, uintptr_t
 from cygemm.engine.types cimport ArrayDesc, MatrixView, ColMajorGemm, type_size
 from cygemm.engine.arrays cimport desc_shape
 from cygemm.engine.dtypes cimport dtype_name
-from cygemm.engine.overlap cimport views_overlap
+from cygemm.engine.overlap cimport views_overlap, desc_byte_range
 from cygemm.bindings.cudart cimport cudaDataType
 from cygemm.engine.mapping cimport MapResult, MAP_OK, MAP_BAD_A, MAP_BAD_B, MAP_BAD_OUT, map_rowmajor_gemm, check_batch_disjoint
 
@@ -214,27 +214,11 @@ cdef void call_views(const BatchLayout* L, const ArrayDesc* a, const ArrayDesc* 
     _view(vc, c.ptr + off_c * c.itemsize, L.M, L.N, L.c_rs, L.c_cs, batch, L.sc[last] if last >= 0 else 0, c)
 
 
-cdef void _extent(const ArrayDesc* d, int64_t* lo, int64_t* hi) noexcept:
-    """Bytes [lo, hi) the array spans (hi == lo when it is empty)."""
-    cdef int i
-    cdef int64_t low = 0, high = 0
-    for i in range(d.ndim):
-        if d.shape[i] == 0:
-            lo[0] = hi[0] = <int64_t>d.ptr
-            return
-        if d.strides[i] < 0:
-            low += (d.shape[i] - 1) * d.strides[i]
-        else:
-            high += (d.shape[i] - 1) * d.strides[i]
-    lo[0] = <int64_t>d.ptr + low * d.itemsize
-    hi[0] = <int64_t>d.ptr + (high + 1) * d.itemsize
-
-
 cdef bint _may_overlap(const BatchLayout* L, const ArrayDesc* c, const ArrayDesc* x, bint x_is_a,
                        const ArrayDesc* a, const ArrayDesc* b) noexcept:
     cdef int64_t lo1, hi1, lo2, hi2
-    _extent(c, &lo1, &hi1)
-    _extent(x, &lo2, &hi2)
+    desc_byte_range(c, &lo1, &hi1)
+    desc_byte_range(x, &lo2, &hi2)
     if hi1 <= lo1 or hi2 <= lo2 or hi1 <= lo2 or hi2 <= lo1:
         return False
     cdef MatrixView va, vb, vc
@@ -287,8 +271,8 @@ cdef bint empty_batch(const BatchLayout* L) noexcept:
 
 cdef bint _apart(const ArrayDesc* x, const ArrayDesc* y) noexcept:
     cdef int64_t lo1, hi1, lo2, hi2
-    _extent(x, &lo1, &hi1)
-    _extent(y, &lo2, &hi2)
+    desc_byte_range(x, &lo1, &hi1)
+    desc_byte_range(y, &lo2, &hi2)
     return hi1 <= lo1 or hi2 <= lo2 or hi1 <= lo2 or hi2 <= lo1
 
 
@@ -303,7 +287,7 @@ cdef bint may_overlap_inputs(const BatchLayout* L, const ArrayDesc* c, const Arr
 
 cdef void span_view(const ArrayDesc* d, MatrixView* v) noexcept:
     cdef int64_t lo, hi
-    _extent(d, &lo, &hi)
+    desc_byte_range(d, &lo, &hi)
     v.ptr, v.device, v.dtype, v.itemsize = <char*>lo, d.device, d.dtype, d.itemsize
     v.rows, v.cols = 1, (hi - lo) // d.itemsize
     v.row_stride, v.col_stride, v.batch_stride = v.cols, 1, 0

@@ -16,7 +16,7 @@ from cygemm.bindings.cublas cimport *
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, pointer_alignment
 from cygemm.engine.arrays cimport view_from_object
 from cygemm.engine.dtypes cimport dtype_name
-from cygemm.engine.overlap cimport views_overlap, check_no_overlap
+from cygemm.engine.overlap cimport views_overlap, check_no_overlap, view_byte_range
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_view, check_devices, expect_dtype, ARG_READ,
                                  ARG_WRITE, MAX_ARGS)
 from cygemm.engine.context cimport known_device_count
@@ -58,19 +58,8 @@ cdef int _span_order(const void* x, const void* y) noexcept nogil:
 
 
 cdef void _span_of(const MatrixView* v, int64_t i, _Span* s) noexcept nogil:
-    """The bytes a non-empty 2-D view can touch."""
-    cdef int64_t lo = <int64_t><uintptr_t>v.ptr, hi = lo + v.itemsize, d
-    d = (v.rows - 1) * v.row_stride * v.itemsize
-    if d < 0:
-        lo += d
-    else:
-        hi += d
-    d = (v.cols - 1) * v.col_stride * v.itemsize
-    if d < 0:
-        lo += d
-    else:
-        hi += d
-    s.lo, s.hi, s.index = lo, hi, i
+    view_byte_range(v, &s.lo, &s.hi)
+    s.index = i
 
 
 cdef int64_t _drop_ended(int64_t* views, int64_t* ends, int64_t n, int64_t lo) noexcept nogil:

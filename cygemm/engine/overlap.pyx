@@ -3,11 +3,11 @@
 exactly where both are column blocks of one buffer, conservatively (address ranges) otherwise."""
 from libc.stdint cimport int64_t, uintptr_t
 
-from cygemm.engine.types cimport MatrixView, view_is_empty
+from cygemm.engine.types cimport MatrixView, ArrayDesc, view_is_empty
 from cygemm.engine.arrays cimport view_from_object
 
 
-cdef void _byte_range(const MatrixView* v, int64_t* lo, int64_t* hi) noexcept nogil:
+cdef void view_byte_range(const MatrixView* v, int64_t* lo, int64_t* hi) noexcept nogil:
     """[lo, hi): the bytes a non-empty view can touch."""
     cdef int64_t start = <int64_t><uintptr_t>v.ptr, span
     lo[0] = start
@@ -22,6 +22,22 @@ cdef void _byte_range(const MatrixView* v, int64_t* lo, int64_t* hi) noexcept no
             lo[0] += span
         else:
             hi[0] += span
+
+
+cdef void desc_byte_range(const ArrayDesc* d, int64_t* lo, int64_t* hi) noexcept nogil:
+    """[lo, hi): the bytes an n-D array spans (hi == lo when it is empty)."""
+    cdef int i
+    cdef int64_t low = 0, high = 0
+    for i in range(d.ndim):
+        if d.shape[i] == 0:
+            lo[0] = hi[0] = <int64_t><uintptr_t>d.ptr
+            return
+        if d.strides[i] < 0:
+            low += (d.shape[i] - 1) * d.strides[i]
+        else:
+            high += (d.shape[i] - 1) * d.strides[i]
+    lo[0] = <int64_t><uintptr_t>d.ptr + low * d.itemsize
+    hi[0] = <int64_t><uintptr_t>d.ptr + (high + 1) * d.itemsize
 
 
 cdef bint _as_lines(const MatrixView* v, int64_t* n, int64_t* length, int64_t* ld) noexcept nogil:
@@ -81,8 +97,8 @@ cdef bint views_overlap(const MatrixView* x, const MatrixView* y) noexcept nogil
     if view_is_empty(x) or view_is_empty(y):
         return False
     cdef int64_t lo1, hi1, lo2, hi2
-    _byte_range(x, &lo1, &hi1)
-    _byte_range(y, &lo2, &hi2)
+    view_byte_range(x, &lo1, &hi1)
+    view_byte_range(y, &lo2, &hi2)
     return not (hi1 <= lo2 or hi2 <= lo1) and _blocks_overlap(x, y)
 
 
@@ -91,8 +107,8 @@ cdef int check_no_overlap(const MatrixView* out, str out_name, const MatrixView*
     if not views_overlap(out, other):
         return 0
     cdef int64_t lo1, hi1, lo2, hi2
-    _byte_range(out, &lo1, &hi1)
-    _byte_range(other, &lo2, &hi2)
+    view_byte_range(out, &lo1, &hi1)
+    view_byte_range(other, &lo2, &hi2)
     raise ValueError(f"{out_name}: its memory overlaps {other_name} (bytes "
                      f"[{lo1:#x}, {hi1:#x}) and [{lo2:#x}, {hi2:#x})); cuBLAS and cygemm's kernels "
                      f"need outputs that share no memory with the other arguments")
