@@ -75,11 +75,9 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
         As :func:`cygemm.gemm`.
     stream : optional
         As :func:`cygemm.gemm`; everything is enqueued there.
-    autotune : {None, "off", "auto", "exhaustive"}
-        As :func:`cygemm.gemm`; for a large problem it also decides the route.
-    determinism : {None, "off", "run_to_run", "batch_invariant"}
-        The same bits in every process, or also for every number of rows (None: the option's;
-        see :doc:`/reproducibility`). Other than "off", it replaces ``autotune``.
+    autotune, determinism : optional
+        As :func:`cygemm.gemm`; for a large problem ``autotune`` also decides the route, and
+        a determinism mode other than "off" replaces it (the fixed rule picks the route).
 
     Returns
     -------

@@ -18,12 +18,7 @@ from cygemm.engine.dtypes import names, numpy_dtype, row_of_name
 
 import numpy as _np
 
-try:
-    import cupy as _cupy
-    _cupy_ndarray = _cupy.ndarray
-except ImportError:
-    _cupy = None
-    _cupy_ndarray = None
+from cygemm.engine.arrays import CUPY as _cupy, CUPY_NDARRAY as _cupy_ndarray
 
 
 class _RawStream:

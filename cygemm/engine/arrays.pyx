@@ -19,6 +19,8 @@ try:
 except ImportError:
     _cupy = None
     _cupy_ndarray = None
+#: CuPy and its ndarray type, or None where CuPy is not installed (the one optional import).
+CUPY, CUPY_NDARRAY = _cupy, _cupy_ndarray
 
 
 cdef extern from *:

@@ -92,24 +92,34 @@ cdef object _conjugated(object x, object stream, str name):
         return cupy.conj(_alloc.as_cupy(x))
 
 
+cdef tuple _read(CallArgs* c, ColMajorGemm* g, Scalars* sc, object A, object B, object out, object trans_a,
+                 object trans_b, bint batched, object alpha, object beta, object stream, bint copy_conjugates):
+    """The call read (read_gemm); (A, B) as read: with copy_conjugates, an operand cuBLAS cannot
+    conjugate in place is copied conjugated on `stream` (else ConjugateLayoutError)."""
+    cdef bint ta, tb, ca, cb
+    parse_trans(trans_a, "trans_a", &ta, &ca)
+    parse_trans(trans_b, "trans_b", &tb, &cb)
+    for _ in range(3):
+        try:
+            read_gemm(c, A, B, out, ta, tb, batched, alpha, beta, sc, g, ca, cb, True)
+            return A, B
+        except ConjugateLayoutError as e:
+            if not copy_conjugates:
+                raise
+            if e.operand == "A":
+                A, ca = _conjugated(A, stream, "A"), False
+            else:
+                B, cb = _conjugated(B, stream, "B"), False
+    raise AssertionError("read_gemm: a conjugated copy was refused again")
+
+
 cdef object _run(object A, object B, object out, object trans_a, object trans_b, object alpha,
                  object beta, str math, object stream, object autotune, object determinism, bint batched,
                  bint int8_only=False):
     cdef CallArgs c
     cdef ColMajorGemm g
     cdef Scalars sc
-    cdef bint ta, tb, ca, cb
-    parse_trans(trans_a, "trans_a", &ta, &ca)
-    parse_trans(trans_b, "trans_b", &tb, &cb)
-    for _ in range(3):      # an operand cuBLAS cannot conjugate in place is copied conjugated
-        try:
-            read_gemm(&c, A, B, out, ta, tb, batched, alpha, beta, &sc, &g, ca, cb, True)
-            break
-        except ConjugateLayoutError as e:
-            if e.operand == "A":
-                A, ca = _conjugated(A, stream, "A"), False
-            else:
-                B, cb = _conjugated(B, stream, "B"), False
+    A, B = _read(&c, &g, &sc, A, B, out, trans_a, trans_b, batched, alpha, beta, stream, True)
     cdef int level = autotune_level(autotune, determinism)
     cdef MatrixView* cv = &c.views[2]
     if int8_only and c.views[0].dtype != CUDA_R_8I:
@@ -333,10 +343,7 @@ def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, bint batched=
     cdef CallArgs c
     cdef ColMajorGemm g
     cdef Scalars sc
-    cdef bint ta, tb, ca, cb
-    parse_trans(trans_a, "trans_a", &ta, &ca)
-    parse_trans(trans_b, "trans_b", &tb, &cb)
-    read_gemm(&c, A, B, out, ta, tb, batched, 1.0, 0.0, &sc, &g, ca, cb, True)
+    _read(&c, &g, &sc, A, B, out, trans_a, trans_b, batched, 1.0, 0.0, None, False)
     check_overlaps(&c)                  # as gemm's prepare_call (out=None: no memory, skipped)
     if not g.strided_batched:           # cublasGemmEx takes no batch strides
         g.stride_a = g.stride_b = g.stride_c = 0
