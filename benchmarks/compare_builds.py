@@ -4,7 +4,9 @@
     bash scripts/build_renamed.sh 9579766 /tmp/old
     PYTHONPATH=/tmp/old python3 -m benchmarks.compare_builds --out DIR
 
-Host rows: 64^3 float32 calls timed on the host (median of interleaved rounds of 2000 calls
+Bits rows: the same calls through both builds in every determinism mode ("off" with autotune
+off, "run_to_run", "batch_invariant"), on the same seeded operands: whether the results are
+bitwise equal. Host rows: 64^3 float32 calls timed on the host (median of interleaved rounds of 2000 calls
 each, synchronizing at the end of a round), with torch.mm(out=) and cp.matmul(out=) in the
 same rounds. Large rows: CUDA-event time per GEMM (median of interleaved rounds, each
 contender warmed up, i.e. tuned, first). Writes compare_builds.json and .md to --out.
@@ -90,6 +92,50 @@ def large_rows(cp, new, old, torch, rounds):
     return out
 
 
+def bits_rows(cp, new, old):
+    """{call: {mode: equal bits}} for gemm, gemm_strided_batched, matmul and the dense forward."""
+    import ml_dtypes
+    rng = np.random.default_rng(2)
+
+    def arr(shape, dt):
+        return cp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(
+            ml_dtypes.bfloat16 if dt == "bfloat16" else dt)
+
+    cases = {
+        "gemm 1000x768x1024 float32 tf32": (lambda m: m.gemm, (arr((1000, 1024), "float32"), arr((1024, 768), "float32")), {}),
+        "gemm 300x1024x4096 bfloat16": (lambda m: m.gemm, (arr((300, 4096), "bfloat16"), arr((4096, 1024), "bfloat16")), {}),
+        "gemm 7x4096x1024 float16": (lambda m: m.gemm, (arr((7, 1024), "float16"), arr((1024, 4096), "float16")), {}),
+        "gemm 2048^3 float32 fp32": (lambda m: m.gemm, (arr((2048, 2048), "float32"), arr((2048, 2048), "float32")),
+                                     {"math": "fp32"}),
+        "gemm_strided_batched 64x(64^3) float32": (lambda m: m.gemm_strided_batched,
+                                                   (arr((64, 64, 64), "float32"), arr((64, 64, 64), "float32")), {}),
+        "matmul (4,128,256)@(256,512) bfloat16": (lambda m: m.matmul, (arr((4, 128, 256), "bfloat16"),
+                                                                       arr((256, 512), "bfloat16")), {}),
+        "forward_into relu+bias 512x1024x768 bfloat16": (
+            lambda m: (lambda x, w, **kw: forward(m, x, w, **kw)),
+            (arr((512, 768), "bfloat16"), arr((768, 1024), "bfloat16")), {}),
+    }
+    bias = arr((1024,), "bfloat16")
+
+    def forward(m, x, w, **kw):
+        y = cp.full((x.shape[0], w.shape[1]), np.nan, x.dtype)
+        m.gemm_ops.forward_into(x, w, y, bias, act="relu", **kw)
+        return y
+    modes = {"off": {"determinism": "off", "autotune": "off"}, "run_to_run": {"determinism": "run_to_run"},
+             "batch_invariant": {"determinism": "batch_invariant"}}
+    out = {}
+    for name, (entry, args, kw) in cases.items():
+        out[name] = {}
+        for mode, policy in modes.items():
+            r_new = entry(new)(*args, **kw, **policy)
+            r_old = entry(old)(*args, **kw, **policy)
+            r_new, r_old = (r[0] if isinstance(r, tuple) else r for r in (r_new, r_old))
+            view = cp.uint16 if r_new.dtype.itemsize == 2 else cp.uint32
+            out[name][mode] = bool(cp.array_equal(cp.ascontiguousarray(r_new).view(view),
+                                                  cp.ascontiguousarray(r_old).view(view)))
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description="This build of cygemm against another (cygemm_old), interleaved.")
     p.add_argument("--out", default="out", help="folder for compare_builds.json/.md (default: ./out)")
@@ -104,11 +150,12 @@ def main(argv=None):
         torch = None
     from benchmarks.common import environment
     env = environment(cp, {"torch": getattr(torch, "__version__", None), "new": new.__file__, "old": old.__file__})
+    bits = bits_rows(cp, new, old)
     host = host_rows(cp, new, old, torch, args.rounds)
     large = large_rows(cp, new, old, torch, args.rounds)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "compare_builds.json"), "w") as f:
-        json.dump({"environment": env, "host_us": host, "large": large}, f, indent=1)
+        json.dump({"environment": env, "bits": bits, "host_us": host, "large": large}, f, indent=1)
     lines = [f"GPU {env['gpu']}, driver {env['driver']}, cuBLASLt {env['cublasLt']}, CuPy {env['cupy']}, "
              f"torch {env['torch']}, {env['date']}", "", "| host, 64^3 float32 | us per call |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in host.items()]
@@ -116,6 +163,9 @@ def main(argv=None):
     for shape, r in large.items():
         lines.append(f"| {shape} | {r['new']['ms']:.4f} | {r['old']['ms']:.4f} | "
                      f"{r['new']['ms'] / r['old']['ms']:.3f} | {r.get('torch', {}).get('ms', float('nan')):.4f} |")
+    lines += ["", "| same bits, new and old | " + " | ".join(next(iter(bits.values()))) + " |",
+              "|---|" + "---|" * len(next(iter(bits.values())))]
+    lines += [f"| {k} | " + " | ".join("yes" if v else "**no**" for v in r.values()) + " |" for k, r in bits.items()]
     text = "\n".join(lines)
     with open(os.path.join(args.out, "compare_builds.md"), "w") as f:
         f.write(text + "\n")
