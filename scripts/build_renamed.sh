@@ -15,7 +15,7 @@ if [ -f "$COMMIT" ]; then tar -xf "$COMMIT" -C "$DIR/src"; else git archive "$CO
 cd "$DIR/src"
 mv cygemm cygemm_old
 mv cygemm_old/include/cygemm cygemm_old/include/cygemm_old
-grep -rlE "cygemm" --include='*.py' --include='*.pyx' --include='*.pxd' --include='*.cu' --include='*.h' . \
+grep -rlE "cygemm" --include='*.py' --include='*.pyx' --include='*.pxd' --include='*.cu' --include='*.cuh' --include='*.h' . \
     | xargs sed -i -E 's/\bcygemm\b/cygemm_old/g; s/\bcygemm_(act|bias|hold|mlp)/cygemm_old_\1/g; s/\bCYGEMM_(ACT|KERNELS_H|TIMING_H)/CYGEMM_OLD_\1/g'
 python3 setup.py build_ext --inplace -j "$(nproc)" > "$DIR/build.log" 2>&1 || { tail -30 "$DIR/build.log"; exit 1; }
 rm -rf "$DIR/cygemm_old" && mv cygemm_old "$DIR/cygemm_old"
