@@ -8,7 +8,6 @@ Under the row-major swap cuBLASLt computes D = Y^T (N x M, column-major), so its
 column-major D, which is why Y must be row-major here.
 """
 from libc.stdint cimport int64_t
-from libc.string cimport memcmp, memset
 
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
@@ -22,10 +21,8 @@ from cygemm.engine.errors import CygemmError
 from cygemm.engine.context cimport GemmContext, run_forked
 from cygemm.engine.settings cimport AUTOTUNE_OFF, POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT
 from cygemm.engine.timing cimport worth_tuning
-from cygemm.engine.tuning cimport routes_generation
 from cygemm.engine.plans cimport Plan, get_plan, execute_plan, run_gemm
-from cygemm.engine.routes cimport (RouteTable, route_table, choose_route, ROUTE_FORCED, ROUTE_TUNED,
-                            ROUTE_TIMED)
+from cygemm.engine.routes cimport RouteTable, route_table, choose_route
 
 
 cdef int dense_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
@@ -151,8 +148,7 @@ cdef RouteTable _FORWARD = route_table("forward", ("epilogue", "gelu_aux", "bias
 
 cdef int run_forward(ForwardCall* f) except -1:
     # Large problems are in the tuning table (timed now when new and the stream is not capturing).
-    cdef bint tabled = f.autotune != AUTOTUNE_OFF and worth_tuning(<double>f.M * f.N * f.K)
-    cdef int route = choose_route(_FORWARD, f, f.ctx, f.s, f.autotune, tabled, True, NULL)
+    cdef int route = choose_route(_FORWARD, f, f.ctx, f.s, f.autotune, <double>f.M * f.N * f.K, True, -1, NULL)
     if _fwd_run(f, route) != 0:
         if f.autotune == POLICY_BATCH_INVARIANT:    # another route gives other bits
             raise CygemmError(f"determinism='batch_invariant': cuBLASLt refused the dense layer's "
@@ -218,74 +214,21 @@ cdef int _bwd_enqueue(void* call, int route) except -1:
     return _bwd_run(<BackwardCall*>call, route)
 
 
+cdef void _bwd_ckey(void* call, int64_t* k) noexcept nogil:
+    """The backward's memo key: a repeated small backward finds its route without a Python key."""
+    cdef const BackwardCall* b = <const BackwardCall*>call
+    k[0], k[1], k[2], k[3], k[4], k[5] = b.ctx.device, <int>b.dtype, <int>b.compute, b.M, b.N, b.K
+    k[6] = (<int>b.g_a.opa) | (<int>b.g_a.opb << 8) | (<int>b.g_b.opa << 16) | (<int>b.g_b.opb << 24)
+    k[7], k[8], k[9] = b.g_a.lda, b.g_a.ldb, b.g_a.ldc
+    k[10], k[11], k[12] = b.g_b.lda, b.g_b.ldb, b.g_b.ldc
+
+
 cdef RouteTable _BACKWARD = route_table("backward", ("serial", "branches"), _bwd_applies_hook, _bwd_rule_hook,
-                                        _bwd_key, _bwd_enqueue)
-
-
-# The routes of recent backward problems, keyed in C: a repeated small backward finds its
-# route without building a Python key. Filled only with routes from the table (forced, tuned
-# or timed); valid while tuning.routes_generation() is what it was. Used with the GIL held.
-ctypedef struct _BwdKey:
-    int64_t device, dtype, compute, M, N, K
-    int64_t ops, lda_a, ldb_a, ldc_a, lda_b, ldb_b, ldc_b
-
-cdef enum:
-    BWD_MEMO = 16
-
-cdef _BwdKey _bwd_memo_key[BWD_MEMO]
-cdef int _bwd_memo_route[BWD_MEMO]
-cdef int _bwd_memo_n = 0, _bwd_memo_next = 0
-cdef unsigned long _bwd_memo_generation = 0
-
-
-cdef void _bwd_key_of(const BackwardCall* b, _BwdKey* k) noexcept nogil:
-    memset(k, 0, sizeof(_BwdKey))
-    k.device, k.dtype, k.compute, k.M, k.N, k.K = b.ctx.device, <int>b.dtype, <int>b.compute, b.M, b.N, b.K
-    k.ops = (<int>b.g_a.opa) | (<int>b.g_a.opb << 8) | (<int>b.g_b.opa << 16) | (<int>b.g_b.opb << 24)
-    k.lda_a, k.ldb_a, k.ldc_a = b.g_a.lda, b.g_a.ldb, b.g_a.ldc
-    k.lda_b, k.ldb_b, k.ldc_b = b.g_b.lda, b.g_b.ldb, b.g_b.ldc
-
-
-cdef int _bwd_memo_find(const _BwdKey* k) noexcept nogil:
-    global _bwd_memo_n, _bwd_memo_generation
-    cdef int i
-    if _bwd_memo_generation != routes_generation():
-        _bwd_memo_n = 0
-        _bwd_memo_generation = routes_generation()
-        return -1
-    for i in range(_bwd_memo_n):
-        if memcmp(&_bwd_memo_key[i], k, sizeof(_BwdKey)) == 0:
-            return _bwd_memo_route[i]
-    return -1
-
-
-cdef void _bwd_memo_add(const _BwdKey* k, int route, unsigned long generation) noexcept nogil:
-    global _bwd_memo_n, _bwd_memo_next
-    if generation != routes_generation() or generation != _bwd_memo_generation:
-        return                          # chosen under routes that have changed since
-    cdef int i = _bwd_memo_next
-    if _bwd_memo_n < BWD_MEMO:
-        i = _bwd_memo_n
-        _bwd_memo_n += 1
-    else:
-        _bwd_memo_next = (_bwd_memo_next + 1) % BWD_MEMO
-    _bwd_memo_key[i] = k[0]
-    _bwd_memo_route[i] = route
+                                        _bwd_key, _bwd_enqueue, _bwd_ckey, True)
 
 
 cdef int run_backward(BackwardCall* b, bint accumulate) except -1:
-    """Serial or branches: the memo's, else chosen by cygemm.engine.routes (the tuned table is read at
-    every size and autotune level; timed outside capture, on a call that does not accumulate:
-    timing runs write the gradients)."""
-    cdef _BwdKey ck
-    _bwd_key_of(b, &ck)
-    # Timing waits without the GIL: another thread may force or clear routes meanwhile, and
-    # then a route chosen now must not enter the memo.
-    cdef unsigned long generation = routes_generation()
-    cdef int why
-    cdef int route = _bwd_memo_find(&ck)
-    if route < 0:
-        route = choose_route(_BACKWARD, b, b.ctx, b.s, b.autotune, True, not accumulate, &why)
-        if why == ROUTE_FORCED or why == ROUTE_TUNED or why == ROUTE_TIMED:
-            _bwd_memo_add(&ck, route, generation)
-    return _bwd_run(b, route)
+    """Serial or branches, chosen by cygemm.engine.routes (remembered by C key; the tuned table is
+    read at every size and autotune level; timed outside capture, on a call that does not
+    accumulate: timing runs write the gradients)."""
+    return _bwd_run(b, choose_route(_BACKWARD, b, b.ctx, b.s, b.autotune, 0, not accumulate, -1, NULL))

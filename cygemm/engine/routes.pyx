@@ -8,9 +8,11 @@ the fixed rule; describe_route says what it would decide without running anythin
 from cygemm.bindings.cudart cimport cudaStream_t
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.streams cimport stream_is_capturing
+from libc.string cimport memcmp, memset
 from cygemm.engine.settings cimport AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN
-from cygemm.engine.timing cimport enqueue_fn, time_choices, enter_route_timing, leave_route_timing
-from cygemm.engine.tuning cimport forced_route, tuned_route, remember_route, claim_tuning, release_tuning
+from cygemm.engine.timing cimport enqueue_fn, time_choices, enter_route_timing, leave_route_timing, worth_tuning
+from cygemm.engine.tuning cimport (forced_route, tuned_route, remember_route, claim_tuning, release_tuning,
+                                   routes_generation)
 from cygemm.engine import tuning
 
 cdef enum:
@@ -22,12 +24,15 @@ cdef class RouteTable:
 
 
 cdef RouteTable route_table(str kind, tuple names, applies_fn applies, fixed_rule_fn fixed_rule, key_fn key,
-                            enqueue_fn enqueue):
+                            enqueue_fn enqueue, ckey_fn ckey=NULL, bint every_size=False):
     if len(names) > MAX_ROUTES:
         raise ValueError(f"{kind}: at most {MAX_ROUTES} routes, got {len(names)}")
     cdef RouteTable t = RouteTable.__new__(RouteTable)
     t.kind, t.names, t.n = kind, names, len(names)
     t.applies, t.fixed_rule, t.key, t.enqueue = applies, fixed_rule, key, enqueue
+    t.ckey, t.every_size = ckey, every_size
+    t.memo_n = t.memo_next = 0
+    t.memo_generation = 0
     tuning.register_routes(kind, names)
     return t
 
@@ -59,11 +64,73 @@ cdef int _decided(RouteTable t, void* call, int device, bint tabled, int* why) e
     return -1
 
 
-cdef int choose_route(RouteTable t, void* call, GemmContext* ctx, cudaStream_t stream, int autotune,
-                      bint tabled, bint may_time, int* why) except -1:
-    cdef int reason = ROUTE_UNTIMED
+cdef bint route_tabled(RouteTable t, int autotune, double macs) noexcept nogil:
     if autotune >= POLICY_RUN_TO_RUN:      # a determinism policy: the fixed rule, never timing
-        tabled = False
+        return False
+    if t.every_size:
+        return True
+    return autotune != AUTOTUNE_OFF and macs >= 0 and worth_tuning(macs)
+
+
+# ---------------------------------------------------------------- the memo (recent decisions by C key)
+
+cdef int _memo_find(RouteTable t, const int64_t* key) noexcept:
+    cdef int i
+    if t.memo_generation != routes_generation():     # routes forced or cleared since: forget
+        t.memo_n = 0
+        t.memo_generation = routes_generation()
+        return -1
+    for i in range(t.memo_n):
+        if memcmp(&t.memo_key[i * ROUTE_KEY_WORDS], key, ROUTE_KEY_WORDS * sizeof(int64_t)) == 0:
+            return t.memo_route[i]
+    return -1
+
+
+cdef void _memo_add(RouteTable t, const int64_t* key, int route, unsigned long generation) noexcept:
+    if generation != routes_generation() or generation != t.memo_generation:
+        return                          # decided under routes that have changed since
+    cdef int i = t.memo_next
+    if t.memo_n < ROUTE_MEMO:
+        i = t.memo_n
+        t.memo_n += 1
+    else:
+        t.memo_next = (t.memo_next + 1) % ROUTE_MEMO
+    cdef int w
+    for w in range(ROUTE_KEY_WORDS):
+        t.memo_key[i * ROUTE_KEY_WORDS + w] = key[w]
+    t.memo_route[i] = route
+
+
+cdef int choose_route(RouteTable t, void* call, GemmContext* ctx, cudaStream_t stream, int autotune,
+                      double macs, bint may_time, int asked, int* why) except -1:
+    if asked >= 0:
+        if why != NULL:
+            why[0] = ROUTE_FORCED
+        return asked
+    cdef int64_t key[ROUTE_KEY_WORDS]
+    # Timing waits without the GIL: another thread may force or clear routes meanwhile, and
+    # then a route chosen now must not enter the memo.
+    cdef unsigned long generation = routes_generation()
+    cdef int route, reason = ROUTE_UNTIMED
+    if t.ckey != NULL:
+        memset(key, 0, sizeof(key))
+        t.ckey(call, key)
+        route = _memo_find(t, key)
+        if route >= 0:
+            if why != NULL:
+                why[0] = ROUTE_TUNED
+            return route
+    route = _choose(t, call, ctx, stream, autotune, route_tabled(t, autotune, macs), may_time, &reason)
+    if why != NULL:
+        why[0] = reason
+    if t.ckey != NULL and (reason == ROUTE_FORCED or reason == ROUTE_TUNED or reason == ROUTE_TIMED):
+        _memo_add(t, key, route, generation)
+    return route
+
+
+cdef int _choose(RouteTable t, void* call, GemmContext* ctx, cudaStream_t stream, int autotune,
+                 bint tabled, bint may_time, int* why) except -1:
+    cdef int reason = ROUTE_UNTIMED
     cdef int route = _decided(t, call, ctx.device, tabled, &reason)
     if why != NULL:
         why[0] = reason
@@ -110,9 +177,9 @@ cdef int choose_route(RouteTable t, void* call, GemmContext* ctx, cudaStream_t s
     return choices[best]
 
 
-cdef tuple describe_route(RouteTable t, void* call, int device, bint tabled):
+cdef tuple describe_route(RouteTable t, void* call, int device, int autotune, double macs):
     cdef int reason = ROUTE_UNTIMED
-    cdef int route = _decided(t, call, device, tabled, &reason)
+    cdef int route = _decided(t, call, device, route_tabled(t, autotune, macs), &reason)
     if route < 0:
         return None, None
     return t.names[route], ("forced", "tuned", "timed", "rule")[reason]

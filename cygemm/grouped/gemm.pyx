@@ -29,7 +29,7 @@ from cygemm.engine.context cimport GemmContext, bind_stream, stream_table, run_f
 from cygemm.engine.settings cimport autotune_level, AUTOTUNE_OFF, POLICY_RUN_TO_RUN
 from cygemm.engine.timing cimport worth_tuning
 from cygemm.engine.plans cimport run_gemm
-from cygemm.engine.routes cimport RouteTable, route_table, choose_route, describe_route
+from cygemm.engine.routes cimport RouteTable, route_table, choose_route, describe_route, route_tabled
 from cygemm.engine.groups cimport (Groups, read_lists, read_moe, check_group_devices, R_BATCHED, R_GROUPED, R_LOOP,
                                    R_STREAMS)
 
@@ -206,10 +206,9 @@ cdef int _enqueue(void* call, int route) except -1:
 cdef RouteTable _GROUPED = route_table("grouped", _NAMES, _applies, _fixed_rule, _key, _enqueue)
 
 
-cdef bint _tabled(Groups grp, int autotune):
-    """Whether the problem is in the tuning table: large, not too many groups, autotune on."""
-    return (autotune != AUTOTUNE_OFF and autotune < POLICY_RUN_TO_RUN and worth_tuning(grp.macs)
-            and grp.n_act <= MAX_TUNED_GROUPS)
+cdef double _macs(Groups grp) noexcept:
+    """The problem's size for the chooser's rule; -1 (never timed) past MAX_TUNED_GROUPS groups."""
+    return grp.macs if grp.n_act <= MAX_TUNED_GROUPS else -1
 
 
 cdef int _route_index(object route) except -1:
@@ -261,10 +260,8 @@ cdef int _run(Groups grp, CallArgs* c, object alpha, object beta, object math, o
         _tls.route = "loop" if grp.n_zero_k else None
         return 0
     f.dims, f.ops, f.scalars, f.ones = NULL, NULL, NULL, NULL
-    cdef int r = asked
-    if r < 0:
-        # Timing runs write the outputs: only a beta 0 call may time.
-        r = choose_route(_GROUPED, &f, f.ctx, f.s, f.autotune, _tabled(grp, f.autotune), f.beta == 0, NULL)
+    # Timing runs write the outputs: only a beta 0 call may time.
+    cdef int r = choose_route(_GROUPED, &f, f.ctx, f.s, f.autotune, _macs(grp), f.beta == 0, asked, NULL)
     _run_route(&f, r)
     _tls.route = _NAMES[r]
     return 0
@@ -460,15 +457,13 @@ def describe_grouped(As, Bs, outs, *, trans_a=False, trans_b=False, str math="tf
     info = dict(groups=grp.n, active=grp.n_act, zero_k=grp.n_zero_k, macs=grp.macs,
                 routes=[n for n in _NAMES if why[n] is None],
                 not_applicable={n: w for n, w in why.items() if w is not None}, chosen=None, decided_by=None)
-    cdef bint tabled
     cdef int device = -1
     if grp.n_act:
-        tabled = _tabled(grp, f.autotune)
-        if tabled:
+        if route_tabled(_GROUPED, f.autotune, _macs(grp)):
             from cygemm.engine import context as _context
             if _context.gpu_unavailable_reason() is None:       # the table is per GPU model
                 device = _context.current_device()
-        chosen, decided_by = describe_route(_GROUPED, &f, device, tabled)
+        chosen, decided_by = describe_route(_GROUPED, &f, device, f.autotune, _macs(grp))
         info.update(chosen=chosen, decided_by=decided_by)
     info["why_chosen"] = _WHY_CHOSEN[info["decided_by"]] if grp.n_act else "no group has anything to compute"
     info["per_group"] = [_describe_group(grp, i, As[i], Bs[i], outs[i], info["chosen"]) for i in range(grp.n)]
