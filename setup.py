@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # the modules that launch it.
 MODULES = {"engine.dtypes": [], "engine.errors": [], "engine.settings": [], "engine.streams": [], "engine.release": [], "engine.context": [], "engine.mapping": [],
            "engine.described": [], "engine.arrays": [], "engine.overlap": [], "engine.alloc": [], "engine.args": [],
-           "engine.timing": ["timing"], "engine.tuning": [], "engine.ktail": [], "engine.launch": [], "engine.lt_desc": [], "engine.families": [], "engine.candidates": [], "engine.plans": [], "engine.int8": [], "engine.operands": [],
+           "engine.timing": ["timing"], "engine.tuning": [], "engine.chooser": [], "engine.ktail": [], "engine.launch": [], "engine.lt_desc": [], "engine.families": [], "engine.candidates": [], "engine.plans": [], "engine.execute": [], "engine.int8": [], "engine.operands": [],
            "engine.routes": [], "engine.epilogues": [], "rowmajor.gemm": [], "rowmajor.plan": [], "engine.batch_layout": [], "rowmajor.matmul": [],
            "engine.dense_routes": ["elementwise"], "dense.layer": ["elementwise"], "fp8.convert": ["fp8"],
            "engine.fp8_args": [], "fp8.scales": ["fp8_scales"], "fp8.scaled": [], "dense.elementwise": ["elementwise"], "engine.groups": [], "grouped.gemm": ["grouped"], "engine.graph": [],

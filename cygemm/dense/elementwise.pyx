@@ -16,7 +16,7 @@ from cygemm.engine.epilogues cimport Activation, activation_row, leaky_slope_of
 from cygemm.engine.types cimport MatrixView
 from cygemm.engine.dtypes cimport dtype_level, expected_names, DTYPES_FLOAT
 from cygemm.engine.errors cimport check_cuda
-from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_matrix, add_vector, allow_in_place, prepare_kernel_call,
+from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_matrix, add_vector, allow_in_place, prepare_call, CALL_KERNELS,
                                  expect_dtype,
                                  ARG_READ, ARG_WRITE)
 from cygemm.engine.context cimport call_workspace
@@ -79,7 +79,7 @@ def bias_act(x, bias=None, *, out, z_out=None, act="none", leaky_slope=0.01, str
     allow_in_place(&c, vz, vx)
     allow_in_place(&c, vo, vb)
     allow_in_place(&c, vz, vb)
-    prepare_kernel_call(&c, stream)
+    prepare_call(&c, CALL_KERNELS, stream)
     with nogil:
         check_cuda(cygemm_bias_act_forward(vx.dtype, M, N, vx.ptr, rowmajor_ld(vx),
                                            vb.ptr if vb != NULL else NULL, vo.ptr, rowmajor_ld(vo),
@@ -141,7 +141,7 @@ def act_backward(gy, z, *, dz_out=None, dbias_out=None, act="none", leaky_slope=
     cdef MatrixView* vd = add_matrix(&c, dz_out, "dz_out", ARG_WRITE, M, N, vg.dtype, True) if dz_out is not None else NULL
     cdef MatrixView* vb = add_vector(&c, dbias_out, "dbias_out", ARG_WRITE, N, vg.dtype) if dbias_out is not None else NULL
     allow_in_place(&c, vd, vg)          # dz may overwrite gy (read first, element by element)
-    prepare_kernel_call(&c, stream)
+    prepare_call(&c, CALL_KERNELS, stream)
     cdef int64_t scratch_floats = cygemm_act_backward_scratch_floats(M, N) if vb != NULL else 0
     if <size_t>scratch_floats * 4 > c.ctx.workspace_bytes:
         raise ValueError(f"dbias_out: N={N} needs {scratch_floats * 4} bytes of scratch, more than the "

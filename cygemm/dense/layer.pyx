@@ -14,7 +14,7 @@ from cygemm.engine.types cimport MatrixView, ColMajorGemm
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.context cimport GemmContext, stream_workspace
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_matrix, add_vector, call_workspace_of,
-                                 expect_dtype, prepare_call, ARG_READ, ARG_WRITE, ARG_SCRATCH)
+                                 expect_dtype, prepare_call, CALL_GEMM, ARG_READ, ARG_WRITE, ARG_SCRATCH)
 from cygemm.engine.dtypes cimport dtype_name
 from cygemm.engine.settings cimport autotune_level
 from cygemm.engine.mapping cimport map_or_raise, rowmajor_ld
@@ -122,7 +122,7 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
     map_or_raise(&c.views[0], &c.views[1], y, False, False, &g, ("A", "B", "out"))
     if save_z:      # the GEMM writes Z when the activation runs after it
         map_or_raise(&c.views[0], &c.views[1], z, False, False, &gz, ("A", "B", "z_out"))
-    prepare_call(&c, math, dtype, stream)
+    prepare_call(&c, CALL_GEMM, stream, math, dtype)
     if M == 0 or N == 0:
         return out
 
@@ -240,7 +240,7 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
         # BGRADA epilogue (BGRADB for a column-major gB_out). Not used: our kernel's pass
         # already yields the bias gradient for every activation, accumulate included.
         map_or_raise(a, dZ, gb, True, False, &g_b, ("A", dz_name, "gB_out"))
-    prepare_call(&c, math, dtype, stream)
+    prepare_call(&c, CALL_GEMM, stream, math, dtype)
     cdef GemmContext* ctx = c.ctx
     cdef cudaStream_t s = c.stream
     cdef float beta = 1.0 if accumulate else 0.0

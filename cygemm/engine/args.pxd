@@ -4,13 +4,10 @@
 # every buffer and of the stream) and fills in the call's context, stream and, for a GEMM, the
 # compute type derived from its storage types.
 #
-# Each entry point takes one of these paths, explicitly:
-#   prepare_call(c, math, dtype, stream)    a GEMM of one dtype (gemm, the dense layer)
-#   prepare_typed_call(c, types, stream)    a GEMM of mixed storage types (FP8)
-#   prepare_kernel_call(c, stream)          no GEMM: cygemm's kernels (elementwise, FP8 conversions)
-#   check_overlaps(c), later resolve_call   where the overlaps of the buffers were settled apart
-#   (or resolve_typed_call)                 from the call: GemmPlan (at construction), grouped
-#                                           (its sweep over the groups), matmul (a temporary)
+# One preparation, prepare_call(c, kind, stream, ...), for every entry point; its kind says
+# how the compute type is found (CallKind). overlaps=False where the overlaps of the buffers
+# were settled apart from the call by check_overlaps: GemmPlan (at construction), grouped (its
+# sweep over the groups), matmul (a temporary).
 from cpython.object cimport PyObject
 from libc.stdint cimport int64_t, uint32_t
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
@@ -27,12 +24,19 @@ cdef enum ArgRole:
 cdef enum:
     MAX_ARGS = 10
 
+# What a call computes, so how prepare_call finds its compute type.
+cdef enum CallKind:
+    CALL_GEMM = 0           # a GEMM of one dtype: from `dtype` and `math` (gemm, matmul, the dense layer)
+    CALL_TYPED_GEMM = 1     # a GEMM of mixed storage types: from c.types, set by its reader (FP8)
+    CALL_KERNELS = 2        # no GEMM: cygemm's kernels (elementwise, FP8 conversions)
+
 ctypedef struct CallArgs:
     MatrixView views[10]
     PyObject* names[10]     # borrowed: the callers pass str constants
     ArgRole roles[10]
     uint32_t in_place_of[10]    # bit j: this output may be exactly input j (see allow_in_place)
     int n
+    const GemmTypes* types  # CALL_TYPED_GEMM: the storage types (the reader's)
     # Filled by prepare_call:
     GemmContext* ctx
     cudaStream_t stream
@@ -44,6 +48,7 @@ cdef inline void args_init(CallArgs* c) noexcept nogil:
     c.n = 0
     c.ctx = NULL
     c.stream = NULL
+    c.types = NULL
 
 
 # Read `x` into the next slot (view_from_object; a workspace: read_buffer) and return it. wide:
@@ -86,16 +91,12 @@ cdef inline void allow_in_place(CallArgs* c, const MatrixView* out, const Matrix
         c.in_place_of[out - &c.views[0]] |= 1u << (inp - &c.views[0])
 
 
-cdef int prepare_call(CallArgs* c, object math, cudaDataType dtype, object stream) except -1
-cdef int prepare_typed_call(CallArgs* c, const GemmTypes* types, object stream) except -1
-cdef int prepare_kernel_call(CallArgs* c, object stream) except -1
-# Overlaps (by role) and workspace rules alone: no GPU state. The first step of every prepare_*.
+# Prepare a call whose buffers are read into c: overlaps (unless settled apart), its math and
+# compute type (by kind), the stream, this thread's context and the devices.
+cdef int prepare_call(CallArgs* c, CallKind kind, object stream, object math=*, cudaDataType dtype=*,
+                      bint overlaps=*) except -1
+# Overlaps (by role) and workspace rules alone: no GPU state. The first step of prepare_call.
 cdef int check_overlaps(CallArgs* c) except -1
-# prepare_call without check_overlaps: for the entry points whose overlaps were settled apart
-# from this call (see above).
-cdef int resolve_call(CallArgs* c, object math, cudaDataType dtype, object stream) except -1
-# prepare_typed_call without check_overlaps (a planned FP8 GEMM).
-cdef int resolve_typed_call(CallArgs* c, const GemmTypes* types, object stream) except -1
 # The stream's and every given buffer's device against the context's (several GPUs only).
 cdef int check_devices(CallArgs* c) except -1
 

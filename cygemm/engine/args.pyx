@@ -72,30 +72,16 @@ cdef inline int _bind(CallArgs* c, object stream) except -1:
     return check_devices(c)
 
 
-cdef int resolve_call(CallArgs* c, object math, cudaDataType dtype, object stream) except -1:
-    c.math = parse_math(math)
-    c.compute = compute_type(dtype, c.math)
-    return _bind(c, stream)
-
-
-cdef int prepare_call(CallArgs* c, object math, cudaDataType dtype, object stream) except -1:
-    check_overlaps(c)
-    return resolve_call(c, math, dtype, stream)
-
-
-cdef int resolve_typed_call(CallArgs* c, const GemmTypes* types, object stream) except -1:
-    c.math = MATH_FP32
-    c.compute = typed_compute_type(types)
-    return _bind(c, stream)
-
-
-cdef int prepare_typed_call(CallArgs* c, const GemmTypes* types, object stream) except -1:
-    check_overlaps(c)
-    return resolve_typed_call(c, types, stream)
-
-
-cdef int prepare_kernel_call(CallArgs* c, object stream) except -1:
-    check_overlaps(c)
+cdef int prepare_call(CallArgs* c, CallKind kind, object stream, object math="tf32",
+                      cudaDataType dtype=CUDA_R_32F, bint overlaps=True) except -1:
+    if overlaps:
+        check_overlaps(c)
+    if kind == CALL_GEMM:
+        c.math = parse_math(math)
+        c.compute = compute_type(dtype, c.math)
+    elif kind == CALL_TYPED_GEMM:
+        c.math = MATH_FP32
+        c.compute = typed_compute_type(c.types)
     return _bind(c, stream)
 
 

@@ -21,7 +21,8 @@ from cygemm.engine.errors import CygemmError
 from cygemm.engine.context cimport GemmContext, run_forked
 from cygemm.engine.settings cimport AUTOTUNE_OFF, POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT
 from cygemm.engine.timing cimport worth_tuning
-from cygemm.engine.plans cimport Plan, get_plan, execute_plan, run_gemm
+from cygemm.engine.plans cimport Plan, get_plan
+from cygemm.engine.execute cimport run_plan, run_gemm, REFUSAL_REPORT
 from cygemm.engine.routes cimport RouteTable, route_table, choose_route
 
 
@@ -89,7 +90,7 @@ cdef int _lt_call(ForwardCall* f, ColMajorGemm* g, cublasLtEpilogue_t epi, const
                               f.autotune, False)
     if plan is None:
         return 1
-    return execute_plan(plan, f.ctx, f.s, g, bias, aux, f.ws, f.ws_bytes, &sc)
+    return run_plan(plan, f.ctx, f.s, g, bias, aux, f.ws, f.ws_bytes, &sc, REFUSAL_REPORT)
 
 
 cdef int _fwd_run(ForwardCall* f, int route) except -1:

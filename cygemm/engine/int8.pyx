@@ -19,13 +19,12 @@ from cygemm.bindings.cublas cimport (cublasStatus_t, CUBLAS_STATUS_SUCCESS, CUBL
                                      CUBLAS_OP_T)
 from cygemm.bindings.cublaslt cimport CUBLASLT_EPILOGUE_DEFAULT
 from cygemm.engine.types cimport (MatrixView, ColMajorGemm, GemmTypes, Scalars, beta_is_zero, pointer_alignment)
-from cygemm.engine.errors cimport check_cublas
 from cygemm.engine.settings cimport default_policy, AUTOTUNE_AUTO, POLICY_RUN_TO_RUN
 from cygemm.engine.context cimport GemmContext, call_workspace
-from cygemm.engine.streams cimport stream_is_capturing
 from cygemm.engine.mapping cimport is_rowmajor
 from cygemm.engine.dtypes cimport dtype_name
-from cygemm.engine.plans cimport Plan, get_plan, execute_plan
+from cygemm.engine.plans cimport Plan, get_plan
+from cygemm.engine.execute cimport run_plan, check_runnable, REFUSAL_RAISE
 from cygemm.engine.types cimport lt_batch_ok
 
 from libc.string cimport memset
@@ -122,10 +121,8 @@ cdef Plan _plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, Ge
                int autotune, const MatrixView* out, void* ws):
     cdef Plan plan = get_plan(ctx, stream, g, types.d, CUBLAS_COMPUTE_32I, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL,
                               0, ws, ctx.workspace_bytes, autotune, not beta_is_zero(sc), types)
-    if not plan.d.usable or plan.d.n_candidates == 0:
+    if check_runnable(plan, stream, "int8 GEMM"):
         raise ValueError(_no_kernel(g, out, types.d))
-    if not plan.d.capture_ok and stream_is_capturing(stream):
-        raise ValueError("cublasLtMatmul refused this int8 GEMM inside a capture; run it once eagerly first")
     return plan
 
 
@@ -133,10 +130,7 @@ cdef int _run_one(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, 
                   const Scalars* sc, int autotune, const MatrixView* out) except -1:
     cdef void* ws = call_workspace(ctx, stream)
     cdef Plan plan = _plan(ctx, stream, g, types, sc, autotune, out, ws)
-    cdef int st = CUBLAS_STATUS_SUCCESS
-    if execute_plan(plan, ctx, stream, g, NULL, NULL, ws, ctx.workspace_bytes, sc, &st):
-        check_cublas(<cublasStatus_t>st, "cublasLtMatmul (int8)")      # refused: nothing ran
-    return 0
+    return run_plan(plan, ctx, stream, g, NULL, NULL, ws, ctx.workspace_bytes, sc, REFUSAL_RAISE, dtype_name(CUDA_R_8I))
 
 
 cdef int run_int8(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, const MatrixView* out,

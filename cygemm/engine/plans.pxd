@@ -39,26 +39,9 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
                      const void* bias, void* aux, void* ws, size_t ws_bytes, int autotune,
                      bint c_is_input, bint* keep, bint explicit=*) except -1
 
-# The one plan executor: run `plan` (epilogue pointers bias/aux, NULL where none). Returns 0
-# when it ran; 1 when it was refused with nothing enqueued: unusable, an algorithm that failed a
-# capture before (while capturing), or cuBLASLt refusing it now (then, inside a capture, the
-# plan is marked capture_ok = False once the capture is found alive, else usable = False;
-# refused_status receives cuBLASLt's status). A failed cublasGemmEx route raises.
-cdef int execute_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
-                      const void* bias, void* aux, void* ws, size_t ws_bytes, const Scalars* sc,
-                      int* refused_status=*) except -1
-
-# A plain GEMM's plan (not None), with cublasGemmEx where cuBLASLt refuses it (under the
-# batch-invariant policy: CygemmError, see raise_no_family). Raises on failure.
-cdef int run_with_fallback(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
-                           void* ws, size_t ws_bytes, const Scalars* sc) except -1
-
-# A plain GEMM through the plans: small problems (and 64-bit sizes) go straight to
-# cublasGemmEx, except under the batch-invariant policy; large ones run their plan, decided
-# once. autotune: a level or policy, -1 for the options'. Raises on failure.
-cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
-                  cublasComputeType_t compute, const Scalars* sc,
-                  int autotune) except -1 nogil
+# The cublasGemmEx forcing of cygemm.engine.tuning.force_routes(gemm=...): 0 none, 1 cublasGemmEx,
+# 2 cuBLASLt.
+cdef int forced_gemm() noexcept nogil
 
 # CygemmError: the batch-invariant policy found no kernel of the plan's family for its problem.
 cdef int raise_no_family(Plan plan) except -1

@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Plans: how each GEMM runs, chosen once per problem and kept in a bounded cache per thread.
 
-Every GEMM of cygemm goes through here: `gemm`, `gemm_strided_batched`, `matmul`, the dense
+Every GEMM of cygemm plans here (cygemm.engine.execute runs the plans): `gemm`, `gemm_strided_batched`, `matmul`, the dense
 forward and backward, :class:`cygemm.GemmPlan`. A plan is one problem's way to run: a cuBLASLt
 algorithm (with its descriptors) or cublasGemmEx. Neither wins everywhere (H200: cuBLASLt 5.9%
 faster at 1024^3 fp32, 6.4% slower at 8192^3 TF32), so a large problem's candidates are timed
@@ -18,19 +18,19 @@ from libc.string cimport memcmp, memset
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
-from cygemm.engine.types cimport (ColMajorGemm, GemmTypes, Scalars, beta_is_zero, pointer_alignment, is_fp8_type,
-                                  type_size, lt_batch_ok)
+from cygemm.engine.types cimport (ColMajorGemm, GemmTypes, Scalars, pointer_alignment, is_fp8_type,
+                                  lt_batch_ok)
 from cygemm.engine.errors cimport check_cublas
 from cygemm.engine.errors import CygemmError
-from cygemm.engine.streams cimport stream_is_capturing, check_capture_alive
-from cygemm.engine.context cimport GemmContext, stream_workspace
-from cygemm.engine.launch cimport (PlanData, PLAN_GEMMEX, PLAN_LT, gemm_colmajor, needs_64bit_api, plan_run,
-                                   set_scale_pointers)
+from cygemm.engine.streams cimport stream_is_capturing
+from cygemm.engine.context cimport GemmContext
+from cygemm.engine.launch cimport PlanData, PLAN_GEMMEX, PLAN_LT, set_scale_pointers
 from cygemm.engine.lt_desc cimport make_descriptors, free_descriptors
 from cygemm.engine.settings cimport (options, loaded_options, default_policy, AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE,
                                      POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT)
-from cygemm.engine.timing cimport worth_tuning, in_route_timing
-from cygemm.engine.tuning cimport lookup, remember, claim_tuning, release_tuning, forced_route
+from cygemm.engine.timing cimport in_route_timing
+from cygemm.engine.chooser cimport Decider, choose, worth_timing
+from cygemm.engine.tuning cimport lookup, remember, forced_route
 from cygemm.engine.candidates cimport tune_candidates, apply_record, record_of, bucket_record_of
 from cygemm.engine.families cimport family_candidates, bucket_key
 from cygemm.engine.ktail cimport make_safe, gemmex_drops
@@ -356,142 +356,114 @@ cdef Plan _make_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
     return plan
 
 
-cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
-                     const void* bias, void* aux, void* ws, size_t ws_bytes, int autotune,
-                     bint c_is_input, bint* keep, bint explicit=False) except -1:
-    """Choose among the plan's candidates as `autotune` says: a forced route, a tuned choice
-    from the table, timing (large problems, or, explicit, any size and again; not during a
-    capture), or the heuristic's first. Threads deciding one new problem at once time it once:
-    the others wait for that thread's choice (cygemm.engine.tuning.claim_tuning)."""
-    cdef PlanData* d = &plan.d
-    if (d.tune_level >= autotune and not explicit) or not d.usable:
+_NOT_READ = object()
+
+
+# One plan's decision, the state of the chooser's hooks.
+cdef struct PlanDecision:
+    void* plan                  # the Plan (borrowed)
+    GemmContext* ctx
+    cudaStream_t stream
+    const ColMajorGemm* g
+    const void* bias
+    void* aux
+    void* ws
+    size_t ws_bytes
+    int autotune
+    int decided                 # the tune level a forced or tabled choice counts as
+    bint c_is_input
+    bint tabled                 # the size rule: this problem's candidates are timed
+    bint* keep
+    void* seen                  # a list owned by decide_plan: [what the tuning table held when read]
+
+
+cdef int _forced(void* self) except -1:
+    cdef PlanDecision* p = <PlanDecision*>self
+    cdef PlanData* d = &(<Plan>p.plan).d
+    if _force_gemm == 0:
         return 0
-    cdef int decided = max(autotune, <int>AUTOTUNE_EXHAUSTIVE)     # what a forced or tabled choice counts as
     if _force_gemm == 1 and d.gemmex_ok:
         d.route = PLAN_GEMMEX
-    if _force_gemm:
-        d.tune_level = decided
-        return 0
-    record = lookup(ctx.device, "gemm", plan.key)
-    if record is not None and not explicit and apply_record(ctx, d, record, ws_bytes, g.k):
-        d.tune_level = decided
-        return 0
-    cdef int64_t batch = g.batch if g.strided_batched else 1
-    cdef double macs = <double>g.m * g.n * g.k * batch
-    # (A batch-invariant family's kernels are timed at every size: few rows need its small tiles.)
-    if autotune == AUTOTUNE_OFF or d.n_candidates + d.gemmex_ok < 2 or not (
-            explicit or worth_tuning(macs) or d.policy == POLICY_BATCH_INVARIANT):
-        d.tune_level = max(d.tune_level, autotune)
-        return 0
-    if in_route_timing():           # a layer is timing its routes: the heuristic's choice for now,
-        return 0                    # decided at the plan's first call outside route timing
-    if stream_is_capturing(stream):
-        keep[0] = False             # the heuristic's choice now; timed at the first eager call
-        return 0
-    if not claim_tuning(ctx.device, "gemm", plan.key, record):
-        # Another thread timed this problem (perhaps while this one waited): its choice.
-        # Or this thread is timing it already: the heuristic's for now, decided next call.
-        record = lookup(ctx.device, "gemm", plan.key)
-        if record is not None and apply_record(ctx, d, record, ws_bytes, g.k):
-            d.tune_level = decided
-        return 0
-    try:
-        tune_candidates(ctx, stream, d, g, bias, aux, ws, ws_bytes, autotune, c_is_input)
-        d.tune_level = autotune
-        if d.tuned:
-            remember(ctx.device, "gemm", plan.key, record_of(d))
-            if d.policy == POLICY_BATCH_INVARIANT and not d.shared:    # (what its size bucket times)
-                remember(ctx.device, "gemm", bucket_key(plan.key), bucket_record_of(d))
-    finally:
-        release_tuning(ctx.device, "gemm", plan.key)
-    return 0
-
-
-# ---------------------------------------------------------------- running a plan
-
-cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
-                  cublasComputeType_t compute, const Scalars* sc,
-                  int autotune) except -1 nogil:
-    cdef int64_t batch = g.batch if g.strided_batched else 1
-    if autotune < 0:
-        autotune = default_policy()
-    # cublasGemmEx (its own kernel choice, guarded in _launch) for no batch-invariant call but k = 0;
-    # small problems too, unless its kernel would drop part of K (then their guarded plan).
-    if g.k == 0 or (autotune != POLICY_BATCH_INVARIANT and (
-            needs_64bit_api(g) or _force_gemm == 1 or compute == CUBLAS_COMPUTE_64F or (
-            _force_gemm == 0 and not worth_tuning(<double>g.m * g.n * g.k * batch)
-            and not gemmex_drops(ctx, g, dtype, compute)))):
-        return gemm_colmajor(ctx, stream, g, dtype, compute, sc)
-    cdef void* ws = stream_workspace(ctx, stream)       # may allocate: without the GIL
-    with gil:
-        if autotune == POLICY_BATCH_INVARIANT and batch > 1 and not lt_batch_ok(g):
-            _each_matrix(ctx, stream, g, dtype, compute, sc, ws, autotune)
-        else:
-            _run_planned(ctx, stream, g, dtype, compute, sc, ws, autotune)
-    return 0
-
-
-cdef int _each_matrix(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
-                      cublasComputeType_t compute, const Scalars* sc, void* ws,
-                      int autotune) except -1:
-    """A batch cuBLASLt is not asked about (broadcast or interleaved), one matrix at a time:
-    each by the plan of one matrix, as it would run alone."""
-    cdef ColMajorGemm one = g[0]
-    cdef int64_t i, size = type_size(dtype)
-    one.batch, one.strided_batched = 1, False
-    for i in range(g.batch):
-        one.a = <const char*>g.a + i * g.stride_a * size
-        one.b = <const char*>g.b + i * g.stride_b * size
-        one.c = <char*>g.c + i * g.stride_c * size
-        _run_planned(ctx, stream, &one, dtype, compute, sc, ws, autotune)
-    return 0
-
-
-cdef int execute_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
-                      const void* bias, void* aux, void* ws, size_t ws_bytes, const Scalars* sc,
-                      int* refused_status=NULL) except -1:
-    if not plan.d.usable:
-        return 1
-    if plan.d.route == PLAN_LT and not plan.d.capture_ok and stream_is_capturing(stream):
-        return 1
-    cdef int st
-    with nogil:
-        st = plan_run(ctx, stream, &plan.d, g, bias, aux, ws, ws_bytes, sc)
-    if st == CUBLAS_STATUS_SUCCESS:
-        return 0
-    if plan.d.route == PLAN_GEMMEX:         # cuBLAS's own choice failed: nothing to fall back to
-        return check_cublas(<cublasStatus_t>st, "cublasGemmEx")
-    # cuBLASLt refused the call (nothing enqueued). Inside a capture, remember that this
-    # algorithm does not capture; outside, that it does not run.
-    if refused_status != NULL:
-        refused_status[0] = st
-    if stream_is_capturing(stream):
-        check_capture_alive(stream)
-        plan.d.capture_ok = False
-    else:
-        plan.d.usable = False
+    d.tune_level = p.decided
     return 1
 
 
-cdef int run_with_fallback(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
-                           void* ws, size_t ws_bytes, const Scalars* sc) except -1:
-    """Run a plain GEMM's plan; where cuBLASLt refuses it (nothing enqueued), cublasGemmEx (but
-    under the batch-invariant policy, CygemmError)."""
-    if execute_plan(plan, ctx, stream, g, NULL, NULL, ws, ws_bytes, sc):
-        if plan.d.policy == POLICY_BATCH_INVARIANT:
-            raise_no_family(plan)
-        with nogil:
-            gemm_colmajor(ctx, stream, g, plan.d.dtype, plan.d.compute, sc)
+cdef int _remembered(void* self) except -1:
+    cdef PlanDecision* p = <PlanDecision*>self
+    cdef Plan plan = <Plan>p.plan
+    record = lookup(p.ctx.device, "gemm", plan.key)
+    (<list>p.seen)[0] = record
+    if record is not None and apply_record(p.ctx, &plan.d, record, p.ws_bytes, p.g.k):
+        plan.d.tune_level = p.decided
+        return 1
     return 0
 
 
-cdef int _run_planned(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
-                      cublasComputeType_t compute, const Scalars* sc, void* ws,
-                      int autotune) except -1:
-    cdef size_t ws_bytes = ctx.workspace_bytes
-    cdef Plan plan = get_plan(ctx, stream, g, dtype, compute, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0,
-                              ws, ws_bytes, autotune, not beta_is_zero(sc))
-    return run_with_fallback(plan, ctx, stream, g, ws, ws_bytes, sc)
+cdef int _rule(void* self, int why) except -1:
+    """The heuristic's first candidate: for good when the problem is not timed; for now while a
+    layer times its routes (decided at the plan's first call outside), or while capturing (then
+    not cached: timed at the first eager call)."""
+    cdef PlanDecision* p = <PlanDecision*>self
+    cdef PlanData* d = &(<Plan>p.plan).d
+    if not p.tabled:
+        d.tune_level = max(d.tune_level, p.autotune)
+    elif not in_route_timing() and stream_is_capturing(p.stream):
+        p.keep[0] = False
+    return 0
+
+
+cdef object _flight(void* self):
+    cdef PlanDecision* p = <PlanDecision*>self
+    cdef Plan plan = <Plan>p.plan
+    seen = <list>p.seen
+    if seen[0] is _NOT_READ:                    # (explicit: the table was not consulted)
+        seen[0] = lookup(p.ctx.device, "gemm", plan.key)
+    return "gemm", plan.key, seen[0]
+
+
+cdef int _time(void* self) except -1:
+    cdef PlanDecision* p = <PlanDecision*>self
+    cdef Plan plan = <Plan>p.plan
+    cdef PlanData* d = &plan.d
+    tune_candidates(p.ctx, p.stream, d, p.g, p.bias, p.aux, p.ws, p.ws_bytes, p.autotune, p.c_is_input)
+    d.tune_level = p.autotune
+    if d.tuned:
+        remember(p.ctx.device, "gemm", plan.key, record_of(d))
+        if d.policy == POLICY_BATCH_INVARIANT and not d.shared:    # (what its size bucket times)
+            remember(p.ctx.device, "gemm", bucket_key(plan.key), bucket_record_of(d))
+    return 1
+
+
+cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
+                     const void* bias, void* aux, void* ws, size_t ws_bytes, int autotune,
+                     bint c_is_input, bint* keep, bint explicit=False) except -1:
+    """Choose among the plan's candidates by the one chooser (cygemm.engine.chooser): a forced
+    route, a tuned choice from the table, timing (large problems, or, explicit, any size and
+    again; not during a capture or a layer's route timing), or the heuristic's first."""
+    cdef PlanData* d = &plan.d
+    if (d.tune_level >= autotune and not explicit) or not d.usable:
+        return 0
+    cdef int64_t batch = g.batch if g.strided_batched else 1
+    cdef PlanDecision p
+    cdef list seen = [_NOT_READ]
+    p.plan, p.ctx, p.stream, p.g, p.bias, p.aux, p.ws, p.ws_bytes = <void*>plan, ctx, stream, g, bias, aux, ws, ws_bytes
+    p.autotune, p.decided, p.c_is_input, p.keep, p.seen = autotune, max(autotune, <int>AUTOTUNE_EXHAUSTIVE), c_is_input, keep, <void*>seen
+    # The size rule; a batch-invariant family's kernels are timed at every size (few rows need
+    # its small tiles), and an explicit GemmPlan.autotune at any.
+    p.tabled = autotune != AUTOTUNE_OFF and d.n_candidates + d.gemmex_ok >= 2 and (
+        explicit or d.policy == POLICY_BATCH_INVARIANT or worth_timing(autotune, <double>g.m * g.n * g.k * batch))
+    cdef Decider c
+    c.self = &p
+    c.forced, c.remembered, c.time, c.rule, c.flight = _forced, _remembered, _time, _rule, _flight
+    c.read_table = not explicit
+    c.may_time = p.tabled and not in_route_timing()
+    c.device = ctx.device
+    choose(&c, stream_is_capturing(stream))
+    return 0
+
+
+cdef int forced_gemm() noexcept nogil:
+    return _force_gemm
 
 
 cdef int raise_no_family(Plan plan) except -1:

@@ -4,19 +4,12 @@ from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaStream_t
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.timing cimport enqueue_fn
+from cygemm.engine.chooser cimport Chosen
 
 cdef enum:
     MAX_ROUTES = 8
     ROUTE_KEY_WORDS = 14    # a call's C key for the chooser's memo (int64 words)
     ROUTE_MEMO = 16         # recent decisions each table remembers by C key
-
-# Why a route was chosen (choose_route's `why`).
-cdef enum RouteReason:
-    ROUTE_FORCED = 0        # cygemm.engine.tuning.force_routes
-    ROUTE_TUNED = 1         # the tuned table (timed before, or a tuning file)
-    ROUTE_TIMED = 2         # timed by this call, and remembered
-    ROUTE_RULE = 3          # the fixed rule: a problem not timed, or a forced/tuned route that does not apply
-    ROUTE_UNTIMED = 4       # the fixed rule for now: not timed yet (capturing, autotune off, or not allowed)
 
 # A feature's hooks, each given the feature's call struct: applies(call, route) 1/0, the fixed
 # rule's route, the problem's key in the tuning table (key[0] is the kind; built only where the
@@ -49,16 +42,16 @@ cdef class RouteTable:
 cdef RouteTable route_table(str kind, tuple names, applies_fn applies, fixed_rule_fn fixed_rule, key_fn key,
                             enqueue_fn enqueue, ckey_fn ckey=*, bint every_size=*)
 
-# The route for one call, decided in one order for every feature: `asked` (the call's route=,
-# checked by the feature; -1: none); forced (when it applies, else the fixed rule); remembered
-# (the table's memo); the fixed rule unless the problem is tabled (macs worth tuning, or the
-# table's every_size; macs < 0: never; autotune off or a determinism policy: never); tuned
-# (when it applies); the fixed rule unless `may_time`, autotune is on and the stream is not
-# capturing; else every route that applies is timed on the call's operands under single
-# flight and the fastest remembered. why (may be NULL) gets a RouteReason.
+# The route for one call: `asked` (the call's route=, checked by the feature; -1: none); the
+# table's memo; then the one chooser (cygemm.engine.chooser): forced (when it applies, else
+# the fixed rule); the fixed rule unless the problem is tabled (route_tabled); tuned (when it
+# applies); the fixed rule unless `may_time`, autotune is on and the stream is not capturing;
+# else every route that applies is timed on the call's operands under single flight and the
+# fastest remembered. why (may be NULL) gets a Chosen.
 cdef int choose_route(RouteTable t, void* call, GemmContext* ctx, cudaStream_t stream, int autotune,
                       double macs, bint may_time, int asked, int* why) except -1
-# Whether choose_route reads the tuning table for a problem of `macs` under `autotune`.
+# Whether choose_route reads the tuning table for a problem of `macs` under `autotune`: never
+# under a determinism policy; at every size for an every_size table; else the size rule.
 cdef bint route_tabled(RouteTable t, int autotune, double macs) noexcept nogil
 # What choose_route would decide without timing: (route name, "forced" / "tuned" / "rule"), or
 # (None, None) when the call would time (or device < 0: no GPU to look the table up for).

@@ -2,17 +2,18 @@
 """The one route chooser. A feature that can run a call several ways (its routes) gives a
 RouteTable: the route names and, through C function pointers, which routes apply to a call,
 the fixed rule, the call's key in the tuning table and how to run a route. choose_route then
-decides every call alike: forced, tuned, timed now (large, eager, allowed) and remembered, or
-the fixed rule; describe_route says what it would decide without running anything.
+decides every call by the one chooser (cygemm.engine.chooser): forced, tuned, timed now
+(large, eager, allowed) and remembered, or the fixed rule; describe_route says what it would
+decide without running anything.
 """
 from cygemm.bindings.cudart cimport cudaStream_t
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.streams cimport stream_is_capturing
 from libc.string cimport memcmp, memset
 from cygemm.engine.settings cimport AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN
-from cygemm.engine.timing cimport enqueue_fn, time_choices, enter_route_timing, leave_route_timing, worth_tuning
-from cygemm.engine.tuning cimport (forced_route, tuned_route, remember_route, claim_tuning, release_tuning,
-                                   routes_generation)
+from cygemm.engine.timing cimport enqueue_fn, time_choices, enter_route_timing, leave_route_timing
+from cygemm.engine.tuning cimport forced_route, tuned_route, remember_route, routes_generation
+from cygemm.engine.chooser cimport Decider, choose, worth_timing, CHOSEN_FORCED, CHOSEN_TUNED, CHOSEN_TIMED, CHOSEN_RULE, CHOSEN_UNTIMED
 from cygemm.engine import tuning
 
 cdef enum:
@@ -37,31 +38,93 @@ cdef RouteTable route_table(str kind, tuple names, applies_fn applies, fixed_rul
     return t
 
 
-cdef int _named(RouteTable t, void* call, object name, int* why, int reason) except -1:
+# One call's decision, the state of the chooser's hooks.
+cdef struct RouteCall:
+    void* table                 # the RouteTable (borrowed)
+    void* call
+    GemmContext* ctx            # NULL: describing (nothing is timed)
+    cudaStream_t stream
+    int device
+    int autotune
+    int route
+    int why
+
+
+cdef int _named(RouteCall* r, object name, int reason) except -1:
     """The route of a forced or tuned name when it applies to the call, else the fixed rule."""
+    cdef RouteTable t = <RouteTable>r.table
     cdef int route = t.names.index(name)
-    if t.applies(call, route):
-        why[0] = reason
-        return route
-    why[0] = ROUTE_RULE
-    return t.fixed_rule(call)
+    if t.applies(r.call, route):
+        r.route, r.why = route, reason
+    else:
+        r.route, r.why = t.fixed_rule(r.call), CHOSEN_RULE
+    return 1
 
 
-cdef int _decided(RouteTable t, void* call, int device, bint tabled, int* why) except -2:
-    """The route decided without timing (why: forced, tuned or rule), else -1 (device < 0: the
-    table is not consulted)."""
+cdef int _forced(void* self) except -1:
+    cdef RouteCall* r = <RouteCall*>self
+    cdef RouteTable t = <RouteTable>r.table
     forced = forced_route(t.kind)
-    if forced is not None and forced in t.names:
-        return _named(t, call, forced, why, ROUTE_FORCED)
-    if not tabled:
-        why[0] = ROUTE_RULE
-        return t.fixed_rule(call)
-    if device < 0:
-        return -1
-    name = tuned_route(device, t.key(call))
-    if name is not None and name in t.names:
-        return _named(t, call, name, why, ROUTE_TUNED)
-    return -1
+    if forced is None or forced not in t.names:
+        return 0
+    return _named(r, forced, CHOSEN_FORCED)
+
+
+cdef int _remembered(void* self) except -1:
+    cdef RouteCall* r = <RouteCall*>self
+    cdef RouteTable t = <RouteTable>r.table
+    if r.device < 0:                    # no GPU to look the table up for
+        return 0
+    name = tuned_route(r.device, t.key(r.call))
+    if name is None or name not in t.names:
+        return 0
+    return _named(r, name, CHOSEN_TUNED)
+
+
+cdef int _rule(void* self, int why) except -1:
+    cdef RouteCall* r = <RouteCall*>self
+    r.route, r.why = (<RouteTable>r.table).fixed_rule(r.call), why
+    return 0
+
+
+cdef object _flight(void* self):
+    cdef RouteCall* r = <RouteCall*>self
+    key = (<RouteTable>r.table).key(r.call)
+    return key[0], key[1:], None
+
+
+cdef int _time(void* self) except -1:
+    """Every route that applies, timed on the call's operands; the fastest remembered."""
+    cdef RouteCall* r = <RouteCall*>self
+    cdef RouteTable t = <RouteTable>r.table
+    cdef int choices[MAX_ROUTES]
+    cdef float ms[MAX_ROUTES]
+    cdef int n = 0, i, best = -1
+    for i in range(t.n):
+        if t.applies(r.call, i):
+            choices[n] = i
+            n += 1
+    time_routes(r.ctx, r.stream, t.enqueue, r.call, choices, n, ms, r.autotune)
+    for i in range(n):
+        if ms[i] >= 0 and (best < 0 or ms[i] < ms[best]):
+            best = i
+    if best < 0:
+        return 0
+    remember_route(r.device, t.key(r.call), t.names[choices[best]], {t.names[choices[i]]: ms[i] for i in range(n)})
+    r.route, r.why = choices[best], CHOSEN_TIMED
+    return 1
+
+
+cdef int _decide(RouteTable t, RouteCall* r, double macs, bint may_time, bint capturing) except -1:
+    """The one chooser over the table's hooks; r.route and r.why get its decision."""
+    cdef Decider d
+    d.self = r
+    d.forced, d.remembered, d.time, d.rule, d.flight = _forced, _remembered, _time, _rule, _flight
+    d.read_table = route_tabled(t, r.autotune, macs)
+    d.may_time = d.read_table and may_time and r.autotune != AUTOTUNE_OFF
+    d.device = r.device
+    choose(&d, capturing)
+    return 0
 
 
 cdef bint route_tabled(RouteTable t, int autotune, double macs) noexcept nogil:
@@ -69,7 +132,7 @@ cdef bint route_tabled(RouteTable t, int autotune, double macs) noexcept nogil:
         return False
     if t.every_size:
         return True
-    return autotune != AUTOTUNE_OFF and macs >= 0 and worth_tuning(macs)
+    return worth_timing(autotune, macs)
 
 
 # ---------------------------------------------------------------- the memo (recent decisions by C key)
@@ -105,84 +168,40 @@ cdef int choose_route(RouteTable t, void* call, GemmContext* ctx, cudaStream_t s
                       double macs, bint may_time, int asked, int* why) except -1:
     if asked >= 0:
         if why != NULL:
-            why[0] = ROUTE_FORCED
+            why[0] = CHOSEN_FORCED
         return asked
     cdef int64_t key[ROUTE_KEY_WORDS]
     # Timing waits without the GIL: another thread may force or clear routes meanwhile, and
     # then a route chosen now must not enter the memo.
     cdef unsigned long generation = routes_generation()
-    cdef int route, reason = ROUTE_UNTIMED
+    cdef int route
     if t.ckey != NULL:
         memset(key, 0, sizeof(key))
         t.ckey(call, key)
         route = _memo_find(t, key)
         if route >= 0:
             if why != NULL:
-                why[0] = ROUTE_TUNED
+                why[0] = CHOSEN_TUNED
             return route
-    route = _choose(t, call, ctx, stream, autotune, route_tabled(t, autotune, macs), may_time, &reason)
+    cdef RouteCall r
+    r.table, r.call, r.ctx, r.stream = <void*>t, call, ctx, stream
+    r.device, r.autotune, r.route, r.why = ctx.device, autotune, -1, CHOSEN_UNTIMED
+    _decide(t, &r, macs, may_time, stream_is_capturing(stream))
     if why != NULL:
-        why[0] = reason
-    if t.ckey != NULL and (reason == ROUTE_FORCED or reason == ROUTE_TUNED or reason == ROUTE_TIMED):
-        _memo_add(t, key, route, generation)
-    return route
-
-
-cdef int _choose(RouteTable t, void* call, GemmContext* ctx, cudaStream_t stream, int autotune,
-                 bint tabled, bint may_time, int* why) except -1:
-    cdef int reason = ROUTE_UNTIMED
-    cdef int route = _decided(t, call, ctx.device, tabled, &reason)
-    if why != NULL:
-        why[0] = reason
-    if route >= 0:
-        return route
-    if not may_time or autotune == AUTOTUNE_OFF or stream_is_capturing(stream):
-        if why != NULL:
-            why[0] = ROUTE_UNTIMED
-        return t.fixed_rule(call)
-    cdef int choices[MAX_ROUTES]
-    cdef float ms[MAX_ROUTES]
-    cdef int n = 0, i, best = -1
-    for i in range(t.n):
-        if t.applies(call, i):
-            choices[n] = i
-            n += 1
-    key = t.key(call)
-    kind, table_key = key[0], key[1:]
-    # Threads deciding one new problem at once time it once: the others wait for the owner's
-    # choice and take it from the table (a nested claim, this thread timing it already: the rule).
-    if not claim_tuning(ctx.device, kind, table_key, None):
-        route = _decided(t, call, ctx.device, tabled, &reason)
-        if route < 0:
-            reason, route = ROUTE_UNTIMED, t.fixed_rule(call)
-        if why != NULL:
-            why[0] = reason
-        return route
-    try:
-        time_routes(ctx, stream, t.enqueue, call, choices, n, ms, autotune)
-        for i in range(n):
-            if ms[i] >= 0 and (best < 0 or ms[i] < ms[best]):
-                best = i
-        if best >= 0:
-            remember_route(ctx.device, key, t.names[choices[best]],
-                           {t.names[choices[i]]: ms[i] for i in range(n)})
-    finally:
-        release_tuning(ctx.device, kind, table_key)
-    if best < 0:
-        if why != NULL:
-            why[0] = ROUTE_RULE
-        return t.fixed_rule(call)
-    if why != NULL:
-        why[0] = ROUTE_TIMED
-    return choices[best]
+        why[0] = r.why
+    if t.ckey != NULL and (r.why == CHOSEN_FORCED or r.why == CHOSEN_TUNED or r.why == CHOSEN_TIMED):
+        _memo_add(t, key, r.route, generation)
+    return r.route
 
 
 cdef tuple describe_route(RouteTable t, void* call, int device, int autotune, double macs):
-    cdef int reason = ROUTE_UNTIMED
-    cdef int route = _decided(t, call, device, route_tabled(t, autotune, macs), &reason)
-    if route < 0:
+    cdef RouteCall r
+    r.table, r.call, r.ctx, r.stream = <void*>t, call, NULL, NULL
+    r.device, r.autotune, r.route, r.why = device, autotune, -1, CHOSEN_UNTIMED
+    _decide(t, &r, macs, False, False)
+    if r.why == CHOSEN_UNTIMED:         # the call would time it
         return None, None
-    return t.names[route], ("forced", "tuned", "timed", "rule")[reason]
+    return t.names[r.route], ("forced", "tuned", "timed", "rule")[r.why]
 
 
 cdef int time_routes(GemmContext* ctx, cudaStream_t s, enqueue_fn enqueue, void* arg, const int* choices,

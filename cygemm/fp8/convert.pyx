@@ -14,7 +14,7 @@ from cygemm.kernels.fp8 cimport cygemm_fp8_quantize, cygemm_fp8_dequantize, cyge
 from cygemm.engine.types cimport MatrixView, ArrayDesc
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.arrays cimport read_fp8, read_array, desc_shape
-from cygemm.engine.args cimport (CallArgs, ArgRole, args_init, add_view, add_scalar, prepare_kernel_call, ARG_READ,
+from cygemm.engine.args cimport (CallArgs, ArgRole, args_init, add_view, add_scalar, prepare_call, CALL_KERNELS, ARG_READ,
                                  ARG_WRITE)
 from cygemm.engine.alloc cimport empty_array, data_pointer, first_torch
 
@@ -109,7 +109,7 @@ def quantize(x, scale, *, out=None, format="e4m3", amax=None, stream=None):
         v.ptr, v.dtype, v.itemsize, v.device = NULL, fmt, 1, -1
     vq = add_view(&c, &v, "out", ARG_WRITE)
     cdef MatrixView* va = add_scalar(&c, amax, "amax", ARG_WRITE) if amax is not None else NULL
-    prepare_kernel_call(&c, stream)
+    prepare_call(&c, CALL_KERNELS, stream)
     if out is None:     # in the caller's library: torch float8 for a torch x, else CuPy uint8
         out = empty_array(desc_shape(&dx), fmt, c.stream, "quantize(out=None): allocating the result",
                           first_torch((x,)))
@@ -173,7 +173,7 @@ def dequantize(q, scale_inv, *, out=None, dtype="float32", format=None, stream=N
         v.ptr, v.device = NULL, -1
         v.dtype, v.itemsize = _DEQUANTIZED[dtype]
     vy = add_view(&c, &v, "out", ARG_WRITE)
-    prepare_kernel_call(&c, stream)
+    prepare_call(&c, CALL_KERNELS, stream)
     if out is None:     # in the caller's library: a torch tensor for a torch q
         out = empty_array(desc_shape(&dq), vy.dtype, c.stream, "dequantize(out=None): allocating the result",
                           first_torch((q,)))
@@ -212,7 +212,7 @@ def amax(x, out, *, stream=None):
     args_init(&c)
     cdef int64_t n = _add_contiguous(&c, x, &dx, "x", ARG_READ)
     cdef MatrixView* vo = add_scalar(&c, out, "out", ARG_WRITE)
-    prepare_kernel_call(&c, stream)
+    prepare_call(&c, CALL_KERNELS, stream)
     with nogil:
         check_cuda(cygemm_amax(dx.dtype, n, dx.ptr, <float*>vo.ptr, c.stream), "cygemm_amax")
     return out

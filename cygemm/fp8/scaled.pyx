@@ -12,12 +12,12 @@ from cygemm.engine.epilogues import EPILOGUE_NAMES
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, GemmTypes, Scalars, real_scalars, is_fp8_type, typed_compute_type
 from cygemm.engine.errors cimport check_cublas
 from cygemm.engine.dtypes cimport dtype_name
-from cygemm.engine.args cimport CallArgs, prepare_typed_call
+from cygemm.engine.args cimport CallArgs, prepare_call, CALL_TYPED_GEMM
 from cygemm.engine.settings cimport autotune_level
 from cygemm.engine.context cimport GemmContext, call_workspace
-from cygemm.engine.streams cimport stream_is_capturing
 from cygemm.engine.launch cimport set_scale_pointers
-from cygemm.engine.plans cimport Plan, get_plan, execute_plan
+from cygemm.engine.plans cimport Plan, get_plan
+from cygemm.engine.execute cimport run_plan, check_runnable, REFUSAL_RAISE
 from cygemm.rowmajor.plan cimport GemmPlan, PlannedCall, KIND_SCALED
 from cygemm.engine.mapping cimport map_rowmajor_gemm, rowmajor_view
 from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
@@ -40,16 +40,11 @@ cdef int _run_scaled(GemmContext* ctx, cudaStream_t stream, cublasComputeType_t 
     cdef size_t ws_bytes = ctx.workspace_bytes
     cdef Plan plan = get_plan(ctx, stream, &s.g, s.types.d, compute, s.epi, s.bias, NULL, 0,
                               ws, ws_bytes, autotune, False, &s.types)
-    if not plan.d.usable or plan.d.n_candidates == 0:
+    if check_runnable(plan, stream, "FP8 GEMM"):
         raise ValueError(_no_fp8_kernel(&s.g, &s.types, s.epi))
-    if not plan.d.capture_ok and stream_is_capturing(stream):
-        raise ValueError("cublasLtMatmul refused this FP8 GEMM inside a capture; run it once eagerly first")
     cdef Scalars sc = real_scalars(1.0, 0.0)
-    cdef int st = CUBLAS_STATUS_SUCCESS
     check_cublas(<cublasStatus_t>set_scale_pointers(&plan.d, &s.types), "cublasLtMatmulDescSetAttribute(scales)")
-    if execute_plan(plan, ctx, stream, &s.g, s.bias, NULL, ws, ws_bytes, &sc, &st):
-        check_cublas(<cublasStatus_t>st, "cublasLtMatmul (FP8)")      # refused: nothing ran
-    return 0
+    return run_plan(plan, ctx, stream, &s.g, s.bias, NULL, ws, ws_bytes, &sc, REFUSAL_RAISE, "FP8")
 
 
 cdef str _describe_types(const GemmTypes* t):
@@ -183,7 +178,8 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
     cdef int level = autotune_level(autotune, determinism)
     read_scaled(&c, &s, a, b, scale_a, scale_b, out, out_dtype, bias, act, scale_out, amax_out,
                 format_a, format_b, format_out, fast_accum, scale_mode)
-    prepare_typed_call(&c, &s.types, stream)      # the compute type from a's, b's and out's types
+    c.types = &s.types
+    prepare_call(&c, CALL_TYPED_GEMM, stream)      # the compute type from a's, b's and out's types
     if out is None:     # in the caller's library: a torch tensor when a or b is one
         out = empty_array((s.g.n, s.g.m), s.types.d, c.stream, "scaled_matmul(out=None): allocating the result",
                           first_torch((a, b)))

@@ -12,7 +12,7 @@ from cygemm.engine.types cimport MatrixView, ArrayDesc
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.arrays cimport read_fp8, read_array, desc_shape
 from cygemm.engine.dtypes cimport dtype_name, dtype_level, expected_names, DTYPES_FLOAT
-from cygemm.engine.args cimport CallArgs, args_init, add_view, prepare_kernel_call, ARG_READ, ARG_WRITE
+from cygemm.engine.args cimport CallArgs, args_init, add_view, prepare_call, CALL_KERNELS, ARG_READ, ARG_WRITE
 from cygemm.engine.alloc cimport empty_array, data_pointer, first_torch
 from cygemm.engine.fp8_args cimport SCALE_TENSOR, SCALE_OUTER, SCALE_1X128, SCALE_128X128, expect_scale
 
@@ -168,7 +168,7 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
         v = _view(&dx, held[0], held[1], held[1], 1)
         v.ptr, v.dtype, v.itemsize, v.device = NULL, CUDA_R_32F, 4, -1
     cdef MatrixView* vs = add_view(&c, &v, "scale", ARG_WRITE)
-    prepare_kernel_call(&c, stream)
+    prepare_call(&c, CALL_KERNELS, stream)
     cdef int major = 0, minor = 0
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c.ctx.device)
     cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, c.ctx.device)

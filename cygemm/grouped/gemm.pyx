@@ -24,11 +24,10 @@ from cygemm.engine.mapping cimport map_rowmajor_gemm, MAP_OK
 from cygemm.engine.operands cimport parse_trans
 from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm.engine.errors cimport check_cuda, check_cublas
-from cygemm.engine.args cimport CallArgs, args_init, resolve_call, check_overlaps, parse_math
+from cygemm.engine.args cimport CallArgs, args_init, prepare_call, check_overlaps, parse_math, CALL_GEMM
 from cygemm.engine.context cimport GemmContext, bind_stream, stream_table, run_forked, STREAM_TABLE_BYTES
 from cygemm.engine.settings cimport autotune_level, AUTOTUNE_OFF, POLICY_RUN_TO_RUN
-from cygemm.engine.timing cimport worth_tuning
-from cygemm.engine.plans cimport run_gemm
+from cygemm.engine.execute cimport run_gemm
 from cygemm.engine.routes cimport RouteTable, route_table, choose_route, describe_route, route_tabled
 from cygemm.engine.groups cimport (Groups, read_lists, read_moe, check_group_devices, R_BATCHED, R_GROUPED, R_LOOP,
                                    R_STREAMS)
@@ -231,7 +230,7 @@ cdef int _asked_route(Groups grp, object route, cublasComputeType_t compute) exc
 cdef int _run(Groups grp, CallArgs* c, object alpha, object beta, object math, object stream,
               object route, object autotune, object determinism) except -1:
     """The engine of grouped_gemm and moe_gemm: grp read and checked, c holding the buffers
-    whose devices resolve_call checks (moe_gemm's x, w, out, their overlaps checked by moe_gemm; none for
+    whose devices prepare_call checks (moe_gemm's x, w, out, their overlaps checked by moe_gemm; none for
     grouped_gemm)."""
     cdef GroupedCall f
     f.grp = <void*>grp
@@ -245,7 +244,7 @@ cdef int _run(Groups grp, CallArgs* c, object alpha, object beta, object math, o
     if grp.n == 0:
         _tls.route = None
         return 0
-    resolve_call(c, math, grp.dtype, stream)    # overlaps checked before: the groups' sweep, moe's x/w/out
+    prepare_call(c, CALL_GEMM, stream, math, grp.dtype, False)    # overlaps checked before: the groups' sweep, moe's x/w/out
     check_group_devices(c, grp)
     f.ctx, f.s = c.ctx, c.stream
     f.gs, f.n = grp.act, grp.n_act

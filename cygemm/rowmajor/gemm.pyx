@@ -14,12 +14,12 @@ from cygemm.engine.dtypes cimport dtype_name, DTYPES_WIDE, DTYPES_GEMM
 from cygemm.engine.int8 cimport check_int8, run_int8
 
 from cygemm.engine.alloc cimport empty_array, first_torch, data_pointer, is_torch, torch_stream
-from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_view, prepare_call, expect_dtype, ARG_READ,
+from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_view, prepare_call, CALL_GEMM, expect_dtype, ARG_READ,
                                  ARG_WRITE)
 from cygemm.engine.args cimport check_overlaps
 from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm.engine.settings cimport autotune_level
-from cygemm.engine.plans cimport run_gemm
+from cygemm.engine.execute cimport run_gemm
 from cygemm.engine.operands cimport parse_trans, read_gemm
 from cygemm.engine.operands import ConjugateLayoutError
 
@@ -128,7 +128,7 @@ cdef object _run(object A, object B, object out, object trans_a, object trans_b,
     if int8_only and cv.dtype != CUDA_R_32I:
         raise TypeError(f"out: int_mm writes int32, got {dtype_name(cv.dtype)} (an int8 out with a real "
                         "scale: cygemm.gemm(a, b, out, alpha=...))")
-    prepare_call(&c, math, cv.dtype, stream)    # out=None: the result has no memory yet, skipped
+    prepare_call(&c, CALL_GEMM, stream, math, cv.dtype)    # out=None: the result has no memory yet, skipped
     cdef object like
     if out is None:         # in the caller's library: a torch tensor when A or B is one
         like = first_torch((A, B))

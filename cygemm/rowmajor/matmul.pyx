@@ -18,9 +18,9 @@ from cygemm.engine.errors cimport refuse_in_capture
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.arrays cimport read_array, desc_shape
 from cygemm.engine.dtypes cimport dtype_name
-from cygemm.engine.args cimport CallArgs, args_init, add_view, resolve_call, ARG_READ, ARG_WRITE
+from cygemm.engine.args cimport CallArgs, args_init, add_view, prepare_call, CALL_GEMM, ARG_READ, ARG_WRITE
 from cygemm.engine.settings cimport autotune_level
-from cygemm.engine.plans cimport run_gemm
+from cygemm.engine.execute cimport run_gemm
 from cygemm.engine.mapping cimport MapResult, MAP_OK, map_rowmajor_gemm, check_batch_disjoint, is_rowmajor, layout_error
 from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm.engine.batch_layout cimport (BatchLayout, MatmulPlan, read_layout, result_shape, has_result_shape,
@@ -134,7 +134,7 @@ cdef int _check_call(CallArgs* c, const ArrayDesc* da, const ArrayDesc* db, cons
                      bint has_out, str math, cudaDataType t, object stream, bint torch_lib) except -1:
     """The common preamble (math, stream, context, devices) through the one argument path. The
     overlaps are matmul's own (an out sharing memory with a or b is written through a
-    temporary), so its path is resolve_call on the memory each array spans."""
+    temporary), so its overlaps are checked on the memory each array spans."""
     cdef MatrixView v
     args_init(c)
     span_view(da, &v)
@@ -147,7 +147,7 @@ cdef int _check_call(CallArgs* c, const ArrayDesc* da, const ArrayDesc* db, cons
     if stream is None and torch_lib:
         import torch
         stream = torch.cuda.current_stream().cuda_stream
-    return resolve_call(c, math, t, stream)
+    return prepare_call(c, CALL_GEMM, stream, math, t, False)
 
 
 def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None, determinism=None):

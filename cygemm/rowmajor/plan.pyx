@@ -28,17 +28,18 @@ from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t, CUBLASLT_EPILOGUE_DEFA
 from cygemm.kernels.elementwise cimport CYGEMM_ACT_NONE
 from cygemm.engine.epilogues cimport Activation, activation_row, lt_epilogue
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, pointer_alignment
-from cygemm.engine.errors cimport check_cublas, refuse_in_capture
+from cygemm.engine.errors cimport refuse_in_capture
 from cygemm.engine.errors import CaptureError
 from cygemm.engine.streams cimport stream_is_capturing
 from cygemm.engine.dtypes cimport dtype_name, dtype_level, expected_names, DTYPES_FLOAT
 from cygemm.engine.context cimport GemmContext, call_workspace
 from cygemm.engine.launch cimport PLAN_LT
-from cygemm.engine.args cimport (CallArgs, add_view, add_vector, add_matrix, check_overlaps, resolve_call,
-                                 resolve_typed_call, parse_math, ARG_READ, ARG_WRITE)
+from cygemm.engine.args cimport (CallArgs, add_view, add_vector, add_matrix, check_overlaps, prepare_call,
+                                 CALL_GEMM, CALL_TYPED_GEMM, parse_math, ARG_READ, ARG_WRITE)
 from cygemm.engine.mapping cimport is_rowmajor, rowmajor_ld
 from cygemm.engine.settings cimport autotune_level, AUTOTUNE_OFF, POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT
-from cygemm.engine.plans cimport Plan, init_plan, decide_plan, execute_plan, run_with_fallback, raise_no_family
+from cygemm.engine.plans cimport Plan, init_plan, decide_plan, raise_no_family
+from cygemm.engine.execute cimport run_plan, REFUSAL_GEMMEX, REFUSAL_RAISE
 from cygemm.engine.operands cimport read_gemm, parse_trans
 
 _KINDS = ("gemm", "epilogue", "fp8")
@@ -106,9 +107,10 @@ cdef int _check_open(GemmPlan p) except -1:
 cdef int _resolve(GemmPlan p, CallArgs* c, object stream) except -1:
     """The stream and this thread's context for c (whose overlaps were checked), on the plan's device."""
     if p.call.typed:
-        resolve_typed_call(c, &p.call.types, stream)
+        c.types = &p.call.types
+        prepare_call(c, CALL_TYPED_GEMM, stream, None, CUDA_R_32F, False)
     else:
-        resolve_call(c, p.math, p.call.dtype, stream)
+        prepare_call(c, CALL_GEMM, stream, p.math, p.call.dtype, False)
     if p.device < 0:
         p.device = c.ctx.device
     elif c.ctx.device != p.device:
@@ -128,21 +130,6 @@ cdef int _check_like_planned(const PlannedCall* x, const PlannedCall* planned) e
         raise ValueError("A/B/out: less aligned than the planned operands (cuBLASLt's algorithm "
                          "may need their alignment); make a new GemmPlan")
     return 0
-
-
-cdef int _run_one(GemmPlan p, GemmContext* ctx, cudaStream_t s, const PlannedCall* c, void* ws) except -1:
-    """The epilogue and FP8 kinds: their one cuBLASLt call, by the plan executor. Where it
-    cannot run, raises with nothing enqueued (no other route: the plan is that one call)."""
-    cdef int st = 0
-    if not execute_plan(p, ctx, s, &c.g, c.bias, c.aux, ws, ctx.workspace_bytes, &p.scalars, &st):
-        return 0
-    if st != 0:                         # refused now (inside a capture: not in graphs from now on)
-        return check_cublas(<cublasStatus_t>st, "cublasLtMatmul (GemmPlan)")
-    if not p.d.usable:
-        raise ValueError("GemmPlan: cuBLASLt refused this plan's algorithm on an earlier execute; make a new "
-                         "GemmPlan")
-    raise CaptureError("GemmPlan: cuBLASLt refused this plan's algorithm inside a capture before; execute it "
-                       "eagerly")
 
 
 cdef class GemmPlan(Plan):
@@ -352,11 +339,10 @@ cdef class GemmPlan(Plan):
             _resolve(self, &self.args, stream)
             fresh.ctx, fresh.stream = self.args.ctx, self.args.stream
         cdef void* ws = call_workspace(fresh.ctx, fresh.stream)
-        if self.plan_kind == KIND_GEMM:
-            run_with_fallback(self, fresh.ctx, fresh.stream, &c.g, ws, fresh.ctx.workspace_bytes,
-                              &self.scalars)
-        else:
-            _run_one(self, fresh.ctx, fresh.stream, c, ws)
+        # A plain GEMM has cublasGemmEx where cuBLASLt refuses its plan; the epilogue and FP8
+        # kinds are that one cuBLASLt call: they raise, with nothing enqueued.
+        run_plan(self, fresh.ctx, fresh.stream, &c.g, c.bias, c.aux, ws, fresh.ctx.workspace_bytes, &self.scalars,
+                 REFUSAL_GEMMEX if self.plan_kind == KIND_GEMM else REFUSAL_RAISE, "GemmPlan")
         return out
 
     def close(self):

@@ -111,3 +111,42 @@ def test_the_top_of_the_package_shows_its_layers_in_at_most_20_entries():
     assert {"bindings", "kernels", "engine", "nn", "backend", "capi.pxd"} <= set(entries)
     private = [n for n in entries if n.startswith("_") and n not in ("__init__.py", "__main__.py")]
     assert not private, f"private modules outside engine/: {private}"
+
+
+def _calls(name):
+    """The .pyx files (relative to cygemm/) whose code, comments and docstrings aside, calls `name`."""
+    call = re.compile(rf"\b{name}\(")
+    found = set()
+    for path in glob.glob(os.path.join(PACKAGE, "**", "*.pyx"), recursive=True):
+        code = "\n".join(line.split("#")[0] for line in open(path))
+        code = re.sub(r'"""(.|\n)*?"""', "", code)
+        code = re.sub(rf"cdef [\w ]+\b{name}\(", "", code)        # its definition
+        if call.search(code):
+            found.add(os.path.relpath(path, PACKAGE))
+    return found
+
+
+def test_one_chooser_claims_timing():
+    """Every decision (a plan's candidate, a feature's route) is made by engine/chooser.pyx's
+    choose, the one caller of single flight's claim."""
+    assert _calls("claim_tuning") == {os.path.join("engine", "chooser.pyx")}
+    assert _calls("choose") == {os.path.join("engine", f) for f in ("plans.pyx", "routes.pyx", "chooser.pyx")}
+
+
+def test_one_execute_runs_plans():
+    """A plan runs in engine/execute.pyx alone (with its refusal policy); engine/candidates.pyx
+    runs candidates only to time them."""
+    assert _calls("plan_run") == {os.path.join("engine", f) for f in ("execute.pyx", "candidates.pyx")}
+    assert _calls("execute_plan") == {os.path.join("engine", "execute.pyx")}
+
+
+def test_one_call_preparation():
+    """Every entry point prepares its call by engine/args.pyx's prepare_call (check_overlaps is its
+    first step, for calls whose overlaps were settled apart)."""
+    defined = set()
+    for path in glob.glob(os.path.join(PACKAGE, "**", "*.pyx"), recursive=True):
+        for line in open(path):
+            m = re.match(r"cdef \w+ ((?:prepare|resolve)_\w*call)\(", line)
+            if m:
+                defined.add((os.path.relpath(path, PACKAGE), m.group(1)))
+    assert defined == {(os.path.join("engine", "args.pyx"), "prepare_call")}, defined

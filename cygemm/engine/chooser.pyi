@@ -1,0 +1,3 @@
+# The one chooser: plans and routes cimport it (see chooser.pxd); walk shows its order.
+def walk(answers: dict[str, list[object]], read_table: bool, may_time: bool, capturing: bool = ...,
+         key: tuple[object, ...] = ..., device: int = ...) -> tuple[str, list[str]]: ...

@@ -1,0 +1,3 @@
+# The one execute: the engine and the features cimport it (see execute.pxd); refuse_next is the
+# tests' way to reach its refusal policies.
+def refuse_next(count: int = ...) -> int: ...
