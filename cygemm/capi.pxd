@@ -37,6 +37,14 @@ from cygemm.kernels.elementwise cimport CYGEMM_ACT_NONE, CYGEMM_ACT_RELU, CYGEMM
 # cygemm.CudaError where there is no usable GPU (returns NULL to Cython).
 from cygemm.engine.context cimport GemmContext, current_context
 
+# ---- for code that launches kernels of its own (as cygemm.nn and cygemm.backend do)
+# stream_from_object(stream, &out): a Python stream argument (None: CuPy's current stream; a
+#   CuPy or torch stream, an object with __cuda_stream__, or an int pointer) as cudaStream_t;
+#   needs the GIL; -1 with TypeError or ValueError set. check_cuda(status, call): 0 for
+#   cudaSuccess, else -1 with cygemm.CudaError naming `call` (a C string); nogil.
+from cygemm.engine.streams cimport stream_from_object
+from cygemm.engine.errors cimport check_cuda
+
 # ---- row-major GEMMs (defined in cygemm.rowmajor)
 # gemm_rowmajor(ctx, stream, dtype, compute, trans_a, trans_b, m, n, k, alpha, A, lda, B, ldb,
 #               beta, C, ldc):

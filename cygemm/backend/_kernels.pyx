@@ -10,10 +10,9 @@ from libc.stdint cimport int64_t, uintptr_t
 import cupy as cp
 import numpy as np
 
-from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_64F
 from cygemm.kernels.backend cimport *
-from cygemm.engine.errors cimport check_cuda
-from cygemm.engine.streams cimport stream_from_object
+from cygemm.capi cimport (cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_64F, check_cuda,
+                          stream_from_object)     # the public contract, as any Cython code
 
 cdef object _ndarray = cp.ndarray
 cdef object _F32 = np.dtype(np.float32)

@@ -1,3 +1,5 @@
+from cygemm.bindings.cudart cimport cudaStream_t
+
 # The one chooser: the order in which every decision of the engine is made (a plan's candidate
 # in cygemm.engine.plans, a feature's route in cygemm.engine.routes). See chooser.pyx.
 
@@ -29,12 +31,14 @@ cdef struct Decider:
     bint read_table
     bint may_time
     int device
+    cudaStream_t stream     # the call's: timed only when it is not capturing
+    int capturing           # 1 or 0 when known, -1: ask the stream (only when it would be timed)
 
 # Decide: forced; remembered (read_table); the fixed rule unless may_time and the stream is
-# eager; timed under single flight (threads deciding one new problem at once time it once:
+# eager (asked only then: the check is a CUDA call); timed under single flight (threads deciding one new problem at once time it once:
 # the others take the owner's choice, remembered, or the rule for now); the rule when timing
 # found nothing. Returns a Chosen.
-cdef int choose(Decider* d, bint capturing) except -1
+cdef int choose(Decider* d) except -1
 
 # The one size rule: a problem of `macs` multiply-adds is timed under `autotune` (a level or a
 # determinism policy) when autotune is on and it is worth tuning (macs < 0: never).

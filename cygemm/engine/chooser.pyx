@@ -8,17 +8,18 @@ gives a :c:type:`Decider`, its hooks over its own state; :c:func:`choose` walks 
 order: forced, remembered, the fixed rule for what is not timed, timed under single flight,
 the rule again when timing found nothing. The size rule, :c:func:`worth_timing`, is here too.
 """
+from cygemm.engine.streams cimport stream_is_capturing
 from cygemm.engine.settings cimport AUTOTUNE_OFF
 from cygemm.engine.timing cimport worth_tuning
 from cygemm.engine.tuning cimport claim_tuning, release_tuning
 
 
-cdef int choose(Decider* d, bint capturing) except -1:
+cdef int choose(Decider* d) except -1:
     if d.forced(d.self):
         return CHOSEN_FORCED
     if d.read_table and d.remembered(d.self):
         return CHOSEN_TUNED
-    if not d.may_time or capturing:
+    if not d.may_time or (d.capturing if d.capturing >= 0 else stream_is_capturing(d.stream)):
         # (Not timed: the problem's rule, or for now when the table was read and timing waits.)
         why = CHOSEN_UNTIMED if d.read_table else CHOSEN_RULE
         d.rule(d.self, why)
@@ -118,5 +119,6 @@ def walk(dict answers, bint read_table, bint may_time, bint capturing=False, tup
     d.forced, d.remembered, d.time = _script_forced, _script_remembered, _script_time
     d.rule, d.flight = _script_rule, _script_flight
     d.read_table, d.may_time, d.device = read_table, may_time, device
-    why = choose(&d, capturing)
+    d.stream, d.capturing = NULL, capturing
+    why = choose(&d)
     return _CHOSEN_NAMES[why], s.steps

@@ -9,9 +9,10 @@ the refusal, and a call that is one cuBLASLt call (FP8, int8, epilogue plans) ra
 """
 from libc.stdint cimport int64_t
 
-from cygemm.bindings.cudart cimport *
-from cygemm.bindings.cublas cimport *
-from cygemm.bindings.cublaslt cimport *
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
+from cygemm.bindings.cublas cimport (cublasStatus_t, cublasComputeType_t, CUBLAS_STATUS_SUCCESS,
+                                     CUBLAS_STATUS_NOT_SUPPORTED, CUBLAS_COMPUTE_64F)
+from cygemm.bindings.cublaslt cimport CUBLASLT_EPILOGUE_DEFAULT
 from cygemm.engine.types cimport ColMajorGemm, Scalars, beta_is_zero, type_size, lt_batch_ok
 from cygemm.engine.errors cimport check_cublas
 from cygemm.engine.errors import CaptureError
@@ -74,7 +75,8 @@ cdef int run_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMaj
             gemm_colmajor(ctx, stream, g, plan.d.dtype, plan.d.compute, sc)
         return 0
     if st != CUBLAS_STATUS_SUCCESS:             # refused now (in a capture: not in graphs from now on)
-        return check_cublas(<cublasStatus_t>st, f"cublasLtMatmul ({what})")
+        call = f"cublasLtMatmul ({what})".encode()
+        return check_cublas(<cublasStatus_t>st, call)
     if not plan.d.usable:
         raise ValueError(f"{what}: cuBLASLt refused this plan's algorithm on an earlier execute; make a new "
                          f"{what}")

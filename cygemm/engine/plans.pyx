@@ -457,8 +457,8 @@ cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
     c.forced, c.remembered, c.time, c.rule, c.flight = _forced, _remembered, _time, _rule, _flight
     c.read_table = not explicit
     c.may_time = p.tabled and not in_route_timing()
-    c.device = ctx.device
-    choose(&c, stream_is_capturing(stream))
+    c.device, c.stream, c.capturing = ctx.device, stream, -1
+    choose(&c)
     return 0
 
 

@@ -3,11 +3,7 @@ from cygemm.bindings.cudart cimport cudaStream_t, cudaGraph_t
 
 # What the release queue frees or destroys.
 cdef enum ReleaseKind:
-    RELEASE_WORKSPACE = 0
-    RELEASE_BLAS = 1
-    RELEASE_LT = 2
-    RELEASE_GRAPH_EXEC = 3
-    RELEASE_GRAPH = 4
+    RELEASE_WORKSPACE, RELEASE_BLAS, RELEASE_LT, RELEASE_GRAPH_EXEC, RELEASE_GRAPH
 
 # Queue an item, then release the queue if no capture is known to be open.
 cdef void defer_release(ReleaseKind kind, int device, void* ptr) noexcept nogil

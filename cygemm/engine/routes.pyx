@@ -8,7 +8,6 @@ decide without running anything.
 """
 from cygemm.bindings.cudart cimport cudaStream_t
 from cygemm.engine.context cimport GemmContext
-from cygemm.engine.streams cimport stream_is_capturing
 from libc.string cimport memcmp, memset
 from cygemm.engine.settings cimport AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN
 from cygemm.engine.timing cimport enqueue_fn, time_choices, enter_route_timing, leave_route_timing
@@ -115,15 +114,15 @@ cdef int _time(void* self) except -1:
     return 1
 
 
-cdef int _decide(RouteTable t, RouteCall* r, double macs, bint may_time, bint capturing) except -1:
+cdef int _decide(RouteTable t, RouteCall* r, double macs, bint may_time) except -1:
     """The one chooser over the table's hooks; r.route and r.why get its decision."""
     cdef Decider d
     d.self = r
     d.forced, d.remembered, d.time, d.rule, d.flight = _forced, _remembered, _time, _rule, _flight
     d.read_table = route_tabled(t, r.autotune, macs)
     d.may_time = d.read_table and may_time and r.autotune != AUTOTUNE_OFF
-    d.device = r.device
-    choose(&d, capturing)
+    d.device, d.stream, d.capturing = r.device, r.stream, -1
+    choose(&d)
     return 0
 
 
@@ -186,7 +185,7 @@ cdef int choose_route(RouteTable t, void* call, GemmContext* ctx, cudaStream_t s
     cdef RouteCall r
     r.table, r.call, r.ctx, r.stream = <void*>t, call, ctx, stream
     r.device, r.autotune, r.route, r.why = ctx.device, autotune, -1, CHOSEN_UNTIMED
-    _decide(t, &r, macs, may_time, stream_is_capturing(stream))
+    _decide(t, &r, macs, may_time)
     if why != NULL:
         why[0] = r.why
     if t.ckey != NULL and (r.why == CHOSEN_FORCED or r.why == CHOSEN_TUNED or r.why == CHOSEN_TIMED):
@@ -198,7 +197,7 @@ cdef tuple describe_route(RouteTable t, void* call, int device, int autotune, do
     cdef RouteCall r
     r.table, r.call, r.ctx, r.stream = <void*>t, call, NULL, NULL
     r.device, r.autotune, r.route, r.why = device, autotune, -1, CHOSEN_UNTIMED
-    _decide(t, &r, macs, False, False)
+    _decide(t, &r, macs, False)
     if r.why == CHOSEN_UNTIMED:         # the call would time it
         return None, None
     return t.names[r.route], ("forced", "tuned", "timed", "rule")[r.why]

@@ -13,7 +13,7 @@ linear layer's weight and of ``torch._scaled_mm``. Any other layout is refused (
 :func:`quantize` and :func:`dequantize` convert between FP8 and float32/float16/bfloat16 with
 cygemm's kernels (16-byte accesses, grid sized to the GPU, allocation-free, capturable), as
 :func:`amax` does; :func:`quantize_scaled` quantizes with per-row, 1 x 128 or 128 x 128 scales in
-the layout scaled_matmul reads. The GEMMs are in ``cygemm/fp8/scaled.pyx``, the conversions in
+the layout scaled_matmul reads (:func:`empty_scale` allocates their buffers). The GEMMs are in ``cygemm/fp8/scaled.pyx``, the conversions in
 ``convert.pyx`` and the finer scales in ``scales.pyx``.
 
 CuPy has no FP8 dtype: FP8 data live in ``uint8`` arrays, and the ``format_*`` arguments say
@@ -22,4 +22,4 @@ which format the bytes hold. torch's ``float8_e4m3fn`` and ``float8_e5m2`` tenso
 from cygemm.fp8.scaled import (FP8_FORMATS, FP8_MAX, SCALE_MODES, ScaledMatmulPlan, describe_scaled_matmul,
                                scaled_matmul)
 from cygemm.fp8.convert import amax, dequantize, quantize
-from cygemm.fp8.scales import quantize_scaled
+from cygemm.fp8.scales import empty_scale, quantize_scaled

@@ -7,25 +7,26 @@ from libc.string cimport memset
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
-from cygemm.engine.epilogues cimport Activation, activation_of_code, lt_epilogue_of, no_lt_epilogue, NO_EPILOGUE, fp8_bias_type
-from cygemm.engine.epilogues import EPILOGUE_NAMES
+# The engine, lowest layer first.
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, GemmTypes, Scalars, real_scalars, is_fp8_type, typed_compute_type
-from cygemm.engine.errors cimport check_cublas
 from cygemm.engine.dtypes cimport dtype_name
-from cygemm.engine.args cimport CallArgs, prepare_call, CALL_TYPED_GEMM
+from cygemm.engine.dtypes import FP8_FORMATS, FP8_MAX as _FP8_MAX
+from cygemm.engine.errors cimport check_cublas
 from cygemm.engine.settings cimport autotune_level
 from cygemm.engine.context cimport GemmContext, call_workspace
-from cygemm.engine.launch cimport set_scale_pointers
-from cygemm.engine.plans cimport Plan, get_plan
-from cygemm.engine.execute cimport run_plan, check_runnable, REFUSAL_RAISE
-from cygemm.rowmajor.plan cimport GemmPlan, PlannedCall, KIND_SCALED
 from cygemm.engine.mapping cimport map_rowmajor_gemm, rowmajor_view
 from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm.engine.alloc cimport empty_array, data_pointer, first_torch
+from cygemm.engine.args cimport CallArgs, prepare_call, CALL_TYPED_GEMM
+from cygemm.engine.launch cimport set_scale_pointers
+from cygemm.engine.plans cimport Plan, get_plan
+from cygemm.engine.execute cimport run_plan, check_runnable, REFUSAL_RAISE
+from cygemm.engine.epilogues cimport Activation, activation_of_code, lt_epilogue_of, no_lt_epilogue, NO_EPILOGUE, fp8_bias_type
+from cygemm.engine.epilogues import EPILOGUE_NAMES
 from cygemm.engine.fp8_args cimport (ScaledCall, ScaleMode, SCALE_TENSOR, read_scaled, scale_mode_name,
                                      modes_pair)
-from cygemm.engine.dtypes import FP8_FORMATS, FP8_MAX as _FP8_MAX
 from cygemm.engine.fp8_args import SCALE_MODES
+from cygemm.rowmajor.plan cimport GemmPlan, PlannedCall, KIND_SCALED
 
 #: The largest finite value of each format: quantize saturates there.
 FP8_MAX = _FP8_MAX

@@ -4,12 +4,15 @@ for the tensor (current scaling), per row, per 1 x 128 tile along a row, or per 
 each from the amax of what it scales, written in the layout :func:`cygemm.fp8.scaled_matmul`
 reads. Re-exported by :mod:`cygemm.fp8`, its documented home.
 """
+import operator
+
 from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.bindings.cudart cimport *
 from cygemm.kernels.fp8_scales cimport cygemm_fp8_quantize_scaled
 from cygemm.engine.types cimport MatrixView, ArrayDesc
 from cygemm.engine.errors cimport check_cuda
+from cygemm.engine.streams cimport stream_from_object
 from cygemm.engine.arrays cimport read_fp8, read_array, desc_shape
 from cygemm.engine.dtypes cimport dtype_name, dtype_level, expected_names, DTYPES_FLOAT
 from cygemm.engine.args cimport CallArgs, args_init, add_view, prepare_call, CALL_KERNELS, ARG_READ, ARG_WRITE
@@ -62,13 +65,54 @@ cdef object _new_scale(int mode, int64_t rows, int64_t cols, cudaStream_t stream
             else holder.reshape(1) if mode == SCALE_TENSOR else holder)
 
 
-def _empty_scale(mode, int64_t rows, int64_t cols, stream=None):
-    """For cygemm.nn: an uninitialized scale array of `mode` for FP8 codes (rows, cols), in the
-    layout quantize_scaled writes (a CuPy array, allocated on `stream`: a pointer, or None for
-    CuPy's current stream)."""
-    import cupy
-    ptr = cupy.cuda.get_current_stream().ptr if stream is None else int(stream)
-    return _new_scale(_MODES[mode], rows, cols, <cudaStream_t><uintptr_t>ptr, None)
+cdef int _mode_of(object mode) except -1:
+    if mode not in _MODES:
+        raise ValueError(f"mode: expected 'tensor', 'rowwise', '1x128' or '128x128', got {mode!r}")
+    return _MODES[mode]
+
+
+def empty_scale(mode, rows, cols, *, stream=None):
+    """A new, uninitialized scale array for FP8 codes of shape (rows, cols), for
+    :func:`quantize_scaled`'s ``scale=`` (allocated once, refilled every step).
+
+    Parameters
+    ----------
+    mode : {"tensor", "rowwise", "1x128", "128x128"}
+        As :func:`quantize_scaled`'s.
+    rows, cols : int
+        The shape of the codes the scales are for (``q``'s, not ``x.T``'s with ``transpose``).
+    stream : stream, optional
+        Where the memory is allocated from CuPy's pool (None: CuPy's current stream).
+
+    Returns
+    -------
+    cupy.ndarray
+        float32, in the layout quantize_scaled writes and scaled_matmul reads: (1,),
+        (rows, 1), (rows, ceil(cols / 128)) rows-contiguous, or (ceil(rows / 128),
+        ceil(cols / 128)) with 16-byte aligned rows.
+
+    Raises
+    ------
+    ValueError
+        An unknown mode, or a negative size (before anything is allocated).
+    TypeError
+        A size that is not an integer.
+    """
+    cdef int m = _mode_of(mode)
+    cdef int64_t n_rows = _size(rows, "rows"), n_cols = _size(cols, "cols")
+    cdef cudaStream_t s
+    stream_from_object(stream, &s)
+    return _new_scale(m, n_rows, n_cols, s, None)
+
+
+cdef int64_t _size(object n, str name) except -1:
+    try:
+        n = operator.index(n)
+    except TypeError:
+        raise TypeError(f"{name}: expected an int, got {type(n).__name__}") from None
+    if n < 0:
+        raise ValueError(f"{name}: expected an int >= 0, got {n}")
+    return n
 
 
 def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=False, out=None, scale=None,
@@ -124,11 +168,9 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
     cdef ArrayDesc dx, dq, ds
     cdef MatrixView v
     args_init(&c)
-    if mode not in _MODES:
-        raise ValueError(f"mode: expected 'tensor', 'rowwise', '1x128' or '128x128', got {mode!r}")
+    cdef int m = _mode_of(mode)
     if format not in FP8_FORMATS:
         raise ValueError(f"format: expected {FORMATS_EXPECTED}, got {format!r}")
-    cdef int m = _MODES[mode]
     cdef cudaDataType fmt = FP8_FORMATS[format]
     read_array(x, &dx, "x", False)
     if dx.ndim != 2:

@@ -25,7 +25,6 @@ FP8 GEMMs read 16-byte rows: in_features, out_features and the batch must be mul
 import cupy as cp
 
 from cygemm import fp8
-from cygemm.fp8.scales import _empty_scale
 
 RECIPES = {
     "fp8-tensor": dict(x="tensor", w="tensor", g="tensor", grad_format="e5m2", pow2=False),
@@ -46,7 +45,7 @@ class _Quantized:
     def __init__(self, mode, rows, cols, fmt, pow2):
         self.mode, self.fmt, self.pow2 = mode, fmt, pow2
         self.q = cp.empty((rows, cols), cp.uint8)
-        self.scale = _empty_scale(mode, rows, cols)             # (on the current stream: bind's)
+        self.scale = fp8.empty_scale(mode, rows, cols)             # (on the current stream: bind's)
 
     def of(self, x, stream, transpose=False):
         fp8.quantize_scaled(x, self.mode, format=self.fmt, transpose=transpose, pow2=self.pow2, out=self.q,

@@ -15,10 +15,8 @@ import cupy as cp
 import ml_dtypes
 import numpy as np
 
-from cygemm.bindings.cudart cimport cudaStream_t
 from cygemm.kernels.nn cimport *
-from cygemm.engine.errors cimport check_cuda
-from cygemm.engine.streams cimport stream_from_object
+from cygemm.capi cimport cudaStream_t, check_cuda, stream_from_object   # the public contract, as any Cython code
 
 THREADS = CYGEMM_NN_THREADS
 MAX_BLOCKS = 1024

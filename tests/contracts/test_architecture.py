@@ -150,3 +150,26 @@ def test_one_call_preparation():
             if m:
                 defined.add((os.path.relpath(path, PACKAGE), m.group(1)))
     assert defined == {(os.path.join("engine", "args.pyx"), "prepare_call")}, defined
+
+
+def test_nn_and_backend_stand_on_the_public_api():
+    """cygemm.nn and cygemm.backend are applications of cygemm: they use its public calls, the
+    cimport contract (cygemm/capi.pxd) for their kernels' launchers, their kernels' declarations,
+    and of the engine only require_gpu (the one no-GPU check, in nn/_gpu.py); stubs take the
+    stubs' shared types (cygemm/engine/typing.py)."""
+    private = []
+    for folder in ("nn", "backend"):
+        for path in glob.glob(os.path.join(PACKAGE, folder, "*.p*")):
+            for number, name in named_modules(path):
+                if path.endswith(".pyi") and name == "engine.typing":
+                    continue
+                if name.startswith(("engine", "bindings", "rowmajor.", "dense.", "fp8.", "grouped.")):
+                    private.append(f"{folder}/{os.path.basename(path)}:{number} names cygemm.{name}")
+    assert private == [f"nn/_gpu.py:{_line_of('nn/_gpu.py', 'require_gpu')} names cygemm.engine.context"], private
+
+
+def _line_of(relpath, word):
+    for number, line in enumerate(open(os.path.join(PACKAGE, relpath)), 1):
+        if line.startswith(("from ", "import ")) and word in line:
+            return number
+    raise AssertionError(f"{relpath} does not import {word}")

@@ -23,7 +23,7 @@ CAPI_NAMES = {"GemmContext", "current_context", "gemm_rowmajor", "gemm_rowmajor_
               "CUBLAS_COMPUTE_32F_FAST_16F", "CUBLAS_COMPUTE_32F_FAST_16BF", "CUBLAS_COMPUTE_32F_FAST_TF32",
               "CUBLAS_COMPUTE_64F", "cublasOperation_t", "CUBLAS_OP_N", "CUBLAS_OP_T",
               "CYGEMM_ACT_NONE", "CYGEMM_ACT_RELU", "CYGEMM_ACT_GELU",
-              "SCALE_TENSOR", "SCALE_OUTER", "SCALE_1X128", "SCALE_128X128"}
+              "SCALE_TENSOR", "SCALE_OUTER", "SCALE_1X128", "SCALE_128X128", "stream_from_object", "check_cuda"}
 
 
 def _cimports(path, bound=False):

@@ -95,7 +95,7 @@ def test_a_refused_dense_forward_route_takes_the_gemm_and_kernel_route(gpu, act)
     A, B, bias = rand(cp, (128, 96)), rand(cp, (96, 72)), rand(cp, (72,))
     out = poisoned(cp, (128, 72))
     execute.refuse_next(1)
-    cygemm.forward_into(A, B, out, bias, act=act, math="fp32")
+    cygemm.dense.forward_into(A, B, out, bias, act=act, math="fp32")
     assert execute.refuse_next(0) == 0
     ref = activations.act(act, f64(cp, A) @ f64(cp, B) + f64(cp, bias))
     assert rel_err(out.get(), ref) < 1e-5
@@ -104,6 +104,8 @@ def test_a_refused_dense_forward_route_takes_the_gemm_and_kernel_route(gpu, act)
 @pytest.mark.gpu
 def test_a_refused_batch_invariant_gemm_raises_rather_than_change_its_bits(gpu):
     A, B = rand(cp, (256, 192)), rand(cp, (192, 160))
+    C = poisoned(cp, (256, 160))
+    cygemm.gemm(A, B, C, determinism="batch_invariant")    # decided (and timed, into C) first
     C = poisoned(cp, (256, 160))
     execute.refuse_next(1)
     with pytest.raises(CygemmError, match="batch_invariant"):

@@ -162,3 +162,35 @@ def test_quantized_operands_and_scales_go_straight_into_scaled_matmul(mode_a, mo
     ref = fp8_ref.scaled_product(a64, cp.asnumpy(sx), mode_a, b64, cp.asnumpy(sw).T, mode_b)
     assert rel_err(cp.asnumpy(out), ref) < 5e-4
     assert rel_err(cp.asnumpy(out), cp.asnumpy(x).astype(np.float64) @ cp.asnumpy(w).astype(np.float64).T) < 0.08
+
+
+# ------------------------------------------------------------------ empty_scale
+
+@pytest.mark.parametrize("args, kw, exc, words", [
+    (("blocky", 4, 4), {}, ValueError, r"^mode: expected 'tensor', 'rowwise', '1x128' or '128x128', got 'blocky'$"),
+    (("rowwise", -1, 4), {}, ValueError, r"^rows: expected an int >= 0, got -1$"),
+    (("rowwise", 4, 2.5), {}, TypeError, r"^cols: expected an int, got float$"),
+    (("rowwise", 4, 4), {"stream": -3}, ValueError, r"^stream: expected a cudaStream_t handle"),
+])
+def test_empty_scale_refuses_bad_arguments_before_allocating(args, kw, exc, words):
+    with pytest.raises(exc, match=words):
+        fp8.empty_scale(*args, **kw)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["tensor", "rowwise", "1x128", "128x128"])
+@pytest.mark.parametrize("rows, cols", [(256, 512), (300, 520), (5, 36)])
+def test_empty_scale_is_the_layout_quantize_scaled_writes(mode, rows, cols):
+    """Given as scale=, it is written in place: the scales of quantize_scaled's own new array."""
+    import cupy as cp
+    x = cp.asarray(_input(np.random.default_rng(3), rows, cols))
+    _, want = fp8.quantize_scaled(x, mode)
+    s = cp.cuda.Stream(non_blocking=True)
+    scale = fp8.empty_scale(mode, np.int64(rows), cols, stream=s)
+    assert scale.dtype == cp.float32 and scale.shape == want.shape and scale.strides == want.strides
+    with s:
+        scale.fill(cp.nan)
+    _, got = fp8.quantize_scaled(x, mode, scale=scale, stream=s)
+    s.synchronize()
+    assert got is scale
+    np.testing.assert_array_equal(cp.asnumpy(got), cp.asnumpy(want))
