@@ -28,6 +28,10 @@ cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scal
 
 # The names of the scale modes (describe_scaled_matmul's), by ScaleMode.
 cdef str scale_mode_name(int mode)
+# The operands' types, scales and scale modes in cuBLAS's order, as the one mapping put the
+# operands: under the swap (a row-major out, mapping.is_rowmajor) cuBLAS's A is the user's b.
+cdef void order_operands(GemmTypes* t, bint swapped, int type_a, int type_b, const float* scale_a,
+                         const float* scale_b, int mode_a, int mode_b) noexcept nogil
 
 # Whether a, b scale modes pair in one cuBLASLt FP8 GEMM on sm_90 (a: the row operand, b: the
 # column operand, in the user's row-major terms).

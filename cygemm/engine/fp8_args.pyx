@@ -54,6 +54,15 @@ _PAIRS = ((SCALE_TENSOR, SCALE_TENSOR), (SCALE_OUTER, SCALE_OUTER), (SCALE_1X128
           (SCALE_1X128, SCALE_1X128), (SCALE_128X128, SCALE_1X128))
 
 
+cdef void order_operands(GemmTypes* t, bint swapped, int type_a, int type_b, const float* scale_a,
+                         const float* scale_b, int mode_a, int mode_b) noexcept nogil:
+    if swapped:
+        type_a, type_b, scale_a, scale_b, mode_a, mode_b = type_b, type_a, scale_b, scale_a, mode_b, mode_a
+    t.a, t.b = <cudaDataType>type_a, <cudaDataType>type_b
+    t.a_scale, t.b_scale = scale_a, scale_b
+    t.a_scale_mode, t.b_scale_mode = mode_a, mode_b
+
+
 cdef str scale_mode_name(int mode):
     return _MODE_NAMES.get(mode, str(mode))
 
@@ -369,11 +378,10 @@ cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scal
         s.g.c = pout.ptr
         s.g.a, s.g.b, s.g.batch, s.g.stride_a, s.g.stride_b, s.g.stride_c = vb.ptr, va.ptr, 1, 0, 0, 0
         s.g.opa, s.g.opb, s.g.lda, s.g.ldb, s.g.ldc = CUBLAS_OP_T, CUBLAS_OP_N, 0, 0, 0
-        s.types.a, s.types.b, s.types.d, s.types.c, s.types.bias = vb.dtype, va.dtype, d_type, d_type, bias_type
-        s.types.a_scale = s.types.b_scale = s.types.d_scale = NULL
-        s.types.amax_d = NULL
+        order_operands(&s.types, is_rowmajor(pout), va.dtype, vb.dtype, NULL, NULL, mode_a, mode_b)
+        s.types.d, s.types.c, s.types.bias = d_type, d_type, bias_type
+        s.types.d_scale = s.types.amax_d = NULL
         s.types.fast_accum = fast_accum
-        s.types.a_scale_mode, s.types.b_scale_mode = mode_b, mode_a
         s.epi, s.bias = CUBLASLT_EPILOGUE_DEFAULT, NULL
         return 0
     # The layout: Hopper's FP8 kernels are "TN" (cuBLAS's A transposed, B not), which under the
@@ -401,13 +409,13 @@ cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scal
         raise ValueError(f"bias: FP8 GEMMs need a 16-byte aligned bias, got address {<uintptr_t>pbias.ptr:#x}")
     cdef const Activation* row = activation_row(act)
     _epilogue(row, bias is not None, &s.epi)
-    s.types.a, s.types.b, s.types.d = vb.dtype, va.dtype, d_type
+    order_operands(&s.types, is_rowmajor(pout), va.dtype, vb.dtype, <const float*>vsa.ptr, <const float*>vsb.ptr,
+                   mode_a, mode_b)
+    s.types.d = d_type
     s.types.c = CUDA_R_16BF if fp8_out else d_type
     s.types.bias = bias_type
-    s.types.a_scale, s.types.b_scale = <const float*>vsb.ptr, <const float*>vsa.ptr
     s.types.d_scale = <const float*>vso.ptr if vso != NULL else NULL
     s.types.amax_d = <float*>vam.ptr if vam != NULL else NULL
     s.types.fast_accum = fast_accum
-    s.types.a_scale_mode, s.types.b_scale_mode = mode_b, mode_a     # (cuBLAS's A is b)
     s.bias = pbias.ptr if pbias != NULL else NULL
     return 0

@@ -14,7 +14,7 @@ from cygemm.engine.dtypes import FP8_FORMATS, FP8_MAX as _FP8_MAX
 from cygemm.engine.errors cimport check_cublas
 from cygemm.engine.settings cimport autotune_level
 from cygemm.engine.context cimport GemmContext, call_workspace
-from cygemm.engine.mapping cimport map_rowmajor_gemm, rowmajor_view
+from cygemm.engine.mapping cimport map_rowmajor_gemm, rowmajor_view, is_rowmajor
 from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm.engine.alloc cimport empty_array, data_pointer, first_torch
 from cygemm.engine.args cimport CallArgs, prepare_call, CALL_TYPED_GEMM
@@ -24,7 +24,7 @@ from cygemm.engine.execute cimport run_plan, check_runnable, REFUSAL_RAISE
 from cygemm.engine.epilogues cimport Activation, activation_of_code, lt_epilogue_of, no_lt_epilogue, NO_EPILOGUE, fp8_bias_type
 from cygemm.engine.epilogues import EPILOGUE_NAMES
 from cygemm.engine.fp8_args cimport (ScaledCall, ScaleMode, SCALE_TENSOR, read_scaled, scale_mode_name,
-                                     modes_pair)
+                                     modes_pair, order_operands)
 from cygemm.engine.fp8_args import SCALE_MODES
 from cygemm.rowmajor.plan cimport GemmPlan, PlannedCall, KIND_SCALED
 
@@ -77,12 +77,12 @@ cdef int scaled_gemm_rowmajor(GemmContext* ctx, cudaStream_t stream, cudaDataTyp
     rowmajor_view(&d, D, m, n, ldd, 0, 1)
     map_rowmajor_gemm(&a, &w, &d, False, True, &s.g)      # row-major views always map
     s.g.strided_batched = False
-    s.types.a, s.types.b, s.types.d = w_type, a_type, d_type
+    order_operands(&s.types, is_rowmajor(&d), a_type, w_type, scale_a, scale_w, scale_mode_a, scale_mode_w)
+    s.types.d = d_type
     s.types.c = CUDA_R_16BF if is_fp8_type(d_type) else d_type
     s.types.bias = fp8_bias_type(d_type)
-    s.types.a_scale, s.types.b_scale, s.types.d_scale, s.types.amax_d = scale_w, scale_a, scale_d, amax_d
+    s.types.d_scale, s.types.amax_d = scale_d, amax_d
     s.types.fast_accum = fast_accum
-    s.types.a_scale_mode, s.types.b_scale_mode = scale_mode_w, scale_mode_a
     s.bias = bias
     cdef const Activation* row = activation_of_code(act)
     cdef int epi = lt_epilogue_of(row, bias != NULL, False) if row != NULL else NO_EPILOGUE

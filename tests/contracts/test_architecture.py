@@ -173,3 +173,43 @@ def _line_of(relpath, word):
         if line.startswith(("from ", "import ")) and word in line:
             return number
     raise AssertionError(f"{relpath} does not import {word}")
+
+
+TESTS = os.path.join(ROOT, "tests")
+# The features whose modules each have a test file of their name in tests/<package>/; where the
+# name is another folder's already (test file names are unique), test_<package>.py.
+FEATURES = ("rowmajor", "dense", "fp8", "grouped")
+
+
+def _modules(package):
+    folder = os.path.join(PACKAGE, package)
+    return sorted({f.split(".")[0] for f in os.listdir(folder) if f.endswith((".pyx", ".py"))
+                   and not f.startswith("__")})
+
+
+def test_the_tests_mirror_the_engine():
+    """Every engine module has tests/engine/test_<module>.py."""
+    missing = [f"tests/engine/test_{m}.py" for m in _modules("engine")
+               if not os.path.isfile(os.path.join(TESTS, "engine", f"test_{m}.py"))]
+    assert not missing, f"engine modules without their test file: {missing}"
+
+
+@pytest.mark.parametrize("package", FEATURES)
+def test_the_tests_mirror_each_feature(package):
+    names = {f for _, _, files in os.walk(TESTS) for f in files}
+    missing = []
+    for m in _modules(package):
+        own = os.path.join(TESTS, package, f"test_{m}.py")
+        if os.path.isfile(own):
+            continue
+        clashes = sum(1 for folder, _, files in os.walk(TESTS) if f"test_{m}.py" in files)
+        if not (clashes and os.path.isfile(os.path.join(TESTS, package, f"test_{package}.py"))):
+            missing.append(own)
+    assert not missing, f"{package} modules without their test file: {missing}"
+    assert len(names) > 50
+
+
+@pytest.mark.parametrize("package", ["nn", "backend", "kernels"])
+def test_the_applications_and_kernels_have_their_test_folders(package):
+    folder = os.path.join(TESTS, package)
+    assert os.path.isdir(folder) and any(f.startswith("test_") for f in os.listdir(folder)), folder
