@@ -16,7 +16,7 @@ from cygemm.engine.context cimport GemmContext, stream_workspace
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_matrix, add_vector, call_workspace_of,
                                  expect_dtype, prepare_call, CALL_GEMM, ARG_READ, ARG_WRITE, ARG_SCRATCH)
 from cygemm.engine.dtypes cimport dtype_name
-from cygemm.engine.settings cimport autotune_level
+from cygemm.engine.settings cimport Policy, call_policy
 from cygemm.engine.mapping cimport map_or_raise, rowmajor_ld
 from cygemm.engine.dense_routes cimport ForwardCall, BackwardCall, run_forward, run_backward, dense_gemm, weight_policy
 
@@ -101,7 +101,8 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
     """
     cdef const Activation* row = activation_row(act)
     cdef float slope = leaky_slope_of(leaky_slope)
-    cdef int level = autotune_level(autotune, determinism)
+    cdef Policy policy
+    call_policy(autotune, determinism, &policy)
     cdef CallArgs c
     _operands(&c, A, B)
     cdef cudaDataType dtype = c.views[0].dtype
@@ -138,7 +139,7 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
     if save_z:
         f.z, f.z_ld = z.ptr, rowmajor_ld(z)
     f.M, f.N, f.K, f.act, f.code, f.slope, f.save_z = M, N, K, row, row.code, slope, save_z
-    f.autotune = level
+    f.policy = policy
     run_forward(&f)
     return out
 
@@ -193,7 +194,8 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
     cdef const Activation* row = activation_row(act)
     cdef cygemm_act_t code = row.code
     cdef float slope = leaky_slope_of(leaky_slope)
-    cdef int level = autotune_level(autotune, determinism)
+    cdef Policy policy
+    call_policy(autotune, determinism, &policy)
     cdef CallArgs c
     _operands(&c, A, B)
     cdef MatrixView* a = &c.views[0]
@@ -266,12 +268,12 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
                        "cygemm_act_backward")
     cdef bint run_ga = want_ga and M > 0 and K > 0, run_gb = want_gb and K > 0 and N > 0
     cdef BackwardCall bc
-    bc.ctx, bc.s, bc.dtype, bc.compute, bc.beta, bc.autotune = ctx, s, dtype, c.compute, beta, level
+    bc.ctx, bc.s, bc.dtype, bc.compute, bc.beta, bc.policy = ctx, s, dtype, c.compute, beta, policy
     if run_ga and run_gb:
         bc.g_a, bc.g_b, bc.M, bc.N, bc.K = g_a, g_b, M, N, K
         run_backward(&bc, accumulate)
     elif run_ga:
-        dense_gemm(ctx, s, &g_a, dtype, c.compute, beta, level)
+        dense_gemm(ctx, s, &g_a, dtype, c.compute, beta, policy)
     elif run_gb:
-        dense_gemm(ctx, s, &g_b, dtype, c.compute, beta, weight_policy(level))
+        dense_gemm(ctx, s, &g_b, dtype, c.compute, beta, weight_policy(policy))
     return (gA_out, gB_out, gBias_out)

@@ -18,7 +18,7 @@ from cygemm.engine.dtypes cimport dtype_name
 from cygemm.engine.dtypes import numpy_dtype
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.release cimport defer_free
-from cygemm.engine.settings cimport AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT
+from cygemm.engine.settings cimport AUTOTUNE_EXHAUSTIVE, DETERMINISM_OFF, DETERMINISM_BATCH_INVARIANT
 from cygemm.engine.families cimport in_family
 from cygemm.engine.lt_desc cimport algo_hex, algo_from_hex
 from cygemm.engine.ktail cimport make_safe
@@ -219,7 +219,7 @@ cdef int tune_candidates(GemmContext* ctx, cudaStream_t stream, PlanData* d, con
         d.route, d.algo, d.workspace_needed = PLAN_LT, d.candidates[best].algo, d.candidates[best].workspaceSize
     d.tuned = True
     d.tuned_ms = ms[best]
-    if d.policy == POLICY_BATCH_INVARIANT:
+    if d.determinism == DETERMINISM_BATCH_INVARIANT:
         _fastest_first(d, first_ms, found)
     return 0
 
@@ -275,8 +275,8 @@ cdef bint apply_record(GemmContext* ctx, PlanData* d, dict record, size_t ws_byt
                 return False
             if check.workspaceSize > ws_bytes:
                 return False
-            if d.policy >= POLICY_RUN_TO_RUN and not in_family(&algo, d.family):
-                return False        # (a determinism policy runs its family's kernels only)
+            if d.determinism != DETERMINISM_OFF and not in_family(&algo, d.family):
+                return False        # (a determinism mode runs its family's kernels only)
             ws_needed = check.workspaceSize
             if make_safe(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld, &algo, d.dtype, k, ws_bytes, &ws_needed) < 0:
                 return False        # (a tuned choice that would drop part of K: decided again)

@@ -41,5 +41,5 @@ cdef struct Decider:
 cdef int choose(Decider* d) except -1
 
 # The one size rule: a problem of `macs` multiply-adds is timed under `autotune` (a level or a
-# determinism policy) when autotune is on and it is worth tuning (macs < 0: never).
+# determinism mode's AUTOTUNE_AUTO) when autotune is on and it is worth tuning (macs < 0: never).
 cdef bint worth_timing(int autotune, double macs) noexcept nogil

@@ -7,6 +7,7 @@ from cygemm.kernels.elementwise cimport cygemm_act_t
 from cygemm.engine.epilogues cimport Activation
 from cygemm.engine.types cimport ColMajorGemm
 from cygemm.engine.context cimport GemmContext
+from cygemm.engine.settings cimport Policy
 
 # One forward call: out = act(A @ B + bias), and Z = A @ B + bias with save_z.
 ctypedef struct ForwardCall:
@@ -30,7 +31,7 @@ ctypedef struct ForwardCall:
     bint save_z
     void* ws
     size_t ws_bytes
-    int autotune
+    Policy policy
 
 # The backward's two GEMMs (gA = dZ @ B^T, gB = A^T @ dZ), both non-empty.
 ctypedef struct BackwardCall:
@@ -41,7 +42,7 @@ ctypedef struct BackwardCall:
     cudaDataType dtype
     cublasComputeType_t compute
     float beta
-    int autotune
+    Policy policy
     int64_t M                   # the forward's sizes: A (M, K), B (K, N)
     int64_t N
     int64_t K
@@ -53,8 +54,8 @@ cdef int run_forward(ForwardCall* f) except -1
 cdef int run_backward(BackwardCall* b, bint accumulate) except -1
 # A plain GEMM through the plans (alpha 1).
 cdef int dense_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
-                    cublasComputeType_t compute, float beta, int autotune) except -1
+                    cublasComputeType_t compute, float beta, Policy policy) except -1
 
-# The policy of the weight gradient's GEMM: run-to-run under the batch-invariant policy (it sums
+# The policy of the weight gradient's GEMM: run-to-run under the batch-invariant mode (it sums
 # over the batch's rows), else the call's.
-cdef int weight_policy(int autotune) noexcept nogil
+cdef Policy weight_policy(Policy policy) noexcept nogil

@@ -19,7 +19,7 @@ from cygemm.engine.types cimport ColMajorGemm, Scalars, real_scalars, pointer_al
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.errors import CygemmError
 from cygemm.engine.context cimport GemmContext, run_forked
-from cygemm.engine.settings cimport AUTOTUNE_OFF, POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT
+from cygemm.engine.settings cimport Policy, AUTOTUNE_OFF, DETERMINISM_OFF, DETERMINISM_RUN_TO_RUN, DETERMINISM_BATCH_INVARIANT
 from cygemm.engine.timing cimport worth_tuning
 from cygemm.engine.plans cimport Plan, get_plan
 from cygemm.engine.execute cimport run_plan, run_gemm, REFUSAL_REPORT
@@ -27,10 +27,10 @@ from cygemm.engine.routes cimport RouteTable, route_table, choose_route
 
 
 cdef int dense_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
-                    cublasComputeType_t compute, float beta, int autotune) except -1:
+                    cublasComputeType_t compute, float beta, Policy policy) except -1:
     cdef Scalars sc = real_scalars(1.0, beta)
     with nogil:
-        run_gemm(ctx, stream, g, dtype, compute, &sc, autotune)
+        run_gemm(ctx, stream, g, dtype, compute, &sc, policy)
     return 0
 
 
@@ -73,9 +73,9 @@ cdef int _fwd_default(const ForwardCall* f) noexcept nogil:
     GEMM on the H200 against 1.36x for BIAS + our kernel); else a BIAS epilogue + kernel."""
     if _fwd_applies(f, FWD_EPILOGUE):
         return FWD_EPILOGUE
-    # (Under a determinism policy the route must not depend on M: never GELU_AUX.)
+    # (Under a determinism mode the route must not depend on M: never GELU_AUX.)
     if (_fwd_applies(f, FWD_GELU_AUX) and not worth_tuning(<double>f.M * f.N * f.K)
-            and f.autotune < POLICY_RUN_TO_RUN):
+            and f.policy.determinism == DETERMINISM_OFF):
         return FWD_GELU_AUX
     if _fwd_applies(f, FWD_BIAS_EPILOGUE_KERNEL):
         return FWD_BIAS_EPILOGUE_KERNEL
@@ -87,7 +87,7 @@ cdef int _lt_call(ForwardCall* f, ColMajorGemm* g, cublasLtEpilogue_t epi, const
     """One cuBLASLt call by its plan: 0 done, 1 refused (nothing enqueued; the caller falls back)."""
     cdef Scalars sc = real_scalars(1.0, 0.0)
     cdef Plan plan = get_plan(f.ctx, f.s, g, f.dtype, f.compute, epi, bias, aux, aux_ld, f.ws, f.ws_bytes,
-                              f.autotune, False)
+                              f.policy, False)
     if plan is None:
         return 1
     return run_plan(plan, f.ctx, f.s, g, bias, aux, f.ws, f.ws_bytes, &sc, REFUSAL_REPORT)
@@ -115,7 +115,7 @@ cdef int _fwd_run(ForwardCall* f, int route) except -1:
                        "cygemm_bias_act_forward")
         return 0
     # FWD_GEMM_KERNEL: always runs (the plan layer falls back to cublasGemmEx itself).
-    dense_gemm(f.ctx, f.s, g, f.dtype, f.compute, 0.0, f.autotune)
+    dense_gemm(f.ctx, f.s, g, f.dtype, f.compute, 0.0, f.policy)
     with nogil:
         check_cuda(cygemm_bias_act_forward(f.dtype, f.M, f.N, target, target_ld, f.bias,
                                            f.y, f.y_ld, f.z if f.save_z else NULL, f.z_ld,
@@ -149,9 +149,9 @@ cdef RouteTable _FORWARD = route_table("forward", ("epilogue", "gelu_aux", "bias
 
 cdef int run_forward(ForwardCall* f) except -1:
     # Large problems are in the tuning table (timed now when new and the stream is not capturing).
-    cdef int route = choose_route(_FORWARD, f, f.ctx, f.s, f.autotune, <double>f.M * f.N * f.K, True, -1, NULL)
+    cdef int route = choose_route(_FORWARD, f, f.ctx, f.s, f.policy, <double>f.M * f.N * f.K, True, -1, NULL)
     if _fwd_run(f, route) != 0:
-        if f.autotune == POLICY_BATCH_INVARIANT:    # another route gives other bits
+        if f.policy.determinism == DETERMINISM_BATCH_INVARIANT:    # another route gives other bits
             raise CygemmError(f"determinism='batch_invariant': cuBLASLt refused the dense layer's "
                               f"{_FORWARD.names[route]} route for this problem")
         _fwd_run(f, FWD_GEMM_KERNEL)       # always correct
@@ -160,10 +160,12 @@ cdef int run_forward(ForwardCall* f) except -1:
 
 # ---------------------------------------------------------------- the backward's routes
 
-cdef int weight_policy(int autotune) noexcept nogil:
+cdef Policy weight_policy(Policy policy) noexcept nogil:
     """The weight gradient sums over the batch's rows: no kernel makes it batch-invariant, so
     under that policy it is run-to-run deterministic (the bias gradient's kernel always is)."""
-    return POLICY_RUN_TO_RUN if autotune == POLICY_BATCH_INVARIANT else autotune
+    if policy.determinism == DETERMINISM_BATCH_INVARIANT:
+        policy.determinism = DETERMINISM_RUN_TO_RUN
+    return policy
 
 
 # The backward's routes for its two GEMMs (the activation's backward kernel runs first).
@@ -182,15 +184,15 @@ BACKWARD_ROUTES = {
 
 cdef int _bwd_branches(void* call, cudaStream_t main, cudaStream_t side) except -1:
     cdef BackwardCall* b = <BackwardCall*>call
-    dense_gemm(b.ctx, side, &b.g_b, b.dtype, b.compute, b.beta, weight_policy(b.autotune))
-    dense_gemm(b.ctx, main, &b.g_a, b.dtype, b.compute, b.beta, b.autotune)
+    dense_gemm(b.ctx, side, &b.g_b, b.dtype, b.compute, b.beta, weight_policy(b.policy))
+    dense_gemm(b.ctx, main, &b.g_a, b.dtype, b.compute, b.beta, b.policy)
     return 0
 
 
 cdef int _bwd_run(BackwardCall* b, int route) except -1:
     if route == BWD_SERIAL:
-        dense_gemm(b.ctx, b.s, &b.g_a, b.dtype, b.compute, b.beta, b.autotune)
-        dense_gemm(b.ctx, b.s, &b.g_b, b.dtype, b.compute, b.beta, weight_policy(b.autotune))
+        dense_gemm(b.ctx, b.s, &b.g_a, b.dtype, b.compute, b.beta, b.policy)
+        dense_gemm(b.ctx, b.s, &b.g_b, b.dtype, b.compute, b.beta, weight_policy(b.policy))
         return 0
     return run_forked(b.ctx, b.s, _bwd_branches, b)
 
@@ -232,4 +234,4 @@ cdef int run_backward(BackwardCall* b, bint accumulate) except -1:
     """Serial or branches, chosen by cygemm.engine.routes (remembered by C key; the tuned table is
     read at every size and autotune level; timed outside capture, on a call that does not
     accumulate: timing runs write the gradients)."""
-    return _bwd_run(b, choose_route(_BACKWARD, b, b.ctx, b.s, b.autotune, 0, not accumulate, -1, NULL))
+    return _bwd_run(b, choose_route(_BACKWARD, b, b.ctx, b.s, b.policy, 0, not accumulate, -1, NULL))

@@ -4,6 +4,7 @@ from cygemm.bindings.cublas cimport cublasComputeType_t
 from cygemm.engine.types cimport ColMajorGemm, Scalars
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.plans cimport Plan
+from cygemm.engine.settings cimport Policy
 
 # What a call does when cuBLASLt refuses its plan (nothing was enqueued).
 cdef enum Refusal:
@@ -32,8 +33,9 @@ cdef int run_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMaj
 cdef int check_runnable(Plan plan, cudaStream_t stream, str label) except -1
 
 # A plain GEMM through the plans: small problems (and 64-bit sizes) go straight to
-# cublasGemmEx, except under the batch-invariant policy; large ones run their plan, decided
-# once. autotune: a level or policy, -1 for the options'. Raises on failure.
+# cublasGemmEx, except under the batch-invariant mode; large ones run their plan, decided
+# once. policy: the call's (settings.call_policy; default_policy for the C entry points).
+# Raises on failure.
 cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                   cublasComputeType_t compute, const Scalars* sc,
-                  int autotune) except -1 nogil
+                  Policy policy) except -1 nogil

@@ -19,7 +19,7 @@ from cygemm.engine.errors import CaptureError
 from cygemm.engine.streams cimport stream_is_capturing, check_capture_alive
 from cygemm.engine.context cimport GemmContext, stream_workspace
 from cygemm.engine.launch cimport PLAN_GEMMEX, PLAN_LT, gemm_colmajor, needs_64bit_api, plan_run
-from cygemm.engine.settings cimport default_policy, POLICY_BATCH_INVARIANT
+from cygemm.engine.settings cimport Policy, DETERMINISM_BATCH_INVARIANT
 from cygemm.engine.timing cimport worth_tuning
 from cygemm.engine.ktail cimport gemmex_drops
 from cygemm.engine.plans cimport Plan, get_plan, forced_gemm, raise_no_family
@@ -69,7 +69,7 @@ cdef int run_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMaj
     if refusal == REFUSAL_REPORT:
         return 1
     if refusal == REFUSAL_GEMMEX:
-        if plan.d.policy == POLICY_BATCH_INVARIANT:
+        if plan.d.determinism == DETERMINISM_BATCH_INVARIANT:
             raise_no_family(plan)               # (no other kernel gives the family's rows)
         with nogil:
             gemm_colmajor(ctx, stream, g, plan.d.dtype, plan.d.compute, sc)
@@ -96,30 +96,29 @@ cdef int check_runnable(Plan plan, cudaStream_t stream, str label) except -1:
 
 cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                   cublasComputeType_t compute, const Scalars* sc,
-                  int autotune) except -1 nogil:
+                  Policy policy) except -1 nogil:
     cdef int64_t batch = g.batch if g.strided_batched else 1
     cdef int forced = forced_gemm()
-    if autotune < 0:
-        autotune = default_policy()
+    cdef bint invariant = policy.determinism == DETERMINISM_BATCH_INVARIANT
     # cublasGemmEx (its own kernel choice, guarded in launch) for no batch-invariant call but k = 0;
     # small problems too, unless its kernel would drop part of K (then their guarded plan).
-    if g.k == 0 or (autotune != POLICY_BATCH_INVARIANT and (
+    if g.k == 0 or (not invariant and (
             needs_64bit_api(g) or forced == 1 or compute == CUBLAS_COMPUTE_64F or (
             forced == 0 and not worth_tuning(<double>g.m * g.n * g.k * batch)
             and not gemmex_drops(ctx, g, dtype, compute)))):
         return gemm_colmajor(ctx, stream, g, dtype, compute, sc)
     cdef void* ws = stream_workspace(ctx, stream)       # may allocate: without the GIL
     with gil:
-        if autotune == POLICY_BATCH_INVARIANT and batch > 1 and not lt_batch_ok(g):
-            _each_matrix(ctx, stream, g, dtype, compute, sc, ws, autotune)
+        if invariant and batch > 1 and not lt_batch_ok(g):
+            _each_matrix(ctx, stream, g, dtype, compute, sc, ws, policy)
         else:
-            _run_planned(ctx, stream, g, dtype, compute, sc, ws, autotune)
+            _run_planned(ctx, stream, g, dtype, compute, sc, ws, policy)
     return 0
 
 
 cdef int _each_matrix(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                       cublasComputeType_t compute, const Scalars* sc, void* ws,
-                      int autotune) except -1:
+                      Policy policy) except -1:
     """A batch cuBLASLt is not asked about (broadcast or interleaved), one matrix at a time:
     each by the plan of one matrix, as it would run alone."""
     cdef ColMajorGemm one = g[0]
@@ -129,16 +128,16 @@ cdef int _each_matrix(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm*
         one.a = <const char*>g.a + i * g.stride_a * size
         one.b = <const char*>g.b + i * g.stride_b * size
         one.c = <char*>g.c + i * g.stride_c * size
-        _run_planned(ctx, stream, &one, dtype, compute, sc, ws, autotune)
+        _run_planned(ctx, stream, &one, dtype, compute, sc, ws, policy)
     return 0
 
 
 cdef int _run_planned(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                       cublasComputeType_t compute, const Scalars* sc, void* ws,
-                      int autotune) except -1:
+                      Policy policy) except -1:
     cdef size_t ws_bytes = ctx.workspace_bytes
     cdef Plan plan = get_plan(ctx, stream, g, dtype, compute, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL, 0,
-                              ws, ws_bytes, autotune, not beta_is_zero(sc))
+                              ws, ws_bytes, policy, not beta_is_zero(sc))
     return run_plan(plan, ctx, stream, g, NULL, NULL, ws, ws_bytes, sc, REFUSAL_GEMMEX)
 
 

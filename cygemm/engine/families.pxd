@@ -6,18 +6,18 @@ from cygemm.bindings.cudart cimport cudaDataType
 from cygemm.bindings.cublas cimport cublasComputeType_t
 from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t, cublasLtMatmulAlgo_t
 
-# Fill d.candidates (at most PLAN_CANDIDATES) with the kernels of d's problem that the policy
+# Fill d.candidates (at most PLAN_CANDIDATES) with the kernels of d's problem that the mode
 # allows: split-free kernels of one cuBLASLt algorithm, its family (d.family).
-# POLICY_RUN_TO_RUN: the family of the heuristic's first candidate (that kernel alone, family
+# DETERMINISM_RUN_TO_RUN: the family of the heuristic's first candidate (that kernel alone, family
 # -1, where it splits K).
-# POLICY_BATCH_INVARIANT: the family chosen for the same problem at FAMILY_ROWS x FAMILY_ROWS,
+# DETERMINISM_BATCH_INVARIANT: the family chosen for the same problem at FAMILY_ROWS x FAMILY_ROWS,
 # so it does not depend on M or N: the family kernels the heuristic offers at this size (else
 # at the nearest larger ones), then that reference kernel and its retilings, each where
 # cublasLtMatmulAlgoCheck accepts it. d's descriptors must
 # exist (make_descriptors); the other arguments are what made them. bucket_choice: the tuned
 # record of the problem's size bucket (bucket_key), or None; where it holds a member of this
 # problem's family that cublasLtMatmulAlgoCheck accepts, that member alone (nothing to time).
-cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g, int policy,
+cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g, int determinism,
                            cudaDataType dtype, cublasComputeType_t compute, cublasLtEpilogue_t epi,
                            const void* bias, void* aux, size_t ws_bytes, unsigned al_a, unsigned al_b,
                            unsigned al_c, const GemmTypes* types, object bucket_choice=*) except -1

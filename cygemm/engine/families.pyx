@@ -35,7 +35,7 @@ from libc.math cimport ceilf
 
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
-from cygemm.engine.settings cimport POLICY_BATCH_INVARIANT
+from cygemm.engine.settings cimport DETERMINISM_BATCH_INVARIANT
 from cygemm.engine.lt_desc cimport make_descriptors, free_descriptors, algo_from_hex
 from cygemm.engine.launch cimport PLAN_CANDIDATES
 
@@ -208,7 +208,7 @@ cdef int _retiled(GemmContext* ctx, PlanData* d, const cublasLtMatmulAlgo_t* ref
     return d.n_candidates
 
 
-cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g, int policy,
+cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g, int determinism,
                            cudaDataType dtype, cublasComputeType_t compute, cublasLtEpilogue_t epi,
                            const void* bias, void* aux, size_t ws_bytes, unsigned al_a, unsigned al_b,
                            unsigned al_c, const GemmTypes* types, object bucket_choice=None) except -1:
@@ -217,7 +217,7 @@ cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g,
     cdef int n = _query(ctx, d, results, ws_bytes), n_ref = 0, n_probe, i, ref = -1, family = -1
     cdef int64_t probe, small = min(g.m, g.n)
     d.n_candidates = 0
-    if policy == POLICY_BATCH_INVARIANT:
+    if determinism == DETERMINISM_BATCH_INVARIANT:
         # The family: the first split-free kernel at FAMILY_ROWS x FAMILY_ROWS (not this M or N).
         n_ref = _heuristic_at(ctx, g, FAMILY_ROWS, FAMILY_ROWS, dtype, compute, epi, bias, aux, ws_bytes,
                               al_a, al_b, al_c, types, reference)
@@ -233,13 +233,13 @@ cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g,
     d.family = family
     if family < 0:
         return 0
-    if policy == POLICY_BATCH_INVARIANT and _bucket_member(ctx, d, bucket_choice, family, ws_bytes):
+    if determinism == DETERMINISM_BATCH_INVARIANT and _bucket_member(ctx, d, bucket_choice, family, ws_bytes):
         return 0
     for i in range(n):              # this size's own family kernels, in the heuristic's order
         if d.n_candidates < OWN_MEMBERS and in_family(&results[i].algo, family):
             d.candidates[d.n_candidates] = results[i]
             d.n_candidates += 1
-    if policy != POLICY_BATCH_INVARIANT:
+    if determinism != DETERMINISM_BATCH_INVARIANT:
         return 0
     # Few rows: where this size's first kernels split K, the same rows against a wider problem
     # (the larger side 2x, 4x) leave no SM idle, and the heuristic offers the small split-free

@@ -3,6 +3,7 @@
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars
 from cygemm.engine.context cimport GemmContext
+from cygemm.engine.settings cimport Policy
 
 # Raise (naming the argument, the rule and the fix) where cuBLASLt has no int8 kernel for this
 # call: a, b the user's operands as read (before trans), out the result's view, trans_a/trans_b
@@ -11,6 +12,6 @@ from cygemm.engine.context cimport GemmContext
 cdef int check_int8(const MatrixView* a, const MatrixView* b, const MatrixView* out, bint trans_a,
                     bint trans_b, ColMajorGemm* g, const Scalars* sc) except -1
 # Run one checked int8 GEMM (out: the result's view, for messages; out_type: CUDA_R_32I, or
-# CUDA_R_8I with a float alpha and beta); autotune: a level or policy, -1 for the options'.
+# CUDA_R_8I with a float alpha and beta) under the call's policy.
 cdef int run_int8(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, const MatrixView* out,
-                  cudaDataType out_type, const Scalars* sc, int autotune) except -1
+                  cudaDataType out_type, const Scalars* sc, Policy policy) except -1

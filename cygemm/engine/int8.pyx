@@ -19,7 +19,7 @@ from cygemm.bindings.cublas cimport (cublasStatus_t, CUBLAS_STATUS_SUCCESS, CUBL
                                      CUBLAS_OP_T)
 from cygemm.bindings.cublaslt cimport CUBLASLT_EPILOGUE_DEFAULT
 from cygemm.engine.types cimport (MatrixView, ColMajorGemm, GemmTypes, Scalars, beta_is_zero, pointer_alignment)
-from cygemm.engine.settings cimport default_policy, AUTOTUNE_AUTO, POLICY_RUN_TO_RUN
+from cygemm.engine.settings cimport Policy, AUTOTUNE_AUTO, DETERMINISM_OFF
 from cygemm.engine.context cimport GemmContext, call_workspace
 from cygemm.engine.mapping cimport is_rowmajor
 from cygemm.engine.dtypes cimport dtype_name
@@ -118,36 +118,35 @@ cdef str _no_kernel(const ColMajorGemm* g, const MatrixView* out, cudaDataType o
 
 
 cdef Plan _plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, GemmTypes* types, const Scalars* sc,
-               int autotune, const MatrixView* out, void* ws):
+               Policy policy, const MatrixView* out, void* ws):
     cdef Plan plan = get_plan(ctx, stream, g, types.d, CUBLAS_COMPUTE_32I, CUBLASLT_EPILOGUE_DEFAULT, NULL, NULL,
-                              0, ws, ctx.workspace_bytes, autotune, not beta_is_zero(sc), types)
+                              0, ws, ctx.workspace_bytes, policy, not beta_is_zero(sc), types)
     if check_runnable(plan, stream, "int8 GEMM"):
         raise ValueError(_no_kernel(g, out, types.d))
     return plan
 
 
 cdef int _run_one(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, GemmTypes* types,
-                  const Scalars* sc, int autotune, const MatrixView* out) except -1:
+                  const Scalars* sc, Policy policy, const MatrixView* out) except -1:
     cdef void* ws = call_workspace(ctx, stream)
-    cdef Plan plan = _plan(ctx, stream, g, types, sc, autotune, out, ws)
+    cdef Plan plan = _plan(ctx, stream, g, types, sc, policy, out, ws)
     return run_plan(plan, ctx, stream, g, NULL, NULL, ws, ctx.workspace_bytes, sc, REFUSAL_RAISE, dtype_name(CUDA_R_8I))
 
 
 cdef int run_int8(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, const MatrixView* out,
-                  cudaDataType out_type, const Scalars* sc, int autotune) except -1:
+                  cudaDataType out_type, const Scalars* sc, Policy policy) except -1:
     cdef GemmTypes types
     memset(&types, 0, sizeof(types))
     types.a = types.b = CUDA_R_8I
     types.c = types.d = out_type
     types.bias = out_type
-    if autotune < 0:
-        autotune = default_policy()
-    if autotune >= POLICY_RUN_TO_RUN:
+    if policy.determinism != DETERMINISM_OFF:
         if out_type != CUDA_R_32I:
             raise ValueError("determinism: an int8 out is rounded by each kernel's own float epilogue, which "
                              "cygemm does not pin; use an int32 out (exact sums: the same bits from every kernel) "
                              "and scale it, or determinism='off'")
-        autotune = AUTOTUNE_AUTO        # exact sums: every kernel gives these bits
+        policy.determinism = DETERMINISM_OFF        # exact sums: every kernel gives these bits
+        policy.autotune = AUTOTUNE_AUTO
     if g.m == 0 or g.n == 0 or (g.strided_batched and g.batch == 0):
         return 0
     cdef ColMajorGemm one
@@ -163,8 +162,8 @@ cdef int run_int8(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, 
                 one.b = <const char*>g.b + i * g.stride_b
                 one.c = <char*>g.c + i * g.stride_c * out_size
                 if phase == 0:
-                    _plan(ctx, stream, &one, &types, sc, autotune, out, call_workspace(ctx, stream))
+                    _plan(ctx, stream, &one, &types, sc, policy, out, call_workspace(ctx, stream))
                 else:
-                    _run_one(ctx, stream, &one, &types, sc, autotune, out)
+                    _run_one(ctx, stream, &one, &types, sc, policy, out)
         return 0
-    return _run_one(ctx, stream, g, &types, sc, autotune, out)
+    return _run_one(ctx, stream, g, &types, sc, policy, out)

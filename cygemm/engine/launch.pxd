@@ -38,8 +38,8 @@ ctypedef struct PlanData:
     float tuned_ms      # the chosen candidate's median time (0: not timed)
     int tune_level      # the autotune level it was decided under (-1: not yet)
     int n_candidates
-    int policy          # the autotune level, or the determinism policy, the plan was made under
-    int family          # under a determinism policy: the cuBLASLt algorithm id of its kernels
+    int determinism     # the Determinism mode the plan was made under (cygemm.engine.settings)
+    int family          # under a determinism mode: the cuBLASLt algorithm id of its kernels
     bint verify         # a timed choice is kept only if its result agrees with the first candidate's (FP8)
     bint shared         # batch-invariant: its candidates are its size bucket's fastest members (cygemm.engine.families)
     cublasLtMatmulHeuristicResult_t candidates[PLAN_CANDIDATES]

@@ -26,8 +26,8 @@ from cygemm.engine.streams cimport stream_is_capturing
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.launch cimport PlanData, PLAN_GEMMEX, PLAN_LT, set_scale_pointers
 from cygemm.engine.lt_desc cimport make_descriptors, free_descriptors
-from cygemm.engine.settings cimport (options, loaded_options, default_policy, AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE,
-                                     POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT)
+from cygemm.engine.settings cimport (options, loaded_options, Policy, Determinism, level_serves, AUTOTUNE_OFF,
+                                     AUTOTUNE_EXHAUSTIVE, DETERMINISM_OFF, DETERMINISM_BATCH_INVARIANT)
 from cygemm.engine.timing cimport in_route_timing
 from cygemm.engine.chooser cimport Decider, choose, worth_timing
 from cygemm.engine.tuning cimport lookup, remember, forced_route
@@ -78,7 +78,7 @@ cdef class Plan:
 # algorithm is valid, alignment included: a plan chosen for aligned pointers never runs unaligned.
 ctypedef struct PlanKey:
     int device, dtype, compute, epi
-    int policy          # a determinism policy, else 0 (the autotune levels share plans)
+    int determinism     # a Determinism (the autotune levels share plans; the modes do not)
     int opa, opb
     int64_t m, n, k, lda, ldb, ldc, aux_ld
     int64_t batch, stride_a, stride_b, stride_c
@@ -196,12 +196,12 @@ tuning.register_routes("gemm", ("cublasGemmEx", "cublasLt"), _on_routes_changed)
 cdef PlanKey _plan_key(GemmContext* ctx, const ColMajorGemm* g, cudaDataType dtype,
                        cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias,
                        void* aux, int64_t aux_ld, void* ws, size_t ws_bytes,
-                       const GemmTypes* types, int policy) noexcept nogil:
+                       const GemmTypes* types, Determinism determinism) noexcept nogil:
     cdef int64_t batch = g.batch if g.strided_batched else 1
     cdef PlanKey k
     memset(&k, 0, sizeof(k))            # padding too: keys are compared with memcmp
     k.device, k.dtype, k.compute, k.epi, k.opa, k.opb = ctx.device, dtype, compute, epi, g.opa, g.opb
-    k.policy = policy if policy >= POLICY_RUN_TO_RUN else 0
+    k.determinism = determinism
     k.m, k.n, k.k, k.lda, k.ldb, k.ldc, k.aux_ld = g.m, g.n, g.k, g.lda, g.ldb, g.ldc, aux_ld
     k.batch = batch
     if batch > 1:
@@ -226,28 +226,26 @@ cdef tuple _key_tuple(const PlanKey* k):
            k.al_ws, k.ws_bytes)
     if k.typed:         # (plain GEMMs keep the keys their tuning files were written with)
         key += ("types", k.a_type, k.b_type, k.c_type, k.bias_type, k.scale_flags)
-    if k.policy:        # a family's choices are kept apart from the fastest kernel's
-        key += ("determinism", k.policy)
+    if k.determinism:   # a family's choices are kept apart from the fastest kernel's
+        key += ("determinism", k.determinism + 2)      # (3, 4: the codes tuning files hold)
     return key
 
 
 cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                    cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
-                   int64_t aux_ld, void* ws, size_t ws_bytes, int autotune, bint c_is_input,
+                   int64_t aux_ld, void* ws, size_t ws_bytes, Policy policy, bint c_is_input,
                    const GemmTypes* types=NULL):
-    if autotune < 0:
-        options()
-        autotune = default_policy()
-    cdef PlanKey k = _plan_key(ctx, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, types, autotune)
+    cdef PlanKey k = _plan_key(ctx, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, types,
+                               policy.determinism)
     cdef _PlanCache cache = _cache()
     cdef Plan plan = cache.recent.find(&k)
-    if plan is not None and plan.d.tune_level >= autotune:
+    if plan is not None and level_serves(plan.d.tune_level, policy):
         cache.touch(plan, loaded_options().plan_cache_size)     # the least recently used goes, not the hottest
         return plan
     key = _key_tuple(&k)
     if plan is None:
         plan = cache.get((k.device,) + key)
-    if plan is not None and plan.d.tune_level >= autotune:
+    if plan is not None and level_serves(plan.d.tune_level, policy):
         cache.recent.remember(&k, plan)
         return plan
     cdef bint keep = True
@@ -259,8 +257,8 @@ cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
         # left in the descriptor (their buffers may be gone, and amax would be written there).
         check_cublas(<cublasStatus_t>set_scale_pointers(&plan.d, types), "cublasLtMatmulDescSetAttribute(scales)")
     if keep:
-        decide_plan(plan, ctx, stream, g, bias, aux, ws, ws_bytes, autotune, c_is_input, &keep)
-    if autotune == POLICY_BATCH_INVARIANT and not plan.d.usable:
+        decide_plan(plan, ctx, stream, g, bias, aux, ws, ws_bytes, policy, c_is_input, &keep)
+    if policy.determinism == DETERMINISM_BATCH_INVARIANT and not plan.d.usable:
         raise_no_family(plan)
     if keep:
         cache = _cache()            # deciding may have read the tuning file, which clears caches
@@ -271,11 +269,9 @@ cdef Plan get_plan(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
 
 cdef Plan init_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                     cublasComputeType_t compute, cublasLtEpilogue_t epi, const void* bias, void* aux,
-                    int64_t aux_ld, void* ws, size_t ws_bytes, const GemmTypes* types=NULL, int policy=-1):
-    if policy < 0:
-        options()
-        policy = default_policy()
-    cdef PlanKey k = _plan_key(ctx, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, types, policy)
+                    int64_t aux_ld, void* ws, size_t ws_bytes, const GemmTypes* types,
+                    Determinism determinism):
+    cdef PlanKey k = _plan_key(ctx, g, dtype, compute, epi, bias, aux, aux_ld, ws, ws_bytes, types, determinism)
     cdef bint keep = True
     free_descriptors(&plan.d)           # what it held before (a plan made again): none left behind
     memset(&plan.d, 0, sizeof(PlanData))
@@ -300,25 +296,25 @@ cdef Plan _make_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
     # cublasGemmEx is a candidate for plain GEMMs (it has no epilogues), but for no determinism
     # policy: it picks its kernel by the problem's size.
     d.gemmex_ok = epi == CUBLASLT_EPILOGUE_DEFAULT and bias == NULL and aux == NULL and types == NULL
-    d.policy, d.family = k.policy, -1
+    d.determinism, d.family = k.determinism, -1
     # (FP8: a timed choice must agree with the first candidate, as a second check of its kernels)
     d.verify = types != NULL and (is_fp8_type(types.a) or is_fp8_type(types.b))
     cdef int found = 0, i
     cdef bint capturing = stream_is_capturing(stream)
     cdef cublasStatus_t st = CUBLAS_STATUS_SUCCESS
-    if k.policy:
-        if k.policy == POLICY_BATCH_INVARIANT:
+    if k.determinism:
+        if k.determinism == DETERMINISM_BATCH_INVARIANT:
             _promises.require("batch_invariant")    # (checked once where cuBLAS is unverified)
         d.gemmex_ok = False
         if batch == 1 or lt_batch_ok(g):   # (a batch cuBLASLt is not asked about finds none below)
-            family_candidates(ctx, d, g, k.policy, dtype, compute, epi, bias, aux, ws_bytes, k.al_a, k.al_b,
+            family_candidates(ctx, d, g, <Determinism>k.determinism, dtype, compute, epi, bias, aux, ws_bytes, k.al_a, k.al_b,
                               k.al_c, types, lookup(ctx.device, "gemm", bucket_key(key)) if shared else None)
         found = d.n_candidates
     else:
         with nogil:     # the first heuristic query of a process loads cuBLASLt's tables
             st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld if d.ld != NULL else d.lc,
                                                 d.pref, MAX_CANDIDATES, d.candidates, &found)
-    if st != CUBLAS_STATUS_SUCCESS or (k.policy and found == 0):
+    if st != CUBLAS_STATUS_SUCCESS or (k.determinism and found == 0):
         found = 0
         if capturing:               # perhaps the capture's fault: decided again eagerly
             keep[0] = False
@@ -369,7 +365,7 @@ cdef struct PlanDecision:
     void* aux
     void* ws
     size_t ws_bytes
-    int autotune
+    int autotune                # the call's level (a determinism mode's: AUTOTUNE_AUTO)
     int decided                 # the tune level a forced or tabled choice counts as
     bint c_is_input
     bint tabled                 # the size rule: this problem's candidates are timed
@@ -429,29 +425,30 @@ cdef int _time(void* self) except -1:
     d.tune_level = p.autotune
     if d.tuned:
         remember(p.ctx.device, "gemm", plan.key, record_of(d))
-        if d.policy == POLICY_BATCH_INVARIANT and not d.shared:    # (what its size bucket times)
+        if d.determinism == DETERMINISM_BATCH_INVARIANT and not d.shared:    # (what its size bucket times)
             remember(p.ctx.device, "gemm", bucket_key(plan.key), bucket_record_of(d))
     return 1
 
 
 cdef int decide_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g,
-                     const void* bias, void* aux, void* ws, size_t ws_bytes, int autotune,
+                     const void* bias, void* aux, void* ws, size_t ws_bytes, Policy policy,
                      bint c_is_input, bint* keep, bint explicit=False) except -1:
     """Choose among the plan's candidates by the one chooser (cygemm.engine.chooser): a forced
     route, a tuned choice from the table, timing (large problems, or, explicit, any size and
     again; not during a capture or a layer's route timing), or the heuristic's first."""
     cdef PlanData* d = &plan.d
-    if (d.tune_level >= autotune and not explicit) or not d.usable:
+    if (level_serves(d.tune_level, policy) and not explicit) or not d.usable:
         return 0
     cdef int64_t batch = g.batch if g.strided_batched else 1
     cdef PlanDecision p
     cdef list seen = [_NOT_READ]
     p.plan, p.ctx, p.stream, p.g, p.bias, p.aux, p.ws, p.ws_bytes = <void*>plan, ctx, stream, g, bias, aux, ws, ws_bytes
-    p.autotune, p.decided, p.c_is_input, p.keep, p.seen = autotune, max(autotune, <int>AUTOTUNE_EXHAUSTIVE), c_is_input, keep, <void*>seen
+    cdef int autotune = policy.autotune
+    p.autotune, p.decided, p.c_is_input, p.keep, p.seen = autotune, AUTOTUNE_EXHAUSTIVE, c_is_input, keep, <void*>seen
     # The size rule; a batch-invariant family's kernels are timed at every size (few rows need
     # its small tiles), and an explicit GemmPlan.autotune at any.
     p.tabled = autotune != AUTOTUNE_OFF and d.n_candidates + d.gemmex_ok >= 2 and (
-        explicit or d.policy == POLICY_BATCH_INVARIANT or worth_timing(autotune, <double>g.m * g.n * g.k * batch))
+        explicit or d.determinism == DETERMINISM_BATCH_INVARIANT or worth_timing(autotune, <double>g.m * g.n * g.k * batch))
     cdef Decider c
     c.self = &p
     c.forced, c.remembered, c.time, c.rule, c.flight = _forced, _remembered, _time, _rule, _flight

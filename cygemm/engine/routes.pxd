@@ -1,10 +1,11 @@
-# The one route chooser: every feature with routes (the dense layer's forward and backward,
+# A feature's routes, decided by the one chooser: every feature with routes (the dense layer's forward and backward,
 # grouped GEMMs) describes its routes by a RouteTable and asks choose_route for each call.
 from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaStream_t
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.timing cimport enqueue_fn
 from cygemm.engine.chooser cimport Chosen
+from cygemm.engine.settings cimport Policy
 
 cdef enum:
     MAX_ROUTES = 8
@@ -45,17 +46,17 @@ cdef RouteTable route_table(str kind, tuple names, applies_fn applies, fixed_rul
 # The route for one call: `asked` (the call's route=, checked by the feature; -1: none); the
 # table's memo; then the one chooser (cygemm.engine.chooser): forced (when it applies, else
 # the fixed rule); the fixed rule unless the problem is tabled (route_tabled); tuned (when it
-# applies); the fixed rule unless `may_time`, autotune is on and the stream is not capturing;
+# applies); the fixed rule unless `may_time`, policy.autotune is on and the stream is not capturing;
 # else every route that applies is timed on the call's operands under single flight and the
 # fastest remembered. why (may be NULL) gets a Chosen.
-cdef int choose_route(RouteTable t, void* call, GemmContext* ctx, cudaStream_t stream, int autotune,
+cdef int choose_route(RouteTable t, void* call, GemmContext* ctx, cudaStream_t stream, Policy policy,
                       double macs, bint may_time, int asked, int* why) except -1
-# Whether choose_route reads the tuning table for a problem of `macs` under `autotune`: never
-# under a determinism policy; at every size for an every_size table; else the size rule.
-cdef bint route_tabled(RouteTable t, int autotune, double macs) noexcept nogil
+# Whether choose_route reads the tuning table for a problem of `macs` under `policy`: never
+# under a determinism mode; at every size for an every_size table; else the size rule.
+cdef bint route_tabled(RouteTable t, Policy policy, double macs) noexcept nogil
 # What choose_route would decide without timing: (route name, "forced" / "tuned" / "rule"), or
 # (None, None) when the call would time (or device < 0: no GPU to look the table up for).
-cdef tuple describe_route(RouteTable t, void* call, int device, int autotune, double macs)
+cdef tuple describe_route(RouteTable t, void* call, int device, Policy policy, double macs)
 # Time routes: auto, the plans inside each route take the heuristic's choice and the rounds
 # stay within the tuning budget; exhaustive, the plans are timed too and every round runs.
 cdef int time_routes(GemmContext* ctx, cudaStream_t s, enqueue_fn enqueue, void* arg, const int* choices,

@@ -9,7 +9,7 @@ decide without running anything.
 from cygemm.bindings.cudart cimport cudaStream_t
 from cygemm.engine.context cimport GemmContext
 from libc.string cimport memcmp, memset
-from cygemm.engine.settings cimport AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE, POLICY_RUN_TO_RUN
+from cygemm.engine.settings cimport Policy, AUTOTUNE_OFF, AUTOTUNE_EXHAUSTIVE, DETERMINISM_OFF
 from cygemm.engine.timing cimport enqueue_fn, time_choices, enter_route_timing, leave_route_timing
 from cygemm.engine.tuning cimport forced_route, tuned_route, remember_route, routes_generation
 from cygemm.engine.chooser cimport Decider, choose, worth_timing, CHOSEN_FORCED, CHOSEN_TUNED, CHOSEN_TIMED, CHOSEN_RULE, CHOSEN_UNTIMED
@@ -44,7 +44,7 @@ cdef struct RouteCall:
     GemmContext* ctx            # NULL: describing (nothing is timed)
     cudaStream_t stream
     int device
-    int autotune
+    Policy policy
     int route
     int why
 
@@ -103,7 +103,7 @@ cdef int _time(void* self) except -1:
         if t.applies(r.call, i):
             choices[n] = i
             n += 1
-    time_routes(r.ctx, r.stream, t.enqueue, r.call, choices, n, ms, r.autotune)
+    time_routes(r.ctx, r.stream, t.enqueue, r.call, choices, n, ms, r.policy.autotune)
     for i in range(n):
         if ms[i] >= 0 and (best < 0 or ms[i] < ms[best]):
             best = i
@@ -119,19 +119,19 @@ cdef int _decide(RouteTable t, RouteCall* r, double macs, bint may_time) except 
     cdef Decider d
     d.self = r
     d.forced, d.remembered, d.time, d.rule, d.flight = _forced, _remembered, _time, _rule, _flight
-    d.read_table = route_tabled(t, r.autotune, macs)
-    d.may_time = d.read_table and may_time and r.autotune != AUTOTUNE_OFF
+    d.read_table = route_tabled(t, r.policy, macs)
+    d.may_time = d.read_table and may_time and r.policy.autotune != AUTOTUNE_OFF
     d.device, d.stream, d.capturing = r.device, r.stream, -1
     choose(&d)
     return 0
 
 
-cdef bint route_tabled(RouteTable t, int autotune, double macs) noexcept nogil:
-    if autotune >= POLICY_RUN_TO_RUN:      # a determinism policy: the fixed rule, never timing
+cdef bint route_tabled(RouteTable t, Policy policy, double macs) noexcept nogil:
+    if policy.determinism != DETERMINISM_OFF:      # a determinism mode: the fixed rule, never timing
         return False
     if t.every_size:
         return True
-    return worth_timing(autotune, macs)
+    return worth_timing(policy.autotune, macs)
 
 
 # ---------------------------------------------------------------- the memo (recent decisions by C key)
@@ -163,7 +163,7 @@ cdef void _memo_add(RouteTable t, const int64_t* key, int route, unsigned long g
     t.memo_route[i] = route
 
 
-cdef int choose_route(RouteTable t, void* call, GemmContext* ctx, cudaStream_t stream, int autotune,
+cdef int choose_route(RouteTable t, void* call, GemmContext* ctx, cudaStream_t stream, Policy policy,
                       double macs, bint may_time, int asked, int* why) except -1:
     if asked >= 0:
         if why != NULL:
@@ -184,7 +184,7 @@ cdef int choose_route(RouteTable t, void* call, GemmContext* ctx, cudaStream_t s
             return route
     cdef RouteCall r
     r.table, r.call, r.ctx, r.stream = <void*>t, call, ctx, stream
-    r.device, r.autotune, r.route, r.why = ctx.device, autotune, -1, CHOSEN_UNTIMED
+    r.device, r.policy, r.route, r.why = ctx.device, policy, -1, CHOSEN_UNTIMED
     _decide(t, &r, macs, may_time)
     if why != NULL:
         why[0] = r.why
@@ -193,10 +193,10 @@ cdef int choose_route(RouteTable t, void* call, GemmContext* ctx, cudaStream_t s
     return r.route
 
 
-cdef tuple describe_route(RouteTable t, void* call, int device, int autotune, double macs):
+cdef tuple describe_route(RouteTable t, void* call, int device, Policy policy, double macs):
     cdef RouteCall r
     r.table, r.call, r.ctx, r.stream = <void*>t, call, NULL, NULL
-    r.device, r.autotune, r.route, r.why = device, autotune, -1, CHOSEN_UNTIMED
+    r.device, r.policy, r.route, r.why = device, policy, -1, CHOSEN_UNTIMED
     _decide(t, &r, macs, False)
     if r.why == CHOSEN_UNTIMED:         # the call would time it
         return None, None

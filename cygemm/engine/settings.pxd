@@ -4,11 +4,19 @@ cdef enum Autotune:
     AUTOTUNE_OFF = 0            # the heuristic's first choice (or cublasGemmEx), no timing
     AUTOTUNE_AUTO = 1           # time a few candidates within a budget (the default)
     AUTOTUNE_EXHAUSTIVE = 2     # time every candidate, then the finalists again, longer
-    # The determinism option's policies (they replace the autotune level of a call): no
-    # timing, no tuning file, no cublasGemmEx among a plan's candidates; the fixed rule picks
-    # among kernels that give the same bits (see cygemm.engine.families).
-    POLICY_RUN_TO_RUN = 3       # the same bits in every process (same GPU model and cuBLAS)
-    POLICY_BATCH_INVARIANT = 4  # and row i independent of the number of rows and the other rows
+
+# The determinism option's modes. Under one: no cublasGemmEx among a plan's candidates, and
+# only the kernels of one family (see cygemm.engine.families), which give the same bits.
+cdef enum Determinism:
+    DETERMINISM_OFF = 0
+    DETERMINISM_RUN_TO_RUN = 1          # the same bits in every process (same GPU model and cuBLAS)
+    DETERMINISM_BATCH_INVARIANT = 2     # and row i independent of the number of rows and the other rows
+
+# A call's policy: resolved once at its entry point (call_policy), passed down whole.
+ctypedef struct Policy:
+    Autotune autotune           # how new problems are timed; under a determinism mode always
+                                # AUTOTUNE_AUTO (its family's kernels, within the budget)
+    Determinism determinism
 
 cdef enum TuningMode:
     TUNING_COLD = 0             # one call after L2 is flushed
@@ -21,7 +29,7 @@ ctypedef struct Options:
     TuningMode tuning_mode
     int max_stream_workspaces
     int plan_cache_size
-    int determinism             # 0 off, else POLICY_RUN_TO_RUN or POLICY_BATCH_INVARIANT
+    Determinism determinism
 
 # The options now (loaded from the environment on the first call; raises ValueError naming
 # the variable when one is malformed).
@@ -29,9 +37,14 @@ cdef const Options* options() except NULL
 # The same without loading, for nogil code: valid once any context exists (making one loads
 # the options first).
 cdef const Options* loaded_options() noexcept nogil
-# A call's policy: the determinism option's (the call's `determinism`, else the option) when it
-# is not "off", else the autotune level (the call's `autotune`, else the option). ValueError
-# naming the argument for an unknown value.
-cdef int autotune_level(object name, object determinism=*) except -2
-# The same for the options alone, without loading them (nogil code; valid once a context exists).
-cdef int default_policy() noexcept nogil
+# A call's policy from its `autotune` and `determinism` arguments (None: the option's): a
+# determinism mode other than "off" takes autotune AUTOTUNE_AUTO, whatever `autotune` says.
+# ValueError naming the argument for an unknown value.
+cdef int call_policy(object autotune, object determinism, Policy* out) except -1
+# The options' policy, without loading them (nogil code, such as the C entry points; valid
+# once a context exists).
+cdef Policy default_policy() noexcept nogil
+# Whether a plan decided at tune level `level` serves a call of `policy` (plans keep the
+# determinism modes' plans apart, so the level alone says it).
+cdef inline bint level_serves(int level, Policy policy) noexcept nogil:
+    return level >= <int>policy.autotune

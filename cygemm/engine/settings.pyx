@@ -24,7 +24,8 @@ import threading
 
 _AUTOTUNE = {"off": AUTOTUNE_OFF, "auto": AUTOTUNE_AUTO, "exhaustive": AUTOTUNE_EXHAUSTIVE}
 _TUNING_MODES = {"cold": TUNING_COLD, "hot": TUNING_HOT, "sustained": TUNING_SUSTAINED}
-_DETERMINISM = {"off": 0, "run_to_run": POLICY_RUN_TO_RUN, "batch_invariant": POLICY_BATCH_INVARIANT}
+_DETERMINISM = {"off": DETERMINISM_OFF, "run_to_run": DETERMINISM_RUN_TO_RUN,
+                "batch_invariant": DETERMINISM_BATCH_INVARIANT}
 _OFF = ("off", "none", "0", "")
 _ENV = {"autotune": "CYGEMM_AUTOTUNE", "autotune_min_macs": "CYGEMM_AUTOTUNE_MIN_MACS",
         "tuning_mode": "CYGEMM_TUNING_MODE", "tuning_cache": "CYGEMM_TUNING_CACHE",
@@ -93,7 +94,7 @@ cdef void _publish() noexcept:
     _c.tuning_mode = <TuningMode>_TUNING_MODES[_values["tuning_mode"]]
     _c.max_stream_workspaces = _values["max_stream_workspaces"]
     _c.plan_cache_size = _values["plan_cache_size"]
-    _c.determinism = _DETERMINISM[_values["determinism"]]
+    _c.determinism = <Determinism>_DETERMINISM[_values["determinism"]]
 
 
 cdef int _load() except -1:
@@ -122,24 +123,31 @@ cdef const Options* loaded_options() noexcept nogil:
     return &_c
 
 
-cdef int autotune_level(object name, object determinism=None) except -2:
+cdef int call_policy(object autotune, object determinism, Policy* out) except -1:
     cdef const Options* o = options()
-    cdef int det = o.determinism
+    out.autotune, out.determinism = o.autotune, o.determinism
     if determinism is not None:
-        det = _DETERMINISM.get(determinism, -1) if isinstance(determinism, str) else -1
-        if det < 0:
+        det = _DETERMINISM.get(determinism) if isinstance(determinism, str) else None
+        if det is None:
             raise ValueError(f"determinism: expected None, 'off', 'run_to_run' or 'batch_invariant', "
                              f"got {determinism!r}")
-    if name is None:
-        return det if det else o.autotune
-    level = _AUTOTUNE.get(name) if isinstance(name, str) else None
-    if level is None:
-        raise ValueError(f"autotune: expected None, 'off', 'auto' or 'exhaustive', got {name!r}")
-    return det if det else level
+        out.determinism = <Determinism>det
+    if autotune is not None:
+        level = _AUTOTUNE.get(autotune) if isinstance(autotune, str) else None
+        if level is None:
+            raise ValueError(f"autotune: expected None, 'off', 'auto' or 'exhaustive', got {autotune!r}")
+        out.autotune = <Autotune>level
+    if out.determinism != DETERMINISM_OFF:
+        out.autotune = AUTOTUNE_AUTO
+    return 0
 
 
-cdef int default_policy() noexcept nogil:
-    return _c.determinism if _c.determinism else _c.autotune
+cdef Policy default_policy() noexcept nogil:
+    cdef Policy p
+    p.autotune, p.determinism = _c.autotune, _c.determinism
+    if p.determinism != DETERMINISM_OFF:
+        p.autotune = AUTOTUNE_AUTO
+    return p
 
 
 _listeners = []

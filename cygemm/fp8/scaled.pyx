@@ -12,7 +12,7 @@ from cygemm.engine.types cimport MatrixView, ColMajorGemm, GemmTypes, Scalars, r
 from cygemm.engine.dtypes cimport dtype_name
 from cygemm.engine.dtypes import FP8_FORMATS, FP8_MAX as _FP8_MAX
 from cygemm.engine.errors cimport check_cublas
-from cygemm.engine.settings cimport autotune_level
+from cygemm.engine.settings cimport Policy, call_policy, default_policy
 from cygemm.engine.context cimport GemmContext, call_workspace
 from cygemm.engine.mapping cimport map_rowmajor_gemm, rowmajor_view, is_rowmajor
 from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
@@ -33,14 +33,14 @@ FP8_MAX = _FP8_MAX
 
 
 cdef int _run_scaled(GemmContext* ctx, cudaStream_t stream, cublasComputeType_t compute, ScaledCall* s,
-                     int autotune=-1) except -1:
+                     Policy policy) except -1:
     """The one way an FP8 GEMM runs: its plan (made, and timed when large, on a miss), this
     call's scale pointers, the plan executor. Raises before launching when cuBLASLt has no
-    kernel. autotune: a level or determinism policy, -1 for the options'."""
+    kernel."""
     cdef void* ws = call_workspace(ctx, stream)
     cdef size_t ws_bytes = ctx.workspace_bytes
     cdef Plan plan = get_plan(ctx, stream, &s.g, s.types.d, compute, s.epi, s.bias, NULL, 0,
-                              ws, ws_bytes, autotune, False, &s.types)
+                              ws, ws_bytes, policy, False, &s.types)
     if check_runnable(plan, stream, "FP8 GEMM"):
         raise ValueError(_no_fp8_kernel(&s.g, &s.types, s.epi))
     cdef Scalars sc = real_scalars(1.0, 0.0)
@@ -93,7 +93,7 @@ cdef int scaled_gemm_rowmajor(GemmContext* ctx, cudaStream_t stream, cudaDataTyp
     if m == 0 or n == 0:
         return 0
     with gil:
-        _run_scaled(ctx, stream, typed_compute_type(&s.types), &s)
+        _run_scaled(ctx, stream, typed_compute_type(&s.types), &s, default_policy())
     return 0
 
 
@@ -176,7 +176,8 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
     """
     cdef CallArgs c
     cdef ScaledCall s
-    cdef int level = autotune_level(autotune, determinism)
+    cdef Policy policy
+    call_policy(autotune, determinism, &policy)
     read_scaled(&c, &s, a, b, scale_a, scale_b, out, out_dtype, bias, act, scale_out, amax_out,
                 format_a, format_b, format_out, fast_accum, scale_mode)
     c.types = &s.types
@@ -187,7 +188,7 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
         s.g.c = <void*>data_pointer(out)
     if s.g.m == 0 or s.g.n == 0:
         return out
-    _run_scaled(c.ctx, c.stream, c.compute, &s, level)
+    _run_scaled(c.ctx, c.stream, c.compute, &s, policy)
     return out
 
 

@@ -26,7 +26,7 @@ from cygemm.engine.described cimport Addresses, layout_operand, has_memory, desc
 from cygemm.engine.errors cimport check_cuda, check_cublas
 from cygemm.engine.args cimport CallArgs, args_init, prepare_call, check_overlaps, parse_math, CALL_GEMM
 from cygemm.engine.context cimport GemmContext, bind_stream, stream_table, run_forked, STREAM_TABLE_BYTES
-from cygemm.engine.settings cimport autotune_level, AUTOTUNE_OFF, POLICY_RUN_TO_RUN
+from cygemm.engine.settings cimport Policy, call_policy, AUTOTUNE_OFF, DETERMINISM_OFF
 from cygemm.engine.execute cimport run_gemm
 from cygemm.engine.routes cimport RouteTable, route_table, choose_route, describe_route, route_tabled
 from cygemm.engine.groups cimport (Groups, read_lists, read_moe, check_group_devices, R_BATCHED, R_GROUPED, R_LOOP,
@@ -88,7 +88,7 @@ ctypedef struct GroupedCall:
     float alpha
     float beta
     Scalars sc                      # the same, as the plan layer takes them
-    int autotune
+    Policy policy
     const ColMajorGemm* gs          # the active groups
     int64_t n
     const ColMajorGemm* batched     # where that route applies
@@ -149,7 +149,7 @@ cdef int _run_streams(void* call, cudaStream_t main, cudaStream_t side) except -
     with nogil:
         for i in range(f.n):
             run_gemm(f.ctx, side if i & 1 else main, &f.gs[i], f.dtype, f.compute, &f.sc,
-                     f.autotune)
+                     f.policy)
     return 0
 
 
@@ -163,12 +163,12 @@ cdef int _run_route(GroupedCall* f, int route) except -1:
         return 0
     if route == R_BATCHED:
         with nogil:
-            run_gemm(f.ctx, f.s, f.batched, f.dtype, f.compute, &f.sc, f.autotune)
+            run_gemm(f.ctx, f.s, f.batched, f.dtype, f.compute, &f.sc, f.policy)
         return 0
     if route == R_LOOP:
         with nogil:
             for i in range(f.n):
-                run_gemm(f.ctx, f.s, &f.gs[i], f.dtype, f.compute, &f.sc, f.autotune)
+                run_gemm(f.ctx, f.s, &f.gs[i], f.dtype, f.compute, &f.sc, f.policy)
         return 0
     return run_forked(f.ctx, f.s, _run_streams, f)      # R_STREAMS
 
@@ -184,7 +184,7 @@ cdef int _fixed_rule(void* call) except -1:
     GEMM where the groups allow; else one grouped call for many groups; else the loop."""
     cdef const GroupedCall* f = <const GroupedCall*>call
     cdef Groups grp = <Groups>f.grp
-    if f.autotune >= POLICY_RUN_TO_RUN:    # each group by its own plan: its rows, whatever the others'
+    if f.policy.determinism != DETERMINISM_OFF:    # each group by its own plan: its rows, whatever the others'
         return R_LOOP
     if grp.why_not(R_BATCHED, f.compute) is None:
         return R_BATCHED
@@ -239,7 +239,7 @@ cdef int _run(Groups grp, CallArgs* c, object alpha, object beta, object math, o
     cdef Math m = parse_math(math)
     f.dtype = grp.dtype
     f.compute = compute_type(grp.dtype, m)
-    f.autotune = autotune_level(autotune, determinism)
+    call_policy(autotune, determinism, &f.policy)
     cdef int asked = _asked_route(grp, route, f.compute)
     if grp.n == 0:
         _tls.route = None
@@ -254,13 +254,13 @@ cdef int _run(Groups grp, CallArgs* c, object alpha, object beta, object math, o
         # K == 0: out = beta out, which cublasGemmEx does (the plan layer sends k == 0 there).
         with nogil:
             for i in range(grp.n_zero_k):
-                run_gemm(f.ctx, f.s, &grp.zero_k[i], f.dtype, f.compute, &f.sc, f.autotune)
+                run_gemm(f.ctx, f.s, &grp.zero_k[i], f.dtype, f.compute, &f.sc, f.policy)
     if grp.n_act == 0:
         _tls.route = "loop" if grp.n_zero_k else None
         return 0
     f.dims, f.ops, f.scalars, f.ones = NULL, NULL, NULL, NULL
     # Timing runs write the outputs: only a beta 0 call may time.
-    cdef int r = choose_route(_GROUPED, &f, f.ctx, f.s, f.autotune, _macs(grp), f.beta == 0, asked, NULL)
+    cdef int r = choose_route(_GROUPED, &f, f.ctx, f.s, f.policy, _macs(grp), f.beta == 0, asked, NULL)
     _run_route(&f, r)
     _tls.route = _NAMES[r]
     return 0
@@ -451,18 +451,18 @@ def describe_grouped(As, Bs, outs, *, trans_a=False, trans_b=False, str math="tf
     cdef Groups grp = read_lists(As, Bs, outs, _flag(trans_a, "trans_a"), _flag(trans_b, "trans_b"))
     cdef GroupedCall f
     f.grp, f.compute = <void*>grp, compute_type(grp.dtype, parse_math(math))
-    f.autotune = autotune_level(autotune, determinism)     # (the fixed rule reads the determinism policy)
+    call_policy(autotune, determinism, &f.policy)     # (the fixed rule reads the determinism mode)
     why = {n: grp.why_not(i, f.compute) for i, n in enumerate(_NAMES)}
     info = dict(groups=grp.n, active=grp.n_act, zero_k=grp.n_zero_k, macs=grp.macs,
                 routes=[n for n in _NAMES if why[n] is None],
                 not_applicable={n: w for n, w in why.items() if w is not None}, chosen=None, decided_by=None)
     cdef int device = -1
     if grp.n_act:
-        if route_tabled(_GROUPED, f.autotune, _macs(grp)):
+        if route_tabled(_GROUPED, f.policy, _macs(grp)):
             from cygemm.engine import context as _context
             if _context.gpu_unavailable_reason() is None:       # the table is per GPU model
                 device = _context.current_device()
-        chosen, decided_by = describe_route(_GROUPED, &f, device, f.autotune, _macs(grp))
+        chosen, decided_by = describe_route(_GROUPED, &f, device, f.policy, _macs(grp))
         info.update(chosen=chosen, decided_by=decided_by)
     info["why_chosen"] = _WHY_CHOSEN[info["decided_by"]] if grp.n_act else "no group has anything to compute"
     info["per_group"] = [_describe_group(grp, i, As[i], Bs[i], outs[i], info["chosen"]) for i in range(grp.n)]

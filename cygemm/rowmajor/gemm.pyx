@@ -18,7 +18,7 @@ from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_view, prepa
                                  ARG_WRITE)
 from cygemm.engine.args cimport check_overlaps
 from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
-from cygemm.engine.settings cimport autotune_level
+from cygemm.engine.settings cimport Policy, call_policy, default_policy
 from cygemm.engine.execute cimport run_gemm
 from cygemm.engine.operands cimport parse_trans, read_gemm
 from cygemm.engine.operands import ConjugateLayoutError
@@ -49,7 +49,7 @@ cdef int gemm_rowmajor_strided_batched(GemmContext* ctx, cudaStream_t stream,
     map_rowmajor_gemm(&a, &b, &c, trans_a, trans_b, &g)   # row-major views always map
     g.strided_batched = True
     cdef Scalars sc = _c_scalars(alpha, beta)
-    return run_gemm(ctx, stream, &g, dtype, compute, &sc, -1)
+    return run_gemm(ctx, stream, &g, dtype, compute, &sc, default_policy())
 
 
 cdef int gemm_rowmajor(GemmContext* ctx, cudaStream_t stream,
@@ -66,7 +66,7 @@ cdef int gemm_rowmajor(GemmContext* ctx, cudaStream_t stream,
     map_rowmajor_gemm(&a, &b, &c, trans_a, trans_b, &g)
     g.strided_batched = False
     cdef Scalars sc = _c_scalars(alpha, beta)
-    return run_gemm(ctx, stream, &g, dtype, compute, &sc, -1)
+    return run_gemm(ctx, stream, &g, dtype, compute, &sc, default_policy())
 
 
 # ------------------------------------------------------------ Python surface
@@ -120,7 +120,8 @@ cdef object _run(object A, object B, object out, object trans_a, object trans_b,
     cdef ColMajorGemm g
     cdef Scalars sc
     A, B = _read(&c, &g, &sc, A, B, out, trans_a, trans_b, batched, alpha, beta, stream, True)
-    cdef int level = autotune_level(autotune, determinism)
+    cdef Policy policy
+    call_policy(autotune, determinism, &policy)
     cdef MatrixView* cv = &c.views[2]
     if int8_only and c.views[0].dtype != CUDA_R_8I:
         raise TypeError(f"A: int_mm multiplies int8 matrices, got {dtype_name(c.views[0].dtype)} "
@@ -138,10 +139,10 @@ cdef object _run(object A, object B, object out, object trans_a, object trans_b,
     if g.m == 0 or g.n == 0 or g.batch == 0:
         return out
     if c.views[0].dtype == CUDA_R_8I:
-        run_int8(c.ctx, c.stream, &g, cv, cv.dtype, &sc, level)
+        run_int8(c.ctx, c.stream, &g, cv, cv.dtype, &sc, policy)
         return out
     with nogil:
-        run_gemm(c.ctx, c.stream, &g, cv.dtype, c.compute, &sc, level)
+        run_gemm(c.ctx, c.stream, &g, cv.dtype, c.compute, &sc, policy)
     return out
 
 

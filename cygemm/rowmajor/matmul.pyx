@@ -19,7 +19,7 @@ from cygemm.engine.context cimport GemmContext
 from cygemm.engine.arrays cimport read_array, desc_shape
 from cygemm.engine.dtypes cimport dtype_name
 from cygemm.engine.args cimport CallArgs, args_init, add_view, prepare_call, CALL_GEMM, ARG_READ, ARG_WRITE
-from cygemm.engine.settings cimport autotune_level
+from cygemm.engine.settings cimport Policy, call_policy, default_policy
 from cygemm.engine.execute cimport run_gemm
 from cygemm.engine.mapping cimport MapResult, MAP_OK, map_rowmajor_gemm, check_batch_disjoint, is_rowmajor, layout_error
 from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
@@ -224,7 +224,8 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None, deter
     cdef BatchLayout L0, L
     cdef cudaDataType t
     _read_operands(a, b, out, &da, &db, &dc, &L0, &t)
-    cdef int level = autotune_level(autotune, determinism)
+    cdef Policy policy
+    call_policy(autotune, determinism, &policy)
     cdef CallArgs c
     _check_call(&c, &da, &db, &dc, out is not None, math, t, stream, torch_lib)
     cdef cudaStream_t s = c.stream
@@ -249,7 +250,7 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None, deter
             read_array(target, &dc, "out", True)
         read_layout(&da, &db, &L)
         merge_out(&L, &dc, &da, &db, &L)
-    _run_plan(c.ctx, s, &L, &da, &db, &dc, t, c.compute, level)
+    _run_plan(c.ctx, s, &L, &da, &db, &dc, t, c.compute, policy)
     if p.via_temp:          # computed into a temporary: now into out (cast as NumPy does)
         _copy_into(out, target, s)
         return out
@@ -258,7 +259,7 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None, deter
 
 cdef int _run_plan(GemmContext* ctx, cudaStream_t s, const BatchLayout* L, const ArrayDesc* da,
                    const ArrayDesc* db, const ArrayDesc* dc, cudaDataType t, cublasComputeType_t compute,
-                   int level) except -1:
+                   Policy policy) except -1:
     """The GEMMs of a decided call: every operand now reads and writes in place."""
     cdef ColMajorGemm g
     cdef MatrixView va, vb, vc
@@ -267,12 +268,12 @@ cdef int _run_plan(GemmContext* ctx, cudaStream_t s, const BatchLayout* L, const
         raise RuntimeError("cygemm.matmul: the arrays it made do not have the layout it decided (internal error)")
     if g.batch > 1:
         check_batch_disjoint(&g, "out")       # a temporary's: always passes; out's was checked first
-    return _run_all(ctx, s, L, da, db, dc, t, compute, level)
+    return _run_all(ctx, s, L, da, db, dc, t, compute, policy)
 
 
 cdef int _run_all(GemmContext* ctx, cudaStream_t s, const BatchLayout* L, const ArrayDesc* a,
                   const ArrayDesc* b, const ArrayDesc* c, cudaDataType t,
-                  cublasComputeType_t compute, int autotune, list calls=None, tuple memory=None) except -1:
+                  cublasComputeType_t compute, Policy policy, list calls=None, tuple memory=None) except -1:
     """One strided-batched GEMM per index of the outer batch axes (none: one call).
     calls: a list to describe the calls into instead of launching them (memory: whether a, b
     and out have memory, for describe_call)."""
@@ -297,7 +298,7 @@ cdef int _run_all(GemmContext* ctx, cudaStream_t s, const BatchLayout* L, const 
             calls.append(describe_call(&va, &vb, &vc, &g, False, False, ("a", "b", "out"), memory))
         else:
             with nogil:
-                run_gemm(ctx, s, &g, t, compute, &sc, autotune)
+                run_gemm(ctx, s, &g, t, compute, &sc, policy)
         i = outer - 1                   # next index, last axis fastest
         while i >= 0:
             idx[i] += 1
@@ -384,7 +385,7 @@ def describe_matmul(a, b, out=None):
                            "describe_matmul describes only calls that read and write in place")
     calls = []
     if L.M and L.N and not empty_batch(&L):
-        _run_all(NULL, NULL, &L, &da, &db, &dc, da.dtype, CUBLAS_COMPUTE_32F, 0, calls, memory)
+        _run_all(NULL, NULL, &L, &da, &db, &dc, da.dtype, CUBLAS_COMPUTE_32F, default_policy(), calls, memory)
     for d in calls:
         d["path"] = "cublas"
     return calls

@@ -37,7 +37,7 @@ cdef class GemmPlan(Plan):
     cdef const Activation* act
     cdef str math
     cdef int device             # -1 until first resolved
-    cdef int policy             # its determinism policy (-1: the option's when planned), see plans
+    cdef int determinism        # its Determinism mode (-1: the option's when planned), see plans
     cdef bint planned
     cdef tuple operands         # every buffer, in the order _read takes them (A, B, out first)
     cdef readonly bint closed

@@ -37,7 +37,8 @@ from cygemm.engine.launch cimport PLAN_LT
 from cygemm.engine.args cimport (CallArgs, add_view, add_vector, add_matrix, check_overlaps, prepare_call,
                                  CALL_GEMM, CALL_TYPED_GEMM, parse_math, ARG_READ, ARG_WRITE)
 from cygemm.engine.mapping cimport is_rowmajor, rowmajor_ld
-from cygemm.engine.settings cimport autotune_level, AUTOTUNE_OFF, POLICY_RUN_TO_RUN, POLICY_BATCH_INVARIANT
+from cygemm.engine.settings cimport (Policy, Determinism, call_policy, default_policy, AUTOTUNE_OFF,
+                                     DETERMINISM_BATCH_INVARIANT)
 from cygemm.engine.plans cimport Plan, init_plan, decide_plan, raise_no_family
 from cygemm.engine.execute cimport run_plan, REFUSAL_GEMMEX, REFUSAL_RAISE
 from cygemm.engine.operands cimport read_gemm, parse_trans
@@ -189,14 +190,15 @@ cdef class GemmPlan(Plan):
     """
 
     def __cinit__(self, *args, **kwargs):
-        self.policy = -1
+        self.determinism = -1
 
     def __init__(self, A, B, out, *, bias=None, act="none", z_out=None, trans_a=False,
                  trans_b=False, alpha=1.0, beta=0.0, str math="tf32", bint batched=False,
                  determinism=None):
+        cdef Policy policy
         if determinism is not None:
-            self.policy = autotune_level(None, determinism)
-            self.policy = self.policy if self.policy >= POLICY_RUN_TO_RUN else 0
+            call_policy(None, determinism, &policy)
+            self.determinism = policy.determinism
         self.act = activation_row(act)
         self.alpha, self.beta = alpha, beta
         parse_trans(trans_a, "trans_a", &self.trans_a, &self.conj_a)
@@ -257,12 +259,15 @@ cdef class GemmPlan(Plan):
         cdef void* ws = call_workspace(ctx, s)
         cdef PlannedCall* c = &self.call
         cdef bint keep = True
+        cdef Policy policy                  # (not timed when planned: autotune() times)
+        policy.autotune = AUTOTUNE_OFF
+        policy.determinism = <Determinism>(self.determinism if self.determinism >= 0 else default_policy().determinism)
         init_plan(self, ctx, s, &c.g, c.dtype, self.args.compute, c.epi, c.bias, c.aux, c.aux_ld, ws,
-                  ctx.workspace_bytes, &c.types if c.typed else NULL, self.policy)
+                  ctx.workspace_bytes, &c.types if c.typed else NULL, policy.determinism)
         self.planned = True
-        decide_plan(self, ctx, s, &c.g, c.bias, c.aux, ws, ctx.workspace_bytes, AUTOTUNE_OFF, not beta_is_zero(&self.scalars),
+        decide_plan(self, ctx, s, &c.g, c.bias, c.aux, ws, ctx.workspace_bytes, policy, not beta_is_zero(&self.scalars),
                     &keep)
-        if self.d.policy == POLICY_BATCH_INVARIANT and not self.d.usable:
+        if self.d.determinism == DETERMINISM_BATCH_INVARIANT and not self.d.usable:
             raise_no_family(self)
         if self.plan_kind != KIND_GEMM and (self.d.n_candidates == 0 or not self.d.usable):
             why = self._no_algorithm()
@@ -296,8 +301,9 @@ cdef class GemmPlan(Plan):
         CaptureError
             The stream is being captured.
         """
-        cdef int level = autotune_level(mode, "off")      # (the level alone: a plan times its own kernels)
-        if level == AUTOTUNE_OFF:
+        cdef Policy policy
+        call_policy("off" if mode is None else mode, "off", &policy)      # (the level alone: a plan times its own family's kernels)
+        if policy.autotune == AUTOTUNE_OFF:
             raise ValueError(f"mode: expected 'auto' or 'exhaustive', got {mode!r}")
         self.plan(stream)
         refuse_in_capture(self.args.stream, "GemmPlan.autotune: timing runs the GEMM many times")
@@ -307,7 +313,8 @@ cdef class GemmPlan(Plan):
         cdef void* ws = call_workspace(ctx, self.args.stream)
         cdef PlannedCall* c = &self.call
         cdef bint keep = True
-        decide_plan(self, ctx, self.args.stream, &c.g, c.bias, c.aux, ws, ctx.workspace_bytes, level,
+        policy.determinism = <Determinism>self.d.determinism
+        decide_plan(self, ctx, self.args.stream, &c.g, c.bias, c.aux, ws, ctx.workspace_bytes, policy,
                     not beta_is_zero(&self.scalars), &keep, True)
         return self
 
