@@ -244,6 +244,8 @@ cdef int check_out(const BatchLayout* L0, const ArrayDesc* c, const ArrayDesc* a
     cdef int i
     cdef BatchLayout L
     merge_out(L0, c, a, b, &L)
+    if L.M == 0 or L.N == 0 or empty_batch(&L):
+        return 0                        # nothing is written (an empty out's strides may be 0)
     cdef MatrixView va, vb, vc
     cdef ColMajorGemm g
     cdef int64_t batch = L.size[L.nb - 1] if L.nb > 0 else 1

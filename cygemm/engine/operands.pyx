@@ -24,6 +24,8 @@ cdef int read_scalars(object alpha, object beta, cudaDataType dtype, Scalars* sc
     cdef str name
     cdef object value
     for name, value in (("alpha", alpha), ("beta", beta)):
+        if isinstance(value, (str, bytes)):     # (complex() parses "2": not a number here)
+            raise TypeError(f"{name}: expected a number, got {type(value).__name__}")
         try:
             z = complex(value)
         except (TypeError, ValueError):

@@ -348,7 +348,10 @@ def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, bint batched=
     check_overlaps(&c)                  # as gemm's prepare_call (out=None: no memory, skipped)
     if not g.strided_batched:           # cublasGemmEx takes no batch strides
         g.stride_a = g.stride_b = g.stride_c = 0
-    d = describe_call(&c.views[0], &c.views[1], &c.views[2], &g, trans_a, trans_b, ("A", "B", "out"),
+    cdef bint ta, tb, ca, cb
+    parse_trans(trans_a, "trans_a", &ta, &ca)     # ("N" is no transpose: not the string's truth)
+    parse_trans(trans_b, "trans_b", &tb, &cb)
+    d = describe_call(&c.views[0], &c.views[1], &c.views[2], &g, ta, tb, ("A", "B", "out"),
                       (has_memory(A), has_memory(B), out is not None and has_memory(out)))
     if c.views[0].dtype == CUDA_R_8I:
         d["kernels"] = ("cuBLASLt's int8 kernels, int32 accumulation (the fastest, timed once when large; "

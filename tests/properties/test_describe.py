@@ -316,3 +316,13 @@ def test_every_describe_says_the_determinism_in_force_and_what_it_lets_run():
     finally:
         cygemm.set_options(**old)
     assert cygemm.describe_gemm(((8, 8), "float32"), ((8, 8), "float32"))["determinism"] == "off"
+
+
+@pytest.mark.parametrize("flags", [dict(trans_a="N"), dict(trans_b="n"), dict(trans_a="N", trans_b="N")])
+def test_describe_gemm_reads_the_letter_n_as_no_transpose(flags):
+    """"N" is no transpose, as gemm reads it (the string's truth is not the flag): M, N, K and the
+    row-major sentence are those of trans_a=False, trans_b=False."""
+    plain = cygemm.describe_gemm(((4, 3), "float32"), ((3, 2), "float32"))
+    lettered = cygemm.describe_gemm(((4, 3), "float32"), ((3, 2), "float32"), **flags)
+    assert (lettered["M"], lettered["N"], lettered["K"]) == (4, 2, 3)
+    assert lettered["why"] == plain["why"] and "op(" not in lettered["why"]
