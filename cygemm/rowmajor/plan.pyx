@@ -302,9 +302,9 @@ cdef class GemmPlan(Plan):
             The stream is being captured.
         """
         cdef Policy policy
-        call_policy("off" if mode is None else mode, "off", &policy)      # (the level alone: a plan times its own family's kernels)
-        if policy.autotune == AUTOTUNE_OFF:
+        if mode not in ("auto", "exhaustive"):
             raise ValueError(f"mode: expected 'auto' or 'exhaustive', got {mode!r}")
+        call_policy(mode, "off", &policy)       # (the level alone: a plan times its own family's kernels)
         self.plan(stream)
         refuse_in_capture(self.args.stream, "GemmPlan.autotune: timing runs the GEMM many times")
         if not self.planned:
