@@ -372,8 +372,10 @@ def test_each_thread_has_its_own_handles_and_workspaces_and_frees_only_its_own()
     assert not th.is_alive(), "the worker hung"
     assert errors == []
     first, later = worker_seen["first"], worker_seen["after main's release"]
-    assert (first["blas"], first["lt"]) != (main_info["blas"], main_info["lt"])
-    assert first["blas"] != main_info["blas"] and first["lt"] != main_info["lt"]
+    # Each thread its own cuBLAS handle (cuBLAS handles are not thread-safe). cuBLASLt's
+    # cublasLtCreate may give two threads the same value (seen with cuBLASLt 13.1 on the H200):
+    # its handles are thread-safe, so that one is not compared.
+    assert first["blas"] != main_info["blas"]
     assert first["device"] == main_info["device"]
     assert (later["blas"], later["lt"]) == (first["blas"], first["lt"])
     assert first["workspaces"] == later["workspaces"] == 1, "another thread's release freed this one's workspace"
