@@ -38,19 +38,19 @@ def matmul_section(R, s, floor):
 
     def arr(*shape):
         return cp.asarray(rng.standard_normal(shape, dtype=np.float32))
-    cases = [(f"matmul square {k}^3", arr(k, k), arr(k, k), 2.0 * k ** 3) for k in sq]
+    cases = [(f"matmul square {k}^3 tf32", arr(k, k), arr(k, k), 2.0 * k ** 3) for k in sq]
     cases += [
-        (f"matmul {n}^3 a transposed view", arr(n, n).T, arr(n, n), 2.0 * n ** 3),
-        (f"matmul {n}^3 a column slice", arr(n, 2 * n)[:, :n], arr(n, n), 2.0 * n ** 3),
-        (f"matmul {n}^3 b transposed view, a row slice", arr(2 * n, n)[::2], arr(n, n).T, 2.0 * n ** 3),
-        ("matmul batched 16384x64^3", arr(16384, 64, 64), arr(16384, 64, 64), 2.0 * 64 ** 3 * 16384),
-        ("matmul batched 16384x64^3 (b broadcast)", arr(16384, 64, 64), arr(64, 64), 2.0 * 64 ** 3 * 16384),
-        ("matmul batched 64x8x128x128 (b broadcast over 8)", arr(64, 8, 128, 128), arr(64, 1, 128, 128),
+        (f"matmul {n}^3 a transposed view tf32", arr(n, n).T, arr(n, n), 2.0 * n ** 3),
+        (f"matmul {n}^3 a column slice tf32", arr(n, 2 * n)[:, :n], arr(n, n), 2.0 * n ** 3),
+        (f"matmul {n}^3 b transposed view, a row slice tf32", arr(2 * n, n)[::2], arr(n, n).T, 2.0 * n ** 3),
+        ("matmul batched 16384x64^3 tf32", arr(16384, 64, 64), arr(16384, 64, 64), 2.0 * 64 ** 3 * 16384),
+        ("matmul batched 16384x64^3 (b broadcast) tf32", arr(16384, 64, 64), arr(64, 64), 2.0 * 64 ** 3 * 16384),
+        ("matmul batched 64x8x128x128 (b broadcast over 8) tf32", arr(64, 8, 128, 128), arr(64, 1, 128, 128),
          2.0 * 128 ** 3 * 512),
-        (f"matmul 1-D . 2-D ({n},)@({n},{n})", arr(n), arr(n, n), 2.0 * n * n),
-        (f"matmul 2-D . 1-D ({n},{n})@({n},)", arr(n, n), arr(n), 2.0 * n * n),
-        (f"matmul 2-D . strided 1-D ({n},{n})@x[::2]", arr(n, n), arr(2 * n)[::2], 2.0 * n * n),
-        (f"matmul 2-D . transposed view: ({n},{n})@x.T", arr(n, n), arr(n, n).T, 2.0 * n ** 3),
+        (f"matmul 1-D . 2-D ({n},)@({n},{n}) tf32", arr(n), arr(n, n), 2.0 * n * n),
+        (f"matmul 2-D . 1-D ({n},{n})@({n},) tf32", arr(n, n), arr(n), 2.0 * n * n),
+        (f"matmul 2-D . strided 1-D ({n},{n})@x[::2] tf32", arr(n, n), arr(2 * n)[::2], 2.0 * n * n),
+        (f"matmul 2-D . transposed view: ({n},{n})@x.T tf32", arr(n, n), arr(n, n).T, 2.0 * n ** 3),
     ]
     for case, a, b, flop in cases:
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) if max(a.ndim, b.ndim) > 2 else ()

@@ -5,8 +5,13 @@ solves through cuSOLVER, and no host synchronisation inside an iteration.
     be = cygemm.backend.CUDABackend()            # or NumPyBackend()
     coef, intercept = be.ridge(be.asarray(X), be.asarray(y), alpha=1.0)
 """
+from typing import TYPE_CHECKING
+
 from cygemm.backend.protocol import Backend
 from cygemm.backend.numpy_backend import NumPyBackend
+
+if TYPE_CHECKING:           # (loaded on first use at run time: see __getattr__)
+    from cygemm.backend.cuda_backend import CUDABackend
 
 __all__ = ["Backend", "NumPyBackend", "CUDABackend"]
 

@@ -1,5 +1,7 @@
 """The GPU backend: CuPy arrays, products through cygemm, fused row kernels, cuSOLVER, all on
 one stream that cygemm's calls and the kernels share."""
+from typing import Literal
+
 import cupy as cp
 import cupyx
 import cupyx.scipy.linalg
@@ -9,6 +11,7 @@ import cygemm
 from cygemm.backend import _kernels
 from cygemm.backend._base import ArrayBackend, check_matrix
 from cygemm.backend._convert import host_numbers, is_torch
+from cygemm.engine.typing import StreamLike
 from cygemm.nn._gpu import require_gpu
 
 
@@ -40,11 +43,12 @@ class CUDABackend(ArrayBackend):
     name = "cuda"
     xp = cp
 
-    def __init__(self, stream=None, dtype="float32", math="tf32"):
-        require_gpu()           # before CuPy makes a stream: cygemm's plain-words reason, not CuPy's
+    def __init__(self, stream: StreamLike = None, dtype: object = "float32",
+                 math: Literal["tf32", "fp32"] = "tf32") -> None:
         super().__init__(dtype)
         if math not in ("tf32", "fp32"):
             raise ValueError(f"math: expected 'tf32' or 'fp32', got {math!r}")
+        require_gpu()           # before CuPy makes a stream (cygemm's plain-words reason, not CuPy's), after the arguments
         self.math = math
         self.stream = stream if stream is not None else cp.cuda.Stream(non_blocking=False)
 

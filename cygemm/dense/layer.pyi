@@ -1,6 +1,6 @@
 from typing import Dict, List, Optional, Tuple, TypeVar
 
-from cygemm.engine.typing import Activation, Autotune, DeviceArray, Math, StreamLike
+from cygemm.engine.typing import Activation, Autotune, Determinism, DeviceArray, Math, StreamLike
 
 _Out = TypeVar("_Out", bound=DeviceArray)
 
@@ -16,11 +16,12 @@ def plan_cache_size() -> int: ...
 def forward_into(A: DeviceArray, B: DeviceArray, out: _Out, bias: Optional[DeviceArray] = None, *,
                  with_bias: bool = True, act: Activation = "none", leaky_slope: float = 0.01, save_z: bool = False,
                  z_out: Optional[DeviceArray] = None, lt_workspace: Optional[DeviceArray] = None,
-                 math: Math = "tf32", stream: StreamLike = None, autotune: Autotune = None) -> _Out: ...
+                 math: Math = "tf32", stream: StreamLike = None, autotune: Autotune = None,
+                 determinism: Determinism = None) -> _Out: ...
 def backward_into(A: DeviceArray, B: DeviceArray, gY: DeviceArray, Z: Optional[DeviceArray], *,
                   with_bias: bool = True, act: Activation = "none", leaky_slope: float = 0.01,
                   gA_out: Optional[DeviceArray] = None, gB_out: Optional[DeviceArray] = None,
                   gBias_out: Optional[DeviceArray] = None, work_dZ: Optional[DeviceArray] = None,
                   lt_workspace: Optional[DeviceArray] = None, math: Math = "tf32", stream: StreamLike = None,
-                  accumulate: bool = False, y: Optional[DeviceArray] = None, autotune: Autotune = None
-                  ) -> Tuple[Optional[DeviceArray], Optional[DeviceArray], Optional[DeviceArray]]: ...
+                  accumulate: bool = False, y: Optional[DeviceArray] = None, autotune: Autotune = None,
+                  determinism: Determinism = None) -> Tuple[Optional[DeviceArray], Optional[DeviceArray], Optional[DeviceArray]]: ...

@@ -126,7 +126,7 @@ cdef tuple desc_shape(const ArrayDesc* d):
 
 cdef int read_array(object x, ArrayDesc* d, str name, int wide) except -1:
     """Read pointer, shape, strides, dtype and device of a device array, once, without touching
-    the GPU. wide: a DTYPES_* level (which dtypes it takes)."""
+    the GPU. wide: DTYPES_FLOAT, DTYPES_WIDE or DTYPES_GEMM (which dtypes it takes; no other)."""
     cdef object dt
     if _cupy_ndarray is not None and type(x) is _cupy_ndarray:    # fast path: no dict built
         dt_obj = x.dtype

@@ -25,9 +25,13 @@ cdef class Addresses:
     cdef uintptr_t take(self, object nbytes)
 
 
-# x as the readers take it for describing: a NumPy array or a (shape, dtype) pair as an
-# ArrayLayout, anything else unchanged (TypeError naming `name` for a sequence that is no pair).
+# x as the readers take it for describing: a host (NumPy) array or a (shape, dtype) pair as an
+# ArrayLayout, a device array unchanged; TypeError
+# naming `name` and the forms accepted for anything else (a list of numbers included).
 cdef object layout_operand(object x, str name, Addresses addresses)
+# Whether x is read as a (shape, dtype) pair: two items, the second no number, sequence or array
+# (a dtype, checked when read, as its shape is).
+cdef bint is_pair(object x)
 # Whether x (as layout_operand returned it) has memory whose address a description may show.
 cdef bint has_memory(object x)
 # One mapped call: M, N, K, batch, swapped, cublas_a, cublas_b, why (row-major terms, with the

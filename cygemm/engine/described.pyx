@@ -107,15 +107,29 @@ cdef ArrayLayout _layout(str name, tuple shape, object strides, object dt, uintp
     return x
 
 
+cdef bint is_pair(object x):
+    # (a dtype is a name or a dtype object: never a number, a sequence or an array)
+    # (the shape is checked by the pair's reader, naming what is wrong with it)
+    return (isinstance(x, (tuple, list)) and len(x) == 2
+            and not isinstance(x[1], (tuple, list, np.ndarray, int, float, complex, np.number))
+            and not hasattr(x[1], "__cuda_array_interface__") and not hasattr(x[1], "__dlpack__"))
+
+
+_EXPECTED = "a device array, a host (NumPy) array or a (shape, dtype) pair"
+
+
 cdef object layout_operand(object x, str name, Addresses addresses):
+    if isinstance(x, (list, tuple)) and not is_pair(x):
+        raise TypeError(f"{name}: expected {_EXPECTED}, got a {type(x).__name__} that is no (shape, dtype) pair "
+                        f"(for host data, pass numpy.asarray of it)")
     if isinstance(x, np.ndarray):
         if x.ndim > MAX_NDIM:
             raise ValueError(f"{name}: expected at most {MAX_NDIM} dimensions, got {x.ndim}")
         return _layout(name, tuple(x.shape), x.strides, x.dtype, x.__array_interface__["data"][0], True)
     if not isinstance(x, (tuple, list)):
-        return x            # a device array (or not an array: its reader says so, naming it)
-    if len(x) != 2:
-        raise TypeError(f"{name}: expected a device array, a NumPy array or a (shape, dtype) pair, got {x!r}")
+        if not (hasattr(x, "__cuda_array_interface__") or hasattr(x, "__dlpack__")):
+            raise TypeError(f"{name}: expected {_EXPECTED}, got {type(x).__module__}.{type(x).__qualname__}")
+        return x            # a device array (its reader checks it, naming it)
     shape = _shape_of(x[0], name)
     cdef ArrayLayout probe = _layout(name, shape, None, x[1], 0, False)
     cdef int64_t n = probe.d.itemsize

@@ -38,6 +38,9 @@ cdef cublasLtEpilogue_t lt_epilogue(const Activation* act, bint has_bias, bint w
 cdef bint has_lt_epilogue(const Activation* act, bint writes_z) noexcept nogil
 # The message of an activation (code) no cuBLASLt epilogue applies, for `who`.
 cdef str no_lt_epilogue(int code, str who)
+# The row of `act` for a call that is one cuBLASLt call (GemmPlan, FP8): an unknown name gets
+# the message listing what cuBLASLt's epilogues apply (not every activation), for `who`.
+cdef const Activation* epilogue_activation(object act, str who) except NULL
 
 
 # The bias of an FP8 GEMM's epilogue: float16 for a float16 output, bfloat16 for every other

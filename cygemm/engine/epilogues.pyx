@@ -73,6 +73,14 @@ cdef str no_lt_epilogue(int code, str who):
     return f"act: {who} apply {_EPILOGUE_ACTS} ({_EPILOGUE_CODES}), got {got}"
 
 
+cdef const Activation* epilogue_activation(object act, str who) except NULL:
+    try:
+        return activation_row(act)
+    except ValueError:
+        pass
+    raise ValueError(f"act: {who} apply {_EPILOGUE_ACTS} ({_EPILOGUE_CODES}), got {act!r}")
+
+
 cdef bint has_lt_epilogue(const Activation* act, bint writes_z) noexcept nogil:
     return (act.aux_epilogue if writes_z else act.epilogue) != NO_EPILOGUE
 

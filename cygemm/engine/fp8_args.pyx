@@ -31,14 +31,14 @@ from libc.stdint cimport int64_t, uintptr_t
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
-from cygemm.engine.epilogues cimport Activation, activation_row, lt_epilogue, fp8_bias_type
+from cygemm.engine.epilogues cimport Activation, epilogue_activation, lt_epilogue, fp8_bias_type
 from cygemm.engine.types cimport MatrixView, ArrayDesc, is_fp8_type, type_size
 from cygemm.engine.arrays cimport read_fp8, read_array, view_from_desc, desc_shape
 from cygemm.engine.dtypes cimport dtype_name
 from cygemm.engine.args cimport CallArgs, ArgRole, args_init, add_view, add_scalar, ARG_READ, ARG_WRITE
 from cygemm.engine.mapping cimport map_or_raise, is_rowmajor
 from cygemm.engine.dtypes import FP8_FORMATS, FORMATS_EXPECTED
-from cygemm.engine.dtypes cimport by_name, DTYPES_FLOAT, DTYPES_FP8, DTYPES_BYTES
+from cygemm.engine.dtypes cimport by_name, DTYPES_FLOAT, DTYPES_GEMM, DTYPES_FP8, DTYPES_BYTES
 from cygemm.engine.dtypes import names, expected
 
 #: What out_dtype= takes: the float types by name, the FP8 formats by their short names.
@@ -115,8 +115,11 @@ cdef int _aligned16(const MatrixView* v, str name, int64_t ld, int64_t lines, st
                      f"with {dim} padded to a multiple of {per}")
 
 
+_FP8_EPILOGUES = "FP8 GEMMs (cuBLASLt epilogues)"
+
+
 cdef int _epilogue(const Activation* act, bint has_bias, cublasLtEpilogue_t* epi) except -1:
-    epi[0] = lt_epilogue(act, has_bias, False, "FP8 GEMMs (cuBLASLt epilogues)")
+    epi[0] = lt_epilogue(act, has_bias, False, _FP8_EPILOGUES)
     return 0
 
 
@@ -193,7 +196,7 @@ cdef int _read_scale(const ArrayDesc* d, object x, str name) except -1:
     if isinstance(x, (int, float)) and not isinstance(x, bool):
         raise TypeError(f"{name}: expected a device float32 array (read on the GPU when the call runs), "
                         f"got a host number {x!r}: pass cupy.asarray({float(x)!r}, cupy.float32)")
-    read_array(x, <ArrayDesc*>d, name, False)
+    read_array(x, <ArrayDesc*>d, name, DTYPES_GEMM)     # (every dtype a reader takes: the one rule below names float32)
     if d.dtype != CUDA_R_32F:
         raise TypeError(f"{name}: FP8 scales are float32, got {dtype_name(d.dtype)} of shape {desc_shape(d)}")
     if d.ndim > 2:
@@ -373,7 +376,7 @@ cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scal
                              f"{dtype_name(d_type)} (use cygemm.fp8.amax(out, amax) after the GEMM)")
         vam = add_scalar(c, amax_out, "amax_out", ARG_WRITE)
     if va.rows == 0 or vb.cols == 0:          # an empty result: nothing runs, no layout to check
-        _epilogue(activation_row(act), bias is not None, &s.epi)
+        _epilogue(epilogue_activation(act, _FP8_EPILOGUES), bias is not None, &s.epi)
         s.g.m, s.g.n, s.g.k = vb.cols, va.rows, va.cols
         s.g.c = pout.ptr
         s.g.a, s.g.b, s.g.batch, s.g.stride_a, s.g.stride_b, s.g.stride_c = vb.ptr, va.ptr, 1, 0, 0, 0
@@ -407,7 +410,7 @@ cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scal
                          f"first {vb.cols} columns")
     if pbias != NULL and (<uintptr_t>pbias.ptr) % 16:
         raise ValueError(f"bias: FP8 GEMMs need a 16-byte aligned bias, got address {<uintptr_t>pbias.ptr:#x}")
-    cdef const Activation* row = activation_row(act)
+    cdef const Activation* row = epilogue_activation(act, _FP8_EPILOGUES)
     _epilogue(row, bias is not None, &s.epi)
     order_operands(&s.types, is_rowmajor(pout), va.dtype, vb.dtype, <const float*>vsa.ptr, <const float*>vsb.ptr,
                    mode_a, mode_b)

@@ -18,6 +18,7 @@ from cygemm.engine.dtypes import BY_ANY_NAME, LEVELS, expected, names
 GEMM_DTYPES = frozenset(names(LEVELS["wide"]))
 
 _cupy_matmul = cupy.matmul
+INT8 = np.dtype(np.int8).name          # (int_mm's operands)
 
 
 def dtype_name(x):
@@ -25,7 +26,9 @@ def dtype_name(x):
     array, a torch tensor, a (shape, dtype) pair), or None where it cannot tell (the GEMM path
     then reads and refuses it, naming the argument)."""
     try:
-        if isinstance(x, (tuple, list)) and len(x) == 2 and isinstance(x[0], (tuple, list)):
+        if isinstance(x, (tuple, list)):
+            if len(x) != 2 or isinstance(x[1], (tuple, list, int, float)):
+                return None         # no (shape, dtype) pair: the GEMM path refuses it, naming it
             dt = x[1]
         elif _is_torch(x):
             dt = str(x.dtype).replace("torch.", "")    # (a torch-only dtype, e.g. FP8: np.dtype refuses it)
@@ -129,8 +132,10 @@ def describe(a, b, columns):
     batch = math.prod(np.broadcast_shapes(sa[:-2], sb[:-2]))
     ta, tb = dtype_name(a), dtype_name(b)
     d = dict.fromkeys(columns)
-    d.update(M=M, N=N, K=K, batch=batch,
-             why=f"cygemm's GEMMs take {expected(LEVELS['wide'])}; a is {ta} and b is {tb}: "
-                 f"CuPy's matmul runs the call on the same stream, with NumPy's type promotion",
-             path="cupy.matmul")
+    why = (f"cygemm's GEMMs take {expected(LEVELS['wide'])}; a is {ta} and b is {tb}: "
+           f"CuPy's matmul runs the call on the same stream, with NumPy's type promotion")
+    if ta == tb == INT8:            # (NumPy's int8 product is int8, wrapping; int_mm sums exactly)
+        why += (f"; for int8 x int8 on cuBLASLt's integer tensor cores, with exact int32 sums, call "
+                f"cygemm.int_mm")
+    d.update(M=M, N=N, K=K, batch=batch, why=why, path="cupy.matmul")
     return d

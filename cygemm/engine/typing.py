@@ -39,8 +39,8 @@ class CudaStreamProtocol(Protocol):
 # None (the current stream), an int cudaStream_t, a cupy.cuda.Stream (``.ptr``), a torch
 # stream (``.cuda_stream``) or a CudaStreamProtocol object.
 StreamLike = Union[None, int, CudaStreamProtocol, Any]
-Math = Literal["tf32", "fp32"]
-MatmulMath = Literal["tf32", "fp32", "cupy"]
+Math = Literal["tf32", "fp32", "cupy"]
+MatmulMath = Math          # (the same options: one name for each entry point's math)
 Activation = Literal["none", "identity", "relu", "leaky_relu", "gelu", "gelu_erf", "sigmoid", "tanh", "silu"]
 
 Autotune = Optional[Literal["off", "auto", "exhaustive"]]

@@ -235,7 +235,9 @@ def describe_scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, 
     """
     cdef Addresses addresses = Addresses()
     names = ("a", "b", "scale_a", "scale_b", "out", "bias", "scale_out", "amax_out")
-    a, b, scale_a, scale_b, out, bias, scale_out, amax_out = [None if x is None else layout_operand(x, n, addresses)
+    # (a host number as a scale: the scale reader says to pass it as a device array)
+    a, b, scale_a, scale_b, out, bias, scale_out, amax_out = [
+        x if x is None or (n.startswith("scale") and isinstance(x, (int, float))) else layout_operand(x, n, addresses)
         for x, n in zip((a, b, scale_a, scale_b, out, bias, scale_out, amax_out), names)]
     cdef CallArgs c
     cdef ScaledCall s

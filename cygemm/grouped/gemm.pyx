@@ -22,7 +22,7 @@ from cygemm.kernels.grouped cimport (cygemm_ptr_triples, cygemm_write_pointer_ta
 from cygemm.engine.types cimport ColMajorGemm, MatrixView, Math, Scalars, real_scalars, compute_type
 from cygemm.engine.mapping cimport map_rowmajor_gemm, MAP_OK
 from cygemm.engine.operands cimport parse_trans
-from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
+from cygemm.engine.described cimport Addresses, layout_operand, is_pair, has_memory, describe_call
 from cygemm.engine.errors cimport check_cuda, check_cublas
 from cygemm.engine.args cimport CallArgs, args_init, prepare_call, check_overlaps, parse_math, CALL_GEMM
 from cygemm.engine.context cimport GemmContext, bind_stream, stream_table, run_forked, STREAM_TABLE_BYTES
@@ -390,6 +390,9 @@ def moe_gemm(x, w, group_offsets, out, *, str w_layout="kn", str math="tf32", st
 
 cdef object _layouts(object xs, str name, Addresses addresses):
     """A list of operands as describe_* reads them (not a sequence: as given, for read_lists to refuse)."""
+    if is_pair(xs):
+        raise TypeError(f"{name}: expected a list of operands, one a group, got one (shape, dtype) pair; "
+                        f"for one group pass [{xs!r}]")
     try:
         return [layout_operand(x, f"{name}[{i}]", addresses) for i, x in enumerate(xs)]
     except TypeError:

@@ -10,6 +10,8 @@ needed (torch's bfloat16 autocast uses none either; its GradScaler is for float1
 ``"fp8-tensor"``, ``"fp8-rowwise"``, ``"fp8-block"``: stored as bf16-mixed, the GEMMs in FP8
 with those scales (cygemm/nn/_fp8.py).
 """
+from typing import Literal
+
 import cupy as cp
 import ml_dtypes
 import numpy as np
@@ -18,6 +20,9 @@ from cygemm.nn import _kernels
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 PRECISIONS = ("fp32", "bf16-mixed", "fp8-tensor", "fp8-rowwise", "fp8-block")
+# The precisions as type checkers read them (they cannot read PRECISIONS; a test holds the two
+# equal), with the aliases parse_precision takes.
+Precision = Literal["fp32", "bf16-mixed", "fp8-tensor", "fp8-rowwise", "fp8-block", "bf16", "float32"]
 
 
 def parse_precision(precision):

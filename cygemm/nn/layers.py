@@ -6,6 +6,8 @@ for gradients, at the same offsets): an optimizer updates a whole model in one l
 nothing, so a step can be captured into a CUDA graph. ``precision="bf16-mixed"`` trains with
 bfloat16 GEMMs on float32 master parameters (see cygemm/nn/_storage.py).
 """
+from typing import Literal, Optional, Union
+
 import cupy as cp
 import numpy as np
 
@@ -14,7 +16,8 @@ from cygemm.dense import activation_table, parse_activation
 from cygemm.gemm_ops import backward_into, forward, forward_into
 from cygemm.nn import _fp8, _kernels, serialization
 from cygemm.nn._gpu import require_gpu
-from cygemm.nn._storage import FlatStorage, compute_dtype, parse_precision
+from cygemm.engine.typing import Activation
+from cygemm.nn._storage import FlatStorage, Precision, compute_dtype, parse_precision
 
 __all__ = ["Dense"]
 
@@ -116,9 +119,9 @@ class Dense:
     >>> gx = layer.backward(gy)                              # doctest: +SKIP
     """
 
-    def __init__(self, in_features, out_features, act="relu", bias=True, dtype="float32", math="tf32",
-                 seed=None, precision="fp32"):
-        require_gpu()
+    def __init__(self, in_features: int, out_features: int, act: Optional[Activation] = "relu", bias: bool = True,
+                 dtype: object = "float32", math: Literal["tf32", "fp32"] = "tf32",
+                 seed: Union[None, int, np.random.Generator] = None, precision: Precision = "fp32") -> None:
         for name, v in (("in_features", in_features), ("out_features", out_features)):
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name}: expected a positive int, got {v!r}")
@@ -132,6 +135,7 @@ class Dense:
             raise ValueError(f"precision: {self.precision!r} needs in_features and out_features that are "
                              f"multiples of {_fp8.ALIGN} (FP8 GEMMs read 16-byte rows), got "
                              f"{self.in_features} and {self.out_features}")
+        require_gpu()           # (after the arguments: their checks need no GPU)
         self.compute_dtype = compute_dtype(self.precision)
         self.needs_input_grad = True
         self.batch = None

@@ -1,13 +1,32 @@
 """A chain of dense layers sharing one flat buffer of parameters (cygemm/nn/layers.py's Dense)."""
+from typing import Literal, Optional, Sequence
+
 import cupy as cp
 import numpy as np
 
 from cygemm.nn import _fp8, serialization
 from cygemm.nn._gpu import require_gpu
-from cygemm.nn._storage import FlatStorage, parse_precision
-from cygemm.nn.layers import Dense, _predict_chain, _stream_of
+from cygemm.engine.typing import Activation
+from cygemm.nn._storage import FlatStorage, Precision, parse_precision
+from cygemm.nn.layers import Dense, _activation, _float32, _math, _predict_chain, _stream_of
 
 __all__ = ["MLP"]
+
+
+def _sizes(sizes):
+    """The layer sizes as a list of positive ints, at least two (one layer)."""
+    if isinstance(sizes, (str, bytes)):
+        raise TypeError(f"sizes: expected a sequence of positive ints, got {type(sizes).__name__}")
+    try:
+        sizes = list(sizes)
+    except TypeError:
+        raise TypeError(f"sizes: expected a sequence of positive ints, got {type(sizes).__name__}") from None
+    if len(sizes) < 2:
+        raise ValueError(f"sizes: expected at least two sizes (one layer), got {sizes}")
+    for i, v in enumerate(sizes):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"sizes[{i}]: expected a positive int, got {v!r}")
+    return [int(v) for v in sizes]
 
 
 class MLP:
@@ -34,12 +53,16 @@ class MLP:
     >>> logits = model.forward(x)                                 # doctest: +SKIP
     """
 
-    def __init__(self, sizes, act="relu", out_act=None, bias=True, dtype="float32", math="tf32", seed=None,
-                 precision="fp32"):
-        require_gpu()
-        sizes = list(sizes)
-        if len(sizes) < 2:
-            raise ValueError(f"sizes: expected at least two sizes (one layer), got {sizes}")
+    def __init__(self, sizes: Sequence[int], act: Optional[Activation] = "relu", out_act: Optional[Activation] = None,
+                 bias: bool = True, dtype: object = "float32", math: Literal["tf32", "fp32"] = "tf32",
+                 seed: Optional[int] = None, precision: Precision = "fp32") -> None:
+        sizes = _sizes(sizes)
+        _activation(act)
+        _activation(out_act, "out_act")
+        _float32(dtype)
+        _math(math)
+        parse_precision(precision)
+        require_gpu()           # (after the arguments: their checks need no GPU)
         rng = np.random.default_rng(seed)
         self.precision = parse_precision(precision)
         def layer_precision(i, o):     # FP8 where the sizes allow it, else bf16-mixed (same storage)

@@ -157,11 +157,13 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None, deter
     ----------
     a, b : device arrays
         CuPy arrays, torch CUDA tensors, or any object with ``__cuda_array_interface__`` or
-        ``__dlpack__`` on a CUDA device. float16, bfloat16, float32 and float64 run through
-        cuBLAS as described here; any other pair of dtypes ``cp.matmul`` takes (integers,
-        booleans, complex, and their mixes with floats) runs through CuPy's own matmul on
-        ``stream``, with NumPy's type promotion (``math``, ``autotune`` and ``determinism`` do
-        not apply; :func:`describe_matmul` says which path a call takes).
+        ``__dlpack__`` on a CUDA device. float16, bfloat16, float32, float64, complex64 and
+        complex128 (and mixes of them, cast to the promoted dtype) run through cuBLAS as
+        described here; any other pair of dtypes ``cp.matmul`` takes (integers, booleans, and
+        their mixes with floats) runs through CuPy's own matmul on ``stream``, with NumPy's
+        type promotion (``math``, ``autotune`` and ``determinism`` do not apply;
+        :func:`describe_matmul` says which path a call takes; for int8 x int8 with exact int32
+        sums, see :func:`cygemm.int_mm`).
         1-D operands are promoted as NumPy does (a row for ``a``, a column for ``b``, the
         axis removed from the result); batch axes (all but the last two) broadcast.
     out : device array, optional
@@ -171,9 +173,10 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None, deter
         dtype gets the result cast into it (NumPy's ``same_kind`` casting): the product is
         computed in the promoted dtype of ``a`` and ``b``, into a temporary.
     math : {"tf32", "fp32", "cupy"}
-        float32 products: "tf32" (``CUBLAS_COMPUTE_32F_FAST_TF32``, the default), "fp32"
-        (strict), "cupy" (as ``cp.matmul``: TF32 only when the environment sets
-        ``CUPY_TF32=1``). float16/bfloat16 accumulate in fp32, float64 in fp64.
+        float32 and complex64 products: "tf32" (``CUBLAS_COMPUTE_32F_FAST_TF32``, the
+        default), "fp32" (strict), "cupy" (as ``cp.matmul``: TF32 only when the environment
+        sets ``CUPY_TF32=1``). float16/bfloat16 accumulate in fp32, float64 and complex128 in
+        fp64.
     stream : optional
         A ``cupy.cuda.Stream``, ``torch.cuda.Stream``, an object with ``__cuda_stream__`` or
         an int ``cudaStream_t``. None: the current stream of the inputs' library (torch's for

@@ -1,6 +1,6 @@
 from typing import Literal, Optional
 
-from cygemm.engine.typing import DeviceArray, Math, StreamLike
+from cygemm.engine.typing import Determinism, DeviceArray, Math, StreamLike
 from cygemm.rowmajor.gemm import Trans
 from cygemm.engine.plans import Plan
 
@@ -9,7 +9,7 @@ class GemmPlan(Plan):
     def __init__(self, A: DeviceArray, B: DeviceArray, out: DeviceArray, *, bias: Optional[DeviceArray] = None,
                  act: Literal["none", "identity", "relu", "gelu"] = "none", z_out: Optional[DeviceArray] = None,
                  trans_a: Trans = False, trans_b: Trans = False, alpha: complex = 1.0, beta: complex = 0.0,
-                 math: Math = "tf32", batched: bool = False) -> None: ...
+                 math: Math = "tf32", batched: bool = False, determinism: Determinism = None) -> None: ...
     def plan(self, stream: StreamLike = None) -> "GemmPlan": ...
     def autotune(self, mode: Literal["auto", "exhaustive"] = "auto", stream: StreamLike = None) -> "GemmPlan": ...
     def execute(self, A: Optional[DeviceArray] = None, B: Optional[DeviceArray] = None,

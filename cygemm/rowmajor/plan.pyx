@@ -26,7 +26,7 @@ from cygemm.bindings.cudart cimport cudaStream_t, CUDA_R_32F, CUDA_R_16F, CUDA_R
 from cygemm.bindings.cublas cimport cublasStatus_t
 from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t, CUBLASLT_EPILOGUE_DEFAULT
 from cygemm.kernels.elementwise cimport CYGEMM_ACT_NONE
-from cygemm.engine.epilogues cimport Activation, activation_row, lt_epilogue
+from cygemm.engine.epilogues cimport Activation, epilogue_activation, lt_epilogue
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, pointer_alignment
 from cygemm.engine.errors cimport refuse_in_capture
 from cygemm.engine.errors import CaptureError
@@ -199,7 +199,7 @@ cdef class GemmPlan(Plan):
         if determinism is not None:
             call_policy(None, determinism, &policy)
             self.determinism = policy.determinism
-        self.act = activation_row(act)
+        self.act = epilogue_activation(act, "cuBLASLt's epilogues")
         self.alpha, self.beta = alpha, beta
         parse_trans(trans_a, "trans_a", &self.trans_a, &self.conj_a)
         parse_trans(trans_b, "trans_b", &self.trans_b, &self.conj_b)

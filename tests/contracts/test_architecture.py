@@ -155,13 +155,13 @@ def test_one_call_preparation():
 def test_nn_and_backend_stand_on_the_public_api():
     """cygemm.nn and cygemm.backend are applications of cygemm: they use its public calls, the
     cimport contract (cygemm/capi.pxd) for their kernels' launchers, their kernels' declarations,
-    and of the engine only require_gpu (the one no-GPU check, in nn/_gpu.py); stubs take the
-    stubs' shared types (cygemm/engine/typing.py)."""
+    and of the engine only require_gpu (the one no-GPU check, in nn/_gpu.py) and the shared
+    types of annotations (cygemm/engine/typing.py)."""
     private = []
     for folder in ("nn", "backend"):
         for path in glob.glob(os.path.join(PACKAGE, folder, "*.p*")):
             for number, name in named_modules(path):
-                if path.endswith(".pyi") and name == "engine.typing":
+                if name == "engine.typing":         # (types for annotations: no behaviour)
                     continue
                 if name.startswith(("engine", "bindings", "rowmajor.", "dense.", "fp8.", "grouped.")):
                     private.append(f"{folder}/{os.path.basename(path)}:{number} names cygemm.{name}")

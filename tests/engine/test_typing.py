@@ -198,7 +198,8 @@ def test_every_stub_takes_the_shared_types_from_this_module_and_redefines_none()
 # option's value, never None: a plain str).
 PARAMETER_TYPES = {"stream": {"StreamLike"}, "autotune": {"Autotune"}, "determinism": {"Determinism"},
                    "math": {"Math", "MatmulMath"}}
-OWN_TYPES = {("engine/settings.pyi", "set_options", "autotune")}
+# set_options sets an option's value: None is no value there (it is "the option's" in a call).
+OWN_TYPES = {("engine/settings.pyi", "set_options", "autotune"), ("engine/settings.pyi", "set_options", "determinism")}
 
 
 def test_stub_parameters_named_for_a_shared_type_are_annotated_with_it():
@@ -209,3 +210,11 @@ def test_stub_parameters_named_for_a_shared_type_are_annotated_with_it():
                 assert annotation in PARAMETER_TYPES[arg], f"{path}: {fn}({arg}: {annotation})"
                 seen[arg] += 1
     assert all(n >= 3 for n in seen.values()), seen
+
+
+def test_nns_precision_literal_is_its_table_and_aliases():
+    import typing
+    from cygemm.nn import _storage
+    assert set(typing.get_args(_storage.Precision)) == set(_storage.PRECISIONS) | {"bf16", "float32"}
+    for name in typing.get_args(_storage.Precision):
+        assert _storage.parse_precision(name) in _storage.PRECISIONS

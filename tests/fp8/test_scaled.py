@@ -111,6 +111,9 @@ def test_describe_gives_cublas_arguments_that_compute_a_times_b(M, K, N, pad_a, 
     (dict(a=fake((64, 128), ptr=BASE + 8)), ValueError, ["a:", "16-byte aligned"]),
     (dict(b=kmajor_b(64, 32)), ValueError, ["b:", "must have 128 rows"]),
     (dict(act="silu"), ValueError, ["act:", "'relu' or 'gelu'"]),
+    # An unknown name is told what FP8 applies, not every activation (silu, tanh are refused too)
+    (dict(act="swish"), ValueError, ["act:", "FP8 GEMMs", "'none', 'relu' or 'gelu'", "'swish'"]),
+    (dict(scale_b=fake((1,), "<f8")), TypeError, ["scale_b: FP8 scales are float32, got float64"]),
     (dict(out=fake((64, 32), "<f4"), out_dtype="bfloat16"), TypeError, ["out:", "out_dtype"]),
     (dict(out=fake((64, 16), "<f4")), ValueError, ["out:", "(64, 32)"]),
     (dict(out=fake((64, 32), "<f4", strides=(4, 256))), ValueError, ["out:", "row-major"]),
@@ -127,6 +130,7 @@ def test_bad_arguments_are_refused_naming_the_argument(case, exc, words):
         fp8.describe_scaled_matmul(**kw)
     for w in words:
         assert w in str(info.value), (w, str(info.value))
+    assert "silu" not in str(info.value) or case.get("act") == "silu", str(info.value)
 
 
 # ------------------------------------------------------------------ GPU

@@ -57,3 +57,24 @@ def test_train_digits_exits_with_the_reason_and_no_traceback():
     assert proc.returncode == 1
     assert proc.stdout == ""
     assert proc.stderr == f"train_digits.py: {reason}\n"
+
+
+@pytest.mark.parametrize("call, exc, words", [
+    (lambda nn, be: nn.MLP([4, -8, 2]), ValueError, r"^sizes\[1\]: expected a positive int, got -8$"),
+    (lambda nn, be: nn.MLP("abc"), TypeError, r"^sizes: expected a sequence of positive ints, got str$"),
+    (lambda nn, be: nn.MLP([4]), ValueError, r"^sizes: expected at least two sizes"),
+    (lambda nn, be: nn.MLP([4, 8, 2], act="swish"), ValueError, r"^act: expected one of .*got 'swish'$"),
+    (lambda nn, be: nn.MLP([4, 8, 2], out_act="swish"), ValueError, r"^out_act: expected one of .*got 'swish'$"),
+    (lambda nn, be: nn.MLP([4, 8, 2], precision="fp4"), ValueError, r"^precision: expected one of"),
+    (lambda nn, be: nn.Dense(-1, 3), ValueError, r"^in_features: expected a positive int, got -1$"),
+    (lambda nn, be: nn.Dense(4, 3, math="x"), ValueError, r"^math: expected 'tf32' or 'fp32', got 'x'$"),
+    (lambda nn, be: be.CUDABackend(dtype="int8"), TypeError, r"^dtype: expected one of \['float32', 'float64'\], got int8$"),
+    (lambda nn, be: be.CUDABackend(math="x"), ValueError, r"^math: expected 'tf32' or 'fp32', got 'x'$"),
+])
+def test_bad_arguments_are_refused_before_the_gpu_check(call, exc, words):
+    """The argument checks of nn and backend need no GPU: without one (here) a bad argument gets
+    its own error, not the no-GPU reason, as every other entry point's."""
+    import cygemm.backend as be
+    import cygemm.nn as nn
+    with pytest.raises(exc, match=words):
+        call(nn, be)

@@ -326,3 +326,28 @@ def test_describe_gemm_reads_the_letter_n_as_no_transpose(flags):
     lettered = cygemm.describe_gemm(((4, 3), "float32"), ((3, 2), "float32"), **flags)
     assert (lettered["M"], lettered["N"], lettered["K"]) == (4, 2, 3)
     assert lettered["why"] == plain["why"] and "op(" not in lettered["why"]
+
+
+@pytest.mark.parametrize("operand", [[[1., 2.], [3., 4.]], [3, 5], (2, 3.5)])
+def test_a_list_of_numbers_is_no_shape_dtype_pair(operand):
+    """[[1., 2.], [3., 4.]] (host data) and [3, 5] (no dtype) are refused, not read as a pair."""
+    with pytest.raises(TypeError) as info:
+        cygemm.describe_matmul(operand, ((2, 2), "float32"))
+    assert str(info.value) == (f"a: expected a device array, a host (NumPy) array or a (shape, dtype) pair, got "
+                               f"a {type(operand).__name__} that is no (shape, dtype) pair (for host data, pass "
+                               f"numpy.asarray of it)")
+
+
+@pytest.mark.parametrize("call, words", [
+    (lambda: cygemm.describe_matmul(3, ((3, 2), "float32")),
+     "a: expected a device array, a host (NumPy) array or a (shape, dtype) pair, got builtins.int"),
+    (lambda: cygemm.describe_gemm(((4, 3), "float32"), "B"),
+     "B: expected a device array, a host (NumPy) array or a (shape, dtype) pair, got builtins.str"),
+    (lambda: cygemm.describe_grouped(((4, 3), "float32"), [((3, 5), "float32")], [((4, 5), "float32")]),
+     "As: expected a list of operands, one a group, got one (shape, dtype) pair; for one group pass "
+     "[((4, 3), 'float32')]"),
+])
+def test_describe_names_what_it_takes_for_what_it_cannot_read(call, words):
+    with pytest.raises(TypeError) as info:
+        call()
+    assert str(info.value) == words

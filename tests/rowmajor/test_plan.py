@@ -216,7 +216,7 @@ def _fp8_plan(mk, out=None, a=None, **kw):
 REFUSALS = {
     **{f"act {a}": (lambda mk, a=a: _gemm_plan(mk, act=a), ValueError, ["act:", repr(a), "forward_into"])
        for a in UNFUSED},
-    "act unknown": (lambda mk: _gemm_plan(mk, act="swish"), ValueError, ["act:", "expected one of"]),
+    "act unknown": (lambda mk: _gemm_plan(mk, act="swish"), ValueError, ["act:", "cuBLASLt's epilogues apply 'none', 'relu' or 'gelu'", "'swish'"]),
     "z_out with relu": (lambda mk: _gemm_plan(mk, act="relu", bias=mk.arr((N,)), z_out=mk.out((M, N))),
                         ValueError, ["z_out:", "GELU_AUX", "forward_into"]),
     "z_out with no activation": (lambda mk: _gemm_plan(mk, bias=mk.arr((N,)), z_out=mk.out((M, N))),
