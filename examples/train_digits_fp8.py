@@ -11,6 +11,7 @@ weights. FP8 GEMMs read both operands K-contiguous, so the backward quantizes tr
 with bfloat16 operands and float32 accumulation.
 """
 import argparse
+import sys
 
 import cupy as cp
 import numpy as np
@@ -171,6 +172,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--epochs", type=int, default=40)
     args = ap.parse_args(argv)
+    import cygemm
+    reason = cygemm.gpu_unavailable_reason()
+    if reason:                     # before loading data: one line that says why, no traceback
+        sys.exit(f"train_digits_fp8.py: {reason}")
     acc_fp8 = train(FP8Net, args.epochs)
     acc_bf16 = train(BF16Net, args.epochs)
     print(f"digits test accuracy after {args.epochs} epochs: FP8 {acc_fp8:.2f}%, bfloat16 {acc_bf16:.2f}% "

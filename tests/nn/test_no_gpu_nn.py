@@ -50,13 +50,14 @@ def test_nn_entries_say_only_cygemms_no_gpu_reason(entry, monkeypatch):
     assert ignored == []                     # no "Exception ignored in ...__del__"
 
 
-def test_train_digits_exits_with_the_reason_and_no_traceback():
+@pytest.mark.parametrize("example", ["train_digits.py", "train_digits_fp8.py"])
+def test_the_training_examples_exit_with_the_reason_and_no_traceback(example):
     reason = _reason()
-    proc = subprocess.run([sys.executable, os.path.join(EXAMPLES, "train_digits.py"), "--epochs", "1"],
+    proc = subprocess.run([sys.executable, os.path.join(EXAMPLES, example), "--epochs", "1"],
                           capture_output=True, text=True, timeout=300, env=_env())
     assert proc.returncode == 1
     assert proc.stdout == ""
-    assert proc.stderr == f"train_digits.py: {reason}\n"
+    assert proc.stderr == f"{example}: {reason}\n"
 
 
 @pytest.mark.parametrize("call, exc, words", [
