@@ -261,7 +261,7 @@ def describe_scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, 
 
 
 cdef class ScaledMatmulPlan(GemmPlan):
-    """ScaledMatmulPlan(a, b, scale_a, scale_b, *, out, out_dtype=None, bias=None, act="none", scale_out=None, amax_out=None, format_a=None, format_b=None, format_out=None, fast_accum=False, scale_mode=None)
+    """ScaledMatmulPlan(a, b, scale_a, scale_b, *, out, out_dtype=None, bias=None, act="none", scale_out=None, amax_out=None, format_a=None, format_b=None, format_out=None, fast_accum=False, scale_mode=None, determinism=None)
 
     :func:`scaled_matmul` planned once: a :class:`cygemm.GemmPlan` of one cuBLASLt FP8 call.
 
@@ -275,6 +275,10 @@ cdef class ScaledMatmulPlan(GemmPlan):
         As :func:`scaled_matmul`.
     out : device array, (M, N), row-major
         Required (a plan allocates nothing); as :func:`scaled_matmul` takes it.
+    determinism : {None, "off", "run_to_run", "batch_invariant"}
+        Which kernels :meth:`plan` and :meth:`autotune` may choose, as :class:`cygemm.GemmPlan`'s
+        (None: the option's when the plan is made). How much timing is :meth:`autotune`'s
+        ``mode``: a plan takes no ``autotune`` of its own.
 
     Attributes
     ----------
@@ -302,7 +306,11 @@ cdef class ScaledMatmulPlan(GemmPlan):
 
     def __init__(self, a, b, scale_a, scale_b, *, out, out_dtype=None, bias=None, act="none", scale_out=None,
                  amax_out=None, format_a=None, format_b=None, format_out=None, bint fast_accum=False,
-                 scale_mode=None):
+                 scale_mode=None, determinism=None):
+        cdef Policy policy
+        if determinism is not None:
+            call_policy(None, determinism, &policy)
+            self.determinism = policy.determinism
         self.out_dtype, self.act_name, self.fast_accum, self.scale_mode = out_dtype, act, fast_accum, scale_mode
         self.format_a, self.format_b, self.format_out = format_a, format_b, format_out
         self.plan_kind = KIND_SCALED

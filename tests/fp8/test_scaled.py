@@ -282,3 +282,11 @@ def test_fp8_digits_example_trains_within_a_point_of_bfloat16():
     acc_fp8, acc_bf16 = ex.main(["--epochs", "15"])
     assert acc_bf16 > 90.0
     assert acc_fp8 >= acc_bf16 - 1.0, (acc_fp8, acc_bf16)
+
+
+def test_a_scaled_matmul_plan_takes_determinism_and_checks_it_when_made():
+    kw = dict(out=fake((64, 32), "<f4", ptr=BASE + 0x300000), format_a="e4m3", format_b="e4m3")
+    fp8.ScaledMatmulPlan(fake((64, 128)), kmajor_b(128, 32), SCALE, SCALE, determinism="run_to_run", **kw).close()
+    with pytest.raises(ValueError, match=r"^determinism: expected None, 'off', 'run_to_run' or 'batch_invariant', "
+                                         r"got 'sometimes'$"):
+        fp8.ScaledMatmulPlan(fake((64, 128)), kmajor_b(128, 32), SCALE, SCALE, determinism="sometimes", **kw)
