@@ -8,11 +8,14 @@ so a torch user's ``loss.backward()`` runs cygemm's GEMMs and kernels.
 ``cygemm.matmul`` comes here by itself when a torch input requires grad and grad mode is on
 (its only cost otherwise: reading ``requires_grad`` of torch inputs; CuPy inputs pay nothing).
 
-Why ``torch.autograd.Function`` rather than a ``torch.library`` custom op: in eager mode a
-custom op with a registered autograd formula costs about 5x what ``Function.apply`` does per
-call (torch 2.13, a trivial body, one CPU: about 120 us against 25 us), and cygemm exists to
-remove such overhead. The price: ``torch.compile`` cannot trace into cygemm's compiled calls,
-so Dynamo breaks the graph around each one (correct results, those calls stay eager). Under
+Eager calls go through ``torch.autograd.Function``: in eager mode a ``torch.library`` custom
+op with a registered autograd formula costs about 5x what ``Function.apply`` does per call
+(measured with torch 2.13's CPU build, a trivial body, one CPU: about 120 us against 25 us),
+and cygemm exists to remove such overhead. Under ``torch.compile`` the entry points of
+:mod:`cygemm.autograd.ops` (and :func:`linear`) take cygemm's custom operators instead
+(``torch.ops.cygemm.*``, each with its fake implementation and autograd formula), which
+Dynamo keeps in its graph; ``cygemm.matmul`` itself, a compiled function, breaks the graph
+there: call ``cygemm.autograd.ops.matmul`` in code you compile. Under
 ``torch.cuda.graph``, ``linear`` can be captured (it allocates through torch only); a recorded
 ``matmul`` allocates its result through cygemm, which refuses that in a capture.
 
@@ -32,7 +35,7 @@ from cygemm.engine.dtypes import LEVELS, expected
 from cygemm.dense import activation_table, backward_into, forward_into, parse_activation
 from cygemm.rowmajor.matmul import _set_grad_path, matmul as _matmul
 
-__all__ = ["MatmulFunction", "LinearFunction", "linear"]
+__all__ = ["MatmulFunction", "LinearFunction", "linear", "linear_backward", "ops"]
 
 _DENSE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # Activations whose derivative the output fixes: the backward reads y, no Z is saved.
@@ -60,9 +63,10 @@ def _stream_of(x):
 
 # ---------------------------------------------------------------- matmul
 
-def _matrix_grads(a, b, g, need_a, need_b, math, autotune, determinism=None):
+def _matrix_grads(a, b, g, need_a, need_b, mm):
     """Gradients of ``a @ b`` (NumPy's matmul: 1-D operands, broadcast batch axes) for the
-    output gradient g, each summed over the batch axes its operand was broadcast along."""
+    output gradient g, each summed over the batch axes its operand was broadcast along; `mm`
+    multiplies (cygemm.matmul eagerly, the custom op under torch.compile: one formula)."""
     # The axes matmul removed for 1-D operands, back: a (K,) is a (1, K) row, b (K,) a column.
     a2 = a.unsqueeze(0) if a.dim() == 1 else a
     b2 = b.unsqueeze(-1) if b.dim() == 1 else b
@@ -75,11 +79,11 @@ def _matrix_grads(a, b, g, need_a, need_b, math, autotune, determinism=None):
     ga = gb = None
     if need_a:      # dL/da = g @ b^H
         bh = b2.mH.resolve_conj() if b2.is_complex() else b2.mT
-        ga = _matmul(g2, bh, math=math, autotune=autotune, determinism=determinism).sum_to_size(a2.shape).reshape(a.shape)
+        ga = mm(g2, bh).sum_to_size(a2.shape).reshape(a.shape)
         ga = _as_grad_of(ga, a)
     if need_b:      # dL/db = a^H @ g
         ah = a2.mH.resolve_conj() if a2.is_complex() else a2.mT
-        gb = _matmul(ah, g2, math=math, autotune=autotune, determinism=determinism).sum_to_size(b2.shape).reshape(b.shape)
+        gb = mm(ah, g2).sum_to_size(b2.shape).reshape(b.shape)
         gb = _as_grad_of(gb, b)
     return ga, gb
 
@@ -113,8 +117,9 @@ class MatmulFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
-        ga, gb = _matrix_grads(a, b, grad, ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.math,
-                               ctx.autotune, ctx.determinism)
+        ga, gb = _matrix_grads(a, b, grad, ctx.needs_input_grad[0], ctx.needs_input_grad[1],
+                               lambda x, y: _matmul(x, y, math=ctx.math, autotune=ctx.autotune,
+                                                    determinism=ctx.determinism))
         return ga, gb, None, None, None, None
 
 
@@ -213,21 +218,29 @@ class LinearFunction(torch.autograd.Function):
     def backward(ctx, gy):
         x, weight, saved = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        n, k = weight.shape
-        x2 = _rows(x, k)
-        gy2 = gy.reshape(-1, n).contiguous()
-        m = x2.shape[0]
-        new = dict(dtype=x.dtype, device=x.device)
-        gx = torch.empty((m, k), **new) if need_x else None
-        gw = torch.empty((n, k), **new) if need_w else None
-        gb = torch.empty((n,), **new) if need_b and ctx.has_bias else None
-        dz = torch.empty((m, n), **new) if ctx.saves is not None and (need_x or need_w) else None
-        saved2 = saved.reshape(-1, n) if saved is not None else None
-        backward_into(x2, weight.T, gy2, saved2 if ctx.saves == "z" else None,
-                      y=saved2 if ctx.saves == "y" else None, with_bias=gb is not None, act=ctx.act,
-                      leaky_slope=ctx.leaky_slope, gA_out=gx, gB_out=None if gw is None else gw.T, gBias_out=gb,
-                      work_dZ=dz, math=ctx.math, stream=_stream_of(x), autotune=ctx.autotune)
-        return (None if gx is None else gx.view(x.shape)), gw, gb, None, None, None, None
+        gx, gw, gb = linear_backward(x, weight, gy, saved, ctx.saves, ctx.has_bias, ctx.act, ctx.leaky_slope,
+                                     ctx.math, ctx.autotune, need_x, need_w, need_b)
+        return gx, gw, gb, None, None, None, None
+
+
+def linear_backward(x, weight, gy, saved, saves, has_bias, act, leaky_slope, math, autotune, need_x, need_w, need_b):
+    """The dense layer's gradients (gx shaped as x, gw, gb; None where not needed) by
+    :func:`cygemm.gemm_ops.backward_into`, from `saved` (Z or y, as `saves` says, or None)."""
+    n, k = weight.shape
+    x2 = _rows(x, k)
+    gy2 = gy.reshape(-1, n).contiguous()
+    m = x2.shape[0]
+    new = dict(dtype=x.dtype, device=x.device)
+    gx = torch.empty((m, k), **new) if need_x else None
+    gw = torch.empty((n, k), **new) if need_w else None
+    gb = torch.empty((n,), **new) if need_b and has_bias else None
+    dz = torch.empty((m, n), **new) if saves is not None and (need_x or need_w) else None
+    saved2 = saved.reshape(-1, n) if saved is not None else None
+    backward_into(x2, weight.T, gy2, saved2 if saves == "z" else None,
+                  y=saved2 if saves == "y" else None, with_bias=gb is not None, act=act,
+                  leaky_slope=leaky_slope, gA_out=gx, gB_out=None if gw is None else gw.T, gBias_out=gb,
+                  work_dZ=dz, math=math, stream=_stream_of(x), autotune=autotune)
+    return (None if gx is None else gx.view(x.shape)), gw, gb
 
 
 def linear(x, weight, bias=None, *, act="none", leaky_slope=0.01, math="tf32", autotune=None):
@@ -268,6 +281,8 @@ def linear(x, weight, bias=None, *, act="none", leaky_slope=0.01, math="tf32", a
     ValueError
         Shapes that do not fit, an unknown activation or a negative ``leaky_slope``.
     """
+    if torch.compiler.is_compiling():           # torch.compile: the custom operator, kept in its graph
+        return ops.linear(x, weight, bias, act=act, leaky_slope=leaky_slope, math=math, autotune=autotune)
     x, weight, bias = _check_dense(x, weight, bias)
     leaky_slope = float(leaky_slope)
     if not (leaky_slope >= 0 and leaky_slope != float("inf")):
@@ -277,3 +292,6 @@ def linear(x, weight, bias=None, *, act="none", leaky_slope=0.01, math="tf32", a
         return LinearFunction.apply(x, weight, bias, act, leaky_slope, math, autotune)
     _saves(act, leaky_slope)        # the activation's name is checked on both paths alike
     return _dense_forward(x, weight, bias, act, leaky_slope, math, autotune, False)[0]
+
+
+from cygemm.autograd import ops  # noqa: E402  (registers torch.ops.cygemm.*; needs the names above)

@@ -1,0 +1,160 @@
+"""cygemm's torch custom operators (cygemm.autograd.ops): registered, with fake implementations
+that give the real results' shapes and dtypes (CPU, on fake CUDA tensors); on the GPU,
+torch.library.opcheck for each, a model compiled with fullgraph=True giving the eager bits and
+gradients, and the operators captured by torch.cuda.graph."""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
+
+from cygemm.autograd import ops  # noqa: E402
+import cygemm.autograd  # noqa: E402
+
+OPS = ("matmul", "linear", "linear_backward", "int_mm", "scaled_matmul", "moe_gemm")
+
+
+def test_every_operator_is_registered_under_cygemm():
+    for name in OPS:
+        op = getattr(torch.ops.cygemm, name)
+        assert op.default._schema.name == f"cygemm::{name}"
+
+
+@pytest.mark.parametrize("sa, sb, want", [((4, 3), (3, 5), (4, 5)), ((2, 4, 3), (3, 5), (2, 4, 5)),
+                                          ((3,), (2, 3, 5), (2, 5)), ((2, 1, 4, 3), (6, 3, 1), (2, 6, 4, 1)),
+                                          ((3,), (3,), ())])
+def test_the_fake_matmul_has_numpys_result_shape_and_promoted_dtype(sa, sb, want):
+    with FakeTensorMode():
+        a = torch.empty(sa, device="cuda", dtype=torch.float16)
+        b = torch.empty(sb, device="cuda", dtype=torch.float32)
+        y = torch.ops.cygemm.matmul(a, b, "tf32", None, None)
+    assert tuple(y.shape) == want and y.dtype == torch.float32 and y.device.type == "cuda"
+
+
+@pytest.mark.parametrize("act, kept", [("none", (0,)), ("relu", (2, 3, 6)), ("gelu", (6, 6)), ("leaky_relu", (2, 3, 6))])
+def test_the_fake_linear_gives_y_and_what_its_backward_reads(act, kept):
+    with FakeTensorMode():
+        x = torch.empty((2, 3, 5), device="cuda", dtype=torch.bfloat16)
+        w = torch.empty((6, 5), device="cuda", dtype=torch.bfloat16)
+        y, k = torch.ops.cygemm.linear(x, w, None, act, 0.01, "tf32", None)
+        gx, gw, gb = torch.ops.cygemm.linear_backward(x, w, y, k, False, act, 0.01, "tf32", None)
+    assert tuple(y.shape) == (2, 3, 6) and y.dtype == torch.bfloat16
+    assert tuple(k.shape) == kept
+    assert tuple(gx.shape) == (2, 3, 5) and tuple(gw.shape) == (6, 5) and tuple(gb.shape) == (0,)
+
+
+def test_the_fake_int8_fp8_and_moe_operators_give_their_results_shapes():
+    with FakeTensorMode():
+        a8, b8 = (torch.empty(s, device="cuda", dtype=torch.int8) for s in ((32, 64), (64, 16)))
+        assert torch.ops.cygemm.int_mm(a8, b8).dtype == torch.int32
+        f8 = torch.float8_e4m3fn
+        a, b = torch.empty((32, 64), device="cuda", dtype=f8), torch.empty((16, 64), device="cuda", dtype=f8).t()
+        s = torch.empty((1,), device="cuda")
+        y = torch.ops.cygemm.scaled_matmul(a, b, s, s, None, "float16", "relu", False)
+        assert tuple(y.shape) == (32, 16) and y.dtype == torch.float16
+        x, w = torch.empty((40, 8), device="cuda"), torch.empty((3, 8, 12), device="cuda")
+        assert tuple(torch.ops.cygemm.moe_gemm(x, w, [0, 10, 25, 40], "kn", "tf32").shape) == (40, 12)
+        assert tuple(torch.ops.cygemm.moe_gemm(x, w.transpose(1, 2), [0, 10, 25, 40], "nk", "tf32").shape) == (40, 12)
+
+
+def test_scaled_matmul_refuses_an_out_dtype_it_does_not_make():
+    with pytest.raises(ValueError, match=r"^out_dtype: expected one of \['bfloat16', 'float16', 'float32'\], "
+                                         r"got 'e4m3'$"):
+        ops.scaled_matmul(None, None, None, None, out_dtype="e4m3")
+
+
+# ------------------------------------------------------------------ GPU
+
+@pytest.fixture
+def cuda():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU for torch")
+
+
+def _rand(*shape, dtype=torch.float32, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(shape, device="cuda", dtype=dtype, generator=g)
+
+
+@pytest.mark.gpu
+def test_opcheck_passes_for_matmul_and_linear(cuda):
+    a, b = _rand(3, 8, 16, seed=1).requires_grad_(), _rand(16, 12, seed=2).requires_grad_()
+    torch.library.opcheck(torch.ops.cygemm.matmul.default, (a, b, "fp32", None, None))
+    for act, bias in (("relu", True), ("gelu", True), ("none", False)):
+        x = _rand(24, 16, seed=3).requires_grad_()
+        w = _rand(8, 16, seed=4).requires_grad_()
+        bb = _rand(8, seed=5).requires_grad_() if bias else None
+        torch.library.opcheck(torch.ops.cygemm.linear.default, (x, w, bb, act, 0.01, "fp32", None))
+
+
+@pytest.mark.gpu
+def test_opcheck_passes_for_int_mm_and_moe_gemm(cuda):
+    g = torch.Generator(device="cuda").manual_seed(7)
+    a = torch.randint(-128, 128, (32, 64), device="cuda", dtype=torch.int8, generator=g)
+    w = torch.randint(-128, 128, (16, 64), device="cuda", dtype=torch.int8, generator=g)
+    torch.library.opcheck(torch.ops.cygemm.int_mm.default, (a, w.t()))
+    x, wm = _rand(40, 16, seed=8), _rand(3, 16, 8, seed=9)
+    torch.library.opcheck(torch.ops.cygemm.moe_gemm.default, (x, wm, [0, 10, 25, 40], "kn", "fp32"))
+
+
+@pytest.mark.gpu
+def test_opcheck_passes_for_scaled_matmul(cuda):
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("FP8 GEMMs need compute capability 8.9 or later")
+    a = (_rand(32, 64, seed=10) * 3).to(torch.float8_e4m3fn)
+    w = (_rand(16, 64, seed=11) * 3).to(torch.float8_e4m3fn)
+    s = torch.tensor([0.5], device="cuda")
+    torch.library.opcheck(torch.ops.cygemm.scaled_matmul.default, (a, w.t(), s, s, None, "bfloat16", "none", False))
+
+
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1 = torch.nn.Parameter(_rand(64, 32, seed=12) / 8)
+        self.b1 = torch.nn.Parameter(_rand(64, seed=13) / 8)
+        self.w2 = torch.nn.Parameter(_rand(64, 16, seed=14) / 8)
+
+    def forward(self, x):
+        h = cygemm.autograd.linear(x, self.w1, self.b1, act="gelu", math="fp32")
+        return ops.matmul(h, self.w2, math="fp32")
+
+
+@pytest.mark.gpu
+def test_a_fullgraph_compiled_model_gives_the_eager_bits_and_gradients(cuda):
+    x = _rand(4, 8, 32, seed=15)
+    eager, compiled = _Model(), _Model()
+    y_eager = eager(x)
+    y_eager.square().sum().backward()
+    fn = torch.compile(compiled, fullgraph=True)
+    y = fn(x)
+    y.square().sum().backward()
+    assert torch.equal(y, y_eager)
+    for p, q in zip(compiled.parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    ref = torch.nn.functional.gelu(x.double() @ eager.w1.double().T + eager.b1.double(), approximate="tanh")
+    ref = ref @ eager.w2.double()
+    assert float((y.double() - ref).norm() / ref.norm()) < 1e-5
+
+
+@pytest.mark.gpu
+def test_the_operators_are_captured_by_torch_cuda_graph(cuda):
+    x, w, b = _rand(64, 32, seed=16), _rand(48, 32, seed=17), _rand(48, seed=18)
+    m = _rand(48, 24, seed=19)
+    want = torch.ops.cygemm.matmul(torch.ops.cygemm.linear(x, w, b, "relu", 0.01, "fp32", None)[0], m,
+                                   "fp32", None, None)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):          # (warm-up: plans made before the capture)
+        torch.ops.cygemm.matmul(torch.ops.cygemm.linear(x, w, b, "relu", 0.01, "fp32", None)[0], m, "fp32", None, None)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        got = torch.ops.cygemm.matmul(torch.ops.cygemm.linear(x, w, b, "relu", 0.01, "fp32", None)[0], m,
+                                      "fp32", None, None)
+    got.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+    ref = torch.relu(x.double() @ w.double().T + b.double()) @ m.double()
+    assert float((got.double() - ref).norm() / ref.norm()) < 1e-5
+    assert np.isfinite(got.cpu().numpy()).all()
