@@ -148,7 +148,7 @@ def test_the_operators_are_captured_by_torch_cuda_graph(cuda):
         torch.ops.cygemm.matmul(torch.ops.cygemm.linear(x, w, b, "relu", 0.01, "fp32", None)[0], m, "fp32", None, None)
     torch.cuda.current_stream().wait_stream(s)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=s):     # (captured on the stream the plans and workspace were made for)
         got = torch.ops.cygemm.matmul(torch.ops.cygemm.linear(x, w, b, "relu", 0.01, "fp32", None)[0], m,
                                       "fp32", None, None)
     got.fill_(float("nan"))
