@@ -158,3 +158,88 @@ def test_the_operators_are_captured_by_torch_cuda_graph(cuda):
     ref = torch.relu(x.double() @ w.double().T + b.double()) @ m.double()
     assert float((got.double() - ref).norm() / ref.norm()) < 1e-5
     assert np.isfinite(got.cpu().numpy()).all()
+
+
+# ------------------------------------------------------------------ CPU: the operators' wiring
+# torch.library.opcheck runs an operator for real. On the CPU, torch's own products stand in
+# for cygemm's GPU calls (patched where the operators call them), so that the schema, the fake
+# implementations against the real results, the autograd registration and AOT dispatch are
+# checked here; the GPU tests above check them with cygemm's kernels.
+
+@pytest.fixture
+def cpu_standins(monkeypatch):
+    import torch.nn.functional as F
+
+    def fake_matmul(a, b, out=None, **kw):
+        out.copy_(torch.matmul(a.to(out.dtype), b.to(out.dtype)))
+        return out
+
+    def act(name, z):
+        return {"none": lambda t: t, "relu": torch.relu, "gelu": lambda t: F.gelu(t, approximate="tanh")}[name](z)
+
+    def dense_forward(x, weight, bias, name, slope, math, autotune, save_z):
+        z = x.reshape(-1, weight.shape[1]) @ weight.T + (bias if bias is not None else 0)
+        return act(name, z).reshape(*x.shape[:-1], weight.shape[0]), (z.contiguous() if save_z else None)
+
+    def linear_backward(x, weight, gy, saved, saves, has_bias, name, slope, math, autotune, nx, nw, nb):
+        n, k = weight.shape
+        x2, gy2 = x.reshape(-1, k), gy.reshape(-1, n)
+        if saves == "y":
+            dz = gy2 * (saved.reshape(-1, n) > 0)
+        elif saves == "z":          # gelu (tanh form): its derivative written out
+            z = saved.reshape(-1, n)
+            c = (2 / torch.pi) ** 0.5
+            t = torch.tanh(c * (z + 0.044715 * z ** 3))
+            dz = gy2 * (0.5 * (1 + t) + 0.5 * z * (1 - t * t) * c * (1 + 3 * 0.044715 * z * z))
+        else:
+            dz = gy2
+        return (dz @ weight).reshape(x.shape), dz.T @ x2, (dz.sum(0) if has_bias else None)
+
+    monkeypatch.setattr(ops.cygemm, "matmul", fake_matmul)
+    monkeypatch.setattr(ops, "_stream_of", lambda x: 0)
+    monkeypatch.setattr(ops, "_dense_forward", dense_forward)
+    monkeypatch.setattr(ops, "linear_backward", linear_backward)
+
+
+def _cpu(*shape, seed):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def test_opcheck_of_matmuls_wiring_on_the_cpu(cpu_standins):
+    for sa, sb in (((3, 8, 5), (5, 4)), ((5,), (2, 5, 3)), ((6, 5), (5,))):
+        a, b = _cpu(*sa, seed=1).requires_grad_(), _cpu(*sb, seed=2).requires_grad_()
+        torch.library.opcheck(torch.ops.cygemm.matmul.default, (a, b, "fp32", None, None))
+        assert torch.autograd.gradcheck(lambda x, y: torch.ops.cygemm.matmul(x, y, "fp32", None, None), (a, b))
+
+
+@pytest.mark.parametrize("act, bias", [("relu", True), ("gelu", True), ("none", False)])
+def test_opcheck_of_linears_wiring_on_the_cpu(cpu_standins, act, bias):
+    x = _cpu(2, 6, 5, seed=3).requires_grad_()
+    w = _cpu(4, 5, seed=4).requires_grad_()
+    b = _cpu(4, seed=5).requires_grad_() if bias else None
+    torch.library.opcheck(torch.ops.cygemm.linear.default, (x, w, b, act, 0.01, "fp32", None))
+    inputs = (x, w) + ((b,) if bias else ())
+    assert torch.autograd.gradcheck(lambda *t: ops.linear(t[0], t[1], t[2] if bias else None, act=act), inputs)
+
+
+def test_a_model_on_the_operators_compiles_with_fullgraph_on_the_cpu(cpu_standins):
+    """Dynamo traces cygemm.autograd.linear and ops.matmul into their operators: no graph break
+    (fullgraph=True raises on one), the compiled forward and gradients equal the eager ones."""
+    torch._dynamo.reset()
+    w1, b1, w2 = _cpu(6, 5, seed=6), _cpu(6, seed=7), _cpu(6, 3, seed=8)
+    params = [t.clone().requires_grad_() for t in (w1, b1, w2)]
+
+    def model(x, w1, b1, w2):
+        return ops.matmul(cygemm.autograd.linear(x, w1, b1, act="gelu"), w2)
+
+    x = _cpu(4, 5, seed=9)
+    # (eagerly, linear checks for CUDA tensors: the operators themselves, as Dynamo records them)
+    eager = torch.ops.cygemm.matmul(torch.ops.cygemm.linear(x, params[0], params[1], "gelu", 0.01, "tf32", None)[0],
+                                    params[2], "tf32", None, None)
+    ge = torch.autograd.grad(eager.square().sum(), params)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    got = compiled(x, *params)
+    gc = torch.autograd.grad(got.square().sum(), params)
+    torch.testing.assert_close(got, eager)
+    for p, q in zip(gc, ge):
+        torch.testing.assert_close(p, q)
