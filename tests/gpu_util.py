@@ -71,3 +71,9 @@ def err_vs_scale(out, ref, scale):
     out = np.asarray(out, dtype=np.float64)
     assert not np.isnan(out).any(), "output has NaN: some elements were not written"
     return np.linalg.norm(out - ref) / max(np.linalg.norm(scale), 1e-30)
+
+
+def host_bits(cp, x):
+    """x's elements as unsigned integers on the host: equal bits, not equal values (-0.0, NaN)."""
+    x = cp.ascontiguousarray(x)
+    return cp.asnumpy(x).view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[x.dtype.itemsize])

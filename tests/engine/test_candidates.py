@@ -11,33 +11,18 @@ leaving C and the gaps between its matrices bit for bit as they were; an exhaust
 runs no slower than either default it was timed against. (The FP8 check of a timed choice is in
 engine/test_tuning.py, the batch-invariant bucket records in engine/test_families.py.)"""
 import ctypes
-import json
 
 import numpy as np
 import pytest
 
 import cygemm
-from cygemm.engine import cuda_paths, tuning
+from cygemm.engine import tuning
 from fakes import BASE, FakeDeviceArray
-from gpu_util import f64, poisoned, rand, rel_err
+from gpu_util import f64, host_bits, poisoned, rand, rel_err
+from tuning_util import (CONFIG_REDUCTION_SCHEME, CONFIG_SPLITK_NUM, algo_config, cublaslt, gpu_name,
+                         isolated_tuning, write_tuning_file)
 
-CONFIG_SPLITK_NUM = 2           # cublasLtMatmulAlgoConfigAttributes_t (cublasLt.h)
-CONFIG_REDUCTION_SCHEME = 3
 REDUCTION_INPLACE = 1           # cublasLtReductionScheme_t: split-K partial sums added in the output
-
-
-def _cublaslt():
-    return ctypes.CDLL(cuda_paths.LOADED["cublasLt"])
-
-
-def _algo_config(text, attr):
-    """An int32 configuration attribute of the algorithm whose bytes `text` holds in hex."""
-    raw = bytes.fromhex(text)
-    algo = ctypes.create_string_buffer(raw, len(raw))
-    value, written = ctypes.c_int32(-1), ctypes.c_size_t(0)
-    assert _cublaslt().cublasLtMatmulAlgoConfigGetAttribute(algo, attr, ctypes.byref(value), ctypes.sizeof(value),
-                                                            ctypes.byref(written)) == 0
-    return value.value
 
 
 def _with_config(text, **attrs):
@@ -46,7 +31,7 @@ def _with_config(text, **attrs):
     algo = ctypes.create_string_buffer(raw, len(raw))
     for attr, v in attrs.items():
         value = ctypes.c_int32(v)
-        assert _cublaslt().cublasLtMatmulAlgoConfigSetAttribute(algo, {"splitk": CONFIG_SPLITK_NUM,
+        assert cublaslt().cublasLtMatmulAlgoConfigSetAttribute(algo, {"splitk": CONFIG_SPLITK_NUM,
                                                                        "reduction": CONFIG_REDUCTION_SCHEME}[attr],
                                                                 ctypes.byref(value), ctypes.sizeof(value)) == 0
     return algo.raw[:len(raw)].hex()
@@ -76,38 +61,19 @@ def gpu():
     """CuPy; the tuning table kept in this process only; routes and the table restored after."""
     global cp
     cp = pytest.importorskip("cupy")
-    forced = tuning.forced_routes()
-    tuning.force_routes()
-    old = cygemm.set_options(tuning_cache=None)
-    tuning.clear_tuning()
-    yield
-    cygemm.set_options(**old)
-    tuning.force_routes(**forced)
-    tuning.clear_tuning()
-
-
-def _gpu_name():
-    """This GPU as the tuning table names it: its name and compute capability."""
-    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    return f"{props['name'].decode(errors='replace')} sm_{props['major']}{props['minor']}"
+    with isolated_tuning():
+        yield
 
 
 def _load_records(path, records):
     """Put {key: record} (kind "gemm", this GPU) in the tuning table through a tuning file."""
-    lines = [json.dumps(tuning._header())]
-    lines += [json.dumps({"gpu": _gpu_name(), "kind": "gemm", "key": list(key), "record": record})
-              for key, record in records.items()]
-    path.write_text("\n".join(lines) + "\n")
+    write_tuning_file(path, gpu_name(cp), records)
     assert tuning.load_tuning(path) == len(records)
 
 
 def _record(entry):
     """A tuning entry's record alone (tuning_entries adds gpu, kind and key)."""
     return {k: v for k, v in entry.items() if k not in ("gpu", "kind", "key")}
-
-
-def _bits(x):
-    return cp.asnumpy(x).view(np.uint32 if x.dtype.itemsize == 4 else np.uint16)
 
 
 @pytest.mark.gpu
@@ -133,7 +99,7 @@ def test_a_cublasgemmex_record_is_taken_by_a_plain_plan_and_refused_under_run_to
         assert q.plan().route == "cublasLt" and not q.tuned and q.tuned_ms == 0
         q.execute()
         cp.cuda.Device().synchronize()
-    assert np.array_equal(_bits(out), _bits(rr_out)), "run_to_run's bits changed with the tuning table"
+    assert np.array_equal(host_bits(cp, out), host_bits(cp, rr_out)), "run_to_run's bits changed with the tuning table"
     assert rel_err(out.get(), ref) < 1e-5
     plain.close()
     rr.close()
@@ -160,9 +126,9 @@ def test_a_record_of_a_kernel_that_splits_k_is_refused_under_a_policy_but_taken_
         plain.plan()
         plain_key = plain.key
     (entry,) = [e for e in tuning.tuning_entries() if e["kind"] == "gemm" and e["key"][-1] != "bucket"]
-    assert _algo_config(entry["algo"], CONFIG_SPLITK_NUM) == 1
+    assert algo_config(entry["algo"], CONFIG_SPLITK_NUM) == 1
     split = dict(_record(entry), algo=_with_config(entry["algo"], splitk=2, reduction=REDUCTION_INPLACE))
-    assert _algo_config(split["algo"], CONFIG_SPLITK_NUM) == 2
+    assert algo_config(split["algo"], CONFIG_SPLITK_NUM) == 2
     tuning.clear_tuning()
     _load_records(tmp_path / "t.jsonl", {policy_key: split, plain_key: split})
     out = poisoned(cp, (M, N), "float16")
@@ -178,7 +144,7 @@ def test_a_record_of_a_kernel_that_splits_k_is_refused_under_a_policy_but_taken_
         assert not q.tuned and q.route == "cublasLt"
         q.execute()
         cp.cuda.Device().synchronize()
-    assert np.array_equal(_bits(out), _bits(kept)), "the policy's bits changed with the tuning table"
+    assert np.array_equal(host_bits(cp, out), host_bits(cp, kept)), "the policy's bits changed with the tuning table"
 
 
 @pytest.mark.gpu
@@ -195,12 +161,12 @@ def test_timing_a_batched_plan_that_reads_c_leaves_c_and_its_gaps_untouched(gpu,
         p.autotune(mode)
         cp.cuda.Device().synchronize()
         assert p.tuned
-        assert np.array_equal(_bits(c_buf), _bits(before)), "timing wrote into C"
+        assert np.array_equal(host_bits(cp, c_buf), host_bits(cp, before)), "timing wrote into C"
         p.execute()
         cp.cuda.Device().synchronize()
     want = 0.5 * np.matmul(f64(cp, A), f64(cp, B)) - 1.5 * f64(cp, before[:, :M, :])
     assert rel_err(C.get(), want) < 1e-5
-    assert np.array_equal(_bits(c_buf[:, M:, :]), _bits(before[:, M:, :])), "execute wrote between matrices"
+    assert np.array_equal(host_bits(cp, c_buf[:, M:, :]), host_bits(cp, before[:, M:, :])), "execute wrote between matrices"
 
 
 def _median_ms(run, reps=7):

@@ -11,29 +11,14 @@ bucket their M and N round up to (K kept, leading dimensions not part of it); ru
 the same bits untuned and exhaustively tuned, a deep-K problem included. CPU: GemmPlan checks
 determinism= when made. (tests/properties/test_determinism.py holds the promise for every entry
 point and dtype, across processes, threads and graphs.)"""
-import ctypes
-import json
-
 import numpy as np
 import pytest
 
 import cygemm
-from cygemm.engine import cuda_paths, plans, tuning
+from cygemm.engine import plans, tuning
 from fakes import BASE, FakeDeviceArray
-from gpu_util import f64, poisoned, rand, rel_err, tol
-
-CONFIG_ID, CONFIG_SPLITK_NUM = 0, 2         # cublasLtMatmulAlgoConfigAttributes_t (cublasLt.h)
-
-
-def _algo_config(text, attr):
-    """An int32 configuration attribute of the cuBLASLt algorithm whose bytes `text` holds in hex."""
-    raw = bytes.fromhex(text)
-    algo = ctypes.create_string_buffer(raw, len(raw))
-    value, written = ctypes.c_int32(-1), ctypes.c_size_t(0)
-    lib = ctypes.CDLL(cuda_paths.LOADED["cublasLt"])
-    assert lib.cublasLtMatmulAlgoConfigGetAttribute(algo, attr, ctypes.byref(value), ctypes.sizeof(value),
-                                                    ctypes.byref(written)) == 0
-    return value.value
+from gpu_util import f64, host_bits, poisoned, rand, rel_err, tol
+from tuning_util import CONFIG_ID, CONFIG_SPLITK_NUM, algo_config, gpu_name, isolated_tuning, write_tuning_file
 
 
 # ------------------------------------------------------------------ CPU
@@ -62,20 +47,9 @@ def gpu():
     routes and the table restored after."""
     global cp
     cp = pytest.importorskip("cupy")
-    forced = tuning.forced_routes()
-    tuning.force_routes()
-    old = cygemm.set_options(tuning_cache=None)
-    tuning.clear_tuning()
-    plans.clear_plan_cache()
-    yield
-    cygemm.set_options(**old)
-    tuning.force_routes(**forced)
-    tuning.clear_tuning()
-
-
-def _bits(x):
-    x = cp.ascontiguousarray(x)
-    return cp.asnumpy(x).view(np.uint16 if x.dtype.itemsize == 2 else np.uint32)
+    with isolated_tuning():
+        plans.clear_plan_cache()
+        yield
 
 
 def _gemm_entries():
@@ -88,11 +62,6 @@ def _is_bucket(entry):
 
 def _algorithms(entry):
     return entry.get("members", []) + ([entry["algo"]] if entry.get("route") == "cublasLt" and "algo" in entry else [])
-
-
-def _gpu_name():
-    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    return f"{props['name'].decode(errors='replace')} sm_{props['major']}{props['minor']}"
 
 
 def _power_of_two_at_least(x):
@@ -132,10 +101,10 @@ def test_batch_invariant_choices_at_every_size_are_split_free_kernels_of_one_alg
     cp.cuda.Device().synchronize()
     assert rel_err(full.get(), f64(cp, x) @ f64(cp, w)) < tol(dtype, math, K)
     for m in sizes:
-        assert np.array_equal(_bits(outs[m]), _bits(full[:m])), f"rows of M={m} differ from M=4096's"
+        assert np.array_equal(host_bits(cp, outs[m]), host_bits(cp, full[:m])), f"rows of M={m} differ from M=4096's"
     algorithms = {a for e in _gemm_entries() for a in _algorithms(e)}
     assert len({tuple(e["key"][5:7]) for e in _gemm_entries() if not _is_bucket(e)}) >= 2, _gemm_entries()
-    configs = {(_algo_config(a, CONFIG_ID), _algo_config(a, CONFIG_SPLITK_NUM)) for a in algorithms}
+    configs = {(algo_config(a, CONFIG_ID), algo_config(a, CONFIG_SPLITK_NUM)) for a in algorithms}
     assert len(algorithms) >= 2 and len({c[0] for c in configs}) == 1, configs
     assert {c[1] for c in configs} == {1}, configs
 
@@ -155,15 +124,13 @@ def test_each_member_a_bucket_keeps_gives_the_same_rows(gpu, tmp_path):
         p.autotune()                        # timed: the plan's record and its bucket's
         key = p.key
     cp.cuda.Device().synchronize()
-    assert np.array_equal(_bits(untuned), _bits(full[:8]))
+    assert np.array_equal(host_bits(cp, untuned), host_bits(cp, full[:8]))
     (bucket,) = [e for e in _gemm_entries() if tuple(e["key"]) == _bucket_of(list(key))]
     members = bucket["members"]
     assert 1 <= len(members) <= 4 and len(set(members)) == len(members), members
     for i, algo in enumerate(members):
         path = tmp_path / f"member{i}.jsonl"
-        path.write_text(json.dumps(tuning._header()) + "\n" + json.dumps(
-            {"gpu": _gpu_name(), "kind": "gemm", "key": list(key),
-             "record": {"route": "cublasLt", "algo": algo, "ws": 0, "ms": 0.5 + i}}) + "\n")
+        write_tuning_file(path, gpu_name(cp), {tuple(key): {"route": "cublasLt", "algo": algo, "ws": 0, "ms": 0.5 + i}})
         assert tuning.load_tuning(path) == 1
         out = poisoned(cp, (8, N), "float16")
         with cygemm.GemmPlan(x[:8], w, out, determinism="batch_invariant") as q:
@@ -171,7 +138,7 @@ def test_each_member_a_bucket_keeps_gives_the_same_rows(gpu, tmp_path):
             assert q.tuned and q.tuned_ms == 0.5 + i, f"member {i} was not taken"
             q.execute()
         cp.cuda.Device().synchronize()
-        assert np.array_equal(_bits(out), _bits(untuned)), f"member {i} of the bucket gave other bits"
+        assert np.array_equal(host_bits(cp, out), host_bits(cp, untuned)), f"member {i} of the bucket gave other bits"
 
 
 BOUNDARIES = [1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 512, 513, 1024, 1025, 2048]
@@ -191,7 +158,7 @@ def test_rows_are_bitwise_the_same_on_both_sides_of_every_bucket_boundary(gpu, d
     for m in BOUNDARIES:
         out = poisoned(cp, (m, N), dtype)
         cygemm.gemm(x[:m], wt, out, trans_b=True, math=math, determinism="batch_invariant")
-        assert np.array_equal(_bits(out), _bits(full[:m])), f"rows of M={m} differ from M=2048's"
+        assert np.array_equal(host_bits(cp, out), host_bits(cp, full[:m])), f"rows of M={m} differ from M=2048's"
     buckets = {tuple(e["key"][5:7]) for e in _gemm_entries() if _is_bucket(e)}
     assert len(buckets) >= 8, buckets                   # the sizes were timed in buckets of their own
 
@@ -207,7 +174,7 @@ def test_columns_are_bitwise_the_same_whatever_the_number_of_columns(gpu, dtype,
     assert rel_err(full.get(), f64(cp, x) @ f64(cp, w)) < tol(dtype, math, K)
     for n in (8, 64, 128, 520, 1000):
         part = cygemm.gemm(x, cp.ascontiguousarray(w[:, :n]), math=math, determinism="batch_invariant")
-        assert np.array_equal(_bits(part), _bits(full[:, :n])), f"columns of N={n} differ from N=1024's"
+        assert np.array_equal(host_bits(cp, part), host_bits(cp, full[:, :n])), f"columns of N={n} differ from N=1024's"
 
 
 @pytest.mark.gpu
@@ -236,8 +203,8 @@ def test_sizes_share_the_bucket_their_m_and_n_round_up_to(gpu):
     assert {b1[differ[0]], b2[differ[0]]} == {128, 256}
     assert b1[11 - differ[0]] == _power_of_two_at_least(N) and b1[7] == K     # N's side rounded, K kept
     cp.cuda.Device().synchronize()
-    assert np.array_equal(_bits(got[100]), _bits(got[120][:100])) and np.array_equal(
-        _bits(got[120]), _bits(got[129][:120]))
+    assert np.array_equal(host_bits(cp, got[100]), host_bits(cp, got[120][:100])) and np.array_equal(
+        host_bits(cp, got[120]), host_bits(cp, got[129][:120]))
 
 
 @pytest.mark.gpu
@@ -258,8 +225,8 @@ def test_run_to_run_gives_the_same_bits_untuned_and_exhaustively_tuned(gpu, dtyp
         q.execute()
         print(f"{dtype} {M}x{Kd}x{Nd}: tuned {q.tuned}")
     cp.cuda.Device().synchronize()
-    assert np.array_equal(_bits(tuned), _bits(untuned))
+    assert np.array_equal(host_bits(cp, tuned), host_bits(cp, untuned))
     assert rel_err(untuned.get(), f64(cp, A) @ f64(cp, B)) < tol(dtype, math, Kd)
     for e in _gemm_entries():
         if e.get("route") == "cublasLt":
-            assert _algo_config(e["algo"], CONFIG_SPLITK_NUM) == 1, e
+            assert algo_config(e["algo"], CONFIG_SPLITK_NUM) == 1, e

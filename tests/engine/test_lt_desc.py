@@ -9,39 +9,16 @@ there). The algorithm as text: a tuned algorithm read back from the tuning file 
 kernel (the same bits, tuned_ms kept); a record whose algorithm is not one (not a string, not
 hex, another length, missing) is ignored and the plan runs the heuristic's choice. CPU: the
 table keeps a record's algorithm as its text until a plan reads it."""
-import ctypes
-import json
-
 import numpy as np
 import pytest
 
 import cygemm
-from cygemm.engine import cuda_paths, plans, tuning
-from gpu_util import f64, poisoned, rand, rel_err
+from cygemm.engine import plans, tuning
+from gpu_util import f64, host_bits, poisoned, rand, rel_err
+from tuning_util import CONFIG_SPLITK_NUM, algo_config, gpu_name, isolated_tuning, write_tuning_file
 from refs import activations
 
 ALGO_BYTES = 64                 # sizeof(cublasLtMatmulAlgo_t): uint64_t data[8] (cublasLt.h)
-CONFIG_SPLITK_NUM = 2           # cublasLtMatmulAlgoConfigAttributes_t (cublasLt.h)
-
-
-def _algo_config(text, attr):
-    """An int32 configuration attribute of the cuBLASLt algorithm whose bytes `text` holds in hex
-    (read by cuBLASLt itself: cublasLtMatmulAlgoConfigGetAttribute, no GPU work)."""
-    raw = bytes.fromhex(text)
-    algo = ctypes.create_string_buffer(raw, len(raw))
-    value, written = ctypes.c_int32(-1), ctypes.c_size_t(0)
-    lib = ctypes.CDLL(cuda_paths.LOADED["cublasLt"])
-    assert lib.cublasLtMatmulAlgoConfigGetAttribute(algo, attr, ctypes.byref(value), ctypes.sizeof(value),
-                                                    ctypes.byref(written)) == 0
-    return value.value
-
-
-def _write_records(path, gpu, records):
-    """A tuning file of this process's versions holding {key: record} of kind "gemm" on `gpu`."""
-    lines = [json.dumps(tuning._header())]
-    lines += [json.dumps({"gpu": gpu, "kind": "gemm", "key": list(key), "record": record})
-              for key, record in records.items()]
-    path.write_text("\n".join(lines) + "\n")
 
 
 # ------------------------------------------------------------------ CPU
@@ -52,7 +29,7 @@ def test_a_recorded_algorithm_is_kept_as_its_text_until_a_plan_reads_it(tmp_path
     path = tmp_path / "t.jsonl"
     records = {(1, 2, 3): {"route": "cublasLt", "algo": "zz" * ALGO_BYTES, "ws": 0, "ms": 0.5},
                (1, 2, 4): {"route": "cublasLt", "algo": "00", "ws": 0, "ms": 0.5}}
-    _write_records(path, "Some GPU sm_90", records)
+    write_tuning_file(path, "Some GPU sm_90", records)
     try:
         assert tuning.load_tuning(path) == 2
         got = {tuple(e["key"]): e["algo"] for e in tuning.tuning_entries() if e["gpu"] == "Some GPU sm_90"}
@@ -71,24 +48,8 @@ def gpu():
     """CuPy; the tuning table kept in this process only; routes and the table restored after."""
     global cp
     cp = pytest.importorskip("cupy")
-    forced = tuning.forced_routes()
-    tuning.force_routes()
-    old = cygemm.set_options(tuning_cache=None)
-    tuning.clear_tuning()
-    yield
-    cygemm.set_options(**old)
-    tuning.force_routes(**forced)
-    tuning.clear_tuning()
-
-
-def _gpu_name():
-    """This GPU as the tuning table names it: its name and compute capability."""
-    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
-    return f"{props['name'].decode(errors='replace')} sm_{props['major']}{props['minor']}"
-
-
-def _bits(x):
-    return cp.asnumpy(x).view(np.uint32 if x.dtype.itemsize == 4 else np.uint16)
+    with isolated_tuning():
+        yield
 
 
 def _gemm_entries():
@@ -112,7 +73,7 @@ def test_a_tuned_algorithm_read_back_from_the_tuning_file_runs_the_same_kernel(g
     (entry,) = [e for e in _gemm_entries() if e["key"][-1] != "bucket"]
     algo = entry["algo"]
     assert isinstance(algo, str) and len(algo) == 2 * ALGO_BYTES and bytes.fromhex(algo)
-    assert _algo_config(algo, CONFIG_SPLITK_NUM) == 1
+    assert algo_config(algo, CONFIG_SPLITK_NUM) == 1
     path = tmp_path / "t.jsonl"
     tuning.save_tuning(path)
     tuning.clear_tuning()
@@ -124,7 +85,7 @@ def test_a_tuned_algorithm_read_back_from_the_tuning_file_runs_the_same_kernel(g
         assert q.tuned and q.route == "cublasLt" and q.tuned_ms == tuned_ms
         q.execute()
     cp.cuda.Device().synchronize()
-    assert np.array_equal(_bits(again), _bits(first))
+    assert np.array_equal(host_bits(cp, again), host_bits(cp, first))
     assert rel_err(first.get(), f64(cp, A) @ f64(cp, B)) < 1e-2
 
 
@@ -153,7 +114,7 @@ def test_a_record_whose_algorithm_is_not_one_is_ignored_and_the_heuristic_runs(g
         record = dict({"route": "cublasLt", "ws": 0, "ms": 0.25}, **NOT_AN_ALGORITHM[case])
     else:
         record = {"route": "cublasGemmEx", "ms": 0.25}
-    _write_records(tmp_path / "t.jsonl", _gpu_name(), {key: record})
+    write_tuning_file(tmp_path / "t.jsonl", gpu_name(cp), {key: record})
     assert tuning.load_tuning(tmp_path / "t.jsonl") == 1
     with cygemm.GemmPlan(A, B, out, math="fp32") as q:
         q.plan()

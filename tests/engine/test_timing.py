@@ -24,6 +24,7 @@ import cygemm
 from cygemm.engine import tuning
 from cygemm.engine.timing import SingleFlight
 from gpu_util import f64, poisoned, rand, rel_err
+from tuning_util import isolated_tuning
 
 WAIT = 10.0         # the longest any step may take before the test calls it a deadlock
 BLOCKED = 0.3       # how long a blocked claim is watched to stay blocked
@@ -234,14 +235,8 @@ def gpu():
     """CuPy; the tuning table kept in this process only, forced routes and options restored."""
     global cp
     cp = pytest.importorskip("cupy")
-    forced = tuning.forced_routes()
-    tuning.force_routes()
-    old = cygemm.set_options(tuning_cache=None)
-    tuning.clear_tuning()
-    yield
-    cygemm.set_options(**old)
-    tuning.force_routes(**forced)
-    tuning.clear_tuning()
+    with isolated_tuning():
+        yield
 
 
 def _event_ms(run, reps):
