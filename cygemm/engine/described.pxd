@@ -31,7 +31,7 @@ cdef class Addresses:
 cdef object layout_operand(object x, str name, Addresses addresses)
 # Whether x is read as a (shape, dtype) pair: two items, the second no number, sequence or array
 # (a dtype, checked when read, as its shape is).
-cdef bint is_pair(object x)
+cpdef bint is_pair(object x)
 # Whether x (as layout_operand returned it) has memory whose address a description may show.
 cdef bint has_memory(object x)
 # One mapped call: M, N, K, batch, swapped, cublas_a, cublas_b, why (row-major terms, with the

@@ -107,7 +107,7 @@ cdef ArrayLayout _layout(str name, tuple shape, object strides, object dt, uintp
     return x
 
 
-cdef bint is_pair(object x):
+cpdef bint is_pair(object x):
     # (a dtype is a name or a dtype object: never a number, a sequence or an array)
     # (the shape is checked by the pair's reader, naming what is wrong with it)
     return (isinstance(x, (tuple, list)) and len(x) == 2

@@ -12,6 +12,7 @@ import math
 import cupy
 import numpy as np
 
+from cygemm.engine.described import is_pair
 from cygemm.engine.dtypes import BY_ANY_NAME, LEVELS, expected, names
 
 # The dtypes cygemm's engine multiplies; a pair of them stays on cuBLAS.
@@ -27,7 +28,7 @@ def dtype_name(x):
     then reads and refuses it, naming the argument)."""
     try:
         if isinstance(x, (tuple, list)):
-            if len(x) != 2 or isinstance(x[1], (tuple, list, int, float)):
+            if not is_pair(x):
                 return None         # no (shape, dtype) pair: the GEMM path refuses it, naming it
             dt = x[1]
         elif _is_torch(x):
