@@ -33,8 +33,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # the modules that launch it.
 MODULES = {"engine.dtypes": [], "engine.errors": [], "engine.settings": [], "engine.streams": [], "engine.release": [], "engine.context": [], "engine.mapping": [],
            "engine.described": [], "engine.arrays": [], "engine.overlap": [], "engine.alloc": [], "engine.args": [],
-           "engine.timing": ["timing"], "engine.tuning": [], "engine.chooser": [], "engine.ktail": [], "engine.launch": [], "engine.lt_desc": [], "engine.families": [], "engine.candidates": [], "engine.plans": [], "engine.execute": [], "engine.int8": [], "engine.operands": [],
-           "engine.routes": [], "engine.epilogues": [], "rowmajor.gemm": [], "rowmajor.plan": [], "engine.batch_layout": [], "rowmajor.matmul": [],
+           "engine.timing": ["timing"], "engine.tuning": [], "engine.chooser": [], "engine.ktail": [], "engine.launch": [], "engine.lt_desc": [], "engine.families": [], "engine.candidates": [], "engine.plans": [], "engine.routes": [], "engine.small_batched": ["small_batched"], "engine.execute": [], "engine.int8": [], "engine.operands": [],
+           "engine.epilogues": [], "rowmajor.gemm": [], "rowmajor.plan": [], "engine.batch_layout": [], "rowmajor.matmul": [],
            "engine.dense_routes": ["elementwise"], "dense.layer": ["elementwise"], "fp8.convert": ["fp8"],
            "engine.fp8_args": [], "fp8.scales": ["fp8_scales"], "fp8.scaled": [], "dense.elementwise": ["elementwise"], "engine.groups": [], "grouped.gemm": ["grouped"], "engine.graph": [],
            "nn._kernels": ["nn"], "backend._kernels": ["backend"]}
@@ -43,12 +43,12 @@ HEADERS = ["cygemm/kernels/include/cygemm/kernels.h", "cygemm/kernels/include/cy
            "cygemm/kernels/include/cygemm/grouped_kernels.h",
            "cygemm/kernels/include/cygemm/convert.h", "cygemm/kernels/include/cygemm/nn_kernels.h",
            "cygemm/kernels/include/cygemm/backend_kernels.h", "cygemm/kernels/include/cygemm/warp_reduce.cuh",
-           "cygemm/kernels/include/cygemm/sm_count.cuh"]
+           "cygemm/kernels/include/cygemm/sm_count.cuh", "cygemm/kernels/include/cygemm/small_batched_kernels.h"]
 KERNELS = sorted({k for kernels in MODULES.values() for k in kernels})
 CYTHON_DIRECTIVES = {"language_level": 3, "binding": True}
 # nvcc's files, longest first (measured: elementwise's 96 template kernels take 3/4 of nvcc's
 # time): the longest starts first, and modules that wait on none of them build meanwhile.
-KERNELS_LONGEST_FIRST = ["elementwise", "fp8", "fp8_scales", "nn", "backend", "grouped", "timing"]
+KERNELS_LONGEST_FIRST = ["elementwise", "fp8", "fp8_scales", "nn", "backend", "small_batched", "grouped", "timing"]
 
 
 def kernel_source(name):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build benchmarks/small_batched_probe.cu against the cuBLAS cygemm loads and run it:
-#   bash scripts/small_batched_probe.sh [float32|float16|float64|all]
+#   bash scripts/small_batched_probe.sh [float32|float16|bfloat16|float64|complex|layouts|all]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 read -r NVCC INC LIB < <(python3 -c "
@@ -9,5 +9,5 @@ from cygemm.engine import cuda_paths as c
 print(c.find_nvcc(), c.header_dir('cublas'), os.path.dirname(c.load_cublas()['cublas']))")
 EXE=$(mktemp -d)/small_batched_probe
 "$NVCC" -O3 -std=c++17 -arch=sm_${CYGEMM_CUDA_ARCHS:-90} benchmarks/small_batched_probe.cu -o "$EXE" \
-    -I"$INC" -L"$LIB" -l:libcublas.so.13 -Xlinker=-rpath="$LIB"
+    -Icygemm/kernels/include -I"$INC" -L"$LIB" -l:libcublas.so.13 -Xlinker=-rpath="$LIB"
 "$EXE" "${1:-all}"

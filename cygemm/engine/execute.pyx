@@ -23,6 +23,7 @@ from cygemm.engine.settings cimport Policy, DETERMINISM_BATCH_INVARIANT
 from cygemm.engine.timing cimport worth_tuning
 from cygemm.engine.ktail cimport gemmex_drops
 from cygemm.engine.plans cimport Plan, get_plan, forced_gemm, raise_no_family
+from cygemm.engine.small_batched cimport small_batched_fits, run_small_batched
 
 # How many of the next cuBLASLt executes are answered as refused without running: the tests'
 # way to reach each refusal policy (cuBLASLt refuses rarely, and not on demand).
@@ -100,6 +101,11 @@ cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, 
     cdef int64_t batch = g.batch if g.strided_batched else 1
     cdef int forced = forced_gemm()
     cdef bint invariant = policy.determinism == DETERMINISM_BATCH_INVARIANT
+    # A batch of small matrices: cygemm's kernel where it is faster (its route table decides).
+    if small_batched_fits(g, dtype, compute, policy):
+        with gil:
+            if run_small_batched(ctx, stream, g, dtype, compute, sc, policy):
+                return 0
     # cublasGemmEx (its own kernel choice, guarded in launch) for no batch-invariant call but k = 0;
     # small problems too, unless its kernel would drop part of K (then their guarded plan).
     if g.k == 0 or (not invariant and (

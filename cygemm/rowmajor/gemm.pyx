@@ -20,6 +20,7 @@ from cygemm.engine.args cimport check_overlaps
 from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm.engine.settings cimport Policy, call_policy, default_policy
 from cygemm.engine.execute cimport run_gemm
+from cygemm.engine.small_batched cimport describe_route_of
 from cygemm.engine.operands cimport parse_trans, read_gemm
 from cygemm.engine.operands import ConjugateLayoutError
 
@@ -358,4 +359,7 @@ def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, bint batched=
                         "every one gives the same exact sums)")
     d.update(strided_batched=bool(g.strided_batched),
              int64_api=max(g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch) > INT32_MAX)
+    cdef Policy policy
+    call_policy(None, None, &policy)
+    d.update(describe_route_of(&g, c.views[2].dtype, policy))
     return d

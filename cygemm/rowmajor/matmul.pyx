@@ -21,6 +21,7 @@ from cygemm.engine.dtypes cimport dtype_name
 from cygemm.engine.args cimport CallArgs, args_init, add_view, prepare_call, CALL_GEMM, ARG_READ, ARG_WRITE
 from cygemm.engine.settings cimport Policy, call_policy, default_policy
 from cygemm.engine.execute cimport run_gemm
+from cygemm.engine.small_batched cimport describe_route_of
 from cygemm.engine.mapping cimport MapResult, MAP_OK, map_rowmajor_gemm, check_batch_disjoint, is_rowmajor, layout_error
 from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm.engine.batch_layout cimport (BatchLayout, MatmulPlan, read_layout, result_shape, has_result_shape,
@@ -298,7 +299,9 @@ cdef int _run_all(GemmContext* ctx, cudaStream_t s, const BatchLayout* L, const 
         map_rowmajor_gemm(&va, &vb, &vc, False, False, &g)   # same strides as the checked call
         g.strided_batched = g.batch > 1
         if calls is not None:
-            calls.append(describe_call(&va, &vb, &vc, &g, False, False, ("a", "b", "out"), memory))
+            described = describe_call(&va, &vb, &vc, &g, False, False, ("a", "b", "out"), memory)
+            described.update(describe_route_of(&g, t, policy))
+            calls.append(described)
         else:
             with nogil:
                 run_gemm(ctx, s, &g, t, compute, &sc, policy)

@@ -1,0 +1,345 @@
+// Batched GEMMs of small matrices (cygemm/kernels/include/cygemm/small_batched_kernels.h).
+//
+// A block takes a run of whole matrices (mpb of them): it stages their A and B in shared memory,
+// converted to the accumulation type (conjugated where asked) and kept in their stored layout,
+// then each thread computes a tile of one C (1x1, 2x2 or 4x4 elements) adding the K products in
+// order, and writes alpha * sum + beta * C. Staging reads a run whose matrices lie one after
+// another with 16-byte loads, any other layout element by element; a broadcast operand (batch
+// stride 0) is staged once per block. benchmarks/small_batched_probe.cu measured the shapes.
+#include "cygemm/small_batched_kernels.h"
+#include "cygemm/sm_count.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace {
+
+// ---------------------------------------------------------------- numbers
+// Storage type -> the type its products are added in (fp32 for the 16-bit types), and how a
+// value enters and leaves it.
+template <typename T> struct Num { using Acc = float; };
+template <> struct Num<double> { using Acc = double; };
+template <> struct Num<float2> { using Acc = float2; };
+template <> struct Num<double2> { using Acc = double2; };
+
+__device__ __forceinline__ float widen(float x) { return x; }
+__device__ __forceinline__ float widen(__half x) { return __half2float(x); }
+__device__ __forceinline__ float widen(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ double widen(double x) { return x; }
+__device__ __forceinline__ float2 widen(float2 x) { return x; }
+__device__ __forceinline__ double2 widen(double2 x) { return x; }
+
+template <typename T> __device__ __forceinline__ T narrow(typename Num<T>::Acc x) { return x; }
+template <> __device__ __forceinline__ __half narrow<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 narrow<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+__device__ __forceinline__ float conj_if(float x, bool) { return x; }
+__device__ __forceinline__ double conj_if(double x, bool) { return x; }
+__device__ __forceinline__ float2 conj_if(float2 x, bool c) { return c ? make_float2(x.x, -x.y) : x; }
+__device__ __forceinline__ double2 conj_if(double2 x, bool c) { return c ? make_double2(x.x, -x.y) : x; }
+
+// c + a * b
+__device__ __forceinline__ float mad(float a, float b, float c) { return fmaf(a, b, c); }
+__device__ __forceinline__ double mad(double a, double b, double c) { return fma(a, b, c); }
+__device__ __forceinline__ float2 mad(float2 a, float2 b, float2 c) {
+    return make_float2(fmaf(-a.y, b.y, fmaf(a.x, b.x, c.x)), fmaf(a.y, b.x, fmaf(a.x, b.y, c.y)));
+}
+__device__ __forceinline__ double2 mad(double2 a, double2 b, double2 c) {
+    return make_double2(fma(-a.y, b.y, fma(a.x, b.x, c.x)), fma(a.y, b.x, fma(a.x, b.y, c.y)));
+}
+template <typename A> __host__ __device__ __forceinline__ A zero();
+template <> __host__ __device__ __forceinline__ float zero<float>() { return 0.0f; }
+template <> __host__ __device__ __forceinline__ double zero<double>() { return 0.0; }
+template <> __host__ __device__ __forceinline__ float2 zero<float2>() { return make_float2(0.0f, 0.0f); }
+template <> __host__ __device__ __forceinline__ double2 zero<double2>() { return make_double2(0.0, 0.0); }
+
+template <typename A> A scalar(double re, double im);
+template <> float scalar<float>(double re, double) { return float(re); }
+template <> double scalar<double>(double re, double) { return re; }
+template <> float2 scalar<float2>(double re, double im) { return make_float2(float(re), float(im)); }
+template <> double2 scalar<double2>(double re, double im) { return make_double2(re, im); }
+
+// ---------------------------------------------------------------- division by a fixed divisor
+// n / d for 0 <= n < 2**31 by a multiply and a shift (Granlund and Montgomery): the block's
+// index arithmetic divides by runtime sizes on every element.
+struct Divider {
+    uint32_t mult, shift;
+    Divider() = default;
+    explicit Divider(uint32_t d) {
+        shift = 0;
+        while ((uint64_t(1) << shift) < d) ++shift;
+        mult = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << shift) - d)) / d + 1);
+    }
+    __device__ __forceinline__ int div(int n) const {
+        return int((uint64_t(__umulhi(uint32_t(n), mult)) + uint32_t(n)) >> shift);
+    }
+};
+
+// ---------------------------------------------------------------- one operand's layout
+struct Operand {
+    long long ld, stride;       // elements
+    int rows, span;             // stored rows; elements of one matrix
+    Divider by_span, by_rows;
+    bool conj, broadcast;       // conjugated; batch stride 0 (one matrix, staged once)
+    bool run;                   // a run of matrices is one contiguous range
+    bool vector;                // ... starting on 16 bytes: copied 16 bytes at a time
+    int step_inner, step_k;     // shared-memory strides of op(X) along its other index and along K
+};
+
+template <typename T>
+struct Params {
+    using Acc = typename Num<T>::Acc;
+    const T* a;
+    const T* b;
+    T* c;
+    Operand oa, ob;
+    long long ldc, stride_c, batch;
+    int m, n, k;
+    int mpb;                    // matrices a block takes at a time
+    int tiles_m, tiles;         // tiles along a column of C, tiles of one C
+    Divider by_tiles, by_tiles_m;
+    Acc alpha, beta;
+    bool beta_zero;
+};
+
+// Stage `count` matrices of one operand from g (its first) into s, in their stored layout.
+template <typename T, typename Acc>
+__device__ __forceinline__ void stage(Acc* __restrict__ s, const T* __restrict__ g, const Operand& o, int count) {
+    const int total = count * o.span;
+    if (o.vector) {
+        constexpr int V = 16 / sizeof(T);
+        const uint4* gv = reinterpret_cast<const uint4*>(g);
+        const int nv = total / V;
+        for (int v = threadIdx.x; v < nv; v += blockDim.x) {
+            const uint4 raw = gv[v];
+            const T* x = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+            for (int u = 0; u < V; ++u) s[v * V + u] = conj_if(widen(x[u]), o.conj);
+        }
+        for (int e = nv * V + threadIdx.x; e < total; e += blockDim.x) s[e] = conj_if(widen(g[e]), o.conj);
+    } else if (o.run) {
+        for (int e = threadIdx.x; e < total; e += blockDim.x) s[e] = conj_if(widen(g[e]), o.conj);
+    } else {
+        for (int e = threadIdx.x; e < total; e += blockDim.x) {
+            const int q = o.by_span.div(e), r = e - q * o.span;
+            const int col = o.by_rows.div(r), row = r - col * o.rows;
+            s[e] = conj_if(widen(g[q * o.stride + row + col * o.ld]), o.conj);
+        }
+    }
+}
+
+template <typename T, int RM, int RN>
+__global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
+    using Acc = typename Num<T>::Acc;
+    extern __shared__ __align__(16) unsigned char smem[];
+    Acc* sa = reinterpret_cast<Acc*>(smem);
+    Acc* sb = sa + (p.oa.broadcast ? p.oa.span : p.mpb * p.oa.span);
+    if (p.oa.broadcast) stage(sa, p.a, p.oa, 1);
+    if (p.ob.broadcast) stage(sb, p.b, p.ob, 1);
+    for (long long first = blockIdx.x * (long long)p.mpb; first < p.batch; first += gridDim.x * (long long)p.mpb) {
+        const int count = int(p.batch - first < p.mpb ? p.batch - first : p.mpb);
+        if (!p.oa.broadcast) stage(sa, p.a + first * p.oa.stride, p.oa, count);
+        if (!p.ob.broadcast) stage(sb, p.b + first * p.ob.stride, p.ob, count);
+        __syncthreads();
+        const int work = count * p.tiles;
+        for (int t = threadIdx.x; t < work; t += blockDim.x) {
+            const int q = p.by_tiles.div(t), tt = t - q * p.tiles;
+            const int tj = p.by_tiles_m.div(tt), ti = tt - tj * p.tiles_m;
+            const int i0 = ti * RM, j0 = tj * RN;
+            const Acc* a = sa + (p.oa.broadcast ? 0 : q * p.oa.span);
+            const Acc* b = sb + (p.ob.broadcast ? 0 : q * p.ob.span);
+            int ao[RM], bo[RN];
+#pragma unroll
+            for (int ii = 0; ii < RM; ++ii) ao[ii] = min(i0 + ii, p.m - 1) * p.oa.step_inner;   // (clamped: rows
+#pragma unroll
+            for (int jj = 0; jj < RN; ++jj) bo[jj] = min(j0 + jj, p.n - 1) * p.ob.step_inner;   //  past the end unused)
+            Acc acc[RM][RN];
+#pragma unroll
+            for (int ii = 0; ii < RM; ++ii)
+#pragma unroll
+                for (int jj = 0; jj < RN; ++jj) acc[ii][jj] = zero<Acc>();
+            for (int kk = 0; kk < p.k; ++kk) {
+                Acc av[RM], bv[RN];
+#pragma unroll
+                for (int ii = 0; ii < RM; ++ii) av[ii] = a[ao[ii]];
+#pragma unroll
+                for (int jj = 0; jj < RN; ++jj) bv[jj] = b[bo[jj]];
+#pragma unroll
+                for (int ii = 0; ii < RM; ++ii)
+#pragma unroll
+                    for (int jj = 0; jj < RN; ++jj) acc[ii][jj] = mad(av[ii], bv[jj], acc[ii][jj]);
+                a += p.oa.step_k;
+                b += p.ob.step_k;
+            }
+            T* c = p.c + (first + q) * p.stride_c;
+#pragma unroll
+            for (int jj = 0; jj < RN; ++jj)
+#pragma unroll
+                for (int ii = 0; ii < RM; ++ii) {
+                    const int i = i0 + ii, j = j0 + jj;
+                    if (i < p.m && j < p.n) {
+                        T* ce = c + i + j * p.ldc;
+                        Acc v = mad(p.alpha, acc[ii][jj], zero<Acc>());
+                        if (!p.beta_zero) v = mad(p.beta, widen(*ce), v);
+                        *ce = narrow<T>(v);
+                    }
+                }
+        }
+        __syncthreads();
+    }
+}
+
+// ---------------------------------------------------------------- the host side
+
+constexpr int SMEM_LIMIT = 48 << 10;           // bytes a block may take without opting in
+
+int type_size(cudaDataType t) {
+    switch (t) {
+        case CUDA_R_16F: case CUDA_R_16BF: return 2;
+        case CUDA_R_32F: return 4;
+        case CUDA_R_64F: case CUDA_C_32F: return 8;
+        case CUDA_C_64F: return 16;
+        default: return 0;
+    }
+}
+
+int acc_size(cudaDataType t) { return t == CUDA_R_16F || t == CUDA_R_16BF ? 4 : type_size(t); }
+
+bool is_complex(cudaDataType t) { return t == CUDA_C_32F || t == CUDA_C_64F; }
+
+long long gcd(long long a, long long b) { while (b) { long long t = a % b; a = b; b = t; } return a; }
+
+Operand operand(const void* ptr, int op, long long rows_op, long long cols_op, long long ld, long long stride,
+                bool complex) {
+    // op(X) is rows_op x cols_op; X as stored is its transpose under a transposing op.
+    Operand o{};
+    const bool t = op != 0;
+    const long long rows = t ? cols_op : rows_op, cols = t ? rows_op : cols_op;
+    o.ld = ld;
+    o.stride = stride;
+    o.rows = int(rows);
+    o.span = int(rows * cols);
+    o.by_span = Divider(uint32_t(o.span));
+    o.by_rows = Divider(uint32_t(rows));
+    o.conj = complex && op == 2;
+    o.broadcast = stride == 0;
+    const bool contiguous = ld == rows || cols == 1;
+    o.run = contiguous && (o.broadcast || stride == o.span);
+    o.vector = o.run && (reinterpret_cast<uintptr_t>(ptr) % 16 == 0);
+    // Shared memory holds X as stored (packed): op(X)(r, kk) is at r*step_inner + kk*step_k for
+    // A (r a row of op(A)) and kk*step_k + r*step_inner for B (r a column of op(B)).
+    return o;
+}
+
+template <typename T, int RM, int RN>
+cudaError_t launch(const cygemm_small_batched_args* g, const cygemm_small_batched_shape& shape, cudaStream_t stream) {
+    using Acc = typename Num<T>::Acc;
+    const int size = sizeof(T), acc = sizeof(Acc);
+    const bool complex = is_complex(g->dtype);
+    Params<T> p{};
+    p.a = static_cast<const T*>(g->a);
+    p.b = static_cast<const T*>(g->b);
+    p.c = static_cast<T*>(g->c);
+    p.m = int(g->m);
+    p.n = int(g->n);
+    p.k = int(g->k);
+    p.oa = operand(g->a, g->opa, g->m, g->k, g->lda, g->stride_a, complex);
+    p.ob = operand(g->b, g->opb, g->k, g->n, g->ldb, g->stride_b, complex);
+    // op(A)(i, kk): stored (i, kk) at i + kk*m, or (kk, i) at kk + i*k.
+    p.oa.step_inner = g->opa == 0 ? 1 : p.k;
+    p.oa.step_k = g->opa == 0 ? p.m : 1;
+    // op(B)(kk, j): stored (kk, j) at kk + j*k, or (j, kk) at j + kk*n.
+    p.ob.step_inner = g->opb == 0 ? p.k : 1;
+    p.ob.step_k = g->opb == 0 ? 1 : p.n;
+    p.ldc = g->ldc;
+    p.stride_c = g->stride_c;
+    p.batch = g->batch;
+    p.alpha = scalar<Acc>(g->alpha_re, g->alpha_im);
+    p.beta = scalar<Acc>(g->beta_re, g->beta_im);
+    p.beta_zero = g->beta_re == 0.0 && g->beta_im == 0.0;
+
+    // Matrices per block: as many as the shared memory given holds, a multiple of what keeps
+    // every run on 16 bytes, and few enough that every SM gets two blocks.
+    const long long fixed = (p.oa.broadcast ? p.oa.span : 0) + (p.ob.broadcast ? p.ob.span : 0);
+    const long long per = (p.oa.broadcast ? 0 : p.oa.span) + (p.ob.broadcast ? 0 : p.ob.span);
+    long long mpb = per == 0 ? 256 : (shape.smem_bytes / acc - fixed) / per;
+    if (mpb < 1) mpb = 1;
+    long long granule = 1;
+    for (const Operand* o : {&p.oa, &p.ob})
+        if (o->vector && !o->broadcast) {
+            const long long gq = 16 / gcd(16, (long long)o->span * size);
+            granule = granule / gcd(granule, gq) * gq;
+        }
+    const long long blocks_wanted = 2LL * cygemm_grid::sm_count();
+    if ((g->batch + mpb - 1) / mpb < blocks_wanted) mpb = (g->batch + blocks_wanted - 1) / blocks_wanted;
+    if (mpb >= granule) mpb -= mpb % granule;
+    for (Operand* o : {&p.oa, &p.ob})                 // a run that would start off 16 bytes
+        if (o->vector && !o->broadcast && (mpb * o->span * size) % 16 != 0) o->vector = false;
+    p.mpb = int(mpb);
+    const long long smem = (fixed + mpb * per) * acc;
+    if (smem > SMEM_LIMIT) return cudaErrorInvalidValue;
+
+    p.tiles_m = (p.m + RM - 1) / RM;
+    p.tiles = p.tiles_m * ((p.n + RN - 1) / RN);
+    p.by_tiles = Divider(uint32_t(p.tiles));
+    p.by_tiles_m = Divider(uint32_t(p.tiles_m));
+    long long grid = (g->batch + mpb - 1) / mpb;
+    const long long most = 32LL * cygemm_grid::sm_count();
+    if (grid > most) grid = most;
+    small_batched<T, RM, RN><<<unsigned(grid), shape.threads, size_t(smem), stream>>>(p);
+    return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_tile(const cygemm_small_batched_args* g, const cygemm_small_batched_shape& s, cudaStream_t st) {
+    switch (s.tile) {
+        case CYGEMM_SMALL_TILE_1X1: return launch<T, 1, 1>(g, s, st);
+        case CYGEMM_SMALL_TILE_2X2: return launch<T, 2, 2>(g, s, st);
+        default: return launch<T, 4, 4>(g, s, st);
+    }
+}
+
+}  // namespace
+
+extern "C" int cygemm_small_batched_fits(const cygemm_small_batched_args* g) {
+    const int acc = acc_size(g->dtype);
+    if (acc == 0 || g->opa < 0 || g->opa > 2 || g->opb < 0 || g->opb > 2) return 0;
+    if (g->m < 1 || g->n < 1 || g->k < 1 || g->m > 64 || g->n > 64 || g->k > 64 || g->batch < 1) return 0;
+    if ((g->m * g->k + g->k * g->n) * acc > SMEM_LIMIT) return 0;
+    const uintptr_t size = uintptr_t(type_size(g->dtype));      // whole elements (complex128: 16 bytes)
+    if (uintptr_t(g->a) % size || uintptr_t(g->b) % size || uintptr_t(g->c) % size) return 0;
+    // Batch strides and leading dimensions of 32-bit products within a block (offsets are 64-bit).
+    return g->lda < (1LL << 31) && g->ldb < (1LL << 31) && g->ldc < (1LL << 31) && g->stride_a >= 0
+           && g->stride_b >= 0 && g->stride_c >= 0;
+}
+
+extern "C" cygemm_small_batched_shape cygemm_small_batched_rule(const cygemm_small_batched_args* g) {
+    cygemm_small_batched_shape s;
+    const long long big = g->m > g->n ? g->m : g->n;
+    s.tile = g->m * g->n <= 4 ? CYGEMM_SMALL_TILE_2X2 : big >= 16 ? CYGEMM_SMALL_TILE_4X4 : CYGEMM_SMALL_TILE_1X1;
+    s.threads = 256;
+    s.smem_bytes = 8 << 10;
+    return s;
+}
+
+extern "C" cudaError_t cygemm_small_batched_shaped(const cygemm_small_batched_args* g, cygemm_small_batched_shape s,
+                                                   cudaStream_t stream) {
+    if (!cygemm_small_batched_fits(g) || s.tile < 0 || s.tile >= CYGEMM_SMALL_TILES || s.threads < 32
+        || s.threads > 256 || s.threads % 32 != 0 || s.smem_bytes < 1 || s.smem_bytes > SMEM_LIMIT)
+        return cudaErrorInvalidValue;
+    switch (g->dtype) {
+        case CUDA_R_32F: return launch_tile<float>(g, s, stream);
+        case CUDA_R_16F: return launch_tile<__half>(g, s, stream);
+        case CUDA_R_16BF: return launch_tile<__nv_bfloat16>(g, s, stream);
+        case CUDA_R_64F: return launch_tile<double>(g, s, stream);
+        case CUDA_C_32F: return launch_tile<float2>(g, s, stream);
+        case CUDA_C_64F: return launch_tile<double2>(g, s, stream);
+        default: return cudaErrorInvalidValue;
+    }
+}
+
+extern "C" cudaError_t cygemm_small_batched(const cygemm_small_batched_args* g, cudaStream_t stream) {
+    return cygemm_small_batched_shaped(g, cygemm_small_batched_rule(g), stream);
+}
