@@ -37,6 +37,7 @@ import hopper  # noqa: E402
 import host  # noqa: E402
 import matmul_section  # noqa: E402
 import reproducibility  # noqa: E402
+import small_batched  # noqa: E402
 import training  # noqa: E402
 import wide_dtypes  # noqa: E402
 from common import build_floor, clocks, environment  # noqa: E402
@@ -63,6 +64,7 @@ SECTIONS = {
     "elementwise": hopper.elementwise_section,
     "determinism": reproducibility.determinism_section,
     "dtypes": wide_dtypes.dtypes_section,
+    "small_batched": small_batched.small_batched_section,
 }
 
 

@@ -215,19 +215,18 @@ static void probe(const Type& t, int m, int n, int k, int opa = 0, int opb = 0, 
     CHECK(cudaEventDestroy(a)); CHECK(cudaEventDestroy(b));
 }
 
-static void probe_type(const Type& t, bool full) {
-    const int sizes_full[] = {2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64};
-    const int sizes_few[] = {2, 4, 8, 16, 32};
-    if (full) {
-        for (int s : sizes_full) probe(t, s, s, s);
-        probe(t, 4, 4, 16);
-        probe(t, 16, 64, 16);
-        probe(t, 3, 3, 1);
-        probe(t, 8, 32, 8);
-        probe(t, 32, 8, 32);
-    } else {
-        for (int s : sizes_few) probe(t, s, s, s);
-    }
+static void probe_type(const Type& t, bool sweep) {
+    for (int s : {2, 3, 4, 5, 6, 8, 12, 16, 24, 32}) probe(t, s, s, s, 0, 0, false, sweep);
+    for (int s : {48, 64}) probe(t, s, s, s, 0, 0, false, false);
+    probe(t, 4, 4, 16, 0, 0, false, sweep);
+    probe(t, 16, 64, 16, 0, 0, false, sweep);
+    probe(t, 3, 3, 1, 0, 0, false, sweep);
+    probe(t, 8, 32, 8, 0, 0, false, sweep);
+    probe(t, 32, 8, 32, 0, 0, false, sweep);
+}
+
+static void probe_complex(const Type& t) {
+    for (int s : {2, 4, 8, 16, 32}) probe(t, s, s, s);
 }
 
 static void probe_layouts(const Type& t) {
@@ -254,9 +253,9 @@ int main(int argc, char** argv) {
     const std::string which = argc > 1 ? argv[1] : "all";
     if (which == "all" || which == "float32") probe_type(F32, true);
     if (which == "all" || which == "float16") probe_type(F16, true);
-    if (which == "all" || which == "bfloat16") probe_type(BF16, true);
+    if (which == "all" || which == "bfloat16") probe_type(BF16, false);     // (float16's shapes)
     if (which == "all" || which == "float64") probe_type(F64, true);
-    if (which == "all" || which == "complex") { probe_type(C64, false); probe_type(C128, false); }
+    if (which == "all" || which == "complex") { probe_complex(C64); probe_complex(C128); }
     if (which == "all" || which == "layouts") { probe_layouts(F32); probe_layouts(F16); }
     CHECK_BLAS(cublasDestroy(handle));
     return 0;

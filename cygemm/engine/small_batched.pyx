@@ -86,12 +86,14 @@ cdef bint small_batched_fits(const ColMajorGemm* g, cudaDataType dtype, cublasCo
 # ---------------------------------------------------------------- the measured rule
 
 cdef bint kernel_rule(const cygemm_small_batched_args* a) noexcept nogil:
-    """Whether the kernel beat cuBLAS on the H200 for this dtype and these sizes, at every batch
-    measured (benchmarks/results/small_batched_probe_*.txt)."""
-    cdef long long big = a.m if a.m > a.n else a.n
-    if a.k > big:
-        big = a.k
-    return big <= 16
+    """Whether the kernel beat cuBLAS on the H200 for these sizes at 384 MiB batches
+    (benchmarks/results/small_batched_probe_*.txt): up to 16^3 multiply-adds a matrix, sides up
+    to 32 (8 x 32 x 8 and 32 x 8 x 32 ran 1.0-2.0x cuBLAS; 24^3, 16 x 64 x 16 and 32^3 slower);
+    a transposed A only up to sides of 8 (16^3 with A transposed ran 0.80x in float32)."""
+    cdef long long big = max(a.m, a.n, a.k)
+    if a.opa != 0 and big > 8:
+        return False
+    return big <= 32 and a.m * a.n * a.k <= 16 * 16 * 16
 
 
 # ---------------------------------------------------------------- the table

@@ -98,6 +98,7 @@ struct Params {
     long long ldc, stride_c, batch;
     int m, n, k;
     int mpb;                    // matrices a block takes at a time
+    int b_offset;               // where B's matrices start in shared memory (elements, on 16 bytes)
     int tiles_m, tiles;         // tiles along a column of C, tiles of one C
     Divider by_tiles, by_tiles_m;
     Acc alpha, beta;
@@ -109,14 +110,20 @@ template <typename T, typename Acc>
 __device__ __forceinline__ void stage(Acc* __restrict__ s, const T* __restrict__ g, const Operand& o, int count) {
     const int total = count * o.span;
     if (o.vector) {
-        constexpr int V = 16 / sizeof(T);
+        // 16 bytes in, each value widened, stored 16 bytes at a time (scalar shared-memory
+        // stores of consecutive values would conflict on banks: 4 to 8 ways).
+        constexpr int V = 16 / sizeof(T), W = V * sizeof(Acc) / 16;
         const uint4* gv = reinterpret_cast<const uint4*>(g);
         const int nv = total / V;
         for (int v = threadIdx.x; v < nv; v += blockDim.x) {
             const uint4 raw = gv[v];
             const T* x = reinterpret_cast<const T*>(&raw);
+            union { Acc w[V]; uint4 q[W]; } out;
 #pragma unroll
-            for (int u = 0; u < V; ++u) s[v * V + u] = conj_if(widen(x[u]), o.conj);
+            for (int u = 0; u < V; ++u) out.w[u] = conj_if(widen(x[u]), o.conj);
+            uint4* d = reinterpret_cast<uint4*>(s + v * V);
+#pragma unroll
+            for (int u = 0; u < W; ++u) d[u] = out.q[u];
         }
         for (int e = nv * V + threadIdx.x; e < total; e += blockDim.x) s[e] = conj_if(widen(g[e]), o.conj);
     } else if (o.run) {
@@ -135,7 +142,7 @@ __global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
     using Acc = typename Num<T>::Acc;
     extern __shared__ __align__(16) unsigned char smem[];
     Acc* sa = reinterpret_cast<Acc*>(smem);
-    Acc* sb = sa + (p.oa.broadcast ? p.oa.span : p.mpb * p.oa.span);
+    Acc* sb = sa + p.b_offset;
     if (p.oa.broadcast) stage(sa, p.a, p.oa, 1);
     if (p.ob.broadcast) stage(sb, p.b, p.ob, 1);
     for (long long first = blockIdx.x * (long long)p.mpb; first < p.batch; first += gridDim.x * (long long)p.mpb) {
@@ -278,7 +285,9 @@ cudaError_t launch(const cygemm_small_batched_args* g, const cygemm_small_batche
     for (Operand* o : {&p.oa, &p.ob})                 // a run that would start off 16 bytes
         if (o->vector && !o->broadcast && (mpb * o->span * size) % 16 != 0) o->vector = false;
     p.mpb = int(mpb);
-    const long long smem = (fixed + mpb * per) * acc;
+    const long long a_elems = p.oa.broadcast ? p.oa.span : mpb * p.oa.span, align = 16 / acc > 1 ? 16 / acc : 1;
+    p.b_offset = int((a_elems + align - 1) / align * align);
+    const long long smem = (p.b_offset + (p.ob.broadcast ? p.ob.span : mpb * p.ob.span)) * acc;
     if (smem > SMEM_LIMIT) return cudaErrorInvalidValue;
 
     p.tiles_m = (p.m + RM - 1) / RM;
@@ -307,7 +316,7 @@ extern "C" int cygemm_small_batched_fits(const cygemm_small_batched_args* g) {
     const int acc = acc_size(g->dtype);
     if (acc == 0 || g->opa < 0 || g->opa > 2 || g->opb < 0 || g->opb > 2) return 0;
     if (g->m < 1 || g->n < 1 || g->k < 1 || g->m > 64 || g->n > 64 || g->k > 64 || g->batch < 1) return 0;
-    if ((g->m * g->k + g->k * g->n) * acc > SMEM_LIMIT) return 0;
+    if ((g->m * g->k + g->k * g->n + 4) * acc > SMEM_LIMIT) return 0;     // (+ B's alignment)
     const uintptr_t size = uintptr_t(type_size(g->dtype));      // whole elements (complex128: 16 bytes)
     if (uintptr_t(g->a) % size || uintptr_t(g->b) % size || uintptr_t(g->c) % size) return 0;
     // Batch strides and leading dimensions of 32-bit products within a block (offsets are 64-bit).
@@ -316,11 +325,24 @@ extern "C" int cygemm_small_batched_fits(const cygemm_small_batched_args* g) {
 }
 
 extern "C" cygemm_small_batched_shape cygemm_small_batched_rule(const cygemm_small_batched_args* g) {
+    // The fastest shapes of benchmarks/small_batched_probe.cu on an H200 (384 MiB batches).
     cygemm_small_batched_shape s;
-    const long long big = g->m > g->n ? g->m : g->n;
-    s.tile = g->m * g->n <= 4 ? CYGEMM_SMALL_TILE_2X2 : big >= 16 ? CYGEMM_SMALL_TILE_4X4 : CYGEMM_SMALL_TILE_1X1;
-    s.threads = 256;
-    s.smem_bytes = 8 << 10;
+    const long long mn = g->m * g->n;
+    const int acc = acc_size(g->dtype);
+    if (g->dtype == CUDA_R_16F || g->dtype == CUDA_R_16BF) {           // fp32 sums of 16-bit values
+        s.tile = CYGEMM_SMALL_TILE_2X2;
+        s.threads = 256;
+        s.smem_bytes = 32 << 10;
+    } else if (acc == 4) {                                              // float32
+        s.tile = mn <= 16 ? CYGEMM_SMALL_TILE_1X1 : CYGEMM_SMALL_TILE_2X2;
+        s.threads = mn <= 16 ? 128 : 256;
+        s.smem_bytes = 16 << 10;
+    } else {                                                            // float64, complex
+        s.tile = mn <= 12 * 12 ? CYGEMM_SMALL_TILE_1X1 : CYGEMM_SMALL_TILE_2X2;
+        s.threads = 128;
+        s.smem_bytes = mn <= 8 * 8 ? 8 << 10 : 16 << 10;
+    }
+    if (mn >= 24 * 24) s.tile = CYGEMM_SMALL_TILE_4X4;
     return s;
 }
 
