@@ -120,7 +120,8 @@ def _shape(x):
 
 def describe(a, b, columns):
     """describe_matmul's one entry for a call CuPy's matmul runs: the common keys (`columns`,
-    in order; cuBLAS's arguments None: cygemm makes no cuBLAS call of its own), then path."""
+    in order; cuBLAS's arguments None: cygemm makes no cuBLAS call of its own), then route (None)
+    and path."""
     sa, sb = _shape(a), _shape(b)
     if not sa or not sb:
         raise ValueError(f"{'a' if not sa else 'b'}: matmul needs at least 1 dimension, got a 0-D array")
@@ -138,5 +139,5 @@ def describe(a, b, columns):
     if ta == tb == INT8:            # (NumPy's int8 product is int8, wrapping; int_mm sums exactly)
         why += (f"; for int8 x int8 on cuBLASLt's integer tensor cores, with exact int32 sums, call "
                 f"cygemm.int_mm")
-    d.update(M=M, N=N, K=K, batch=batch, why=why, path="cupy.matmul")
+    d.update(M=M, N=N, K=K, batch=batch, why=why, route=None, path="cupy.matmul")
     return d

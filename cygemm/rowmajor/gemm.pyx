@@ -326,7 +326,9 @@ def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, bint batched=
         ``op(X)`` is X.T under ``trans_x``): ``M``, ``N``, ``K``, ``batch``, ``swapped``,
         ``cublas_a``, ``cublas_b``, ``why``; then ``opa``, ``opb``, ``m``, ``n``, ``k``,
         ``lda``, ``ldb``, ``ldc``, ``stride_a``, ``stride_b``, ``stride_c`` and the pointers
-        ``a``, ``b``, ``c`` (None for a (shape, dtype) pair and for out=None's result).
+        ``a``, ``b``, ``c`` (None for a (shape, dtype) pair and for out=None's result), and
+        ``route`` ("kernel": cygemm's kernel for batches of small matrices; "cublas"; "timed":
+        both timed on the first call).
         Then ``strided_batched`` (``cublasGemmStridedBatchedEx`` rather than
         ``cublasGemmEx``) and ``int64_api`` (a size or leading dimension past 2**31 - 1: the
         ``_64`` API).

@@ -355,6 +355,8 @@ def describe_matmul(a, b, out=None):
         ``stride_a``, ``stride_b``, ``stride_c`` (elements), and the pointers ``a``, ``b``,
         ``c`` (ints: device addresses, or a NumPy array's host address; None for a
         ``(shape, dtype)`` pair and for out=None's new result, which have no memory).
+        Then ``route``: "kernel" where cygemm's kernel for batches of small matrices runs
+        the call, "cublas", or "timed" (both are timed on the first call and the faster kept).
 
     Raises
     ------

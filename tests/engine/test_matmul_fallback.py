@@ -22,7 +22,7 @@ def test_the_path_follows_the_dtypes(ta, tb, fallback):
     a, b = ((4, 3), ta), ((3, 5), tb)
     [d] = cygemm.describe_matmul(a, b) if ta != "bfloat16" else cygemm.describe_matmul(a, ((3, 5), "bfloat16"))
     assert d["path"] == ("cupy.matmul" if fallback else "cublas")
-    assert list(d) == COMMON + ["path"]
+    assert list(d) == COMMON + ["route", "path"]
     if ta != "bfloat16":
         fakes = FakeDeviceArray((4, 3), typestr[ta]), FakeDeviceArray((3, 5), typestr[tb])
         assert _matmul_fallback.takes(*fakes) == fallback

@@ -42,8 +42,8 @@ def test_every_describe_gives_the_common_keys_first_in_one_order():
     for what, d in [("gemm", gemm), ("matmul", matmul), ("scaled", scaled),
                     ("group 0", grouped["per_group"][0]), ("empty group 1", grouped["per_group"][1])]:
         assert list(d)[:len(COMMON)] == COMMON, what
-    assert list(gemm)[len(COMMON):] == ["strided_batched", "int64_api"]
-    assert list(matmul) == COMMON + ["path"] and matmul["path"] == "cublas"
+    assert list(gemm)[len(COMMON):] == ["strided_batched", "int64_api", "route"]
+    assert list(matmul) == COMMON + ["route", "path"] and matmul["path"] == "cublas"
     assert {"call", "a_type", "b_type", "c_type", "d_type", "bias_type", "epilogue", "scales", "scale_modes",
             "amax", "fast_accum"} == set(scaled) - set(COMMON)
     assert list(grouped["per_group"][0])[len(COMMON):] == ["route"]
