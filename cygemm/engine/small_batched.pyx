@@ -5,7 +5,7 @@ of at least two matrices comes here from cygemm.engine.execute.run_gemm, so gemm
 batched matmul, GemmPlan and the grouped GEMM's batched calls all take the route.
 
 The fixed rule is the measured one (benchmarks/small_batched_probe.cu on an H200): the kernel
-where it beat cuBLAS at every batch measured. Problems worth tuning (large batches) are timed
+where it beat cuBLAS on 384 MiB batches. Problems worth tuning (large batches) are timed
 once, both routes on the call's operands, when the call does not read C.
 """
 from libc.stdint cimport int64_t, uintptr_t
@@ -87,13 +87,15 @@ cdef bint small_batched_fits(const ColMajorGemm* g, cudaDataType dtype, cublasCo
 
 cdef bint kernel_rule(const cygemm_small_batched_args* a) noexcept nogil:
     """Whether the kernel beat cuBLAS on the H200 for these sizes at 384 MiB batches
-    (benchmarks/results/small_batched_probe_*.txt): up to 16^3 multiply-adds a matrix, sides up
-    to 32 (8 x 32 x 8 and 32 x 8 x 32 ran 1.0-2.0x cuBLAS; 24^3, 16 x 64 x 16 and 32^3 slower);
-    a transposed A only up to sides of 8 (16^3 with A transposed ran 0.80x in float32)."""
+    (benchmarks/results/small_batched_probe_run2.txt): up to 16^3 multiply-adds a matrix
+    (complex128: 8^3), sides up to 32 (8 x 32 x 8 ran 1.8-3.7x cuBLAS, 16^3 1.5-2.1x; 24^3,
+    32^3, 16 x 64 x 16 and complex128's 16^3 ran slower); a transposed A only up to sides of 8
+    (16^3 with A transposed ran 0.71x in float32, 0.95x in float16)."""
     cdef long long big = max(a.m, a.n, a.k)
     if a.opa != 0 and big > 8:
         return False
-    return big <= 32 and a.m * a.n * a.k <= 16 * 16 * 16
+    cdef long long most = 8 * 8 * 8 if a.dtype == CUDA_C_64F else 16 * 16 * 16
+    return big <= 32 and a.m * a.n * a.k <= most
 
 
 # ---------------------------------------------------------------- the table

@@ -399,8 +399,9 @@ def force_routes(**routes):
     **routes : str or None
         One keyword per registered kind, its value one of that kind's route names:
         ``gemm`` ("cublasGemmEx" or "cublasLt": the heuristic's first algorithm), ``forward``
-        (a name of ``cygemm.dense.FORWARD_ROUTES``), ``backward`` ("serial" or "branches").
-        A call the forced route does not apply to takes the fixed rule.
+        (a name of ``cygemm.dense.FORWARD_ROUTES``), ``backward`` ("serial" or "branches"),
+        ``small_batched`` ("cublas" or "kernel": strided batches of small matrices), and the
+        grouped GEMMs' kinds. A call the forced route does not apply to takes the fixed rule.
 
     Clears this thread's plans. Tuned choices are neither used nor recorded for what is forced.
 

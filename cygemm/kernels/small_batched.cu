@@ -137,14 +137,8 @@ __device__ __forceinline__ void stage(Acc* __restrict__ s, const T* __restrict__
     }
 }
 
-// MC, NC, KC: the sizes when known at compile time (0: read from p), for the smallest square
-// problems, whose index arithmetic and K loop then fold away.
-template <typename T, int RM, int RN, int MC, int NC, int KC>
+template <typename T, int RM, int RN>
 __global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
-    constexpr bool SIZED = MC > 0 && NC > 0 && KC > 0;
-    constexpr int TILES_M = SIZED ? (MC + RM - 1) / RM : 0, TILES = SIZED ? TILES_M * ((NC + RN - 1) / RN) : 0;
-    const int m = SIZED ? MC : p.m, n = SIZED ? NC : p.n, k = SIZED ? KC : p.k;
-    const int tiles_m = SIZED ? TILES_M : p.tiles_m, tiles = SIZED ? TILES : p.tiles;
     using Acc = typename Num<T>::Acc;
     extern __shared__ __align__(16) unsigned char smem[];
     Acc* sa = reinterpret_cast<Acc*>(smem);
@@ -156,25 +150,24 @@ __global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
         if (!p.oa.broadcast) stage(sa, p.a + first * p.oa.stride, p.oa, count);
         if (!p.ob.broadcast) stage(sb, p.b + first * p.ob.stride, p.ob, count);
         __syncthreads();
-        const int work = count * tiles;
+        const int work = count * p.tiles;
         for (int t = threadIdx.x; t < work; t += blockDim.x) {
-            const int q = SIZED ? t / TILES : p.by_tiles.div(t), tt = t - q * tiles;
-            const int tj = SIZED ? tt / TILES_M : p.by_tiles_m.div(tt), ti = tt - tj * tiles_m;
+            const int q = p.by_tiles.div(t), tt = t - q * p.tiles;
+            const int tj = p.by_tiles_m.div(tt), ti = tt - tj * p.tiles_m;
             const int i0 = ti * RM, j0 = tj * RN;
-            const Acc* a = sa + (p.oa.broadcast ? 0 : q * (SIZED ? MC * KC : p.oa.span));
-            const Acc* b = sb + (p.ob.broadcast ? 0 : q * (SIZED ? KC * NC : p.ob.span));
+            const Acc* a = sa + (p.oa.broadcast ? 0 : q * p.oa.span);
+            const Acc* b = sb + (p.ob.broadcast ? 0 : q * p.ob.span);
             int ao[RM], bo[RN];
 #pragma unroll
-            for (int ii = 0; ii < RM; ++ii) ao[ii] = min(i0 + ii, m - 1) * p.oa.step_inner;   // (clamped: rows
+            for (int ii = 0; ii < RM; ++ii) ao[ii] = min(i0 + ii, p.m - 1) * p.oa.step_inner;   // (clamped: rows
 #pragma unroll
-            for (int jj = 0; jj < RN; ++jj) bo[jj] = min(j0 + jj, n - 1) * p.ob.step_inner;   //  past the end unused)
+            for (int jj = 0; jj < RN; ++jj) bo[jj] = min(j0 + jj, p.n - 1) * p.ob.step_inner;   //  past the end unused)
             Acc acc[RM][RN];
 #pragma unroll
             for (int ii = 0; ii < RM; ++ii)
 #pragma unroll
                 for (int jj = 0; jj < RN; ++jj) acc[ii][jj] = zero<Acc>();
-#pragma unroll
-            for (int kk = 0; kk < k; ++kk) {
+            for (int kk = 0; kk < p.k; ++kk) {
                 Acc av[RM], bv[RN];
 #pragma unroll
                 for (int ii = 0; ii < RM; ++ii) av[ii] = a[ao[ii]];
@@ -193,7 +186,7 @@ __global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
 #pragma unroll
                 for (int ii = 0; ii < RM; ++ii) {
                     const int i = i0 + ii, j = j0 + jj;
-                    if (i < m && j < n) {
+                    if (i < p.m && j < p.n) {
                         T* ce = c + i + j * p.ldc;
                         Acc v = mad(p.alpha, acc[ii][jj], zero<Acc>());
                         if (!p.beta_zero) v = mad(p.beta, widen(*ce), v);
@@ -247,7 +240,7 @@ Operand operand(const void* ptr, int op, long long rows_op, long long cols_op, l
     return o;
 }
 
-template <typename T, int RM, int RN, int MC, int NC, int KC>
+template <typename T, int RM, int RN>
 cudaError_t launch(const cygemm_small_batched_args* g, const cygemm_small_batched_shape& shape, cudaStream_t stream) {
     using Acc = typename Num<T>::Acc;
     const int size = sizeof(T), acc = sizeof(Acc);
@@ -304,29 +297,16 @@ cudaError_t launch(const cygemm_small_batched_args* g, const cygemm_small_batche
     long long grid = (g->batch + mpb - 1) / mpb;
     const long long most = 32LL * cygemm_grid::sm_count();
     if (grid > most) grid = most;
-    small_batched<T, RM, RN, MC, NC, KC><<<unsigned(grid), shape.threads, size_t(smem), stream>>>(p);
+    small_batched<T, RM, RN><<<unsigned(grid), shape.threads, size_t(smem), stream>>>(p);
     return cudaGetLastError();
-}
-
-// The smallest square problems by kernels of their own sizes (CYGEMM_SMALL_TILE_1X1 and 2X2).
-template <typename T, int RM, int RN>
-cudaError_t launch_sized(const cygemm_small_batched_args* g, const cygemm_small_batched_shape& s, cudaStream_t st) {
-    if (g->m == g->n && g->n == g->k) switch (g->m) {
-        case 2: return launch<T, RM, RN, 2, 2, 2>(g, s, st);
-        case 3: return launch<T, RM, RN, 3, 3, 3>(g, s, st);
-        case 4: return launch<T, RM, RN, 4, 4, 4>(g, s, st);
-        case 8: return launch<T, RM, RN, 8, 8, 8>(g, s, st);
-        default: break;
-    }
-    return launch<T, RM, RN, 0, 0, 0>(g, s, st);
 }
 
 template <typename T>
 cudaError_t launch_tile(const cygemm_small_batched_args* g, const cygemm_small_batched_shape& s, cudaStream_t st) {
     switch (s.tile) {
-        case CYGEMM_SMALL_TILE_1X1: return launch_sized<T, 1, 1>(g, s, st);
-        case CYGEMM_SMALL_TILE_2X2: return launch_sized<T, 2, 2>(g, s, st);
-        default: return launch<T, 4, 4, 0, 0, 0>(g, s, st);
+        case CYGEMM_SMALL_TILE_1X1: return launch<T, 1, 1>(g, s, st);
+        case CYGEMM_SMALL_TILE_2X2: return launch<T, 2, 2>(g, s, st);
+        default: return launch<T, 4, 4>(g, s, st);
     }
 }
 

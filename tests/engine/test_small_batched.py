@@ -50,9 +50,14 @@ def test_kernel_refuses_what_it_cannot_take():
     assert small_batched.kernel_fits(F32, 0, 0, 4, 4, 0, 100)[0] is False            # K = 0
 
 
-def test_fixed_rule_keeps_cublas_for_larger_matrices():
-    assert small_batched.kernel_fits(F32, 0, 0, 2, 2, 2, 10)[1]
-    assert not small_batched.kernel_fits(F32, 0, 0, 64, 64, 64, 10)[1]
+def test_fixed_rule_keeps_cublas_where_cublas_was_faster():
+    rule = lambda *args, **kw: small_batched.kernel_fits(*args, **kw)[1]     # noqa: E731
+    assert rule(F32, 0, 0, 2, 2, 2, 10) and rule(F16, 0, 0, 16, 16, 16, 10) and rule(F64, 0, 0, 8, 32, 8, 10)
+    assert not rule(F32, 0, 0, 24, 24, 24, 10) and not rule(F32, 0, 0, 64, 64, 64, 10)
+    assert not rule(F32, 0, 0, 16, 64, 16, 10)
+    assert rule(C64, 0, 0, 16, 16, 16, 10) and not rule(C128, 0, 0, 16, 16, 16, 10) and rule(C128, 0, 0, 8, 8, 8, 10)
+    assert rule(F32, 1, 0, 8, 8, 8, 10) and not rule(F32, 1, 0, 16, 16, 16, 10)     # transposed A
+    assert rule(F32, 0, 1, 16, 16, 16, 10)
 
 
 def test_describe_names_the_route(unforced):
