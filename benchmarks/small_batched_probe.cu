@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <vector>
@@ -250,6 +251,10 @@ int main(int argc, char** argv) {
     int version = 0;
     CHECK_BLAS(cublasGetVersion(handle, &version));
     std::printf("GPU %s, %d SMs, cuBLAS %d\n", prop.name, sms, version);
+    char when[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    std::printf("started %s\n", when);
     const std::string which = argc > 1 ? argv[1] : "all";
     if (which == "all" || which == "float32") probe_type(F32, true);
     if (which == "all" || which == "float16") probe_type(F16, true);

@@ -9,7 +9,8 @@ import re
 import pytest
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-RUN_FILES = {"A": "bench.json", "B": "training.json", "C": "hopper.json", "E": "dtypes.json"}
+RUN_FILES = {"A": "bench.json", "B": "training.json", "C": "hopper.json", "E": "dtypes.json",
+             "F": "small_batched_probe_run2.json"}     # (F: the probe's text, as JSON by benchmarks/probe_table.py)
 
 # Each row of the table (by the start of its case cell) -> the run's case it quotes, and which of
 # its contenders compare (the host case times several APIs: the GEMM row compares GEMM calls).
@@ -23,6 +24,9 @@ CASES = {
     "grouped bfloat16 GEMMs, 16 experts": ("grouped bf16 16 ragged, K=4096, N=1024", ""),
     "int8 GEMM, 8192³": ("int8 8192x8192x8192", ""),
     "complex128 GEMM, 8192³": ("complex128 8192^3", ""),
+    "8.4 million float32 2×2 GEMMs": ("float32 2x2x2 NN batch 8388608", ""),
+    "262,144 float64 8×8 GEMMs": ("float64 8x8x8 NN batch 262144", ""),
+    "262,144 float16 16×16 GEMMs": ("float16 16x16x16 NN batch 262144", ""),
 }
 UNIT = {"host_us": "µs", "step_us": "µs", "gpu_ms": "ms"}
 
