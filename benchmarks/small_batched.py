@@ -3,14 +3,16 @@ all, every contender on the same operands in one interleaved run. Contenders:
 cygemm.gemm_strided_batched (its chosen route: cygemm's kernel or cuBLAS), the same call with the
 cuBLAS route forced (cygemm's previous route), torch.bmm and cp.matmul; a device-to-device copy of
 256 MiB in the same rounds gives the bandwidth a GEMM of these bytes could reach. GPU time: a CUDA
-graph of GRAPH_CALLS calls (cp.matmul, which cannot be captured: GRAPH_CALLS eager calls), timed
-by CUDA events with the GPU held while they are enqueued, per call; eager: wall time per call over
+graph of up to GRAPH_CALLS calls (fewer where cuBLAS takes milliseconds a call: every contender
+of a case the same number; cp.matmul, which cannot be captured: as many eager calls), timed by
+CUDA events with the GPU held while they are enqueued, per call; eager: wall time per call over
 back-to-back calls with one sync. Rows carry ``gbps`` (bytes of A, B and C over the GPU time) and
 ``of_copy`` (that over the copy's 2 x bytes / time).
 
 Then the two costs measured beside it: int_mm at M = 32, N = K = 4096 against torch._int_mm, and
 the host time of fp8.scaled_matmul against a bfloat16 gemm of the same torch tensors and
 torch._scaled_mm."""
+import os
 import statistics
 
 import cupy as cp
@@ -22,6 +24,9 @@ from common import host_us
 from hopper import _on_torch_stream
 
 GRAPH_CALLS = 10
+GRAPH_MS = 20           # a graph's calls are capped at this much of cuBLAS's time
+# CYGEMM_SMALL_BATCHED_DTYPES=float32,float64 runs some of the dtypes (a run in parts).
+DTYPES = tuple(os.environ.get("CYGEMM_SMALL_BATCHED_DTYPES", "float32,float16,bfloat16,float64").split(","))
 TOTAL_BYTES = 384 << 20
 COPY_BYTES = 256 << 20
 SQUARE = (2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
@@ -29,23 +34,34 @@ SHAPES = tuple((n, n, n) for n in SQUARE) + ((4, 4, 16), (16, 64, 16), (8, 32, 8
 QUICK = ((2, 2, 2), (8, 8, 8), (32, 32, 32))
 
 
-def _graph(s, fn):
+def _graph(s, fn, calls=GRAPH_CALLS):
     fn()                                   # warm-up: routes decided, plans made, nothing allocates
     s.synchronize()
     with cygemm.graph.capture(s) as g:
-        for _ in range(GRAPH_CALLS):
+        for _ in range(calls):
             fn()
     return g
 
 
-def _torch_graph(torch, s, fn):
+def _torch_graph(torch, s, fn, calls):
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=torch.cuda.ExternalStream(s.ptr)):
-        for _ in range(GRAPH_CALLS):
+        for _ in range(calls):
             fn()
     return g
+
+
+def _once_ms(s, fn):
+    """GPU time of one call (after one warm-up), to size the graphs."""
+    fn()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record(s)
+    fn()
+    end.record(s)
+    end.synchronize()
+    return cp.cuda.get_elapsed_time(start, end)
 
 
 def _operands(torch, rng, dtype, shape):
@@ -60,8 +76,10 @@ def small_batched_section(R, s, floor):
     rng = np.random.default_rng(39)
     src, dst = cp.empty(COPY_BYTES, cp.uint8), cp.empty(COPY_BYTES, cp.uint8)
     copy = _graph(s, lambda: cp.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, COPY_BYTES, 3, s.ptr))
-    dtypes = ("float32", "float16", "bfloat16", "float64")
-    for dtype in dtypes:
+    for dtype in DTYPES:
+        if dtype == "bfloat16" and torch is None:        # (bfloat16 operands are torch tensors)
+            R.skip(f"{dtype} small batches", "all", C.IMPORT_ERRORS.get("torch"))
+            continue
         itemsize = 2 if dtype == "bfloat16" else np.dtype(dtype).itemsize
         for m, n, k in (QUICK if R.quick else SHAPES):
             per = (m * k + k * n + m * n) * itemsize
@@ -80,15 +98,16 @@ def small_batched_section(R, s, floor):
 
             ours()                          # the route decided (timed once where worth it)
             route = cygemm.describe_gemm(a, b, out, batched=True)["route"]
-            graphs = {"cygemm": _graph(s, ours)}
             cygemm.tuning.force_routes(small_batched="cublas")
             try:
-                graphs["cygemm, cuBLAS route"] = _graph(s, ours)
+                calls = max(2, min(GRAPH_CALLS, int(GRAPH_MS / max(_once_ms(s, ours), 1e-3))))
+                cublas_graph = _graph(s, ours, calls)
             finally:
                 cygemm.tuning.force_routes()
+            graphs = {"cygemm": _graph(s, ours, calls), "cygemm, cuBLAS route": cublas_graph}
             if torch is not None:
                 ta, tb, tout = (x if dtype == "bfloat16" else torch.from_dlpack(x) for x in (a, b, out))
-                tg = _torch_graph(torch, s, lambda: torch.bmm(ta, tb, out=tout))
+                tg = _torch_graph(torch, s, lambda: torch.bmm(ta, tb, out=tout), calls)
                 graphs["torch.bmm"] = tg
             contenders = {name: (lambda g=g: g.launch(s)) if name != "torch.bmm" else
                           _on_torch_stream(s, lambda g=g: g.replay()) for name, g in graphs.items()}
@@ -97,21 +116,23 @@ def small_batched_section(R, s, floor):
                     with s:
                         cp.matmul(a, b, out=out)
 
-                def theirs_x10():
-                    for _ in range(GRAPH_CALLS):
+                def theirs_repeated(calls=calls):
+                    for _ in range(calls):
                         theirs()
-                # cp.matmul calls cuBLAS's stream setter, which refuses a capture: GRAPH_CALLS eager
+                # cp.matmul calls cuBLAS's stream setter, which refuses a capture: as many eager
                 # calls, timed as every GPU time here is (the GPU held while they are enqueued).
-                contenders["cp.matmul"] = theirs_x10
-            contenders["copy 256 MiB"] = lambda: copy.launch(s)
+                contenders["cp.matmul"] = theirs_repeated
+            contenders["copy 256 MiB"] = lambda: copy.launch(s)      # (GRAPH_CALLS copies)
             rows = R.measure(case, contenders, s, reps=3, rounds=3, inner=1)
             copy_ms = next(r["value"] for r in rows if r["contender"] == "copy 256 MiB") / GRAPH_CALLS
             copy_gbps = 2 * COPY_BYTES / (copy_ms * 1e-3) / 1e9
             for r in rows:
-                r["value"] /= GRAPH_CALLS
-                r["lo"] /= GRAPH_CALLS
-                r["hi"] /= GRAPH_CALLS
-                r["rounds"] = [v / GRAPH_CALLS for v in r["rounds"]]
+                per_graph = GRAPH_CALLS if r["contender"] == "copy 256 MiB" else calls
+                r["value"] /= per_graph
+                r["lo"] /= per_graph
+                r["hi"] /= per_graph
+                r["rounds"] = [v / per_graph for v in r["rounds"]]
+                r["calls_per_graph"] = per_graph
                 bytes_ = 2 * COPY_BYTES if r["contender"] == "copy 256 MiB" else per * batch
                 r["gbps"] = bytes_ / (r["value"] * 1e-3) / 1e9
                 r["of_copy"] = r["gbps"] / copy_gbps
