@@ -2,7 +2,8 @@
 """Batched GEMMs of small matrices: cuBLAS's strided-batched kernels, or cygemm's own
 (cygemm/kernels/small_batched.cu), a route table the one chooser decides. Every strided batch
 of at least two matrices comes here from cygemm.engine.execute.run_gemm, so gemm_strided_batched,
-batched matmul, GemmPlan and the grouped GEMM's batched calls all take the route.
+batched matmul and the grouped GEMM's batched calls all take the route (a GemmPlan runs its own
+cuBLASLt plan).
 
 The fixed rule is the measured one (benchmarks/small_batched_probe.cu on an H200): the kernel
 where it beat cuBLAS on 384 MiB batches. Problems worth tuning (large batches) are timed
@@ -10,13 +11,11 @@ once, both routes on the call's operands, when the call does not read C.
 """
 from libc.stdint cimport int64_t, uintptr_t
 
-from cygemm.bindings.cudart cimport (cudaStream_t, cudaDataType, CUDA_R_16F, CUDA_R_16BF, CUDA_R_32F, CUDA_R_64F,
-                                     CUDA_C_32F, CUDA_C_64F)
-from cygemm.bindings.cublas cimport (cublasComputeType_t, CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_64F)
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType, CUDA_C_64F
+from cygemm.bindings.cublas cimport cublasComputeType_t
 from cygemm.kernels.small_batched cimport (cygemm_small_batched_args, cygemm_small_batched_fits,
                                            cygemm_small_batched)
-from cygemm.engine.types cimport ColMajorGemm, Scalars, beta_is_zero, compute_type, MATH_TF32
+from cygemm.engine.types cimport ColMajorGemm, Scalars, beta_is_zero, compute_type, MATH_FP32, MATH_TF32
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.settings cimport Policy, DETERMINISM_BATCH_INVARIANT
@@ -46,15 +45,10 @@ ctypedef struct SmallCall:
 
 
 cdef bint _compute_fits(cudaDataType dtype, cublasComputeType_t compute) noexcept nogil:
-    """The kernel adds in fp32 (fp64 for float64 and complex128): what strict fp32 and TF32 both
-    allow for float32, and the only compute type of the 16-bit types."""
-    if dtype == CUDA_R_64F or dtype == CUDA_C_64F:
-        return compute == CUBLAS_COMPUTE_64F
-    if dtype == CUDA_R_32F or dtype == CUDA_C_32F:
-        return compute == CUBLAS_COMPUTE_32F or compute == CUBLAS_COMPUTE_32F_FAST_TF32
-    if dtype == CUDA_R_16F or dtype == CUDA_R_16BF:
-        return compute == CUBLAS_COMPUTE_32F
-    return False
+    """The kernel adds in fp32 (fp64 for float64 and complex128), which honours the dtype's compute
+    type under either math (strict fp32 or TF32; the 16-bit types have one). The dtypes it takes
+    at all are the kernel's fit check's."""
+    return compute == compute_type(dtype, MATH_FP32) or compute == compute_type(dtype, MATH_TF32)
 
 
 cdef void _args(cygemm_small_batched_args* a, const ColMajorGemm* g, cudaDataType dtype,
@@ -74,7 +68,7 @@ cdef void _args(cygemm_small_batched_args* a, const ColMajorGemm* g, cudaDataTyp
 
 cdef bint small_batched_fits(const ColMajorGemm* g, cudaDataType dtype, cublasComputeType_t compute,
                              Policy policy) noexcept nogil:
-    if not g.strided_batched or g.batch < 2 or g.k == 0 or g.m > 64 or g.n > 64 or g.k > 64:
+    if not g.strided_batched or g.batch < 2:
         return False
     if policy.determinism == DETERMINISM_BATCH_INVARIANT or not _compute_fits(dtype, compute):
         return False
@@ -108,13 +102,18 @@ cdef int _rule(void* call) except -1:
     return ROUTE_KERNEL if kernel_rule(&(<SmallCall*>call).args) else ROUTE_CUBLAS
 
 
+cdef long long _batch_bucket(long long batch) noexcept nogil:
+    """The batch as the tuning table keys it: rounded up to a power of two."""
+    cdef long long bucket = 1
+    while bucket < batch:
+        bucket <<= 1
+    return bucket
+
+
 cdef object _key(void* call):
     cdef const cygemm_small_batched_args* a = &(<SmallCall*>call).args
-    cdef long long bucket = 1
-    while bucket < a.batch:         # batches by powers of two
-        bucket <<= 1
     return ("small_batched", <int>a.dtype, a.opa, a.opb, a.m, a.n, a.k, a.lda, a.ldb, a.ldc,
-            a.stride_a == 0, a.stride_b == 0, bucket)
+            a.stride_a == 0, a.stride_b == 0, _batch_bucket(a.batch))
 
 
 cdef int _enqueue(void* call, int route) except -1:
@@ -134,10 +133,7 @@ cdef void _ckey(void* call, int64_t* k) noexcept nogil:
     k[0], k[1], k[2], k[3], k[4] = s.ctx.device, <int>a.dtype, a.opa | (a.opb << 8), a.m, a.n
     k[5], k[6], k[7], k[8] = a.k, a.lda, a.ldb, a.ldc
     k[9] = (a.stride_a == 0) | ((a.stride_b == 0) << 1)
-    cdef long long bucket = 1
-    while bucket < a.batch:
-        bucket <<= 1
-    k[10] = bucket
+    k[10] = _batch_bucket(a.batch)
 
 
 cdef long long _launches = 0        # kernel launches by the route, for the tests
@@ -156,8 +152,7 @@ cdef int run_small_batched(GemmContext* ctx, cudaStream_t stream, const ColMajor
     cdef int route = choose_route(_SMALL, &s, ctx, stream, policy, macs, beta_is_zero(sc), -1, NULL)
     if route != ROUTE_KERNEL:
         return 0
-    with nogil:
-        check_cuda(cygemm_small_batched(&s.args, stream), "cygemm_small_batched")
+    _enqueue(&s, ROUTE_KERNEL)
     global _launches
     _launches += 1
     return 1
