@@ -155,7 +155,7 @@ static void probe(const Type& t, int m, int n, int k, int opa = 0, int opb = 0, 
     runs.push_back({"copy", [&] { CHECK(cudaMemcpyAsync(copy_dst, copy_src, COPY_BYTES, cudaMemcpyDeviceToDevice, 0)); }});
     const cygemm_small_batched_shape rule = cygemm_small_batched_rule(&g);
     auto label = [](cygemm_small_batched_shape s) {
-        const char* tiles[] = {"1x1", "2x2", "4x4"};
+        const char* tiles[] = {"1x1", "2x2", "4x4", "vec"};
         return std::string(tiles[s.tile]) + "/" + std::to_string(s.threads) + "/" + std::to_string(s.smem_bytes >> 10) + "K";
     };
     runs.push_back({"rule " + label(rule), [&, rule] { CHECK(cygemm_small_batched_shaped(&g, rule, 0)); }});
@@ -168,6 +168,7 @@ static void probe(const Type& t, int m, int n, int k, int opa = 0, int opb = 0, 
                     const cygemm_small_batched_shape s{tile, threads, smem};
                     if (tile == rule.tile && threads == rule.threads && smem == rule.smem_bytes) continue;
                     if ((tile == 2 && m * n < 16) || (tile == 1 && m * n < 4)) continue;     // tiles past C
+                    if (tile == CYGEMM_SMALL_TILE_VECTOR && !cygemm_small_batched_vector_fits(&g)) continue;
                     runs.push_back({label(s), [&, s] { CHECK(cygemm_small_batched_shaped(&g, s, 0)); }});
                 }
     cublas(R);
@@ -232,10 +233,10 @@ static void probe_complex(const Type& t) {
 
 static void probe_layouts(const Type& t) {
     for (int s : {4, 8, 16}) {
-        probe(t, s, s, s, 1, 0, false, false);
-        probe(t, s, s, s, 0, 1, false, false);
-        probe(t, s, s, s, 1, 1, false, false);
-        probe(t, s, s, s, 0, 0, true, false);
+        probe(t, s, s, s, 1, 0, false, true);
+        probe(t, s, s, s, 0, 1, false, true);
+        probe(t, s, s, s, 1, 1, false, true);
+        probe(t, s, s, s, 0, 0, true, true);
     }
 }
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build benchmarks/small_batched_probe.cu against the cuBLAS cygemm loads and run it:
-#   bash scripts/small_batched_probe.sh [float32|float16|bfloat16|float64|complex|layouts|all]
+#   bash scripts/small_batched_probe.sh [float32|float16|bfloat16|float64|complex|layouts|all ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 read -r NVCC INC LIB < <(python3 -c "
@@ -10,4 +10,4 @@ print(c.find_nvcc(), c.header_dir('cublas'), os.path.dirname(c.load_cublas()['cu
 EXE=$(mktemp -d)/small_batched_probe
 "$NVCC" -O3 -std=c++17 -arch=sm_${CYGEMM_CUDA_ARCHS:-90} benchmarks/small_batched_probe.cu -o "$EXE" \
     -Icygemm/kernels/include -I"$INC" -L"$LIB" -l:libcublas.so.13 -Xlinker=-rpath="$LIB"
-"$EXE" "${1:-all}"
+for which in "${@:-all}"; do "$EXE" "$which"; done

@@ -13,8 +13,10 @@ from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType, CUDA_C_64F
 from cygemm.bindings.cublas cimport cublasComputeType_t
-from cygemm.kernels.small_batched cimport (cygemm_small_batched_args, cygemm_small_batched_fits,
-                                           cygemm_small_batched)
+from cygemm.kernels.small_batched cimport (cygemm_small_batched_args, cygemm_small_batched_shape,
+                                           cygemm_small_batched_fits, cygemm_small_batched_vector_fits,
+                                           cygemm_small_batched_rule, cygemm_small_batched_shaped,
+                                           CYGEMM_SMALL_TILE_VECTOR)
 from cygemm.engine.types cimport ColMajorGemm, Scalars, beta_is_zero, compute_type, MATH_FP32, MATH_TF32
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.errors cimport check_cuda
@@ -116,11 +118,19 @@ cdef object _key(void* call):
             a.stride_a == 0, a.stride_b == 0, _batch_bucket(a.batch))
 
 
+cdef int _forced_tile = -1          # the tests' tile (force_tile), else the kernel's rule
+
+
 cdef int _enqueue(void* call, int route) except -1:
     cdef SmallCall* s = <SmallCall*>call
+    cdef cygemm_small_batched_shape shape
     if route == ROUTE_KERNEL:
         with nogil:
-            check_cuda(cygemm_small_batched(&s.args, s.stream), "cygemm_small_batched")
+            shape = cygemm_small_batched_rule(&s.args)
+            if _forced_tile >= 0 and (_forced_tile != CYGEMM_SMALL_TILE_VECTOR
+                                      or cygemm_small_batched_vector_fits(&s.args)):
+                shape.tile = _forced_tile
+            check_cuda(cygemm_small_batched_shaped(&s.args, shape, s.stream), "cygemm_small_batched")
     else:
         with nogil:
             gemm_colmajor(s.ctx, s.stream, s.g, s.dtype, s.compute, s.sc)
@@ -181,6 +191,18 @@ cdef str small_batched_route(const ColMajorGemm* g, cudaDataType dtype, cublasCo
 def kernel_launches():
     """How many times the kernel route has run in this process (for the tests)."""
     return _launches
+
+
+TILES = ("1x1", "2x2", "4x4", "vector")
+
+
+def force_tile(tile=None):
+    """Run the kernel with one of its TILES (the vector tile only where it fits), or by its rule
+    (None): every tile on every layout, for the tests."""
+    global _forced_tile
+    if tile is not None and tile not in TILES:
+        raise ValueError(f"tile: expected one of {TILES} or None, got {tile!r}")
+    _forced_tile = -1 if tile is None else TILES.index(tile)
 
 
 def kernel_fits(dtype, int opa, int opb, long long m, long long n, long long k, long long batch,

@@ -81,10 +81,12 @@ struct Divider {
 struct Operand {
     long long ld, stride;       // elements
     int rows, span;             // stored rows; elements of one matrix
+    int pitch, staged_span;     // transposed: shared-memory elements between K's rows; of one matrix
     Divider by_span, by_rows;
     bool conj, broadcast;       // conjugated; batch stride 0 (one matrix, staged once)
     bool run;                   // a run of matrices is one contiguous range
     bool vector;                // ... starting on 16 bytes: copied 16 bytes at a time
+    bool transpose;             // staged K-major (op(X)(r, kk) at kk*pitch + r), not as stored
     int step_inner, step_k;     // shared-memory strides of op(X) along its other index and along K
 };
 
@@ -109,7 +111,16 @@ struct Params {
 template <typename T, typename Acc>
 __device__ __forceinline__ void stage(Acc* __restrict__ s, const T* __restrict__ g, const Operand& o, int count) {
     const int total = count * o.span;
-    if (o.vector) {
+    if (o.transpose) {
+        // X stored K-contiguous (rows = K): each column becomes a row of shared memory, pitch
+        // apart (padded: a column's consecutive values would otherwise land on few banks).
+        for (int e = threadIdx.x; e < total; e += blockDim.x) {
+            const int q = o.by_span.div(e), r = e - q * o.span;
+            const int col = o.by_rows.div(r), row = r - col * o.rows;
+            const T x = o.run ? g[e] : g[q * o.stride + row + col * o.ld];
+            s[q * o.staged_span + row * o.pitch + col] = conj_if(widen(x), o.conj);
+        }
+    } else if (o.vector) {
         // 16 bytes in, each value widened, stored 16 bytes at a time (scalar shared-memory
         // stores of consecutive values would conflict on banks: 4 to 8 ways).
         constexpr int V = 16 / sizeof(T), W = V * sizeof(Acc) / 16;
@@ -137,9 +148,53 @@ __device__ __forceinline__ void stage(Acc* __restrict__ s, const T* __restrict__
     }
 }
 
-template <typename T, int RM, int RN>
+// A V x V tile of op(A) op(B) from 16-byte shared-memory reads (V = 16 / sizeof(Acc)), both
+// operands staged K-major (op(A)(i, kk) at kk*pa + i, op(B)(kk, j) at kk*pb + j): each step of V
+// along K reads V vectors of each and adds V**3 products, in the same order k = 0, 1, ... as the
+// scalar tile. m, n and k are multiples of V.
+template <typename Acc, int V>
+__device__ __forceinline__ void vector_tile(const Acc* __restrict__ a, const Acc* __restrict__ b, int pa, int pb, int k,
+                                            int i0, int j0, Acc (&acc)[V][V]) {
+    union Vec { uint4 q; Acc w[V]; };
+    a += i0;
+    b += j0;
+    for (int kk = 0; kk < k; kk += V) {
+        Acc av[V][V], bv[V][V];                        // av[i][q] = op(A)(i0+i, kk+q), bv[q][j] = op(B)(kk+q, j0+j)
+#pragma unroll
+        for (int u = 0; u < V; ++u) {
+            Vec x, y;
+            x.q = *reinterpret_cast<const uint4*>(a + u * pa);
+            y.q = *reinterpret_cast<const uint4*>(b + u * pb);
+#pragma unroll
+            for (int w = 0; w < V; ++w) {
+                av[w][u] = x.w[w];
+                bv[u][w] = y.w[w];
+            }
+        }
+        a += V * pa;
+        b += V * pb;
+#pragma unroll
+        for (int q = 0; q < V; ++q)
+#pragma unroll
+            for (int i = 0; i < V; ++i)
+#pragma unroll
+                for (int j = 0; j < V; ++j) acc[i][j] = mad(av[i][q], bv[q][j], acc[i][j]);
+    }
+}
+
+// SIZE: the side of a square problem when known at compile time (0: read from p), whose index
+// arithmetic and K loop then fold away (with the vector tile: neither operand transposed, so A is
+// staged as stored and B transposed, pitch SIZE + V). VEC: the vector tile (RM = RN = V), else
+// the scalar tile RM x RN.
+template <typename T, int RM, int RN, int SIZE, bool VEC>
 __global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
     using Acc = typename Num<T>::Acc;
+    constexpr bool SIZED = SIZE > 0;
+    constexpr int TILES_M = SIZED ? (SIZE + RM - 1) / RM : 0, TILES = TILES_M * (SIZED ? (SIZE + RN - 1) / RN : 0);
+    const int m = SIZED ? SIZE : p.m, n = SIZED ? SIZE : p.n, k = SIZED ? SIZE : p.k;
+    const int tiles_m = SIZED ? TILES_M : p.tiles_m, tiles = SIZED ? TILES : p.tiles;
+    const int span_a = SIZED ? SIZE * SIZE : p.oa.staged_span;
+    const int span_b = SIZED ? (VEC ? SIZE * (SIZE + RM) : SIZE * SIZE) : p.ob.staged_span;
     extern __shared__ __align__(16) unsigned char smem[];
     Acc* sa = reinterpret_cast<Acc*>(smem);
     Acc* sb = sa + p.b_offset;
@@ -150,35 +205,40 @@ __global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
         if (!p.oa.broadcast) stage(sa, p.a + first * p.oa.stride, p.oa, count);
         if (!p.ob.broadcast) stage(sb, p.b + first * p.ob.stride, p.ob, count);
         __syncthreads();
-        const int work = count * p.tiles;
+        const int work = count * tiles;
         for (int t = threadIdx.x; t < work; t += blockDim.x) {
-            const int q = p.by_tiles.div(t), tt = t - q * p.tiles;
-            const int tj = p.by_tiles_m.div(tt), ti = tt - tj * p.tiles_m;
+            const int q = SIZED ? t / TILES : p.by_tiles.div(t), tt = t - q * tiles;
+            const int tj = SIZED ? tt / TILES_M : p.by_tiles_m.div(tt), ti = tt - tj * tiles_m;
             const int i0 = ti * RM, j0 = tj * RN;
-            const Acc* a = sa + (p.oa.broadcast ? 0 : q * p.oa.span);
-            const Acc* b = sb + (p.ob.broadcast ? 0 : q * p.ob.span);
-            int ao[RM], bo[RN];
-#pragma unroll
-            for (int ii = 0; ii < RM; ++ii) ao[ii] = min(i0 + ii, p.m - 1) * p.oa.step_inner;   // (clamped: rows
-#pragma unroll
-            for (int jj = 0; jj < RN; ++jj) bo[jj] = min(j0 + jj, p.n - 1) * p.ob.step_inner;   //  past the end unused)
+            const Acc* a = sa + (p.oa.broadcast ? 0 : q * span_a);
+            const Acc* b = sb + (p.ob.broadcast ? 0 : q * span_b);
             Acc acc[RM][RN];
 #pragma unroll
             for (int ii = 0; ii < RM; ++ii)
 #pragma unroll
                 for (int jj = 0; jj < RN; ++jj) acc[ii][jj] = zero<Acc>();
-            for (int kk = 0; kk < p.k; ++kk) {
-                Acc av[RM], bv[RN];
+            if constexpr (VEC) {
+                vector_tile<Acc, RM>(a, b, SIZED ? SIZE : p.oa.pitch, SIZED ? SIZE + RM : p.ob.pitch, k, i0, j0, acc);
+            } else {
+                int ao[RM], bo[RN];
 #pragma unroll
-                for (int ii = 0; ii < RM; ++ii) av[ii] = a[ao[ii]];
+                for (int ii = 0; ii < RM; ++ii) ao[ii] = min(i0 + ii, m - 1) * p.oa.step_inner;   // (clamped: rows
 #pragma unroll
-                for (int jj = 0; jj < RN; ++jj) bv[jj] = b[bo[jj]];
+                for (int jj = 0; jj < RN; ++jj) bo[jj] = min(j0 + jj, n - 1) * p.ob.step_inner;   //  past the end unused)
 #pragma unroll
-                for (int ii = 0; ii < RM; ++ii)
+                for (int kk = 0; kk < k; ++kk) {
+                    Acc av[RM], bv[RN];
 #pragma unroll
-                    for (int jj = 0; jj < RN; ++jj) acc[ii][jj] = mad(av[ii], bv[jj], acc[ii][jj]);
-                a += p.oa.step_k;
-                b += p.ob.step_k;
+                    for (int ii = 0; ii < RM; ++ii) av[ii] = a[ao[ii]];
+#pragma unroll
+                    for (int jj = 0; jj < RN; ++jj) bv[jj] = b[bo[jj]];
+#pragma unroll
+                    for (int ii = 0; ii < RM; ++ii)
+#pragma unroll
+                        for (int jj = 0; jj < RN; ++jj) acc[ii][jj] = mad(av[ii], bv[jj], acc[ii][jj]);
+                    a += p.oa.step_k;
+                    b += p.ob.step_k;
+                }
             }
             T* c = p.c + (first + q) * p.stride_c;
 #pragma unroll
@@ -186,7 +246,7 @@ __global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
 #pragma unroll
                 for (int ii = 0; ii < RM; ++ii) {
                     const int i = i0 + ii, j = j0 + jj;
-                    if (i < p.m && j < p.n) {
+                    if (i < m && j < n) {
                         T* ce = c + i + j * p.ldc;
                         Acc v = mad(p.alpha, acc[ii][jj], zero<Acc>());
                         if (!p.beta_zero) v = mad(p.beta, widen(*ce), v);
@@ -228,6 +288,8 @@ Operand operand(const void* ptr, int op, long long rows_op, long long cols_op, l
     o.stride = stride;
     o.rows = int(rows);
     o.span = int(rows * cols);
+    o.staged_span = o.span;
+    o.transpose = false;
     o.by_span = Divider(uint32_t(o.span));
     o.by_rows = Divider(uint32_t(rows));
     o.conj = complex && op == 2;
@@ -240,7 +302,7 @@ Operand operand(const void* ptr, int op, long long rows_op, long long cols_op, l
     return o;
 }
 
-template <typename T, int RM, int RN>
+template <typename T, int RM, int RN, int SIZE, bool VEC>
 cudaError_t launch(const cygemm_small_batched_args* g, const cygemm_small_batched_shape& shape, cudaStream_t stream) {
     using Acc = typename Num<T>::Acc;
     const int size = sizeof(T), acc = sizeof(Acc);
@@ -260,6 +322,18 @@ cudaError_t launch(const cygemm_small_batched_args* g, const cygemm_small_batche
     // op(B)(kk, j): stored (kk, j) at kk + j*k, or (j, kk) at j + kk*n.
     p.ob.step_inner = g->opb == 0 ? p.k : 1;
     p.ob.step_k = g->opb == 0 ? 1 : p.n;
+    if (VEC) {
+        // K-major staging: A as stored unless transposed, B transposed unless it is.
+        constexpr int V = RM;
+        for (Operand* o : {&p.oa, &p.ob}) {
+            const bool is_a = o == &p.oa;
+            const int inner = is_a ? p.m : p.n;
+            o->transpose = is_a ? g->opa != 0 : g->opb == 0;
+            o->pitch = o->transpose ? inner + V : inner;
+            o->staged_span = p.k * o->pitch;
+            if (o->transpose) o->vector = false;
+        }
+    }
     p.ldc = g->ldc;
     p.stride_c = g->stride_c;
     p.batch = g->batch;
@@ -269,8 +343,8 @@ cudaError_t launch(const cygemm_small_batched_args* g, const cygemm_small_batche
 
     // Matrices per block: as many as the shared memory given holds, a multiple of what keeps
     // every run on 16 bytes, and few enough that every SM gets two blocks.
-    const long long fixed = (p.oa.broadcast ? p.oa.span : 0) + (p.ob.broadcast ? p.ob.span : 0);
-    const long long per = (p.oa.broadcast ? 0 : p.oa.span) + (p.ob.broadcast ? 0 : p.ob.span);
+    const long long fixed = (p.oa.broadcast ? p.oa.staged_span : 0) + (p.ob.broadcast ? p.ob.staged_span : 0);
+    const long long per = (p.oa.broadcast ? 0 : p.oa.staged_span) + (p.ob.broadcast ? 0 : p.ob.staged_span);
     long long mpb = per == 0 ? 256 : (shape.smem_bytes / acc - fixed) / per;
     if (mpb < 1) mpb = 1;
     long long granule = 1;
@@ -285,9 +359,10 @@ cudaError_t launch(const cygemm_small_batched_args* g, const cygemm_small_batche
     for (Operand* o : {&p.oa, &p.ob})                 // a run that would start off 16 bytes
         if (o->vector && !o->broadcast && (mpb * o->span * size) % 16 != 0) o->vector = false;
     p.mpb = int(mpb);
-    const long long a_elems = p.oa.broadcast ? p.oa.span : mpb * p.oa.span, align = 16 / acc > 1 ? 16 / acc : 1;
+    const long long a_elems = p.oa.broadcast ? p.oa.staged_span : mpb * p.oa.staged_span;
+    const long long align = 16 / acc > 1 ? 16 / acc : 1;
     p.b_offset = int((a_elems + align - 1) / align * align);
-    const long long smem = (p.b_offset + (p.ob.broadcast ? p.ob.span : mpb * p.ob.span)) * acc;
+    const long long smem = (p.b_offset + (p.ob.broadcast ? p.ob.staged_span : mpb * p.ob.staged_span)) * acc;
     if (smem > SMEM_LIMIT) return cudaErrorInvalidValue;
 
     p.tiles_m = (p.m + RM - 1) / RM;
@@ -297,16 +372,44 @@ cudaError_t launch(const cygemm_small_batched_args* g, const cygemm_small_batche
     long long grid = (g->batch + mpb - 1) / mpb;
     const long long most = 32LL * cygemm_grid::sm_count();
     if (grid > most) grid = most;
-    small_batched<T, RM, RN><<<unsigned(grid), shape.threads, size_t(smem), stream>>>(p);
+    small_batched<T, RM, RN, SIZE, VEC><<<unsigned(grid), shape.threads, size_t(smem), stream>>>(p);
     return cudaGetLastError();
+}
+
+// The scalar tiles, with kernels of their own sizes for the smallest squares.
+template <typename T, int RM, int RN>
+cudaError_t launch_scalar(const cygemm_small_batched_args* g, const cygemm_small_batched_shape& s, cudaStream_t st) {
+    if (g->m == g->n && g->n == g->k) switch (g->m) {
+        case 2: return launch<T, RM, RN, 2, false>(g, s, st);
+        case 3: return launch<T, RM, RN, 3, false>(g, s, st);
+        case 4: return launch<T, RM, RN, 4, false>(g, s, st);
+        case 8: return launch<T, RM, RN, 8, false>(g, s, st);
+        default: break;
+    }
+    return launch<T, RM, RN, 0, false>(g, s, st);
+}
+
+// The vector tile, with kernels of their own sizes for squares of 8 and 16 where neither operand
+// is transposed (row-major batches reach cuBLAS's column-major call that way).
+template <typename T>
+cudaError_t launch_vector(const cygemm_small_batched_args* g, const cygemm_small_batched_shape& s, cudaStream_t st) {
+    constexpr int V = 16 / sizeof(typename Num<T>::Acc);
+    if (!cygemm_small_batched_vector_fits(g)) return cudaErrorInvalidValue;
+    if (g->opa == 0 && g->opb == 0 && g->m == g->n && g->n == g->k) switch (g->m) {
+        case 8: return launch<T, V, V, 8, true>(g, s, st);
+        case 16: return launch<T, V, V, 16, true>(g, s, st);
+        default: break;
+    }
+    return launch<T, V, V, 0, true>(g, s, st);
 }
 
 template <typename T>
 cudaError_t launch_tile(const cygemm_small_batched_args* g, const cygemm_small_batched_shape& s, cudaStream_t st) {
     switch (s.tile) {
-        case CYGEMM_SMALL_TILE_1X1: return launch<T, 1, 1>(g, s, st);
-        case CYGEMM_SMALL_TILE_2X2: return launch<T, 2, 2>(g, s, st);
-        default: return launch<T, 4, 4>(g, s, st);
+        case CYGEMM_SMALL_TILE_1X1: return launch_scalar<T, 1, 1>(g, s, st);
+        case CYGEMM_SMALL_TILE_2X2: return launch_scalar<T, 2, 2>(g, s, st);
+        case CYGEMM_SMALL_TILE_4X4: return launch<T, 4, 4, 0, false>(g, s, st);
+        default: return launch_vector<T>(g, s, st);
     }
 }
 
@@ -322,6 +425,13 @@ extern "C" int cygemm_small_batched_fits(const cygemm_small_batched_args* g) {
     // Batch strides and leading dimensions of 32-bit products within a block (offsets are 64-bit).
     return g->lda < (1LL << 31) && g->ldb < (1LL << 31) && g->ldc < (1LL << 31) && g->stride_a >= 0
            && g->stride_b >= 0 && g->stride_c >= 0;
+}
+
+extern "C" int cygemm_small_batched_vector_fits(const cygemm_small_batched_args* g) {
+    const int acc = acc_size(g->dtype), v = acc ? 16 / acc : 0;
+    // (the transposed operands padded by V in shared memory, and B's start aligned)
+    return cygemm_small_batched_fits(g) && g->m % v == 0 && g->n % v == 0 && g->k % v == 0
+           && (g->k * (g->m + v) + g->k * (g->n + v) + 4) * acc <= SMEM_LIMIT;
 }
 
 extern "C" cygemm_small_batched_shape cygemm_small_batched_rule(const cygemm_small_batched_args* g) {
@@ -343,6 +453,8 @@ extern "C" cygemm_small_batched_shape cygemm_small_batched_rule(const cygemm_sma
         s.smem_bytes = mn <= 8 * 8 ? 8 << 10 : 16 << 10;
     }
     if (mn >= 24 * 24) s.tile = CYGEMM_SMALL_TILE_4X4;
+    if (cygemm_small_batched_vector_fits(g) && (mn >= 16 * 16 || (g->dtype == CUDA_C_64F && mn >= 8 * 8)))
+        s.tile = CYGEMM_SMALL_TILE_VECTOR;
     return s;
 }
 

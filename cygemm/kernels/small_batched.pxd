@@ -28,12 +28,14 @@ cdef extern from "cygemm/small_batched_kernels.h" nogil:
         CYGEMM_SMALL_TILE_1X1
         CYGEMM_SMALL_TILE_2X2
         CYGEMM_SMALL_TILE_4X4
+        CYGEMM_SMALL_TILE_VECTOR
         CYGEMM_SMALL_TILES
     ctypedef struct cygemm_small_batched_shape:
         int tile
         int threads
         int smem_bytes
     int cygemm_small_batched_fits(const cygemm_small_batched_args* args)
+    int cygemm_small_batched_vector_fits(const cygemm_small_batched_args* args)
     cygemm_small_batched_shape cygemm_small_batched_rule(const cygemm_small_batched_args* args)
     cudaError_t cygemm_small_batched(const cygemm_small_batched_args* args, cudaStream_t stream)
     cudaError_t cygemm_small_batched_shaped(const cygemm_small_batched_args* args,

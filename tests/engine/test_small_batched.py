@@ -4,7 +4,7 @@ CPU: which problems the kernel takes (dtypes, sizes, alignment) and which the fi
 it; describe_gemm and describe_matmul name the route; forcing and the determinism modes.
 
 GPU: every dtype (float16, bfloat16, float32, float64, complex64, complex128) through
-gemm_strided_batched with the kernel forced, against float64 references on fresh random inputs
+gemm_strided_batched with the kernel forced, each of its tiles in turn, against float64 references on fresh random inputs
 with NaN-poisoned outputs: square and non-square sizes up to 64, every transpose (conjugate
 transposes for complex), C- and F-ordered operands, broadcast operands (batch stride 0 and 2-D),
 sliced (non-packed) batches, misaligned starts, alpha and beta. The kernel's launch counter shows
@@ -25,6 +25,16 @@ F32, F64, F16, BF16, C64, C128 = 0, 1, 2, 14, 4, 5      # cudaDataType numbers
 def kernel_forced():
     tuning.force_routes(small_batched="kernel")
     yield
+    tuning.force_routes()
+
+
+@pytest.fixture(params=small_batched.TILES)
+def tile(request):
+    """The kernel forced, with each of its tiles in turn."""
+    tuning.force_routes(small_batched="kernel")
+    small_batched.force_tile(request.param)
+    yield request.param
+    small_batched.force_tile()
     tuning.force_routes()
 
 
@@ -69,6 +79,13 @@ def test_describe_names_the_route(unforced):
     assert call["route"] == "kernel" and "shared memory" in call["kernels"]
     tuning.force_routes(small_batched="cublas")
     assert cygemm.describe_gemm(pair(10, 4, 4), pair(10, 4, 4), batched=True)["route"] == "cublas"
+
+
+def test_force_tile_names_the_tiles():
+    with pytest.raises(ValueError, match="tile: expected one of"):
+        small_batched.force_tile("8x8")
+    small_batched.force_tile("vector")
+    small_batched.force_tile()
 
 
 def test_batch_invariant_mode_keeps_the_family(unforced):
@@ -127,7 +144,7 @@ BOUND = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 2e-6, "complex64": 2e-6, 
          "complex128": 1e-14}
 DTYPES = ["float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
 SHAPES = [(2, 2, 2), (3, 3, 3), (4, 4, 16), (5, 7, 3), (8, 8, 8), (16, 16, 16), (16, 64, 16), (32, 32, 32),
-          (1, 9, 4), (33, 2, 64)]
+          (1, 9, 4), (33, 2, 64), (24, 8, 12), (8, 32, 4)]
 
 
 def _check(got, want, dtype, k):
@@ -144,7 +161,7 @@ def _transposes(dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m, n, k", SHAPES)
-def test_kernel_every_dtype_and_transpose(kernel_forced, dtype, m, n, k):
+def test_kernel_every_dtype_and_transpose(tile, dtype, m, n, k):
     import cupy as cp
     rng = np.random.default_rng(m * 10007 + n * 101 + k)
     batch = 37
@@ -165,10 +182,11 @@ def test_kernel_every_dtype_and_transpose(kernel_forced, dtype, m, n, k):
 @pytest.mark.parametrize("dtype", ["float32", "float16", "complex128"])
 @pytest.mark.parametrize("layout", ["f_order", "broadcast_a", "broadcast_b", "two_d_b", "sliced", "misaligned",
                                     "strided_out"])
-def test_kernel_layouts(kernel_forced, dtype, layout):
+@pytest.mark.parametrize("m, n, k", [(5, 6, 7), (8, 4, 12)])       # (the second the vector tile's too)
+def test_kernel_layouts(tile, dtype, layout, m, n, k):
     import cupy as cp
     rng = np.random.default_rng(7)
-    batch, m, n, k = 50, 5, 6, 7
+    batch = 50
     A, B = _operands(cp, dtype, [(batch, m, k), (batch, k, n)], rng)
     out = _nan_out(cp, dtype, (batch, m, n))
     target = out
@@ -203,10 +221,11 @@ def test_kernel_layouts(kernel_forced, dtype, layout):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["float32", "float64", "complex64", "bfloat16"])
-def test_kernel_alpha_beta(kernel_forced, dtype):
+@pytest.mark.parametrize("m, n, k", [(4, 3, 5), (8, 4, 12)])
+def test_kernel_alpha_beta(tile, dtype, m, n, k):
     import cupy as cp
     rng = np.random.default_rng(3)
-    batch, m, n, k = 64, 4, 3, 5
+    batch = 64
     A, B, C = _operands(cp, dtype, [(batch, m, k), (batch, k, n), (batch, m, n)], rng)
     c0 = _host(C).astype(np.complex128)
     complex_ = np.dtype(dtype if dtype != "bfloat16" else "float32").kind == "c"

@@ -31,8 +31,14 @@ typedef struct {
 } cygemm_small_batched_args;
 
 /* How a launch splits the work: each thread's tile of C (CYGEMM_SMALL_TILE_*), threads a block,
- * and the shared memory a block stages matrices in (bytes). */
-enum { CYGEMM_SMALL_TILE_1X1 = 0, CYGEMM_SMALL_TILE_2X2 = 1, CYGEMM_SMALL_TILE_4X4 = 2, CYGEMM_SMALL_TILES = 3 };
+ * and the shared memory a block stages matrices in (bytes). The scalar tiles read shared memory
+ * one value at a time; the vector tile (V x V, V = 16 bytes over the accumulation type's size: 4
+ * for float32 and the 16-bit types, 2 for float64 and complex64, 1 for complex128) 16 bytes at a
+ * time, for m, n and k that are multiples of V (cygemm_small_batched_vector_fits). */
+enum {
+    CYGEMM_SMALL_TILE_1X1 = 0, CYGEMM_SMALL_TILE_2X2 = 1, CYGEMM_SMALL_TILE_4X4 = 2, CYGEMM_SMALL_TILE_VECTOR = 3,
+    CYGEMM_SMALL_TILES = 4
+};
 typedef struct {
     int tile;
     int threads;
@@ -42,6 +48,9 @@ typedef struct {
 /* Whether the kernel takes the problem: its dtype, operations, sizes (one matrix of A and B
  * fits the shared memory) and 32-bit sizes within a block. 1 or 0. */
 int cygemm_small_batched_fits(const cygemm_small_batched_args* args);
+
+/* Whether the vector tile takes it too: it fits, and m, n, k are multiples of V. 1 or 0. */
+int cygemm_small_batched_vector_fits(const cygemm_small_batched_args* args);
 
 /* The launch shape of the measured rule (benchmarks/small_batched_probe.cu on an H200). */
 cygemm_small_batched_shape cygemm_small_batched_rule(const cygemm_small_batched_args* args);
