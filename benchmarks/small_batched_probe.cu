@@ -156,7 +156,8 @@ static void probe(const Type& t, int m, int n, int k, int opa = 0, int opb = 0, 
     const cygemm_small_batched_shape rule = cygemm_small_batched_rule(&g);
     auto label = [](cygemm_small_batched_shape s) {
         const char* tiles[] = {"1x1", "2x2", "4x4", "vec"};
-        return std::string(tiles[s.tile]) + "/" + std::to_string(s.threads) + "/" + std::to_string(s.smem_bytes >> 10) + "K";
+        return std::string(tiles[s.tile]) + "/" + std::to_string(s.threads) + "/" + std::to_string(s.smem_bytes >> 10) + "K"
+               + (s.pad ? "/pad" : "");
     };
     runs.push_back({"rule " + label(rule), [&, rule] { CHECK(cygemm_small_batched_shaped(&g, rule, 0)); }});
     const bool fits = cygemm_small_batched_fits(&g);
@@ -164,9 +165,12 @@ static void probe(const Type& t, int m, int n, int k, int opa = 0, int opb = 0, 
     if (sweep && fits)
         for (int tile = 0; tile < CYGEMM_SMALL_TILES; ++tile)
             for (int threads : {128, 256})
-                for (int smem : {8 << 10, 16 << 10, 32 << 10}) {
-                    const cygemm_small_batched_shape s{tile, threads, smem};
-                    if (tile == rule.tile && threads == rule.threads && smem == rule.smem_bytes) continue;
+                for (int smem : {8 << 10, 16 << 10, 32 << 10})
+                for (int pad : {0, 1}) {
+                    const cygemm_small_batched_shape s{tile, threads, smem, pad};
+                    if (tile == rule.tile && threads == rule.threads && smem == rule.smem_bytes && pad == rule.pad)
+                        continue;
+                    if (pad && (tile == CYGEMM_SMALL_TILE_VECTOR || k % 2 || (opa == 0 && opb != 0))) continue;
                     if ((tile == 2 && m * n < 16) || (tile == 1 && m * n < 4)) continue;     // tiles past C
                     if (tile == CYGEMM_SMALL_TILE_VECTOR && !cygemm_small_batched_vector_fits(&g)) continue;
                     runs.push_back({label(s), [&, s] { CHECK(cygemm_small_batched_shaped(&g, s, 0)); }});

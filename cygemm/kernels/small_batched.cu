@@ -81,12 +81,13 @@ struct Divider {
 struct Operand {
     long long ld, stride;       // elements
     int rows, span;             // stored rows; elements of one matrix
-    int pitch, staged_span;     // transposed: shared-memory elements between K's rows; of one matrix
+    int pitch, staged_span;     // relaid: shared-memory elements between its rows or columns; of one matrix
     Divider by_span, by_rows;
     bool conj, broadcast;       // conjugated; batch stride 0 (one matrix, staged once)
     bool run;                   // a run of matrices is one contiguous range
     bool vector;                // ... starting on 16 bytes: copied 16 bytes at a time
-    bool transpose;             // staged K-major (op(X)(r, kk) at kk*pitch + r), not as stored
+    bool relayout;              // staged at row*dst_row + col*dst_col, not packed as stored:
+    int dst_row, dst_col;       //   transposed (pitch, 1) or with padded columns (1, pitch)
     int step_inner, step_k;     // shared-memory strides of op(X) along its other index and along K
 };
 
@@ -111,14 +112,15 @@ struct Params {
 template <typename T, typename Acc>
 __device__ __forceinline__ void stage(Acc* __restrict__ s, const T* __restrict__ g, const Operand& o, int count) {
     const int total = count * o.span;
-    if (o.transpose) {
-        // X stored K-contiguous (rows = K): each column becomes a row of shared memory, pitch
-        // apart (padded: a column's consecutive values would otherwise land on few banks).
+    if (o.relayout) {
+        // X stored K-contiguous (rows = K), which threads of different rows or columns of C read
+        // pitch apart: transposed, or its columns padded to an odd pitch (K apart, they would
+        // land on few banks).
         for (int e = threadIdx.x; e < total; e += blockDim.x) {
             const int q = o.by_span.div(e), r = e - q * o.span;
             const int col = o.by_rows.div(r), row = r - col * o.rows;
             const T x = o.run ? g[e] : g[q * o.stride + row + col * o.ld];
-            s[q * o.staged_span + row * o.pitch + col] = conj_if(widen(x), o.conj);
+            s[q * o.staged_span + row * o.dst_row + col * o.dst_col] = conj_if(widen(x), o.conj);
         }
     } else if (o.vector) {
         // 16 bytes in, each value widened, stored 16 bytes at a time (scalar shared-memory
@@ -183,9 +185,8 @@ __device__ __forceinline__ void vector_tile(const Acc* __restrict__ a, const Acc
 }
 
 // SIZE: the side of a square problem when known at compile time (0: read from p), whose index
-// arithmetic and K loop then fold away (with the vector tile: neither operand transposed, so A is
-// staged as stored and B transposed, pitch SIZE + V). VEC: the vector tile (RM = RN = V), else
-// the scalar tile RM x RN.
+// arithmetic and K loop then fold away. VEC: the vector tile (RM = RN = V), else the scalar tile
+// RM x RN.
 template <typename T, int RM, int RN, int SIZE, bool VEC>
 __global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
     using Acc = typename Num<T>::Acc;
@@ -193,8 +194,7 @@ __global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
     constexpr int TILES_M = SIZED ? (SIZE + RM - 1) / RM : 0, TILES = TILES_M * (SIZED ? (SIZE + RN - 1) / RN : 0);
     const int m = SIZED ? SIZE : p.m, n = SIZED ? SIZE : p.n, k = SIZED ? SIZE : p.k;
     const int tiles_m = SIZED ? TILES_M : p.tiles_m, tiles = SIZED ? TILES : p.tiles;
-    const int span_a = SIZED ? SIZE * SIZE : p.oa.staged_span;
-    const int span_b = SIZED ? (VEC ? SIZE * (SIZE + RM) : SIZE * SIZE) : p.ob.staged_span;
+    const int span_a = p.oa.staged_span, span_b = p.ob.staged_span;
     extern __shared__ __align__(16) unsigned char smem[];
     Acc* sa = reinterpret_cast<Acc*>(smem);
     Acc* sb = sa + p.b_offset;
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
 #pragma unroll
                 for (int jj = 0; jj < RN; ++jj) acc[ii][jj] = zero<Acc>();
             if constexpr (VEC) {
-                vector_tile<Acc, RM>(a, b, SIZED ? SIZE : p.oa.pitch, SIZED ? SIZE + RM : p.ob.pitch, k, i0, j0, acc);
+                vector_tile<Acc, RM>(a, b, p.oa.pitch, p.ob.pitch, k, i0, j0, acc);
             } else {
                 int ao[RM], bo[RN];
 #pragma unroll
@@ -288,8 +288,9 @@ Operand operand(const void* ptr, int op, long long rows_op, long long cols_op, l
     o.stride = stride;
     o.rows = int(rows);
     o.span = int(rows * cols);
+    o.pitch = int(rows);
     o.staged_span = o.span;
-    o.transpose = false;
+    o.relayout = false;
     o.by_span = Divider(uint32_t(o.span));
     o.by_rows = Divider(uint32_t(rows));
     o.conj = complex && op == 2;
@@ -328,12 +329,29 @@ cudaError_t launch(const cygemm_small_batched_args* g, const cygemm_small_batche
         for (Operand* o : {&p.oa, &p.ob}) {
             const bool is_a = o == &p.oa;
             const int inner = is_a ? p.m : p.n;
-            o->transpose = is_a ? g->opa != 0 : g->opb == 0;
-            o->pitch = o->transpose ? inner + V : inner;
+            o->relayout = is_a ? g->opa != 0 : g->opb == 0;
+            o->pitch = o->relayout ? inner + V : inner;
+            o->dst_row = o->pitch;
+            o->dst_col = 1;
             o->staged_span = p.k * o->pitch;
-            if (o->transpose) o->vector = false;
         }
+    } else if (shape.pad && p.k % 2 == 0) {
+        // The K-contiguous operands (a transposed A, an untransposed B) with their columns
+        // padded to the odd pitch K + 1, where a whole matrix of each still fits.
+        const bool pad_a = g->opa != 0, pad_b = g->opb == 0;
+        if ((p.m * (p.k + pad_a) + (p.k + pad_b) * p.n + 4) * acc <= SMEM_LIMIT)
+            for (Operand* o : {&p.oa, &p.ob})
+                if (o == &p.oa ? pad_a : pad_b) {
+                    o->relayout = true;
+                    o->pitch = p.k + 1;
+                    o->dst_row = 1;
+                    o->dst_col = o->pitch;
+                    o->staged_span = (o == &p.oa ? p.m : p.n) * o->pitch;
+                    o->step_inner = o->pitch;
+                }
     }
+    for (Operand* o : {&p.oa, &p.ob})
+        if (o->relayout) o->vector = false;
     p.ldc = g->ldc;
     p.stride_c = g->stride_c;
     p.batch = g->batch;
@@ -435,33 +453,39 @@ extern "C" int cygemm_small_batched_vector_fits(const cygemm_small_batched_args*
 }
 
 extern "C" cygemm_small_batched_shape cygemm_small_batched_rule(const cygemm_small_batched_args* g) {
-    // The fastest shapes of benchmarks/small_batched_probe.cu on an H200 (384 MiB batches).
-    cygemm_small_batched_shape s;
+    // The fastest shapes of benchmarks/small_batched_probe.cu on an H200 (384 MiB batches,
+    // benchmarks/results/small_batched_probe_run3.txt).
+    cygemm_small_batched_shape s{CYGEMM_SMALL_TILE_2X2, 128, 16 << 10, g->k >= 8};
     const long long mn = g->m * g->n;
-    const int acc = acc_size(g->dtype);
-    if (g->dtype == CUDA_R_16F || g->dtype == CUDA_R_16BF) {           // fp32 sums of 16-bit values
-        s.tile = CYGEMM_SMALL_TILE_2X2;
-        s.threads = 256;
-        s.smem_bytes = 32 << 10;
-    } else if (acc == 4) {                                              // float32
-        s.tile = mn <= 16 ? CYGEMM_SMALL_TILE_1X1 : CYGEMM_SMALL_TILE_2X2;
-        s.threads = mn <= 16 ? 128 : 256;
-        s.smem_bytes = 16 << 10;
-    } else {                                                            // float64, complex
-        s.tile = mn <= 12 * 12 ? CYGEMM_SMALL_TILE_1X1 : CYGEMM_SMALL_TILE_2X2;
-        s.threads = 128;
-        s.smem_bytes = mn <= 8 * 8 ? 8 << 10 : 16 << 10;
+    const bool vector = cygemm_small_batched_vector_fits(g);
+    switch (g->dtype) {
+        case CUDA_R_32F:                    // one element a thread to 8 x 8, then 2 x 2
+            if (mn <= 8 * 8) s.tile = CYGEMM_SMALL_TILE_1X1;
+            if (mn <= 4 * 4) s.smem_bytes = 8 << 10;
+            break;
+        case CUDA_R_16F: case CUDA_R_16BF:  // fp32 sums of 16-bit values
+            if ((mn > 2 * 2 && mn <= 4 * 4) || mn == 8 * 8) s.tile = CYGEMM_SMALL_TILE_1X1;
+            if (mn <= 2 * 2) s.threads = 256;
+            if (vector && mn >= 16 * 16) { s.tile = CYGEMM_SMALL_TILE_VECTOR; s.threads = 256; s.smem_bytes = 32 << 10; }
+            break;
+        case CUDA_R_64F: case CUDA_C_32F:   // 16-byte reads of two values: the vector tile from 16 x 16
+            if (mn <= 12 * 12) s.tile = CYGEMM_SMALL_TILE_1X1;
+            if (mn <= 8 * 8 && g->dtype == CUDA_R_64F) s.smem_bytes = 8 << 10;
+            if (vector && mn >= 16 * 16) s.tile = CYGEMM_SMALL_TILE_VECTOR;
+            break;
+        default:                            // complex128: one element a thread
+            s.tile = CYGEMM_SMALL_TILE_1X1;
+            s.smem_bytes = 8 << 10;
+            break;
     }
-    if (mn >= 24 * 24) s.tile = CYGEMM_SMALL_TILE_4X4;
-    if (cygemm_small_batched_vector_fits(g) && (mn >= 16 * 16 || (g->dtype == CUDA_C_64F && mn >= 8 * 8)))
-        s.tile = CYGEMM_SMALL_TILE_VECTOR;
     return s;
 }
 
 extern "C" cudaError_t cygemm_small_batched_shaped(const cygemm_small_batched_args* g, cygemm_small_batched_shape s,
                                                    cudaStream_t stream) {
     if (!cygemm_small_batched_fits(g) || s.tile < 0 || s.tile >= CYGEMM_SMALL_TILES || s.threads < 32
-        || s.threads > 256 || s.threads % 32 != 0 || s.smem_bytes < 1 || s.smem_bytes > SMEM_LIMIT)
+        || s.threads > 256 || s.threads % 32 != 0 || s.smem_bytes < 1 || s.smem_bytes > SMEM_LIMIT
+        || s.pad < 0 || s.pad > 1)
         return cudaErrorInvalidValue;
     switch (g->dtype) {
         case CUDA_R_32F: return launch_tile<float>(g, s, stream);

@@ -34,6 +34,7 @@ cdef extern from "cygemm/small_batched_kernels.h" nogil:
         int tile
         int threads
         int smem_bytes
+        int pad
     int cygemm_small_batched_fits(const cygemm_small_batched_args* args)
     int cygemm_small_batched_vector_fits(const cygemm_small_batched_args* args)
     cygemm_small_batched_shape cygemm_small_batched_rule(const cygemm_small_batched_args* args)

@@ -31,7 +31,8 @@ typedef struct {
 } cygemm_small_batched_args;
 
 /* How a launch splits the work: each thread's tile of C (CYGEMM_SMALL_TILE_*), threads a block,
- * and the shared memory a block stages matrices in (bytes). The scalar tiles read shared memory
+ * the shared memory a block stages matrices in (bytes), and (scalar tiles, even K) whether the
+ * K-contiguous operands' columns are padded to K + 1 in shared memory (1) or packed (0). The scalar tiles read shared memory
  * one value at a time; the vector tile (V x V, V = 16 bytes over the accumulation type's size: 4
  * for float32 and the 16-bit types, 2 for float64 and complex64, 1 for complex128) 16 bytes at a
  * time, for m, n and k that are multiples of V (cygemm_small_batched_vector_fits). */
@@ -43,6 +44,7 @@ typedef struct {
     int tile;
     int threads;
     int smem_bytes;
+    int pad;
 } cygemm_small_batched_shape;
 
 /* Whether the kernel takes the problem: its dtype, operations, sizes (one matrix of A and B
