@@ -102,16 +102,22 @@ def main(argv=None):
     R.start("setup")
     R.progress("importing torch and nvmath-python")
     C.import_optional()
-    for name, section in SECTIONS.items():
-        if name not in only:
-            continue
-        R.start(name, order.index(name) + 1, len(order))
-        if name == "host":      # its second half: the contenders that need torch / nvmath
-            host.host_section_late(R, s, floor, *late)
-        else:
-            section(R, s, floor)
+    interrupted = None
+    try:
+        for name, section in SECTIONS.items():
+            if name not in only:
+                continue
+            R.start(name, order.index(name) + 1, len(order))
+            if name == "host":      # its second half: the contenders that need torch / nvmath
+                host.host_section_late(R, s, floor, *late)
+            else:
+                section(R, s, floor)
+    except KeyboardInterrupt:       # (SIGINT, as `timeout -s INT` sends): what was measured is kept
+        interrupted = R.section
+        print(f"interrupted in {interrupted}: writing the rows measured so far", flush=True)
     env = environment(cp, dict(C.versions(), clocks_before=clocks_before, clocks_after=clocks(),
-                               quick=args.quick, sections=only, seconds=round(time.time() - R.t0, 1)))
+                               quick=args.quick, sections=only, seconds=round(time.time() - R.t0, 1),
+                               interrupted=interrupted))
     floor.close()
     path = os.path.join(args.out, "bench.json")
     with open(path, "w") as f:

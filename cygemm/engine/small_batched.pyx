@@ -83,12 +83,13 @@ cdef bint small_batched_fits(const ColMajorGemm* g, cudaDataType dtype, cublasCo
 
 cdef bint kernel_rule(const cygemm_small_batched_args* a) noexcept nogil:
     """Whether the kernel beat cuBLAS on the H200 for these sizes at 384 MiB batches
-    (benchmarks/results/small_batched_probe_run2.txt): up to 16^3 multiply-adds a matrix
-    (complex128: 8^3), sides up to 32 (8 x 32 x 8 ran 1.8-3.7x cuBLAS, 16^3 1.5-2.1x; 24^3,
-    32^3, 16 x 64 x 16 and complex128's 16^3 ran slower); a transposed A only up to sides of 8
-    (16^3 with A transposed ran 0.71x in float32, 0.95x in float16)."""
+    (benchmarks/results/small_batched_probe_run3.txt): up to 16^3 multiply-adds a matrix
+    (complex128: 8^3), sides up to 32 (8 x 32 x 8 ran 1.5-3.8x cuBLAS, 16^3 1.5-2.5x; 24^3,
+    32^3, 16 x 64 x 16 and complex128's 16^3 ran slower); a transposed A up to sides of 8, or
+    with K of 16 and more (padded in shared memory: 16^3 ran 1.1x in float32, 1.8x in float16;
+    12^3 was not measured)."""
     cdef long long big = max(a.m, a.n, a.k)
-    if a.opa != 0 and big > 8:
+    if a.opa != 0 and big > 8 and a.k < 16:
         return False
     cdef long long most = 8 * 8 * 8 if a.dtype == CUDA_C_64F else 16 * 16 * 16
     return big <= 32 and a.m * a.n * a.k <= most

@@ -455,9 +455,12 @@ extern "C" int cygemm_small_batched_vector_fits(const cygemm_small_batched_args*
 extern "C" cygemm_small_batched_shape cygemm_small_batched_rule(const cygemm_small_batched_args* g) {
     // The fastest shapes of benchmarks/small_batched_probe.cu on an H200 (384 MiB batches,
     // benchmarks/results/small_batched_probe_run3.txt).
-    cygemm_small_batched_shape s{CYGEMM_SMALL_TILE_2X2, 128, 16 << 10, g->k >= 8};
+    // Padding paid where staging was cheap beside the bank conflicts it saved: a transposed A
+    // (16^3: 1.6x unpadded in float32) or a broadcast B; elsewhere it cost B's 16-byte copies.
+    const int pad = g->k >= 16 && (g->opa != 0 || (g->opb == 0 && g->stride_b == 0));
+    cygemm_small_batched_shape s{CYGEMM_SMALL_TILE_2X2, 128, 16 << 10, pad};
     const long long mn = g->m * g->n;
-    const bool vector = cygemm_small_batched_vector_fits(g);
+    const bool vector = cygemm_small_batched_vector_fits(g) && g->m >= 16 && g->n >= 16;
     switch (g->dtype) {
         case CUDA_R_32F:                    // one element a thread to 8 x 8, then 2 x 2
             if (mn <= 8 * 8) s.tile = CYGEMM_SMALL_TILE_1X1;
@@ -469,7 +472,7 @@ extern "C" cygemm_small_batched_shape cygemm_small_batched_rule(const cygemm_sma
             if (vector && mn >= 16 * 16) { s.tile = CYGEMM_SMALL_TILE_VECTOR; s.threads = 256; s.smem_bytes = 32 << 10; }
             break;
         case CUDA_R_64F: case CUDA_C_32F:   // 16-byte reads of two values: the vector tile from 16 x 16
-            if (mn <= 12 * 12) s.tile = CYGEMM_SMALL_TILE_1X1;
+            if (mn <= 12 * 12 || g->m < 16 || g->n < 16) s.tile = CYGEMM_SMALL_TILE_1X1;
             if (mn <= 8 * 8 && g->dtype == CUDA_R_64F) s.smem_bytes = 8 << 10;
             if (vector && mn >= 16 * 16) s.tile = CYGEMM_SMALL_TILE_VECTOR;
             break;

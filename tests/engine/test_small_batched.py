@@ -66,7 +66,8 @@ def test_fixed_rule_keeps_cublas_where_cublas_was_faster():
     assert not rule(F32, 0, 0, 24, 24, 24, 10) and not rule(F32, 0, 0, 64, 64, 64, 10)
     assert not rule(F32, 0, 0, 16, 64, 16, 10)
     assert rule(C64, 0, 0, 16, 16, 16, 10) and not rule(C128, 0, 0, 16, 16, 16, 10) and rule(C128, 0, 0, 8, 8, 8, 10)
-    assert rule(F32, 1, 0, 8, 8, 8, 10) and not rule(F32, 1, 0, 16, 16, 16, 10)     # transposed A
+    assert rule(F32, 1, 0, 8, 8, 8, 10) and not rule(F32, 1, 0, 12, 12, 12, 10)     # transposed A
+    assert rule(F32, 1, 0, 16, 16, 16, 10) and not rule(F32, 1, 0, 16, 16, 8, 10)
     assert rule(F32, 0, 1, 16, 16, 16, 10)
 
 
