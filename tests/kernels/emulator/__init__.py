@@ -1,0 +1,83 @@
+"""cygemm's CUDA kernel files compiled for the CPU (cuda_on_cpu.h beside this file): their launch
+logic and kernels run on host memory, so their index arithmetic is tested without a GPU.
+
+``build(name)`` compiles ``cygemm/kernels/<name>.cu`` with the host C++ compiler into a shared
+library loaded by ctypes, its ``extern "C"`` functions as they are. Two rewrites make the file C++:
+each ``kernel<<<grid, block, smem, stream>>>(args)`` becomes ``cuda_on_cpu::launch(kernel, grid,
+block, smem, stream, args)``, and an ``extern __shared__ T name[];`` a pointer to the emulator's
+shared memory. Built once per source text, in a folder of the caller's choosing.
+"""
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+KERNELS = os.path.join(ROOT, "cygemm", "kernels")
+
+_LAUNCH = re.compile(r"([\w:]+(?:<[^;<>]*>)?)<<<(.+?)>>>\((.*?)\);", re.S)
+_DYNAMIC_SHARED = re.compile(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w:][\w:\s]*?)\s+(\w+)\[\];")
+
+
+class Unavailable(RuntimeError):
+    """No kernel source, host C++ compiler or CUDA headers to build with (the reason is the message)."""
+
+
+def _compiler():
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        raise Unavailable("no host C++ compiler (g++ or c++ on PATH, or $CXX)")
+    return cxx
+
+
+def _cuda_include():
+    from cygemm.engine import cuda_paths
+    try:
+        nvcc = cuda_paths.find_nvcc()
+    except Exception as e:                  # (its own error type names what is missing)
+        raise Unavailable(f"the CUDA toolkit's headers: {e}") from e
+    include = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "include")
+    if not os.path.isfile(os.path.join(include, "cuda_fp16.h")):
+        raise Unavailable(f"cuda_fp16.h not found in {include}")
+    return include
+
+
+def translate(source):
+    """The kernel file's text as C++ for the emulator (the two rewrites)."""
+    source = _DYNAMIC_SHARED.sub(lambda m: f"{m[1]}* {m[2]} = reinterpret_cast<{m[1]}*>(cuda_on_cpu::shared);",
+                                 source)
+    return _LAUNCH.sub(lambda m: f"cuda_on_cpu::launch({m[1]}, {m[2]}, {m[3]});", source)
+
+
+HARNESS = """#include "cuda_on_cpu.h"
+{source}
+extern "C" void cuda_on_cpu_set_sm_count(int n) {{ cuda_on_cpu::sm_count = n; }}
+extern "C" long long cuda_on_cpu_launches() {{ return cuda_on_cpu::launches; }}
+"""
+
+
+def build(name, folder):
+    """``cygemm/kernels/<name>.cu`` built for the CPU in `folder`, loaded: a ctypes.CDLL."""
+    path = os.path.join(KERNELS, f"{name}.cu")
+    if not os.path.isfile(path):            # (the tests run against an installed wheel, which has no .cu)
+        raise Unavailable(f"the kernel's source {path} is not in this tree")
+    with open(path) as f:
+        text = HARNESS.format(source=translate(f.read()))
+    with open(os.path.join(HERE, "cuda_on_cpu.h")) as f:
+        digest = hashlib.sha256((text + f.read()).encode()).hexdigest()[:16]
+    lib = os.path.join(folder, f"{name}_{digest}.so")
+    if not os.path.exists(lib):
+        cxx, include = _compiler(), _cuda_include()
+        src = os.path.join(folder, f"{name}_{digest}.cpp")
+        with open(src, "w") as f:
+            f.write(text)
+        cmd = [cxx, "-std=c++20", "-O1", "-g0", "-shared", "-fPIC", "-w", "-I", HERE,
+               "-I", os.path.join(KERNELS, "include"), "-I", include, src, "-o", lib + ".tmp"]
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"building {name}.cu for the CPU failed:\n{' '.join(cmd)}\n{done.stderr[-4000:]}")
+        os.replace(lib + ".tmp", lib)
+    return ctypes.CDLL(lib)

@@ -1,0 +1,158 @@
+// Runs a CUDA kernel's source on the CPU, so that its index arithmetic, staging and launch logic
+// are tested where there is no GPU (tests/kernels/emulator.py compiles a kernel file with this
+// header in front, its launches rewritten to cuda_on_cpu::launch).
+//
+// Each block's threads are fibers (ucontext) of one OS thread, run in turn: a thread runs until
+// it reaches __syncthreads() or returns, and no thread passes a barrier before every thread of
+// the block that has not returned reaches it. Blocks run one after another, each on shared memory
+// refilled with 0xFF bytes (a NaN in every floating-point type), so a value read before it was
+// staged shows in the result. What this cannot show: warp-synchronous code, the memory model
+// between blocks, speed.
+#ifndef CYGEMM_CUDA_ON_CPU_H
+#define CYGEMM_CUDA_ON_CPU_H
+
+#include <cuda_runtime_api.h>
+
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+// The kernel language's qualifiers mean nothing here; its builtins are plain globals that the
+// scheduler sets before it switches to a thread.
+#undef __global__
+#undef __shared__
+#undef __launch_bounds__
+#undef __align__
+#define __global__
+#define __shared__ static           // (blocks run one at a time: one copy serves each in turn)
+#define __launch_bounds__(...)
+#define __align__(n)
+
+inline uint3 threadIdx, blockIdx;
+inline dim3 blockDim, gridDim;
+
+inline unsigned int __umulhi(unsigned int a, unsigned int b) {
+    return unsigned(((unsigned long long)a * b) >> 32);
+}
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+
+namespace cuda_on_cpu {
+
+constexpr size_t SHARED_BYTES = 48 << 10;      // what a block may take without opting in
+constexpr size_t STACK_BYTES = 128 << 10;
+
+// The dynamic shared memory (a kernel's `extern __shared__ T name[]` is rewritten to point here).
+alignas(16) inline unsigned char shared[SHARED_BYTES];
+
+inline int sm_count = 4;                        // what the device reports (cuda_on_cpu_set_sm_count)
+inline cudaError_t last_error = cudaSuccess;
+inline long long launches = 0;
+
+struct Fiber {
+    ucontext_t context;
+    std::unique_ptr<unsigned char[]> stack{new unsigned char[STACK_BYTES]};    // (not zeroed: it is a stack)
+    bool done = false;
+};
+inline std::vector<Fiber> fibers;               // one a thread, kept from launch to launch
+
+inline ucontext_t scheduler;
+inline Fiber* running = nullptr;
+
+inline void yield() { swapcontext(&running->context, &scheduler); }
+
+}  // namespace cuda_on_cpu
+
+inline void __syncthreads() { cuda_on_cpu::yield(); }
+
+namespace cuda_on_cpu {
+
+template <typename Kernel, typename Args>
+struct Body {
+    Kernel kernel;
+    const Args* args;
+    static void enter(unsigned lo, unsigned hi) {
+        auto* self = reinterpret_cast<Body*>((uintptr_t(hi) << 32) | lo);
+        std::apply(self->kernel, *self->args);
+        running->done = true;
+        swapcontext(&running->context, &scheduler);
+    }
+};
+
+// kernel<<<grid, block, smem, stream>>>(args...): every block of the grid, in order, now.
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t, Args&&... args) {
+    const unsigned threads = block.x * block.y * block.z;
+    if (threads == 0 || threads > 1024 || smem > SHARED_BYTES || grid.x == 0 || grid.y == 0 || grid.z == 0) {
+        last_error = cudaErrorInvalidValue;
+        return;
+    }
+    ++launches;
+    using Tuple = std::tuple<std::decay_t<Params>...>;
+    const Tuple values(std::forward<Args>(args)...);
+    using Kernel = void (*)(Params...);
+    Body<Kernel, Tuple> body{kernel, &values};
+    if (fibers.size() < threads) fibers.resize(threads);
+    gridDim = grid;
+    blockDim = block;
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+        for (unsigned by = 0; by < grid.y; ++by)
+            for (unsigned bx = 0; bx < grid.x; ++bx) {
+                blockIdx = uint3{bx, by, bz};
+                std::memset(shared, 0xFF, SHARED_BYTES);
+                for (unsigned t = 0; t < threads; ++t) {
+                    Fiber& f = fibers[t];
+                    f.done = false;
+                    getcontext(&f.context);
+                    f.context.uc_stack.ss_sp = f.stack.get();
+                    f.context.uc_stack.ss_size = STACK_BYTES;
+                    f.context.uc_link = nullptr;
+                    const uintptr_t self = reinterpret_cast<uintptr_t>(&body);
+                    makecontext(&f.context, reinterpret_cast<void (*)()>(&Body<Kernel, Tuple>::enter), 2,
+                                unsigned(self & 0xFFFFFFFFu), unsigned(self >> 32));
+                }
+                // Rounds: each thread that has not returned runs to its next barrier or its end.
+                for (bool live = true; live;) {
+                    live = false;
+                    for (unsigned t = 0; t < threads; ++t) {
+                        Fiber& f = fibers[t];
+                        if (f.done) continue;
+                        threadIdx = uint3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+                        running = &f;
+                        swapcontext(&scheduler, &f.context);
+                        live = live || !f.done;
+                    }
+                }
+            }
+    running = nullptr;
+}
+
+}  // namespace cuda_on_cpu
+
+// The runtime calls the kernel files make, answered here (no CUDA runtime is linked; one
+// translation unit includes this).
+extern "C" {
+cudaError_t cudaGetLastError(void) {
+    const cudaError_t e = cuda_on_cpu::last_error;
+    cuda_on_cpu::last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaGetDevice(int* device) {
+    *device = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
+    if (attr != cudaDevAttrMultiProcessorCount) return cudaErrorInvalidValue;
+    *value = cuda_on_cpu::sm_count;
+    return cudaSuccess;
+}
+}
+
+#endif  // CYGEMM_CUDA_ON_CPU_H
