@@ -2,10 +2,12 @@
 //
 // A block takes a run of whole matrices (mpb of them): it stages their A and B in shared memory,
 // converted to the accumulation type (conjugated where asked) and kept in their stored layout,
-// then each thread computes a tile of one C (1x1, 2x2 or 4x4 elements) adding the K products in
-// order, and writes alpha * sum + beta * C. Staging reads a run whose matrices lie one after
-// another with 16-byte loads, any other layout element by element; a broadcast operand (batch
-// stride 0) is staged once per block. benchmarks/small_batched_probe.cu measured the shapes.
+// then each thread computes a tile of one C (1x1, 2x2, 4x4 elements, or the vector tile) adding
+// the K products in order, and writes alpha * sum + beta * C. Staging reads a run whose matrices
+// lie one after another with 16-byte loads, any other layout element by element; a broadcast
+// operand (batch stride 0) is staged once per block. With two stages, a block copies its next
+// run of matrices into a second buffer (cp.async) while it computes on the first, so its loads
+// are in flight while it computes. benchmarks/small_batched_probe.cu measures the launch shapes.
 #include "cygemm/small_batched_kernels.h"
 #include "cygemm/sm_count.cuh"
 
@@ -61,6 +63,39 @@ template <> double scalar<double>(double re, double) { return re; }
 template <> float2 scalar<float2>(double re, double im) { return make_float2(float(re), float(im)); }
 template <> double2 scalar<double2>(double re, double im) { return make_double2(re, im); }
 
+// ---------------------------------------------------------------- asynchronous copies to shared memory
+// 16 bytes from global to shared memory without passing through registers (cp.async, sm_80 on;
+// before it an ordinary load and store), in groups a thread commits and later waits for: all
+// but the newest `newest_left` groups have landed after wait_copies (then a barrier shows them to
+// the block).
+__device__ __forceinline__ void copy16_async(void* dst, const void* src) {
+#if defined(CYGEMM_CUDA_ON_CPU)
+    cuda_on_cpu::async_copy(dst, src, 16);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(unsigned(__cvta_generic_to_shared(dst))),
+                 "l"(src));
+#else
+    *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
+#endif
+}
+
+__device__ __forceinline__ void commit_copies() {
+#if defined(CYGEMM_CUDA_ON_CPU)
+    cuda_on_cpu::async_commit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+
+template <int NEWEST_LEFT>
+__device__ __forceinline__ void wait_copies() {
+#if defined(CYGEMM_CUDA_ON_CPU)
+    cuda_on_cpu::async_wait(NEWEST_LEFT);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(NEWEST_LEFT));
+#endif
+}
+
 // ---------------------------------------------------------------- division by a fixed divisor
 // n / d for 0 <= n < 2**31 by a multiply and a shift (Granlund and Montgomery): the block's
 // index arithmetic divides by runtime sizes on every element.
@@ -89,6 +124,7 @@ struct Operand {
     bool relayout;              // staged at row*dst_row + col*dst_col, not packed as stored:
     int dst_row, dst_col;       //   transposed (pitch, 1) or with padded columns (1, pitch)
     int step_inner, step_k;     // shared-memory strides of op(X) along its other index and along K
+    int raw_offset;             // two stages: where its matrices start in each stage's buffer (bytes)
 };
 
 template <typename T>
@@ -102,6 +138,8 @@ struct Params {
     int m, n, k;
     int mpb;                    // matrices a block takes at a time
     int b_offset;               // where B's matrices start in shared memory (elements, on 16 bytes)
+    int stages;                 // 1, or 2: runs of matrices copied as they are into two buffers in turn
+    int raw_start, raw_bytes;   //   the first buffer's start and each buffer's size (bytes)
     int tiles_m, tiles;         // tiles along a column of C, tiles of one C
     Divider by_tiles, by_tiles_m;
     Acc alpha, beta;
@@ -150,31 +188,34 @@ __device__ __forceinline__ void stage(Acc* __restrict__ s, const T* __restrict__
     }
 }
 
-// A V x V tile of op(A) op(B) from 16-byte shared-memory reads (V = 16 / sizeof(Acc)), both
-// operands staged K-major (op(A)(i, kk) at kk*pa + i, op(B)(kk, j) at kk*pb + j): each step of V
-// along K reads V vectors of each and adds V**3 products, in the same order k = 0, 1, ... as the
-// scalar tile. m, n and k are multiples of V.
-template <typename Acc, int V>
+// A V x V tile of op(A) op(B) from 16-byte shared-memory reads (V = 16 / sizeof(Acc)): each
+// operand is read along whichever of its indices is contiguous in shared memory. LAYOUT bit 0:
+// op(A)(i, kk) at i*pa + kk (K contiguous: a transposed A as stored), else at kk*pa + i; bit 1:
+// op(B)(kk, j) at j*pb + kk (an untransposed B as stored), else at kk*pb + j. Each step of V along
+// K reads V vectors of each and adds V**3 products, in the same order k = 0, 1, ... as the scalar
+// tile. m, n and k are multiples of V.
+template <typename Acc, int V, int LAYOUT>
 __device__ __forceinline__ void vector_tile(const Acc* __restrict__ a, const Acc* __restrict__ b, int pa, int pb, int k,
                                             int i0, int j0, Acc (&acc)[V][V]) {
+    constexpr bool A_KC = LAYOUT & 1, B_KC = LAYOUT & 2;
     union Vec { uint4 q; Acc w[V]; };
-    a += i0;
-    b += j0;
+    a += A_KC ? i0 * pa : i0;
+    b += B_KC ? j0 * pb : j0;
     for (int kk = 0; kk < k; kk += V) {
         Acc av[V][V], bv[V][V];                        // av[i][q] = op(A)(i0+i, kk+q), bv[q][j] = op(B)(kk+q, j0+j)
 #pragma unroll
         for (int u = 0; u < V; ++u) {
             Vec x, y;
-            x.q = *reinterpret_cast<const uint4*>(a + u * pa);
-            y.q = *reinterpret_cast<const uint4*>(b + u * pb);
+            x.q = *reinterpret_cast<const uint4*>(a + u * pa);     // row i0+u (K contiguous), else k = kk+u
+            y.q = *reinterpret_cast<const uint4*>(b + u * pb);     // column j0+u (K contiguous), else k = kk+u
 #pragma unroll
             for (int w = 0; w < V; ++w) {
-                av[w][u] = x.w[w];
-                bv[u][w] = y.w[w];
+                if constexpr (A_KC) av[u][w] = x.w[w]; else av[w][u] = x.w[w];
+                if constexpr (B_KC) bv[w][u] = y.w[w]; else bv[u][w] = y.w[w];
             }
         }
-        a += V * pa;
-        b += V * pb;
+        a += A_KC ? V : V * pa;
+        b += B_KC ? V : V * pb;
 #pragma unroll
         for (int q = 0; q < V; ++q)
 #pragma unroll
@@ -184,75 +225,131 @@ __device__ __forceinline__ void vector_tile(const Acc* __restrict__ a, const Acc
     }
 }
 
-// SIZE: the side of a square problem when known at compile time (0: read from p), whose index
-// arithmetic and K loop then fold away. VEC: the vector tile (RM = RN = V), else the scalar tile
-// RM x RN.
-template <typename T, int RM, int RN, int SIZE, bool VEC>
-__global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
+// The C of `count` matrices from `first` on, A's and B's staged at sa and sb (a broadcast
+// operand's one matrix there).
+template <typename T, int RM, int RN, int SIZE, bool VEC, int LAYOUT>
+__device__ __forceinline__ void compute(const Params<T>& p, const typename Num<T>::Acc* sa,
+                                        const typename Num<T>::Acc* sb, long long first, int count) {
     using Acc = typename Num<T>::Acc;
     constexpr bool SIZED = SIZE > 0;
     constexpr int TILES_M = SIZED ? (SIZE + RM - 1) / RM : 0, TILES = TILES_M * (SIZED ? (SIZE + RN - 1) / RN : 0);
     const int m = SIZED ? SIZE : p.m, n = SIZED ? SIZE : p.n, k = SIZED ? SIZE : p.k;
     const int tiles_m = SIZED ? TILES_M : p.tiles_m, tiles = SIZED ? TILES : p.tiles;
     const int span_a = p.oa.staged_span, span_b = p.ob.staged_span;
+    const int work = count * tiles;
+    for (int t = threadIdx.x; t < work; t += blockDim.x) {
+        const int q = SIZED ? t / TILES : p.by_tiles.div(t), tt = t - q * tiles;
+        const int tj = SIZED ? tt / TILES_M : p.by_tiles_m.div(tt), ti = tt - tj * tiles_m;
+        const int i0 = ti * RM, j0 = tj * RN;
+        const Acc* a = sa + (p.oa.broadcast ? 0 : q * span_a);
+        const Acc* b = sb + (p.ob.broadcast ? 0 : q * span_b);
+        Acc acc[RM][RN];
+#pragma unroll
+        for (int ii = 0; ii < RM; ++ii)
+#pragma unroll
+            for (int jj = 0; jj < RN; ++jj) acc[ii][jj] = zero<Acc>();
+        if constexpr (VEC) {
+            vector_tile<Acc, RM, LAYOUT>(a, b, p.oa.pitch, p.ob.pitch, k, i0, j0, acc);
+        } else {
+            int ao[RM], bo[RN];
+#pragma unroll
+            for (int ii = 0; ii < RM; ++ii) ao[ii] = min(i0 + ii, m - 1) * p.oa.step_inner;   // (clamped: rows
+#pragma unroll
+            for (int jj = 0; jj < RN; ++jj) bo[jj] = min(j0 + jj, n - 1) * p.ob.step_inner;   //  past the end unused)
+#pragma unroll
+            for (int kk = 0; kk < k; ++kk) {
+                Acc av[RM], bv[RN];
+#pragma unroll
+                for (int ii = 0; ii < RM; ++ii) av[ii] = a[ao[ii]];
+#pragma unroll
+                for (int jj = 0; jj < RN; ++jj) bv[jj] = b[bo[jj]];
+#pragma unroll
+                for (int ii = 0; ii < RM; ++ii)
+#pragma unroll
+                    for (int jj = 0; jj < RN; ++jj) acc[ii][jj] = mad(av[ii], bv[jj], acc[ii][jj]);
+                a += p.oa.step_k;
+                b += p.ob.step_k;
+            }
+        }
+        T* c = p.c + (first + q) * p.stride_c;
+#pragma unroll
+        for (int jj = 0; jj < RN; ++jj)
+#pragma unroll
+            for (int ii = 0; ii < RM; ++ii) {
+                const int i = i0 + ii, j = j0 + jj;
+                if (i < m && j < n) {
+                    T* ce = c + i + j * p.ldc;
+                    Acc v = mad(p.alpha, acc[ii][jj], zero<Acc>());
+                    if (!p.beta_zero) v = mad(p.beta, widen(*ce), v);
+                    *ce = narrow<T>(v);
+                }
+            }
+    }
+}
+
+// Two stages: copy `count` matrices of one operand, a run from g on, as they are into s (16 bytes
+// at a time, asynchronously; the last run's odd end element by element, at once).
+template <typename T>
+__device__ __forceinline__ void copy_run(unsigned char* s, const T* __restrict__ g, const Operand& o, int count) {
+    const int bytes = count * o.span * int(sizeof(T)), nv = bytes / 16;
+    for (int v = threadIdx.x; v < nv; v += blockDim.x) copy16_async(s + 16 * v, reinterpret_cast<const uint4*>(g) + v);
+    T* st = reinterpret_cast<T*>(s);
+    for (int e = nv * (16 / int(sizeof(T))) + threadIdx.x; e < count * o.span; e += blockDim.x) st[e] = g[e];
+}
+
+// SIZE: the side of a square problem when known at compile time (0: read from p), whose index
+// arithmetic and K loop then fold away. VEC: the vector tile (RM = RN = V, LAYOUT its operands'
+// layouts), else the scalar tile RM x RN.
+template <typename T, int RM, int RN, int SIZE, bool VEC, int LAYOUT>
+__global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
+    using Acc = typename Num<T>::Acc;
     extern __shared__ __align__(16) unsigned char smem[];
     Acc* sa = reinterpret_cast<Acc*>(smem);
     Acc* sb = sa + p.b_offset;
     if (p.oa.broadcast) stage(sa, p.a, p.oa, 1);
     if (p.ob.broadcast) stage(sb, p.b, p.ob, 1);
-    for (long long first = blockIdx.x * (long long)p.mpb; first < p.batch; first += gridDim.x * (long long)p.mpb) {
+    const long long step = gridDim.x * (long long)p.mpb;
+    long long first = blockIdx.x * (long long)p.mpb;
+    if (p.stages == 1) {
+        for (; first < p.batch; first += step) {
+            const int count = int(p.batch - first < p.mpb ? p.batch - first : p.mpb);
+            if (!p.oa.broadcast) stage(sa, p.a + first * p.oa.stride, p.oa, count);
+            if (!p.ob.broadcast) stage(sb, p.b + first * p.ob.stride, p.ob, count);
+            __syncthreads();
+            compute<T, RM, RN, SIZE, VEC, LAYOUT>(p, sa, sb, first, count);
+            __syncthreads();
+        }
+        return;
+    }
+    // Two stages: runs copied as stored into buffer s while the block computes on buffer s ^ 1;
+    // the 16-bit types are then widened into sa and sb, the others computed on where they landed.
+    constexpr bool WIDEN = sizeof(T) != sizeof(Acc);
+    auto copy = [&](int buffer, long long from) {
+        if (from < p.batch) {
+            const int count = int(p.batch - from < p.mpb ? p.batch - from : p.mpb);
+            unsigned char* raw = smem + p.raw_start + buffer * p.raw_bytes;
+            if (!p.oa.broadcast) copy_run(raw + p.oa.raw_offset, p.a + from * p.oa.stride, p.oa, count);
+            if (!p.ob.broadcast) copy_run(raw + p.ob.raw_offset, p.b + from * p.ob.stride, p.ob, count);
+        }
+        commit_copies();
+    };
+    copy(0, first);
+    for (int buffer = 0; first < p.batch; first += step, buffer ^= 1) {
         const int count = int(p.batch - first < p.mpb ? p.batch - first : p.mpb);
-        if (!p.oa.broadcast) stage(sa, p.a + first * p.oa.stride, p.oa, count);
-        if (!p.ob.broadcast) stage(sb, p.b + first * p.ob.stride, p.ob, count);
+        copy(buffer ^ 1, first + step);            // (the next run: in flight while this one is computed)
+        wait_copies<1>();
         __syncthreads();
-        const int work = count * tiles;
-        for (int t = threadIdx.x; t < work; t += blockDim.x) {
-            const int q = SIZED ? t / TILES : p.by_tiles.div(t), tt = t - q * tiles;
-            const int tj = SIZED ? tt / TILES_M : p.by_tiles_m.div(tt), ti = tt - tj * tiles_m;
-            const int i0 = ti * RM, j0 = tj * RN;
-            const Acc* a = sa + (p.oa.broadcast ? 0 : q * span_a);
-            const Acc* b = sb + (p.ob.broadcast ? 0 : q * span_b);
-            Acc acc[RM][RN];
-#pragma unroll
-            for (int ii = 0; ii < RM; ++ii)
-#pragma unroll
-                for (int jj = 0; jj < RN; ++jj) acc[ii][jj] = zero<Acc>();
-            if constexpr (VEC) {
-                vector_tile<Acc, RM>(a, b, p.oa.pitch, p.ob.pitch, k, i0, j0, acc);
-            } else {
-                int ao[RM], bo[RN];
-#pragma unroll
-                for (int ii = 0; ii < RM; ++ii) ao[ii] = min(i0 + ii, m - 1) * p.oa.step_inner;   // (clamped: rows
-#pragma unroll
-                for (int jj = 0; jj < RN; ++jj) bo[jj] = min(j0 + jj, n - 1) * p.ob.step_inner;   //  past the end unused)
-#pragma unroll
-                for (int kk = 0; kk < k; ++kk) {
-                    Acc av[RM], bv[RN];
-#pragma unroll
-                    for (int ii = 0; ii < RM; ++ii) av[ii] = a[ao[ii]];
-#pragma unroll
-                    for (int jj = 0; jj < RN; ++jj) bv[jj] = b[bo[jj]];
-#pragma unroll
-                    for (int ii = 0; ii < RM; ++ii)
-#pragma unroll
-                        for (int jj = 0; jj < RN; ++jj) acc[ii][jj] = mad(av[ii], bv[jj], acc[ii][jj]);
-                    a += p.oa.step_k;
-                    b += p.ob.step_k;
-                }
-            }
-            T* c = p.c + (first + q) * p.stride_c;
-#pragma unroll
-            for (int jj = 0; jj < RN; ++jj)
-#pragma unroll
-                for (int ii = 0; ii < RM; ++ii) {
-                    const int i = i0 + ii, j = j0 + jj;
-                    if (i < m && j < n) {
-                        T* ce = c + i + j * p.ldc;
-                        Acc v = mad(p.alpha, acc[ii][jj], zero<Acc>());
-                        if (!p.beta_zero) v = mad(p.beta, widen(*ce), v);
-                        *ce = narrow<T>(v);
-                    }
-                }
+        const unsigned char* raw = smem + p.raw_start + buffer * p.raw_bytes;
+        const T* ra = reinterpret_cast<const T*>(raw + p.oa.raw_offset);
+        const T* rb = reinterpret_cast<const T*>(raw + p.ob.raw_offset);
+        if constexpr (WIDEN) {
+            if (!p.oa.broadcast) stage(sa, ra, p.oa, count);
+            if (!p.ob.broadcast) stage(sb, rb, p.ob, count);
+            __syncthreads();
+            compute<T, RM, RN, SIZE, VEC, LAYOUT>(p, sa, sb, first, count);
+        } else {
+            compute<T, RM, RN, SIZE, VEC, LAYOUT>(p, p.oa.broadcast ? sa : reinterpret_cast<const Acc*>(ra),
+                                                  p.ob.broadcast ? sb : reinterpret_cast<const Acc*>(rb), first, count);
         }
         __syncthreads();
     }
@@ -303,10 +400,68 @@ Operand operand(const void* ptr, int op, long long rows_op, long long cols_op, l
     return o;
 }
 
-template <typename T, int RM, int RN, int SIZE, bool VEC>
+long long round_up(long long x, long long to) { return (x + to - 1) / to * to; }
+
+// How many matrices a block takes at a time (p.mpb) and where they go in shared memory, with one
+// stage or two: as many as the shared memory given holds, a multiple of what keeps every run on
+// 16 bytes, and few enough that every SM gets two blocks. The shared memory this takes (bytes), or
+// -1 where two stages do not apply: each operand not broadcast must be a run copied as it is
+// (16-byte aligned, not relaid, not conjugated).
+template <typename T>
+long long plan_groups(Params<T>& p, const cygemm_small_batched_shape& shape, int stages) {
+    using Acc = typename Num<T>::Acc;
+    const long long size = sizeof(T), acc = sizeof(Acc);
+    constexpr bool WIDEN = sizeof(T) != sizeof(Acc);   // (16-bit values: computed on widened copies)
+    Operand* const ops[2] = {&p.oa, &p.ob};
+    if (stages == 2) {
+        if (p.oa.broadcast && p.ob.broadcast) return -1;
+        for (const Operand* o : ops)
+            if (!o->broadcast && (!o->vector || o->relayout || o->conj)) return -1;
+    }
+    // Bytes: fixed (broadcast operands, widened) and per matrix (widened; as stored in each stage).
+    long long fixed = 0, per = 0;
+    for (const Operand* o : ops) {
+        if (o->broadcast) fixed += o->staged_span * acc;
+        else per += (stages == 1 || WIDEN ? o->staged_span * acc : 0) + (stages == 2 ? 2 * o->span * size : 0);
+    }
+    constexpr long long SLACK = 64;                    // (regions rounded up to 16 bytes)
+    long long mpb = per == 0 ? 256 : (shape.smem_bytes - SLACK - fixed) / per;
+    if (mpb < 1) mpb = 1;
+    long long granule = 1;
+    for (const Operand* o : ops)
+        if (o->vector && !o->broadcast) {
+            const long long gq = 16 / gcd(16, (long long)o->span * size);
+            granule = granule / gcd(granule, gq) * gq;
+        }
+    const long long blocks_wanted = 2LL * cygemm_grid::sm_count();
+    if ((p.batch + mpb - 1) / mpb < blocks_wanted) mpb = (p.batch + blocks_wanted - 1) / blocks_wanted;
+    if (mpb >= granule) mpb -= mpb % granule;
+    for (Operand* o : ops)                             // a run that would start off 16 bytes
+        if (o->vector && !o->broadcast && (mpb * o->span * size) % 16 != 0) {
+            if (stages == 2) return -1;
+            o->vector = false;
+        }
+    p.mpb = int(mpb);
+    p.stages = stages;
+    auto widened = [&](const Operand& o) {             // elements of it in the widened area
+        return o.broadcast ? o.staged_span : (stages == 1 || WIDEN ? mpb * o.staged_span : 0);
+    };
+    p.b_offset = int(round_up(widened(p.oa), 16 / acc > 1 ? 16 / acc : 1));
+    long long bytes = (p.b_offset + widened(p.ob)) * acc;
+    if (stages == 2) {
+        p.raw_start = int(round_up(bytes, 16));
+        p.oa.raw_offset = 0;
+        p.ob.raw_offset = int(p.oa.broadcast ? 0 : round_up(mpb * p.oa.span * size, 16));
+        p.raw_bytes = int(p.ob.raw_offset + (p.ob.broadcast ? 0 : round_up(mpb * p.ob.span * size, 16)));
+        bytes = p.raw_start + 2LL * p.raw_bytes;
+    }
+    return bytes;
+}
+
+template <typename T, int RM, int RN, int SIZE, bool VEC, int LAYOUT>
 cudaError_t launch(const cygemm_small_batched_args* g, const cygemm_small_batched_shape& shape, cudaStream_t stream) {
     using Acc = typename Num<T>::Acc;
-    const int size = sizeof(T), acc = sizeof(Acc);
+    const int acc = sizeof(Acc);
     const bool complex = is_complex(g->dtype);
     Params<T> p{};
     p.a = static_cast<const T*>(g->a);
@@ -315,6 +470,7 @@ cudaError_t launch(const cygemm_small_batched_args* g, const cygemm_small_batche
     p.m = int(g->m);
     p.n = int(g->n);
     p.k = int(g->k);
+    p.batch = g->batch;
     p.oa = operand(g->a, g->opa, g->m, g->k, g->lda, g->stride_a, complex);
     p.ob = operand(g->b, g->opb, g->k, g->n, g->ldb, g->stride_b, complex);
     // op(A)(i, kk): stored (i, kk) at i + kk*m, or (kk, i) at kk + i*k.
@@ -323,8 +479,8 @@ cudaError_t launch(const cygemm_small_batched_args* g, const cygemm_small_batche
     // op(B)(kk, j): stored (kk, j) at kk + j*k, or (j, kk) at j + kk*n.
     p.ob.step_inner = g->opb == 0 ? p.k : 1;
     p.ob.step_k = g->opb == 0 ? 1 : p.n;
-    if (VEC) {
-        // K-major staging: A as stored unless transposed, B transposed unless it is.
+    if (VEC && shape.pad) {
+        // Both K-major (LAYOUT 0): a transposed A and an untransposed B relaid, padded by V.
         constexpr int V = RM;
         for (Operand* o : {&p.oa, &p.ob}) {
             const bool is_a = o == &p.oa;
@@ -335,7 +491,7 @@ cudaError_t launch(const cygemm_small_batched_args* g, const cygemm_small_batche
             o->dst_col = 1;
             o->staged_span = p.k * o->pitch;
         }
-    } else if (shape.pad && p.k % 2 == 0) {
+    } else if (!VEC && shape.pad && p.k % 2 == 0) {
         // The K-contiguous operands (a transposed A, an untransposed B) with their columns
         // padded to the odd pitch K + 1, where a whole matrix of each still fits.
         const bool pad_a = g->opa != 0, pad_b = g->opb == 0;
@@ -350,47 +506,27 @@ cudaError_t launch(const cygemm_small_batched_args* g, const cygemm_small_batche
                     o->step_inner = o->pitch;
                 }
     }
+    // (The vector tile unpadded reads both as stored, pitch = their stored rows: LAYOUT.)
     for (Operand* o : {&p.oa, &p.ob})
         if (o->relayout) o->vector = false;
     p.ldc = g->ldc;
     p.stride_c = g->stride_c;
-    p.batch = g->batch;
     p.alpha = scalar<Acc>(g->alpha_re, g->alpha_im);
     p.beta = scalar<Acc>(g->beta_re, g->beta_im);
     p.beta_zero = g->beta_re == 0.0 && g->beta_im == 0.0;
 
-    // Matrices per block: as many as the shared memory given holds, a multiple of what keeps
-    // every run on 16 bytes, and few enough that every SM gets two blocks.
-    const long long fixed = (p.oa.broadcast ? p.oa.staged_span : 0) + (p.ob.broadcast ? p.ob.staged_span : 0);
-    const long long per = (p.oa.broadcast ? 0 : p.oa.staged_span) + (p.ob.broadcast ? 0 : p.ob.staged_span);
-    long long mpb = per == 0 ? 256 : (shape.smem_bytes / acc - fixed) / per;
-    if (mpb < 1) mpb = 1;
-    long long granule = 1;
-    for (const Operand* o : {&p.oa, &p.ob})
-        if (o->vector && !o->broadcast) {
-            const long long gq = 16 / gcd(16, (long long)o->span * size);
-            granule = granule / gcd(granule, gq) * gq;
-        }
-    const long long blocks_wanted = 2LL * cygemm_grid::sm_count();
-    if ((g->batch + mpb - 1) / mpb < blocks_wanted) mpb = (g->batch + blocks_wanted - 1) / blocks_wanted;
-    if (mpb >= granule) mpb -= mpb % granule;
-    for (Operand* o : {&p.oa, &p.ob})                 // a run that would start off 16 bytes
-        if (o->vector && !o->broadcast && (mpb * o->span * size) % 16 != 0) o->vector = false;
-    p.mpb = int(mpb);
-    const long long a_elems = p.oa.broadcast ? p.oa.staged_span : mpb * p.oa.staged_span;
-    const long long align = 16 / acc > 1 ? 16 / acc : 1;
-    p.b_offset = int((a_elems + align - 1) / align * align);
-    const long long smem = (p.b_offset + (p.ob.broadcast ? p.ob.staged_span : mpb * p.ob.staged_span)) * acc;
+    long long smem = shape.stages == 2 ? plan_groups(p, shape, 2) : -1;
+    if (smem < 0) smem = plan_groups(p, shape, 1);     // (two stages do not apply: one)
     if (smem > SMEM_LIMIT) return cudaErrorInvalidValue;
 
     p.tiles_m = (p.m + RM - 1) / RM;
     p.tiles = p.tiles_m * ((p.n + RN - 1) / RN);
     p.by_tiles = Divider(uint32_t(p.tiles));
     p.by_tiles_m = Divider(uint32_t(p.tiles_m));
-    long long grid = (g->batch + mpb - 1) / mpb;
+    long long grid = (g->batch + p.mpb - 1) / p.mpb;
     const long long most = 32LL * cygemm_grid::sm_count();
     if (grid > most) grid = most;
-    small_batched<T, RM, RN, SIZE, VEC><<<unsigned(grid), shape.threads, size_t(smem), stream>>>(p);
+    small_batched<T, RM, RN, SIZE, VEC, LAYOUT><<<unsigned(grid), shape.threads, size_t(smem), stream>>>(p);
     return cudaGetLastError();
 }
 
@@ -398,27 +534,41 @@ cudaError_t launch(const cygemm_small_batched_args* g, const cygemm_small_batche
 template <typename T, int RM, int RN>
 cudaError_t launch_scalar(const cygemm_small_batched_args* g, const cygemm_small_batched_shape& s, cudaStream_t st) {
     if (g->m == g->n && g->n == g->k) switch (g->m) {
-        case 2: return launch<T, RM, RN, 2, false>(g, s, st);
-        case 3: return launch<T, RM, RN, 3, false>(g, s, st);
-        case 4: return launch<T, RM, RN, 4, false>(g, s, st);
-        case 8: return launch<T, RM, RN, 8, false>(g, s, st);
+        case 2: return launch<T, RM, RN, 2, false, 0>(g, s, st);
+        case 3: return launch<T, RM, RN, 3, false, 0>(g, s, st);
+        case 4: return launch<T, RM, RN, 4, false, 0>(g, s, st);
+        case 8: return launch<T, RM, RN, 8, false, 0>(g, s, st);
         default: break;
     }
-    return launch<T, RM, RN, 0, false>(g, s, st);
+    return launch<T, RM, RN, 0, false, 0>(g, s, st);
 }
 
-// The vector tile, with kernels of their own sizes for squares of 8 and 16 where neither operand
-// is transposed (row-major batches reach cuBLAS's column-major call that way).
+// The vector tile: padded, both operands K-major (LAYOUT 0); unpadded, each read as stored (its
+// LAYOUT from the operations). Kernels of their own sizes for squares of 8 and 16 where neither
+// operand is transposed (row-major batches reach cuBLAS's column-major call that way).
+template <typename T, int LAYOUT>
+cudaError_t launch_vector_layout(const cygemm_small_batched_args* g, const cygemm_small_batched_shape& s,
+                                 cudaStream_t st) {
+    constexpr int V = 16 / sizeof(typename Num<T>::Acc);
+    if (g->opa == 0 && g->opb == 0 && g->m == g->n && g->n == g->k) switch (g->m) {
+        case 8: return launch<T, V, V, 8, true, LAYOUT>(g, s, st);
+        case 16: return launch<T, V, V, 16, true, LAYOUT>(g, s, st);
+        default: break;
+    }
+    return launch<T, V, V, 0, true, LAYOUT>(g, s, st);
+}
+
 template <typename T>
 cudaError_t launch_vector(const cygemm_small_batched_args* g, const cygemm_small_batched_shape& s, cudaStream_t st) {
     constexpr int V = 16 / sizeof(typename Num<T>::Acc);
     if (!cygemm_small_batched_vector_fits(g)) return cudaErrorInvalidValue;
-    if (g->opa == 0 && g->opb == 0 && g->m == g->n && g->n == g->k) switch (g->m) {
-        case 8: return launch<T, V, V, 8, true>(g, s, st);
-        case 16: return launch<T, V, V, 16, true>(g, s, st);
-        default: break;
+    if (s.pad) return launch_vector_layout<T, 0>(g, s, st);
+    switch ((g->opa != 0 ? 1 : 0) | (g->opb == 0 ? 2 : 0)) {
+        case 0: return launch<T, V, V, 0, true, 0>(g, s, st);
+        case 1: return launch<T, V, V, 0, true, 1>(g, s, st);
+        case 2: return launch_vector_layout<T, 2>(g, s, st);
+        default: return launch<T, V, V, 0, true, 3>(g, s, st);
     }
-    return launch<T, V, V, 0, true>(g, s, st);
 }
 
 template <typename T>
@@ -426,7 +576,7 @@ cudaError_t launch_tile(const cygemm_small_batched_args* g, const cygemm_small_b
     switch (s.tile) {
         case CYGEMM_SMALL_TILE_1X1: return launch_scalar<T, 1, 1>(g, s, st);
         case CYGEMM_SMALL_TILE_2X2: return launch_scalar<T, 2, 2>(g, s, st);
-        case CYGEMM_SMALL_TILE_4X4: return launch<T, 4, 4, 0, false>(g, s, st);
+        case CYGEMM_SMALL_TILE_4X4: return launch<T, 4, 4, 0, false, 0>(g, s, st);
         default: return launch_vector<T>(g, s, st);
     }
 }
@@ -453,12 +603,13 @@ extern "C" int cygemm_small_batched_vector_fits(const cygemm_small_batched_args*
 }
 
 extern "C" cygemm_small_batched_shape cygemm_small_batched_rule(const cygemm_small_batched_args* g) {
-    // The fastest shapes of benchmarks/small_batched_probe.cu on an H200 (384 MiB batches,
-    // benchmarks/results/small_batched_probe_run3.txt).
+    // The fastest shapes of benchmarks/small_batched_probe.cu on an H200 (384 MiB batches; its
+    // third run, whose output was not kept). The vector tile as it was measured: padded, both
+    // operands K-major; one stage (the unpadded vector tile and two stages are not yet measured).
     // Padding paid where staging was cheap beside the bank conflicts it saved: a transposed A
     // (16^3: 1.6x unpadded in float32) or a broadcast B; elsewhere it cost B's 16-byte copies.
     const int pad = g->k >= 16 && (g->opa != 0 || (g->opb == 0 && g->stride_b == 0));
-    cygemm_small_batched_shape s{CYGEMM_SMALL_TILE_2X2, 128, 16 << 10, pad};
+    cygemm_small_batched_shape s{CYGEMM_SMALL_TILE_2X2, 128, 16 << 10, pad, 1};
     const long long mn = g->m * g->n;
     const bool vector = cygemm_small_batched_vector_fits(g) && g->m >= 16 && g->n >= 16;
     switch (g->dtype) {
@@ -481,6 +632,7 @@ extern "C" cygemm_small_batched_shape cygemm_small_batched_rule(const cygemm_sma
             s.smem_bytes = 8 << 10;
             break;
     }
+    if (s.tile == CYGEMM_SMALL_TILE_VECTOR) s.pad = 1;
     return s;
 }
 
@@ -488,7 +640,7 @@ extern "C" cudaError_t cygemm_small_batched_shaped(const cygemm_small_batched_ar
                                                    cudaStream_t stream) {
     if (!cygemm_small_batched_fits(g) || s.tile < 0 || s.tile >= CYGEMM_SMALL_TILES || s.threads < 32
         || s.threads > 256 || s.threads % 32 != 0 || s.smem_bytes < 1 || s.smem_bytes > SMEM_LIMIT
-        || s.pad < 0 || s.pad > 1)
+        || s.pad < 0 || s.pad > 1 || s.stages < 1 || s.stages > 2)
         return cudaErrorInvalidValue;
     switch (g->dtype) {
         case CUDA_R_32F: return launch_tile<float>(g, s, stream);

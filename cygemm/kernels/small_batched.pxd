@@ -35,6 +35,7 @@ cdef extern from "cygemm/small_batched_kernels.h" nogil:
         int threads
         int smem_bytes
         int pad
+        int stages
     int cygemm_small_batched_fits(const cygemm_small_batched_args* args)
     int cygemm_small_batched_vector_fits(const cygemm_small_batched_args* args)
     cygemm_small_batched_shape cygemm_small_batched_rule(const cygemm_small_batched_args* args)

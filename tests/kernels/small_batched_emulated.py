@@ -27,10 +27,18 @@ class Args(ctypes.Structure):
 
 class Shape(ctypes.Structure):
     _fields_ = [("tile", ctypes.c_int), ("threads", ctypes.c_int), ("smem_bytes", ctypes.c_int),
-                ("pad", ctypes.c_int)]
+                ("pad", ctypes.c_int), ("stages", ctypes.c_int)]
+
+    def __init__(self, tile, threads, smem_bytes, pad=0, stages=1):
+        super().__init__(tile, threads, smem_bytes, pad, stages)
 
     def __repr__(self):
-        return f"Shape(tile={self.tile}, threads={self.threads}, smem={self.smem_bytes}, pad={self.pad})"
+        return (f"Shape(tile={self.tile}, threads={self.threads}, smem={self.smem_bytes}, pad={self.pad}, "
+                f"stages={self.stages})")
+
+
+def itemsize(dtype):
+    return np.dtype(DTYPES[dtype][1]).itemsize
 
 
 def load(folder):
@@ -44,6 +52,8 @@ def load(folder):
     lib.cygemm_small_batched_shaped.restype = ctypes.c_int
     lib.cuda_on_cpu_set_sm_count.argtypes = [ctypes.c_int]
     lib.cuda_on_cpu_launches.restype = ctypes.c_longlong
+    lib.cuda_on_cpu_async_copies.restype = ctypes.c_longlong
+    lib.cuda_on_cpu_copies_land.argtypes = [ctypes.c_int]
     return lib
 
 

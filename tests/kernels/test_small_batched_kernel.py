@@ -1,7 +1,8 @@
 """cygemm/kernels/small_batched.cu on the CPU (tests/kernels/emulator): the launch logic and every
 tile of the kernel, run on host memory by the emulator, against float64 references on fresh random
 inputs with NaN-poisoned outputs. Every dtype, operation (conjugate transposes for complex) and
-tile, with and without padding, on sizes that leave partial tiles and partial groups of matrices;
+tile, padded, unpadded and in two stages (copies landing only when waited for), on sizes that
+leave partial tiles and partial groups of matrices;
 leading dimensions past the rows, gaps between matrices, broadcast operands, starts off 16 bytes,
 alpha and beta; the launch shapes' threads, shared memory and grids. Nothing outside C is written,
 A and B are not. A matrix's bits are the same whatever its batch, its place in it, the tile and
@@ -21,6 +22,7 @@ COMPLEX = ("complex64", "complex128")
 REAL_OPS = ((0, 0), (1, 0), (0, 1), (1, 1))
 COMPLEX_OPS = REAL_OPS + ((2, 0), (0, 2), (2, 2), (1, 2))
 SHAPES = ((3, 5, 7), (8, 8, 8), (16, 12, 4), (12, 16, 16), (2, 2, 2), (1, 4, 3))
+STAGING = ((0, 1), (1, 1), (0, 2))          # (pad, stages): two stages copy runs as stored, unpadded
 INVALID = 1                     # cudaErrorInvalidValue
 
 
@@ -74,8 +76,8 @@ def test_every_tile_and_operation_against_float64(lib, dtype):
     rng = np.random.default_rng(1)
     ops = COMPLEX_OPS if dtype in COMPLEX else REAL_OPS
     for (m, n, k), (opa, opb) in itertools.product(SHAPES, ops):
-        for tile, pad in itertools.product(tiles_for(lib, dtype, m, n, k, opa, opb), (0, 1)):
-            shape = E.Shape(E.TILES[tile], 128, 16 << 10, pad)
+        for tile, (pad, stages) in itertools.product(tiles_for(lib, dtype, m, n, k, opa, opb), STAGING):
+            shape = E.Shape(E.TILES[tile], 128, 16 << 10, pad, stages)
             check(lib, rng, dtype, shape, m, n, k, 13, opa=opa, opb=opb)
 
 
@@ -85,9 +87,10 @@ def test_the_vector_tile_on_its_sizes(lib, dtype):
     for complex128), every operation, padded or packed."""
     rng = np.random.default_rng(2)
     ops = COMPLEX_OPS if dtype in COMPLEX else REAL_OPS
-    for (m, n, k), (opa, opb), pad in itertools.product(((4, 8, 12), (16, 16, 16), (8, 4, 24)), ops, (0, 1)):
+    for (m, n, k), (opa, opb), (pad, stages) in itertools.product(((4, 8, 12), (16, 16, 16), (8, 4, 24)), ops, STAGING):
         if "vector" in tiles_for(lib, dtype, m, n, k, opa, opb):
-            check(lib, rng, dtype, E.Shape(E.TILES["vector"], 256, 32 << 10, pad), m, n, k, 9, opa=opa, opb=opb)
+            check(lib, rng, dtype, E.Shape(E.TILES["vector"], 256, 32 << 10, pad, stages), m, n, k, 9,
+                  opa=opa, opb=opb)
 
 
 # ---------------------------------------------------------------- layouts
@@ -105,9 +108,9 @@ def test_leading_dimensions_strides_broadcast_and_scalars(lib, dtype, layout):
     if dtype in COMPLEX and "alpha" in layout:
         layout.update(alpha=-0.5 + 0.75j, beta=2.0 - 1.0j)
     for (m, n, k), (opa, opb) in itertools.product(((3, 5, 7), (8, 8, 8), (16, 16, 16)), REAL_OPS):
-        for tile, pad in itertools.product(tiles_for(lib, dtype, m, n, k, opa, opb), (0, 1)):
-            check(lib, rng, dtype, E.Shape(E.TILES[tile], 128, 16 << 10, pad), m, n, k, 11, opa=opa, opb=opb,
-                  **layout)
+        for tile, (pad, stages) in itertools.product(tiles_for(lib, dtype, m, n, k, opa, opb), STAGING):
+            check(lib, rng, dtype, E.Shape(E.TILES[tile], 128, 16 << 10, pad, stages), m, n, k, 11, opa=opa,
+                  opb=opb, **layout)
 
 
 # ---------------------------------------------------------------- launch shapes and grids
@@ -121,11 +124,11 @@ def test_launch_shapes_and_grids(lib, dtype):
         for sms, threads, smem, batch in itertools.product((1, 3), (32, 96, 256), (2 << 10, 8 << 10, 48 << 10),
                                                            (2, 37, 70)):
             lib.cuda_on_cpu_set_sm_count(sms)
-            for (m, n, k) in ((4, 4, 4), (5, 3, 8)):
-                args, _, _, _ = E.problem(rng, dtype, m, n, k, 1)
-                if (m * k + k * n + 4) * {"float16": 4, "float32": 4}.get(dtype, 16) > smem:
+            for (m, n, k), stages in itertools.product(((4, 4, 4), (5, 3, 8)), (1, 2)):
+                if (m * k + k * n + 4) * {"float16": 4, "float32": 4}.get(dtype, 16) * stages > smem:
                     continue                    # (one pair past the shared memory given)
-                check(lib, rng, dtype, E.Shape(E.TILES["2x2"], threads, smem, 0), m, n, k, batch, gap=1)
+                check(lib, rng, dtype, E.Shape(E.TILES["2x2"], threads, smem, 0, stages), m, n, k, batch,
+                      gap=0 if stages == 2 else 1)
     finally:
         lib.cuda_on_cpu_set_sm_count(2)
 
@@ -139,6 +142,46 @@ def test_the_rules_shape_runs_every_problem_the_kernel_takes(lib):
             check(lib, rng, dtype, lib.cygemm_small_batched_rule(args), m, n, k, 5, opa=opa, opb=opb)
 
 
+@pytest.fixture(params=("waited", "issued"))
+def copies_land(lib, request):
+    """Asynchronous copies landing when waited for (the latest), or when issued (the earliest)."""
+    lib.cuda_on_cpu_copies_land(request.param == "issued")
+    yield request.param
+    lib.cuda_on_cpu_copies_land(0)
+
+
+@pytest.mark.parametrize("dtype", REAL + COMPLEX)
+def test_two_stages_whenever_the_copies_land(lib, dtype, copies_land):
+    """Blocks that take several runs in turn (one SM: at most 32 blocks; a run of one or two
+    matrices), so each buffer is refilled while the block may still read the other."""
+    rng = np.random.default_rng(9)
+    lib.cuda_on_cpu_set_sm_count(1)
+    try:
+        for (m, n, k), tile, layout in itertools.product(((4, 4, 4), (3, 5, 7), (8, 8, 16)), ("1x1", "2x2", "vector"),
+                                                         ({}, dict(broadcast_a=True), dict(broadcast_b=True))):
+            if tile in tiles_for(lib, dtype, m, n, k):
+                smem = 2 * (m * k + k * n) * {"float16": 6, "bfloat16": 6}.get(dtype, E.itemsize(dtype)) + 128
+                check(lib, rng, dtype, E.Shape(E.TILES[tile], 64, smem, 0, 2), m, n, k, 97, **layout)
+    finally:
+        lib.cuda_on_cpu_set_sm_count(2)
+
+
+def test_two_stages_copy_runs_asynchronously_and_fall_back_to_one_elsewhere(lib):
+    """Contiguous runs on 16 bytes (a broadcast operand staged once beside them) take two stages;
+    gaps between matrices, padded leading dimensions, starts off 16 bytes, conjugation and padding
+    take one, with the same results."""
+    rng = np.random.default_rng(8)
+    for dtype, layout, pad, two in (("float32", {}, 0, True), ("float16", {}, 0, True),
+                                    ("complex64", dict(broadcast_b=True), 0, True),
+                                    ("float64", dict(broadcast_a=True), 0, True),
+                                    ("float32", dict(gap=4), 0, False), ("float32", dict(pad_ld=4), 0, False),
+                                    ("float32", dict(offset=1), 0, False), ("float32", {}, 1, False),
+                                    ("complex64", dict(opa=2), 0, False)):
+        before = lib.cuda_on_cpu_async_copies()
+        check(lib, rng, dtype, E.Shape(E.TILES["1x1"], 64, 4 << 10, pad, 2), 4, 4, 8, 21, **layout)
+        assert (lib.cuda_on_cpu_async_copies() > before) == two, (dtype, layout, pad)
+
+
 # ---------------------------------------------------------------- the bits are each matrix's own
 
 @pytest.mark.parametrize("dtype", ("float32", "bfloat16", "complex64"))
@@ -150,8 +193,8 @@ def test_a_matrixs_bits_do_not_depend_on_batch_place_tile_or_shape(lib, dtype):
     args, (A, B, C), _, _ = E.problem(rng, dtype, m, n, k, 29)
     reference = None
     for tile in tiles_for(lib, dtype, m, n, k):
-        for threads, smem, pad in ((128, 16 << 10, 0), (32, 4 << 10, 1), (256, 48 << 10, 0)):
-            assert run(lib, args, E.Shape(E.TILES[tile], threads, smem, pad), (A, B, C)) == 0
+        for threads, smem, pad, stages in ((128, 16 << 10, 0, 1), (32, 4 << 10, 1, 1), (256, 48 << 10, 0, 2)):
+            assert run(lib, args, E.Shape(E.TILES[tile], threads, smem, pad, stages), (A, B, C)) == 0
             bits = C.buf[C.index[17]].copy()
             reference = bits if reference is None else reference
             assert np.array_equal(bits.view(np.uint8), reference.view(np.uint8)), (tile, threads, smem, pad)
@@ -174,7 +217,8 @@ def test_shapes_and_problems_out_of_range_are_refused_before_anything_runs(lib):
     launches = lib.cuda_on_cpu_launches()
     for bad in (E.Shape(4, 128, 8 << 10, 0), E.Shape(-1, 128, 8 << 10, 0), E.Shape(0, 16, 8 << 10, 0),
                 E.Shape(0, 288, 8 << 10, 0), E.Shape(0, 100, 8 << 10, 0), E.Shape(0, 128, 0, 0),
-                E.Shape(0, 128, (48 << 10) + 1, 0), E.Shape(0, 128, 8 << 10, 2)):
+                E.Shape(0, 128, (48 << 10) + 1, 0), E.Shape(0, 128, 8 << 10, 2), E.Shape(0, 128, 8 << 10, 0, 0),
+                E.Shape(0, 128, 8 << 10, 0, 3)):
         assert run(lib, args, bad, buffers) == INVALID, bad
     good = E.Shape(0, 128, 8 << 10, 0)
     for field, value in (("m", 65), ("k", 0), ("opa", 3), ("dtype", 3), ("batch", 0), ("stride_a", -1),

@@ -56,6 +56,8 @@ HARNESS = """#include "cuda_on_cpu.h"
 {source}
 extern "C" void cuda_on_cpu_set_sm_count(int n) {{ cuda_on_cpu::sm_count = n; }}
 extern "C" long long cuda_on_cpu_launches() {{ return cuda_on_cpu::launches; }}
+extern "C" long long cuda_on_cpu_async_copies() {{ return cuda_on_cpu::async_copies; }}
+extern "C" void cuda_on_cpu_copies_land(int at_issue) {{ cuda_on_cpu::copies_land_at_issue = at_issue; }}
 """
 
 

@@ -6,10 +6,14 @@
 // it reaches __syncthreads() or returns, and no thread passes a barrier before every thread of
 // the block that has not returned reaches it. Blocks run one after another, each on shared memory
 // refilled with 0xFF bytes (a NaN in every floating-point type), so a value read before it was
-// staged shows in the result. What this cannot show: warp-synchronous code, the memory model
-// between blocks, speed.
+// staged shows in the result. Asynchronous copies to shared memory (a kernel's cp.async, through
+// the CYGEMM_CUDA_ON_CPU branch of its copy helpers) land as late as they may, when their thread
+// waits for them (a read before the wait sees the old bytes), or as early, when issued (a buffer
+// still being read by other threads is overwritten): cuda_on_cpu_copies_land. What this cannot show:
+// warp-synchronous code, the memory model between blocks, speed.
 #ifndef CYGEMM_CUDA_ON_CPU_H
 #define CYGEMM_CUDA_ON_CPU_H
+#define CYGEMM_CUDA_ON_CPU 1             // (kernel files' copy helpers take the emulator's branch)
 
 #include <cuda_runtime_api.h>
 
@@ -20,6 +24,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <tuple>
 #include <vector>
@@ -55,9 +60,19 @@ alignas(16) inline unsigned char shared[SHARED_BYTES];
 inline int sm_count = 4;                        // what the device reports (cuda_on_cpu_set_sm_count)
 inline cudaError_t last_error = cudaSuccess;
 inline long long launches = 0;
+inline long long async_copies = 0;             // cp.async copies issued, all launches
+inline bool copies_land_at_issue = false;      // else when waited for
+
+struct Copy {
+    void* dst;
+    const void* src;
+    size_t bytes;
+};
 
 struct Fiber {
     ucontext_t context;
+    std::vector<Copy> open;                     // asynchronous copies not yet committed
+    std::deque<std::vector<Copy>> groups;       // committed groups, oldest first
     std::unique_ptr<unsigned char[]> stack{new unsigned char[STACK_BYTES]};    // (not zeroed: it is a stack)
     bool done = false;
 };
@@ -67,6 +82,23 @@ inline ucontext_t scheduler;
 inline Fiber* running = nullptr;
 
 inline void yield() { swapcontext(&running->context, &scheduler); }
+
+// cp.async (16 bytes), cp.async.commit_group, cp.async.wait_group n.
+inline void async_copy(void* dst, const void* src, size_t bytes) {
+    ++async_copies;
+    if (copies_land_at_issue) std::memcpy(dst, src, bytes);
+    else running->open.push_back({dst, src, bytes});
+}
+inline void async_commit() {
+    running->groups.push_back(std::move(running->open));
+    running->open.clear();
+}
+inline void async_wait(size_t newest_left) {
+    while (running->groups.size() > newest_left) {
+        for (const Copy& c : running->groups.front()) std::memcpy(c.dst, c.src, c.bytes);
+        running->groups.pop_front();
+    }
+}
 
 }  // namespace cuda_on_cpu
 
@@ -110,6 +142,8 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
                 for (unsigned t = 0; t < threads; ++t) {
                     Fiber& f = fibers[t];
                     f.done = false;
+                    f.open.clear();             // (copies never waited for never land)
+                    f.groups.clear();
                     getcontext(&f.context);
                     f.context.uc_stack.ss_sp = f.stack.get();
                     f.context.uc_stack.ss_size = STACK_BYTES;

@@ -31,11 +31,16 @@ typedef struct {
 } cygemm_small_batched_args;
 
 /* How a launch splits the work: each thread's tile of C (CYGEMM_SMALL_TILE_*), threads a block,
- * the shared memory a block stages matrices in (bytes), and (scalar tiles, even K) whether the
- * K-contiguous operands' columns are padded to K + 1 in shared memory (1) or packed (0). The scalar tiles read shared memory
- * one value at a time; the vector tile (V x V, V = 16 bytes over the accumulation type's size: 4
- * for float32 and the 16-bit types, 2 for float64 and complex64, 1 for complex128) 16 bytes at a
- * time, for m, n and k that are multiples of V (cygemm_small_batched_vector_fits). */
+ * the shared memory a block stages matrices in (bytes), padding, and stages. The scalar tiles read
+ * shared memory one value at a time; the vector tile (V x V, V = 16 bytes over the accumulation
+ * type's size: 4 for float32 and the 16-bit types, 2 for float64 and complex64, 1 for complex128)
+ * 16 bytes at a time, for m, n and k that are multiples of V (cygemm_small_batched_vector_fits).
+ * pad 1: the scalar tiles (even K) pad the K-contiguous operands' columns to K + 1 in shared
+ * memory; the vector tile stages both operands K-major, the relaid ones padded by V. pad 0: every
+ * operand staged as stored (the vector tile reads each along its contiguous index). stages 2: a
+ * block copies its next matrices (cp.async) while it computes on the ones before, where every
+ * operand not broadcast is a run copied as it is (contiguous, on 16 bytes, not padded, not
+ * conjugated); elsewhere one stage. */
 enum {
     CYGEMM_SMALL_TILE_1X1 = 0, CYGEMM_SMALL_TILE_2X2 = 1, CYGEMM_SMALL_TILE_4X4 = 2, CYGEMM_SMALL_TILE_VECTOR = 3,
     CYGEMM_SMALL_TILES = 4
@@ -45,6 +50,7 @@ typedef struct {
     int threads;
     int smem_bytes;
     int pad;
+    int stages;
 } cygemm_small_batched_shape;
 
 /* Whether the kernel takes the problem: its dtype, operations, sizes (one matrix of A and B
