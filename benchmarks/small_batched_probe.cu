@@ -7,8 +7,10 @@
 //
 // The first design study (one thread per matrix, one thread per element, matrices staged in
 // shared memory; benchmarks/results/small_batched_probe_run1.txt) chose staging; this one
-// measures the kernel's shapes: each thread's tile of C (1x1, 2x2, 4x4), threads a block and the
-// shared memory a block stages in, and prints the rule's choice (cygemm_small_batched_rule).
+// measures the kernel's shapes: each thread's tile of C (1x1, 2x2, 4x4, the vector tile), threads a
+// block, the shared memory a block stages in, padding (the vector tile padded stages both operands
+// K-major; unpadded it reads them as stored) and stages (2: the next matrices copied with cp.async
+// while the block computes), and prints the rule's choice (cygemm_small_batched_rule).
 //
 // Build and run (scripts/small_batched_probe.sh does both, with the cuBLAS cygemm loads):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Icygemm/kernels/include benchmarks/small_batched_probe.cu -lcublas
@@ -157,7 +159,7 @@ static void probe(const Type& t, int m, int n, int k, int opa = 0, int opb = 0, 
     auto label = [](cygemm_small_batched_shape s) {
         const char* tiles[] = {"1x1", "2x2", "4x4", "vec"};
         return std::string(tiles[s.tile]) + "/" + std::to_string(s.threads) + "/" + std::to_string(s.smem_bytes >> 10) + "K"
-               + (s.pad ? "/pad" : "");
+               + (s.pad ? "/pad" : "") + (s.stages == 2 ? "/2st" : "");
     };
     runs.push_back({"rule " + label(rule), [&, rule] { CHECK(cygemm_small_batched_shaped(&g, rule, 0)); }});
     const bool fits = cygemm_small_batched_fits(&g);
@@ -166,11 +168,15 @@ static void probe(const Type& t, int m, int n, int k, int opa = 0, int opb = 0, 
         for (int tile = 0; tile < CYGEMM_SMALL_TILES; ++tile)
             for (int threads : {128, 256})
                 for (int smem : {8 << 10, 16 << 10, 32 << 10})
-                for (int pad : {0, 1}) {
-                    const cygemm_small_batched_shape s{tile, threads, smem, pad};
-                    if (tile == rule.tile && threads == rule.threads && smem == rule.smem_bytes && pad == rule.pad)
+                for (int pad : {0, 1})
+                for (int stages : {1, 2}) {
+                    const cygemm_small_batched_shape s{tile, threads, smem, pad, stages};
+                    if (tile == rule.tile && threads == rule.threads && smem == rule.smem_bytes && pad == rule.pad
+                        && stages == rule.stages)
                         continue;
-                    if (pad && (tile == CYGEMM_SMALL_TILE_VECTOR || k % 2 || (opa == 0 && opb != 0))) continue;
+                    // (padding relays operands: one stage; scalar tiles pad only K-contiguous operands, even K)
+                    if (pad && (stages == 2 || (tile != CYGEMM_SMALL_TILE_VECTOR && (k % 2 || (opa == 0 && opb != 0)))))
+                        continue;
                     if ((tile == 2 && m * n < 16) || (tile == 1 && m * n < 4)) continue;     // tiles past C
                     if (tile == CYGEMM_SMALL_TILE_VECTOR && !cygemm_small_batched_vector_fits(&g)) continue;
                     runs.push_back({label(s), [&, s] { CHECK(cygemm_small_batched_shaped(&g, s, 0)); }});

@@ -66,14 +66,17 @@ fi
 if [[ $STAGES == *,sanitize,* ]]; then
     # Our kernels run in every fused forward/backward test (and in the graph tests); the
     # long-running reliability tests (64-bit sizes, soak, replays, threads, properties)
-    # are left out. racecheck looks at shared memory, which the backward's column sum and
-    # the transposed FP8 quantize kernels use. On the H200: 405 tests in 24 s under memcheck, 169 in 24 s under racecheck.
+    # are left out. racecheck looks at shared memory, which the backward's column sum, the
+    # transposed FP8 quantize kernels and the small-matrix kernel (its staging, both stages'
+    # buffers) use. On the H200: 405 tests in 24 s under memcheck, 169 in 24 s under racecheck
+    # (before the small-matrix kernel's layouts joined both).
     MEMCHECK_K='not past_int32 and not soak and not 10k and not threads and not property and not digits'
     RACECHECK_K='backward'
     echo "== compute-sanitizer memcheck"
     timeout 300 "$SAN" --tool memcheck --error-exitcode 99 --print-limit 20 \
         python3 -m pytest -q -p no:cacheprovider tests/dense/test_layer.py tests/properties/test_reliability.py tests/engine/test_graph.py \
         tests/dense/test_elementwise.py tests/fp8/test_scaled.py tests/fp8/test_scales.py \
+        tests/engine/test_small_batched.py \
         "tests/engine/test_streams_devices.py::test_one_row_out_and_z_out_of_row_stride_0_or_1" \
         "tests/engine/test_streams_devices.py::test_graph_replayed_on_another_stream_while_eager_work_runs_on_the_capture_stream" \
         "tests/engine/test_streams_devices.py::test_per_head_results_written_into_one_interleaved_buffer" \
@@ -87,6 +90,9 @@ if [[ $STAGES == *,sanitize,* ]]; then
         > "$LOGS/racecheck.log" 2>&1 &&
     timeout 200 "$SAN" --tool racecheck --error-exitcode 99 --print-limit 20 \
         python3 -m pytest -q -p no:cacheprovider tests/fp8/test_scales.py -k "definitions" \
+        >> "$LOGS/racecheck.log" 2>&1 &&
+    timeout 300 "$SAN" --tool racecheck --error-exitcode 99 --print-limit 20 \
+        python3 -m pytest -q -p no:cacheprovider tests/engine/test_small_batched.py -k "layouts and float32" \
         >> "$LOGS/racecheck.log" 2>&1
     rc=$?; grep -E "RACECHECK SUMMARY|ERROR SUMMARY|passed|failed" "$LOGS/racecheck.log" | tail -3; echo "racecheck rc=$rc"
     [ $rc = 0 ] || status=1
