@@ -4,9 +4,11 @@
 # Results go to DIR (default: $OUT, else ./out); the logs are packed into DIR/logs.tar.gz
 # (the device tool brings back only a few files).
 #   bash scripts/gpu_suite.sh [DIR] [STAGES]
-# TESTS: the test paths (default: tests); TEST_TIMEOUT: seconds the tests may take (default: no limit). STAGES: a comma list of tests, firstcall, compare, sanitize, peer, bench, bench-quick, bench-host
+# TESTS: the test paths (default: tests); TEST_TIMEOUT: seconds the tests may take (default: no limit). STAGES: a comma list of tests, firstcall, compare, sanitize, peer, probe, bench, bench-quick, bench-host
 # (default tests,sanitize,bench); BENCH_ONLY=a,b limits the benchmark sections. firstcall: the first-call, plan-count and thread-stall
-# measurements (their tests, with their printed figures); compare: this tree against
+# measurements (their tests, with their printed figures); probe: the small-matrix kernel's launch
+# shapes against cuBLAS (benchmarks/small_batched_probe.cu; PROBE: its parts, default all) into
+# DIR/small_batched_probe.txt, with its rows as JSON; compare: this tree against
 # COMPARE_WITH (default 9579766) built beside it, interleaved (benchmarks/compare_builds.py).
 # The GPU property tests run CYGEMM_GPU_PROPERTY_EXAMPLES examples each (default here 500).
 set -uo pipefail
@@ -102,6 +104,18 @@ if [[ $STAGES == *,peer,* ]]; then
     # ../shared/peer/cupy-v14.2.0 into the ignored peer/ and carry it to the GPU machine).
     echo "== CuPy's tests routed to cygemm"
     bash scripts/peer_suites.sh "${PEER_DIR:-peer/cupy-v14.2.0}" "$LOGS" || status=1
+fi
+if [[ $STAGES == *,probe,* ]]; then
+    echo "== the small-matrix kernel's launch shapes (probe)"
+    # shellcheck disable=SC2086
+    if bash scripts/small_batched_probe.sh ${PROBE:-all} > "$OUT_DIR/small_batched_probe.txt" 2> "$LOGS/probe.err"; then
+        started=$(sed -n 's/^started \(....-..-..T..:..\).*/\1/p' "$OUT_DIR/small_batched_probe.txt")
+        python3 benchmarks/probe_table.py "$OUT_DIR/small_batched_probe.txt" --json "$OUT_DIR/small_batched_probe.json" \
+            --date "$started" || status=1
+        grep -E "^GPU|started|best" "$OUT_DIR/small_batched_probe.txt" | tail -40
+    else
+        tail -20 "$LOGS/probe.err" "$OUT_DIR/small_batched_probe.txt"; status=1
+    fi
 fi
 if [[ $STAGES == *,bench,* || $STAGES == *,bench-quick,* || $STAGES == *,bench-host,* ]]; then
     echo "== benchmarks"
