@@ -10,10 +10,13 @@
 // measures the kernel's shapes: each thread's tile of C (1x1, 2x2, 4x4, the vector tile), threads a
 // block, the shared memory a block stages in, padding (the vector tile padded stages both operands
 // K-major; unpadded it reads them as stored) and stages (2: the next matrices copied with cp.async
-// while the block computes), and prints the rule's choice (cygemm_small_batched_rule).
+// while the block computes; where two stages do not apply, a "/2st" row ran one), and prints the
+// rule's choice (cygemm_small_batched_rule). The unpadded vector tile and two stages are candidates
+// the library's build leaves out until measured (CYGEMM_SMALL_BATCHED_CANDIDATES).
 //
 // Build and run (scripts/small_batched_probe.sh does both, with the cuBLAS cygemm loads):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Icygemm/kernels/include benchmarks/small_batched_probe.cu -lcublas
+#define CYGEMM_SMALL_BATCHED_CANDIDATES 1       // (the launch options under measurement compiled in)
 #include "../cygemm/kernels/small_batched.cu"
 
 #include <cublas_v2.h>

@@ -119,9 +119,7 @@ cdef object _key(void* call):
             a.stride_a == 0, a.stride_b == 0, _batch_bucket(a.batch))
 
 
-cdef int _forced_tile = -1          # the tests' tile, padding and stages (force_tile); -1: the rule's
-cdef int _forced_pad = -1
-cdef int _forced_stages = -1
+cdef int _forced_tile = -1          # the tests' tile (force_tile), else the kernel's rule
 
 
 cdef int _enqueue(void* call, int route) except -1:
@@ -133,10 +131,6 @@ cdef int _enqueue(void* call, int route) except -1:
             if _forced_tile >= 0 and (_forced_tile != CYGEMM_SMALL_TILE_VECTOR
                                       or cygemm_small_batched_vector_fits(&s.args)):
                 shape.tile = _forced_tile
-            if _forced_pad >= 0:
-                shape.pad = _forced_pad
-            if _forced_stages >= 0:
-                shape.stages = _forced_stages
             check_cuda(cygemm_small_batched_shaped(&s.args, shape, s.stream), "cygemm_small_batched")
     else:
         with nogil:
@@ -203,20 +197,13 @@ def kernel_launches():
 TILES = ("1x1", "2x2", "4x4", "vector")
 
 
-def force_tile(tile=None, pad=None, stages=None):
-    """Run the kernel with one of its TILES (the vector tile only where it fits), padded or not
-    (pad True or False) and in one or two stages (1, 2: two only where they apply); None keeps
-    the rule's choice. Every launch shape on every layout, for the tests."""
-    global _forced_tile, _forced_pad, _forced_stages
+def force_tile(tile=None):
+    """Run the kernel with one of its TILES (the vector tile only where it fits), or by its rule
+    (None): every tile on every layout, for the tests."""
+    global _forced_tile
     if tile is not None and tile not in TILES:
         raise ValueError(f"tile: expected one of {TILES} or None, got {tile!r}")
-    if pad is not None and not isinstance(pad, bool):
-        raise ValueError(f"pad: expected True, False or None, got {pad!r}")
-    if stages is not None and (isinstance(stages, bool) or stages not in (1, 2)):
-        raise ValueError(f"stages: expected 1, 2 or None, got {stages!r}")
     _forced_tile = -1 if tile is None else TILES.index(tile)
-    _forced_pad = -1 if pad is None else int(pad)
-    _forced_stages = -1 if stages is None else stages
 
 
 def kernel_fits(dtype, int opa, int opb, long long m, long long n, long long k, long long batch,

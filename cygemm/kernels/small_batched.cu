@@ -5,15 +5,21 @@
 // then each thread computes a tile of one C (1x1, 2x2, 4x4 elements, or the vector tile) adding
 // the K products in order, and writes alpha * sum + beta * C. Staging reads a run whose matrices
 // lie one after another with 16-byte loads, any other layout element by element; a broadcast
-// operand (batch stride 0) is staged once per block. With two stages, a block copies its next
-// run of matrices into a second buffer (cp.async) while it computes on the first, so its loads
-// are in flight while it computes. benchmarks/small_batched_probe.cu measures the launch shapes.
+// operand (batch stride 0) is staged once per block. benchmarks/small_batched_probe.cu measures the
+// launch shapes.
+//
+// Candidates under measurement, compiled only with CYGEMM_SMALL_BATCHED_CANDIDATES (as the probe
+// and the CPU tests build this file; the library's build has neither, and falls back as below):
+// the vector tile unpadded, reading each operand as stored along its contiguous index (else the
+// vector tile is always padded), and two stages, where a block copies its next run of matrices
+// into a second buffer (cp.async) while it computes on the first (else one stage).
 #include "cygemm/small_batched_kernels.h"
 #include "cygemm/sm_count.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace {
@@ -73,7 +79,8 @@ __device__ __forceinline__ void copy16_async(void* dst, const void* src) {
     cuda_on_cpu::async_copy(dst, src, 16);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(unsigned(__cvta_generic_to_shared(dst))),
-                 "l"(src));
+                 "l"(__cvta_generic_to_global(src))
+                 : "memory");
 #else
     *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
 #endif
@@ -83,7 +90,7 @@ __device__ __forceinline__ void commit_copies() {
 #if defined(CYGEMM_CUDA_ON_CPU)
     cuda_on_cpu::async_commit();
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;\n" ::);
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
 
@@ -92,7 +99,7 @@ __device__ __forceinline__ void wait_copies() {
 #if defined(CYGEMM_CUDA_ON_CPU)
     cuda_on_cpu::async_wait(NEWEST_LEFT);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(NEWEST_LEFT));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(NEWEST_LEFT) : "memory");
 #endif
 }
 
@@ -138,7 +145,6 @@ struct Params {
     int m, n, k;
     int mpb;                    // matrices a block takes at a time
     int b_offset;               // where B's matrices start in shared memory (elements, on 16 bytes)
-    int stages;                 // 1, or 2: runs of matrices copied as they are into two buffers in turn
     int raw_start, raw_bytes;   //   the first buffer's start and each buffer's size (bytes)
     int tiles_m, tiles;         // tiles along a column of C, tiles of one C
     Divider by_tiles, by_tiles_m;
@@ -299,8 +305,9 @@ __device__ __forceinline__ void copy_run(unsigned char* s, const T* __restrict__
 
 // SIZE: the side of a square problem when known at compile time (0: read from p), whose index
 // arithmetic and K loop then fold away. VEC: the vector tile (RM = RN = V, LAYOUT its operands'
-// layouts), else the scalar tile RM x RN.
-template <typename T, int RM, int RN, int SIZE, bool VEC, int LAYOUT>
+// layouts), else the scalar tile RM x RN. STAGES: 1, or 2 (a template parameter: the second
+// stage's registers would cost the one-stage kernels occupancy).
+template <typename T, int RM, int RN, int SIZE, bool VEC, int LAYOUT, int STAGES>
 __global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
     using Acc = typename Num<T>::Acc;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -310,7 +317,7 @@ __global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
     if (p.ob.broadcast) stage(sb, p.b, p.ob, 1);
     const long long step = gridDim.x * (long long)p.mpb;
     long long first = blockIdx.x * (long long)p.mpb;
-    if (p.stages == 1) {
+    if constexpr (STAGES == 1) {
         for (; first < p.batch; first += step) {
             const int count = int(p.batch - first < p.mpb ? p.batch - first : p.mpb);
             if (!p.oa.broadcast) stage(sa, p.a + first * p.oa.stride, p.oa, count);
@@ -319,8 +326,7 @@ __global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
             compute<T, RM, RN, SIZE, VEC, LAYOUT>(p, sa, sb, first, count);
             __syncthreads();
         }
-        return;
-    }
+    } else {
     // Two stages: runs copied as stored into buffer s while the block computes on buffer s ^ 1;
     // the 16-bit types are then widened into sa and sb, the others computed on where they landed.
     constexpr bool WIDEN = sizeof(T) != sizeof(Acc);
@@ -352,6 +358,7 @@ __global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
                                                   p.ob.broadcast ? sb : reinterpret_cast<const Acc*>(rb), first, count);
         }
         __syncthreads();
+    }
     }
 }
 
@@ -424,8 +431,10 @@ long long plan_groups(Params<T>& p, const cygemm_small_batched_shape& shape, int
         if (o->broadcast) fixed += o->staged_span * acc;
         else per += (stages == 1 || WIDEN ? o->staged_span * acc : 0) + (stages == 2 ? 2 * o->span * size : 0);
     }
-    constexpr long long SLACK = 64;                    // (regions rounded up to 16 bytes)
+    // (Regions rounded up to 16 bytes: b_offset, raw_start and B's raw run add at most 3 x 12.)
+    constexpr long long SLACK = 64;
     long long mpb = per == 0 ? 256 : (shape.smem_bytes - SLACK - fixed) / per;
+    if (mpb < 1 && stages == 2) return -1;             // (not one matrix in the shared memory given)
     if (mpb < 1) mpb = 1;
     long long granule = 1;
     for (const Operand* o : ops)
@@ -442,7 +451,6 @@ long long plan_groups(Params<T>& p, const cygemm_small_batched_shape& shape, int
             o->vector = false;
         }
     p.mpb = int(mpb);
-    p.stages = stages;
     auto widened = [&](const Operand& o) {             // elements of it in the widened area
         return o.broadcast ? o.staged_span : (stages == 1 || WIDEN ? mpb * o.staged_span : 0);
     };
@@ -515,7 +523,16 @@ cudaError_t launch(const cygemm_small_batched_args* g, const cygemm_small_batche
     p.beta = scalar<Acc>(g->beta_re, g->beta_im);
     p.beta_zero = g->beta_re == 0.0 && g->beta_im == 0.0;
 
-    long long smem = shape.stages == 2 ? plan_groups(p, shape, 2) : -1;
+    long long smem = -1;
+#if CYGEMM_SMALL_BATCHED_CANDIDATES
+    if (shape.stages == 2) {                           // (planned on a copy: kept only where it applies)
+        Params<T> two = p;
+        smem = plan_groups(two, shape, 2);
+        if (smem >= 0 && smem <= SMEM_LIMIT) p = two;
+        else smem = -1;
+    }
+#endif
+    const int stages = smem < 0 ? 1 : 2;
     if (smem < 0) smem = plan_groups(p, shape, 1);     // (two stages do not apply: one)
     if (smem > SMEM_LIMIT) return cudaErrorInvalidValue;
 
@@ -524,9 +541,21 @@ cudaError_t launch(const cygemm_small_batched_args* g, const cygemm_small_batche
     p.by_tiles = Divider(uint32_t(p.tiles));
     p.by_tiles_m = Divider(uint32_t(p.tiles_m));
     long long grid = (g->batch + p.mpb - 1) / p.mpb;
-    const long long most = 32LL * cygemm_grid::sm_count();
+    // At most 32 blocks an SM; with two stages, no more than fit on the SMs at once (about: by
+    // threads and shared memory), so that each block takes run after run and its copies overlap.
+    long long most = 32LL * cygemm_grid::sm_count();
+    if (stages == 2) {
+        long long resident = std::min<long long>(2048 / shape.threads, (227LL << 10) / (smem + 1024));
+        most = std::max<long long>(1, std::min<long long>(resident, 32)) * cygemm_grid::sm_count();
+    }
     if (grid > most) grid = most;
-    small_batched<T, RM, RN, SIZE, VEC, LAYOUT><<<unsigned(grid), shape.threads, size_t(smem), stream>>>(p);
+#if CYGEMM_SMALL_BATCHED_CANDIDATES
+    if (stages == 2) {
+        small_batched<T, RM, RN, SIZE, VEC, LAYOUT, 2><<<unsigned(grid), shape.threads, size_t(smem), stream>>>(p);
+        return cudaGetLastError();
+    }
+#endif
+    small_batched<T, RM, RN, SIZE, VEC, LAYOUT, 1><<<unsigned(grid), shape.threads, size_t(smem), stream>>>(p);
     return cudaGetLastError();
 }
 
@@ -562,13 +591,17 @@ template <typename T>
 cudaError_t launch_vector(const cygemm_small_batched_args* g, const cygemm_small_batched_shape& s, cudaStream_t st) {
     constexpr int V = 16 / sizeof(typename Num<T>::Acc);
     if (!cygemm_small_batched_vector_fits(g)) return cudaErrorInvalidValue;
-    if (s.pad) return launch_vector_layout<T, 0>(g, s, st);
-    switch ((g->opa != 0 ? 1 : 0) | (g->opb == 0 ? 2 : 0)) {
+#if CYGEMM_SMALL_BATCHED_CANDIDATES
+    if (!s.pad) switch ((g->opa != 0 ? 1 : 0) | (g->opb == 0 ? 2 : 0)) {
         case 0: return launch<T, V, V, 0, true, 0>(g, s, st);
         case 1: return launch<T, V, V, 0, true, 1>(g, s, st);
         case 2: return launch_vector_layout<T, 2>(g, s, st);
         default: return launch<T, V, V, 0, true, 3>(g, s, st);
     }
+#endif
+    cygemm_small_batched_shape padded = s;
+    padded.pad = 1;
+    return launch_vector_layout<T, 0>(g, padded, st);
 }
 
 template <typename T>
@@ -605,7 +638,7 @@ extern "C" int cygemm_small_batched_vector_fits(const cygemm_small_batched_args*
 extern "C" cygemm_small_batched_shape cygemm_small_batched_rule(const cygemm_small_batched_args* g) {
     // The fastest shapes of benchmarks/small_batched_probe.cu on an H200 (384 MiB batches; its
     // third run, whose output was not kept). The vector tile as it was measured: padded, both
-    // operands K-major; one stage (the unpadded vector tile and two stages are not yet measured).
+    // operands K-major; one stage.
     // Padding paid where staging was cheap beside the bank conflicts it saved: a transposed A
     // (16^3: 1.6x unpadded in float32) or a broadcast B; elsewhere it cost B's 16-byte copies.
     const int pad = g->k >= 16 && (g->opa != 0 || (g->opb == 0 && g->stride_b == 0));

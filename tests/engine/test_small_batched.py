@@ -28,18 +28,11 @@ def kernel_forced():
     tuning.force_routes()
 
 
-# Launch shapes: each tile as the rule stages it, the vector tile unpadded (each operand read as
-# stored), and two stages (asynchronous copies into a second buffer; one where they do not apply).
-LAUNCHES = [(t, None, None) for t in small_batched.TILES] + [("vector", False, None), ("1x1", False, 2),
-                                                              ("2x2", False, 2), ("vector", False, 2)]
-
-
-@pytest.fixture(params=LAUNCHES, ids=lambda t: "/".join(str(x) for x in t if x is not None))
+@pytest.fixture(params=small_batched.TILES)
 def tile(request):
-    """The kernel forced, with each of its launch shapes in turn."""
-    tile, pad, stages = request.param
+    """The kernel forced, with each of its tiles in turn."""
     tuning.force_routes(small_batched="kernel")
-    small_batched.force_tile(tile, pad, stages)
+    small_batched.force_tile(request.param)
     yield request.param
     small_batched.force_tile()
     tuning.force_routes()
@@ -92,11 +85,7 @@ def test_describe_names_the_route(unforced):
 def test_force_tile_names_the_tiles():
     with pytest.raises(ValueError, match="tile: expected one of"):
         small_batched.force_tile("8x8")
-    with pytest.raises(ValueError, match="pad: expected True, False or None, got 1"):
-        small_batched.force_tile("vector", pad=1)
-    with pytest.raises(ValueError, match="stages: expected 1, 2 or None, got 3"):
-        small_batched.force_tile("vector", stages=3)
-    small_batched.force_tile("vector", pad=False, stages=2)
+    small_batched.force_tile("vector")
     small_batched.force_tile()
 
 

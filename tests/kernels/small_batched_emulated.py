@@ -41,8 +41,11 @@ def itemsize(dtype):
     return np.dtype(DTYPES[dtype][1]).itemsize
 
 
-def load(folder):
-    lib = emulator.build("small_batched", str(folder))
+CANDIDATES = "CYGEMM_SMALL_BATCHED_CANDIDATES"       # (the launch options under measurement compiled in)
+
+
+def load(folder, candidates=True):
+    lib = emulator.build("small_batched", str(folder), (CANDIDATES,) if candidates else ())
     for name in ("cygemm_small_batched_fits", "cygemm_small_batched_vector_fits"):
         getattr(lib, name).argtypes = [ctypes.POINTER(Args)]
         getattr(lib, name).restype = ctypes.c_int

@@ -8,7 +8,10 @@ alpha and beta; the launch shapes' threads, shared memory and grids. Nothing out
 A and B are not. A matrix's bits are the same whatever its batch, its place in it, the tile and
 the launch shape. Shapes out of range are refused before anything runs.
 
-The GPU tests of the same kernel through cygemm are tests/engine/test_small_batched.py."""
+The file is built as the probe builds it, with the launch options under measurement compiled in
+(the unpadded vector tile, two stages), and as the library builds it, where those shapes fall back
+to the measured ones. The GPU tests of the library's kernel through cygemm are
+tests/engine/test_small_batched.py."""
 import itertools
 
 import numpy as np
@@ -26,14 +29,25 @@ STAGING = ((0, 1), (1, 1), (0, 2))          # (pad, stages): two stages copy run
 INVALID = 1                     # cudaErrorInvalidValue
 
 
-@pytest.fixture(scope="module")
-def lib(tmp_path_factory):
+def _load(tmp_path_factory, candidates):
     try:
-        lib = E.load(tmp_path_factory.mktemp("small_batched_cpu"))
+        lib = E.load(tmp_path_factory.mktemp("small_batched_cpu"), candidates)
     except emulator.Unavailable as e:
         pytest.skip(f"the kernel cannot be built for the CPU here: {e}")
     lib.cuda_on_cpu_set_sm_count(2)         # (a few blocks: groups of matrices run in turn)
     return lib
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    """The kernel file as the probe builds it: every launch option."""
+    return _load(tmp_path_factory, True)
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory):
+    """The kernel file as the library builds it: the options under measurement left out."""
+    return _load(tmp_path_factory, False)
 
 
 def run(lib, args, shape, buffers):
@@ -118,11 +132,12 @@ def test_leading_dimensions_strides_broadcast_and_scalars(lib, dtype, layout):
 @pytest.mark.parametrize("dtype", ("float32", "float16", "complex128"))
 def test_launch_shapes_and_grids(lib, dtype):
     """Threads, shared memory and SM counts that change how many matrices a block takes, how many
-    blocks run, and how a batch's last group is cut; batches of 2 to 70."""
+    blocks run, and how a batch's last group is cut; batches of 2 to 700 (at most 32 blocks an SM:
+    the largest take several groups a block)."""
     rng = np.random.default_rng(4)
     try:
         for sms, threads, smem, batch in itertools.product((1, 3), (32, 96, 256), (2 << 10, 8 << 10, 48 << 10),
-                                                           (2, 37, 70)):
+                                                           (2, 37, 700)):
             lib.cuda_on_cpu_set_sm_count(sms)
             for (m, n, k), stages in itertools.product(((4, 4, 4), (5, 3, 8)), (1, 2)):
                 if (m * k + k * n + 4) * {"float16": 4, "float32": 4}.get(dtype, 16) * stages > smem:
@@ -180,6 +195,30 @@ def test_two_stages_copy_runs_asynchronously_and_fall_back_to_one_elsewhere(lib)
         before = lib.cuda_on_cpu_async_copies()
         check(lib, rng, dtype, E.Shape(E.TILES["1x1"], 64, 4 << 10, pad, 2), 4, 4, 8, 21, **layout)
         assert (lib.cuda_on_cpu_async_copies() > before) == two, (dtype, layout, pad)
+
+
+def test_two_stages_fall_back_to_one_where_a_matrix_of_each_does_not_fit_twice(lib):
+    """complex128 32 x 32 x 32 (16 KiB a matrix): one stage fits 48 KiB, two stages would not."""
+    rng = np.random.default_rng(10)
+    for dtype, (m, n, k), (opa, opb), tile in (("complex128", (32, 32, 32), (0, 0), "1x1"),
+                                               ("complex128", (33, 2, 64), (1, 0), "2x2"),
+                                               ("float32", (64, 64, 64), (0, 1), "2x2"),
+                                               ("complex128", (16, 16, 16), (0, 0), "vector")):
+        before = lib.cuda_on_cpu_async_copies()
+        check(lib, rng, dtype, E.Shape(E.TILES[tile], 128, 48 << 10, 0, 2), m, n, k, 3, opa=opa, opb=opb)
+        two = lib.cuda_on_cpu_async_copies() > before
+        assert two == ((dtype, m) == ("complex128", 16)), (dtype, m, n, k)    # (16^3: 8 KiB a pair, fits twice)
+
+
+def test_the_librarys_build_runs_the_measured_shapes_for_the_candidates(shipped):
+    """Without the options under measurement, an unpadded vector tile runs padded and two stages
+    run one: the same results, no asynchronous copy."""
+    rng = np.random.default_rng(11)
+    for dtype, (opa, opb) in itertools.product(("float32", "float16", "float64", "complex64"), REAL_OPS):
+        for tile, pad, stages in (("vector", 0, 1), ("vector", 0, 2), ("2x2", 0, 2), ("1x1", 1, 2)):
+            check(shipped, rng, dtype, E.Shape(E.TILES[tile], 128, 16 << 10, pad, stages), 8, 8, 16, 19,
+                  opa=opa, opb=opb)
+    assert shipped.cuda_on_cpu_async_copies() == 0
 
 
 # ---------------------------------------------------------------- the bits are each matrix's own

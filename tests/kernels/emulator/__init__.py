@@ -53,6 +53,7 @@ def translate(source):
 
 
 HARNESS = """#include "cuda_on_cpu.h"
+{defines}
 {source}
 extern "C" void cuda_on_cpu_set_sm_count(int n) {{ cuda_on_cpu::sm_count = n; }}
 extern "C" long long cuda_on_cpu_launches() {{ return cuda_on_cpu::launches; }}
@@ -61,13 +62,14 @@ extern "C" void cuda_on_cpu_copies_land(int at_issue) {{ cuda_on_cpu::copies_lan
 """
 
 
-def build(name, folder):
-    """``cygemm/kernels/<name>.cu`` built for the CPU in `folder`, loaded: a ctypes.CDLL."""
+def build(name, folder, defines=()):
+    """``cygemm/kernels/<name>.cu`` built for the CPU in `folder` with the macros `defines` (names,
+    each defined as 1), loaded: a ctypes.CDLL."""
     path = os.path.join(KERNELS, f"{name}.cu")
     if not os.path.isfile(path):            # (the tests run against an installed wheel, which has no .cu)
         raise Unavailable(f"the kernel's source {path} is not in this tree")
     with open(path) as f:
-        text = HARNESS.format(source=translate(f.read()))
+        text = HARNESS.format(defines="".join(f"#define {d} 1\n" for d in defines), source=translate(f.read()))
     with open(os.path.join(HERE, "cuda_on_cpu.h")) as f:
         digest = hashlib.sha256((text + f.read()).encode()).hexdigest()[:16]
     lib = os.path.join(folder, f"{name}_{digest}.so")
@@ -76,7 +78,8 @@ def build(name, folder):
         src = os.path.join(folder, f"{name}_{digest}.cpp")
         with open(src, "w") as f:
             f.write(text)
-        cmd = [cxx, "-std=c++20", "-O1", "-g0", "-shared", "-fPIC", "-w", "-I", HERE,
+        # (-fno-gnu-unique: two builds loaded in one process keep their own inline statics)
+        cmd = [cxx, "-std=c++20", "-O1", "-g0", "-shared", "-fPIC", "-w", "-fno-gnu-unique", "-I", HERE,
                "-I", os.path.join(KERNELS, "include"), "-I", include, src, "-o", lib + ".tmp"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:

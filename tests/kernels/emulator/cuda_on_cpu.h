@@ -30,7 +30,8 @@
 #include <vector>
 
 // The kernel language's qualifiers mean nothing here; its builtins are plain globals that the
-// scheduler sets before it switches to a thread.
+// scheduler sets before it switches to a thread. Every variable here is static: two builds loaded
+// in one process (a kernel file with and without a macro) keep their own.
 #undef __global__
 #undef __shared__
 #undef __launch_bounds__
@@ -40,14 +41,14 @@
 #define __launch_bounds__(...)
 #define __align__(n)
 
-inline uint3 threadIdx, blockIdx;
-inline dim3 blockDim, gridDim;
+static uint3 threadIdx, blockIdx;
+static dim3 blockDim, gridDim;
 
 inline unsigned int __umulhi(unsigned int a, unsigned int b) {
     return unsigned(((unsigned long long)a * b) >> 32);
 }
-inline int min(int a, int b) { return a < b ? a : b; }
-inline int max(int a, int b) { return a > b ? a : b; }
+static int min(int a, int b) { return a < b ? a : b; }
+static int max(int a, int b) { return a > b ? a : b; }
 
 namespace cuda_on_cpu {
 
@@ -55,13 +56,13 @@ constexpr size_t SHARED_BYTES = 48 << 10;      // what a block may take without 
 constexpr size_t STACK_BYTES = 128 << 10;
 
 // The dynamic shared memory (a kernel's `extern __shared__ T name[]` is rewritten to point here).
-alignas(16) inline unsigned char shared[SHARED_BYTES];
+alignas(16) static unsigned char shared[SHARED_BYTES];
 
-inline int sm_count = 4;                        // what the device reports (cuda_on_cpu_set_sm_count)
-inline cudaError_t last_error = cudaSuccess;
-inline long long launches = 0;
-inline long long async_copies = 0;             // cp.async copies issued, all launches
-inline bool copies_land_at_issue = false;      // else when waited for
+static int sm_count = 4;                        // what the device reports (cuda_on_cpu_set_sm_count)
+static cudaError_t last_error = cudaSuccess;
+static long long launches = 0;
+static long long async_copies = 0;             // cp.async copies issued, all launches
+static bool copies_land_at_issue = false;      // else when waited for
 
 struct Copy {
     void* dst;
@@ -76,10 +77,10 @@ struct Fiber {
     std::unique_ptr<unsigned char[]> stack{new unsigned char[STACK_BYTES]};    // (not zeroed: it is a stack)
     bool done = false;
 };
-inline std::vector<Fiber> fibers;               // one a thread, kept from launch to launch
+static std::vector<Fiber> fibers;               // one a thread, kept from launch to launch
 
-inline ucontext_t scheduler;
-inline Fiber* running = nullptr;
+static ucontext_t scheduler;
+static Fiber* running = nullptr;
 
 inline void yield() { swapcontext(&running->context, &scheduler); }
 
@@ -179,7 +180,7 @@ cudaError_t cudaGetLastError(void) {
     return e;
 }
 cudaError_t cudaGetDevice(int* device) {
-    *device = 0;
+    *device = cuda_on_cpu::sm_count & 63;      // (each SM count its own device: kernel files cache a device's)
     return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {

@@ -37,10 +37,12 @@ typedef struct {
  * 16 bytes at a time, for m, n and k that are multiples of V (cygemm_small_batched_vector_fits).
  * pad 1: the scalar tiles (even K) pad the K-contiguous operands' columns to K + 1 in shared
  * memory; the vector tile stages both operands K-major, the relaid ones padded by V. pad 0: every
- * operand staged as stored (the vector tile reads each along its contiguous index). stages 2: a
- * block copies its next matrices (cp.async) while it computes on the ones before, where every
- * operand not broadcast is a run copied as it is (contiguous, on 16 bytes, not padded, not
- * conjugated); elsewhere one stage. */
+ * operand staged as stored. Two candidates under measurement, compiled only where the file is
+ * built with CYGEMM_SMALL_BATCHED_CANDIDATES (the probe, the CPU tests): the vector tile unpadded
+ * (each operand read along its contiguous index; elsewhere it is padded whatever pad says), and
+ * stages 2, where a block copies its next matrices (cp.async) while it computes on the ones
+ * before, wherever every operand not broadcast is a run copied as it is (contiguous, on 16 bytes,
+ * not padded, not conjugated) and a matrix of each fits; elsewhere one stage. */
 enum {
     CYGEMM_SMALL_TILE_1X1 = 0, CYGEMM_SMALL_TILE_2X2 = 1, CYGEMM_SMALL_TILE_4X4 = 2, CYGEMM_SMALL_TILE_VECTOR = 3,
     CYGEMM_SMALL_TILES = 4
