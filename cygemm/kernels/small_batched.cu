@@ -199,12 +199,18 @@ __device__ __forceinline__ void stage(Acc* __restrict__ s, const T* __restrict__
 // op(A)(i, kk) at i*pa + kk (K contiguous: a transposed A as stored), else at kk*pa + i; bit 1:
 // op(B)(kk, j) at j*pb + kk (an untransposed B as stored), else at kk*pb + j. Each step of V along
 // K reads V vectors of each and adds V**3 products, in the same order k = 0, 1, ... as the scalar
-// tile. m, n and k are multiples of V.
-template <typename Acc, int V, int LAYOUT>
-__device__ __forceinline__ void vector_tile(const Acc* __restrict__ a, const Acc* __restrict__ b, int pa, int pb, int k,
+// tile. m, n and k are multiples of V. S: the values as staged, widened (Acc: 16-byte reads) or as
+// stored (a 16-bit type: 8-byte reads of V values, widened in registers).
+template <int BYTES> struct Bits;
+template <> struct Bits<16> { using type = uint4; };
+template <> struct Bits<8> { using type = uint2; };
+
+template <typename Acc, int V, int LAYOUT, typename S>
+__device__ __forceinline__ void vector_tile(const S* __restrict__ a, const S* __restrict__ b, int pa, int pb, int k,
                                             int i0, int j0, Acc (&acc)[V][V]) {
     constexpr bool A_KC = LAYOUT & 1, B_KC = LAYOUT & 2;
-    union Vec { uint4 q; Acc w[V]; };
+    using Q = typename Bits<V * sizeof(S)>::type;
+    union Vec { Q q; S w[V]; };
     a += A_KC ? i0 * pa : i0;
     b += B_KC ? j0 * pb : j0;
     for (int kk = 0; kk < k; kk += V) {
@@ -212,12 +218,12 @@ __device__ __forceinline__ void vector_tile(const Acc* __restrict__ a, const Acc
 #pragma unroll
         for (int u = 0; u < V; ++u) {
             Vec x, y;
-            x.q = *reinterpret_cast<const uint4*>(a + u * pa);     // row i0+u (K contiguous), else k = kk+u
-            y.q = *reinterpret_cast<const uint4*>(b + u * pb);     // column j0+u (K contiguous), else k = kk+u
+            x.q = *reinterpret_cast<const Q*>(a + u * pa);     // row i0+u (K contiguous), else k = kk+u
+            y.q = *reinterpret_cast<const Q*>(b + u * pb);     // column j0+u (K contiguous), else k = kk+u
 #pragma unroll
             for (int w = 0; w < V; ++w) {
-                if constexpr (A_KC) av[u][w] = x.w[w]; else av[w][u] = x.w[w];
-                if constexpr (B_KC) bv[w][u] = y.w[w]; else bv[u][w] = y.w[w];
+                if constexpr (A_KC) av[u][w] = widen(x.w[w]); else av[w][u] = widen(x.w[w]);
+                if constexpr (B_KC) bv[w][u] = widen(y.w[w]); else bv[u][w] = widen(y.w[w]);
             }
         }
         a += A_KC ? V : V * pa;
@@ -232,10 +238,9 @@ __device__ __forceinline__ void vector_tile(const Acc* __restrict__ a, const Acc
 }
 
 // The C of `count` matrices from `first` on, A's and B's staged at sa and sb (a broadcast
-// operand's one matrix there).
-template <typename T, int RM, int RN, int SIZE, bool VEC, int LAYOUT>
-__device__ __forceinline__ void compute(const Params<T>& p, const typename Num<T>::Acc* sa,
-                                        const typename Num<T>::Acc* sb, long long first, int count) {
+// operand's one matrix there), as S: widened (the accumulation type) or as stored.
+template <typename T, int RM, int RN, int SIZE, bool VEC, int LAYOUT, typename S>
+__device__ __forceinline__ void compute(const Params<T>& p, const S* sa, const S* sb, long long first, int count) {
     using Acc = typename Num<T>::Acc;
     constexpr bool SIZED = SIZE > 0;
     constexpr int TILES_M = SIZED ? (SIZE + RM - 1) / RM : 0, TILES = TILES_M * (SIZED ? (SIZE + RN - 1) / RN : 0);
@@ -247,8 +252,8 @@ __device__ __forceinline__ void compute(const Params<T>& p, const typename Num<T
         const int q = SIZED ? t / TILES : p.by_tiles.div(t), tt = t - q * tiles;
         const int tj = SIZED ? tt / TILES_M : p.by_tiles_m.div(tt), ti = tt - tj * tiles_m;
         const int i0 = ti * RM, j0 = tj * RN;
-        const Acc* a = sa + (p.oa.broadcast ? 0 : q * span_a);
-        const Acc* b = sb + (p.ob.broadcast ? 0 : q * span_b);
+        const S* a = sa + (p.oa.broadcast ? 0 : q * span_a);
+        const S* b = sb + (p.ob.broadcast ? 0 : q * span_b);
         Acc acc[RM][RN];
 #pragma unroll
         for (int ii = 0; ii < RM; ++ii)
@@ -266,9 +271,9 @@ __device__ __forceinline__ void compute(const Params<T>& p, const typename Num<T
             for (int kk = 0; kk < k; ++kk) {
                 Acc av[RM], bv[RN];
 #pragma unroll
-                for (int ii = 0; ii < RM; ++ii) av[ii] = a[ao[ii]];
+                for (int ii = 0; ii < RM; ++ii) av[ii] = widen(a[ao[ii]]);
 #pragma unroll
-                for (int jj = 0; jj < RN; ++jj) bv[jj] = b[bo[jj]];
+                for (int jj = 0; jj < RN; ++jj) bv[jj] = widen(b[bo[jj]]);
 #pragma unroll
                 for (int ii = 0; ii < RM; ++ii)
 #pragma unroll
@@ -311,13 +316,14 @@ template <typename T, int RM, int RN, int SIZE, bool VEC, int LAYOUT, int STAGES
 __global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
     using Acc = typename Num<T>::Acc;
     extern __shared__ __align__(16) unsigned char smem[];
-    Acc* sa = reinterpret_cast<Acc*>(smem);
-    Acc* sb = sa + p.b_offset;
-    if (p.oa.broadcast) stage(sa, p.a, p.oa, 1);
-    if (p.ob.broadcast) stage(sb, p.b, p.ob, 1);
     const long long step = gridDim.x * (long long)p.mpb;
     long long first = blockIdx.x * (long long)p.mpb;
     if constexpr (STAGES == 1) {
+        // Staged widened: A's matrices, then B's from b_offset (a broadcast operand's one).
+        Acc* sa = reinterpret_cast<Acc*>(smem);
+        Acc* sb = sa + p.b_offset;
+        if (p.oa.broadcast) stage(sa, p.a, p.oa, 1);
+        if (p.ob.broadcast) stage(sb, p.b, p.ob, 1);
         for (; first < p.batch; first += step) {
             const int count = int(p.batch - first < p.mpb ? p.batch - first : p.mpb);
             if (!p.oa.broadcast) stage(sa, p.a + first * p.oa.stride, p.oa, count);
@@ -327,38 +333,34 @@ __global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
             __syncthreads();
         }
     } else {
-    // Two stages: runs copied as stored into buffer s while the block computes on buffer s ^ 1;
-    // the 16-bit types are then widened into sa and sb, the others computed on where they landed.
-    constexpr bool WIDEN = sizeof(T) != sizeof(Acc);
-    auto copy = [&](int buffer, long long from) {
-        if (from < p.batch) {
-            const int count = int(p.batch - from < p.mpb ? p.batch - from : p.mpb);
-            unsigned char* raw = smem + p.raw_start + buffer * p.raw_bytes;
-            if (!p.oa.broadcast) copy_run(raw + p.oa.raw_offset, p.a + from * p.oa.stride, p.oa, count);
-            if (!p.ob.broadcast) copy_run(raw + p.ob.raw_offset, p.b + from * p.ob.stride, p.ob, count);
-        }
-        commit_copies();
-    };
-    copy(0, first);
-    for (int buffer = 0; first < p.batch; first += step, buffer ^= 1) {
-        const int count = int(p.batch - first < p.mpb ? p.batch - first : p.mpb);
-        copy(buffer ^ 1, first + step);            // (the next run: in flight while this one is computed)
-        wait_copies<1>();
-        __syncthreads();
-        const unsigned char* raw = smem + p.raw_start + buffer * p.raw_bytes;
-        const T* ra = reinterpret_cast<const T*>(raw + p.oa.raw_offset);
-        const T* rb = reinterpret_cast<const T*>(raw + p.ob.raw_offset);
-        if constexpr (WIDEN) {
-            if (!p.oa.broadcast) stage(sa, ra, p.oa, count);
-            if (!p.ob.broadcast) stage(sb, rb, p.ob, count);
+        // Two stages, everything as stored (the 16-bit types widened as they are read): a broadcast
+        // operand's matrix at the start; runs copied into buffer s ^ 1 while the block computes on
+        // buffer s.
+        T* fa = reinterpret_cast<T*>(smem);
+        T* fb = fa + p.b_offset;
+        if (p.oa.broadcast) stage(fa, p.a, p.oa, 1);
+        if (p.ob.broadcast) stage(fb, p.b, p.ob, 1);
+        auto copy = [&](int buffer, long long from) {
+            if (from < p.batch) {
+                const int count = int(p.batch - from < p.mpb ? p.batch - from : p.mpb);
+                unsigned char* raw = smem + p.raw_start + buffer * p.raw_bytes;
+                if (!p.oa.broadcast) copy_run(raw + p.oa.raw_offset, p.a + from * p.oa.stride, p.oa, count);
+                if (!p.ob.broadcast) copy_run(raw + p.ob.raw_offset, p.b + from * p.ob.stride, p.ob, count);
+            }
+            commit_copies();
+        };
+        copy(0, first);
+        for (int buffer = 0; first < p.batch; first += step, buffer ^= 1) {
+            const int count = int(p.batch - first < p.mpb ? p.batch - first : p.mpb);
+            copy(buffer ^ 1, first + step);            // (the next run: in flight while this one is computed)
+            wait_copies<1>();
             __syncthreads();
-            compute<T, RM, RN, SIZE, VEC, LAYOUT>(p, sa, sb, first, count);
-        } else {
-            compute<T, RM, RN, SIZE, VEC, LAYOUT>(p, p.oa.broadcast ? sa : reinterpret_cast<const Acc*>(ra),
-                                                  p.ob.broadcast ? sb : reinterpret_cast<const Acc*>(rb), first, count);
+            const unsigned char* raw = smem + p.raw_start + buffer * p.raw_bytes;
+            compute<T, RM, RN, SIZE, VEC, LAYOUT>(p, p.oa.broadcast ? fa : reinterpret_cast<const T*>(raw + p.oa.raw_offset),
+                                                  p.ob.broadcast ? fb : reinterpret_cast<const T*>(raw + p.ob.raw_offset),
+                                                  first, count);
+            __syncthreads();
         }
-        __syncthreads();
-    }
     }
 }
 
@@ -410,26 +412,26 @@ Operand operand(const void* ptr, int op, long long rows_op, long long cols_op, l
 long long round_up(long long x, long long to) { return (x + to - 1) / to * to; }
 
 // How many matrices a block takes at a time (p.mpb) and where they go in shared memory, with one
-// stage or two: as many as the shared memory given holds, a multiple of what keeps every run on
-// 16 bytes, and few enough that every SM gets two blocks. The shared memory this takes (bytes), or
-// -1 where two stages do not apply: each operand not broadcast must be a run copied as it is
-// (16-byte aligned, not relaid, not conjugated).
+// stage (values widened) or two (as stored): as many as the shared memory given holds, a multiple
+// of what keeps every run on 16 bytes, and few enough that every SM gets two blocks. The shared
+// memory this takes (bytes), or -1 where two stages do not apply: each operand not broadcast must
+// be a run copied as it is (16-byte aligned, not relaid, not conjugated), a matrix of each twice.
 template <typename T>
 long long plan_groups(Params<T>& p, const cygemm_small_batched_shape& shape, int stages) {
     using Acc = typename Num<T>::Acc;
-    const long long size = sizeof(T), acc = sizeof(Acc);
-    constexpr bool WIDEN = sizeof(T) != sizeof(Acc);   // (16-bit values: computed on widened copies)
+    const long long size = sizeof(T);
+    const long long elem = stages == 2 ? size : sizeof(Acc);  // a staged value: as stored, or widened
     Operand* const ops[2] = {&p.oa, &p.ob};
     if (stages == 2) {
         if (p.oa.broadcast && p.ob.broadcast) return -1;
         for (const Operand* o : ops)
             if (!o->broadcast && (!o->vector || o->relayout || o->conj)) return -1;
     }
-    // Bytes: fixed (broadcast operands, widened) and per matrix (widened; as stored in each stage).
+    // Bytes: fixed (a broadcast operand's matrix) and per matrix (staged; or as stored, twice).
     long long fixed = 0, per = 0;
     for (const Operand* o : ops) {
-        if (o->broadcast) fixed += o->staged_span * acc;
-        else per += (stages == 1 || WIDEN ? o->staged_span * acc : 0) + (stages == 2 ? 2 * o->span * size : 0);
+        if (o->broadcast) fixed += o->staged_span * elem;
+        else per += stages == 1 ? o->staged_span * elem : 2 * o->span * size;
     }
     // (Regions rounded up to 16 bytes: b_offset, raw_start and B's raw run add at most 3 x 12.)
     constexpr long long SLACK = 64;
@@ -451,11 +453,11 @@ long long plan_groups(Params<T>& p, const cygemm_small_batched_shape& shape, int
             o->vector = false;
         }
     p.mpb = int(mpb);
-    auto widened = [&](const Operand& o) {             // elements of it in the widened area
-        return o.broadcast ? o.staged_span : (stages == 1 || WIDEN ? mpb * o.staged_span : 0);
+    auto staged = [&](const Operand& o) {              // values of it before b_offset / after
+        return o.broadcast ? o.staged_span : (stages == 1 ? mpb * o.staged_span : 0);
     };
-    p.b_offset = int(round_up(widened(p.oa), 16 / acc > 1 ? 16 / acc : 1));
-    long long bytes = (p.b_offset + widened(p.ob)) * acc;
+    p.b_offset = int(round_up(staged(p.oa), 16 / elem > 1 ? 16 / elem : 1));
+    long long bytes = (p.b_offset + staged(p.ob)) * elem;
     if (stages == 2) {
         p.raw_start = int(round_up(bytes, 16));
         p.oa.raw_offset = 0;
@@ -589,9 +591,9 @@ cudaError_t launch_vector_layout(const cygemm_small_batched_args* g, const cygem
 
 template <typename T>
 cudaError_t launch_vector(const cygemm_small_batched_args* g, const cygemm_small_batched_shape& s, cudaStream_t st) {
-    constexpr int V = 16 / sizeof(typename Num<T>::Acc);
     if (!cygemm_small_batched_vector_fits(g)) return cudaErrorInvalidValue;
 #if CYGEMM_SMALL_BATCHED_CANDIDATES
+    constexpr int V = 16 / sizeof(typename Num<T>::Acc);
     if (!s.pad) switch ((g->opa != 0 ? 1 : 0) | (g->opb == 0 ? 2 : 0)) {
         case 0: return launch<T, V, V, 0, true, 0>(g, s, st);
         case 1: return launch<T, V, V, 0, true, 1>(g, s, st);
