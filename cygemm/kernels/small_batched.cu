@@ -74,7 +74,7 @@ template <> double2 scalar<double2>(double re, double im) { return make_double2(
 // before it an ordinary load and store), in groups a thread commits and later waits for: all
 // but the newest `newest_left` groups have landed after wait_copies (then a barrier shows them to
 // the block).
-__device__ __forceinline__ void copy16_async(void* dst, const void* src) {
+[[maybe_unused]] __device__ __forceinline__ void copy16_async(void* dst, const void* src) {
 #if defined(CYGEMM_CUDA_ON_CPU)
     cuda_on_cpu::async_copy(dst, src, 16);
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -86,7 +86,7 @@ __device__ __forceinline__ void copy16_async(void* dst, const void* src) {
 #endif
 }
 
-__device__ __forceinline__ void commit_copies() {
+[[maybe_unused]] __device__ __forceinline__ void commit_copies() {
 #if defined(CYGEMM_CUDA_ON_CPU)
     cuda_on_cpu::async_commit();
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
