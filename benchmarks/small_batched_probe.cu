@@ -11,8 +11,9 @@
 // block, the shared memory a block stages in, padding (the vector tile padded stages both operands
 // K-major; unpadded it reads them as stored) and stages (2: the next matrices copied with cp.async
 // while the block computes; where two stages do not apply, a "/2st" row ran one), and prints the
-// rule's choice (cygemm_small_batched_rule). The unpadded vector tile and two stages are candidates
-// the library's build leaves out until measured (CYGEMM_SMALL_BATCHED_CANDIDATES).
+// rule's choice (cygemm_small_batched_rule). The unpadded vector tile, two stages and the tensor-core
+// tile ("mma": float16 and bfloat16, m, n, k multiples of 16, 8, 16) are candidates the library's
+// build leaves out until measured (CYGEMM_SMALL_BATCHED_CANDIDATES).
 //
 // Build and run (scripts/small_batched_probe.sh does both, with the cuBLAS cygemm loads):
 //   nvcc -O3 -std=c++17 -arch=sm_90 -Icygemm/kernels/include benchmarks/small_batched_probe.cu -lcublas
@@ -160,7 +161,7 @@ static void probe(const Type& t, int m, int n, int k, int opa = 0, int opb = 0, 
     runs.push_back({"copy", [&] { CHECK(cudaMemcpyAsync(copy_dst, copy_src, COPY_BYTES, cudaMemcpyDeviceToDevice, 0)); }});
     const cygemm_small_batched_shape rule = cygemm_small_batched_rule(&g);
     auto label = [](cygemm_small_batched_shape s) {
-        const char* tiles[] = {"1x1", "2x2", "4x4", "vec"};
+        const char* tiles[] = {"1x1", "2x2", "4x4", "vec", "mma"};
         return std::string(tiles[s.tile]) + "/" + std::to_string(s.threads) + "/" + std::to_string(s.smem_bytes >> 10) + "K"
                + (s.pad ? "/pad" : "") + (s.stages == 2 ? "/2st" : "");
     };
@@ -182,6 +183,7 @@ static void probe(const Type& t, int m, int n, int k, int opa = 0, int opb = 0, 
                         continue;
                     if ((tile == 2 && m * n < 16) || (tile == 1 && m * n < 4)) continue;     // tiles past C
                     if (tile == CYGEMM_SMALL_TILE_VECTOR && !cygemm_small_batched_vector_fits(&g)) continue;
+                    if (tile == CYGEMM_SMALL_TILE_MMA && !cygemm_small_batched_mma_fits(&g)) continue;
                     runs.push_back({label(s), [&, s] { CHECK(cygemm_small_batched_shaped(&g, s, 0)); }});
                 }
     cublas(R);

@@ -11,9 +11,14 @@
 // Candidates under measurement, compiled only with CYGEMM_SMALL_BATCHED_CANDIDATES (as the probe
 // and the CPU tests build this file; the library's build has neither, and falls back as below):
 // the vector tile unpadded, reading each operand as stored along its contiguous index (else the
-// vector tile is always padded), and two stages, where a block copies its next run of matrices
-// into a second buffer (cp.async) while it computes on the first (else one stage).
+// vector tile is always padded); two stages, where a block copies its next run of matrices into a
+// second buffer (cp.async) while it computes on the first (else one stage); and for the 16-bit
+// types the tensor cores (mma.sync m16n8k16, fp32 sums, sm_80 on), a warp a 16 x 8 tile of C.
 #include "cygemm/small_batched_kernels.h"
+
+#ifndef CYGEMM_SMALL_BATCHED_CANDIDATES
+#define CYGEMM_SMALL_BATCHED_CANDIDATES 0
+#endif
 #include "cygemm/sm_count.cuh"
 
 #include <cuda_bf16.h>
@@ -21,6 +26,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 namespace {
 
@@ -308,6 +315,80 @@ __device__ __forceinline__ void copy_run(unsigned char* s, const T* __restrict__
     for (int e = nv * (16 / int(sizeof(T))) + threadIdx.x; e < count * o.span; e += blockDim.x) st[e] = g[e];
 }
 
+// ---------------------------------------------------------------- the tensor-core tile (a candidate)
+constexpr int LAYOUT_MMA = 4;                   // (the LAYOUT of the tensor-core tile's kernels)
+
+template <typename T>
+__device__ __forceinline__ unsigned short bits16(T x) {
+    unsigned short b;
+    memcpy(&b, &x, 2);
+    return b;
+}
+
+// Two values of op(X) as one register of 16-bit values (the first in the low half); staged widened
+// or as stored (16-bit values, exact either way).
+template <typename T, typename S>
+__device__ __forceinline__ uint32_t pack2(S lo, S hi) {
+    if constexpr (std::is_same<S, T>::value) return uint32_t(bits16(lo)) | (uint32_t(bits16(hi)) << 16);
+    else return uint32_t(bits16(narrow<T>(lo))) | (uint32_t(bits16(narrow<T>(hi))) << 16);
+}
+
+// d += a b, one m16n8k16 product of the warp (fragments in the PTX ISA's layout), fp32 sums.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    constexpr bool BF16 = std::is_same<T, __nv_bfloat16>::value;
+#if defined(CYGEMM_CUDA_ON_CPU)
+    cuda_on_cpu::mma_m16n8k16<BF16>(d, a, b);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    if constexpr (BF16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};\n"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    __trap();                                   // (the host never launches it before sm_80)
+#endif
+}
+
+// The C of `count` matrices by the tensor cores: each warp takes 16 x 8 tiles of C in turn (the
+// same number of times across its threads, as mma.sync needs), K in steps of 16, fragments read
+// from op(A)(i, kk) at i*step_inner + kk*step_k and op(B)(kk, j) at kk*step_k + j*step_inner.
+// m, n, k multiples of 16, 8, 16. Its sums are fp32 in the tensor cores' order, not k = 0, 1, ...
+template <typename T, typename S>
+__device__ __forceinline__ void compute_mma(const Params<T>& p, const S* sa, const S* sb, long long first, int count) {
+    const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+    const int g = lane >> 2, t2 = (lane & 3) * 2;
+    const int tiles_m = p.m / 16, tiles = tiles_m * (p.n / 8), work = count * tiles;
+    const Operand &oa = p.oa, &ob = p.ob;
+    for (int w = threadIdx.x >> 5; w < work; w += warps) {
+        const int q = w / tiles, tt = w - q * tiles, tj = tt / tiles_m, ti = tt - tj * tiles_m;
+        const S* a = sa + (oa.broadcast ? 0 : q * oa.staged_span) + ti * 16 * oa.step_inner;
+        const S* b = sb + (ob.broadcast ? 0 : q * ob.staged_span) + tj * 8 * ob.step_inner;
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int kk = 0; kk < p.k; kk += 16) {
+            auto A = [&](int i, int c) { return a[i * oa.step_inner + (kk + c) * oa.step_k]; };
+            auto B = [&](int r, int j) { return b[(kk + r) * ob.step_k + j * ob.step_inner]; };
+            const uint32_t af[4] = {pack2<T>(A(g, t2), A(g, t2 + 1)), pack2<T>(A(g + 8, t2), A(g + 8, t2 + 1)),
+                                    pack2<T>(A(g, t2 + 8), A(g, t2 + 9)), pack2<T>(A(g + 8, t2 + 8), A(g + 8, t2 + 9))};
+            const uint32_t bf[2] = {pack2<T>(B(t2, g), B(t2 + 1, g)), pack2<T>(B(t2 + 8, g), B(t2 + 9, g))};
+            mma16816<T>(d, af, bf);
+        }
+        T* c = p.c + (first + q) * p.stride_c;
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            T* ce = c + (ti * 16 + g + (r >= 2 ? 8 : 0)) + (tj * 8 + t2 + (r & 1)) * p.ldc;
+            float v = p.alpha * d[r];
+            if (!p.beta_zero) v = fmaf(p.beta, widen(*ce), v);
+            *ce = narrow<T>(v);
+        }
+    }
+}
+
 // SIZE: the side of a square problem when known at compile time (0: read from p), whose index
 // arithmetic and K loop then fold away. VEC: the vector tile (RM = RN = V, LAYOUT its operands'
 // layouts), else the scalar tile RM x RN. STAGES: 1, or 2 (a template parameter: the second
@@ -329,7 +410,8 @@ __global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
             if (!p.oa.broadcast) stage(sa, p.a + first * p.oa.stride, p.oa, count);
             if (!p.ob.broadcast) stage(sb, p.b + first * p.ob.stride, p.ob, count);
             __syncthreads();
-            compute<T, RM, RN, SIZE, VEC, LAYOUT>(p, sa, sb, first, count);
+            if constexpr (LAYOUT == LAYOUT_MMA) compute_mma<T>(p, sa, sb, first, count);
+            else compute<T, RM, RN, SIZE, VEC, LAYOUT>(p, sa, sb, first, count);
             __syncthreads();
         }
     } else {
@@ -356,9 +438,10 @@ __global__ void __launch_bounds__(256) small_batched(const Params<T> p) {
             wait_copies<1>();
             __syncthreads();
             const unsigned char* raw = smem + p.raw_start + buffer * p.raw_bytes;
-            compute<T, RM, RN, SIZE, VEC, LAYOUT>(p, p.oa.broadcast ? fa : reinterpret_cast<const T*>(raw + p.oa.raw_offset),
-                                                  p.ob.broadcast ? fb : reinterpret_cast<const T*>(raw + p.ob.raw_offset),
-                                                  first, count);
+            const T* a = p.oa.broadcast ? fa : reinterpret_cast<const T*>(raw + p.oa.raw_offset);
+            const T* b = p.ob.broadcast ? fb : reinterpret_cast<const T*>(raw + p.ob.raw_offset);
+            if constexpr (LAYOUT == LAYOUT_MMA) compute_mma<T>(p, a, b, first, count);
+            else compute<T, RM, RN, SIZE, VEC, LAYOUT>(p, a, b, first, count);
             __syncthreads();
         }
     }
@@ -612,7 +695,13 @@ cudaError_t launch_tile(const cygemm_small_batched_args* g, const cygemm_small_b
         case CYGEMM_SMALL_TILE_1X1: return launch_scalar<T, 1, 1>(g, s, st);
         case CYGEMM_SMALL_TILE_2X2: return launch_scalar<T, 2, 2>(g, s, st);
         case CYGEMM_SMALL_TILE_4X4: return launch<T, 4, 4, 0, false, 0>(g, s, st);
-        default: return launch_vector<T>(g, s, st);
+        case CYGEMM_SMALL_TILE_VECTOR: return launch_vector<T>(g, s, st);
+        default:
+#if CYGEMM_SMALL_BATCHED_CANDIDATES
+            if constexpr (sizeof(T) == 2)
+                if (cygemm_small_batched_mma_fits(g)) return launch<T, 16, 8, 0, false, LAYOUT_MMA>(g, s, st);
+#endif
+            return cudaErrorInvalidValue;
     }
 }
 
@@ -635,6 +724,18 @@ extern "C" int cygemm_small_batched_vector_fits(const cygemm_small_batched_args*
     // (the transposed operands padded by V in shared memory, and B's start aligned)
     return cygemm_small_batched_fits(g) && g->m % v == 0 && g->n % v == 0 && g->k % v == 0
            && (g->k * (g->m + v) + g->k * (g->n + v) + 4) * acc <= SMEM_LIMIT;
+}
+
+extern "C" int cygemm_small_batched_mma_fits(const cygemm_small_batched_args* g) {
+    // (sm_80 on: the tensor cores' mma.sync of 16-bit values)
+    int major = 0, device = 0;
+    const bool tensor_cores = cudaGetDevice(&device) == cudaSuccess
+                              && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess
+                              && major >= 8;
+    cudaGetLastError();
+    return CYGEMM_SMALL_BATCHED_CANDIDATES && tensor_cores && cygemm_small_batched_fits(g)
+           && (g->dtype == CUDA_R_16F || g->dtype == CUDA_R_16BF) && g->m % 16 == 0 && g->n % 8 == 0
+           && g->k % 16 == 0;
 }
 
 extern "C" cygemm_small_batched_shape cygemm_small_batched_rule(const cygemm_small_batched_args* g) {
@@ -675,7 +776,7 @@ extern "C" cudaError_t cygemm_small_batched_shaped(const cygemm_small_batched_ar
                                                    cudaStream_t stream) {
     if (!cygemm_small_batched_fits(g) || s.tile < 0 || s.tile >= CYGEMM_SMALL_TILES || s.threads < 32
         || s.threads > 256 || s.threads % 32 != 0 || s.smem_bytes < 1 || s.smem_bytes > SMEM_LIMIT
-        || s.pad < 0 || s.pad > 1 || s.stages < 1 || s.stages > 2)
+        || s.pad < 0 || s.pad > 1 || s.stages < 1 || s.stages > 2 || (s.tile == CYGEMM_SMALL_TILE_MMA && s.threads < 32))
         return cudaErrorInvalidValue;
     switch (g->dtype) {
         case CUDA_R_32F: return launch_tile<float>(g, s, stream);

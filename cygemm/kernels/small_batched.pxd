@@ -29,6 +29,7 @@ cdef extern from "cygemm/small_batched_kernels.h" nogil:
         CYGEMM_SMALL_TILE_2X2
         CYGEMM_SMALL_TILE_4X4
         CYGEMM_SMALL_TILE_VECTOR
+        CYGEMM_SMALL_TILE_MMA
         CYGEMM_SMALL_TILES
     ctypedef struct cygemm_small_batched_shape:
         int tile

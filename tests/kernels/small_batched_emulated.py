@@ -11,7 +11,7 @@ import emulator
 DTYPES = {"float32": (0, np.float32, 1e-5), "float64": (1, np.float64, 1e-12), "float16": (2, np.float16, 1e-2),
           "bfloat16": (14, np.uint16, 1e-2), "complex64": (4, np.complex64, 1e-5),
           "complex128": (5, np.complex128, 1e-12)}
-TILES = {"1x1": 0, "2x2": 1, "4x4": 2, "vector": 3}
+TILES = {"1x1": 0, "2x2": 1, "4x4": 2, "vector": 3, "mma": 4}
 
 
 class Args(ctypes.Structure):
@@ -46,7 +46,7 @@ CANDIDATES = "CYGEMM_SMALL_BATCHED_CANDIDATES"       # (the launch options under
 
 def load(folder, candidates=True):
     lib = emulator.build("small_batched", str(folder), (CANDIDATES,) if candidates else ())
-    for name in ("cygemm_small_batched_fits", "cygemm_small_batched_vector_fits"):
+    for name in ("cygemm_small_batched_fits", "cygemm_small_batched_vector_fits", "cygemm_small_batched_mma_fits"):
         getattr(lib, name).argtypes = [ctypes.POINTER(Args)]
         getattr(lib, name).restype = ctypes.c_int
     lib.cygemm_small_batched_rule.argtypes = [ctypes.POINTER(Args)]

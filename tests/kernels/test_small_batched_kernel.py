@@ -77,10 +77,10 @@ def check(lib, rng, dtype, shape, m, n, k, batch, **layout):
 
 
 def tiles_for(lib, dtype, m, n, k, opa=0, opb=0):
-    """The tiles that take the problem (the vector tile only where m, n, k fit it)."""
+    """The tiles that take the problem (the vector and tensor-core tiles only where m, n, k fit them)."""
     args, _, _, _ = E.problem(np.random.default_rng(0), dtype, m, n, k, 1, opa=opa, opb=opb)
-    names = ["1x1", "2x2", "4x4"]
-    return names + ["vector"] if lib.cygemm_small_batched_vector_fits(args) else names
+    return (["1x1", "2x2", "4x4"] + (["vector"] if lib.cygemm_small_batched_vector_fits(args) else [])
+            + (["mma"] if lib.cygemm_small_batched_mma_fits(args) else []))
 
 
 # ---------------------------------------------------------------- every dtype, operation, tile
@@ -105,6 +105,25 @@ def test_the_vector_tile_on_its_sizes(lib, dtype):
         if "vector" in tiles_for(lib, dtype, m, n, k, opa, opb):
             check(lib, rng, dtype, E.Shape(E.TILES["vector"], 256, 32 << 10, pad, stages), m, n, k, 9,
                   opa=opa, opb=opb)
+
+
+@pytest.mark.parametrize("dtype", ("float16", "bfloat16"))
+def test_the_tensor_core_tile(lib, dtype):
+    """float16 and bfloat16 with m, n, k multiples of 16, 8, 16: every operation, padded, unpadded and
+    in two stages, broadcast operands, gaps, starts off 16 bytes, alpha and beta, warps that take
+    several tiles in turn (32 threads) or none (256)."""
+    rng = np.random.default_rng(12)
+    for (m, n, k), (opa, opb) in itertools.product(((16, 8, 16), (16, 16, 32), (32, 24, 16)), REAL_OPS):
+        assert "mma" in tiles_for(lib, dtype, m, n, k, opa, opb)
+        for (pad, stages), threads in itertools.product(STAGING, (32, 256)):
+            check(lib, rng, dtype, E.Shape(E.TILES["mma"], threads, 16 << 10, pad, stages), m, n, k, 7,
+                  opa=opa, opb=opb)
+    for layout in LAYOUTS:
+        check(lib, rng, dtype, E.Shape(E.TILES["mma"], 128, 16 << 10, 0, 2), 16, 16, 16, 9, opa=1, **layout)
+    args, _, _, _ = E.problem(rng, dtype, 16, 12, 16, 2)
+    assert not lib.cygemm_small_batched_mma_fits(args)                  # (n not a multiple of 8)
+    args, _, _, _ = E.problem(rng, "float32", 16, 16, 16, 2)
+    assert not lib.cygemm_small_batched_mma_fits(args)
 
 
 # ---------------------------------------------------------------- layouts
@@ -231,7 +250,7 @@ def test_a_matrixs_bits_do_not_depend_on_batch_place_tile_or_shape(lib, dtype):
     m, n, k = 8, 8, 16
     args, (A, B, C), _, _ = E.problem(rng, dtype, m, n, k, 29)
     reference = None
-    for tile in tiles_for(lib, dtype, m, n, k):
+    for tile in [t for t in tiles_for(lib, dtype, m, n, k) if t != "mma"]:      # (the tensor cores' order is theirs)
         for threads, smem, pad, stages in ((128, 16 << 10, 0, 1), (32, 4 << 10, 1, 1), (256, 48 << 10, 0, 2)):
             assert run(lib, args, E.Shape(E.TILES[tile], threads, smem, pad, stages), (A, B, C)) == 0
             bits = C.buf[C.index[17]].copy()

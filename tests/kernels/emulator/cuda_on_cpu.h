@@ -3,8 +3,10 @@
 // header in front, its launches rewritten to cuda_on_cpu::launch).
 //
 // Each block's threads are fibers (ucontext) of one OS thread, run in turn: a thread runs until
-// it reaches __syncthreads() or returns, and no thread passes a barrier before every thread of
-// the block that has not returned reaches it. Blocks run one after another, each on shared memory
+// it reaches a barrier or returns; no thread passes __syncthreads() before every thread of the
+// block that has not returned reaches it, nor a warp-wide operation (the tensor cores' mma)
+// before every thread of its warp does; threads that wait for each other at different barriers
+// end the launch with cudaErrorLaunchFailure. Blocks run one after another, each on shared memory
 // refilled with 0xFF bytes (a NaN in every floating-point type), so a value read before it was
 // staged shows in the result. Asynchronous copies to shared memory (a kernel's cp.async, through
 // the CYGEMM_CUDA_ON_CPU branch of its copy helpers) land as late as they may, when their thread
@@ -16,6 +18,8 @@
 #define CYGEMM_CUDA_ON_CPU 1             // (kernel files' copy helpers take the emulator's branch)
 
 #include <cuda_runtime_api.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <ucontext.h>
 
@@ -70,19 +74,24 @@ struct Copy {
     size_t bytes;
 };
 
+enum State { RUNNING, AT_BLOCK, AT_WARP, DONE };
+
 struct Fiber {
     ucontext_t context;
+    State state = RUNNING;
     std::vector<Copy> open;                     // asynchronous copies not yet committed
     std::deque<std::vector<Copy>> groups;       // committed groups, oldest first
     std::unique_ptr<unsigned char[]> stack{new unsigned char[STACK_BYTES]};    // (not zeroed: it is a stack)
-    bool done = false;
 };
 static std::vector<Fiber> fibers;               // one a thread, kept from launch to launch
 
 static ucontext_t scheduler;
 static Fiber* running = nullptr;
 
-inline void yield() { swapcontext(&running->context, &scheduler); }
+inline void yield(State at) {
+    running->state = at;
+    swapcontext(&running->context, &scheduler);
+}
 
 // cp.async (16 bytes), cp.async.commit_group, cp.async.wait_group n.
 inline void async_copy(void* dst, const void* src, size_t bytes) {
@@ -103,9 +112,56 @@ inline void async_wait(size_t newest_left) {
 
 }  // namespace cuda_on_cpu
 
-inline void __syncthreads() { cuda_on_cpu::yield(); }
+inline void __syncthreads() { cuda_on_cpu::yield(cuda_on_cpu::AT_BLOCK); }
 
 namespace cuda_on_cpu {
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: d += a b over the warp, each thread holding
+// the fragments of the PTX ISA's layout (groupID = lane / 4, t = lane % 4: a's registers (g, 2t),
+// (g + 8, 2t), (g, 2t + 8), (g + 8, 2t + 8), two values each along K; b's (2t, g), (2t + 8, g)
+// along K; d's (g, 2t) and (g + 8, 2t), two along N). Sums in fp32, K in order (the tensor cores'
+// order is their own).
+struct MmaSlot {
+    uint32_t a[4], b[2];
+};
+static MmaSlot mma_slots[1024];
+
+template <bool BF16>
+inline float half_bits(uint32_t reg, int high) {
+    const unsigned short bits = (unsigned short)(high ? reg >> 16 : reg & 0xFFFF);
+    if constexpr (BF16) {
+        __nv_bfloat16_raw r;
+        r.x = bits;
+        return __bfloat162float(__nv_bfloat16(r));
+    } else {
+        __half_raw r;
+        r.x = bits;
+        return __half2float(__half(r));
+    }
+}
+
+template <bool BF16>
+inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const unsigned lane = t % 32, base = t - lane;
+    for (int r = 0; r < 4; ++r) mma_slots[t].a[r] = a[r];
+    for (int r = 0; r < 2; ++r) mma_slots[t].b[r] = b[r];
+    yield(AT_WARP);                                 // (every thread's fragments are in)
+    auto A = [&](int row, int col) {                // the lane and register holding A(row, col)
+        const MmaSlot& s = mma_slots[base + (row % 8) * 4 + (col % 8) / 2];
+        return half_bits<BF16>(s.a[(row >= 8) + 2 * (col >= 8)], col % 2);
+    };
+    auto B = [&](int row, int col) {
+        const MmaSlot& s = mma_slots[base + col * 4 + (row % 8) / 2];
+        return half_bits<BF16>(s.b[row >= 8], row % 2);
+    };
+    const int g = int(lane / 4), t2 = int(lane % 4) * 2;
+    for (int i = 0; i < 4; ++i) {
+        const int row = g + (i >= 2 ? 8 : 0), col = t2 + (i & 1);
+        for (int kk = 0; kk < 16; ++kk) d[i] = std::fma(A(row, kk), B(kk, col), d[i]);
+    }
+    yield(AT_WARP);                                 // (every thread has read them)
+}
 
 template <typename Kernel, typename Args>
 struct Body {
@@ -114,8 +170,7 @@ struct Body {
     static void enter(unsigned lo, unsigned hi) {
         auto* self = reinterpret_cast<Body*>((uintptr_t(hi) << 32) | lo);
         std::apply(self->kernel, *self->args);
-        running->done = true;
-        swapcontext(&running->context, &scheduler);
+        yield(DONE);
     }
 };
 
@@ -142,7 +197,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
                 std::memset(shared, 0xFF, SHARED_BYTES);
                 for (unsigned t = 0; t < threads; ++t) {
                     Fiber& f = fibers[t];
-                    f.done = false;
+                    f.state = RUNNING;
                     f.open.clear();             // (copies never waited for never land)
                     f.groups.clear();
                     getcontext(&f.context);
@@ -153,17 +208,43 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
                     makecontext(&f.context, reinterpret_cast<void (*)()>(&Body<Kernel, Tuple>::enter), 2,
                                 unsigned(self & 0xFFFFFFFFu), unsigned(self >> 32));
                 }
-                // Rounds: each thread that has not returned runs to its next barrier or its end.
-                for (bool live = true; live;) {
-                    live = false;
+                // Each thread that may run runs to its next barrier or its end; then the warps all of
+                // whose live threads wait at a warp-wide operation go on, else the block if all of its
+                // live threads wait at __syncthreads(), else they wait for each other: a failure.
+                const unsigned warps = (threads + 31) / 32;
+                for (;;) {
                     for (unsigned t = 0; t < threads; ++t) {
                         Fiber& f = fibers[t];
-                        if (f.done) continue;
+                        if (f.state != RUNNING) continue;
                         threadIdx = uint3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
                         running = &f;
                         swapcontext(&scheduler, &f.context);
-                        live = live || !f.done;
                     }
+                    bool released = false, live = false, all_at_block = true;
+                    for (unsigned w = 0; w < warps; ++w) {
+                        bool any = false, all_at_warp = true;
+                        for (unsigned t = 32 * w; t < threads && t < 32 * w + 32; ++t) {
+                            const State st = fibers[t].state;
+                            if (st == DONE) continue;
+                            any = live = true;
+                            all_at_warp = all_at_warp && st == AT_WARP;
+                            all_at_block = all_at_block && st == AT_BLOCK;
+                        }
+                        if (any && all_at_warp) {
+                            released = true;
+                            for (unsigned t = 32 * w; t < threads && t < 32 * w + 32; ++t)
+                                if (fibers[t].state == AT_WARP) fibers[t].state = RUNNING;
+                        }
+                    }
+                    if (!live) break;
+                    if (released) continue;
+                    if (!all_at_block) {
+                        last_error = cudaErrorLaunchFailure;
+                        running = nullptr;
+                        return;
+                    }
+                    for (unsigned t = 0; t < threads; ++t)
+                        if (fibers[t].state == AT_BLOCK) fibers[t].state = RUNNING;
                 }
             }
     running = nullptr;
@@ -184,9 +265,12 @@ cudaError_t cudaGetDevice(int* device) {
     return cudaSuccess;
 }
 cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int) {
-    if (attr != cudaDevAttrMultiProcessorCount) return cudaErrorInvalidValue;
-    *value = cuda_on_cpu::sm_count;
-    return cudaSuccess;
+    switch (attr) {                             // (a Hopper GPU of sm_count SMs)
+        case cudaDevAttrMultiProcessorCount: *value = cuda_on_cpu::sm_count; return cudaSuccess;
+        case cudaDevAttrComputeCapabilityMajor: *value = 9; return cudaSuccess;
+        case cudaDevAttrComputeCapabilityMinor: *value = 0; return cudaSuccess;
+        default: return cudaErrorInvalidValue;
+    }
 }
 }
 

@@ -45,7 +45,8 @@ typedef struct {
  * not padded, not conjugated) and a matrix of each fits; elsewhere one stage. */
 enum {
     CYGEMM_SMALL_TILE_1X1 = 0, CYGEMM_SMALL_TILE_2X2 = 1, CYGEMM_SMALL_TILE_4X4 = 2, CYGEMM_SMALL_TILE_VECTOR = 3,
-    CYGEMM_SMALL_TILES = 4
+    CYGEMM_SMALL_TILE_MMA = 4,  /* a candidate: the 16-bit types on the tensor cores (cygemm_small_batched_mma_fits) */
+    CYGEMM_SMALL_TILES = 5
 };
 typedef struct {
     int tile;
@@ -61,6 +62,10 @@ int cygemm_small_batched_fits(const cygemm_small_batched_args* args);
 
 /* Whether the vector tile takes it too: it fits, and m, n, k are multiples of V. 1 or 0. */
 int cygemm_small_batched_vector_fits(const cygemm_small_batched_args* args);
+
+/* Whether the tensor-core tile takes it: built with CYGEMM_SMALL_BATCHED_CANDIDATES, a GPU of compute
+ * capability 8.0 or newer, float16 or bfloat16, m, n, k multiples of 16, 8, 16. 1 or 0. */
+int cygemm_small_batched_mma_fits(const cygemm_small_batched_args* args);
 
 /* The launch shape of the measured rule (benchmarks/small_batched_probe.cu on an H200). */
 cygemm_small_batched_shape cygemm_small_batched_rule(const cygemm_small_batched_args* args);
