@@ -516,9 +516,10 @@ long long plan_groups(Params<T>& p, const cygemm_small_batched_shape& shape, int
         if (o->broadcast) fixed += o->staged_span * elem;
         else per += stages == 1 ? o->staged_span * elem : 2 * o->span * size;
     }
-    // (Regions rounded up to 16 bytes: b_offset, raw_start and B's raw run add at most 3 x 12.)
-    constexpr long long SLACK = 64;
-    long long mpb = per == 0 ? 256 : (shape.smem_bytes - SLACK - fixed) / per;
+    // (Two stages' regions rounded up to 16 bytes: b_offset, raw_start and B's raw run add at most
+    // 3 x 12; one stage's budget is the measured one, its only rounding B's start, checked below.)
+    const long long slack = stages == 2 ? 64 : 0;
+    long long mpb = per == 0 ? 256 : (shape.smem_bytes - slack - fixed) / per;
     if (mpb < 1 && stages == 2) return -1;             // (not one matrix in the shared memory given)
     if (mpb < 1) mpb = 1;
     long long granule = 1;
