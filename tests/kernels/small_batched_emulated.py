@@ -108,10 +108,10 @@ class Batch:
         return from_storage(self.buf, self.dtype)[self.index]
 
     def outside(self):
-        """Every element that is no matrix's, as stored (to check nothing wrote there)."""
+        """Where no matrix's elements are: a mask of the buffer (to check nothing wrote there)."""
         mask = np.ones(self.size, bool)
         mask[self.index.ravel()] = False
-        return self.buf[mask]
+        return mask
 
 
 def op(x, o):

@@ -12,6 +12,7 @@ The file is built as the probe builds it, with the launch options under measurem
 (the unpadded vector tile, two stages), and as the library builds it, where those shapes fall back
 to the measured ones. The GPU tests of the library's kernel through cygemm are
 tests/engine/test_small_batched.py."""
+import contextlib
 import itertools
 
 import numpy as np
@@ -60,8 +61,7 @@ def run(lib, args, shape, buffers):
     if rc:                                  # (refused: C as it was)
         assert np.array_equal(C.buf.view(np.uint8), before[2].view(np.uint8))
     else:                                   # nothing outside the matrices of C written
-        mask = np.ones(C.size, bool)
-        mask[C.index.ravel()] = False
+        mask = C.outside()
         assert np.array_equal(C.buf[mask].view(np.uint8), before[2][mask].view(np.uint8))
     return rc
 
@@ -74,6 +74,16 @@ def check(lib, rng, dtype, shape, m, n, k, batch, **layout):
     assert not bad.any(), (f"{dtype} {m}x{n}x{k} {layout} {shape}: {bad.sum()} of {bad.size} wrong, "
                            f"first at {np.argwhere(bad)[0]}: {got[bad][0]} vs {expected[bad][0]}")
     return got
+
+
+@contextlib.contextmanager
+def sm_count(lib, n):
+    """The emulated GPU with n SMs for a while (then the fixture's 2 again)."""
+    lib.cuda_on_cpu_set_sm_count(n)
+    try:
+        yield
+    finally:
+        lib.cuda_on_cpu_set_sm_count(2)
 
 
 def tiles_for(lib, dtype, m, n, k, opa=0, opb=0):
@@ -154,17 +164,14 @@ def test_launch_shapes_and_grids(lib, dtype):
     blocks run, and how a batch's last group is cut; batches of 2 to 700 (at most 32 blocks an SM:
     the largest take several groups a block)."""
     rng = np.random.default_rng(4)
-    try:
-        for sms, threads, smem, batch in itertools.product((1, 3), (32, 96, 256), (2 << 10, 8 << 10, 48 << 10),
-                                                           (2, 37, 700)):
-            lib.cuda_on_cpu_set_sm_count(sms)
-            for (m, n, k), stages in itertools.product(((4, 4, 4), (5, 3, 8)), (1, 2)):
-                if (m * k + k * n + 4) * {"float16": 4, "float32": 4}.get(dtype, 16) * stages > smem:
-                    continue                    # (one pair past the shared memory given)
+    for sms, threads, smem, batch in itertools.product((1, 3), (32, 96, 256), (2 << 10, 8 << 10, 48 << 10),
+                                                       (2, 37, 700)):
+        for (m, n, k), stages in itertools.product(((4, 4, 4), (5, 3, 8)), (1, 2)):
+            if (m * k + k * n + 4) * {"float16": 4, "float32": 4}.get(dtype, 16) * stages > smem:
+                continue                        # (one pair past the shared memory given)
+            with sm_count(lib, sms):
                 check(lib, rng, dtype, E.Shape(E.TILES["2x2"], threads, smem, 0, stages), m, n, k, batch,
                       gap=0 if stages == 2 else 1)
-    finally:
-        lib.cuda_on_cpu_set_sm_count(2)
 
 
 def test_the_rules_shape_runs_every_problem_the_kernel_takes(lib):
@@ -189,15 +196,12 @@ def test_two_stages_whenever_the_copies_land(lib, dtype, copies_land):
     """Blocks that take several runs in turn (one SM: at most 32 blocks; a run of one or two
     matrices), so each buffer is refilled while the block may still read the other."""
     rng = np.random.default_rng(9)
-    lib.cuda_on_cpu_set_sm_count(1)
-    try:
+    with sm_count(lib, 1):
         for (m, n, k), tile, layout in itertools.product(((4, 4, 4), (3, 5, 7), (8, 8, 16)), ("1x1", "2x2", "vector"),
                                                          ({}, dict(broadcast_a=True), dict(broadcast_b=True))):
             if tile in tiles_for(lib, dtype, m, n, k):
                 smem = 2 * (m * k + k * n) * {"float16": 6, "bfloat16": 6}.get(dtype, E.itemsize(dtype)) + 128
                 check(lib, rng, dtype, E.Shape(E.TILES[tile], 64, smem, 0, 2), m, n, k, 97, **layout)
-    finally:
-        lib.cuda_on_cpu_set_sm_count(2)
 
 
 def test_two_stages_copy_runs_asynchronously_and_fall_back_to_one_elsewhere(lib):
