@@ -23,12 +23,26 @@ def _verified_line(v):
             "is checked at first use (the K-tail guard, batch_invariant), see the errors page")
 
 
+_FEATURE_WORDS = {"grouped_gemm": "grouped GEMMs with the group sizes on the GPU",
+                  "batch_invariance": "cuBLASLt's batch-invariance flag",
+                  "stream_heuristic": "the stream-aware heuristic",
+                  "ktail_fixed": "the split-K K-tail fix"}
+
+
+def _features_lines(v):
+    """One line per feature of the loaded cuBLAS beyond 13.1: yes, or no and why."""
+    return [f"  {_FEATURE_WORDS[name]}: " + ("yes" if f["usable"] else f"no: {f['why_not']}")
+            for name, f in v["features"].items()]
+
+
 def main():
     v = cygemm.versions()
     lt = v["cublasLt"]
     driver = f"driver supports CUDA {_version(v['cuda_driver'])}" if v["cuda_driver"] else "no driver found"
     print(f"cygemm {cygemm.__version__}: CUDA runtime {_version(v['cuda_runtime'])}, {driver}, "
           f"cuBLASLt {_lt(lt)} (python -m cygemm info: more). {_verified_line(v)}")
+    print(f"What cuBLASLt {_lt(lt)} gives beyond 13.1:")
+    print("\n".join(_features_lines(v)))
     reason = cygemm.gpu_unavailable_reason()
     if reason:
         print(f"No GPU here: {reason}. Checking what works without one (every GEMM needs a GPU):")
@@ -171,6 +185,9 @@ def info(out=print):
     lt = v["cublasLt"]
     out(f"cuBLASLt {_lt(lt)} ({lt})")
     out(_verified_line(v))
+    out(f"beyond 13.1 (device 0):")
+    for line in _features_lines(v):
+        out(line)
     libs = _loaded_libraries(["cublasLt", "cublas", "cuda"])
     for name in ("cublas", "cublasLt", "cuda"):
         where = libs.get(name) or _cuda_paths.LOADED.get(name) or "not loaded"

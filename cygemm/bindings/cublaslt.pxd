@@ -1,5 +1,6 @@
 # cuBLASLt (cublasLt.h) as cygemm uses it: matmul descriptors, layouts,
-# preferences, heuristics, algorithm configs, the epilogues of a dense layer and FP8's scale attributes.
+# preferences, heuristics, algorithm configs, the epilogues of a dense layer and FP8's scale
+# attributes; at the end, what 13.10 added after 13.1 (grouped matmul, batch invariance).
 # Every function is nogil and returns cublasStatus_t.
 from libc.stdint cimport uint64_t
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
@@ -25,6 +26,7 @@ cdef extern from "cublasLt.h" nogil:
         CUBLASLT_MATMUL_DESC_SCALE_TYPE
         CUBLASLT_MATMUL_DESC_TRANSA
         CUBLASLT_MATMUL_DESC_TRANSB
+        CUBLASLT_MATMUL_DESC_POINTER_MODE   # (int32_t: a cublasLtPointerMode_t)
         CUBLASLT_MATMUL_DESC_EPILOGUE
         CUBLASLT_MATMUL_DESC_BIAS_POINTER
         CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE
@@ -47,6 +49,11 @@ cdef extern from "cublasLt.h" nogil:
         CUBLASLT_MATRIX_LAYOUT_LD
         CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT
         CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET
+        CUBLASLT_MATRIX_LAYOUT_BATCH_MODE   # (uint32_t: a cublasLtBatchMode_t, below)
+
+    ctypedef enum cublasLtPointerMode_t:
+        CUBLASLT_POINTER_MODE_HOST
+        CUBLASLT_POINTER_MODE_DEVICE
 
     ctypedef enum cublasLtMatmulPreferenceAttributes_t:
         CUBLASLT_MATMUL_PREF_SEARCH_MODE
@@ -137,3 +144,61 @@ cdef extern from "cublasLt.h" nogil:
         void* D, cublasLtMatrixLayout_t Ddesc,
         const cublasLtMatmulAlgo_t* algo, void* workspace, size_t workspaceSizeInBytes,
         cudaStream_t stream)
+
+
+# ---------------------------------------------------------------- added after cuBLAS 13.1
+# What cublasLt.h 13.10 declares and 13.1's does not: the grouped matmul (sizes, leading
+# dimensions and matrices read from device arrays), the batch-invariance attribute, and the
+# heuristic and check that know the stream. cygemm builds against any 13.x header, so these are
+# not taken from it: the values are 13.10's (the names drop "CUBLAS", so that a 13.10 header's
+# own enumerators do not clash with them), and the functions are resolved from the loaded
+# library when first used (cygemm.engine.lt_features), so that any 13.x library imports.
+cdef enum:
+    # cublasLtMatrixLayoutAttribute_t
+    LT_GROUPED_MATRIX_LAYOUT_ROWS_ARRAY = 9
+    LT_GROUPED_MATRIX_LAYOUT_COLS_ARRAY = 10
+    LT_GROUPED_MATRIX_LAYOUT_LD_ARRAY = 11
+    LT_GROUPED_MATRIX_LAYOUT_ROWS_COLS_ARRAY_INTEGER_WIDTH = 12   # int32_t: a cublasLtIntegerWidth_t
+    LT_GROUPED_MATRIX_LAYOUT_LD_ARRAY_INTEGER_WIDTH = 13
+    # cublasLtBatchMode_t
+    LT_BATCH_MODE_STRIDED = 0
+    LT_BATCH_MODE_POINTER_ARRAY = 1
+    LT_BATCH_MODE_GROUPED = 2
+    # cublasLtIntegerWidth_t (the default is 32)
+    LT_INTEGER_WIDTH_32 = 0
+    LT_INTEGER_WIDTH_64 = 1
+    # cublasLtMatmulDescAttributes_t
+    LT_MATMUL_DESC_ALPHA_BATCH_STRIDE = 39      # int64_t
+    LT_MATMUL_DESC_BETA_BATCH_STRIDE = 40       # int64_t
+    LT_MATMUL_DESC_BATCH_INVARIANCE_FLAGS = 41  # int32_t: a cublasLtMatmulBatchInvarianceFlags_t
+    # cublasLtMatmulBatchInvarianceFlags_t
+    LT_BATCH_INVARIANCE_DISABLED = 0x0
+    LT_BATCH_INVARIANCE_ALIGN_2B = 0x1
+    LT_BATCH_INVARIANCE_ALIGN_4B = 0x2
+    LT_BATCH_INVARIANCE_ALIGN_8B = 0x3
+    LT_BATCH_INVARIANCE_ALIGN_16B = 0x4
+    LT_BATCH_INVARIANCE_AUTO = 0x8
+    LT_BATCH_INVARIANCE_UNSET = 0x8000
+    # cublasLtMatmulPreferenceAttributes_t: the grouped heuristic's hints. The header calls them
+    # uint32_t; cuBLASLt 13.10 accepts them only as 8 bytes (tests/bindings: 4 bytes is refused).
+    LT_MATMUL_PREF_GROUPED_AVERAGE_REDUCTION_DIM = 13
+    LT_MATMUL_PREF_GROUPED_DESC_D_AVERAGE_ROWS = 14
+    LT_MATMUL_PREF_GROUPED_DESC_D_AVERAGE_COLS = 15
+    # cublasLtMatmulMatrixScale_t, beyond 13.1's
+    LT_MATMUL_MATRIX_SCALE_PER_BATCH_SCALAR_32F = 6
+    LT_MATMUL_MATRIX_SCALE_VEC128_MN_K4_UE8M0 = 12
+    LT_MATMUL_MATRIX_SCALE_VEC32_MN_K4_UE8M0 = 13
+
+# The functions, as pointers to what the loaded library exports (NULL where it does not).
+ctypedef cublasStatus_t (*cublasLtGroupedMatrixLayoutCreate_fn)(
+    cublasLtMatrixLayout_t* matLayout, cudaDataType type, int groupCount, const void* rows_array,
+    const void* cols_array, const void* ld_array) noexcept nogil
+ctypedef cublasStatus_t (*cublasLtMatmulAlgoGetHeuristicForStream_fn)(
+    cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t Adesc,
+    cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+    cublasLtMatmulPreference_t pref, int requestedAlgoCount, cublasLtMatmulHeuristicResult_t* results,
+    int* returnAlgoCount, cudaStream_t stream) noexcept nogil
+ctypedef cublasStatus_t (*cublasLtMatmulAlgoCheckForStream_fn)(
+    cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t Adesc,
+    cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+    const cublasLtMatmulAlgo_t* algo, cublasLtMatmulHeuristicResult_t* result, cudaStream_t stream) noexcept nogil

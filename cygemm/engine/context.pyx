@@ -19,6 +19,7 @@ from cygemm.engine.errors import CaptureError
 # The one no-GPU check and its reason (cygemm.nn and cygemm.backend ask through here).
 from cygemm.engine.errors import gpu_unavailable_reason, require_gpu
 from cygemm.engine import streams as _streams
+from cygemm.engine import lt_features as _lt_features
 
 from cygemm.engine.release cimport (RELEASE_BLAS, RELEASE_LT, defer_release, queue_free, free_now, drain_if_safe,
                                     release_all, note_capture_id, capture_info, open_captures)
@@ -459,14 +460,16 @@ cdef int bind_stream(GemmContext* ctx, cudaStream_t stream) except -1 nogil:
     return 0
 def versions():
     """Versions of what cygemm was built with and runs on (no GPU needed): the CUDA runtime, the
-    driver's CUDA, the loaded cuBLAS(Lt) (major * 10000 + minor * 100 + patch), and the cuBLASLt
-    versions this release's observed-behaviour promises were verified on (cygemm.engine.promises)."""
+    driver's CUDA, the loaded cuBLAS(Lt) (major * 10000 + minor * 100 + patch), the cuBLASLt
+    versions this release's observed-behaviour promises were verified on (cygemm.engine.promises),
+    and ``features``: what the loaded cuBLASLt offers beyond 13.1 on device 0, each usable or not
+    and why (:func:`cygemm.engine.lt_features.features`)."""
     cdef int rt = 0, drv = 0
     cudaRuntimeGetVersion(&rt)
     cudaDriverGetVersion(&drv)
     from cygemm.engine.promises import VERIFIED_CUBLASLT
     return {"cuda_runtime": rt, "cuda_driver": drv, "cublasLt": cublasLtGetVersion(),
-            "cublasLt_verified": list(VERIFIED_CUBLASLT)}
+            "cublasLt_verified": list(VERIFIED_CUBLASLT), "features": _lt_features.features()}
 
 
 cdef int known_device_count() noexcept nogil:

@@ -28,3 +28,106 @@ extern "C" cudaError_t cygemm_write_pointer_table(const cygemm_ptr_triples* src,
     write_pointer_table<<<1, CYGEMM_GROUPED_PTRS_PER_LAUNCH, 0, stream>>>(*src, count, a_out, b_out, c_out);
     return cudaGetLastError();
 }
+
+
+// ---------------------------------------------------------------- the grouped matmul's table
+
+namespace {
+
+__device__ long long read_offset(const void* offsets, int is64, int i) {
+    return is64 ? static_cast<const long long*>(offsets)[i] : static_cast<const int*>(offsets)[i];
+}
+
+__device__ void group_rows(const void* offsets, int is64, int g, long long rows, long long* lo, long long* hi) {
+    long long a = read_offset(offsets, is64, g), b = read_offset(offsets, is64, g + 1);
+    a = a < 0 ? 0 : (a > rows ? rows : a);
+    b = b < a ? a : (b > rows ? rows : b);
+    *lo = a;
+    *hi = b;
+}
+
+__device__ void* operand_at(const cygemm_grouped_operand& o, int g, long long row0) {
+    return const_cast<char*>(o.base) + g * o.group_stride + row0 * o.row_stride;
+}
+
+__global__ void write_grouped_table(const void* offsets, int is64, int groups, cygemm_grouped_problem p,
+                                    char* table, cygemm_grouped_table t) {
+    int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g == 0) {
+        *reinterpret_cast<float*>(table + t.alpha) = 1.0f;
+        *reinterpret_cast<float*>(table + t.beta) = 0.0f;
+    }
+    if (g >= groups) return;
+    long long lo, hi;
+    group_rows(offsets, is64, g, p.rows, &lo, &hi);
+    int rows = static_cast<int>(hi - lo);
+    int m = p.ragged == CYGEMM_RAGGED_M ? rows : p.m;
+    int n = p.ragged == CYGEMM_RAGGED_N ? rows : p.n;
+    int k = p.ragged == CYGEMM_RAGGED_K ? rows : p.k;
+    if (p.ragged == CYGEMM_RAGGED_K && rows == 0) m = n = 0;
+    reinterpret_cast<void**>(table + t.a)[g] = operand_at(p.a, g, lo);
+    reinterpret_cast<void**>(table + t.b)[g] = operand_at(p.b, g, lo);
+    void* d = operand_at(p.d, g, lo);
+    reinterpret_cast<void**>(table + t.c)[g] = d;      // beta is 0: C is not read
+    reinterpret_cast<void**>(table + t.d)[g] = d;
+    reinterpret_cast<int*>(table + t.m)[g] = m;
+    reinterpret_cast<int*>(table + t.n)[g] = n;
+    reinterpret_cast<int*>(table + t.k)[g] = k;
+    reinterpret_cast<int*>(table + t.lda)[g] = p.lda;
+    reinterpret_cast<int*>(table + t.ldb)[g] = p.ldb;
+    reinterpret_cast<int*>(table + t.ldd)[g] = p.ldd;
+}
+
+// One column of blocks per group (blockIdx.y): the blocks of a group with rows return at once,
+// those of an empty group zero its matrix, 16 bytes at a time where its rows allow.
+__global__ void zero_empty_groups(const void* offsets, int is64, char* out, long long group_stride, long long rows,
+                                  long long row_bytes, long long row_stride) {
+    int g = blockIdx.y;
+    if (read_offset(offsets, is64, g + 1) > read_offset(offsets, is64, g)) return;
+    char* base = out + g * group_stride;
+    long long total = rows * row_bytes;
+    long long step = static_cast<long long>(gridDim.x) * blockDim.x;
+    long long first = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    bool wide = row_bytes % 16 == 0 && row_stride % 16 == 0 && reinterpret_cast<unsigned long long>(base) % 16 == 0;
+    if (wide) {
+        long long per_row = row_bytes / 16;
+        for (long long i = first; i < rows * per_row; i += step) {
+            long long r = i / per_row, c = i % per_row;
+            *reinterpret_cast<uint4*>(base + r * row_stride + c * 16) = make_uint4(0, 0, 0, 0);
+        }
+    } else {
+        for (long long i = first; i < total; i += step) {
+            long long r = i / row_bytes, c = i % row_bytes;
+            base[r * row_stride + c] = 0;
+        }
+    }
+}
+
+}  // namespace
+
+extern "C" cudaError_t cygemm_write_grouped_table(const void* offsets, int offsets_64bit, int groups,
+                                                  const cygemm_grouped_problem* p, void* table, cudaStream_t stream) {
+    if (groups < 1 || groups > CYGEMM_LT_GROUPED_MAX_GROUPS || offsets == nullptr || table == nullptr)
+        return cudaErrorInvalidValue;
+    cygemm_grouped_table t = cygemm_grouped_table_layout(groups);
+    int threads = 128;
+    write_grouped_table<<<(groups + threads - 1) / threads, threads, 0, stream>>>(
+        offsets, offsets_64bit, groups, *p, static_cast<char*>(table), t);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t cygemm_zero_empty_groups(const void* offsets, int offsets_64bit, int groups, void* out,
+                                                long long group_stride, long long rows, long long cols,
+                                                long long row_stride, int elem_bytes, cudaStream_t stream) {
+    if (groups < 1 || groups > 65535 || offsets == nullptr || out == nullptr || elem_bytes <= 0)
+        return cudaErrorInvalidValue;
+    if (rows <= 0 || cols <= 0) return cudaSuccess;
+    long long row_bytes = cols * elem_bytes;
+    long long work = rows * (row_bytes / 16 > 0 ? row_bytes / 16 : row_bytes);
+    int threads = 256;
+    long long blocks = (work + threads - 1) / threads;
+    dim3 grid(static_cast<unsigned>(blocks < 32 ? blocks : 32), static_cast<unsigned>(groups));
+    zero_empty_groups<<<grid, threads, 0, stream>>>(offsets, offsets_64bit, static_cast<char*>(out), group_stride,
+                                                    rows, row_bytes, row_stride);
+    return cudaGetLastError();
+}

@@ -73,7 +73,13 @@ def test_the_self_check_without_a_gpu_checks_the_modules_and_the_argument_checks
     p = subprocess.run([sys.executable, "-m", "cygemm"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.splitlines()
-    assert "no NVIDIA GPU/driver found" in lines[1]
+    # The features of the loaded cuBLAS beyond 13.1, one line each, before the GPU's line.
+    assert lines[1].startswith("What cuBLASLt ") and lines[1].endswith(" gives beyond 13.1:"), lines[1]
+    from cygemm.engine import lt_features
+    features = lines[2:2 + len(lt_features.FEATURES)]
+    assert all(line.startswith("  ") and (": yes" in line or ": no: " in line) for line in features), features
+    assert "grouped GEMMs with the group sizes on the GPU: no: needs a GPU" in features[0]
+    assert "no NVIDIA GPU/driver found" in lines[2 + len(lt_features.FEATURES)]
     imported = next(line for line in lines if "modules import" in line)
     n_ok, n_all = (int(x) for x in imported.split()[:3:2])
     assert n_ok == n_all >= 40, imported

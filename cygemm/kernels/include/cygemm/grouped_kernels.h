@@ -28,6 +28,79 @@ typedef struct {
 cudaError_t cygemm_write_pointer_table(const cygemm_ptr_triples* src, int count, const void** a_out,
                                        const void** b_out, void** c_out, cudaStream_t stream);
 
+/* ---- cuBLASLt's grouped matmul with the group sizes on the GPU (cygemm.grouped.lt_grouped).
+ *
+ * One call of cuBLASLt in CUBLASLT_BATCH_MODE_GROUPED reads, per group, the A, B, C and D
+ * pointers and the sizes and leading dimensions from device arrays. The mixture-of-experts GEMMs
+ * derive them from the experts' row offsets, which live on the GPU: a kernel reads the offsets
+ * and writes the arrays into the stream's table (below), so nothing is read back to the host. */
+
+/* The groups one table holds (torch's grouped matmul takes as many). */
+#define CYGEMM_LT_GROUPED_MAX_GROUPS 1024
+
+/* Which of cuBLAS's m, n, k is a group's count of rows (its offsets' difference). */
+enum { CYGEMM_RAGGED_M = 0, CYGEMM_RAGGED_N = 1, CYGEMM_RAGGED_K = 2 };
+
+/* An operand of every group: group g's matrix starts at
+ * base + g * group_stride + row0 * row_stride (bytes), row0 the group's first row. */
+typedef struct {
+    const char* base;
+    long long group_stride;
+    long long row_stride;
+} cygemm_grouped_operand;
+
+/* The problem of every group in cuBLAS's (column-major) terms: the fixed sizes and leading
+ * dimensions, which size is ragged, and the rows in all (offsets are clamped to [0, rows]). */
+typedef struct {
+    cygemm_grouped_operand a, b, d;
+    int m, n, k;                    /* the ragged one is ignored */
+    int lda, ldb, ldd;
+    int ragged;                     /* CYGEMM_RAGGED_* */
+    long long rows;                 /* T: the last offset */
+} cygemm_grouped_problem;
+
+/* Where each array lies in a table of `groups` groups: byte offsets from the table's start.
+ * The pointer arrays are 16-byte aligned, as cuBLAS requires of them; the sizes are int32 (the
+ * arrays' default integer width); alpha and beta are one float each (Hopper takes one alpha and
+ * beta for all groups). */
+typedef struct {
+    long long a, b, c, d;           /* void* [groups] */
+    long long m, n, k;              /* int32 [groups] */
+    long long lda, ldb, ldd;        /* int32 [groups] */
+    long long alpha, beta;          /* float */
+    long long bytes;                /* the table's size */
+} cygemm_grouped_table;
+
+static inline long long cygemm_align16(long long x) { return (x + 15) & ~15LL; }
+
+static inline cygemm_grouped_table cygemm_grouped_table_layout(int groups) {
+    cygemm_grouped_table t;
+    long long ptrs = cygemm_align16((long long)groups * (long long)sizeof(void*));
+    long long ints = cygemm_align16((long long)groups * 4);
+    t.a = 0; t.b = ptrs; t.c = 2 * ptrs; t.d = 3 * ptrs;
+    t.m = 4 * ptrs; t.n = t.m + ints; t.k = t.n + ints;
+    t.lda = t.k + ints; t.ldb = t.lda + ints; t.ldd = t.ldb + ints;
+    t.alpha = t.ldd + ints; t.beta = t.alpha + 16;
+    t.bytes = t.beta + 16;
+    return t;
+}
+
+/* Write the table of `groups` groups from the offsets (groups + 1 of them, int32 or int64 as
+ * offsets_64bit says, on the device) for problem p, enqueued on `stream`. Offsets outside
+ * [0, p->rows] are clamped into it and a decreasing one makes its group empty, so that wrong
+ * offsets never make cuBLAS read or write outside the operands. A ragged-K group of no rows
+ * gets m = n = 0 (cuBLAS writes nothing there: cygemm_zero_empty_groups zeroes its output).
+ * alpha = 1, beta = 0. groups outside [1, CYGEMM_LT_GROUPED_MAX_GROUPS] is cudaErrorInvalidValue. */
+cudaError_t cygemm_write_grouped_table(const void* offsets, int offsets_64bit, int groups,
+                                       const cygemm_grouped_problem* p, void* table, cudaStream_t stream);
+
+/* Zero out[g] (rows x cols elements of elem_bytes, rows row_stride bytes apart, matrices
+ * group_stride bytes apart) for every group g whose offsets give it no rows (the weight
+ * gradient of an expert no token was routed to), enqueued on `stream`. */
+cudaError_t cygemm_zero_empty_groups(const void* offsets, int offsets_64bit, int groups, void* out,
+                                     long long group_stride, long long rows, long long cols,
+                                     long long row_stride, int elem_bytes, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif
