@@ -119,6 +119,7 @@ cdef extern from "library_types.h" nogil:
         CUDA_C_64F
         CUDA_R_8I
         CUDA_R_32I
+        CUDA_R_64I
         CUDA_R_8U
         CUDA_R_8F_E4M3
         CUDA_R_8F_E5M2

@@ -5,7 +5,7 @@ from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint16_t, uint64_t, uintptr_t
 
 from cygemm.bindings.cudart cimport cudaDataType, CUDA_R_32F, CUDA_R_16F
-from cygemm.engine.dtypes cimport (DTYPES_FLOAT, DTYPES_WIDE, DTYPES_GEMM, DTYPES_FP8, DTYPES_BYTES, by_name,
+from cygemm.engine.dtypes cimport (DTYPES_FLOAT, DTYPES_WIDE, DTYPES_GEMM, DTYPES_FP8, DTYPES_BYTES, DTYPES_INDEX, by_name,
                                    by_typestr, by_dlpack, dtype_name, expected_names, type_size, is_fp8_type)
 from cygemm.engine.dtypes import ROWS, names, row_of_name, FP8_FORMATS, FORMATS_EXPECTED as _FORMATS_EXPECTED
 from cygemm.engine.types cimport MatrixView, ArrayDesc, MAX_NDIM, view_is_empty
@@ -58,9 +58,9 @@ cdef enum:
 # (cudaDataType, itemsize) by NumPy name, CAI typestr and DLPack (code, bits), indexed by a DTYPES_*
 # level: the dtype table's (cygemm.engine.dtypes). bfloat16: torch's, or CuPy's through ml_dtypes
 # (CuPy 14), whose typestr is '<V2'.
-_BY_NAME = tuple([by_name(level) for level in (DTYPES_FLOAT, DTYPES_WIDE, DTYPES_GEMM)])
-_BY_TYPESTR = tuple([by_typestr(level) for level in (DTYPES_FLOAT, DTYPES_WIDE, DTYPES_GEMM)])
-_BY_DLPACK = tuple([by_dlpack(level) for level in (DTYPES_FLOAT, DTYPES_WIDE, DTYPES_GEMM)])
+_BY_NAME = tuple([by_name(level) for level in range(DTYPES_INDEX + 1)])
+_BY_TYPESTR = tuple([by_typestr(level) for level in range(DTYPES_INDEX + 1)])
+_BY_DLPACK = tuple([by_dlpack(level) for level in range(DTYPES_INDEX + 1)])
 _F32, _F16 = (CUDA_R_32F, type_size(CUDA_R_32F)), (CUDA_R_16F, type_size(CUDA_R_16F))
 _NP_F32, _NP_F16 = _np.dtype(_np.float32), _np.dtype(_np.float16)
 
@@ -221,7 +221,7 @@ cdef bint _find_torch() except -1:
         return False
     # torch's dtype objects by level (its attributes of the table's names)
     _torch_by_level = tuple([{getattr(torch, n): v for n, v in (<dict>_BY_NAME[level]).items() if hasattr(torch, n)}
-                             for level in (DTYPES_FLOAT, DTYPES_WIDE, DTYPES_GEMM)])
+                             for level in range(DTYPES_INDEX + 1)])
     _torch_grad_enabled = torch.is_grad_enabled
     _torch_tensor = torch.Tensor
     return True

@@ -2,19 +2,21 @@
 # below), and the rules that derive from it. Readers, allocators, describers and checkers
 # (cygemm.engine.arrays, .alloc, .described, ...) ask it; none names a dtype itself.
 from cygemm.bindings.cudart cimport (cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F, CUDA_C_32F,
-                                     CUDA_C_64F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_8I, CUDA_R_32I, CUDA_R_8U)
+                                     CUDA_C_64F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_8I, CUDA_R_32I, CUDA_R_64I, CUDA_R_8U)
 from cygemm.bindings.cublas cimport (cublasComputeType_t, CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_FAST_TF32,
                                      CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_32I)
 
 # Which dtypes an entry takes (a reader's `wide` argument): the float types every entry takes;
 # also float64 and complex (matmul and the GEMMs); also int8 and int32 (the GEMMs' int8 path).
-# FP8 and bytes rows are read by their own readers (cygemm.engine.arrays.read_fp8).
+# FP8 and bytes rows are read by their own readers (cygemm.engine.arrays.read_fp8); the index
+# level takes the integer rows of 4 bytes or more (offsets on the device).
 cdef enum:
     DTYPES_FLOAT = 0
     DTYPES_WIDE = 1
     DTYPES_GEMM = 2
     DTYPES_FP8 = 3
     DTYPES_BYTES = 4
+    DTYPES_INDEX = 5        # the integer types of offsets and indices (int32, int64)
 
 # How float32 products are computed: math="tf32" / "fp32"; "cupy" is resolved to one of the
 # two by the caller (CuPy's CUPY_TF32 rule).
@@ -49,6 +51,7 @@ cdef extern from *:
         {CUDA_R_8F_E4M3, 1, "float8_e4m3fn", 3, 1, '8', -1, 8, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "e4m3", 448.0},
         {CUDA_R_8F_E5M2, 1, "float8_e5m2", 3, 1, '8', -1, 8, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "e5m2", 57344.0},
         {CUDA_R_8U, 1, "uint8", 4, 0, 'u', 1, 8, "|u1", -1, -1, "", 0.0},
+        {CUDA_R_64I, 8, "int64", 5, 0, 'i', 0, 64, "<i8", -1, -1, "", 0.0},
     };
     enum { cg_N_DTYPES = sizeof(cg_DTYPES) / sizeof(cg_DTYPES[0]) };
     static inline const cg_dtype_row* cg_dtype_at(int i) { return &cg_DTYPES[i]; }

@@ -22,7 +22,8 @@ cdef list _rows():
 
 ROWS = tuple(_rows())
 #: The DTYPES_* levels by name, for Python callers.
-LEVELS = dict(float=DTYPES_FLOAT, wide=DTYPES_WIDE, gemm=DTYPES_GEMM, fp8=DTYPES_FP8, bytes=DTYPES_BYTES)
+LEVELS = dict(float=DTYPES_FLOAT, wide=DTYPES_WIDE, gemm=DTYPES_GEMM, fp8=DTYPES_FP8, bytes=DTYPES_BYTES,
+              index=DTYPES_INDEX)
 #: Every name and alias -> its row (the names describe_* and out_dtype= take).
 BY_ANY_NAME = {**{r["name"]: r for r in ROWS}, **{r["alias"]: r for r in ROWS if r["alias"]}}
 _NAMES = {r["cuda"]: r["name"] for r in ROWS}
@@ -31,6 +32,8 @@ _NAMES = {r["cuda"]: r["name"] for r in ROWS}
 cdef bint _takes(dict row, int level):
     if level <= DTYPES_GEMM:
         return row["level"] <= level
+    if level == DTYPES_INDEX:
+        return row["kind"] == "i" and row["size"] >= 4
     return row["level"] == level
 
 
@@ -46,15 +49,15 @@ def row_of_name(name):
 
 cdef list _by_level(str field):
     return [{(r[field] if field != "name" else r["name"]): (r["cuda"], r["size"])
-             for r in ROWS if _takes(r, level) and r[field] is not None} for level in range(DTYPES_BYTES + 1)]
+             for r in ROWS if _takes(r, level) and r[field] is not None} for level in range(DTYPES_INDEX + 1)]
 
 
 _BY_NAME = _by_level("name")
 _BY_TYPESTR = _by_level("typestr")
 _BY_DLPACK = _by_level("dlpack")
-_EXPECTED = [None] * (DTYPES_BYTES + 1)
-for _level in range(DTYPES_BYTES + 1):
-    _listed = names(_level, True)
+_EXPECTED = [None] * (DTYPES_INDEX + 1)
+for _level in range(DTYPES_INDEX + 1):
+    _listed = names(_level, _level != DTYPES_INDEX)     # (offsets: every index type)
     _EXPECTED[_level] = ", ".join(_listed[:-1]) + " or " + _listed[-1] if len(_listed) > 1 else "".join(_listed)
 
 

@@ -26,7 +26,8 @@ cdef class Groups:
     cdef cudaDataType dtype
     cdef int itemsize
     cdef bint trans_a, trans_b
-    cdef object offsets             # moe_gemm: the group offsets (names), else None
+    cdef object offsets             # moe_gemm(_wgrad): the group offsets (names), else None
+    cdef tuple roles                # with offsets: (argument, its rows per group?) for A, B, out
     cdef double macs
     cdef uint32_t align             # the smallest alignment of any active group's pointer
     cdef ColMajorGemm batched       # the strided-batched GEMM, where that route applies
@@ -61,5 +62,10 @@ cdef class Groups:
 cdef Groups read_lists(object As, object Bs, object outs, bint trans_a, bint trans_b)
 # moe_gemm's groups as views of x, w and out, read into c too (x, w, out: checked as a whole).
 cdef Groups read_moe(CallArgs* c, object x, object w, object group_offsets, object out, str w_layout)
+# moe_gemm_wgrad's groups: out[g] = x[a:b].T @ dy[a:b] ("kn", out (G, K, N)) or dy[a:b].T @ x[a:b]
+# ("nk", out (G, N, K)), views of x, dy and out read into c too; offs: the checked host offsets.
+cdef Groups read_moe_wgrad(CallArgs* c, object x, object dy, object offs, object out, str out_layout)
+# The host offsets of G experts over T rows, checked: ValueError/TypeError naming group_offsets.
+cdef list read_offsets(object group_offsets, int64_t G, int64_t T)
 # Every view's device against the call's (several GPUs only), after prepare_call.
 cdef int check_group_devices(CallArgs* c, Groups grp) except -1

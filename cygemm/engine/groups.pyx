@@ -116,9 +116,8 @@ cdef class Groups:
         """The argument that group i's A (role 0), B (1) or out (2) came from."""
         if self.offsets is None:
             return f"{('As', 'Bs', 'outs')[role]}[{i}]"
-        if role == 1:
-            return f"w[{i}]"
-        return f"{('x', '', 'out')[role]}[{self.offsets[i]}:{self.offsets[i + 1]}]"
+        arg, ragged = self.roles[role]
+        return f"{arg}[{self.offsets[i]}:{self.offsets[i + 1]}]" if ragged else f"{arg}[{i}]"
 
     cdef int finish(self) except -1:
         """Map every group (rowmajor's mapping, its message on failure), split the non-empty
@@ -370,7 +369,7 @@ cdef Groups read_lists(object As, object Bs, object outs, bint trans_a, bint tra
     return grp
 
 
-cdef list _read_offsets(object group_offsets, int64_t G, int64_t T):
+cdef list read_offsets(object group_offsets, int64_t G, int64_t T):
     try:
         offs = [operator.index(o) for o in group_offsets]
     except TypeError:
@@ -408,12 +407,13 @@ cdef Groups read_moe(CallArgs* c, object x, object w, object group_offsets, obje
         want = f"(G, N, {K})" if nk else f"(G, {K}, N)"
         raise ValueError(f"w: x is ({T}, {K}) so w must be {want} for w_layout={w_layout!r}, got "
                          f"({G}, {wv.rows}, {wv.cols})")
-    offs = _read_offsets(group_offsets, G, T)
+    offs = read_offsets(group_offsets, G, T)
     if ov.rows != T or ov.cols != N:
         raise ValueError(f"out: expected shape ({T}, {N}), got ({ov.rows}, {ov.cols})")
     cdef Groups grp = Groups()
     grp.alloc(G)
     grp.trans_a, grp.trans_b, grp.offsets = False, nk, offs
+    grp.roles = (("x", True), ("w", False), ("out", True))
     grp.dtype, grp.itemsize = xv.dtype, xv.itemsize
     cdef int64_t g, r0, r1, w_bytes = wv.itemsize
     cdef MatrixView* v
@@ -429,6 +429,53 @@ cdef Groups read_moe(CallArgs* c, object x, object w, object group_offsets, obje
         v[2] = ov[0]
         v[2].ptr = ov.ptr + r0 * ov.row_stride * w_bytes
         v[2].rows = r1 - r0
+    grp.finish()
+    return grp
+
+
+cdef Groups read_moe_wgrad(CallArgs* c, object x, object dy, object offs, object out, str out_layout):
+    """moe_gemm_wgrad's groups, views of x (T, K), dy (T, N) and out (G, K, N) or (G, N, K):
+    expert g's rows a:b give out[g] = x[a:b].T @ dy[a:b] (or its transpose, "nk"); an expert
+    without rows gets out[g] = 0 (a K == 0 GEMM)."""
+    if out_layout != "kn" and out_layout != "nk":
+        raise ValueError(f"dw_layout: expected 'kn' (dw is (G, K, N)) or 'nk' (dw is (G, N, K)), got {out_layout!r}")
+    cdef bint nk = out_layout == "nk"
+    args_init(c)
+    cdef MatrixView* xv = add_array(c, x, "x", ARG_READ, 2, 2)
+    cdef MatrixView* dv = add_array(c, dy, "dy", ARG_READ, 2, 2)
+    cdef MatrixView* ov = add_array(c, out, "dw", ARG_WRITE, 3, 3)
+    expect_dtype(dv, "dy", xv.dtype, "x")
+    expect_dtype(ov, "dw", xv.dtype, "x")
+    cdef int64_t T = xv.rows, K = xv.cols, N = dv.cols, G = ov.batch
+    if dv.rows != T:
+        raise ValueError(f"dy: expected {T} rows (the rows of x), got shape ({dv.rows}, {dv.cols})")
+    cdef int64_t want_r = N if nk else K, want_c = K if nk else N
+    if ov.rows != want_r or ov.cols != want_c:
+        want = f"(G, {N}, {K})" if nk else f"(G, {K}, {N})"
+        raise ValueError(f"dw: expected shape {want} for dw_layout={out_layout!r}, got ({G}, {ov.rows}, {ov.cols})")
+    offs = read_offsets(offs, G, T)
+    cdef Groups grp = Groups()
+    grp.alloc(G)
+    # kn: dw[g] (K, N) = x[a:b].T @ dy[a:b]; nk: dw[g] (N, K) = dy[a:b].T @ x[a:b]
+    grp.trans_a, grp.trans_b, grp.offsets = True, False, offs
+    grp.roles = (("dy" if nk else "x", True), ("x" if nk else "dy", True), ("dw", False))
+    grp.dtype, grp.itemsize = xv.dtype, xv.itemsize
+    cdef const MatrixView* av = dv if nk else xv
+    cdef const MatrixView* bv = xv if nk else dv
+    cdef int64_t g, r0, r1, isz = xv.itemsize
+    cdef MatrixView* v
+    for g in range(G):
+        r0, r1 = offs[g], offs[g + 1]
+        v = &grp.views[3 * g]
+        v[0] = av[0]
+        v[0].ptr = av.ptr + r0 * av.row_stride * isz
+        v[0].rows = r1 - r0
+        v[1] = bv[0]
+        v[1].ptr = bv.ptr + r0 * bv.row_stride * isz
+        v[1].rows = r1 - r0
+        v[2] = ov[0]
+        v[2].ptr = ov.ptr + g * ov.batch_stride * isz
+        v[2].batch, v[2].batch_stride = 1, 0
     grp.finish()
     return grp
 

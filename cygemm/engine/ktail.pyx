@@ -27,6 +27,12 @@ The guard, in the one place each kind of GEMM is enqueued:
 Everywhere the rule does not flag, the same kernels run as without the guard: the same bits and
 time. The rule rests on observed cuBLAS behaviour, so on a cuBLAS version this release was not
 verified on the guard checks itself the first time it acts (cygemm.engine.promises).
+
+The defect is NVIDIA bug 6580689 (algorithm 66's split-K kernels, since cuBLAS 12.6.3), fixed in
+13.8.0.4 by NVIDIA's release notes. On a cuBLASLt from 13.8.1 on (cublasLtGetVersion cannot tell
+13.8.0's builds apart), the first time the guard would act it runs the detector once with the
+guard standing down (promise "ktail_fixed"): exact, and the guard stands down for the process
+(ktail_possible is then False everywhere, at no cost); not exact, and it acts as on 13.1.
 """
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 
@@ -38,6 +44,14 @@ from cygemm.engine.context cimport GemmContext
 from cygemm.engine.errors cimport check_cublas
 
 cdef bint _enabled = True
+# Whether cuBLAS's own fix holds (the guard stands down): 0 not asked yet, 1 it holds, -1 the
+# guard acts. While the fix's check runs, the guard stands down in the checking thread alone.
+cdef int _fixed = 0
+cdef extern from *:
+    """
+    static __thread int cg_ktail_unguarded = 0;
+    """
+    int cg_ktail_unguarded
 import os as _os
 # CYGEMM_KTAIL_MOVE=0: a flagged candidate is dropped rather than given a safe split (diagnostics).
 cdef bint _move_splits = _os.environ.get("CYGEMM_KTAIL_MOVE", "1") != "0"
@@ -76,7 +90,7 @@ cdef bint split_drops(int64_t k, int splits) noexcept nogil:
 cdef bint ktail_possible(int64_t k) noexcept nogil:
     # Some split s >= 2 the rule flags exists for some block: s > t and s | q, e.g. s = q > t.
     cdef int64_t bk = 8, q, t
-    if not _enabled or k % KTAIL_GRAIN == 0:
+    if not _enabled or _fixed == 1 or cg_ktail_unguarded or k % KTAIL_GRAIN == 0:
         return False
     while bk <= KTAIL_GRAIN:
         q, t = k // bk, k % bk
@@ -120,6 +134,8 @@ cdef int make_safe(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc, cublasLtMatri
     cdef int s = _splits(algo), cand
     if not guarded_type(dtype) or not ktail_possible(k) or not split_drops(k, s):
         return 0
+    if _stands_down():
+        return 0
     _require_checked()
     if not _move_splits:
         return -1
@@ -129,6 +145,42 @@ cdef int make_safe(cublasLtHandle_t lt, cublasLtMatmulDesc_t desc, cublasLtMatri
         if not split_drops(k, cand) and _accepts(lt, desc, la, lb, lc, ld, algo, cand, ws_bytes, ws_needed):
             return 1
     return -1
+
+
+cdef bint _stands_down() except -1:
+    """Whether cuBLAS's own fix holds, so the guard stands down: asked the first time the guard
+    would act, on a cuBLASLt whose notes name the fix, by the detector with the guard off."""
+    global _fixed, cg_ktail_unguarded
+    if cg_ktail_unguarded:
+        return True
+    if _fixed == 0:
+        from cygemm.engine import lt_features
+        from cygemm.engine import promises as _promises
+        if lt_features.feature_gate("ktail_fixed") is not None:
+            _fixed = -1
+        else:
+            cg_ktail_unguarded = 1          # (the check's GEMMs, on this thread, run unguarded)
+            try:
+                holds = _promises.holds("ktail_fixed")
+            finally:
+                cg_ktail_unguarded = 0
+            _fixed = 1 if holds else -1
+            if not holds:
+                _verdicts.clear()
+    return _fixed == 1
+
+
+def stands_down():
+    """Whether the guard stands down because cuBLAS's own fix was confirmed (None: not asked
+    yet; it is asked the first time the guard would act)."""
+    return None if _fixed == 0 else _fixed == 1
+
+
+def _forget_fix():
+    """Test hook: ask again whether cuBLAS's fix holds the next time the guard would act."""
+    global _fixed
+    _fixed = 0
+    _verdicts.clear()
 
 
 cdef int _require_checked() except -1:
@@ -166,7 +218,9 @@ cdef bint _verdict(GemmContext* ctx, const ColMajorGemm* g, cudaDataType dtype,
         drops = True            # (cuBLASLt is not asked about broadcast batches: split K safely)
     else:
         drops = split_drops(g.k, _first_splits(ctx, g, batch, dtype, compute))
-    if drops:
+    if drops and _stands_down():
+        drops = False
+    elif drops:
         _require_checked()
     if len(_verdicts) > 4096:
         _verdicts.clear()

@@ -1,17 +1,22 @@
 """Promises that rest on observed cuBLAS behaviour, checked on the cuBLAS the user has.
 
-Two of cygemm's promises are not documented by cuBLAS, only measured:
+These of cygemm's promises are not documented by cuBLAS, only measured, or not yet run at all:
 
 - ``ktail_guard``: the rule by which cygemm.engine.ktail finds the split-K kernels that drop the end of
   K, and that the split it moves them to adds every product;
 - ``batch_invariant``: every split-free kernel of one cuBLASLt algorithm adds in one order, so a
-  row's bits do not depend on how many rows the call has (cygemm.engine.families).
+  row's bits do not depend on how many rows the call has (cygemm.engine.families);
+- ``lt_grouped``: cuBLASLt's grouped matmul, fed by cygemm's table of device offsets
+  (cygemm.grouped.lt_grouped), gives each group exactly what the per-group path gives;
+- ``ktail_fixed``: on a cuBLASLt whose notes name the K-tail fix (13.8.0.4), no GEMM drops the end
+  of K without the guard, so the guard stands down.
 
-Each was measured on the cuBLASLt versions in VERIFIED_CUBLASLT. On any other, the first call that
+Each promise lists in VERIFIED the cuBLASLt versions it was measured on (none for the last two:
+no GPU of this project has run a cuBLASLt that has them). On any other, the first call that
 relies on a promise runs a small exact check of it once (a few GEMMs of at most 80 MB, then a
 sync), and the verdict is kept per cuBLASLt version in the tuning table (cygemm.engine.tuning, which
-keys its file by that version). A promise whose check failed makes the mode refuse with
-CygemmError; it is never broken silently.
+keys its file by that version). A promise whose check failed makes its mode refuse with
+CygemmError (or, for ``ktail_fixed``, keeps the guard acting); it is never broken silently.
 """
 import threading
 
@@ -20,7 +25,9 @@ from cygemm.engine.dtypes import ROWS
 
 # cuBLASLt versions (cublasLtGetVersion) whose behaviour the promises were measured on.
 VERIFIED_CUBLASLT = (130100,)
-PROMISES = ("ktail_guard", "batch_invariant")
+VERIFIED = {"ktail_guard": VERIFIED_CUBLASLT, "batch_invariant": VERIFIED_CUBLASLT, "lt_grouped": (),
+            "ktail_fixed": ()}
+PROMISES = tuple(VERIFIED)
 
 _lock = threading.RLock()
 _verdicts = {}          # promise -> True (holds) / False (failed) for this process's cuBLASLt
@@ -34,39 +41,55 @@ def _cublaslt_version():
     return _context.versions()["cublasLt"]
 
 
-def verified(version=None):
-    """Whether this release's promises were measured on cuBLASLt `version` (default: loaded)."""
-    return (_cublaslt_version() if version is None else version) in VERIFIED_CUBLASLT
+def verified(version=None, promise="ktail_guard"):
+    """Whether `promise` was measured on cuBLASLt `version` (default: the loaded one)."""
+    return (_cublaslt_version() if version is None else version) in VERIFIED[promise]
+
+
+def holds(promise):
+    """Whether `promise` holds on the loaded cuBLAS, checking it once where unverified (True
+    while its own check runs: the check's GEMMs rely on it)."""
+    if promise in _checking:
+        return True
+    verdict = _verdicts.get(promise)
+    if verdict is None:
+        with _lock:
+            verdict = _verdicts.get(promise)
+            if verdict is None:
+                verdict = _decide(promise)
+                _verdicts[promise] = verdict
+    return verdict
 
 
 def require(promise):
     """Return if `promise` holds on the loaded cuBLAS (checking it once where unverified), else
     raise CygemmError naming the version and what to do."""
-    if promise in _checking:
+    if holds(promise):
         return
-    holds = _verdicts.get(promise)
-    if holds is None:
-        with _lock:
-            holds = _verdicts.get(promise)
-            if holds is None:
-                holds = _decide(promise)
-                _verdicts[promise] = holds
-    if not holds:
-        raise CygemmError(
-            f"{_WHAT[promise]} rests on cuBLAS behaviour that this release measured on cuBLASLt "
-            f"{', '.join(map(str, VERIFIED_CUBLASLT))}; on the loaded cuBLASLt {_cublaslt_version()} its check "
-            f"failed, so cygemm refuses rather than break it. Install a verified cuBLAS "
-            f"(pip install 'nvidia-cublas==13.1.*'), or {_INSTEAD[promise]}")
+    measured = VERIFIED[promise]
+    on = (f"measured on cuBLASLt {', '.join(map(str, measured))}" if measured else
+          "has not yet run on any cuBLASLt that offers it")
+    raise CygemmError(
+        f"{_WHAT[promise]} rests on cuBLAS behaviour that this release {on}; on the loaded cuBLASLt "
+        f"{_cublaslt_version()} its first-use check failed, so cygemm refuses rather than give a wrong answer. "
+        f"{_INSTEAD[promise]}")
 
 
 _WHAT = {"ktail_guard": "The guard against GEMMs that drop the end of K",
-         "batch_invariant": "determinism='batch_invariant'"}
-_INSTEAD = {"ktail_guard": "avoid deep-K bf16/fp16 GEMMs whose K is not a multiple of 256.",
-            "batch_invariant": "use determinism='run_to_run'."}
+         "batch_invariant": "determinism='batch_invariant'",
+         "lt_grouped": "cuBLASLt's grouped matmul with the group offsets on the GPU (route 'lt_grouped')",
+         "ktail_fixed": "The K-tail fix of cuBLAS 13.8.0.4"}
+_INSTEAD = {"ktail_guard": "Install a verified cuBLAS (pip install 'nvidia-cublas==13.1.*'), or avoid deep-K "
+                           "bf16/fp16 GEMMs whose K is not a multiple of 256.",
+            "batch_invariant": "Install a verified cuBLAS (pip install 'nvidia-cublas==13.1.*'), or use "
+                               "determinism='run_to_run'.",
+            "lt_grouped": "Pass the group offsets as host ints, or route='host_offsets' (one sync a call, "
+                          "outside captures), and report the cuBLAS version.",
+            "ktail_fixed": "The guard keeps acting."}
 
 
 def _decide(promise):
-    if verified() and promise not in _fail:
+    if verified(promise=promise) and promise not in _fail:
         return True
     from cygemm.engine import tuning
     from cygemm.engine import context as _context
@@ -158,7 +181,56 @@ def _check_batch_invariant():
     return ok
 
 
-_CHECKS = {"ktail_guard": _check_ktail_guard, "batch_invariant": _check_batch_invariant}
+def _check_ktail_fixed():
+    """The K-tail guard's detector with the guard standing down (cygemm.engine.ktail treats
+    cuBLAS as fixed while this runs): every element exact through cuBLAS's own choices."""
+    return _check_ktail_guard()
+
+
+def _ternary(cp, shape, phase, dtype):
+    """Values in {-1, 0, 1} without cuRAND: every product and every sum of up to 256 of them is
+    exact in float32 accumulation and in a bfloat16 or float16 result."""
+    n = 1
+    for d in shape:
+        n *= d
+    return cp.rint(cp.sin(cp.arange(n, dtype=cp.float32) * 0.917 + phase) * 1.4).reshape(shape).astype(dtype)
+
+
+def _check_lt_grouped():
+    """moe_gemm (both weight layouts) and moe_gemm_wgrad (both) through route 'lt_grouped', with
+    int32 and int64 offsets on the GPU, ragged experts and an empty one, bitwise against the
+    per-group loop of host offsets on the same exact inputs; the empty expert's weight gradient
+    must be zeros, and no output may keep its NaN."""
+    import cupy as cp
+    import numpy as np
+    import cygemm
+    counts = [3, 0, 17, 1, 9, 2]
+    offs = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    T, K, N, G = offs[-1], 40, 24, len(counts)
+    ok = True
+    for dtype in _half_dtypes(cp):
+        x, dy = _ternary(cp, (T, K), 0.1, dtype), _ternary(cp, (T, N), 0.7, dtype)
+        for index in (cp.int32, cp.int64):
+            dev = cp.asarray(offs, dtype=index)
+            for layout in ("kn", "nk"):
+                w = _ternary(cp, (G, K, N) if layout == "kn" else (G, N, K), 0.3, dtype)
+                out, ref = cp.full((T, N), cp.nan, dtype), cp.full((T, N), cp.nan, dtype)
+                cygemm.moe_gemm(x, w, dev, out, w_layout=layout, route="lt_grouped")
+                cygemm.moe_gemm(x, w, offs, ref, w_layout=layout, route="loop")
+                ok &= bool((out.view(cp.uint16) == ref.view(cp.uint16)).all()) and not bool(cp.isnan(out).any())
+                dw = cp.full(w.shape, cp.nan, dtype)
+                dw_ref = cp.full(w.shape, cp.nan, dtype)
+                cygemm.moe_gemm_wgrad(x, dy, dev, dw, dw_layout=layout, route="lt_grouped")
+                cygemm.moe_gemm_wgrad(x, dy, offs, dw_ref, dw_layout=layout, route="loop")
+                ok &= bool((dw.view(cp.uint16) == dw_ref.view(cp.uint16)).all()) and not bool(cp.isnan(dw).any())
+                ok &= bool((dw[1] == 0).all())
+    from cygemm.grouped import lt_grouped
+    lt_grouped.clear_plans()
+    return ok
+
+
+_CHECKS = {"ktail_guard": _check_ktail_guard, "batch_invariant": _check_batch_invariant,
+           "lt_grouped": _check_lt_grouped, "ktail_fixed": _check_ktail_fixed}
 
 
 def _reset_for_tests():

@@ -1,0 +1,34 @@
+# cuBLASLt's grouped matmul with the group sizes on the GPU (see lt_grouped.pyx): one call's
+# problem, whether it can run, and running it.
+from libc.stdint cimport int64_t
+from cygemm.bindings.cudart cimport cudaDataType, cudaStream_t
+from cygemm.bindings.cublas cimport cublasOperation_t
+from cygemm.kernels.grouped cimport cygemm_grouped_problem
+from cygemm.engine.context cimport GemmContext
+
+ctypedef struct LtGroupedCall:
+    cudaDataType dtype
+    int groups
+    const void* offsets             # groups + 1, on the device
+    bint offsets_64bit
+    cygemm_grouped_problem p        # cuBLAS's terms: operands, fixed sizes, which is ragged
+    cublasOperation_t opa
+    cublasOperation_t opb
+    int64_t avg_m                   # the heuristic's hints: D's average rows and columns, K's
+    int64_t avg_n
+    int64_t avg_k
+    # Ragged K (a weight gradient): the output of a group with no rows is zeroed (NULL: none)
+    void* zero_out
+    int64_t zero_group_stride       # bytes
+    int64_t zero_rows
+    int64_t zero_cols
+    int64_t zero_row_stride         # bytes
+    int elem_bytes
+
+# Why the grouped matmul cannot run this call on `device` (None: it can): the library and GPU
+# (cygemm.engine.lt_features), the dtype, the group count, the alignment of every group's
+# matrices. Needs no GPU but for the GPU's compute capability.
+cdef object why_not(const LtGroupedCall* f, int device, bint capturing)
+# Enqueue the call on `stream`: the table kernel, the zeroing of empty groups' outputs where
+# asked, and one cublasLtMatmul. Raises on any failed CUDA/cuBLAS call.
+cdef int run_lt_grouped(GemmContext* ctx, cudaStream_t stream, const LtGroupedCall* f) except -1
