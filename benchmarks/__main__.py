@@ -34,6 +34,7 @@ import dense  # noqa: E402
 import fp8_scales  # noqa: E402
 import gemms  # noqa: E402
 import hopper  # noqa: E402
+import moe  # noqa: E402
 import host  # noqa: E402
 import matmul_section  # noqa: E402
 import reproducibility  # noqa: E402
@@ -61,6 +62,7 @@ SECTIONS = {
     "fp8": hopper.fp8_section,
     "fp8_scales": fp8_scales.fp8_scales_section,
     "grouped": hopper.grouped_section,
+    "moe": moe.moe_section,
     "elementwise": hopper.elementwise_section,
     "determinism": reproducibility.determinism_section,
     "dtypes": wide_dtypes.dtypes_section,

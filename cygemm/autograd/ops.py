@@ -9,12 +9,15 @@ operator                                    as
 ``cygemm::linear(x, weight, bias, ...)``    :func:`cygemm.autograd.linear` (differentiable)
 ``cygemm::int_mm(a, b)``                    :func:`cygemm.int_mm` (int32 out)
 ``cygemm::scaled_matmul(a, b, sa, sb, ...)`` :func:`cygemm.fp8.scaled_matmul` (tensor scales)
-``cygemm::moe_gemm(x, w, offsets, ...)``    :func:`cygemm.moe_gemm`
+``cygemm::moe_gemm(x, w, offsets, ...)``    :func:`cygemm.moe_gemm` (host offsets)
+``cygemm::moe_gemm_dev(x, w, offs, ...)``   :func:`cygemm.moe_gemm`, offsets a CUDA tensor
+                                            (differentiable in x and w)
+``cygemm::moe_gemm_wgrad(x, dy, offs)``     :func:`cygemm.moe_gemm_wgrad`, offsets a CUDA tensor
 ==========================================  ===================================================
 
 Eager code keeps calling cygemm directly (a custom op costs several times an
 ``autograd.Function`` per call in eager mode): :func:`cygemm.autograd.linear`,
-:func:`matmul`, :func:`int_mm`, :func:`scaled_matmul` and :func:`moe_gemm`
+:func:`matmul`, :func:`int_mm`, :func:`scaled_matmul` and :func:`moe_gemm` (host offsets)
 below take the operator only while torch.compile traces them. Every operator runs on torch's
 current stream and allocates through torch, so a compiled graph (and ``torch.cuda.graph``)
 captures it.
@@ -27,7 +30,7 @@ import cygemm
 from cygemm import fp8, grouped
 from cygemm.autograd import _dense_forward, _matrix_grads, _name, _saves, _stream_of, linear_backward
 
-__all__ = ["matmul", "linear", "int_mm", "scaled_matmul", "moe_gemm"]
+__all__ = ["matmul", "linear", "int_mm", "scaled_matmul", "moe_gemm", "moe_gemm_wgrad"]
 
 _Tensor = torch.Tensor
 
@@ -197,7 +200,71 @@ def _(x, w, group_offsets, w_layout, math):
     return x.new_empty((x.shape[0], w.shape[2] if w_layout == "kn" else w.shape[1]))
 
 
+def _moe_n(w, w_layout):
+    return w.shape[2] if w_layout == "kn" else w.shape[1]
+
+
+_FLIP = {"kn": "nk", "nk": "kn"}
+
+
+@torch.library.custom_op("cygemm::moe_gemm_dev", mutates_args=())
+def _moe_dev_op(x: _Tensor, w: _Tensor, offsets: _Tensor, w_layout: str, math: str) -> _Tensor:
+    out = x.new_empty((x.shape[0], _moe_n(w, w_layout)))
+    grouped.moe_gemm(x, w, offsets, out, w_layout=w_layout, math=math, stream=_stream_of(x))
+    return out
+
+
+@_moe_dev_op.register_fake
+def _(x, w, offsets, w_layout, math):
+    return x.new_empty((x.shape[0], _moe_n(w, w_layout)))
+
+
+@torch.library.custom_op("cygemm::moe_gemm_wgrad", mutates_args=())
+def _moe_wgrad_op(x: _Tensor, dy: _Tensor, offsets: _Tensor, dw_layout: str, math: str) -> _Tensor:
+    g, k, n = offsets.shape[0] - 1, x.shape[1], dy.shape[1]
+    dw = x.new_empty((g, k, n) if dw_layout == "kn" else (g, n, k))
+    grouped.moe_gemm_wgrad(x, dy, offsets, dw, dw_layout=dw_layout, math=math, stream=_stream_of(x))
+    return dw
+
+
+@_moe_wgrad_op.register_fake
+def _(x, dy, offsets, dw_layout, math):
+    g, k, n = offsets.shape[0] - 1, x.shape[1], dy.shape[1]
+    return x.new_empty((g, k, n) if dw_layout == "kn" else (g, n, k))
+
+
+def _moe_dev_setup(ctx, inputs, output):
+    x, w, offsets, w_layout, math = inputs
+    ctx.save_for_backward(x, w, offsets)
+    ctx.options = (w_layout, math)
+
+
+def _moe_dev_backward(ctx, grad):
+    # out = x @ w[g] ("kn") or x @ w[g].T ("nk") per expert: dx runs the same experts on the
+    # other layout of w (read in place), dw is the ragged-K weight gradient in w's layout.
+    x, w, offsets = ctx.saved_tensors
+    w_layout, math = ctx.options
+    grad = grad.contiguous()
+    gx = _moe_dev_op(grad, w, offsets, _FLIP[w_layout], math) if ctx.needs_input_grad[0] else None
+    gw = _moe_wgrad_op(x, grad, offsets, w_layout, math) if ctx.needs_input_grad[1] else None
+    return gx, gw, None, None, None
+
+
+_moe_dev_op.register_autograd(_moe_dev_backward, setup_context=_moe_dev_setup)
+
+
 def moe_gemm(x, w, group_offsets, *, w_layout="kn", math="tf32"):
-    """:func:`cygemm.moe_gemm` into a new tensor, kept in torch.compile's graph
-    (``group_offsets`` a list of ints: a compiled graph is specialised to them)."""
+    """:func:`cygemm.moe_gemm` into a new tensor, kept in torch.compile's graph.
+
+    ``group_offsets`` a CUDA tensor (int32 or int64, G + 1 offsets): the offsets stay on the GPU
+    (no sync, and a compiled or captured graph follows their values), and the operator is
+    differentiable in x and w. A list of ints: a compiled graph is specialised to them."""
+    if isinstance(group_offsets, torch.Tensor) and group_offsets.device.type != "cpu":
+        return _moe_dev_op(x, w, group_offsets, w_layout, math)
     return _moe_op(x, w, [int(o) for o in group_offsets], w_layout, math)
+
+
+def moe_gemm_wgrad(x, dy, group_offsets, *, dw_layout="kn", math="tf32"):
+    """:func:`cygemm.moe_gemm_wgrad` into a new (G, K, N) or (G, N, K) tensor, kept in
+    torch.compile's graph; ``group_offsets`` a CUDA tensor of G + 1 offsets."""
+    return _moe_wgrad_op(x, dy, group_offsets, dw_layout, math)

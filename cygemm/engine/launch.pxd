@@ -61,3 +61,12 @@ cdef int plan_run(GemmContext* ctx, cudaStream_t stream, PlanData* d, const ColM
 # Point a plan's descriptor at this call's scales and amax (FP8; pointers change between calls
 # that share a plan, as bias and aux do): the cuBLAS status.
 cdef int set_scale_pointers(PlanData* d, const GemmTypes* t) noexcept nogil
+
+# One cuBLASLt grouped matmul (CUBLASLT_BATCH_MODE_GROUPED): every group's pointers, sizes and
+# leading dimensions, and alpha and beta, are in device memory at `table` (cygemm.grouped.lt_grouped
+# lays it out); the descriptors point into it. The cuBLAS status (the caller raises).
+cdef int grouped_lt_run(GemmContext* ctx, cudaStream_t stream, cublasLtMatmulDesc_t desc,
+                        cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc,
+                        cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t* algo, const void* alpha,
+                        const void* a, const void* b, const void* beta, const void* c, void* d, void* ws,
+                        size_t ws_bytes) noexcept nogil

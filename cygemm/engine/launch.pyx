@@ -155,3 +155,14 @@ cdef int set_scale_pointers(PlanData* d, const GemmTypes* t) noexcept nogil:
     if st == CUBLAS_STATUS_SUCCESS and t.amax_d != NULL:
         st = cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &t.amax_d, sizeof(void*))
     return st
+
+
+cdef int grouped_lt_run(GemmContext* ctx, cudaStream_t stream, cublasLtMatmulDesc_t desc,
+                        cublasLtMatrixLayout_t la, cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc,
+                        cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t* algo, const void* alpha,
+                        const void* a, const void* b, const void* beta, const void* c, void* d, void* ws,
+                        size_t ws_bytes) noexcept nogil:
+    # The K-tail guard does not act here: the grouped matmul runs only on cuBLASLt 13.8.1 or
+    # newer, whose notes name the split-K fix (13.8.0.4), and its first-use check (promise
+    # "lt_grouped") runs the K-tail detector through a ragged-K group of 32776 rows.
+    return cublasLtMatmul(ctx.lt, desc, alpha, a, la, b, lb, beta, c, lc, d, ld, algo, ws, ws_bytes, stream)

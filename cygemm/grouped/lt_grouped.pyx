@@ -43,6 +43,7 @@ from cygemm.kernels.grouped cimport (cygemm_grouped_table, cygemm_grouped_table_
 from cygemm.engine.context cimport stream_workspace, stream_table, STREAM_TABLE_BYTES
 from cygemm.engine.errors cimport check_cuda, check_cublas
 from cygemm.engine.streams cimport stream_is_capturing
+from cygemm.engine.launch cimport grouped_lt_run
 from cygemm.engine.lt_features cimport LtExtras, lt_extras
 from cygemm.engine import lt_features as _lt_features
 from cygemm.engine.dtypes import name_of
@@ -208,7 +209,8 @@ cdef int run_lt_grouped(GemmContext* ctx, cudaStream_t stream, const LtGroupedCa
             check_cuda(cygemm_zero_empty_groups(f.offsets, f.offsets_64bit, f.groups, f.zero_out, f.zero_group_stride,
                                                 f.zero_rows, f.zero_cols, f.zero_row_stride, f.elem_bytes, stream),
                        "cygemm_zero_empty_groups")
-        check_cublas(cublasLtMatmul(ctx.lt, plan.desc, table + t.alpha, table + t.a, plan.la, table + t.b, plan.lb,
-                                    table + t.beta, table + t.c, plan.lc, table + t.d, plan.ld, &plan.algo, ws,
-                                    ctx.workspace_bytes, stream), "cublasLtMatmul (grouped)")
+        check_cublas(<cublasStatus_t>grouped_lt_run(ctx, stream, plan.desc, plan.la, plan.lb, plan.lc, plan.ld,
+                                                    &plan.algo, table + t.alpha, table + t.a, table + t.b,
+                                                    table + t.beta, table + t.c, table + t.d, ws,
+                                                    ctx.workspace_bytes), "cublasLtMatmul (grouped)")
     return 0

@@ -11,7 +11,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from cygemm.autograd import ops  # noqa: E402
 import cygemm.autograd  # noqa: E402
 
-OPS = ("matmul", "linear", "linear_backward", "int_mm", "scaled_matmul", "moe_gemm")
+OPS = ("matmul", "linear", "linear_backward", "int_mm", "scaled_matmul", "moe_gemm", "moe_gemm_dev", "moe_gemm_wgrad")
 
 
 def test_every_operator_is_registered_under_cygemm():
@@ -55,6 +55,19 @@ def test_the_fake_int8_fp8_and_moe_operators_give_their_results_shapes():
         x, w = torch.empty((40, 8), device="cuda"), torch.empty((3, 8, 12), device="cuda")
         assert tuple(torch.ops.cygemm.moe_gemm(x, w, [0, 10, 25, 40], "kn", "tf32").shape) == (40, 12)
         assert tuple(torch.ops.cygemm.moe_gemm(x, w.transpose(1, 2), [0, 10, 25, 40], "nk", "tf32").shape) == (40, 12)
+
+
+def test_the_fake_device_offset_moe_operators_give_their_results_shapes():
+    with FakeTensorMode():
+        x, w = torch.empty((40, 8), device="cuda"), torch.empty((3, 8, 12), device="cuda")
+        offs = torch.empty((4,), device="cuda", dtype=torch.int32)
+        assert tuple(torch.ops.cygemm.moe_gemm_dev(x, w, offs, "kn", "tf32").shape) == (40, 12)
+        assert tuple(torch.ops.cygemm.moe_gemm_dev(x, w.transpose(1, 2), offs, "nk", "tf32").shape) == (40, 12)
+        dy = torch.empty((40, 12), device="cuda")
+        assert tuple(torch.ops.cygemm.moe_gemm_wgrad(x, dy, offs, "kn", "tf32").shape) == (3, 8, 12)
+        assert tuple(torch.ops.cygemm.moe_gemm_wgrad(x, dy, offs, "nk", "tf32").shape) == (3, 12, 8)
+        # ops.moe_gemm takes the device-offset operator for a CUDA tensor of offsets, the other for ints
+        assert tuple(ops.moe_gemm(x, w, offs).shape) == (40, 12)
 
 
 def test_scaled_matmul_refuses_an_out_dtype_it_does_not_make():
@@ -204,6 +217,21 @@ def cpu_standins(monkeypatch):
             dz = gy2
         return (dz @ weight).reshape(x.shape), dz.T @ x2, (dz.sum(0) if has_bias else None)
 
+    def fake_moe(x, w, offsets, out, w_layout="kn", **kw):
+        o = offsets.tolist()
+        for g in range(len(o) - 1):
+            out[o[g]:o[g + 1]] = x[o[g]:o[g + 1]] @ (w[g] if w_layout == "kn" else w[g].T)
+        return out
+
+    def fake_wgrad(x, dy, offsets, dw, dw_layout="kn", **kw):
+        o = offsets.tolist()
+        for g in range(len(o) - 1):
+            xs, ds = x[o[g]:o[g + 1]], dy[o[g]:o[g + 1]]
+            dw[g] = xs.T @ ds if dw_layout == "kn" else ds.T @ xs
+        return dw
+
+    monkeypatch.setattr(ops.grouped, "moe_gemm", fake_moe)
+    monkeypatch.setattr(ops.grouped, "moe_gemm_wgrad", fake_wgrad)
     monkeypatch.setattr(ops.cygemm, "matmul", fake_matmul)
     monkeypatch.setattr(ops, "_stream_of", lambda x: 0)
     monkeypatch.setattr(ops, "_dense_forward", dense_forward)
@@ -252,3 +280,18 @@ def test_a_model_on_the_operators_compiles_with_fullgraph_on_the_cpu(cpu_standin
     torch.testing.assert_close(got, eager)
     for p, q in zip(gc, ge):
         torch.testing.assert_close(p, q)
+
+
+@pytest.mark.parametrize("w_layout", ["kn", "nk"])
+def test_opcheck_and_gradients_of_the_device_offset_moe_operators_on_the_cpu(cpu_standins, w_layout):
+    """The operator's schema, fake implementation and autograd formula (dx through the other
+    layout, dw through the weight-gradient operator) against torch's own gradients."""
+    offs = torch.tensor([0, 3, 3, 9, 11], dtype=torch.int64)       # an empty expert
+    x = _cpu(11, 5, seed=10).requires_grad_()
+    w = _cpu(*((4, 5, 6) if w_layout == "kn" else (4, 6, 5)), seed=11).requires_grad_()
+    torch.library.opcheck(torch.ops.cygemm.moe_gemm_dev.default, (x, w, offs, w_layout, "fp32"))
+    assert torch.autograd.gradcheck(lambda a, b: torch.ops.cygemm.moe_gemm_dev(a, b, offs, w_layout, "fp32"), (x, w))
+    dy = _cpu(11, 6, seed=12)
+    torch.library.opcheck(torch.ops.cygemm.moe_gemm_wgrad.default, (x.detach(), dy, offs, w_layout, "fp32"))
+    dw = torch.ops.cygemm.moe_gemm_wgrad(x.detach(), dy, offs, w_layout, "fp32")
+    assert torch.equal(dw[1], torch.zeros_like(dw[1]))

@@ -41,7 +41,7 @@ def test_the_no_gpu_check_is_the_errors_modules_one_and_its_answer_is_kept():
 def test_versions_need_no_gpu_and_name_the_loaded_cublas_and_the_verified_ones():
     from cygemm.engine.promises import VERIFIED_CUBLASLT
     v = _context.versions()
-    assert set(v) == {"cuda_runtime", "cuda_driver", "cublasLt", "cublasLt_verified"}
+    assert set(v) == {"cuda_runtime", "cuda_driver", "cublasLt", "cublasLt_verified", "features"}
     assert v["cuda_runtime"] >= 13000                                      # the CUDA 13 runtime
     assert v["cublasLt"] // 10000 == 13, v["cublasLt"]                    # the nvidia-cublas 13 wheel
     assert v["cublasLt_verified"] == list(VERIFIED_CUBLASLT)

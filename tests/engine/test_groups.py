@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from cygemm import grouped
+import cygemm.grouped.gemm  # noqa: F401 (LT_NEEDS_DEVICE_OFFSETS)
 from cygemm.engine.errors import NoGpuError
 from fakes import BASE, FakeDeviceArray
 from gpu_util import f64, poisoned, rand, rel_err
@@ -168,7 +169,8 @@ def test_k_zero_and_empty_groups_are_set_apart_from_the_active_ones():
     assert [g["route"] for g in d["per_group"]] == ["loop", None, None, d["chosen"], d["chosen"]]
     # One active group beside a K == 0 one: nothing to run beside it on a second stream.
     d = grouped.describe_grouped(*fake_groups([(16, 8, 0), (5, 8, 32)]))
-    assert d["not_applicable"] == {"streams": "needs two or more non-empty groups"}
+    assert d["not_applicable"] == {"streams": "needs two or more non-empty groups",
+                                   "lt_grouped": grouped.gemm.LT_NEEDS_DEVICE_OFFSETS}
     assert (d["chosen"], d["routes"]) == ("batched", ["batched", "grouped", "loop"])
     with pytest.raises(ValueError, match="route: 'streams' does not apply: needs two or more non-empty groups"):
         grouped.grouped_gemm(*fake_groups([(16, 8, 0), (5, 8, 32)]), route="streams")

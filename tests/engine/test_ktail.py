@@ -68,9 +68,20 @@ def fresh_promises(monkeypatch):
 def test_a_verified_cublas_runs_no_check(fresh_promises, monkeypatch):
     ran, kept = fresh_promises
     monkeypatch.setattr(_promises, "_cublaslt_version", lambda: _promises.VERIFIED_CUBLASLT[0])
-    for p in _promises.PROMISES:
+    measured = [p for p in _promises.PROMISES if _promises.VERIFIED[p]]
+    assert measured == ["ktail_guard", "batch_invariant"]
+    for p in measured:
         _promises.require(p)
     assert ran == [] and kept == {}
+
+
+def test_promises_no_gpu_has_measured_are_checked_on_every_version(fresh_promises, monkeypatch):
+    """lt_grouped and ktail_fixed were measured on no cuBLASLt: even 13.1 checks them."""
+    ran, kept = fresh_promises
+    monkeypatch.setattr(_promises, "_cublaslt_version", lambda: _promises.VERIFIED_CUBLASLT[0])
+    for p in ("lt_grouped", "ktail_fixed"):
+        _promises.require(p)
+    assert sorted(ran) == ["ktail_fixed", "lt_grouped"]
 
 
 def test_an_unverified_cublas_checks_each_promise_once_and_keeps_the_verdict(fresh_promises, monkeypatch):

@@ -205,7 +205,8 @@ def test_moe_route_that_does_not_apply_is_refused():
 
 def test_uniform_groups_can_be_one_strided_batch():
     d = grouped.describe_grouped(*fake_groups([(16, 8, 32)] * 5, uniform=True))
-    assert d["routes"] == ROUTES and d["not_applicable"] == {}
+    assert d["routes"] == ROUTES and list(d["not_applicable"]) == ["lt_grouped"]      # (it needs device offsets)
+    assert d["not_applicable"]["lt_grouped"] == grouped.gemm.LT_NEEDS_DEVICE_OFFSETS
     assert (d["groups"], d["active"], d["zero_k"]) == (5, 5, 0)
     assert (d["chosen"], d["decided_by"]) == ("batched", "rule")      # small: the fixed rule
 

@@ -114,7 +114,8 @@ def fn(name):
             "empty_2d": gemm_ops.empty_2d, "empty_like_2d": gemm_ops.empty_like_2d,
             "grouped_gemm": cygemm.grouped_gemm, "moe_gemm": cygemm.moe_gemm,
             "describe_gemm": cygemm.describe_gemm,
-            "describe_grouped": cygemm.describe_grouped}[name]
+            "describe_grouped": cygemm.describe_grouped, "moe_gemm_wgrad": cygemm.moe_gemm_wgrad,
+            "describe_moe": cygemm.describe_moe}[name]
 
 
 # (function, build(mk) -> (args, kwargs), exception, words the message must hold, CPU-checkable)
@@ -462,6 +463,20 @@ CASES = {
                                     ValueError, ["group_offsets:", "non-decreasing"], True),
     "moe_gemm/bad w_layout": ("moe_gemm", lambda mk: ((mk.arr((4, 3)), mk.arr((2, 3, 2)), [0, 2, 4], mk.out((4, 2))),
                                                       {"w_layout": "kt"}), ValueError, ["w_layout:", "'kt'"], True),
+    "moe_gemm/device offsets float32": ("moe_gemm", lambda mk: ((mk.arr((4, 3)), mk.arr((2, 3, 2)), mk.arr((3,)),
+                                                                 mk.out((4, 2))), {}),
+                                        TypeError, ["group_offsets:", "int32 or int64", "float32"], True),
+    "moe_gemm/device offsets length": ("moe_gemm", lambda mk: ((mk.arr((4, 3)), mk.arr((2, 3, 2)), mk.arr((4,), "int32"),
+                                                                mk.out((4, 2))), {}),
+                                       ValueError, ["group_offsets:", "G + 1 = 3", "got 4"], True),
+    "moe_gemm_wgrad/dy rows": ("moe_gemm_wgrad", lambda mk: ((mk.arr((4, 3)), mk.arr((3, 2)), [0, 2, 4],
+                                                              mk.out((2, 3, 2))), {}),
+                               ValueError, ["dy:", "4 rows"], True),
+    "moe_gemm_wgrad/bad dw_layout": ("moe_gemm_wgrad", lambda mk: ((mk.arr((4, 3)), mk.arr((4, 2)), mk.arr((3,), "int64"),
+                                                                    mk.out((2, 3, 2))), {"dw_layout": "mk"}),
+                                     ValueError, ["dw_layout:", "'mk'"], True),
+    "describe_moe/bad kind": ("describe_moe", lambda mk: ((mk.arr((4, 3)), mk.arr((2, 3, 2)), [0, 2, 4], mk.out((4, 2))),
+                                                          {"kind": "backward"}), ValueError, ["kind:", "'backward'"], True),
     "describe_grouped/inner mismatch": ("describe_grouped", lambda mk: (([mk.arr((2, 3))], [mk.arr((4, 2))],
                                                                          [mk.out((2, 2))]), {}),
                                         ValueError, ["Bs[0]:", "3 rows"], True),
