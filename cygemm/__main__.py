@@ -220,7 +220,8 @@ def info(out=print):
             "tuning_cache": "the tuning file; None: kept in the process only",
             "max_stream_workspaces": "32 MiB cuBLAS workspaces per thread and device",
             "plan_cache_size": "plans kept per thread",
-            "determinism": "reproducible results: off, run_to_run or batch_invariant"}
+            "determinism": "reproducible results: off, run_to_run or batch_invariant",
+            "batch_invariance": "how batch_invariant is kept: families, or cublas (cuBLASLt's own flag, 13.10)"}
     for name, value in opts.items():
         out(f"  {name} = {value!r} ({_settings._ENV[name]}; {what[name]})")
     out(f"  tuned problems in this process: {len(tuning.tuning_entries())}")

@@ -150,6 +150,8 @@ _KERNELS = {
                   "the tuning size): the same bits in every process",
     "batch_invariant": "split-free kernels of the cuBLASLt algorithm chosen for the problem at "
                        "4096 x 4096 x K, whatever M: each row's bits independent of the others",
+    "batch_invariant/cublas": "cuBLASLt's own batch invariance (CUBLASLT_MATMUL_DESC_BATCH_INVARIANCE_FLAGS, "
+                              "the operands' alignment class): each row's bits independent of the others",
 }
 
 
@@ -179,10 +181,16 @@ cdef dict describe_call(const MatrixView* va, const MatrixView* vb, const Matrix
                f"columns, rows")
     else:
         why = f"{out} is column-major as cuBLAS is: it computes {out} = {op_a} @ {op_b} as written"
-    mode = get_options()["determinism"]
+    options = get_options()
+    mode = options["determinism"]
+    kernels = _KERNELS[mode]
+    if mode == "batch_invariant" and options["batch_invariance"] == "cublas":
+        from cygemm.engine import lt_features
+        if lt_features.feature_gate("batch_invariance") is None:
+            kernels = _KERNELS["batch_invariant/cublas"]
     d = dict(M=vc.rows, N=vc.cols, K=va.rows if trans_a else va.cols, batch=vc.batch if g == NULL else g.batch,
              swapped=swapped, cublas_a=b if swapped else a, cublas_b=a if swapped else b, why=why,
-             determinism=mode, kernels=_KERNELS[mode])
+             determinism=mode, kernels=kernels)
     if g == NULL:
         d.update(dict.fromkeys(("opa", "opb", "m", "n", "k", "lda", "ldb", "ldc", "stride_a", "stride_b",
                                 "stride_c", "a", "b", "c")))

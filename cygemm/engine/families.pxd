@@ -17,6 +17,8 @@ from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t, cublasLtMatmulAlgo_t
 # exist (make_descriptors); the other arguments are what made them. bucket_choice: the tuned
 # record of the problem's size bucket (bucket_key), or None; where it holds a member of this
 # problem's family that cublasLtMatmulAlgoCheck accepts, that member alone (nothing to time).
+# d.cublas_invariance (batch_invariant only): instead, cuBLASLt's own batch-invariance flag set on
+# d's descriptor with the operands' alignment class, and the heuristic's candidates under it.
 cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g, int determinism,
                            cudaDataType dtype, cublasComputeType_t compute, cublasLtEpilogue_t epi,
                            const void* bias, void* aux, size_t ws_bytes, unsigned al_a, unsigned al_b,
@@ -26,5 +28,10 @@ cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g,
 # plans._key_tuple) with M and N rounded up to powers of two and no leading dimensions.
 cdef tuple bucket_key(tuple key)
 
-# Whether algo is a split-free kernel of cuBLASLt algorithm `family`.
+# Whether algo is a split-free kernel of cuBLASLt algorithm `family` (FAMILY_CUBLAS: any
+# algorithm, checked against a descriptor that carries cuBLASLt's batch-invariance flag).
 cdef bint in_family(const cublasLtMatmulAlgo_t* algo, int family) noexcept nogil
+
+# The family of a plan kept batch-invariant by cuBLASLt's own flag (batch_invariance="cublas").
+cdef enum:
+    FAMILY_CUBLAS = -2

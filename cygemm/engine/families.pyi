@@ -1,1 +1,3 @@
-# Kernel families for the determinism policies have no Python API: the plans cimport them (see families.pxd).
+# Kernel families for the determinism policies: the plans cimport them (see families.pxd). The
+# one Python function is the alignment-class rule of cuBLASLt's own batch invariance, for tests.
+def _alignment_class_of(lda: int, ldb: int, ldc: int, al_a: int, al_b: int, al_c: int, itemsize: int) -> int: ...

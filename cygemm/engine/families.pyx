@@ -38,6 +38,7 @@ from cygemm.bindings.cublaslt cimport *
 from cygemm.engine.settings cimport DETERMINISM_BATCH_INVARIANT
 from cygemm.engine.lt_desc cimport make_descriptors, free_descriptors, algo_from_hex
 from cygemm.engine.launch cimport PLAN_CANDIDATES
+from cygemm.engine.dtypes cimport type_size
 
 cdef enum:
     FAMILY_ROWS = 4096      # the reference problem's M and N (batch-invariant families)
@@ -56,6 +57,8 @@ cdef int _config(const cublasLtMatmulAlgo_t* algo, cublasLtMatmulAlgoConfigAttri
 
 
 cdef bint in_family(const cublasLtMatmulAlgo_t* algo, int family) noexcept nogil:
+    if family == FAMILY_CUBLAS:
+        return True
     return (family >= 0 and _config(algo, CUBLASLT_ALGO_CONFIG_ID) == family
             and _config(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) == 1)
 
@@ -74,6 +77,65 @@ cdef int _query(GemmContext* ctx, PlanData* d, cublasLtMatmulHeuristicResult_t* 
             out[n] = out[i]
             n += 1
     return n
+
+
+cdef int _alignment_class(const ColMajorGemm* g, const GemmTypes* types, unsigned al_a, unsigned al_b,
+                           unsigned al_c, int itemsize) noexcept nogil:
+    """cuBLASLt's batch-invariance class for the call's operands: the largest of 2, 4, 8, 16 bytes
+    that divides every pointer and every leading dimension in bytes (-1: none, e.g. 1-byte
+    types at odd addresses). The class must be the same for every call whose rows are to
+    agree: slices of one array at one start share it."""
+    cdef int64_t a = 16, v[6]
+    cdef int i
+    if types != NULL:           # (mixed storage types, FP8: the families keep them)
+        return -1
+    v[0], v[1], v[2] = al_a, al_b, al_c
+    v[3], v[4], v[5] = g.lda * itemsize, g.ldb * itemsize, g.ldc * itemsize
+    for i in range(6):
+        v[i] = v[i] & -v[i]     # (the largest power of two dividing it)
+        if 0 < v[i] < a:
+            a = v[i]
+    if a >= 16:
+        return LT_BATCH_INVARIANCE_ALIGN_16B
+    if a >= 8:
+        return LT_BATCH_INVARIANCE_ALIGN_8B
+    if a >= 4:
+        return LT_BATCH_INVARIANCE_ALIGN_4B
+    if a >= 2:
+        return LT_BATCH_INVARIANCE_ALIGN_2B
+    return -1
+
+
+def _alignment_class_of(int64_t lda, int64_t ldb, int64_t ldc, unsigned al_a, unsigned al_b, unsigned al_c,
+                        int itemsize):
+    """The batch-invariance class (cublasLtMatmulBatchInvarianceFlags_t) for leading dimensions
+    and pointer alignments: for the CPU tests of the rule; -1 where none fits."""
+    cdef ColMajorGemm g
+    g.lda, g.ldb, g.ldc = lda, ldb, ldc
+    return _alignment_class(&g, NULL, al_a, al_b, al_c, itemsize)
+
+
+cdef bint _cublas_invariant(GemmContext* ctx, PlanData* d, const ColMajorGemm* g, const GemmTypes* types,
+                            unsigned al_a, unsigned al_b, unsigned al_c, size_t ws_bytes) except -1:
+    """cuBLASLt's own batch invariance (CUBLASLT_MATMUL_DESC_BATCH_INVARIANCE_FLAGS, cuBLASLt
+    13.10): the flag with the operands' alignment class on d's descriptor, then the heuristic's
+    candidates under it (every one keeps each row's bits whatever the rows, by cuBLAS's promise;
+    the first-use check of "batch_invariant" tests it on unverified versions). False where no
+    class fits or the library refuses the flag."""
+    cdef int32_t flags = _alignment_class(g, types, al_a, al_b, al_c, type_size(d.dtype))
+    cdef cublasLtMatmulHeuristicResult_t results[QUERY]
+    cdef int n, i
+    if flags < 0:
+        return False
+    if cublasLtMatmulDescSetAttribute(d.desc, <cublasLtMatmulDescAttributes_t>LT_MATMUL_DESC_BATCH_INVARIANCE_FLAGS,
+                                      &flags, sizeof(flags)) != CUBLAS_STATUS_SUCCESS:
+        return False
+    n = _query(ctx, d, results, ws_bytes)
+    d.family = FAMILY_CUBLAS
+    for i in range(min(n, <int>PLAN_CANDIDATES)):
+        d.candidates[i] = results[i]
+    d.n_candidates = min(n, <int>PLAN_CANDIDATES)
+    return True
 
 
 cdef int _first_split_free(const cublasLtMatmulHeuristicResult_t* results, int n) noexcept nogil:
@@ -214,9 +276,14 @@ cdef int family_candidates(GemmContext* ctx, PlanData* d, const ColMajorGemm* g,
                            unsigned al_c, const GemmTypes* types, object bucket_choice=None) except -1:
     cdef cublasLtMatmulHeuristicResult_t results[QUERY]
     cdef cublasLtMatmulHeuristicResult_t reference[QUERY]
-    cdef int n = _query(ctx, d, results, ws_bytes), n_ref = 0, n_probe, i, ref = -1, family = -1
+    cdef int n, n_ref = 0, n_probe, i, ref = -1, family = -1
     cdef int64_t probe, small = min(g.m, g.n)
     d.n_candidates = 0
+    if determinism == DETERMINISM_BATCH_INVARIANT and d.cublas_invariance:
+        if _cublas_invariant(ctx, d, g, types, al_a, al_b, al_c, ws_bytes):
+            return 0
+        d.cublas_invariance = False         # (no alignment class fits: the families keep it)
+    n = _query(ctx, d, results, ws_bytes)
     if determinism == DETERMINISM_BATCH_INVARIANT:
         # The family: the first split-free kernel at FAMILY_ROWS x FAMILY_ROWS (not this M or N).
         n_ref = _heuristic_at(ctx, g, FAMILY_ROWS, FAMILY_ROWS, dtype, compute, epi, bias, aux, ws_bytes,

@@ -42,6 +42,7 @@ ctypedef struct PlanData:
     int family          # under a determinism mode: the cuBLASLt algorithm id of its kernels
     bint verify         # a timed choice is kept only if its result agrees with the first candidate's (FP8)
     bint shared         # batch-invariant: its candidates are its size bucket's fastest members (cygemm.engine.families)
+    bint cublas_invariance  # batch-invariant by cuBLASLt's own flag, set on desc (family FAMILY_CUBLAS)
     cublasLtMatmulHeuristicResult_t candidates[PLAN_CANDIDATES]
 
 

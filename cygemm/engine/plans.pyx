@@ -79,6 +79,7 @@ cdef class Plan:
 ctypedef struct PlanKey:
     int device, dtype, compute, epi
     int determinism     # a Determinism (the autotune levels share plans; the modes do not)
+    int invariance      # batch_invariant kept by cuBLASLt's own flag (1) or by kernel families (0)
     int opa, opb
     int64_t m, n, k, lda, ldb, ldc, aux_ld
     int64_t batch, stride_a, stride_b, stride_c
@@ -202,6 +203,7 @@ cdef PlanKey _plan_key(GemmContext* ctx, const ColMajorGemm* g, cudaDataType dty
     memset(&k, 0, sizeof(k))            # padding too: keys are compared with memcmp
     k.device, k.dtype, k.compute, k.epi, k.opa, k.opb = ctx.device, dtype, compute, epi, g.opa, g.opb
     k.determinism = determinism
+    k.invariance = determinism == DETERMINISM_BATCH_INVARIANT and loaded_options().cublas_invariance
     k.m, k.n, k.k, k.lda, k.ldb, k.ldc, k.aux_ld = g.m, g.n, g.k, g.lda, g.ldb, g.ldc, aux_ld
     k.batch = batch
     if batch > 1:
@@ -228,6 +230,8 @@ cdef tuple _key_tuple(const PlanKey* k):
         key += ("types", k.a_type, k.b_type, k.c_type, k.bias_type, k.scale_flags)
     if k.determinism:   # a family's choices are kept apart from the fastest kernel's
         key += ("determinism", k.determinism + 2)      # (3, 4: the codes tuning files hold)
+    if k.invariance:    # cuBLASLt's own batch invariance: its choices apart from the families'
+        key += ("invariance", "cublas")
     return key
 
 
@@ -297,6 +301,7 @@ cdef Plan _make_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
     # policy: it picks its kernel by the problem's size.
     d.gemmex_ok = epi == CUBLASLT_EPILOGUE_DEFAULT and bias == NULL and aux == NULL and types == NULL
     d.determinism, d.family = k.determinism, -1
+    d.cublas_invariance = k.invariance
     # (FP8: a timed choice must agree with the first candidate, as a second check of its kernels)
     d.verify = types != NULL and (is_fp8_type(types.a) or is_fp8_type(types.b))
     cdef int found = 0, i
@@ -464,6 +469,10 @@ cdef int forced_gemm() noexcept nogil:
 
 
 cdef int raise_no_family(Plan plan) except -1:
+    if plan.d.cublas_invariance:
+        raise CygemmError("determinism='batch_invariant' (batch_invariance='cublas'): cuBLASLt offered no "
+                          "algorithm for this problem under CUBLASLT_MATMUL_DESC_BATCH_INVARIANCE_FLAGS; use "
+                          "set_options(batch_invariance='families'), or determinism='run_to_run' or 'off'")
     raise CygemmError(f"determinism='batch_invariant': cuBLASLt has no kernel of this problem's family "
                       f"(algorithm {plan.d.family}) for it, and no other kernel gives the same rows; "
                       "run it with determinism='run_to_run' or 'off'")

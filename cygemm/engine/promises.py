@@ -51,14 +51,27 @@ def holds(promise):
     while its own check runs: the check's GEMMs rely on it)."""
     if promise in _checking:
         return True
-    verdict = _verdicts.get(promise)
+    way = _way(promise)
+    verdict = _verdicts.get((promise, way))
     if verdict is None:
         with _lock:
-            verdict = _verdicts.get(promise)
+            verdict = _verdicts.get((promise, way))
             if verdict is None:
-                verdict = _decide(promise)
-                _verdicts[promise] = verdict
+                verdict = _decide(promise, way)
+                _verdicts[(promise, way)] = verdict
     return verdict
+
+
+def _way(promise):
+    """How the promise is kept now, where there are several ways: batch_invariant by cuBLASLt's
+    own flag ("cublas", measured on no version yet) or by kernel families (None)."""
+    if promise == "batch_invariant":
+        from cygemm.engine import settings
+        if settings.get_options()["batch_invariance"] == "cublas":
+            from cygemm.engine import lt_features
+            if lt_features.feature_gate("batch_invariance") is None:
+                return "cublas"
+    return None
 
 
 def require(promise):
@@ -88,13 +101,13 @@ _INSTEAD = {"ktail_guard": "Install a verified cuBLAS (pip install 'nvidia-cubla
             "ktail_fixed": "The guard keeps acting."}
 
 
-def _decide(promise):
-    if verified(promise=promise) and promise not in _fail:
+def _decide(promise, way=None):
+    if verified(promise=promise) and promise not in _fail and way is None:
         return True
     from cygemm.engine import tuning
     from cygemm.engine import context as _context
     device = _context.current_device()
-    key = (promise,)
+    key = (promise,) if way is None else (promise, way)
     if promise not in _fail:
         record = tuning._lookup_promise(device, key)
         if record is not None:
@@ -200,7 +213,8 @@ def _check_lt_grouped():
     """moe_gemm (both weight layouts) and moe_gemm_wgrad (both) through route 'lt_grouped', with
     int32 and int64 offsets on the GPU, ragged experts and an empty one, bitwise against the
     per-group loop of host offsets on the same exact inputs; the empty expert's weight gradient
-    must be zeros, and no output may keep its NaN."""
+    must be zeros, and no output may keep its NaN. Then the K-tail detector with a deep K, fixed
+    and ragged (about 6 MB)."""
     import cupy as cp
     import numpy as np
     import cygemm
@@ -224,6 +238,20 @@ def _check_lt_grouped():
                 cygemm.moe_gemm_wgrad(x, dy, offs, dw_ref, dw_layout=layout, route="loop")
                 ok &= bool((dw.view(cp.uint16) == dw_ref.view(cp.uint16)).all()) and not bool(cp.isnan(dw).any())
                 ok &= bool((dw[1] == 0).all())
+        # The K-tail detector through the grouped matmul: a deep K that is no multiple of 256,
+        # fixed (the forward's hidden size) and ragged (a weight gradient's rows); C must be 2.
+        deep = 32776
+        a, b = _detector(cp, dtype, 16, 16, deep)
+        w = cp.ascontiguousarray(cp.broadcast_to(b, (2, deep, 16)))
+        out = cp.full((16, 16), cp.nan, dtype)
+        cygemm.moe_gemm(a, w, cp.asarray([0, 9, 16], dtype=cp.int32), out, route="lt_grouped")
+        ok &= bool((out.astype(cp.float32) == 2).all())
+        x = cp.zeros((deep + 8, 16), dtype)
+        x[0], x[deep - 1] = 1, 1
+        dw = cp.full((2, 16, 16), cp.nan, dtype)
+        cygemm.moe_gemm_wgrad(x, cp.ones((deep + 8, 16), dtype), cp.asarray([0, deep, deep + 8], dtype=cp.int64), dw,
+                              route="lt_grouped")
+        ok &= bool((dw[0].astype(cp.float32) == 2).all()) and bool((dw[1] == 0).all())
     from cygemm.grouped import lt_grouped
     lt_grouped.clear_plans()
     return ok

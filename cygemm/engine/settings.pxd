@@ -30,6 +30,7 @@ ctypedef struct Options:
     int max_stream_workspaces
     int plan_cache_size
     Determinism determinism
+    bint cublas_invariance      # batch_invariant by cuBLASLt's own flag (the option is "cublas" and the library takes it)
 
 # The options now (loaded from the environment on the first call; raises ValueError naming
 # the variable when one is malformed).

@@ -17,6 +17,7 @@ option                     environment variable            default
 ``max_stream_workspaces``  ``CYGEMM_MAX_STREAM_WORKSPACES``  8 per thread and device
 ``plan_cache_size``        ``CYGEMM_PLAN_CACHE_SIZE``      256 plans per thread
 ``determinism``            ``CYGEMM_DETERMINISM``          ``"off"``
+``batch_invariance``       ``CYGEMM_BATCH_INVARIANCE``     ``"families"``
 =========================  ==============================  =====================================
 """
 import os
@@ -30,9 +31,11 @@ _OFF = ("off", "none", "0", "")
 _ENV = {"autotune": "CYGEMM_AUTOTUNE", "autotune_min_macs": "CYGEMM_AUTOTUNE_MIN_MACS",
         "tuning_mode": "CYGEMM_TUNING_MODE", "tuning_cache": "CYGEMM_TUNING_CACHE",
         "max_stream_workspaces": "CYGEMM_MAX_STREAM_WORKSPACES", "plan_cache_size": "CYGEMM_PLAN_CACHE_SIZE",
-        "determinism": "CYGEMM_DETERMINISM"}
+        "determinism": "CYGEMM_DETERMINISM", "batch_invariance": "CYGEMM_BATCH_INVARIANCE"}
 DEFAULTS = {"autotune": "auto", "autotune_min_macs": 2.0 ** 28, "tuning_mode": "cold",
-            "tuning_cache": "default", "max_stream_workspaces": 8, "plan_cache_size": 256, "determinism": "off"}
+            "tuning_cache": "default", "max_stream_workspaces": 8, "plan_cache_size": 256, "determinism": "off",
+            "batch_invariance": "families"}
+_INVARIANCE = ("families", "cublas")
 
 cdef Options _c
 cdef bint _loaded = False
@@ -58,6 +61,10 @@ def _check(str name, value, str source):
     if name == "determinism":
         if str(value).lower() not in _DETERMINISM:
             raise bad("'off', 'run_to_run' or 'batch_invariant'")
+        return str(value).lower()
+    if name == "batch_invariance":
+        if str(value).lower() not in _INVARIANCE:
+            raise bad("'families' or 'cublas'")
         return str(value).lower()
     if name == "tuning_mode":
         if str(value).lower() not in _TUNING_MODES:
@@ -95,6 +102,10 @@ cdef void _publish() noexcept:
     _c.max_stream_workspaces = _values["max_stream_workspaces"]
     _c.plan_cache_size = _values["plan_cache_size"]
     _c.determinism = <Determinism>_DETERMINISM[_values["determinism"]]
+    _c.cublas_invariance = False
+    if _values["batch_invariance"] == "cublas":
+        from cygemm.engine import lt_features     # (where the library does not take the flag: families)
+        _c.cublas_invariance = lt_features.feature_gate("batch_invariance") is None
 
 
 cdef int _load() except -1:
@@ -167,7 +178,7 @@ def get_options():
     dict
         ``autotune``, ``autotune_min_macs``, ``tuning_mode``, ``tuning_cache`` (a path, or None
         when tuning is kept in the process only), ``max_stream_workspaces``, ``plan_cache_size``,
-        ``determinism``.
+        ``determinism``, ``batch_invariance``.
 
     Raises
     ------
@@ -205,6 +216,12 @@ def set_options(**changes):
         whatever the tuning file or timing noise. "batch_invariant": moreover, row i of a result
         depends only on row i of the inputs, never on how many rows there are or what the others
         hold. See :doc:`/reproducibility`.
+    batch_invariance : {"families", "cublas"}
+        How "batch_invariant" is kept: "families" (the default), the split-free kernels of one
+        cuBLASLt algorithm, measured on cuBLAS 13.1 and checked at first use elsewhere;
+        "cublas", cuBLASLt's own promise (``CUBLASLT_MATMUL_DESC_BATCH_INVARIANCE_FLAGS``, with
+        the alignment class of the call's operands) where the loaded cuBLASLt takes it (13.10
+        does), else the families. Either way the first use on an unverified cuBLAS is checked.
 
     Returns
     -------

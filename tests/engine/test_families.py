@@ -230,3 +230,55 @@ def test_run_to_run_gives_the_same_bits_untuned_and_exhaustively_tuned(gpu, dtyp
     for e in _gemm_entries():
         if e.get("route") == "cublasLt":
             assert algo_config(e["algo"], CONFIG_SPLITK_NUM) == 1, e
+
+
+# ------------------------------------------------------------------ cuBLASLt's own batch invariance
+
+@pytest.mark.parametrize("lds,als,itemsize,flags", [
+    ((1024, 768, 768), (256, 256, 256), 2, 0x4),       # every row and start on 16 bytes: ALIGN_16B
+    ((1024, 768, 764), (256, 256, 256), 2, 0x3),       # C's rows 1528 bytes apart: 8
+    ((1024, 768, 768), (256, 4, 256), 4, 0x2),         # B starts on 4 bytes
+    ((1023, 768, 768), (256, 256, 256), 2, 0x1),       # A's rows 2046 bytes apart: 2
+    ((1023, 768, 768), (256, 256, 256), 1, -1),        # 1-byte rows at odd strides: none
+])
+def test_the_alignment_class_is_the_largest_that_every_pointer_and_row_keeps(lds, als, itemsize, flags):
+    from cygemm.engine.families import _alignment_class_of
+    assert _alignment_class_of(*lds, *als, itemsize) == flags
+
+
+def test_describe_names_cublas_own_invariance_where_the_option_asks_and_the_library_takes_it():
+    from cygemm.engine import lt_features
+    a, b = FakeDeviceArray((64, 32), ptr=BASE), FakeDeviceArray((32, 16), ptr=BASE + 0x10000)
+    old = cygemm.set_options(determinism="batch_invariant", batch_invariance="cublas")
+    try:
+        took = lt_features.feature_gate("batch_invariance") is None
+        kernels = cygemm.describe_gemm(a, b)["kernels"]
+        assert ("CUBLASLT_MATMUL_DESC_BATCH_INVARIANCE_FLAGS" in kernels) == took, kernels
+        with lt_features._pretend(batch_invariance=False):
+            assert "split-free kernels" in cygemm.describe_gemm(a, b)["kernels"]
+    finally:
+        cygemm.set_options(**old)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,math", CASES + [("bfloat16", "tf32")])
+def test_cublas_own_batch_invariance_gives_each_row_the_same_bits_at_every_m(gpu, dtype, math):
+    """batch_invariance="cublas" (cuBLASLt 13.10's flag): the rows of M = 1 .. 2048 are bitwise
+    the first rows of M = 2048's, which is right against float64."""
+    from cygemm.engine import lt_features
+    why = lt_features.feature_gate("batch_invariance")
+    if why:
+        pytest.skip(why)
+    old = cygemm.set_options(batch_invariance="cublas")
+    try:
+        x, wt = rand(cp, (2048, K), dtype), rand(cp, (N, K), dtype)
+        full = poisoned(cp, (2048, N), dtype)
+        cygemm.gemm(x, wt, full, trans_b=True, math=math, determinism="batch_invariant")
+        cp.cuda.Device().synchronize()
+        assert rel_err(full.get(), f64(cp, x) @ f64(cp, wt).T) < tol(dtype, math, K)
+        for m in BOUNDARIES + [7, 300, 1000]:
+            out = poisoned(cp, (m, N), dtype)
+            cygemm.gemm(x[:m], wt, out, trans_b=True, math=math, determinism="batch_invariant")
+            assert np.array_equal(host_bits(cp, out), host_bits(cp, full[:m])), f"rows of M={m} differ from M=2048's"
+    finally:
+        cygemm.set_options(**old)

@@ -323,9 +323,54 @@ def test_a_first_use_inside_a_capture_checks_beside_it_and_the_graph_replays_rig
 
 @pytest.mark.gpu
 def test_the_checks_themselves_hold_on_this_gpu(monkeypatch):
-    """The first-use checks as an unverified cuBLAS would run them: both hold here."""
+    """The first-use checks as an unverified cuBLAS would run them: all hold here (the grouped
+    matmul's where this cuBLAS and GPU have it)."""
+    from cygemm.engine import lt_features
     assert _promises._check_ktail_guard()
     assert _promises._check_batch_invariant()
+    if lt_features.feature_gate("grouped_gemm") is None:
+        assert _promises._check_lt_grouped()
+
+
+def test_whether_the_guard_stands_down_is_asked_only_when_it_would_act():
+    _ktail._forget_fix()
+    assert _ktail.stands_down() is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_the_guard_stands_down_only_where_cublas_confirms_its_fix(dtype):
+    """Below 13.8.1 (the test hook's 13.1) the guard acts; from 13.8.1 the first flagged GEMM runs
+    the detector unguarded once, and the guard stands down if it was exact. Every result exact."""
+    import cupy as cp
+    from cygemm.engine import lt_features, plans
+    m, n, k = KNOWN_WRONG[0]
+    _promises._reset_for_tests()
+    try:
+        for pretend in (dict(version=130100), None):
+            _ktail._forget_fix()
+            plans.clear_plan_cache()
+            before = _promises.checks_run["ktail_fixed"]
+            a, b = _detector(cp, dtype, m, n, k)
+            c = cp.full((m, n), cp.nan, a.dtype)
+            if pretend:
+                with lt_features._pretend(**pretend):
+                    cygemm.gemm(a, b, out=c)
+                assert _ktail.stands_down() is False
+            else:
+                cygemm.gemm(a, b, out=c)
+                if lt_features.feature_gate("ktail_fixed") is None:
+                    assert _ktail.stands_down() is not None
+                    assert _promises.checks_run["ktail_fixed"] == before + 1
+                    print(f"cuBLASLt {cygemm.versions()['cublasLt']}: the K-tail fix "
+                          f"{'holds: the guard stands down' if _ktail.stands_down() else 'failed its check'}")
+                else:
+                    assert _ktail.stands_down() is False
+            assert _wrong(cp, c) == 0
+    finally:
+        _ktail._forget_fix()
+        _promises._reset_for_tests()
+        plans.clear_plan_cache()
 
 
 # ---------------------------------------------------------------- every other entry point

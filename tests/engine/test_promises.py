@@ -280,3 +280,32 @@ def test_a_first_use_on_an_unverified_cublas_checks_once_then_computes_right(mon
     finally:
         _promises._reset_for_tests()
         plans.clear_plan_cache()
+
+
+
+def test_batch_invariant_by_cublas_flag_is_a_promise_of_its_own(monkeypatch):
+    """batch_invariance="cublas" on a library that takes the flag: its verdict is kept apart from
+    the families' (another key), and checked even on a version the families were measured on."""
+    from cygemm.engine import lt_features
+    if lt_features.feature_gate("batch_invariance") is not None:
+        pytest.skip("the loaded cuBLASLt does not take the batch-invariance flag")
+    _promises._reset_for_tests()
+    ran, kept = [], {}
+    from cygemm.engine import tuning
+    from cygemm.engine import context as _context
+    monkeypatch.setattr(_promises, "_CHECKS", {p: (lambda p=p: ran.append(p) or True) for p in _promises.PROMISES})
+    monkeypatch.setattr(tuning, "_lookup_promise", lambda device, key: kept.get(key))
+    monkeypatch.setattr(tuning, "_remember_promise", lambda device, key, record: kept.__setitem__(key, record))
+    monkeypatch.setattr(_context, "current_device", lambda: 0)
+    monkeypatch.setattr(_promises, "_on_a_side_stream", lambda check: check())
+    monkeypatch.setattr(_promises, "_cublaslt_version", lambda: _promises.VERIFIED_CUBLASLT[0])
+    old = cygemm.set_options(batch_invariance="cublas")
+    try:
+        _promises.require("batch_invariant")
+        assert ran == ["batch_invariant"] and list(kept) == [("batch_invariant", "cublas")]
+        cygemm.set_options(batch_invariance="families")
+        _promises.require("batch_invariant")           # measured on 13.1: no check
+        assert ran == ["batch_invariant"]
+    finally:
+        cygemm.set_options(**old)
+        _promises._reset_for_tests()

@@ -22,11 +22,12 @@ def _run(code, **env):
 def test_defaults_and_the_user_cache_folder(tmp_path):
     out = _run("import cygemm; print(cygemm.get_options())", XDG_CACHE_HOME=str(tmp_path),
                CYGEMM_TUNING_CACHE=None, CYGEMM_AUTOTUNE=None, CYGEMM_AUTOTUNE_MIN_MACS=None,
-               CYGEMM_TUNING_MODE=None, CYGEMM_MAX_STREAM_WORKSPACES=None, CYGEMM_PLAN_CACHE_SIZE=None)
+               CYGEMM_TUNING_MODE=None, CYGEMM_MAX_STREAM_WORKSPACES=None, CYGEMM_PLAN_CACHE_SIZE=None,
+               CYGEMM_BATCH_INVARIANCE=None)
     opts = eval(out)
     assert opts == {"autotune": "auto", "autotune_min_macs": 2.0 ** 28, "tuning_mode": "cold", "determinism": "off",
                     "tuning_cache": os.path.join(str(tmp_path), "cygemm", "tuning.jsonl"),
-                    "max_stream_workspaces": 8, "plan_cache_size": 256}
+                    "max_stream_workspaces": 8, "plan_cache_size": 256, "batch_invariance": "families"}
 
 
 def test_without_xdg_the_cache_is_under_home(tmp_path):
@@ -112,3 +113,16 @@ def test_determinism_is_validated_by_set_options_naming_it_and_kept():
         assert cygemm.get_options()["determinism"] == "run_to_run"
     finally:
         cygemm.set_options(**old)
+
+
+def test_batch_invariance_takes_families_or_cublas_from_set_options_and_the_environment():
+    old = cygemm.set_options(batch_invariance="CUBLAS")
+    try:
+        assert cygemm.get_options()["batch_invariance"] == "cublas"
+        with pytest.raises(ValueError, match="batch_invariance: expected 'families' or 'cublas', got 'kernels'"):
+            cygemm.set_options(batch_invariance="kernels")
+        assert cygemm.get_options()["batch_invariance"] == "cublas"         # a refused value changes nothing
+    finally:
+        cygemm.set_options(**old)
+    out = _run("import cygemm; print(cygemm.get_options()['batch_invariance'])", CYGEMM_BATCH_INVARIANCE="cublas")
+    assert out.strip() == "cublas"
