@@ -71,14 +71,15 @@ if [[ $STAGES == *,sanitize,* ]]; then
     # are left out. racecheck looks at shared memory, which the backward's column sum, the
     # transposed FP8 quantize kernels and the small-matrix kernel (its staging, both stages'
     # buffers) use. On the H200: 405 tests in 24 s under memcheck, 169 in 24 s under racecheck
-    # (before the small-matrix kernel's layouts joined both).
+    # (before the small-matrix kernel's layouts joined both). The MoE tests with offsets on the
+    # GPU run under memcheck too: cygemm's table kernel and cuBLASLt's grouped matmul it feeds.
     MEMCHECK_K='not past_int32 and not soak and not 10k and not threads and not property and not digits'
     RACECHECK_K='backward'
     echo "== compute-sanitizer memcheck"
     timeout 300 "$SAN" --tool memcheck --error-exitcode 99 --print-limit 20 \
         python3 -m pytest -q -p no:cacheprovider tests/dense/test_layer.py tests/properties/test_reliability.py tests/engine/test_graph.py \
         tests/dense/test_elementwise.py tests/fp8/test_scaled.py tests/fp8/test_scales.py \
-        tests/engine/test_small_batched.py \
+        tests/engine/test_small_batched.py tests/grouped/test_moe.py tests/grouped/test_lt_grouped.py \
         "tests/engine/test_streams_devices.py::test_one_row_out_and_z_out_of_row_stride_0_or_1" \
         "tests/engine/test_streams_devices.py::test_graph_replayed_on_another_stream_while_eager_work_runs_on_the_capture_stream" \
         "tests/engine/test_streams_devices.py::test_per_head_results_written_into_one_interleaved_buffer" \

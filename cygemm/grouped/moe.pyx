@@ -11,42 +11,27 @@ the host routes; not inside a capture). Every argument is read and checked befor
 enqueued, the offsets' values aside (they stay on the GPU: ``check_offsets=True`` reads them).
 """
 from libc.stdint cimport int64_t
-from cpython.ref cimport PyObject
 
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.kernels.grouped cimport CYGEMM_RAGGED_N, CYGEMM_RAGGED_K
 from cygemm.engine.types cimport MatrixView, compute_type
-from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, expect_dtype, prepare_call, check_overlaps,
                                  parse_math, ARG_READ, ARG_WRITE, CALL_GEMM)
 from cygemm.engine.dtypes cimport DTYPES_INDEX
 from cygemm.engine.context cimport GemmContext
-from cygemm.engine.streams cimport stream_is_capturing
-from cygemm.engine.settings cimport Policy, call_policy, DETERMINISM_OFF
-from cygemm.engine.routes cimport RouteTable, route_table, choose_route, describe_route
-from cygemm.engine.groups cimport Groups, read_moe, read_moe_wgrad, read_offsets
-from cygemm.grouped.gemm cimport run_groups, describe_host_routes, note_route
-from cygemm.grouped.lt_grouped cimport LtGroupedCall, why_not as lt_why_not, run_lt_grouped
-from cygemm.grouped.gemm import ROUTES, LT_NEEDS_DEVICE_OFFSETS
+from cygemm.engine.groups cimport Groups, read_moe, read_moe_wgrad
+from cygemm.grouped.gemm cimport run_groups, describe_host_routes
+from cygemm.grouped.lt_grouped cimport LtGroupedCall
+from cygemm.grouped.device_offsets cimport on_device, check_route, run_on_device, describe_on_device
+from cygemm.grouped.gemm import ROUTES
+# The routes of the calls whose group offsets are a device array.
+from cygemm.grouped.device_offsets import DEVICE_OFFSET_ROUTES  # noqa: F401 (re-exported)
+
+import functools
 
 _NAMES = tuple(ROUTES)
 
-# The routes of the mixture-of-experts calls whose group offsets are a device array.
-DEVICE_OFFSET_ROUTES = {
-    "lt_grouped": "cuBLASLt's grouped matmul: the group sizes read on the GPU by cygemm's kernel, one "
-                  "cublasLtMatmul for every group, no host sync (cuBLASLt 13.8.1 or newer, compute capability "
-                  "9.0 or newer, bfloat16 or float16, every group 16-byte aligned)",
-    "host_offsets": "the offsets read to the host (one sync of the stream), then the routes of host offsets "
-                    "(ROUTES); refused inside a CUDA graph capture",
-}
-_DEVICE_NAMES = ("lt_grouped", "host_offsets")
-cdef enum:
-    D_LT_GROUPED = 0
-    D_HOST_OFFSETS = 1
-
-# cublasGemmGroupedBatchedEx reads A, B and C pointers from device memory: the stream's table
-# holds, per cuBLAS call, `count` A pointers, then `count` B pointers, then `count` C pointers.
 
 def moe_gemm(x, w, group_offsets, out, *, str w_layout="kn", str math="tf32", stream=None, route=None,
              autotune=None, determinism=None, bint check_offsets=False):
@@ -110,7 +95,7 @@ def moe_gemm(x, w, group_offsets, out, *, str w_layout="kn", str math="tf32", st
     :func:`grouped_gemm`. Equal group sizes make one strided-batched GEMM ("batched").
     """
     cdef CallArgs c
-    if _on_device(group_offsets):
+    if on_device(group_offsets):
         _moe_on_device(x, w, group_offsets, out, w_layout, False, math, stream, route, autotune, determinism,
                        check_offsets)
         return out
@@ -153,7 +138,7 @@ def moe_gemm_wgrad(x, dy, group_offsets, dw, *, str dw_layout="kn", str math="tf
         As :func:`moe_gemm`, naming x, dy, dw or group_offsets.
     """
     cdef CallArgs c
-    if _on_device(group_offsets):
+    if on_device(group_offsets):
         _moe_on_device(x, dy, group_offsets, dw, dw_layout, True, math, stream, route, autotune, determinism,
                        check_offsets)
         return dw
@@ -164,70 +149,6 @@ def moe_gemm_wgrad(x, dy, group_offsets, dw, *, str dw_layout="kn", str math="tf
 
 
 # ---------------------------------------------------------------- offsets on the device
-
-cdef bint _on_device(object offsets) except -1:
-    """Whether group offsets are a device array (else host ints, read as before)."""
-    if isinstance(offsets, (list, tuple, range)):
-        return False
-    if type(offsets).__module__.startswith("torch"):
-        return bool(getattr(offsets, "is_cuda", False))
-    if hasattr(offsets, "__cuda_array_interface__"):
-        return True
-    dev = getattr(offsets, "__dlpack_device__", None)
-    return dev is not None and int(dev()[0]) == 2         # kDLCUDA
-
-
-# One device-offset call, the state of its route table's hooks.
-ctypedef struct _DeviceCall:
-    LtGroupedCall lt
-    GemmContext* ctx
-    cudaStream_t s
-    bint capturing
-    Policy policy
-    PyObject* py            # [args of the host route, why lt_grouped does not apply]: a borrowed list
-
-
-cdef int _dev_applies(void* call, int route) except -1:
-    cdef _DeviceCall* f = <_DeviceCall*>call
-    if route == D_LT_GROUPED:
-        return (<list>f.py)[1] is None
-    return not f.capturing
-
-
-cdef int _dev_rule(void* call) except -1:
-    return D_LT_GROUPED if _dev_applies(call, D_LT_GROUPED) else D_HOST_OFFSETS
-
-
-cdef object _dev_key(void* call):
-    return ("moe_offsets",)             # never timed: the problem's sizes are on the device
-
-
-cdef int _dev_enqueue(void* call, int route) except -1:
-    cdef _DeviceCall* f = <_DeviceCall*>call
-    if route == D_LT_GROUPED:
-        from cygemm.engine import promises as _promises
-        _promises.require("lt_grouped")
-        run_lt_grouped(f.ctx, f.s, &f.lt)
-        return 0
-    a = (<list>f.py)[0]
-    _host_route(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10])
-    return 0
-
-
-cdef RouteTable _DEVICE = route_table("moe_offsets", _DEVICE_NAMES, _dev_applies, _dev_rule, _dev_key, _dev_enqueue)
-
-
-cdef list _offsets_to_host(cudaStream_t s, const MatrixView* ov):
-    """The offsets as host ints, once the stream's work before them is done (one sync)."""
-    import numpy as np
-    cdef int64_t n = ov.cols
-    buf = np.empty(n, np.int64 if ov.itemsize == 8 else np.int32)
-    cdef size_t addr = buf.ctypes.data
-    with nogil:
-        check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize")
-        check_cuda(cudaMemcpy(<void*>addr, ov.ptr, n * ov.itemsize, cudaMemcpyDeviceToHost), "cudaMemcpy")
-    return buf.tolist()
-
 
 cdef int _host_route(object x, object b, list offs, object out, str layout, bint wgrad, object math, object stream,
                      object route, object autotune, object determinism) except -1:
@@ -344,54 +265,18 @@ cdef int _moe_on_device(object x, object b, object offsets, object out, str layo
                         object stream, object route, object autotune, object determinism,
                         bint check_offsets) except -1:
     cdef CallArgs c
-    cdef _DeviceCall f
-    why_layout = _read_device_call(&c, x, b, offsets, out, layout, wgrad, &f.lt)
-    host_route = route if route in _NAMES else None
-    if route is not None and route not in _NAMES and route not in _DEVICE_NAMES:
-        raise ValueError(f"route: expected None or one of "
-                         f"{', '.join(repr(n) for n in _NAMES + _DEVICE_NAMES)}, got {route!r}")
-    call_policy(autotune, determinism, &f.policy)
-    prepare_call(&c, CALL_GEMM, stream, math, f.lt.dtype, False)       # (overlaps checked by the reader)
-    f.ctx, f.s = c.ctx, c.stream
-    f.capturing = stream_is_capturing(f.s)
-    cdef const MatrixView* offv = &c.views[2]        # (x, w or dy, the offsets, out)
-    if check_offsets:
-        if f.capturing:
-            raise _capture_error("check_offsets=True reads the offsets to the host, a sync a capture forbids")
-        read_offsets(_offsets_to_host(f.s, offv), f.lt.groups, f.lt.p.rows)
-    why_lt = why_layout if why_layout is not None else lt_why_not(&f.lt, f.ctx.device, f.capturing)
-    if why_lt is None and f.policy.determinism != DETERMINISM_OFF:
-        why_lt = ("a determinism mode: cuBLASLt's grouped matmul makes no promise of order, so the groups "
-                  "run by the routes of host offsets")
-    if why_lt is None and host_route is not None:
-        why_lt = f"route={host_route!r} asks for the routes of host offsets"
-    host_args = (x, b, None, out, layout, wgrad, math, stream, host_route, autotune, determinism)
-    state = [host_args, why_lt]
-    f.py = <PyObject*>state
-    cdef int asked = -1
-    if route == "lt_grouped":
-        if why_lt is not None:
-            raise ValueError(f"route: 'lt_grouped' does not apply: {why_lt}")
-        asked = D_LT_GROUPED
-    elif host_route is not None:
-        asked = D_HOST_OFFSETS
-    if f.capturing and why_lt is not None:
-        raise _capture_error(f"group_offsets on the GPU inside a capture need cuBLASLt's grouped matmul "
-                             f"(reading them would sync), which does not apply: {why_lt}")
-    cdef int r = choose_route(_DEVICE, &f, f.ctx, f.s, f.policy, -1, False, asked, NULL)
-    if r == D_HOST_OFFSETS:
-        state[0] = (x, b, _offsets_to_host(f.s, offv), out, layout, wgrad, math, stream, host_route, autotune,
-                    determinism)
-    _dev_enqueue(&f, r)
-    if r == D_LT_GROUPED:
-        note_route("lt_grouped")
+    cdef LtGroupedCall lt
+    why_layout = _read_device_call(&c, x, b, offsets, out, layout, wgrad, &lt)
+    check_route(route, _NAMES)
+    prepare_call(&c, CALL_GEMM, stream, math, lt.dtype, False)       # (overlaps checked by the reader)
+    host_run = functools.partial(_host_run, x, b, out, layout, wgrad, math, stream, autotune, determinism)
+    run_on_device(&c, 2, &lt, why_layout, host_run, route, autotune, determinism, check_offsets, _NAMES,
+                  "group_offsets")       # (c.views: x, w or dy, the offsets, out)
     return 0
 
 
-cdef object _capture_error(str why):
-    from cygemm.engine.errors import CaptureError
-    return CaptureError(why)
-
+def _host_run(x, b, out, layout, wgrad, math, stream, autotune, determinism, offs, host_route):
+    _host_route(x, b, offs, out, layout, wgrad, math, stream, host_route, autotune, determinism)
 
 
 def describe_moe(a, b, group_offsets, out, *, str kind="forward", str layout="kn", str math="tf32", autotune=None,
@@ -435,10 +320,8 @@ def describe_moe(a, b, group_offsets, out, *, str kind="forward", str layout="kn
         raise ValueError(f"kind: expected 'forward' or 'wgrad', got {kind!r}")
     cdef bint wgrad = kind == "wgrad"
     cdef CallArgs c
-    cdef _DeviceCall f
     cdef Groups grp
-    call_policy(autotune, determinism, &f.policy)
-    if not _on_device(group_offsets):
+    if not on_device(group_offsets):
         grp = (read_moe_wgrad(&c, a, b, group_offsets, out, layout) if wgrad
                else read_moe(&c, a, b, group_offsets, out, layout))
         check_overlaps(&c)
@@ -446,28 +329,8 @@ def describe_moe(a, b, group_offsets, out, *, str kind="forward", str layout="kn
         info.update(describe_host_routes(grp, math, autotune, determinism))
         return info
     parse_math(math)
-    why_layout = _read_device_call(&c, a, b, group_offsets, out, layout, wgrad, &f.lt)
-    f.capturing = capturing
-    from cygemm.engine import context as _context
-    device = _context.current_device() if _context.gpu_unavailable_reason() is None else 0
-    why_lt = why_layout if why_layout is not None else lt_why_not(&f.lt, device, capturing)
-    if why_lt is None and f.policy.determinism != DETERMINISM_OFF:
-        why_lt = ("a determinism mode: cuBLASLt's grouped matmul makes no promise of order, so the groups "
-                  "run by the routes of host offsets")
-    state = [None, why_lt]
-    f.py = <PyObject*>state
-    why = {"lt_grouped": why_lt,
-           "host_offsets": "reading the offsets to the host is a sync, which a capture forbids" if capturing else None}
-    info = dict(offsets="device", groups=f.lt.groups, routes=[n for n in _DEVICE_NAMES if why[n] is None],
-                not_applicable={n: w for n, w in why.items() if w is not None})
-    if not info["routes"]:
-        info.update(chosen=None, decided_by=None, syncs=False,
-                    why_chosen=f"none: the call raises CaptureError (lt_grouped: {why_lt})")
-        return info
-    chosen, decided_by = describe_route(_DEVICE, &f, -1, f.policy, -1)
-    info.update(chosen=chosen, decided_by=decided_by, syncs=chosen == "host_offsets")
-    info["why_chosen"] = ("cygemm.engine.tuning forces this route" if decided_by == "forced" else
-                          "the fixed rule: 'lt_grouped' where it applies (no sync), else 'host_offsets'")
-    return info
+    cdef LtGroupedCall lt
+    why_layout = _read_device_call(&c, a, b, group_offsets, out, layout, wgrad, &lt)
+    return describe_on_device(&lt, why_layout, autotune, determinism, capturing)
 
 

@@ -36,19 +36,6 @@ def test_hopper_and_cublas_13_10_take_the_sync_free_route(kind, layout):
     assert d["chosen"] == "lt_grouped" and d["decided_by"] == "rule" and d["syncs"] is False
 
 
-@pytest.mark.parametrize("pretend,words", [
-    (dict(version=130100, major=9), "needs cuBLASLt 13.8.1 or newer"),
-    (dict(version=130800, major=9), "needs cuBLASLt 13.8.1 or newer"),
-    (dict(version=131000, major=8), "compute capability 9.0 or newer (Hopper); device 0 is 8.x"),
-    (dict(version=131000, major=9, grouped=False), "does not export cublasLtGroupedMatrixLayoutCreate"),
-])
-def test_an_older_cublas_or_gpu_reads_the_offsets_once_and_says_why(pretend, words):
-    with lt_features._pretend(**pretend):
-        d = grouped.describe_moe(*moe())
-    assert d["chosen"] == "host_offsets" and d["syncs"] is True
-    assert words in d["not_applicable"]["lt_grouped"]
-
-
 @pytest.mark.parametrize("case,words", [
     (dict(typestr="<f4"), "takes bfloat16 and float16 here, got float32"),
     (dict(K=60), "must start on 16 bytes"),                 # x's rows 120 bytes apart
@@ -60,34 +47,6 @@ def test_what_the_grouped_matmul_cannot_take_is_named(case, words):
         d = grouped.describe_moe(*moe(**case))
     assert d["chosen"] == "host_offsets"
     assert words in d["not_applicable"]["lt_grouped"], d["not_applicable"]
-
-
-def test_a_determinism_mode_reads_the_offsets():
-    with lt_features._pretend(**HOPPER_13_10):
-        d = grouped.describe_moe(*moe(), determinism="batch_invariant")
-    assert d["chosen"] == "host_offsets" and "determinism mode" in d["not_applicable"]["lt_grouped"]
-
-
-def test_inside_a_capture_only_the_sync_free_route_applies():
-    with lt_features._pretend(**HOPPER_13_10):
-        d = grouped.describe_moe(*moe(), capturing=True)
-    assert d["routes"] == ["lt_grouped"] and d["chosen"] == "lt_grouped"
-    assert "sync" in d["not_applicable"]["host_offsets"]
-    with lt_features._pretend(version=130100, major=9):
-        d = grouped.describe_moe(*moe(), capturing=True)
-    assert d["routes"] == [] and d["chosen"] is None
-    assert "CaptureError" in d["why_chosen"] and "13.8.1" in d["why_chosen"]
-
-
-def test_a_forced_route_is_what_describe_moe_chooses():
-    from cygemm.engine import tuning
-    tuning.force_routes(moe_offsets="host_offsets")
-    try:
-        with lt_features._pretend(**HOPPER_13_10):
-            d = grouped.describe_moe(*moe())
-        assert d["chosen"] == "host_offsets" and d["decided_by"] == "forced"
-    finally:
-        tuning.force_routes()
 
 
 # ---------------------------------------------------------------- GPU

@@ -1,0 +1,3 @@
+from typing import Dict
+
+DEVICE_OFFSET_ROUTES: Dict[str, str]
