@@ -3,7 +3,7 @@ from typing import Any, Dict, Optional, Tuple
 
 GROUPED_MIN_CUBLASLT: int
 KTAIL_FIXED_CUBLASLT: int
-GROUPED_MIN_MAJOR: int
+GROUPED_MAJORS: Tuple[int, ...]
 FEATURES: Tuple[str, ...]
 
 def feature_gate(name: str, device: int = 0) -> Optional[str]: ...

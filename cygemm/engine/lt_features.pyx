@@ -14,7 +14,8 @@ behind the gates (NVIDIA's cuBLAS release notes):
   Hopper defects (host pointer mode wrong past two waves, a workspace reused across grouped calls
   could hang), fixed in 13.8.0.4, and TransformerEngine refuses 13.7.0 to 13.8.0 for a data
   corruption with discrete outputs. cublasLtGetVersion cannot tell 13.8.0's builds apart, so
-  cygemm asks for 13.8.1 (130801) or newer, and compute capability 9.0 or newer;
+  cygemm asks for 13.8.1 (130801) or newer, and compute capability 9.0, 10.x or 11.0 (what
+  cublasLtMatmul's rules for grouped matrices list);
 - the split-K kernels that drop the end of K (NVIDIA bug 6580689, since 12.6.3): fixed in
   13.8.0.4, so from 13.8.1 on the K-tail guard confirms the fix at first use and stands down
   (cygemm.engine.ktail);
@@ -38,8 +39,10 @@ cdef extern from "<dlfcn.h>" nogil:
 # say the K-tail defect is fixed (see the module's docstring).
 GROUPED_MIN_CUBLASLT = 130801
 KTAIL_FIXED_CUBLASLT = 130801
-# Compute capability (major) from which cuBLASLt runs grouped matmuls (Hopper).
-GROUPED_MIN_MAJOR = 9
+# The compute capabilities (major numbers) whose GPUs cuBLASLt's grouped matmul runs on: 9.0
+# (Hopper), 10.x and 11.0 (Blackwell), as cublasLtMatmul's "grouped matrices" rules list them
+# (not 12.x, the RTX Blackwell parts).
+GROUPED_MAJORS = (9, 10, 11)
 
 FEATURES = ("grouped_gemm", "batch_invariance", "stream_heuristic", "ktail_fixed")
 
@@ -139,9 +142,10 @@ def feature_gate(str name, int device=0):
             return f"the loaded cuBLASLt {_version_text(v)} does not export cublasLtGroupedMatrixLayoutCreate"
         major = _major(device)
         if major < 0:
-            return "needs a GPU of compute capability 9.0 or newer; no GPU is usable here"
-        if major < GROUPED_MIN_MAJOR:
-            return f"needs a GPU of compute capability 9.0 or newer (Hopper); device {device} is {major}.x"
+            return "needs a GPU of compute capability 9.0, 10.x or 11.0; no GPU is usable here"
+        if major not in GROUPED_MAJORS:
+            return (f"needs a GPU of compute capability 9.0 (Hopper), 10.x or 11.0 (Blackwell); device {device} "
+                    f"is {major}.x")
         return None
     if name == "batch_invariance":
         if not x.batch_invariance_flags:

@@ -25,7 +25,7 @@ from cygemm.grouped.lt_grouped cimport LtGroupedCall, why_not as lt_why_not, run
 DEVICE_OFFSET_ROUTES = {
     "lt_grouped": "cuBLASLt's grouped matmul: the group sizes read on the GPU by cygemm's kernel, one "
                   "cublasLtMatmul for every group, no host sync (cuBLASLt 13.8.1 or newer, compute capability "
-                  "9.0 or newer, bfloat16 or float16, every group 16-byte aligned)",
+                  "9.0, 10.x or 11.0, bfloat16 or float16 (or FP8), every group 16-byte aligned)",
     "host_offsets": "the offsets read to the host (one sync of the stream), then the routes of host offsets "
                     "(ROUTES); refused inside a CUDA graph capture",
 }
@@ -102,11 +102,20 @@ cdef list offsets_to_host(object stream_ptr, const MatrixView* ov):
     return buf.tolist()
 
 
-cdef object _why_not_lt(LtGroupedCall* lt, object why_layout, int device, bint capturing, Policy policy):
+cdef object _why_not_lt(LtGroupedCall* lt, object why_layout, int device, bint capturing, Policy policy,
+                       bint check):
+    """Why lt_grouped cannot run the call (None: it can). check: run its first-use check now if
+    it has not run on this cuBLASLt (describe only reads a verdict already known)."""
     why = why_layout if why_layout is not None else lt_why_not(lt, device, capturing)
     if why is None and policy.determinism != DETERMINISM_OFF:
         why = ("a determinism mode: cuBLASLt's grouped matmul makes no promise of order, so the groups run by "
                "the routes of host offsets")
+    if why is None:
+        from cygemm.engine import promises as _promises
+        holds = _promises.holds("lt_grouped") if check else _promises.known("lt_grouped")
+        if holds is False:
+            why = (f"its first-use check failed on the loaded cuBLASLt {_promises._cublaslt_version()} "
+                   "(cygemm.engine.promises, 'lt_grouped'): it is not trusted there")
     return why
 
 
@@ -137,7 +146,7 @@ cdef int run_on_device(CallArgs* c, int offsets_at, LtGroupedCall* lt, object wh
         if f.capturing:
             raise _capture_error("check_offsets=True reads the offsets to the host, a sync a capture forbids")
         read_offsets(offsets_to_host(stream_ptr, offv), lt.groups, lt.p.rows)
-    why_lt = _why_not_lt(lt, why_layout, f.ctx.device, f.capturing, f.policy)
+    why_lt = _why_not_lt(lt, why_layout, f.ctx.device, f.capturing, f.policy, True)
     if why_lt is None and host_route is not None:
         why_lt = f"route={host_route!r} asks for the routes of host offsets"
     state = [host_run, None, host_route, why_lt]
@@ -166,7 +175,7 @@ cdef dict describe_on_device(LtGroupedCall* lt, object why_layout, object autotu
     f.lt, f.capturing = lt, capturing
     from cygemm.engine import context as _context
     device = _context.current_device() if _context.gpu_unavailable_reason() is None else 0
-    why_lt = _why_not_lt(lt, why_layout, device, capturing, f.policy)
+    why_lt = _why_not_lt(lt, why_layout, device, capturing, f.policy, False)
     state = [None, None, None, why_lt]
     f.py = <PyObject*>state
     why = {"lt_grouped": why_lt,

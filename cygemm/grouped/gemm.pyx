@@ -441,7 +441,7 @@ cdef int note_route(object name) except -1:
 
 
 LT_NEEDS_DEVICE_OFFSETS = ("it reads the group offsets from a device array (moe_gemm and moe_gemm_wgrad with "
-                           "group_offsets on the GPU; cuBLASLt 13.8.1 or newer on compute capability 9.0 or newer): "
+                           "group_offsets on the GPU; cuBLASLt 13.8.1 or newer on compute capability 9.0, 10.x or 11.0): "
                            "these groups' sizes are on the host")
 
 

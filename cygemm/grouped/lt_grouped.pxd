@@ -7,7 +7,11 @@ from cygemm.kernels.grouped cimport cygemm_grouped_problem
 from cygemm.engine.context cimport GemmContext
 
 ctypedef struct LtGroupedCall:
-    cudaDataType dtype
+    cudaDataType dtype              # C's and D's (and A's and B's unless FP8 sets them)
+    cudaDataType a_type             # cuBLAS's A and B storage types (FP8: E4M3 or E5M2)
+    cudaDataType b_type
+    bint scaled                     # FP8: p.scale_a and p.scale_b give each group's scales
+    bint fast_accum
     int groups
     const void* offsets             # groups + 1, on the device
     bint offsets_64bit

@@ -10,11 +10,14 @@ the array holds at replay.
 
 The rules each part follows, and the note each answers:
 
-- cuBLASLt 13.8.1 or newer and compute capability 9.0 or newer (cygemm.engine.lt_features: Hopper
+- cuBLASLt 13.8.1 or newer and compute capability 9.0, 10.x or 11.0 (cygemm.engine.lt_features: Hopper
   from 13.4.0; the defects of 13.4 to 13.8.0, among them host pointer mode past two waves and a
   reused workspace that could hang, fixed by 13.8.0.4);
 - bfloat16 and float16 operands, float32 accumulation (13.4.0's note for Hopper: BF16, FP16 and
-  FP8 in; FP8 is not offered here yet);
+  FP8 in; BF16, FP16 or FP32 out); FP8 (E4M3, or one E5M2 operand) with a float32 scale per
+  group and operand: scale mode PER_BATCH_SCALAR_32F and the scale pointers as device arrays of
+  per-group pointers (TransformerEngine's grouped GEMM; tensor-wide FP8 scales in grouped mode on
+  Hopper from 13.5), "TN" operands only (cuBLAS's A transposed, B not: Hopper's FP8 kernels);
 - one alpha and one beta for every group, in device memory (TransformerEngine's note: Hopper
   takes one scalar for the whole grouped call; per-group scalars are Blackwell's), so device
   pointer mode with alpha and beta in the table;
@@ -33,12 +36,12 @@ each cuBLASLt version checks it exactly against the per-group path (cygemm.engin
 """
 import threading
 
-from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t, uintptr_t, INT32_MAX
+from libc.stdint cimport int8_t, int32_t, int64_t, uint32_t, uint64_t, uintptr_t, INT32_MAX
 
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
-from cygemm.kernels.grouped cimport (cygemm_grouped_table, cygemm_grouped_table_layout, cygemm_write_grouped_table,
+from cygemm.kernels.grouped cimport (cygemm_grouped_operand, CYGEMM_RAGGED_N, CYGEMM_RAGGED_K, cygemm_grouped_table, cygemm_grouped_table_layout, cygemm_write_grouped_table,
                                      cygemm_zero_empty_groups, CYGEMM_LT_GROUPED_MAX_GROUPS)
 from cygemm.engine.context cimport stream_workspace, stream_table, STREAM_TABLE_BYTES
 from cygemm.engine.errors cimport check_cuda, check_cublas
@@ -47,6 +50,7 @@ from cygemm.engine.launch cimport grouped_lt_run
 from cygemm.engine.lt_features cimport LtExtras, lt_extras
 from cygemm.engine import lt_features as _lt_features
 from cygemm.engine.dtypes import name_of
+from cygemm.engine.dtypes cimport type_size
 
 # The grouped matmul's alignment rule for every group's matrices (bytes).
 cdef int64_t GROUPED_ALIGN = 16
@@ -64,17 +68,52 @@ cdef object why_not(const LtGroupedCall* f, int device, bint capturing):
     why = _lt_features.feature_gate("grouped_gemm", device)
     if why is not None:
         return why
-    if f.dtype != CUDA_R_16BF and f.dtype != CUDA_R_16F:
+    cdef bint fp8 = f.a_type == CUDA_R_8F_E4M3 or f.a_type == CUDA_R_8F_E5M2
+    if fp8:
+        if f.b_type != CUDA_R_8F_E4M3 and f.b_type != CUDA_R_8F_E5M2:
+            return f"FP8 needs both operands FP8, got {name_of(f.a_type)} and {name_of(f.b_type)}"
+        if f.a_type == CUDA_R_8F_E5M2 and f.b_type == CUDA_R_8F_E5M2:
+            return "FP8 takes E4M3 with E4M3 or E5M2, not two E5M2 operands (cuBLASLt's FP8 types)"
+        if f.dtype != CUDA_R_16BF and f.dtype != CUDA_R_16F and f.dtype != CUDA_R_32F:
+            return f"FP8's grouped matmul writes bfloat16, float16 or float32 on Hopper, got {name_of(f.dtype)}"
+        if f.opa != CUBLAS_OP_T or f.opb != CUBLAS_OP_N:
+            return ("FP8 reads both operands along K (Hopper's FP8 kernels are 'TN'): the weights must be "
+                    "(G, N, K) with K contiguous")
+    elif f.dtype != CUDA_R_16BF and f.dtype != CUDA_R_16F:
         return f"cuBLASLt's grouped matmul takes bfloat16 and float16 here, got {name_of(f.dtype)}"
+    elif f.a_type != f.dtype or f.b_type != f.dtype:
+        return "the operands and the output must share one dtype (bfloat16 or float16)"
     if f.groups < 1 or f.groups > CYGEMM_LT_GROUPED_MAX_GROUPS:
         return f"at most {CYGEMM_LT_GROUPED_MAX_GROUPS} groups (one stream table), got {f.groups}"
-    if not (_aligned(<uintptr_t>f.p.a.base) and _aligned(f.p.a.group_stride) and _aligned(f.p.a.row_stride)
-            and _aligned(<uintptr_t>f.p.b.base) and _aligned(f.p.b.group_stride) and _aligned(f.p.b.row_stride)
-            and _aligned(<uintptr_t>f.p.d.base) and _aligned(f.p.d.group_stride) and _aligned(f.p.d.row_stride)):
-        return ("every group's matrices must start on 16 bytes for any offsets: the operands' starts, "
-                "row strides and matrix strides must be multiples of 16 bytes (8 elements of 2 bytes)")
-    if f.p.m > INT32_MAX or f.p.n > INT32_MAX or f.p.k > INT32_MAX or f.p.rows > INT32_MAX:
-        return "sizes past 2**31 - 1 (the grouped layouts' sizes are int32)"
+    # The ragged size is never a matrix's stored rows (the transposes keep it on the columns), so
+    # the rules below hold for every group whatever the offsets.
+    if f.p.ragged == CYGEMM_RAGGED_N and f.p.k == 0:
+        return "K is 0 (every product empty: the routes of host offsets write the zeros)"
+    for size in (f.p.m, f.p.n, f.p.k, f.p.lda, f.p.ldb, f.p.ldd, f.p.rows):     # (the ragged one is -1)
+        if size > INT32_MAX:
+            return "sizes or leading dimensions past 2**31 - 1 (the grouped layouts' are int32)"
+    why = (_operand_rule(&f.p.a, f.a_type, f.p.m if f.opa == CUBLAS_OP_N else f.p.k, f.p.lda, "cuBLAS's A")
+           or _operand_rule(&f.p.b, f.b_type, f.p.k if f.opb == CUBLAS_OP_N else f.p.n, f.p.ldb, "cuBLAS's B")
+           or _operand_rule(&f.p.d, f.dtype, f.p.m, f.p.ldd, "the output"))
+    return why or None
+
+
+cdef object _operand_rule(const cygemm_grouped_operand* o, cudaDataType t, int64_t rows, int64_t ld, str name):
+    """cuBLASLt's rules for a grouped matrix, for every group whatever the offsets: its start, the
+    step between groups' starts (a matrix stride and rows of the ragged size), its stored rows
+    (a fixed size: the ragged one is never stored rows here) and its leading dimension all
+    multiples of 16 bytes, and the leading dimension at least the stored rows."""
+    cdef int64_t isz = type_size(t)
+    if rows < 0:
+        return f"{name}: its stored rows are the ragged size (an internal mapping error)"
+    if not (_aligned(<uintptr_t>o.base) and _aligned(o.group_stride) and _aligned(o.row_stride)):
+        return (f"{name}: every group's matrix must start on 16 bytes for any offsets: the start, row stride "
+                f"and matrix stride must be multiples of 16 bytes")
+    if not _aligned(rows * isz) or not _aligned(ld * isz):
+        return (f"{name}: its rows of {rows} elements and leading dimension of {ld} must be multiples of 16 bytes "
+                f"(cuBLASLt's rule for grouped matrices; {16 // isz} elements of {isz} bytes)")
+    if ld < rows:
+        return f"{name}: a leading dimension of {ld} below its {rows} rows (a broadcast or overlapping layout)"
     return None
 
 
@@ -117,6 +156,9 @@ cdef _Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const LtGroupedCall
     cdef cygemm_grouped_table t = cygemm_grouped_table_layout(f.groups)
     cdef _Plan plan = _Plan.__new__(_Plan)
     cdef int32_t opa = f.opa, opb = f.opb, pointer_mode = CUBLASLT_POINTER_MODE_DEVICE
+    cdef int32_t scale_mode = LT_MATMUL_MATRIX_SCALE_PER_BATCH_SCALAR_32F
+    cdef int8_t fast = f.fast_accum
+    cdef const void* scales
     check_cublas(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate")
     check_cublas(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)),
                  "cublasLtMatmulDescSetAttribute")
@@ -124,15 +166,28 @@ cdef _Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const LtGroupedCall
                  "cublasLtMatmulDescSetAttribute")
     check_cublas(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_POINTER_MODE, &pointer_mode,
                                                 sizeof(pointer_mode)), "cublasLtMatmulDescSetAttribute")
+    if f.scaled:
+        # Each group's scale: device arrays of per-group pointers to float32 scalars.
+        for mode_attr, ptr_attr, at in ((CUBLASLT_MATMUL_DESC_A_SCALE_MODE, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                         t.scale_a),
+                                        (CUBLASLT_MATMUL_DESC_B_SCALE_MODE, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                         t.scale_b)):
+            scales = table + <long long>at
+            check_cublas(cublasLtMatmulDescSetAttribute(plan.desc, <cublasLtMatmulDescAttributes_t><int>mode_attr,
+                                                        &scale_mode, sizeof(scale_mode)), "cublasLtMatmulDescSetAttribute")
+            check_cublas(cublasLtMatmulDescSetAttribute(plan.desc, <cublasLtMatmulDescAttributes_t><int>ptr_attr,
+                                                        &scales, sizeof(scales)), "cublasLtMatmulDescSetAttribute")
+        check_cublas(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)),
+                     "cublasLtMatmulDescSetAttribute")
     # A is (m x k) as op(A): stored (m x k) for N, (k x m) for T; B likewise with (k x n).
     if f.opa == CUBLAS_OP_N:
-        _layout(x, &plan.la, f.dtype, f.groups, table, t.m, t.k, t.lda)
+        _layout(x, &plan.la, f.a_type, f.groups, table, t.m, t.k, t.lda)
     else:
-        _layout(x, &plan.la, f.dtype, f.groups, table, t.k, t.m, t.lda)
+        _layout(x, &plan.la, f.a_type, f.groups, table, t.k, t.m, t.lda)
     if f.opb == CUBLAS_OP_N:
-        _layout(x, &plan.lb, f.dtype, f.groups, table, t.k, t.n, t.ldb)
+        _layout(x, &plan.lb, f.b_type, f.groups, table, t.k, t.n, t.ldb)
     else:
-        _layout(x, &plan.lb, f.dtype, f.groups, table, t.n, t.k, t.ldb)
+        _layout(x, &plan.lb, f.b_type, f.groups, table, t.n, t.k, t.ldb)
     _layout(x, &plan.lc, f.dtype, f.groups, table, t.m, t.n, t.ldd)
     _layout(x, &plan.ld, f.dtype, f.groups, table, t.m, t.n, t.ldd)
     cdef cublasLtMatmulPreference_t pref = NULL
@@ -144,9 +199,9 @@ cdef _Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const LtGroupedCall
         check_cublas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate")
         check_cublas(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                                           sizeof(ws)), "cublasLtMatmulPreferenceSetAttribute")
-        _hint(pref, LT_MATMUL_PREF_GROUPED_DESC_D_AVERAGE_ROWS, max(f.avg_m, 1))
-        _hint(pref, LT_MATMUL_PREF_GROUPED_DESC_D_AVERAGE_COLS, max(f.avg_n, 1))
-        _hint(pref, LT_MATMUL_PREF_GROUPED_AVERAGE_REDUCTION_DIM, max(f.avg_k, 1))
+        _hint(pref, LT_MATMUL_PREF_GROUPED_DESC_D_AVERAGE_ROWS, _bucket(max(f.avg_m, 1)))
+        _hint(pref, LT_MATMUL_PREF_GROUPED_DESC_D_AVERAGE_COLS, _bucket(max(f.avg_n, 1)))
+        _hint(pref, LT_MATMUL_PREF_GROUPED_AVERAGE_REDUCTION_DIM, _bucket(max(f.avg_k, 1)))
         with nogil:
             if capturing and x.heuristic_for_stream != NULL:
                 st = x.heuristic_for_stream(ctx.lt, plan.desc, plan.la, plan.lb, plan.lc, plan.ld, pref, 1, &first,
@@ -168,8 +223,18 @@ cdef _Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const LtGroupedCall
 cdef tuple _key(GemmContext* ctx, const LtGroupedCall* f, const char* table):
     # Everything the descriptors and the heuristic's choice depend on: the table's address (the
     # layouts point into it), the problem's fixed sizes, types, transposes and hints.
-    return (ctx.device, <uintptr_t>table, f.dtype, f.groups, <int>f.opa, <int>f.opb, f.p.m, f.p.n, f.p.k,
-            f.p.lda, f.p.ldb, f.p.ldd, f.p.ragged, f.avg_m, f.avg_n, f.avg_k, ctx.workspace_bytes)
+    return (ctx.device, <uintptr_t>table, f.dtype, f.a_type, f.b_type, f.scaled, f.fast_accum, f.groups, <int>f.opa,
+            <int>f.opb, f.p.m, f.p.n, f.p.k, f.p.lda, f.p.ldb, f.p.ldd, f.p.ragged, _bucket(f.avg_m), _bucket(f.avg_n),
+            _bucket(f.avg_k), ctx.workspace_bytes)
+
+
+cdef int64_t _bucket(int64_t x) noexcept:
+    # The heuristic's hints (averages of sizes on the GPU) rounded up to a power of two: a server
+    # meets every token count, and a plan per count would ask the heuristic each time.
+    cdef int64_t b = 1
+    while b < x:
+        b <<= 1
+    return b
 
 
 cdef _Plan _plan(GemmContext* ctx, cudaStream_t stream, const LtGroupedCall* f, const char* table, bint capturing):
@@ -206,8 +271,9 @@ cdef int run_lt_grouped(GemmContext* ctx, cudaStream_t stream, const LtGroupedCa
         check_cuda(cygemm_write_grouped_table(f.offsets, f.offsets_64bit, f.groups, &f.p, table, stream),
                    "cygemm_write_grouped_table")
         if f.zero_out != NULL:
-            check_cuda(cygemm_zero_empty_groups(f.offsets, f.offsets_64bit, f.groups, f.zero_out, f.zero_group_stride,
-                                                f.zero_rows, f.zero_cols, f.zero_row_stride, f.elem_bytes, stream),
+            check_cuda(cygemm_zero_empty_groups(f.offsets, f.offsets_64bit, f.groups, f.p.rows, f.zero_out,
+                                                f.zero_group_stride, f.zero_rows, f.zero_cols, f.zero_row_stride,
+                                                f.elem_bytes, stream),
                        "cygemm_zero_empty_groups")
         check_cublas(<cublasStatus_t>grouped_lt_run(ctx, stream, plan.desc, plan.la, plan.lb, plan.lc, plan.ld,
                                                     &plan.algo, table + t.alpha, table + t.a, table + t.b,

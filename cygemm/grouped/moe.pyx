@@ -168,7 +168,9 @@ cdef object _fill_lt_call(LtGroupedCall* lt, const MatrixView* xv, const MatrixV
     """The grouped matmul's problem in cuBLAS's terms (the row-major swap: a row-major (r, c)
     matrix is a column-major (c, r) one); None, or why its layout rules it out."""
     cdef int64_t isz = xv.itemsize, T = xv.rows, G = offv.cols - 1
-    lt.dtype = xv.dtype
+    lt.dtype = lt.a_type = lt.b_type = xv.dtype
+    lt.scaled = lt.fast_accum = False
+    lt.p.scale_a.base = lt.p.scale_b.base = NULL
     lt.groups = <int>G
     lt.offsets = offv.ptr
     lt.offsets_64bit = offv.itemsize == 8
@@ -182,8 +184,8 @@ cdef object _fill_lt_call(LtGroupedCall* lt, const MatrixView* xv, const MatrixV
         lt.p.a.base, lt.p.a.group_stride, lt.p.a.row_stride = bv.ptr, bv.batch_stride * isz, 0
         lt.p.b.base, lt.p.b.group_stride, lt.p.b.row_stride = xv.ptr, 0, xv.row_stride * isz
         lt.p.d.base, lt.p.d.group_stride, lt.p.d.row_stride = ov.ptr, 0, ov.row_stride * isz
-        lt.p.m, lt.p.n, lt.p.k = <int>ov.cols, 0, <int>xv.cols
-        lt.p.lda, lt.p.ldb, lt.p.ldd = <int>bv.row_stride, <int>xv.row_stride, <int>ov.row_stride
+        lt.p.m, lt.p.n, lt.p.k = ov.cols, -1, xv.cols       # (the ragged size: from the offsets)
+        lt.p.lda, lt.p.ldb, lt.p.ldd = bv.row_stride, xv.row_stride, ov.row_stride
         lt.p.ragged = CYGEMM_RAGGED_N
         lt.opa = CUBLAS_OP_T if nk else CUBLAS_OP_N
         lt.opb = CUBLAS_OP_N
@@ -196,8 +198,8 @@ cdef object _fill_lt_call(LtGroupedCall* lt, const MatrixView* xv, const MatrixV
     lt.p.a.base, lt.p.a.group_stride, lt.p.a.row_stride = av.ptr, 0, av.row_stride * isz
     lt.p.b.base, lt.p.b.group_stride, lt.p.b.row_stride = cv.ptr, 0, cv.row_stride * isz
     lt.p.d.base, lt.p.d.group_stride, lt.p.d.row_stride = ov.ptr, ov.batch_stride * isz, 0
-    lt.p.m, lt.p.n, lt.p.k = <int>av.cols, <int>cv.cols, 0
-    lt.p.lda, lt.p.ldb, lt.p.ldd = <int>av.row_stride, <int>cv.row_stride, <int>ov.row_stride
+    lt.p.m, lt.p.n, lt.p.k = av.cols, cv.cols, -1
+    lt.p.lda, lt.p.ldb, lt.p.ldd = av.row_stride, cv.row_stride, ov.row_stride
     lt.p.ragged = CYGEMM_RAGGED_K
     lt.opa, lt.opb = CUBLAS_OP_N, CUBLAS_OP_T
     lt.avg_m, lt.avg_n, lt.avg_k = av.cols, cv.cols, T // G if G else 0
@@ -268,6 +270,9 @@ cdef int _moe_on_device(object x, object b, object offsets, object out, str layo
     cdef LtGroupedCall lt
     why_layout = _read_device_call(&c, x, b, offsets, out, layout, wgrad, &lt)
     check_route(route, _NAMES)
+    if lt.groups == 0 or c.views[3].rows * c.views[3].cols * c.views[3].batch == 0 or (
+            not wgrad and lt.p.rows == 0):
+        return 0                # no expert, or an empty result: nothing to write
     prepare_call(&c, CALL_GEMM, stream, math, lt.dtype, False)       # (overlaps checked by the reader)
     host_run = functools.partial(_host_run, x, b, out, layout, wgrad, math, stream, autotune, determinism)
     run_on_device(&c, 2, &lt, why_layout, host_run, route, autotune, determinism, check_offsets, _NAMES,

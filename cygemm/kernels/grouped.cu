@@ -61,29 +61,35 @@ __global__ void write_grouped_table(const void* offsets, int is64, int groups, c
     long long lo, hi;
     group_rows(offsets, is64, g, p.rows, &lo, &hi);
     int rows = static_cast<int>(hi - lo);
-    int m = p.ragged == CYGEMM_RAGGED_M ? rows : p.m;
-    int n = p.ragged == CYGEMM_RAGGED_N ? rows : p.n;
-    int k = p.ragged == CYGEMM_RAGGED_K ? rows : p.k;
+    int m = p.ragged == CYGEMM_RAGGED_M ? rows : static_cast<int>(p.m);
+    int n = p.ragged == CYGEMM_RAGGED_N ? rows : static_cast<int>(p.n);
+    int k = p.ragged == CYGEMM_RAGGED_K ? rows : static_cast<int>(p.k);
     if (p.ragged == CYGEMM_RAGGED_K && rows == 0) m = n = 0;
     reinterpret_cast<void**>(table + t.a)[g] = operand_at(p.a, g, lo);
     reinterpret_cast<void**>(table + t.b)[g] = operand_at(p.b, g, lo);
     void* d = operand_at(p.d, g, lo);
     reinterpret_cast<void**>(table + t.c)[g] = d;      // beta is 0: C is not read
     reinterpret_cast<void**>(table + t.d)[g] = d;
+    if (p.scale_a.base != nullptr)
+        reinterpret_cast<const void**>(table + t.scale_a)[g] = p.scale_a.base + g * p.scale_a.group_stride;
+    if (p.scale_b.base != nullptr)
+        reinterpret_cast<const void**>(table + t.scale_b)[g] = p.scale_b.base + g * p.scale_b.group_stride;
     reinterpret_cast<int*>(table + t.m)[g] = m;
     reinterpret_cast<int*>(table + t.n)[g] = n;
     reinterpret_cast<int*>(table + t.k)[g] = k;
-    reinterpret_cast<int*>(table + t.lda)[g] = p.lda;
-    reinterpret_cast<int*>(table + t.ldb)[g] = p.ldb;
-    reinterpret_cast<int*>(table + t.ldd)[g] = p.ldd;
+    reinterpret_cast<int*>(table + t.lda)[g] = static_cast<int>(p.lda);
+    reinterpret_cast<int*>(table + t.ldb)[g] = static_cast<int>(p.ldb);
+    reinterpret_cast<int*>(table + t.ldd)[g] = static_cast<int>(p.ldd);
 }
 
 // One column of blocks per group (blockIdx.y): the blocks of a group with rows return at once,
 // those of an empty group zero its matrix, 16 bytes at a time where its rows allow.
-__global__ void zero_empty_groups(const void* offsets, int is64, char* out, long long group_stride, long long rows,
-                                  long long row_bytes, long long row_stride) {
+__global__ void zero_empty_groups(const void* offsets, int is64, long long total_rows, char* out,
+                                  long long group_stride, long long rows, long long row_bytes, long long row_stride) {
     int g = blockIdx.y;
-    if (read_offset(offsets, is64, g + 1) > read_offset(offsets, is64, g)) return;
+    long long lo, hi;
+    group_rows(offsets, is64, g, total_rows, &lo, &hi);     // (clamped as the table's are)
+    if (hi > lo) return;
     char* base = out + g * group_stride;
     long long total = rows * row_bytes;
     long long step = static_cast<long long>(gridDim.x) * blockDim.x;
@@ -116,9 +122,10 @@ extern "C" cudaError_t cygemm_write_grouped_table(const void* offsets, int offse
     return cudaGetLastError();
 }
 
-extern "C" cudaError_t cygemm_zero_empty_groups(const void* offsets, int offsets_64bit, int groups, void* out,
-                                                long long group_stride, long long rows, long long cols,
-                                                long long row_stride, int elem_bytes, cudaStream_t stream) {
+extern "C" cudaError_t cygemm_zero_empty_groups(const void* offsets, int offsets_64bit, int groups,
+                                                long long total_rows, void* out, long long group_stride,
+                                                long long rows, long long cols, long long row_stride, int elem_bytes,
+                                                cudaStream_t stream) {
     if (groups < 1 || groups > 65535 || offsets == nullptr || out == nullptr || elem_bytes <= 0)
         return cudaErrorInvalidValue;
     if (rows <= 0 || cols <= 0) return cudaSuccess;
@@ -127,7 +134,7 @@ extern "C" cudaError_t cygemm_zero_empty_groups(const void* offsets, int offsets
     int threads = 256;
     long long blocks = (work + threads - 1) / threads;
     dim3 grid(static_cast<unsigned>(blocks < 32 ? blocks : 32), static_cast<unsigned>(groups));
-    zero_empty_groups<<<grid, threads, 0, stream>>>(offsets, offsets_64bit, static_cast<char*>(out), group_stride,
-                                                    rows, row_bytes, row_stride);
+    zero_empty_groups<<<grid, threads, 0, stream>>>(offsets, offsets_64bit, total_rows, static_cast<char*>(out),
+                                                    group_stride, rows, row_bytes, row_stride);
     return cudaGetLastError();
 }

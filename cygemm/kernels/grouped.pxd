@@ -23,12 +23,15 @@ cdef extern from "cygemm/grouped_kernels.h" nogil:
         cygemm_grouped_operand a
         cygemm_grouped_operand b
         cygemm_grouped_operand d
-        int m, n, k
-        int lda, ldb, ldd
+        cygemm_grouped_operand scale_a
+        cygemm_grouped_operand scale_b
+        long long m, n, k
+        long long lda, ldb, ldd
         int ragged
         long long rows
     ctypedef struct cygemm_grouped_table:
         long long a, b, c, d
+        long long scale_a, scale_b
         long long m, n, k
         long long lda, ldb, ldd
         long long alpha, beta
@@ -36,6 +39,6 @@ cdef extern from "cygemm/grouped_kernels.h" nogil:
     cygemm_grouped_table cygemm_grouped_table_layout(int groups)
     cudaError_t cygemm_write_grouped_table(const void* offsets, int offsets_64bit, int groups,
                                            const cygemm_grouped_problem* p, void* table, cudaStream_t stream)
-    cudaError_t cygemm_zero_empty_groups(const void* offsets, int offsets_64bit, int groups, void* out,
-                                         long long group_stride, long long rows, long long cols,
+    cudaError_t cygemm_zero_empty_groups(const void* offsets, int offsets_64bit, int groups, long long total_rows,
+                                         void* out, long long group_stride, long long rows, long long cols,
                                          long long row_stride, int elem_bytes, cudaStream_t stream)

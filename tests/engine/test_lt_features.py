@@ -45,7 +45,7 @@ def test_an_older_library_shuts_every_feature_with_its_reason():
 
 @pytest.mark.parametrize("version,major,words", [
     (130800, 9, "needs cuBLASLt 13.8.1 or newer"),          # 13.8.0: its builds cannot be told apart
-    (131000, 8, "needs a GPU of compute capability 9.0 or newer (Hopper); device 0 is 8.x"),
+    (131000, 8, "needs a GPU of compute capability 9.0 (Hopper), 10.x or 11.0 (Blackwell); device 0 is 8.x"),
     (130801, 9, None),
     (131000, 10, None),
 ])

@@ -26,7 +26,7 @@ def _cp():
 @pytest.mark.parametrize("pretend,words", [
     (dict(version=130100, major=9), "needs cuBLASLt 13.8.1 or newer"),
     (dict(version=130800, major=9), "needs cuBLASLt 13.8.1 or newer"),
-    (dict(version=131000, major=8), "compute capability 9.0 or newer (Hopper); device 0 is 8.x"),
+    (dict(version=131000, major=8), "compute capability 9.0 (Hopper), 10.x or 11.0 (Blackwell); device 0 is 8.x"),
     (dict(version=131000, major=9, grouped=False), "does not export cublasLtGroupedMatrixLayoutCreate"),
 ])
 def test_an_older_cublas_or_gpu_reads_the_offsets_once_and_says_why(pretend, words):

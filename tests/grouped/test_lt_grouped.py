@@ -38,8 +38,8 @@ def test_hopper_and_cublas_13_10_take_the_sync_free_route(kind, layout):
 
 @pytest.mark.parametrize("case,words", [
     (dict(typestr="<f4"), "takes bfloat16 and float16 here, got float32"),
-    (dict(K=60), "must start on 16 bytes"),                 # x's rows 120 bytes apart
-    (dict(N=44), "must start on 16 bytes"),                 # out's rows 88 bytes apart
+    (dict(K=60), "cuBLAS's B: every group's matrix must start on 16 bytes"),    # x's rows 120 bytes apart
+    (dict(N=44), "cuBLAS's A: its rows of 44 elements"),        # w[g] (K, 44): cuBLAS's A has 44 rows
     (dict(G=1025, T=2050), "at most 1024 groups"),
 ])
 def test_what_the_grouped_matmul_cannot_take_is_named(case, words):
@@ -130,3 +130,50 @@ def test_a_captured_graph_replays_with_new_offsets_and_syncs_nothing():
         assert rel_err(cp.asnumpy(dw.astype(cp.float32)), _wgrad_ref(f64(cp, x), f64(cp, dy), offs, "kn")) < 2e-2
 
 
+
+
+def _strided(shape, strides_elems, ptr, typestr="<f2"):
+    return FakeDeviceArray(shape, typestr, tuple(2 * e for e in strides_elems), ptr)
+
+
+def _case(name):
+    """(x, w, out) stand-ins of one layout cuBLASLt's rules for grouped matrices rule out."""
+    base = 0x7F0000000000
+    if name == "K of 200 bytes":            # x = buf[:, :100] of (40, 128): rows on 16 bytes, K is not
+        return (_strided((40, 100), (128, 1), base), FakeDeviceArray((4, 100, 48), "<f2", None, base + 0x1000000),
+                FakeDeviceArray((40, 48), "<f2", None, base + 0x2000000))
+    if name == "w's rows 200 bytes apart":  # w = wbuf[:, :, :48] of (4, 64, 100)
+        return (FakeDeviceArray((40, 64), "<f2", None, base), _strided((4, 64, 48), (6400, 100, 1), base + 0x1000000),
+                FakeDeviceArray((40, 48), "<f2", None, base + 0x2000000))
+    if name == "x broadcast":               # x's rows all one row (stride 0)
+        return (_strided((40, 64), (0, 1), base), FakeDeviceArray((4, 64, 48), "<f2", None, base + 0x1000000),
+                FakeDeviceArray((40, 48), "<f2", None, base + 0x2000000))
+    raise KeyError(name)
+
+
+@pytest.mark.parametrize("name,words", [
+    ("K of 200 bytes", "cuBLAS's B: its rows of 100 elements"),
+    ("w's rows 200 bytes apart", "cuBLAS's A: its rows of 48 elements and leading dimension of 100"),
+    ("x broadcast", "cuBLAS's B: a leading dimension of 0 below its 64 rows"),
+])
+def test_layouts_cublaslt_rules_out_for_grouped_matrices_are_named(name, words):
+    x, w, out = _case(name)
+    offs = FakeDeviceArray((5,), "<i4", None, 0x7F0030000000)
+    with lt_features._pretend(**HOPPER_13_10):
+        d = grouped.describe_moe(x, w, offs, out)
+    assert d["chosen"] == "host_offsets" and words in d["not_applicable"]["lt_grouped"], d["not_applicable"]
+
+
+def test_a_weight_gradient_into_misaligned_rows_is_named():
+    x, dy, offs, _ = moe(kind="wgrad")
+    dw = _strided((4, 64, 48), (6400, 100, 1), 0x7F0002000000)       # dw = buf[:, :, :48] of (4, 64, 100)
+    with lt_features._pretend(**HOPPER_13_10):
+        d = grouped.describe_moe(x, dy, offs, dw, kind="wgrad")
+    assert "the output: its rows of 48 elements and leading dimension of 100" in d["not_applicable"]["lt_grouped"]
+
+
+@pytest.mark.parametrize("major", [8, 12])
+def test_only_the_gpus_cublaslt_lists_for_grouped_matrices_take_it(major):
+    with lt_features._pretend(version=131000, major=major):
+        d = grouped.describe_moe(*moe())
+    assert d["chosen"] == "host_offsets" and f"is {major}.x" in d["not_applicable"]["lt_grouped"]

@@ -22,8 +22,9 @@ class Operand(ctypes.Structure):
 
 
 class Problem(ctypes.Structure):
-    _fields_ = [("a", Operand), ("b", Operand), ("d", Operand), ("m", ctypes.c_int), ("n", ctypes.c_int),
-                ("k", ctypes.c_int), ("lda", ctypes.c_int), ("ldb", ctypes.c_int), ("ldd", ctypes.c_int),
+    _fields_ = [("a", Operand), ("b", Operand), ("d", Operand), ("scale_a", Operand), ("scale_b", Operand),
+                ("m", ctypes.c_longlong), ("n", ctypes.c_longlong), ("k", ctypes.c_longlong),
+                ("lda", ctypes.c_longlong), ("ldb", ctypes.c_longlong), ("ldd", ctypes.c_longlong),
                 ("ragged", ctypes.c_int), ("rows", ctypes.c_longlong)]
 
 
@@ -35,7 +36,8 @@ def lib(tmp_path_factory):
         pytest.skip(f"the kernel cannot be built for the CPU here: {e}")
     lib.cygemm_write_grouped_table.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                                ctypes.POINTER(Problem), ctypes.c_void_p, ctypes.c_void_p]
-    lib.cygemm_zero_empty_groups.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+    lib.cygemm_zero_empty_groups.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
+                                             ctypes.c_void_p,
                                              ctypes.c_longlong, ctypes.c_longlong, ctypes.c_longlong,
                                              ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p]
     return lib
@@ -45,10 +47,10 @@ def layout(groups):
     """The table's arrays (name -> byte offset) by the header's rule, derived here."""
     ptrs = -(-groups * 8 // 16) * 16
     ints = -(-groups * 4 // 16) * 16
-    at = {"a": 0, "b": ptrs, "c": 2 * ptrs, "d": 3 * ptrs}
+    at = {"a": 0, "b": ptrs, "c": 2 * ptrs, "d": 3 * ptrs, "scale_a": 4 * ptrs, "scale_b": 5 * ptrs}
     for i, name in enumerate(("m", "n", "k", "lda", "ldb", "ldd")):
-        at[name] = 4 * ptrs + i * ints
-    at["alpha"] = 4 * ptrs + 6 * ints
+        at[name] = 6 * ptrs + i * ints
+    at["alpha"] = 6 * ptrs + 6 * ints
     at["beta"] = at["alpha"] + 16
     at["bytes"] = at["beta"] + 16
     return at
@@ -57,7 +59,7 @@ def layout(groups):
 def read(table, at, groups):
     """The table as dicts: name -> NumPy array of the groups' values."""
     out = {}
-    for name in ("a", "b", "c", "d"):
+    for name in ("a", "b", "c", "d", "scale_a", "scale_b"):
         out[name] = table[at[name]:at[name] + 8 * groups].view(np.uint64).astype(np.int64)
     for name in ("m", "n", "k", "lda", "ldb", "ldd"):
         out[name] = table[at[name]:at[name] + 4 * groups].view(np.int32)
@@ -85,7 +87,8 @@ def moe_forward(rows, K=64, N=48, G=5, w_nk=False, isz=2, ld_x=None, ld_out=None
     ld_x, ld_out = ld_x or K, ld_out or N
     w_ld = K if w_nk else N
     return Problem(Operand(0x10000, K * N * isz, 0), Operand(0x4000000, 0, ld_x * isz),
-                   Operand(0x8000000, 0, ld_out * isz), N, 0, K, w_ld, ld_x, ld_out, RAGGED_N, rows)
+                   Operand(0x8000000, 0, ld_out * isz), Operand(None, 0, 0), Operand(None, 0, 0),
+                   N, 0, K, w_ld, ld_x, ld_out, RAGGED_N, rows)
 
 
 @pytest.mark.parametrize("is64", [True, False])
@@ -104,12 +107,23 @@ def test_forward_table_per_group_from_the_offsets(lib, is64):
     assert t["alpha"] == 1.0 and t["beta"] == 0.0
 
 
+def test_fp8_scales_get_a_pointer_per_group_and_none_are_written_without_them(lib):
+    offsets = [0, 4, 4, 9]
+    p = moe_forward(9)
+    rc, t, _ = write(lib, offsets, p)
+    assert rc == 0 and (t["scale_a"] == 0xABABABABABABABAB - (1 << 64)).all()    # left as they were (poison)
+    p.scale_a, p.scale_b = Operand(0x5000, 4, 0), Operand(0x6000, 0, 0)          # one per expert; one shared
+    rc, t, _ = write(lib, offsets, p)
+    assert rc == 0
+    assert list(t["scale_a"]) == [0x5000, 0x5004, 0x5008] and list(t["scale_b"]) == [0x6000] * 3
+
+
 def test_wgrad_table_has_ragged_k_and_empty_groups_compute_nothing(lib):
     offsets = [0, 3, 3, 10]
     K, N, isz = 32, 16, 2
     # dw[g] (K, N) row-major = cuBLAS D (N x K): A = dy rows (N x rows), B = x rows (op T)
     p = Problem(Operand(0x100000, 0, N * isz), Operand(0x200000, 0, K * isz), Operand(0x300000, K * N * isz, 0),
-                N, K, 0, N, K, N, RAGGED_K, 10)
+                Operand(None, 0, 0), Operand(None, 0, 0), N, K, 0, N, K, N, RAGGED_K, 10)
     rc, t, _ = write(lib, offsets, p)
     assert rc == 0
     assert list(t["k"]) == [3, 0, 7]
@@ -156,7 +170,7 @@ def test_zero_empty_groups_zeroes_only_those_with_no_rows(lib, cols, elem):
     dtype = np.uint16 if elem == 2 else np.uint32
     out = np.full((G, rows, row_stride), 0x7FFF if elem == 2 else 0x7FFFFFFF, dtype)
     before = out.copy()
-    rc = lib.cygemm_zero_empty_groups(offsets.ctypes.data, 1, G, out.ctypes.data, rows * row_stride * elem,
+    rc = lib.cygemm_zero_empty_groups(offsets.ctypes.data, 1, G, 9, out.ctypes.data, rows * row_stride * elem,
                                       rows, cols, row_stride * elem, elem, None)
     assert rc == 0
     for g in range(G):
@@ -165,3 +179,18 @@ def test_zero_empty_groups_zeroes_only_those_with_no_rows(lib, cols, elem):
             assert (out[g, :, cols:] == before[g, :, cols:]).all()      # the gaps are not written
         else:
             assert (out[g] == before[g]).all()
+
+
+def test_zero_empty_groups_clamps_offsets_as_the_table_does(lib):
+    """Offsets past T (or below 0) make a group empty in the table (m = n = 0): its output is
+    zeroed too, so it is never left stale."""
+    G, rows, cols = 3, 2, 8
+    offsets = np.array([0, 6, 20, 30], np.int64)          # T = 6: groups 1 and 2 lie past it
+    out = np.full((G, rows, cols), 0x7FFF, np.uint16)
+    assert lib.cygemm_zero_empty_groups(offsets.ctypes.data, 1, G, 6, out.ctypes.data, rows * cols * 2, rows, cols,
+                                        cols * 2, 2, None) == 0
+    assert (out[0] == 0x7FFF).all() and (out[1:] == 0).all()
+    rc, t, _ = write(lib, list(offsets), Problem(Operand(0x100000, 0, 16), Operand(0x200000, 0, 16),
+                                                 Operand(0x300000, 32, 0), Operand(None, 0, 0), Operand(None, 0, 0),
+                                                 8, 8, 0, 8, 8, 8, RAGGED_K, 6))
+    assert rc == 0 and list(t["k"]) == [6, 0, 0] and list(t["m"]) == [8, 0, 0]

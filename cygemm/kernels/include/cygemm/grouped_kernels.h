@@ -53,18 +53,22 @@ typedef struct {
  * dimensions, which size is ragged, and the rows in all (offsets are clamped to [0, rows]). */
 typedef struct {
     cygemm_grouped_operand a, b, d;
-    int m, n, k;                    /* the ragged one is ignored */
-    int lda, ldb, ldd;
+    /* FP8: each group's A and B scale (a float32 scalar: base + g * group_stride; base NULL: none) */
+    cygemm_grouped_operand scale_a, scale_b;
+    long long m, n, k;              /* the ragged one is ignored; the table holds them as int32 */
+    long long lda, ldb, ldd;
     int ragged;                     /* CYGEMM_RAGGED_* */
     long long rows;                 /* T: the last offset */
 } cygemm_grouped_problem;
 
 /* Where each array lies in a table of `groups` groups: byte offsets from the table's start.
- * The pointer arrays are 16-byte aligned, as cuBLAS requires of them; the sizes are int32 (the
+ * The pointer arrays (A, B, C, D, then the FP8 scales' A and B) are 16-byte aligned, as cuBLAS
+ * requires of them; the sizes are int32 (the
  * arrays' default integer width); alpha and beta are one float each (Hopper takes one alpha and
  * beta for all groups). */
 typedef struct {
     long long a, b, c, d;           /* void* [groups] */
+    long long scale_a, scale_b;     /* const float* [groups] (FP8's per-group scales) */
     long long m, n, k;              /* int32 [groups] */
     long long lda, ldb, ldd;        /* int32 [groups] */
     long long alpha, beta;          /* float */
@@ -78,7 +82,8 @@ static inline cygemm_grouped_table cygemm_grouped_table_layout(int groups) {
     long long ptrs = cygemm_align16((long long)groups * (long long)sizeof(void*));
     long long ints = cygemm_align16((long long)groups * 4);
     t.a = 0; t.b = ptrs; t.c = 2 * ptrs; t.d = 3 * ptrs;
-    t.m = 4 * ptrs; t.n = t.m + ints; t.k = t.n + ints;
+    t.scale_a = 4 * ptrs; t.scale_b = 5 * ptrs;
+    t.m = 6 * ptrs; t.n = t.m + ints; t.k = t.n + ints;
     t.lda = t.k + ints; t.ldb = t.lda + ints; t.ldd = t.ldb + ints;
     t.alpha = t.ldd + ints; t.beta = t.alpha + 16;
     t.bytes = t.beta + 16;
@@ -90,15 +95,17 @@ static inline cygemm_grouped_table cygemm_grouped_table_layout(int groups) {
  * [0, p->rows] are clamped into it and a decreasing one makes its group empty, so that wrong
  * offsets never make cuBLAS read or write outside the operands. A ragged-K group of no rows
  * gets m = n = 0 (cuBLAS writes nothing there: cygemm_zero_empty_groups zeroes its output).
+ * Where p->scale_a.base (scale_b) is set, group g's scale pointer is base + g * group_stride.
  * alpha = 1, beta = 0. groups outside [1, CYGEMM_LT_GROUPED_MAX_GROUPS] is cudaErrorInvalidValue. */
 cudaError_t cygemm_write_grouped_table(const void* offsets, int offsets_64bit, int groups,
                                        const cygemm_grouped_problem* p, void* table, cudaStream_t stream);
 
 /* Zero out[g] (rows x cols elements of elem_bytes, rows row_stride bytes apart, matrices
- * group_stride bytes apart) for every group g whose offsets give it no rows (the weight
- * gradient of an expert no token was routed to), enqueued on `stream`. */
-cudaError_t cygemm_zero_empty_groups(const void* offsets, int offsets_64bit, int groups, void* out,
-                                     long long group_stride, long long rows, long long cols,
+ * group_stride bytes apart) for every group g whose offsets, clamped into [0, total_rows] as the
+ * table's are, give it no rows (the weight gradient of an expert no token was routed to),
+ * enqueued on `stream`. */
+cudaError_t cygemm_zero_empty_groups(const void* offsets, int offsets_64bit, int groups, long long total_rows,
+                                     void* out, long long group_stride, long long rows, long long cols,
                                      long long row_stride, int elem_bytes, cudaStream_t stream);
 
 #ifdef __cplusplus
