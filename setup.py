@@ -36,7 +36,7 @@ MODULES = {"engine.dtypes": [], "engine.errors": [], "engine.lt_features": [], "
            "engine.timing": ["timing"], "engine.tuning": [], "engine.chooser": [], "engine.ktail": [], "engine.launch": [], "engine.lt_desc": [], "engine.families": [], "engine.candidates": [], "engine.plans": [], "engine.routes": [], "engine.small_batched": ["small_batched"], "engine.execute": [], "engine.int8": [], "engine.operands": [],
            "engine.epilogues": [], "rowmajor.gemm": [], "rowmajor.plan": [], "engine.batch_layout": [], "rowmajor.matmul": [],
            "engine.dense_routes": ["elementwise"], "dense.layer": ["elementwise"], "fp8.convert": ["fp8"],
-           "engine.fp8_args": [], "fp8.scales": ["fp8_scales"], "fp8.scaled": [], "dense.elementwise": ["elementwise"], "engine.groups": [], "grouped.lt_grouped": ["grouped"], "grouped.gemm": ["grouped"], "grouped.device_offsets": [], "grouped.moe": [], "engine.graph": [],
+           "engine.fp8_args": [], "fp8.scales": ["fp8_scales"], "fp8.scaled": [], "dense.elementwise": ["elementwise"], "engine.groups": [], "grouped.lt_grouped": ["grouped"], "grouped.gemm": ["grouped"], "grouped.device_offsets": [], "grouped.moe": [], "grouped.moe_fp8": [], "engine.graph": [],
            "nn._kernels": ["nn"], "backend._kernels": ["backend"]}
 HEADERS = ["cygemm/kernels/include/cygemm/kernels.h", "cygemm/kernels/include/cygemm/timing.h",
            "cygemm/kernels/include/cygemm/fp8_kernels.h", "cygemm/kernels/include/cygemm/fp8_scale_kernels.h",

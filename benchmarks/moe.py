@@ -16,12 +16,14 @@ one call where the call can be captured:
   sync) and cygemm's routes of host offsets, as a model whose routing is computed on the GPU
   must do without lt_grouped (not capturable: timed between events, the sync's gap included);
 - "cygemm loop of per-expert GEMMs": route "loop" on host offsets, in a graph;
-- FP8 (forward only): DeepSeek-V3's E4M3 operands with 1x128 token and 128x128 weight scales,
-  as a loop of cygemm.fp8.scaled_matmul per expert (in a graph) against bf16 lt_grouped. An FP8
-  grouped route is not built yet: its row says so.
+- FP8 (forward only, DeepSeek-V3): cygemm.moe_scaled_gemm (E4M3, tensor-wide scales, route
+  "lt_grouped"), loops of cygemm.fp8.scaled_matmul per expert with the same scales and with
+  DeepSeek-V3's 1x128 / 128x128 block scales, against bf16 lt_grouped, each in a graph. A
+  block-scaled grouped route is not built yet: its row says so.
 
-Targets: bf16 lt_grouped >= 1.0x torch._grouped_mm; FP8 block-scaled grouped >= 1.5x bf16 grouped
-from 4096 tokens; no host sync on the device-offset path (the graph replays).
+Targets: bf16 lt_grouped >= 1.0x torch._grouped_mm; FP8 grouped >= 1.5x bf16 grouped from 4096
+tokens (block-scaled: not built; tensor-scaled measured); no host sync on the device-offset path
+(the graph replays).
 """
 import numpy as np
 
@@ -132,34 +134,50 @@ def moe_section(R, s, floor):
 
 
 def _fp8_forward(R, s, torch, x, w, offs, tokens, T, N, K):
-    """DeepSeek-V3's FP8 forward: each expert's tokens quantized 1x128 and its weight 128x128
-    (cygemm.fp8.quantize_scaled), run as a loop of fp8.scaled_matmul, against bf16 lt_grouped."""
-    case = f"moe DeepSeek-V3 forward fp8 (1x128, 128x128), {tokens} tokens ({T} rows)"
+    """DeepSeek-V3's forward in FP8 (E4M3): cygemm.moe_scaled_gemm with tensor-wide scales (one
+    for the tokens, one per expert; route "lt_grouped") and, as loops of fp8.scaled_matmul per
+    expert, the same scales and DeepSeek-V3's block scales (1x128 tokens, 128x128 weights),
+    against bf16 lt_grouped. A block-scaled grouped route is not built yet: its row says so."""
+    case = f"moe DeepSeek-V3 forward fp8, {tokens} tokens ({T} rows)"
     R.progress(case)
     ptr = s.ptr
     G = len(offs) - 1
-    parts = []
+    xq, sx = fp8.quantize_scaled(x, "tensor")
+    wq_sw = [fp8.quantize_scaled(w[g], "tensor") for g in range(G)]
+    wq = torch.stack([q for q, _ in wq_sw])
+    sw = torch.cat([sc.reshape(1) for _, sc in wq_sw])
+    out8 = torch.empty(T, N, device="cuda", dtype=torch.bfloat16)
+    dev = torch.tensor(offs, device="cuda", dtype=torch.int32)
+    tensor_parts, block_parts = [], []
     for g in range(G):
         a, b = int(offs[g]), int(offs[g + 1])
-        if b - a < 4 or (b - a) % 4:          # (1x128 scales need rows in fours: padded experts in practice)
+        if b == a:
             continue
-        xq, xs = fp8.quantize_scaled(x[a:b], "1x128")
-        wq, ws = fp8.quantize_scaled(w[g], "128x128")
-        o = torch.empty(b - a, N, device="cuda", dtype=torch.bfloat16)
-        parts.append((xq, wq, xs, ws, o))
+        tensor_parts.append((xq[a:b], wq[g], sw[g:g + 1], out8[a:b]))
+        if (b - a) % 4 == 0:          # (1x128 scales need rows in fours: padded experts in practice)
+            bxq, bxs = fp8.quantize_scaled(x[a:b], "1x128")
+            bwq, bws = fp8.quantize_scaled(w[g], "128x128")
+            block_parts.append((bxq, bwq, bxs, bws, torch.empty(b - a, N, device="cuda", dtype=torch.bfloat16)))
 
-    def loop():
-        for xq, wq, xs, ws, o in parts:
-            fp8.scaled_matmul(xq, wq.t(), xs, ws, out=o, stream=ptr)
+    def tensor_loop():
+        for xs, ws, sc, o in tensor_parts:
+            fp8.scaled_matmul(xs, ws.t(), sx, sc, out=o, stream=ptr)
+
+    def block_loop():
+        for bxq, bwq, bxs, bws, o in block_parts:
+            fp8.scaled_matmul(bxq, bwq.t(), bxs, bws, out=o, stream=ptr)
 
     out = torch.empty(T, N, device="cuda", dtype=torch.bfloat16)
-    dev = torch.tensor(offs, device="cuda", dtype=torch.int32)
     contenders = {
         "cygemm bf16 lt_grouped": _try(lambda: _graphed(s, lambda: grouped.moe_gemm(
             x, w, dev, out, w_layout="nk", route="lt_grouped", stream=ptr))),
-        "cygemm fp8 loop of scaled_matmul": _try(lambda: _graphed(s, loop)),
-        "cygemm fp8 grouped (1x128 x 128x128)": C.Skip("no FP8 grouped route yet: cuBLASLt's FP8 grouped matmul "
-                                                      "needs per-group scale layouts cygemm does not make yet"),
+        "cygemm fp8 lt_grouped (tensor scales)": _try(lambda: _graphed(s, lambda: grouped.moe_scaled_gemm(
+            xq, wq, sx, sw, dev, out8, route="lt_grouped", stream=ptr))),
+        "cygemm fp8 loop of scaled_matmul (tensor scales)": _try(lambda: _graphed(s, tensor_loop)),
+        "cygemm fp8 loop of scaled_matmul (1x128, 128x128; experts of rows in fours)": _try(
+            lambda: _graphed(s, block_loop)),
+        "cygemm fp8 grouped (1x128 x 128x128)": C.Skip("no block-scaled FP8 grouped route yet: cuBLASLt wants each "
+                                                      "group's block scales in a layout of their own"),
     }
     R.measure(case, contenders, s, flop=2.0 * T * N * K, reps=10, rounds=3, tokens=tokens, model="DeepSeek-V3")
     contenders.clear()

@@ -17,7 +17,8 @@ from cygemm.engine.tuning import load_tuning, save_tuning
 from cygemm.rowmajor import gemm, gemm_strided_batched, describe_gemm, int_mm
 from cygemm.rowmajor.plan import GemmPlan
 from cygemm.rowmajor.matmul import matmul, describe_matmul, _set_grad_path
-from cygemm.grouped import grouped_gemm, moe_gemm, moe_gemm_wgrad, describe_grouped, describe_moe
+from cygemm.grouped import (grouped_gemm, moe_gemm, moe_gemm_wgrad, moe_scaled_gemm, describe_grouped, describe_moe,
+                            describe_moe_scaled)
 from cygemm import dense, elementwise, fp8, gemm_ops, graph, grouped, plans, tuning
 
 # The one place the version is written: pyproject.toml reads it from here (a literal, read
@@ -36,7 +37,7 @@ _set_grad_path(_record_matmul)
 del _set_grad_path
 
 __all__ = ["nn", "backend", "matmul", "describe_matmul", "grouped_gemm", "moe_gemm", "moe_gemm_wgrad",
-           "describe_grouped", "describe_moe", "gemm", "gemm_strided_batched", "describe_gemm", "int_mm", "GemmPlan", "gemm_ops", "graph", "plans", "tuning",
+           "moe_scaled_gemm", "describe_grouped", "describe_moe", "describe_moe_scaled", "gemm", "gemm_strided_batched", "describe_gemm", "int_mm", "GemmPlan", "gemm_ops", "graph", "plans", "tuning",
            "fp8", "elementwise", "grouped", "dense",
            "load_tuning", "save_tuning", "get_options", "set_options", "CygemmError", "CudaError",
            "CudaDriverError", "CublasError", "CaptureError", "device_count", "release_workspaces",

@@ -13,6 +13,7 @@ operator                                    as
 ``cygemm::moe_gemm_dev(x, w, offs, ...)``   :func:`cygemm.moe_gemm`, offsets a CUDA tensor
                                             (differentiable in x and w)
 ``cygemm::moe_gemm_wgrad(x, dy, offs)``     :func:`cygemm.moe_gemm_wgrad`, offsets a CUDA tensor
+``cygemm::moe_scaled_gemm(x, w, ...)``      :func:`cygemm.moe_scaled_gemm` (FP8), offsets a CUDA tensor
 ==========================================  ===================================================
 
 Eager code keeps calling cygemm directly (a custom op costs several times an
@@ -30,7 +31,7 @@ import cygemm
 from cygemm import fp8, grouped
 from cygemm.autograd import _dense_forward, _matrix_grads, _name, _saves, _stream_of, linear_backward
 
-__all__ = ["matmul", "linear", "int_mm", "scaled_matmul", "moe_gemm", "moe_gemm_wgrad"]
+__all__ = ["matmul", "linear", "int_mm", "scaled_matmul", "moe_gemm", "moe_gemm_wgrad", "moe_scaled_gemm"]
 
 _Tensor = torch.Tensor
 
@@ -268,3 +269,25 @@ def moe_gemm_wgrad(x, dy, group_offsets, *, dw_layout="kn", math="tf32"):
     """:func:`cygemm.moe_gemm_wgrad` into a new (G, K, N) or (G, N, K) tensor, kept in
     torch.compile's graph; ``group_offsets`` a CUDA tensor of G + 1 offsets."""
     return _moe_wgrad_op(x, dy, group_offsets, dw_layout, math)
+
+
+
+@torch.library.custom_op("cygemm::moe_scaled_gemm", mutates_args=())
+def _moe_scaled_op(x: _Tensor, w: _Tensor, scale_x: _Tensor, scale_w: _Tensor, offsets: _Tensor, out_dtype: str,
+                   fast_accum: bool) -> _Tensor:
+    out = x.new_empty((x.shape[0], w.shape[1]), dtype=_OUT_DTYPES[out_dtype])
+    grouped.moe_scaled_gemm(x, w, scale_x, scale_w, offsets, out, fast_accum=fast_accum, stream=_stream_of(x))
+    return out
+
+
+@_moe_scaled_op.register_fake
+def _(x, w, scale_x, scale_w, offsets, out_dtype, fast_accum):
+    return x.new_empty((x.shape[0], w.shape[1]), dtype=_OUT_DTYPES[out_dtype])
+
+
+def moe_scaled_gemm(x, w, scale_x, scale_w, group_offsets, *, out_dtype="bfloat16", fast_accum=False):
+    """:func:`cygemm.moe_scaled_gemm` of torch float8 tensors into a new tensor, kept in
+    torch.compile's graph; ``group_offsets`` a CUDA tensor of G + 1 offsets."""
+    if out_dtype not in _OUT_DTYPES:
+        raise ValueError(f"out_dtype: expected one of {sorted(_OUT_DTYPES)}, got {out_dtype!r}")
+    return _moe_scaled_op(x, w, scale_x, scale_w, group_offsets, out_dtype, bool(fast_accum))

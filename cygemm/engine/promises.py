@@ -8,6 +8,7 @@ These of cygemm's promises are not documented by cuBLAS, only measured, or not y
   row's bits do not depend on how many rows the call has (cygemm.engine.families);
 - ``lt_grouped``: cuBLASLt's grouped matmul, fed by cygemm's table of device offsets
   (cygemm.grouped.lt_grouped), gives each group exactly what the per-group path gives;
+  ``lt_grouped_fp8`` the same in FP8 with each group's scales;
 - ``ktail_fixed``: on a cuBLASLt whose notes name the K-tail fix (13.8.0.4), no GEMM drops the end
   of K without the guard, so the guard stands down.
 
@@ -26,7 +27,7 @@ from cygemm.engine.dtypes import ROWS
 # cuBLASLt versions (cublasLtGetVersion) whose behaviour the promises were measured on.
 VERIFIED_CUBLASLT = (130100,)
 VERIFIED = {"ktail_guard": VERIFIED_CUBLASLT, "batch_invariant": VERIFIED_CUBLASLT, "lt_grouped": (),
-            "ktail_fixed": ()}
+            "lt_grouped_fp8": (), "ktail_fixed": ()}
 PROMISES = tuple(VERIFIED)
 
 _lock = threading.RLock()
@@ -99,6 +100,8 @@ def require(promise):
 _WHAT = {"ktail_guard": "The guard against GEMMs that drop the end of K",
          "batch_invariant": "determinism='batch_invariant'",
          "lt_grouped": "cuBLASLt's grouped matmul with the group offsets on the GPU (route 'lt_grouped')",
+         "lt_grouped_fp8": "cuBLASLt's FP8 grouped matmul with the group offsets on the GPU (moe_scaled_gemm, "
+                           "route 'lt_grouped')",
          "ktail_fixed": "The K-tail fix of cuBLAS 13.8.0.4"}
 _INSTEAD = {"ktail_guard": "Install a verified cuBLAS (pip install 'nvidia-cublas==13.1.*'), or avoid deep-K "
                            "bf16/fp16 GEMMs whose K is not a multiple of 256.",
@@ -106,6 +109,8 @@ _INSTEAD = {"ktail_guard": "Install a verified cuBLAS (pip install 'nvidia-cubla
                                "determinism='run_to_run'.",
             "lt_grouped": "Pass the group offsets as host ints, or route='host_offsets' (one sync a call, "
                           "outside captures), and report the cuBLAS version.",
+            "lt_grouped_fp8": "Pass the group offsets as host ints, or route='host_offsets', and report the "
+                              "cuBLAS version.",
             "ktail_fixed": "The guard keeps acting."}
 
 
@@ -312,8 +317,47 @@ def _check_lt_grouped():
     return ok
 
 
+def _check_lt_grouped_fp8():
+    """moe_scaled_gemm through route 'lt_grouped' (E4M3 with E4M3 and with E5M2; bfloat16 and
+    float32 out; a scale per expert and one shared; int32 offsets with empty experts first, inside
+    and last; padded leading dimensions), bitwise against fp8.scaled_matmul per expert on the same
+    exact inputs: values in {-1, 0, 1} and power-of-two scales, so every result is exact."""
+    import cupy as cp
+    import numpy as np
+    import cygemm
+    counts = [0, 5, 0, 19, 1, 7, 0]
+    offs = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    T, K, N, G = offs[-1], 64, 48, len(counts)
+    dev = cp.asarray(offs, dtype=cp.int32)
+    ok = True
+    one = cp.ones(1, cp.float32)
+
+    def fp8_ternary(shape, fmt, phase):         # (exact in either format; rows 16 elements longer)
+        t = _ternary(cp, shape[:-1] + (shape[-1] + 16,), phase, cp.float32)
+        return cygemm.fp8.quantize(t, one, format=fmt)[..., :shape[-1]]
+
+    from cygemm.engine.dtypes import FP8_FORMATS
+    e4m3 = next(iter(FP8_FORMATS))                  # (the table's first FP8 format; both are taken for w)
+    for fmt_w in FP8_FORMATS:
+        x, w = fp8_ternary((T, K), e4m3, 0.1), fp8_ternary((G, N, K), fmt_w, 0.3)
+        scale_x = cp.asarray([0.5], cp.float32)
+        for scale_w in (cp.asarray([2.0 ** (g % 3) for g in range(G)], cp.float32), cp.asarray([4.0], cp.float32)):
+            for out_dtype in (_half_dtypes(cp)[-1], cp.float32):
+                out = _nan_view(cp, (T, N), 16, out_dtype)
+                ref = cp.full(out.shape, cp.nan, out.dtype)
+                cygemm.moe_scaled_gemm(x, w, scale_x, scale_w, dev, out, format_x=e4m3, format_w=fmt_w,
+                                       route="lt_grouped")
+                cygemm.moe_scaled_gemm(x, w, scale_x, scale_w, offs, ref, format_x=e4m3, format_w=fmt_w)
+                bits = cp.uint16 if out.dtype.itemsize == 2 else cp.uint32
+                ok &= bool((out.view(bits) == ref.view(bits)).all()) and not bool(cp.isnan(out).any())
+    from cygemm.grouped import lt_grouped
+    lt_grouped.clear_plans()
+    return ok
+
+
 _CHECKS = {"ktail_guard": _check_ktail_guard, "batch_invariant": _check_batch_invariant,
-           "lt_grouped": _check_lt_grouped, "ktail_fixed": _check_ktail_fixed}
+           "lt_grouped": _check_lt_grouped, "lt_grouped_fp8": _check_lt_grouped_fp8,
+           "ktail_fixed": _check_ktail_fixed}
 
 
 def _reset_for_tests():

@@ -15,9 +15,10 @@ cdef list offsets_to_host(object stream_ptr, const MatrixView* ov)
 # c.views[offsets_at], its grouped-matmul problem lt (why_layout: why its layout rules that route
 # out, or None): the chooser's route between "lt_grouped" and "host_offsets". host_run(offsets,
 # route) runs the host route for host ints (route: a name of ROUTES asked for, or None).
+# promise: the first-use check lt_grouped rests on ("lt_grouped", "lt_grouped_fp8").
 cdef int run_on_device(CallArgs* c, int offsets_at, LtGroupedCall* lt, object why_layout, object host_run,
                        object route, object autotune, object determinism, bint check_offsets,
-                       tuple host_names, str what) except -1
+                       tuple host_names, str what, str promise=*) except -1
 # describe_moe's keys for a device-offset call (no GPU needed).
 cdef dict describe_on_device(LtGroupedCall* lt, object why_layout, object autotune, object determinism,
-                             bint capturing)
+                             bint capturing, str promise=*)

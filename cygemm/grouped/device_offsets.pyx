@@ -56,7 +56,7 @@ ctypedef struct _DeviceCall:
     cudaStream_t s
     bint capturing
     Policy policy
-    PyObject* py            # [host_run, its offsets, its route, why lt_grouped does not apply]: a borrowed list
+    PyObject* py            # [host_run, its offsets, its route, why lt_grouped does not apply, its promise]: a borrowed list
 
 
 cdef int _applies(void* call, int route) except -1:
@@ -78,7 +78,7 @@ cdef int _enqueue(void* call, int route) except -1:
     cdef _DeviceCall* f = <_DeviceCall*>call
     if route == D_LT_GROUPED:
         from cygemm.engine import promises as _promises
-        _promises.require("lt_grouped")
+        _promises.require((<list>f.py)[4])
         run_lt_grouped(f.ctx, f.s, f.lt)
         note_route("lt_grouped")
         return 0
@@ -103,7 +103,7 @@ cdef list offsets_to_host(object stream_ptr, const MatrixView* ov):
 
 
 cdef object _why_not_lt(LtGroupedCall* lt, object why_layout, int device, bint capturing, Policy policy,
-                       bint check):
+                       bint check, str promise):
     """Why lt_grouped cannot run the call (None: it can). check: run its first-use check now if
     it has not run on this cuBLASLt (describe only reads a verdict already known)."""
     why = why_layout if why_layout is not None else lt_why_not(lt, device, capturing)
@@ -112,10 +112,10 @@ cdef object _why_not_lt(LtGroupedCall* lt, object why_layout, int device, bint c
                "the routes of host offsets")
     if why is None:
         from cygemm.engine import promises as _promises
-        holds = _promises.holds("lt_grouped") if check else _promises.known("lt_grouped")
+        holds = _promises.holds(promise) if check else _promises.known(promise)
         if holds is False:
             why = (f"its first-use check failed on the loaded cuBLASLt {_promises._cublaslt_version()} "
-                   "(cygemm.engine.promises, 'lt_grouped'): it is not trusted there")
+                   f"(cygemm.engine.promises, {promise!r}): it is not trusted there")
     return why
 
 
@@ -133,7 +133,7 @@ cdef int check_route(object route, tuple host_names) except -1:
 
 cdef int run_on_device(CallArgs* c, int offsets_at, LtGroupedCall* lt, object why_layout, object host_run,
                        object route, object autotune, object determinism, bint check_offsets,
-                       tuple host_names, str what) except -1:
+                       tuple host_names, str what, str promise="lt_grouped") except -1:
     cdef _DeviceCall f
     check_route(route, host_names)
     host_route = route if route in host_names else None
@@ -146,10 +146,10 @@ cdef int run_on_device(CallArgs* c, int offsets_at, LtGroupedCall* lt, object wh
         if f.capturing:
             raise _capture_error("check_offsets=True reads the offsets to the host, a sync a capture forbids")
         read_offsets(offsets_to_host(stream_ptr, offv), lt.groups, lt.p.rows)
-    why_lt = _why_not_lt(lt, why_layout, f.ctx.device, f.capturing, f.policy, True)
+    why_lt = _why_not_lt(lt, why_layout, f.ctx.device, f.capturing, f.policy, True, promise)
     if why_lt is None and host_route is not None:
         why_lt = f"route={host_route!r} asks for the routes of host offsets"
-    state = [host_run, None, host_route, why_lt]
+    state = [host_run, None, host_route, why_lt, promise]
     f.py = <PyObject*>state
     cdef int asked = -1
     if route == "lt_grouped":
@@ -169,14 +169,14 @@ cdef int run_on_device(CallArgs* c, int offsets_at, LtGroupedCall* lt, object wh
 
 
 cdef dict describe_on_device(LtGroupedCall* lt, object why_layout, object autotune, object determinism,
-                             bint capturing):
+                             bint capturing, str promise="lt_grouped"):
     cdef _DeviceCall f
     call_policy(autotune, determinism, &f.policy)
     f.lt, f.capturing = lt, capturing
     from cygemm.engine import context as _context
     device = _context.current_device() if _context.gpu_unavailable_reason() is None else 0
-    why_lt = _why_not_lt(lt, why_layout, device, capturing, f.policy, False)
-    state = [None, None, None, why_lt]
+    why_lt = _why_not_lt(lt, why_layout, device, capturing, f.policy, False, promise)
+    state = [None, None, None, why_lt, promise]
     f.py = <PyObject*>state
     why = {"lt_grouped": why_lt,
            "host_offsets": "reading the offsets to the host is a sync, which a capture forbids" if capturing else None}

@@ -49,8 +49,8 @@ from cygemm.engine.streams cimport stream_is_capturing
 from cygemm.engine.launch cimport grouped_lt_run
 from cygemm.engine.lt_features cimport LtExtras, lt_extras
 from cygemm.engine import lt_features as _lt_features
-from cygemm.engine.dtypes import name_of
-from cygemm.engine.dtypes cimport type_size
+from cygemm.engine.dtypes import name_of, expected
+from cygemm.engine.dtypes cimport type_size, DTYPES_FLOAT
 
 # The grouped matmul's alignment rule for every group's matrices (bytes).
 cdef int64_t GROUPED_ALIGN = 16
@@ -75,7 +75,7 @@ cdef object why_not(const LtGroupedCall* f, int device, bint capturing):
         if f.a_type == CUDA_R_8F_E5M2 and f.b_type == CUDA_R_8F_E5M2:
             return "FP8 takes E4M3 with E4M3 or E5M2, not two E5M2 operands (cuBLASLt's FP8 types)"
         if f.dtype != CUDA_R_16BF and f.dtype != CUDA_R_16F and f.dtype != CUDA_R_32F:
-            return f"FP8's grouped matmul writes bfloat16, float16 or float32 on Hopper, got {name_of(f.dtype)}"
+            return f"FP8's grouped matmul writes {expected(DTYPES_FLOAT)} on Hopper, got {name_of(f.dtype)}"
         if f.opa != CUBLAS_OP_T or f.opb != CUBLAS_OP_N:
             return ("FP8 reads both operands along K (Hopper's FP8 kernels are 'TN'): the weights must be "
                     "(G, N, K) with K contiguous")

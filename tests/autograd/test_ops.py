@@ -11,7 +11,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from cygemm.autograd import ops  # noqa: E402
 import cygemm.autograd  # noqa: E402
 
-OPS = ("matmul", "linear", "linear_backward", "int_mm", "scaled_matmul", "moe_gemm", "moe_gemm_dev", "moe_gemm_wgrad")
+OPS = ("matmul", "linear", "linear_backward", "int_mm", "scaled_matmul", "moe_gemm", "moe_gemm_dev", "moe_gemm_wgrad",
+       "moe_scaled_gemm")
 
 
 def test_every_operator_is_registered_under_cygemm():
@@ -68,6 +69,11 @@ def test_the_fake_device_offset_moe_operators_give_their_results_shapes():
         assert tuple(torch.ops.cygemm.moe_gemm_wgrad(x, dy, offs, "nk", "tf32").shape) == (3, 12, 8)
         # ops.moe_gemm takes the device-offset operator for a CUDA tensor of offsets, the other for ints
         assert tuple(ops.moe_gemm(x, w, offs).shape) == (40, 12)
+        f8 = torch.float8_e4m3fn
+        xq, wq = torch.empty((40, 64), device="cuda", dtype=f8), torch.empty((3, 16, 64), device="cuda", dtype=f8)
+        s1, s3 = torch.empty((1,), device="cuda"), torch.empty((3,), device="cuda")
+        y = ops.moe_scaled_gemm(xq, wq, s1, s3, offs, out_dtype="float32")
+        assert tuple(y.shape) == (40, 16) and y.dtype == torch.float32
 
 
 def test_scaled_matmul_refuses_an_out_dtype_it_does_not_make():

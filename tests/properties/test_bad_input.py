@@ -115,7 +115,8 @@ def fn(name):
             "grouped_gemm": cygemm.grouped_gemm, "moe_gemm": cygemm.moe_gemm,
             "describe_gemm": cygemm.describe_gemm,
             "describe_grouped": cygemm.describe_grouped, "moe_gemm_wgrad": cygemm.moe_gemm_wgrad,
-            "describe_moe": cygemm.describe_moe}[name]
+            "describe_moe": cygemm.describe_moe, "moe_scaled_gemm": cygemm.moe_scaled_gemm,
+            "describe_moe_scaled": cygemm.describe_moe_scaled}[name]
 
 
 # (function, build(mk) -> (args, kwargs), exception, words the message must hold, CPU-checkable)
@@ -477,6 +478,13 @@ CASES = {
                                      ValueError, ["dw_layout:", "'mk'"], True),
     "describe_moe/bad kind": ("describe_moe", lambda mk: ((mk.arr((4, 3)), mk.arr((2, 3, 2)), [0, 2, 4], mk.out((4, 2))),
                                                           {"kind": "backward"}), ValueError, ["kind:", "'backward'"], True),
+    "moe_scaled_gemm/float32 x": ("moe_scaled_gemm", lambda mk: ((mk.arr((4, 16)), mk.arr((2, 8, 16), "uint8"),
+                                                                   mk.arr((1,)), mk.arr((2,)), [0, 2, 4],
+                                                                   mk.out((4, 8))), {"format_w": "e4m3"}),
+                                  TypeError, ["x:", "float32"], True),
+    "describe_moe_scaled/scale_w length": ("describe_moe_scaled", lambda mk: (
+        (mk.arr((4, 16), "uint8"), mk.arr((2, 8, 16), "uint8"), mk.arr((1,)), mk.arr((3,)), [0, 2, 4], mk.out((4, 8))),
+        {"format_x": "e4m3", "format_w": "e4m3"}), ValueError, ["scale_w:", "G = 2"], True),
     "describe_grouped/inner mismatch": ("describe_grouped", lambda mk: (([mk.arr((2, 3))], [mk.arr((4, 2))],
                                                                          [mk.out((2, 2))]), {}),
                                         ValueError, ["Bs[0]:", "3 rows"], True),

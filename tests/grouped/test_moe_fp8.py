@@ -1,0 +1,164 @@
+"""The FP8 mixture-of-experts GEMM (cygemm.grouped.moe_fp8): on the CPU, every refusal before
+anything runs and the route describe_moe_scaled names for each cuBLAS, GPU and format; on the GPU,
+both routes of device offsets and host offsets against a float64 reference of the dequantized
+operands, fresh seeded inputs, NaN-poisoned outputs, empty experts, one scale per expert or one
+for all, and a captured graph replayed with new offsets."""
+import numpy as np
+import pytest
+
+import cygemm
+from cygemm import grouped
+from cygemm.engine import lt_features
+from fakes import FakeDeviceArray
+from gpu_util import poisoned, rel_err
+
+B = 0x7F0000000000
+HOPPER_13_10 = dict(version=131000, major=9)
+
+
+def fp8_fakes(T=40, K=64, N=48, G=4, out="<f2", scales_w=None, offsets="<i4"):
+    x = FakeDeviceArray((T, K), "|u1", None, B)
+    w = FakeDeviceArray((G, N, K), "|u1", None, B + 0x1000000)
+    sx = FakeDeviceArray((1,), "<f4", None, B + 0x2000000)
+    sw = FakeDeviceArray((G if scales_w is None else scales_w,), "<f4", None, B + 0x2000100)
+    offs = FakeDeviceArray((G + 1,), offsets, None, B + 0x3000000)
+    o = FakeDeviceArray((T, N), out, None, B + 0x4000000)
+    return x, w, sx, sw, offs, o
+
+
+FMT = dict(format_x="e4m3", format_w="e4m3")
+
+
+# ---------------------------------------------------------------- CPU: refusals before anything runs
+
+def test_operands_that_are_not_fp8_are_refused():
+    x, w, sx, sw, offs, out = fp8_fakes()
+    with pytest.raises(TypeError, match="x:"):
+        grouped.moe_scaled_gemm(FakeDeviceArray((40, 64), "<f2", None, B), w, sx, sw, offs, out, **FMT)
+    with pytest.raises(ValueError, match="format_w: expected 'e4m3' or 'e5m2', got 'e3m4'"):
+        grouped.moe_scaled_gemm(x, w, sx, sw, offs, out, format_x="e4m3", format_w="e3m4")
+
+
+def test_shapes_scales_and_outputs_that_do_not_fit_are_refused():
+    x, w, sx, sw, offs, out = fp8_fakes()
+    with pytest.raises(ValueError, match=r"w: x is \(40, 64\) so w must be \(G, N, 64\)"):
+        grouped.moe_scaled_gemm(x, FakeDeviceArray((4, 48, 32), "|u1", None, B + 0x1000000), sx, sw, offs, out, **FMT)
+    with pytest.raises(ValueError, match=r"scale_w: expected a contiguous device float32 array of G = 4 scales"):
+        grouped.moe_scaled_gemm(x, w, sx, fp8_fakes(scales_w=3)[3], offs, out, **FMT)
+    with pytest.raises(ValueError, match="scale_x: expected a device float32 scalar"):
+        grouped.moe_scaled_gemm(x, w, sw, sw, offs, out, **FMT)
+    with pytest.raises(TypeError, match="scale_x: expected a device float32 scalar .* got a host number"):
+        grouped.moe_scaled_gemm(x, w, 1.0, sw, offs, out, **FMT)
+    with pytest.raises(TypeError, match="out: expected float16, bfloat16 or float32, got float64"):
+        grouped.moe_scaled_gemm(x, w, sx, sw, offs, fp8_fakes(out="<f8")[5], **FMT)
+    with pytest.raises(ValueError, match=r"out: expected shape \(40, 48\), got \(40, 40\)"):
+        grouped.moe_scaled_gemm(x, w, sx, sw, offs, FakeDeviceArray((40, 40), "<f2", None, B + 0x4000000), **FMT)
+    with pytest.raises(ValueError, match=r"group_offsets: expected G \+ 1 = 5 offsets"):
+        grouped.moe_scaled_gemm(x, w, sx, sw, FakeDeviceArray((4,), "<i4", None, B + 0x3000000), out, **FMT)
+    with pytest.raises(ValueError, match="group_offsets: expected the last offset to be T = 40"):
+        grouped.moe_scaled_gemm(x, w, sx, sw, [0, 10, 10, 30, 39], out, **FMT)
+    with pytest.raises(ValueError, match="out: its memory overlaps x"):
+        grouped.moe_scaled_gemm(x, w, sx, sw, offs, FakeDeviceArray((40, 48), "<f2", None, B + 64), **FMT)
+
+
+def test_routes_are_checked():
+    x, w, sx, sw, offs, out = fp8_fakes()
+    with pytest.raises(ValueError, match="route: expected None or one of 'loop', 'lt_grouped', 'host_offsets', got 'grouped'"):
+        grouped.moe_scaled_gemm(x, w, sx, sw, offs, out, route="grouped", **FMT)
+
+
+# ---------------------------------------------------------------- CPU: the route, and why
+
+@pytest.mark.parametrize("scales_w", [None, 1])
+@pytest.mark.parametrize("out", ["<f2", "<f4"])
+def test_hopper_and_cublas_13_10_take_the_fp8_grouped_matmul(scales_w, out):
+    with lt_features._pretend(**HOPPER_13_10):
+        d = grouped.describe_moe_scaled(*fp8_fakes(out=out, scales_w=scales_w), **FMT)
+    assert d["chosen"] == "lt_grouped" and d["syncs"] is False
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(format_x="e5m2", format_w="e5m2"), "not two E5M2 operands"),
+    (dict(format_x="e4m3", format_w="e5m2", K=72), "its rows of 72 elements"),     # K = 72 bytes: not 16
+])
+def test_what_fp8_grouped_cannot_take_is_named(kw, words):
+    fmts = {k: kw.pop(k) for k in ("format_x", "format_w")}
+    with lt_features._pretend(**HOPPER_13_10):
+        d = grouped.describe_moe_scaled(*fp8_fakes(**kw), **fmts)
+    assert d["chosen"] == "host_offsets" and words in d["not_applicable"]["lt_grouped"], d
+
+
+def test_host_offsets_run_per_expert():
+    x, w, sx, sw, _, out = fp8_fakes()
+    d = grouped.describe_moe_scaled(x, w, sx, sw, [0, 10, 10, 30, 40], out, **FMT)
+    assert d["offsets"] == "host" and d["chosen"] == "loop"
+
+
+# ---------------------------------------------------------------- GPU: against float64
+
+def _cp():
+    import cupy as cp
+    return cp
+
+
+def _operands(cp, T, K, N, G, seed):
+    """FP8 tokens and weights (E4M3, tensor-wide scales from fp8.quantize_scaled) and their
+    dequantized float64 values."""
+    rng = np.random.default_rng(seed)
+    x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
+    w = cp.asarray(rng.standard_normal((G, N, K)).astype(np.float32))
+    xq, sx = cygemm.fp8.quantize_scaled(x, "tensor")
+    wqs = [cygemm.fp8.quantize_scaled(w[g], "tensor") for g in range(G)]
+    wq = cp.stack([q for q, _ in wqs])
+    sw = cp.concatenate([s.reshape(1) for _, s in wqs])
+    deq = lambda q: cp.asnumpy(cygemm.fp8.dequantize(q, cp.ones(1, cp.float32), format="e4m3")).astype(np.float64)
+    return xq, wq, sx.reshape(1), sw, deq(xq) * float(sx.get().reshape(-1)[0]), np.stack(
+        [deq(wq[g]) * float(sw[g].get()) for g in range(G)])
+
+
+def _ref(x, w, offs):
+    out = np.zeros((x.shape[0], w.shape[1]))
+    for g in range(len(offs) - 1):
+        out[offs[g]:offs[g + 1]] = x[offs[g]:offs[g + 1]] @ w[g].T
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("route", ["lt_grouped", "host_offsets", "loop", None])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_fp8_moe_matches_the_dequantized_float64_product(route, dtype):
+    cp = _cp()
+    if route == "lt_grouped" and lt_features.feature_gate("grouped_gemm"):
+        pytest.skip(lt_features.feature_gate("grouped_gemm"))
+    counts = [0, 24, 8, 0, 40, 16]
+    offs = [0] + np.cumsum(counts).tolist()
+    T, K, N, G = offs[-1], 128, 64, len(counts)
+    xq, wq, sx, sw, x64, w64 = _operands(cp, T, K, N, G, 11)
+    out = poisoned(cp, (T, N), dtype)
+    dev = cp.asarray(offs, dtype=cp.int32)
+    grouped.moe_scaled_gemm(xq, wq, sx, sw, dev, out, format_x="e4m3", format_w="e4m3", route=route)
+    cp.cuda.Device().synchronize()
+    assert rel_err(cp.asnumpy(out.astype(cp.float32)), _ref(x64, w64, offs)) < 1e-2
+
+
+@pytest.mark.gpu
+def test_a_captured_fp8_graph_replays_with_new_offsets():
+    cp = _cp()
+    if lt_features.feature_gate("grouped_gemm"):
+        pytest.skip(lt_features.feature_gate("grouped_gemm"))
+    T, K, N, G = 96, 128, 64, 4
+    xq, wq, sx, sw, x64, w64 = _operands(cp, T, K, N, G, 12)
+    out = poisoned(cp, (T, N), "bfloat16")
+    dev = cp.asarray([0, 24, 48, 72, 96], dtype=cp.int32)
+    s = cp.cuda.Stream(non_blocking=True)
+    grouped.moe_scaled_gemm(xq, wq, sx, sw, dev, out, format_x="e4m3", format_w="e4m3", stream=s)
+    s.synchronize()
+    with cygemm.graph.capture(s) as g:
+        grouped.moe_scaled_gemm(xq, wq, sx, sw, dev, out, format_x="e4m3", format_w="e4m3", stream=s)
+    for offs in ([0, 0, 50, 50, 96], [0, 96, 96, 96, 96], [0, 10, 20, 30, 96]):
+        dev[...] = cp.asarray(offs, dtype=cp.int32)
+        out[...] = cp.nan
+        cp.cuda.Device().synchronize()
+        g.launch(s)
+        s.synchronize()
+        assert rel_err(cp.asnumpy(out.astype(cp.float32)), _ref(x64, w64, offs)) < 1e-2
