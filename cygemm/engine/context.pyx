@@ -463,7 +463,7 @@ def versions():
     driver's CUDA, the loaded cuBLAS(Lt) (major * 10000 + minor * 100 + patch), the cuBLASLt
     versions this release's observed-behaviour promises were verified on (cygemm.engine.promises),
     and ``features``: what the loaded cuBLASLt offers beyond 13.1 on device 0, each usable or not
-    and why (:func:`cygemm.engine.lt_features.features`)."""
+    and why (``cygemm.engine.lt_features.features()``)."""
     cdef int rt = 0, drv = 0
     cudaRuntimeGetVersion(&rt)
     cudaDriverGetVersion(&drv)
