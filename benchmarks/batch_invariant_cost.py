@@ -1,5 +1,7 @@
 """What determinism="batch_invariant" costs against "off": GPU time per GEMM from CUDA graphs,
-and the host time of the first call of a new M (the plan's decision).
+and the host time of the first call of a new M (the plan's decision). Both ways of keeping it
+where the loaded cuBLASLt has cuBLAS's own flag: the kernel families ("batch_invariant") and
+cuBLASLt's flag ("batch_invariant/cublas": set_options(batch_invariance="cublas")).
 
 The GEMMs are a linear layer's, x (M, K) @ w.T with w stored (N, K). Each case is decided once per
 mode outside the timed rounds, then captured as a graph of 20 calls per mode; the modes' graphs
@@ -20,7 +22,13 @@ from cygemm import plans
 from cygemm.graph import capture
 from benchmarks.common import write_probe_results
 
-MODES = ("off", "run_to_run", "batch_invariant")
+def _modes():
+    from cygemm.engine import lt_features
+    modes = ("off", "run_to_run", "batch_invariant")
+    return modes + (("batch_invariant/cublas",) if lt_features.feature_gate("batch_invariance") is None else ())
+
+
+MODES = _modes()
 # (dtype, N, K, rows): the issue's three cases and their neighbours
 CASES = [("tf32", 5120, 5120, (1024, 2048, 8192)),
          ("bf16", 1024, 4096, (1, 2, 4, 3, 8, 5, 16, 12, 64, 48, 256, 200, 1024, 1000)),
@@ -37,7 +45,12 @@ def _operands(kind, n, k, m_max, rng):
 
 
 def _call(x, w, out, mode, stream):
-    cygemm.gemm(x, w, out, trans_b=True, math="tf32", determinism=mode, stream=stream)
+    determinism, _, way = mode.partition("/")
+    old = cygemm.set_options(batch_invariance=way or "families")
+    try:
+        cygemm.gemm(x, w, out, trans_b=True, math="tf32", determinism=determinism, stream=stream)
+    finally:
+        cygemm.set_options(**old)
 
 
 def _graph(x, w, out, mode, stream, calls):
@@ -71,7 +84,7 @@ def speed(rows_out, rounds, stream, calls=20):
             graphs = {mode: _graph(x[:m], w, out, mode, stream, calls) for mode in MODES}
             times = {mode: [] for mode in MODES}
             for r in range(rounds):
-                order = MODES[r % 3:] + MODES[:r % 3]
+                order = MODES[r % len(MODES):] + MODES[:r % len(MODES)]
                 for mode in order:
                     graphs[mode].launch(stream)      # (warm)
                     times[mode].append(_time(graphs[mode], stream, calls))
@@ -89,23 +102,26 @@ def speed(rows_out, rounds, stream, calls=20):
 
 
 def first_calls(rows_out, stream):
-    """Host time of the first call of each new M (bf16, N = 14336, K = 4096), in that order."""
+    """Host time of the first call of each new M (bf16, N = 14336, K = 4096), in that order, for
+    each way of keeping batch_invariant."""
     rng = np.random.default_rng(1)
     x, w, dtype = _operands("bf16", 14336, 4096, max(FIRST_CALL_ROWS), rng)
-    cygemm.tuning.clear_tuning()
-    for m in FIRST_CALL_ROWS:
-        out = cp.empty((m, 14336), dtype)
-        t0 = time.perf_counter()
-        _call(x[:m], w, out, "batch_invariant", stream)
-        stream.synchronize()
-        ms = (time.perf_counter() - t0) * 1e3
-        t0 = time.perf_counter()
-        _call(x[:m], w, out, "batch_invariant", stream)
-        stream.synchronize()
-        again = (time.perf_counter() - t0) * 1e3
-        rows_out.append({"case": f"first call bf16 M={m} N=14336 K=4096", "first_call_ms": round(ms, 3),
-                         "second_call_ms": round(again, 3)})
-        print(f"first call M={m:<5d} {ms:8.2f} ms (second {again:.3f} ms)", flush=True)
+    for mode in [m for m in MODES if m.startswith("batch_invariant")]:
+        cygemm.tuning.clear_tuning()
+        plans.clear_plan_cache()
+        for m in FIRST_CALL_ROWS:
+            out = cp.empty((m, 14336), dtype)
+            t0 = time.perf_counter()
+            _call(x[:m], w, out, mode, stream)
+            stream.synchronize()
+            ms = (time.perf_counter() - t0) * 1e3
+            t0 = time.perf_counter()
+            _call(x[:m], w, out, mode, stream)
+            stream.synchronize()
+            again = (time.perf_counter() - t0) * 1e3
+            rows_out.append({"case": f"first call bf16 M={m} N=14336 K=4096", "mode": mode,
+                             "first_call_ms": round(ms, 3), "second_call_ms": round(again, 3)})
+            print(f"{mode:24s} first call M={m:<5d} {ms:8.2f} ms (second {again:.3f} ms)", flush=True)
 
 
 def kernels(stream):
