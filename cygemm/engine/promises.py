@@ -13,7 +13,7 @@ These of cygemm's promises are not documented by cuBLAS, only measured, or not y
   of K without the guard, so the guard stands down.
 
 Each promise lists in VERIFIED the cuBLASLt versions it was measured on (none for the last two:
-no GPU of this project has run a cuBLASLt that has them). On any other, the first call that
+this release has not run them on a cuBLASLt that has them). On any other, the first call that
 relies on a promise runs a small exact check of it once (a few GEMMs of at most 80 MB, then a
 sync), and the verdict is kept per cuBLASLt version in the tuning table (cygemm.engine.tuning, which
 keys its file by that version). A promise whose check failed makes its mode refuse with

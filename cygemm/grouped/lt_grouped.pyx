@@ -30,7 +30,7 @@ The rules each part follows, and the note each answers:
   heuristic failed under capture);
 - at most CYGEMM_LT_GROUPED_MAX_GROUPS (1024) groups: the table is the stream's (64 KiB).
 
-The route rests on cuBLASLt behaviour no GPU of this project has run yet, so the first call on
+The route rests on cuBLASLt behaviour this release has not yet verified on a GPU, so the first call on
 each cuBLASLt version checks it exactly against the per-group path (cygemm.engine.promises,
 "lt_grouped") and refuses with CygemmError where the check fails.
 """
