@@ -69,6 +69,8 @@ cdef object _bad_dtype(str name, str got, int wide):
     """TypeError for an array whose dtype (named `got`) the entry cannot take, with what to do
     instead: gemm or matmul for float64 and complex (wide False), a cast or CuPy for the rest."""
     msg = f"{name}: expected {expected_names(wide)}, got {got}"
+    if wide == DTYPES_INDEX:            # (offsets: nothing to cast to a float)
+        return TypeError(msg + " (offsets and indices are int32 or int64: x.astype(cupy.int32))")
     row = row_of_name(got)
     if got in by_name(DTYPES_WIDE) and not wide:
         msg += f" (cygemm.gemm and cygemm.matmul take {got}; or cast it with x.astype(cupy.float32))"

@@ -476,6 +476,11 @@ cdef Groups read_moe_wgrad(CallArgs* c, object x, object dy, object offs, object
         v[2] = ov[0]
         v[2].ptr = ov.ptr + g * ov.batch_stride * isz
         v[2].batch, v[2].batch_stride = 1, 0
+    # The experts' gradients are matrices one batch stride apart: they must not share memory (a
+    # regular stride that keeps the first two apart keeps every pair apart).
+    if G >= 2 and views_overlap(&grp.views[2], &grp.views[5]):
+        raise ValueError(f"dw: its experts' matrices overlap (a batch stride of {ov.batch_stride} elements for "
+                         f"{ov.rows} x {ov.cols} matrices): each expert needs its own")
     grp.finish()
     return grp
 

@@ -9,6 +9,8 @@ from cygemm.grouped.lt_grouped cimport LtGroupedCall
 cdef bint on_device(object offsets) except -1
 # ValueError unless route is None, a name of host_names or of DEVICE_OFFSET_ROUTES.
 cdef int check_route(object route, tuple host_names) except -1
+# ValueError unless the offsets' view is contiguous and aligned to its elements (the kernel reads them).
+cdef int check_offsets_view(const MatrixView* ov) except -1
 # The offsets as host ints, once the stream's work before them is done (one sync).
 cdef list offsets_to_host(object stream_ptr, const MatrixView* ov)
 # Run a call whose arguments c holds (prepared: prepare_call done), its offsets at

@@ -124,6 +124,15 @@ cdef object _capture_error(str why):
     return CaptureError(why)
 
 
+cdef int check_offsets_view(const MatrixView* ov) except -1:
+    if ov.col_stride != 1 and ov.cols > 1:
+        raise ValueError(f"group_offsets: expected a contiguous 1-D array, got a stride of {ov.col_stride} elements")
+    if (<uintptr_t>ov.ptr) % ov.itemsize:
+        raise ValueError(f"group_offsets: expected its start aligned to its {ov.itemsize}-byte elements, got address "
+                         f"{<uintptr_t>ov.ptr:#x}")
+    return 0
+
+
 cdef int check_route(object route, tuple host_names) except -1:
     if route is not None and route not in host_names and route not in _DEVICE_NAMES:
         raise ValueError(f"route: expected None or one of "

@@ -6,7 +6,14 @@ from cygemm.bindings.cublas cimport cublasOperation_t
 from cygemm.kernels.grouped cimport cygemm_grouped_problem
 from cygemm.engine.context cimport GemmContext
 
+# Which arguments cuBLAS's A, B and D are, for messages: the call's kind.
+cdef enum:
+    LT_NAMES_FORWARD = 0        # A: w, B: x, D: out
+    LT_NAMES_WGRAD_KN = 1       # A: dy, B: x, D: dw
+    LT_NAMES_WGRAD_NK = 2       # A: x, B: dy, D: dw
+
 ctypedef struct LtGroupedCall:
+    int names                       # LT_NAMES_*
     cudaDataType dtype              # C's and D's (and A's and B's unless FP8 sets them)
     cudaDataType a_type             # cuBLAS's A and B storage types (FP8: E4M3 or E5M2)
     cudaDataType b_type

@@ -28,7 +28,7 @@ The rules each part follows, and the note each answers:
   heuristic given the groups' average sizes as 8-byte hints (what 13.10 accepts), and the
   stream-aware heuristic for a call made inside a capture where the library has it (13.5.1's
   heuristic failed under capture);
-- at most CYGEMM_LT_GROUPED_MAX_GROUPS (1024) groups: the table is the stream's (64 KiB).
+- at most CYGEMM_LT_GROUPED_MAX_GROUPS (896) groups: the table is the stream's (64 KiB).
 
 The route rests on cuBLASLt behaviour this release has not yet verified on a GPU, so the first call on
 each cuBLASLt version checks it exactly against the per-group path (cygemm.engine.promises,
@@ -58,6 +58,9 @@ cdef int64_t GROUPED_ALIGN = 16
 cdef int PLANS_KEPT = 64
 
 _tls = threading.local()
+# The arguments cuBLAS's A, B and D are, by LT_NAMES_*: messages name the caller's arguments.
+_NAMES = {LT_NAMES_FORWARD: ("w", "x", "out"), LT_NAMES_WGRAD_KN: ("dy", "x", "dw"),
+          LT_NAMES_WGRAD_NK: ("x", "dy", "dw")}
 
 
 cdef bint _aligned(int64_t x) noexcept nogil:
@@ -83,7 +86,10 @@ cdef object why_not(const LtGroupedCall* f, int device, bint capturing):
         return f"cuBLASLt's grouped matmul takes bfloat16 and float16 here, got {name_of(f.dtype)}"
     elif f.a_type != f.dtype or f.b_type != f.dtype:
         return "the operands and the output must share one dtype (bfloat16 or float16)"
-    if f.groups < 1 or f.groups > CYGEMM_LT_GROUPED_MAX_GROUPS:
+    if f.groups < 1:
+        return "no experts (G = 0): nothing to compute"
+    if f.groups > CYGEMM_LT_GROUPED_MAX_GROUPS or (
+            cygemm_grouped_table_layout(f.groups).bytes > STREAM_TABLE_BYTES):
         return f"at most {CYGEMM_LT_GROUPED_MAX_GROUPS} groups (one stream table), got {f.groups}"
     # The ragged size is never a matrix's stored rows (the transposes keep it on the columns), so
     # the rules below hold for every group whatever the offsets.
@@ -92,9 +98,10 @@ cdef object why_not(const LtGroupedCall* f, int device, bint capturing):
     for size in (f.p.m, f.p.n, f.p.k, f.p.lda, f.p.ldb, f.p.ldd, f.p.rows):     # (the ragged one is -1)
         if size > INT32_MAX:
             return "sizes or leading dimensions past 2**31 - 1 (the grouped layouts' are int32)"
-    why = (_operand_rule(&f.p.a, f.a_type, f.p.m if f.opa == CUBLAS_OP_N else f.p.k, f.p.lda, "cuBLAS's A")
-           or _operand_rule(&f.p.b, f.b_type, f.p.k if f.opb == CUBLAS_OP_N else f.p.n, f.p.ldb, "cuBLAS's B")
-           or _operand_rule(&f.p.d, f.dtype, f.p.m, f.p.ldd, "the output"))
+    a_name, b_name, d_name = _NAMES[f.names]
+    why = (_operand_rule(&f.p.a, f.a_type, f.p.m if f.opa == CUBLAS_OP_N else f.p.k, f.p.lda, a_name)
+           or _operand_rule(&f.p.b, f.b_type, f.p.k if f.opb == CUBLAS_OP_N else f.p.n, f.p.ldb, b_name)
+           or _operand_rule(&f.p.d, f.dtype, f.p.m, f.p.ldd, d_name))
     return why or None
 
 
@@ -110,10 +117,11 @@ cdef object _operand_rule(const cygemm_grouped_operand* o, cudaDataType t, int64
         return (f"{name}: every group's matrix must start on 16 bytes for any offsets: the start, row stride "
                 f"and matrix stride must be multiples of 16 bytes")
     if not _aligned(rows * isz) or not _aligned(ld * isz):
-        return (f"{name}: its rows of {rows} elements and leading dimension of {ld} must be multiples of 16 bytes "
-                f"(cuBLASLt's rule for grouped matrices; {16 // isz} elements of {isz} bytes)")
+        return (f"{name}: its matrices' {rows} elements along the contiguous axis and their stride of {ld} must be "
+                f"multiples of 16 bytes ({16 // isz} elements of {isz} bytes: cuBLASLt's rule for grouped matrices)")
     if ld < rows:
-        return f"{name}: a leading dimension of {ld} below its {rows} rows (a broadcast or overlapping layout)"
+        return (f"{name}: a stride of {ld} between its lines of {rows} elements (a broadcast or overlapping layout; "
+                f"cuBLASLt's grouped matrices need at least {rows})")
     return None
 
 

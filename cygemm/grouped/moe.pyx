@@ -22,8 +22,10 @@ from cygemm.engine.dtypes cimport DTYPES_INDEX
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.groups cimport Groups, read_moe, read_moe_wgrad
 from cygemm.grouped.gemm cimport run_groups, describe_host_routes
-from cygemm.grouped.lt_grouped cimport LtGroupedCall
-from cygemm.grouped.device_offsets cimport on_device, check_route, run_on_device, describe_on_device
+from cygemm.grouped.lt_grouped cimport LtGroupedCall, LT_NAMES_FORWARD, LT_NAMES_WGRAD_KN, LT_NAMES_WGRAD_NK
+from cygemm.grouped.device_offsets cimport (on_device, check_route, check_offsets_view, run_on_device,
+                                            describe_on_device)
+from cygemm.engine.settings cimport Policy, call_policy
 from cygemm.grouped.gemm import ROUTES
 # The routes of the calls whose group offsets are a device array.
 from cygemm.grouped.device_offsets import DEVICE_OFFSET_ROUTES  # noqa: F401 (re-exported)
@@ -187,6 +189,7 @@ cdef object _fill_lt_call(LtGroupedCall* lt, const MatrixView* xv, const MatrixV
         lt.p.m, lt.p.n, lt.p.k = ov.cols, -1, xv.cols       # (the ragged size: from the offsets)
         lt.p.lda, lt.p.ldb, lt.p.ldd = bv.row_stride, xv.row_stride, ov.row_stride
         lt.p.ragged = CYGEMM_RAGGED_N
+        lt.names = LT_NAMES_FORWARD
         lt.opa = CUBLAS_OP_T if nk else CUBLAS_OP_N
         lt.opb = CUBLAS_OP_N
         lt.avg_m, lt.avg_n, lt.avg_k = ov.cols, T // G if G else 0, xv.cols
@@ -201,6 +204,7 @@ cdef object _fill_lt_call(LtGroupedCall* lt, const MatrixView* xv, const MatrixV
     lt.p.m, lt.p.n, lt.p.k = av.cols, cv.cols, -1
     lt.p.lda, lt.p.ldb, lt.p.ldd = av.row_stride, cv.row_stride, ov.row_stride
     lt.p.ragged = CYGEMM_RAGGED_K
+    lt.names = LT_NAMES_WGRAD_NK if nk else LT_NAMES_WGRAD_KN
     lt.opa, lt.opb = CUBLAS_OP_N, CUBLAS_OP_T
     lt.avg_m, lt.avg_n, lt.avg_k = av.cols, cv.cols, T // G if G else 0
     lt.zero_out = ov.ptr
@@ -257,9 +261,13 @@ cdef object _read_device_call(CallArgs* c, object x, object b, object offsets, o
     if offv.cols != G + 1:
         raise ValueError(f"group_offsets: expected G + 1 = {G + 1} offsets ({'dw' if wgrad else 'w'} holds {G} "
                          f"experts), got {offv.cols}")
-    if offv.col_stride != 1 and offv.cols > 1:
-        raise ValueError(f"group_offsets: expected a contiguous 1-D array, got a stride of {offv.col_stride} elements")
+    check_offsets_view(offv)
     check_overlaps(c)
+    # The routes of host offsets read every expert's rows as views: their layouts are checked now,
+    # with every row in the first expert (the offsets' values do not change a view's strides).
+    cdef CallArgs scratch
+    fake = [0] + [T] * G
+    (read_moe_wgrad(&scratch, x, b, fake, out, layout) if wgrad else read_moe(&scratch, x, b, fake, out, layout))
     return _fill_lt_call(lt, xv, bv, ov, offv, nk, wgrad)
 
 
@@ -270,6 +278,8 @@ cdef int _moe_on_device(object x, object b, object offsets, object out, str layo
     cdef LtGroupedCall lt
     why_layout = _read_device_call(&c, x, b, offsets, out, layout, wgrad, &lt)
     check_route(route, _NAMES)
+    cdef Policy policy
+    call_policy(autotune, determinism, &policy)         # (bad values refused before the GPU is asked)
     if lt.groups == 0 or c.views[3].rows * c.views[3].cols * c.views[3].batch == 0 or (
             not wgrad and lt.p.rows == 0):
         return 0                # no expert, or an empty result: nothing to write
@@ -284,8 +294,8 @@ def _host_run(x, b, out, layout, wgrad, math, stream, autotune, determinism, off
     _host_route(x, b, offs, out, layout, wgrad, math, stream, host_route, autotune, determinism)
 
 
-def describe_moe(a, b, group_offsets, out, *, str kind="forward", str layout="kn", str math="tf32", autotune=None,
-                 determinism=None, bint capturing=False):
+def describe_moe(a, b, group_offsets, out, *, str kind="forward", str w_layout="kn", str dw_layout="kn",
+                 str math="tf32", autotune=None, determinism=None, bint capturing=False):
     """Which route :func:`moe_gemm` (or :func:`moe_gemm_wgrad`) would take for these arguments,
     which routes could, why the others cannot, and whether the call synchronizes, without
     launching anything (no GPU needed; without one, "lt_grouped" says it needs a GPU).
@@ -299,8 +309,8 @@ def describe_moe(a, b, group_offsets, out, *, str kind="forward", str layout="kn
         them; device offsets are not read.
     kind : {"forward", "wgrad"}
         Which call.
-    layout : {"kn", "nk"}
-        ``w_layout`` (forward) or ``dw_layout`` (wgrad).
+    w_layout, dw_layout : {"kn", "nk"}
+        As the call takes them (``w_layout`` for kind "forward", ``dw_layout`` for "wgrad").
     math, autotune, determinism
         As the call.
     capturing : bool
@@ -324,6 +334,7 @@ def describe_moe(a, b, group_offsets, out, *, str kind="forward", str layout="kn
     if kind not in ("forward", "wgrad"):
         raise ValueError(f"kind: expected 'forward' or 'wgrad', got {kind!r}")
     cdef bint wgrad = kind == "wgrad"
+    cdef str layout = dw_layout if wgrad else w_layout
     cdef CallArgs c
     cdef Groups grp
     if not on_device(group_offsets):

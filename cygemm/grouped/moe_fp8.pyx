@@ -20,9 +20,10 @@ from cygemm.engine.types cimport MatrixView, ArrayDesc
 from cygemm.engine.arrays cimport read_fp8, view_from_desc
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_view, add_scalar, check_overlaps, prepare_call,
                                  ARG_READ, ARG_WRITE, CALL_KERNELS)
-from cygemm.engine.dtypes cimport DTYPES_INDEX
-from cygemm.grouped.lt_grouped cimport LtGroupedCall
-from cygemm.grouped.device_offsets cimport on_device, check_route, run_on_device, describe_on_device
+from cygemm.engine.dtypes cimport DTYPES_INDEX, DTYPES_GEMM
+from cygemm.grouped.lt_grouped cimport LtGroupedCall, LT_NAMES_FORWARD
+from cygemm.grouped.device_offsets cimport (on_device, check_route, check_offsets_view, run_on_device,
+                                            describe_on_device)
 from cygemm.engine.dtypes import name_of
 from cygemm.engine.groups cimport read_offsets
 
@@ -70,7 +71,8 @@ def moe_scaled_gemm(x, w, scale_x, scale_w, group_offsets, out, *, format_x=None
         Shapes that do not fit, scales of another shape, offsets as :func:`cygemm.moe_gemm`
         refuses them, an ``out`` sharing memory with an input, an unknown ``route``.
     TypeError
-        Operands that are not FP8, an ``out`` of another dtype, scales that are not float32.
+        Operands that are not FP8 (or both E5M2), an ``out`` of another dtype, scales that are not
+        float32; host offsets with arrays that cannot be sliced (not CuPy or torch).
     CaptureError, CygemmError, CublasError, CudaError
         As :func:`cygemm.moe_gemm` (the first-use check is "lt_grouped_fp8").
     """
@@ -80,11 +82,13 @@ def moe_scaled_gemm(x, w, scale_x, scale_w, group_offsets, out, *, format_x=None
     if lt.groups == 0 or lt.p.rows == 0 or lt.p.m == 0:
         return out                  # no expert, no token or no column: nothing to write
     host_run = functools.partial(_per_expert, x, w, scale_x, scale_w, out, format_x, format_w, fast_accum, stream)
+    check_route(route, ("loop",))
     if not on_device(group_offsets):
-        check_route(route, ("loop",))
+        if route is not None and route != "loop":
+            raise ValueError(f"route: {route!r} does not apply: it reads the group offsets from a device array "
+                             "(these are host ints: the route is 'loop')")
         host_run(read_offsets(group_offsets, lt.groups, lt.p.rows), None)
         return out
-    check_route(route, ("loop",))
     prepare_call(&c, CALL_KERNELS, stream, "tf32", CUDA_R_32F, False)     # (overlaps checked by _read)
     run_on_device(&c, 4, &lt, why_layout, host_run, route, None, None, check_offsets, ("loop",), "group_offsets",
                   "lt_grouped_fp8")     # (c.views: x, w, scale_x, scale_w, the offsets, out)
@@ -94,6 +98,11 @@ def moe_scaled_gemm(x, w, scale_x, scale_w, group_offsets, out, *, format_x=None
 def _per_expert(x, w, scale_x, scale_w, out, format_x, format_w, fast_accum, stream, offs, route):
     """The route of host offsets: fp8.scaled_matmul per expert with rows."""
     from cygemm import fp8
+    for arg, name in ((x, "x"), (w, "w"), (scale_w, "scale_w"), (out, "out")):
+        if not hasattr(type(arg), "__getitem__"):
+            raise TypeError(f"{name}: the route of host offsets runs fp8.scaled_matmul per expert, which slices x, w, "
+                            f"scale_w and out: pass CuPy arrays or torch tensors, or the offsets as a device array "
+                            f"(got {type(arg).__module__}.{type(arg).__name__})")
     per_expert = getattr(scale_w, "shape", (1,))[0] != 1
     for g in range(len(offs) - 1):
         a, b = offs[g], offs[g + 1]
@@ -118,23 +127,33 @@ cdef object _read(CallArgs* c, object x, object w, object scale_x, object scale_
     cdef MatrixView* xv = _fp8(c, x, "x", format_x, "format_x", 2)
     cdef MatrixView* wv = _fp8(c, w, "w", format_w, "format_w", 3)
     cdef MatrixView* sx = add_scalar(c, scale_x, "scale_x", ARG_READ)
-    cdef MatrixView* sw = add_array(c, scale_w, "scale_w", ARG_READ, 1, 1)
+    # (read at the widest level, so that a scale of another type is named by the check below)
+    cdef MatrixView* sw = add_array(c, scale_w, "scale_w", ARG_READ, 1, 1, DTYPES_GEMM)
     cdef int64_t T = xv.rows, K = xv.cols, G = wv.batch, N = wv.rows
     if wv.cols != K:
         raise ValueError(f"w: x is ({T}, {K}) so w must be (G, N, {K}) (each expert's (N, K) weight), got "
                          f"({G}, {wv.rows}, {wv.cols})")
-    if sw.dtype != CUDA_R_32F or (sw.cols != G and sw.cols != 1) or (sw.cols > 1 and sw.col_stride != 1):
-        raise ValueError(f"scale_w: expected a contiguous device float32 array of G = {G} scales (one per expert) "
-                         f"or of one, got {name_of(sw.dtype)} of {sw.cols} elements")
+    if sw.dtype != CUDA_R_32F:
+        raise TypeError(f"scale_w: expected float32 scales, got {name_of(sw.dtype)}")
+    if sw.cols != G and sw.cols != 1:
+        raise ValueError(f"scale_w: expected G = {G} scales (one per expert) or one, got {sw.cols}")
+    if sw.cols > 1 and sw.col_stride != 1:
+        raise ValueError(f"scale_w: expected a contiguous array, got a stride of {sw.col_stride} elements")
+    # What every FP8 GEMM of cuBLASLt needs, whichever route runs it (as fp8.scaled_matmul says).
+    if xv.dtype == CUDA_R_8F_E5M2 and wv.dtype == CUDA_R_8F_E5M2:
+        raise TypeError("x/w: cuBLASLt has no E5M2 x E5M2 GEMM; hold one operand in E4M3")
+    if K % 16:
+        raise ValueError(f"x: FP8 GEMMs need K to be a multiple of 16, got K = {K}; pad K to {(K + 15) // 16 * 16}")
+    if not ((xv.col_stride == 1 or K <= 1) and (wv.col_stride == 1 or K <= 1)):
+        raise ValueError("x, w: FP8 GEMMs read both operands along K (Hopper's FP8 kernels are 'TN'): K must be "
+                         "their contiguous axis")
     cdef bint offsets_on_device = on_device(offsets)
     cdef MatrixView* offv = NULL
     if offsets_on_device:
         offv = add_array(c, offsets, "group_offsets", ARG_READ, 1, 1, DTYPES_INDEX)
         if offv.cols != G + 1:
             raise ValueError(f"group_offsets: expected G + 1 = {G + 1} offsets (w holds {G} experts), got {offv.cols}")
-        if offv.col_stride != 1 and offv.cols > 1:
-            raise ValueError(f"group_offsets: expected a contiguous 1-D array, got a stride of {offv.col_stride} "
-                             "elements")
+        check_offsets_view(offv)
     cdef MatrixView* ov = add_array(c, out, "out", ARG_WRITE, 2, 2)     # (the float types: FP8's outputs here)
     if ov.rows != T or ov.cols != N:
         raise ValueError(f"out: expected shape ({T}, {N}), got ({ov.rows}, {ov.cols})")
@@ -158,10 +177,11 @@ cdef object _read(CallArgs* c, object x, object w, object scale_x, object scale_
     lt.p.m, lt.p.n, lt.p.k = N, -1, K
     lt.p.lda, lt.p.ldb, lt.p.ldd = wv.row_stride, xv.row_stride, ov.row_stride
     lt.p.ragged = CYGEMM_RAGGED_N
+    lt.names = LT_NAMES_FORWARD
     lt.opa, lt.opb = CUBLAS_OP_T, CUBLAS_OP_N
     lt.avg_m, lt.avg_n, lt.avg_k = N, T // G if G else 0, K
-    if not ((xv.col_stride == 1 or K <= 1) and (wv.col_stride == 1 or K <= 1) and (ov.col_stride == 1 or N <= 1)):
-        return "x, w and out need K (N for out) contiguous: Hopper's FP8 kernels read both operands along K"
+    if not (ov.col_stride == 1 or N <= 1):
+        return "out needs rows of unit stride (C-order rows)"
     return None
 
 

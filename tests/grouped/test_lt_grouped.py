@@ -30,7 +30,8 @@ HOPPER_13_10 = dict(version=131000, major=9)
 @pytest.mark.parametrize("layout", ["kn", "nk"])
 def test_hopper_and_cublas_13_10_take_the_sync_free_route(kind, layout):
     with lt_features._pretend(**HOPPER_13_10):
-        d = grouped.describe_moe(*moe(layout=layout, kind=kind), kind=kind, layout=layout)
+        d = grouped.describe_moe(*moe(layout=layout, kind=kind), kind=kind,
+                                 **({"dw_layout": layout} if kind == "wgrad" else {"w_layout": layout}))
     assert d["offsets"] == "device" and d["groups"] == 4
     assert d["routes"] == ["lt_grouped", "host_offsets"]
     assert d["chosen"] == "lt_grouped" and d["decided_by"] == "rule" and d["syncs"] is False
@@ -38,9 +39,9 @@ def test_hopper_and_cublas_13_10_take_the_sync_free_route(kind, layout):
 
 @pytest.mark.parametrize("case,words", [
     (dict(typestr="<f4"), "takes bfloat16 and float16 here, got float32"),
-    (dict(K=60), "cuBLAS's B: every group's matrix must start on 16 bytes"),    # x's rows 120 bytes apart
-    (dict(N=44), "cuBLAS's A: its rows of 44 elements"),        # w[g] (K, 44): cuBLAS's A has 44 rows
-    (dict(G=1025, T=2050), "at most 1024 groups"),
+    (dict(K=60), "x: every group's matrix must start on 16 bytes"),    # x's rows 120 bytes apart
+    (dict(N=44), "w: its matrices' 44 elements along the contiguous axis"),     # w[g] (K, 44)
+    (dict(G=897, T=1794), "at most 896 groups"),
 ])
 def test_what_the_grouped_matmul_cannot_take_is_named(case, words):
     with lt_features._pretend(**HOPPER_13_10):
@@ -152,9 +153,8 @@ def _case(name):
 
 
 @pytest.mark.parametrize("name,words", [
-    ("K of 200 bytes", "cuBLAS's B: its rows of 100 elements"),
-    ("w's rows 200 bytes apart", "cuBLAS's A: its rows of 48 elements and leading dimension of 100"),
-    ("x broadcast", "cuBLAS's B: a leading dimension of 0 below its 64 rows"),
+    ("K of 200 bytes", "x: its matrices' 100 elements along the contiguous axis"),
+    ("w's rows 200 bytes apart", "w: its matrices' 48 elements along the contiguous axis and their stride of 100"),
 ])
 def test_layouts_cublaslt_rules_out_for_grouped_matrices_are_named(name, words):
     x, w, out = _case(name)
@@ -164,12 +164,34 @@ def test_layouts_cublaslt_rules_out_for_grouped_matrices_are_named(name, words):
     assert d["chosen"] == "host_offsets" and words in d["not_applicable"]["lt_grouped"], d["not_applicable"]
 
 
+def test_a_layout_no_route_can_read_is_refused_before_any_route_is_chosen():
+    """x broadcast along its rows: neither the grouped matmul nor the routes of host offsets
+    read it, so describe (and the call) refuse it up front rather than name a route that would
+    sync and then fail."""
+    x, w, out = _case("x broadcast")
+    offs = FakeDeviceArray((5,), "<i4", None, 0x7F0030000000)
+    with lt_features._pretend(**HOPPER_13_10):
+        with pytest.raises(ValueError, match=r"x\[0:40\]: a layout cuBLAS cannot read in place"):
+            grouped.describe_moe(x, w, offs, out)
+        with pytest.raises(ValueError, match=r"x\[0:40\]: a layout cuBLAS cannot read in place"):
+            grouped.moe_gemm(x, w, offs, out)
+
+
+def test_experts_gradients_that_share_memory_are_refused():
+    x, dy, offs, _ = moe(kind="wgrad")
+    dw = _strided((4, 64, 48), (0, 48, 1), 0x7F0002000000)       # every expert's gradient in one matrix
+    for o in (offs, [0, 10, 10, 30, 40]):
+        with pytest.raises(ValueError, match=r"dw: its experts' matrices overlap \(a batch stride of 0 elements"):
+            grouped.moe_gemm_wgrad(x, dy, o, dw)
+
+
 def test_a_weight_gradient_into_misaligned_rows_is_named():
     x, dy, offs, _ = moe(kind="wgrad")
     dw = _strided((4, 64, 48), (6400, 100, 1), 0x7F0002000000)       # dw = buf[:, :, :48] of (4, 64, 100)
     with lt_features._pretend(**HOPPER_13_10):
         d = grouped.describe_moe(x, dy, offs, dw, kind="wgrad")
-    assert "the output: its rows of 48 elements and leading dimension of 100" in d["not_applicable"]["lt_grouped"]
+    assert "dw: its matrices' 48 elements along the contiguous axis and their stride of 100" in \
+        d["not_applicable"]["lt_grouped"]
 
 
 @pytest.mark.parametrize("major", [8, 12])

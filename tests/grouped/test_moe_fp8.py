@@ -43,8 +43,14 @@ def test_shapes_scales_and_outputs_that_do_not_fit_are_refused():
     x, w, sx, sw, offs, out = fp8_fakes()
     with pytest.raises(ValueError, match=r"w: x is \(40, 64\) so w must be \(G, N, 64\)"):
         grouped.moe_scaled_gemm(x, FakeDeviceArray((4, 48, 32), "|u1", None, B + 0x1000000), sx, sw, offs, out, **FMT)
-    with pytest.raises(ValueError, match=r"scale_w: expected a contiguous device float32 array of G = 4 scales"):
+    with pytest.raises(ValueError, match=r"scale_w: expected G = 4 scales \(one per expert\) or one, got 3"):
         grouped.moe_scaled_gemm(x, w, sx, fp8_fakes(scales_w=3)[3], offs, out, **FMT)
+    with pytest.raises(TypeError, match="scale_w: expected float32 scales, got float16"):
+        grouped.moe_scaled_gemm(x, w, sx, FakeDeviceArray((4,), "<f2", None, B + 0x2000100), offs, out, **FMT)
+    with pytest.raises(TypeError, match="scale_w: expected float32 scales, got int32"):
+        grouped.moe_scaled_gemm(x, w, sx, FakeDeviceArray((4,), "<i4", None, B + 0x2000100), offs, out, **FMT)
+    with pytest.raises(ValueError, match="group_offsets: expected its start aligned to its 4-byte elements"):
+        grouped.moe_scaled_gemm(x, w, sx, sw, FakeDeviceArray((5,), "<i4", None, B + 0x3000002), out, **FMT)
     with pytest.raises(ValueError, match="scale_x: expected a device float32 scalar"):
         grouped.moe_scaled_gemm(x, w, sw, sw, offs, out, **FMT)
     with pytest.raises(TypeError, match="scale_x: expected a device float32 scalar .* got a host number"):
@@ -77,15 +83,34 @@ def test_hopper_and_cublas_13_10_take_the_fp8_grouped_matmul(scales_w, out):
     assert d["chosen"] == "lt_grouped" and d["syncs"] is False
 
 
-@pytest.mark.parametrize("kw,words", [
-    (dict(format_x="e5m2", format_w="e5m2"), "not two E5M2 operands"),
-    (dict(format_x="e4m3", format_w="e5m2", K=72), "its rows of 72 elements"),     # K = 72 bytes: not 16
+@pytest.mark.parametrize("kw,exc,words", [
+    (dict(format_x="e5m2", format_w="e5m2"), TypeError, "cuBLASLt has no E5M2 x E5M2 GEMM"),
+    (dict(format_x="e4m3", format_w="e5m2", K=72), ValueError, "K to be a multiple of 16, got K = 72; pad K to 80"),
 ])
-def test_what_fp8_grouped_cannot_take_is_named(kw, words):
+def test_what_no_fp8_gemm_takes_is_refused_whatever_the_route(kw, exc, words):
     fmts = {k: kw.pop(k) for k in ("format_x", "format_w")}
+    for offsets in (None, "host"):
+        args = list(fp8_fakes(**kw))
+        if offsets == "host":
+            args[4] = [0, 10, 10, 30, 40]
+        with pytest.raises(exc, match=words):
+            grouped.describe_moe_scaled(*args, **fmts)
+
+
+def test_an_output_of_unit_stride_rows_only_takes_the_grouped_matmul():
+    x, w, sx, sw, offs, _ = fp8_fakes()
+    out = FakeDeviceArray((40, 48), "<f2", (2, 80), B + 0x4000000)           # column-major
     with lt_features._pretend(**HOPPER_13_10):
-        d = grouped.describe_moe_scaled(*fp8_fakes(**kw), **fmts)
-    assert d["chosen"] == "host_offsets" and words in d["not_applicable"]["lt_grouped"], d
+        d = grouped.describe_moe_scaled(x, w, sx, sw, offs, out, **FMT)
+    assert d["chosen"] == "host_offsets" and "unit stride" in d["not_applicable"]["lt_grouped"]
+
+
+def test_host_offsets_refuse_the_routes_of_device_offsets_and_unsliceable_arrays():
+    x, w, sx, sw, _, out = fp8_fakes()
+    with pytest.raises(ValueError, match="route: 'lt_grouped' does not apply: it reads the group offsets from a device"):
+        grouped.moe_scaled_gemm(x, w, sx, sw, [0, 10, 10, 30, 40], out, route="lt_grouped", **FMT)
+    with pytest.raises(TypeError, match="x: the route of host offsets runs fp8.scaled_matmul per expert"):
+        grouped.moe_scaled_gemm(x, w, sx, sw, [0, 10, 10, 30, 40], out, **FMT)
 
 
 def test_host_offsets_run_per_expert():

@@ -35,8 +35,9 @@ cudaError_t cygemm_write_pointer_table(const cygemm_ptr_triples* src, int count,
  * derive them from the experts' row offsets, which live on the GPU: a kernel reads the offsets
  * and writes the arrays into the stream's table (below), so nothing is read back to the host. */
 
-/* The groups one table holds (torch's grouped matmul takes as many). */
-#define CYGEMM_LT_GROUPED_MAX_GROUPS 1024
+/* The groups one table holds: its six pointer arrays and six int32 arrays within the stream's
+ * 64 KiB (cygemm_grouped_table_layout(896).bytes is 64,544). */
+#define CYGEMM_LT_GROUPED_MAX_GROUPS 896
 
 /* Which of cuBLAS's m, n, k is a group's count of rows (its offsets' difference). */
 enum { CYGEMM_RAGGED_M = 0, CYGEMM_RAGGED_N = 1, CYGEMM_RAGGED_K = 2 };
