@@ -65,6 +65,8 @@ cdef Groups read_moe(CallArgs* c, object x, object w, object group_offsets, obje
 # moe_gemm_wgrad's groups: out[g] = x[a:b].T @ dy[a:b] ("kn", out (G, K, N)) or dy[a:b].T @ x[a:b]
 # ("nk", out (G, N, K)), views of x, dy and out read into c too; offs: the checked host offsets.
 cdef Groups read_moe_wgrad(CallArgs* c, object x, object dy, object offs, object out, str out_layout)
+# ValueError unless the experts' matrices of `ov` (a batch, one per expert) share no memory.
+cdef int check_experts_disjoint(const MatrixView* ov, str name) except -1
 # The host offsets of G experts over T rows, checked: ValueError/TypeError naming group_offsets.
 cdef list read_offsets(object group_offsets, int64_t G, int64_t T)
 # Every view's device against the call's (several GPUs only), after prepare_call.

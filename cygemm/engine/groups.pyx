@@ -410,27 +410,48 @@ cdef Groups read_moe(CallArgs* c, object x, object w, object group_offsets, obje
     offs = read_offsets(group_offsets, G, T)
     if ov.rows != T or ov.cols != N:
         raise ValueError(f"out: expected shape ({T}, {N}), got ({ov.rows}, {ov.cols})")
+    return _moe_groups(xv, wv, ov, offs, 0b101, False, nk, (("x", True), ("w", False), ("out", True)))
+
+
+cdef Groups _moe_groups(const MatrixView* av, const MatrixView* bv, const MatrixView* ov, list offs, int ragged,
+                        bint trans_a, bint trans_b, tuple roles):
+    """The G groups of a mixture-of-experts call as views: the operands whose bit in `ragged`
+    is set (1: A, 2: B, 4: out) give each expert its rows offs[g]:offs[g+1], the others their
+    g-th matrix."""
+    cdef int64_t G = len(offs) - 1
     cdef Groups grp = Groups()
     grp.alloc(G)
-    grp.trans_a, grp.trans_b, grp.offsets = False, nk, offs
-    grp.roles = (("x", True), ("w", False), ("out", True))
-    grp.dtype, grp.itemsize = xv.dtype, xv.itemsize
-    cdef int64_t g, r0, r1, w_bytes = wv.itemsize
+    grp.trans_a, grp.trans_b, grp.offsets, grp.roles = trans_a, trans_b, offs, roles
+    grp.dtype, grp.itemsize = av.dtype, av.itemsize
+    cdef int64_t g, r0, r1, i, isz = av.itemsize
+    cdef const MatrixView* src[3]
+    src[0], src[1], src[2] = av, bv, ov
     cdef MatrixView* v
     for g in range(G):
         r0, r1 = offs[g], offs[g + 1]
-        v = &grp.views[3 * g]
-        v[0] = xv[0]
-        v[0].ptr = xv.ptr + r0 * xv.row_stride * w_bytes
-        v[0].rows = r1 - r0
-        v[1] = wv[0]
-        v[1].ptr = wv.ptr + g * wv.batch_stride * w_bytes
-        v[1].batch, v[1].batch_stride = 1, 0
-        v[2] = ov[0]
-        v[2].ptr = ov.ptr + r0 * ov.row_stride * w_bytes
-        v[2].rows = r1 - r0
+        for i in range(3):
+            v = &grp.views[3 * g + i]
+            v[0] = src[i][0]
+            if ragged >> i & 1:
+                v.ptr = src[i].ptr + r0 * src[i].row_stride * isz
+                v.rows = r1 - r0
+            else:
+                v.ptr = src[i].ptr + g * src[i].batch_stride * isz
+                v.batch, v.batch_stride = 1, 0
     grp.finish()
     return grp
+
+
+cdef int check_experts_disjoint(const MatrixView* ov, str name) except -1:
+    # The experts' matrices are one batch stride apart: a regular stride that keeps the first two
+    # apart keeps every pair apart.
+    cdef MatrixView first = ov[0], second = ov[0]
+    first.batch = second.batch = 1
+    second.ptr = ov.ptr + ov.batch_stride * ov.itemsize
+    if ov.batch >= 2 and views_overlap(&first, &second):
+        raise ValueError(f"{name}: its experts' matrices overlap (a batch stride of {ov.batch_stride} elements for "
+                         f"{ov.rows} x {ov.cols} matrices): each expert needs its own")
+    return 0
 
 
 cdef Groups read_moe_wgrad(CallArgs* c, object x, object dy, object offs, object out, str out_layout):
@@ -449,40 +470,14 @@ cdef Groups read_moe_wgrad(CallArgs* c, object x, object dy, object offs, object
     cdef int64_t T = xv.rows, K = xv.cols, N = dv.cols, G = ov.batch
     if dv.rows != T:
         raise ValueError(f"dy: expected {T} rows (the rows of x), got shape ({dv.rows}, {dv.cols})")
-    cdef int64_t want_r = N if nk else K, want_c = K if nk else N
-    if ov.rows != want_r or ov.cols != want_c:
-        want = f"(G, {N}, {K})" if nk else f"(G, {K}, {N})"
-        raise ValueError(f"dw: expected shape {want} for dw_layout={out_layout!r}, got ({G}, {ov.rows}, {ov.cols})")
+    if (ov.rows, ov.cols) != ((N, K) if nk else (K, N)):
+        raise ValueError(f"dw: expected shape (G, {N if nk else K}, {K if nk else N}) for dw_layout={out_layout!r}, got "
+                         f"({G}, {ov.rows}, {ov.cols})")
     offs = read_offsets(offs, G, T)
-    cdef Groups grp = Groups()
-    grp.alloc(G)
+    check_experts_disjoint(ov, "dw")
     # kn: dw[g] (K, N) = x[a:b].T @ dy[a:b]; nk: dw[g] (N, K) = dy[a:b].T @ x[a:b]
-    grp.trans_a, grp.trans_b, grp.offsets = True, False, offs
-    grp.roles = (("dy" if nk else "x", True), ("x" if nk else "dy", True), ("dw", False))
-    grp.dtype, grp.itemsize = xv.dtype, xv.itemsize
-    cdef const MatrixView* av = dv if nk else xv
-    cdef const MatrixView* bv = xv if nk else dv
-    cdef int64_t g, r0, r1, isz = xv.itemsize
-    cdef MatrixView* v
-    for g in range(G):
-        r0, r1 = offs[g], offs[g + 1]
-        v = &grp.views[3 * g]
-        v[0] = av[0]
-        v[0].ptr = av.ptr + r0 * av.row_stride * isz
-        v[0].rows = r1 - r0
-        v[1] = bv[0]
-        v[1].ptr = bv.ptr + r0 * bv.row_stride * isz
-        v[1].rows = r1 - r0
-        v[2] = ov[0]
-        v[2].ptr = ov.ptr + g * ov.batch_stride * isz
-        v[2].batch, v[2].batch_stride = 1, 0
-    # The experts' gradients are matrices one batch stride apart: they must not share memory (a
-    # regular stride that keeps the first two apart keeps every pair apart).
-    if G >= 2 and views_overlap(&grp.views[2], &grp.views[5]):
-        raise ValueError(f"dw: its experts' matrices overlap (a batch stride of {ov.batch_stride} elements for "
-                         f"{ov.rows} x {ov.cols} matrices): each expert needs its own")
-    grp.finish()
-    return grp
+    return _moe_groups(dv if nk else xv, xv if nk else dv, ov, offs, 0b011, True, False,
+                       (("dy" if nk else "x", True), ("x" if nk else "dy", True), ("dw", False)))
 
 
 cdef int check_group_devices(CallArgs* c, Groups grp) except -1:

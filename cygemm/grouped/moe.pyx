@@ -16,11 +16,13 @@ from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.kernels.grouped cimport CYGEMM_RAGGED_N, CYGEMM_RAGGED_K
 from cygemm.engine.types cimport MatrixView, compute_type
+from cygemm.engine.mapping cimport map_or_raise
+from cygemm.engine.types cimport ColMajorGemm
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, expect_dtype, prepare_call, check_overlaps,
                                  parse_math, ARG_READ, ARG_WRITE, CALL_GEMM)
 from cygemm.engine.dtypes cimport DTYPES_INDEX
 from cygemm.engine.context cimport GemmContext
-from cygemm.engine.groups cimport Groups, read_moe, read_moe_wgrad
+from cygemm.engine.groups cimport Groups, read_moe, read_moe_wgrad, check_experts_disjoint
 from cygemm.grouped.gemm cimport run_groups, describe_host_routes
 from cygemm.grouped.lt_grouped cimport LtGroupedCall, LT_NAMES_FORWARD, LT_NAMES_WGRAD_KN, LT_NAMES_WGRAD_NK
 from cygemm.grouped.device_offsets cimport (on_device, check_route, check_offsets_view, run_on_device,
@@ -263,12 +265,31 @@ cdef object _read_device_call(CallArgs* c, object x, object b, object offsets, o
                          f"experts), got {offv.cols}")
     check_offsets_view(offv)
     check_overlaps(c)
-    # The routes of host offsets read every expert's rows as views: their layouts are checked now,
-    # with every row in the first expert (the offsets' values do not change a view's strides).
-    cdef CallArgs scratch
-    fake = [0] + [T] * G
-    (read_moe_wgrad(&scratch, x, b, fake, out, layout) if wgrad else read_moe(&scratch, x, b, fake, out, layout))
+    _check_one_group(xv, bv, ov, nk, wgrad)
     return _fill_lt_call(lt, xv, bv, ov, offv, nk, wgrad)
+
+
+cdef int _check_one_group(const MatrixView* xv, const MatrixView* bv, const MatrixView* ov, bint nk,
+                          bint wgrad) except -1:
+    """What the routes of host offsets would refuse, checked on one expert holding every row (the
+    offsets' values change no view's strides), in O(1): a call they cannot run is refused before
+    any route is chosen, not after its offsets were read (a sync). The messages name the views
+    as those routes do."""
+    cdef MatrixView v[3]
+    cdef ColMajorGemm g
+    cdef int64_t T = xv.rows
+    if not wgrad:
+        v[0], v[1], v[2] = xv[0], bv[0], ov[0]
+        v[1].batch, v[1].batch_stride = 1, 0
+        map_or_raise(&v[0], &v[1], &v[2], False, nk, &g, (f"x[0:{T}]", "w[0]", f"out[0:{T}]"))
+        return 0
+    # kn: dw[g] = x[a:b].T @ dy[a:b]; nk: dw[g] = dy[a:b].T @ x[a:b]
+    v[0], v[1], v[2] = (bv[0] if nk else xv[0]), (xv[0] if nk else bv[0]), ov[0]
+    v[2].batch, v[2].batch_stride = 1, 0
+    map_or_raise(&v[0], &v[1], &v[2], True, False, &g,
+                 (f"{'dy' if nk else 'x'}[0:{T}]", f"{'x' if nk else 'dy'}[0:{T}]", "dw[0]"))
+    check_experts_disjoint(ov, "dw")
+    return 0
 
 
 cdef int _moe_on_device(object x, object b, object offsets, object out, str layout, bint wgrad, object math,
