@@ -50,6 +50,16 @@ __device__ void* operand_at(const cygemm_grouped_operand& o, int g, long long ro
     return const_cast<char*>(o.base) + g * o.group_stride + row0 * o.row_stride;
 }
 
+// The rows of the groups before g, each rounded up to 4 (where g's regrouped scales start).
+__device__ long long padded_rows_before(const void* offsets, int is64, int g, long long rows) {
+    long long before = 0, lo, hi;
+    for (int j = 0; j < g; j++) {
+        group_rows(offsets, is64, j, rows, &lo, &hi);
+        before += (hi - lo + 3) / 4 * 4;
+    }
+    return before;
+}
+
 __global__ void write_grouped_table(const void* offsets, int is64, int groups, cygemm_grouped_problem p,
                                     char* table, cygemm_grouped_table t) {
     int g = blockIdx.x * blockDim.x + threadIdx.x;
@@ -72,7 +82,10 @@ __global__ void write_grouped_table(const void* offsets, int is64, int groups, c
     reinterpret_cast<void**>(table + t.d)[g] = d;
     if (p.scale_a.base != nullptr)
         reinterpret_cast<const void**>(table + t.scale_a)[g] = p.scale_a.base + g * p.scale_a.group_stride;
-    if (p.scale_b.base != nullptr)
+    if (p.scale_b.base != nullptr && p.scale_b_kblocks > 0)
+        reinterpret_cast<const void**>(table + t.scale_b)[g] =
+            p.scale_b.base + 4 * p.scale_b_kblocks * padded_rows_before(offsets, is64, g, p.rows);
+    else if (p.scale_b.base != nullptr)
         reinterpret_cast<const void**>(table + t.scale_b)[g] = p.scale_b.base + g * p.scale_b.group_stride;
     reinterpret_cast<int*>(table + t.m)[g] = m;
     reinterpret_cast<int*>(table + t.n)[g] = n;
@@ -136,5 +149,33 @@ extern "C" cudaError_t cygemm_zero_empty_groups(const void* offsets, int offsets
     dim3 grid(static_cast<unsigned>(blocks < 32 ? blocks : 32), static_cast<unsigned>(groups));
     zero_empty_groups<<<grid, threads, 0, stream>>>(offsets, offsets_64bit, total_rows, static_cast<char*>(out),
                                                     group_stride, rows, row_bytes, row_stride);
+    return cudaGetLastError();
+}
+
+
+namespace {
+
+// One block per group: its rows' scales of every K-block, copied into its padded block.
+__global__ void group_row_scales(const float* src, long long rows, int kblocks, const void* offsets, int is64,
+                                 float* dst) {
+    int g = blockIdx.x;
+    long long lo, hi;
+    group_rows(offsets, is64, g, rows, &lo, &hi);
+    long long n = hi - lo, padded = (n + 3) / 4 * 4;
+    float* out = dst + kblocks * padded_rows_before(offsets, is64, g, rows);
+    for (long long i = threadIdx.x; i < kblocks * padded; i += blockDim.x) {
+        long long kb = i / padded, r = i % padded;
+        out[i] = r < n ? src[kb * rows + lo + r] : 0.0f;
+    }
+}
+
+}  // namespace
+
+extern "C" cudaError_t cygemm_group_row_scales(const float* src, long long rows, int kblocks, const void* offsets,
+                                               int offsets_64bit, int groups, float* dst, cudaStream_t stream) {
+    if (groups < 1 || groups > CYGEMM_LT_GROUPED_MAX_GROUPS || kblocks < 1 || src == nullptr || dst == nullptr
+        || offsets == nullptr)
+        return cudaErrorInvalidValue;
+    group_row_scales<<<groups, 128, 0, stream>>>(src, rows, kblocks, offsets, offsets_64bit, dst);
     return cudaGetLastError();
 }

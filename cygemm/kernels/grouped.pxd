@@ -25,6 +25,7 @@ cdef extern from "cygemm/grouped_kernels.h" nogil:
         cygemm_grouped_operand d
         cygemm_grouped_operand scale_a
         cygemm_grouped_operand scale_b
+        long long scale_b_kblocks
         long long m, n, k
         long long lda, ldb, ldd
         int ragged
@@ -42,3 +43,5 @@ cdef extern from "cygemm/grouped_kernels.h" nogil:
     cudaError_t cygemm_zero_empty_groups(const void* offsets, int offsets_64bit, int groups, long long total_rows,
                                          void* out, long long group_stride, long long rows, long long cols,
                                          long long row_stride, int elem_bytes, cudaStream_t stream)
+    cudaError_t cygemm_group_row_scales(const float* src, long long rows, int kblocks, const void* offsets,
+                                        int offsets_64bit, int groups, float* dst, cudaStream_t stream)

@@ -23,7 +23,7 @@ class Operand(ctypes.Structure):
 
 class Problem(ctypes.Structure):
     _fields_ = [("a", Operand), ("b", Operand), ("d", Operand), ("scale_a", Operand), ("scale_b", Operand),
-                ("m", ctypes.c_longlong), ("n", ctypes.c_longlong), ("k", ctypes.c_longlong),
+                ("scale_b_kblocks", ctypes.c_longlong), ("m", ctypes.c_longlong), ("n", ctypes.c_longlong), ("k", ctypes.c_longlong),
                 ("lda", ctypes.c_longlong), ("ldb", ctypes.c_longlong), ("ldd", ctypes.c_longlong),
                 ("ragged", ctypes.c_int), ("rows", ctypes.c_longlong)]
 
@@ -36,6 +36,8 @@ def lib(tmp_path_factory):
         pytest.skip(f"the kernel cannot be built for the CPU here: {e}")
     lib.cygemm_write_grouped_table.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                                ctypes.POINTER(Problem), ctypes.c_void_p, ctypes.c_void_p]
+    lib.cygemm_group_row_scales.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p,
+                                            ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
     lib.cygemm_zero_empty_groups.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
                                              ctypes.c_void_p,
                                              ctypes.c_longlong, ctypes.c_longlong, ctypes.c_longlong,
@@ -87,7 +89,7 @@ def moe_forward(rows, K=64, N=48, G=5, w_nk=False, isz=2, ld_x=None, ld_out=None
     ld_x, ld_out = ld_x or K, ld_out or N
     w_ld = K if w_nk else N
     return Problem(Operand(0x10000, K * N * isz, 0), Operand(0x4000000, 0, ld_x * isz),
-                   Operand(0x8000000, 0, ld_out * isz), Operand(None, 0, 0), Operand(None, 0, 0),
+                   Operand(0x8000000, 0, ld_out * isz), Operand(None, 0, 0), Operand(None, 0, 0), 0,
                    N, 0, K, w_ld, ld_x, ld_out, RAGGED_N, rows)
 
 
@@ -123,7 +125,7 @@ def test_wgrad_table_has_ragged_k_and_empty_groups_compute_nothing(lib):
     K, N, isz = 32, 16, 2
     # dw[g] (K, N) row-major = cuBLAS D (N x K): A = dy rows (N x rows), B = x rows (op T)
     p = Problem(Operand(0x100000, 0, N * isz), Operand(0x200000, 0, K * isz), Operand(0x300000, K * N * isz, 0),
-                Operand(None, 0, 0), Operand(None, 0, 0), N, K, 0, N, K, N, RAGGED_K, 10)
+                Operand(None, 0, 0), Operand(None, 0, 0), 0, N, K, 0, N, K, N, RAGGED_K, 10)
     rc, t, _ = write(lib, offsets, p)
     assert rc == 0
     assert list(t["k"]) == [3, 0, 7]
@@ -192,10 +194,50 @@ def test_zero_empty_groups_clamps_offsets_as_the_table_does(lib):
     assert (out[0] == 0x7FFF).all() and (out[1:] == 0).all()
     rc, t, _ = write(lib, list(offsets), Problem(Operand(0x100000, 0, 16), Operand(0x200000, 0, 16),
                                                  Operand(0x300000, 32, 0), Operand(None, 0, 0), Operand(None, 0, 0),
-                                                 8, 8, 0, 8, 8, 8, RAGGED_K, 6))
+                                                 0, 8, 8, 0, 8, 8, 8, RAGGED_K, 6))
     assert rc == 0 and list(t["k"]) == [6, 0, 0] and list(t["m"]) == [8, 0, 0]
 
 
 def test_the_largest_table_fits_the_streams_64_kib():
     """The table of the most groups the route takes fits the stream's table (STREAM_TABLE_BYTES)."""
     assert layout(896)["bytes"] <= 64 * 1024 < layout(897 + 15)["bytes"]
+
+
+def _regrouped(src, offsets, kblocks):
+    """The regrouped layout, derived here: each group's (kblocks, round_up(rows, 4)) block, rows
+    contiguous, padding zero, blocks in group order."""
+    T = src.shape[1]
+    out = []
+    for g in range(len(offsets) - 1):
+        a, b = max(0, min(offsets[g], T)), max(0, min(offsets[g + 1], T))
+        b = max(a, b)
+        block = np.zeros((kblocks, -(-(b - a) // 4) * 4), np.float32)
+        block[:, :b - a] = src[:, a:b]
+        out.append(block.ravel())
+    return np.concatenate(out) if out else np.zeros(0, np.float32)
+
+
+@pytest.mark.parametrize("offsets", [[0, 5, 5, 9, 21, 21], [0, 0, 0, 4], [0, 1, 2, 3, 7]])
+def test_token_scales_are_regrouped_into_each_groups_padded_block(lib, offsets):
+    kblocks, T = 3, offsets[-1]
+    src = np.arange(kblocks * T, dtype=np.float32).reshape(kblocks, T) + 0.5    # (T, kblocks), T contiguous
+    want = _regrouped(src, offsets, kblocks)
+    size = kblocks * (T + 3 * (len(offsets) - 1))
+    dst = np.full(size + 16, np.nan, np.float32)
+    offs = np.asarray(offsets, np.int32)
+    assert lib.cygemm_group_row_scales(src.ctypes.data, T, kblocks, offs.ctypes.data, 0, len(offsets) - 1,
+                                       dst.ctypes.data, None) == 0
+    assert np.array_equal(dst[:want.size], want)
+    assert np.isnan(dst[size:]).all()                   # nothing past what the layout holds
+
+
+def test_the_table_points_each_group_at_its_regrouped_scales(lib):
+    offsets = [0, 5, 5, 9, 21]
+    p = moe_forward(21)
+    p.scale_b, p.scale_b_kblocks = Operand(0x9000, 0, 0), 3
+    p.scale_a = Operand(0xA000, 16, 0)
+    rc, t, _ = write(lib, offsets, p)
+    assert rc == 0
+    padded_before = [0, 8, 8, 12]                       # 5 -> 8 rows, 0, 4 -> 4
+    assert list(t["scale_b"]) == [0x9000 + 4 * 3 * r for r in padded_before]
+    assert list(t["scale_a"]) == [0xA000 + 16 * g for g in range(4)]

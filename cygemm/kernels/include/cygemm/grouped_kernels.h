@@ -54,8 +54,12 @@ typedef struct {
  * dimensions, which size is ragged, and the rows in all (offsets are clamped to [0, rows]). */
 typedef struct {
     cygemm_grouped_operand a, b, d;
-    /* FP8: each group's A and B scale (a float32 scalar: base + g * group_stride; base NULL: none) */
+    /* FP8: each group's A and B scales (base + g * group_stride; base NULL: none). Where
+     * scale_b_kblocks > 0, B's are DeepSeek's 1x128 token scales regrouped by
+     * cygemm_group_row_scales: group g's at base + 4 * scale_b_kblocks * (the rows of the groups
+     * before it, each rounded up to 4). */
     cygemm_grouped_operand scale_a, scale_b;
+    long long scale_b_kblocks;
     long long m, n, k;              /* the ragged one is ignored; the table holds them as int32 */
     long long lda, ldb, ldd;
     int ragged;                     /* CYGEMM_RAGGED_* */
@@ -108,6 +112,14 @@ cudaError_t cygemm_write_grouped_table(const void* offsets, int offsets_64bit, i
 cudaError_t cygemm_zero_empty_groups(const void* offsets, int offsets_64bit, int groups, long long total_rows,
                                      void* out, long long group_stride, long long rows, long long cols,
                                      long long row_stride, int elem_bytes, cudaStream_t stream);
+
+/* Regroup 1x128 token scales for the grouped matmul: src is (T, kblocks) with T contiguous (row
+ * t's scale of K-block kb at src[kb * T + t], as cygemm.fp8.quantize_scaled writes them); group g's
+ * rows a:b (offsets clamped as the table's are) go to dst as a (kblocks, round_up(b - a, 4)) block,
+ * rows contiguous, the padding zero, the blocks one after another in group order: the layout
+ * cuBLASLt reads a group's VEC128 scales in. dst holds kblocks * (T + 3 * groups) floats. */
+cudaError_t cygemm_group_row_scales(const float* src, long long rows, int kblocks, const void* offsets,
+                                    int offsets_64bit, int groups, float* dst, cudaStream_t stream);
 
 #ifdef __cplusplus
 }
