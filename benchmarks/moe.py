@@ -16,14 +16,12 @@ one call where the call can be captured:
   sync) and cygemm's routes of host offsets, as a model whose routing is computed on the GPU
   must do without lt_grouped (not capturable: timed between events, the sync's gap included);
 - "cygemm loop of per-expert GEMMs": route "loop" on host offsets, in a graph;
-- FP8 (forward only, DeepSeek-V3): cygemm.moe_scaled_gemm (E4M3, tensor-wide scales, route
-  "lt_grouped"), loops of cygemm.fp8.scaled_matmul per expert with the same scales and with
-  DeepSeek-V3's 1x128 / 128x128 block scales, against bf16 lt_grouped, each in a graph. A
-  block-scaled grouped route is not built yet: its row says so.
+- FP8 (forward only, DeepSeek-V3): cygemm.moe_scaled_gemm (E4M3, route "lt_grouped") with
+  tensor-wide scales and with DeepSeek-V3's 1x128 / 128x128 block scales, loops of
+  cygemm.fp8.scaled_matmul per expert with each, against bf16 lt_grouped, each in a graph.
 
-Targets: bf16 lt_grouped >= 1.0x torch._grouped_mm; FP8 grouped >= 1.5x bf16 grouped from 4096
-tokens (block-scaled: not built; tensor-scaled measured); no host sync on the device-offset path
-(the graph replays).
+Targets: bf16 lt_grouped >= 1.0x torch._grouped_mm; FP8 block-scaled grouped >= 1.5x bf16 grouped
+from 4096 tokens; no host sync on the device-offset path (the graph replays).
 """
 import numpy as np
 
@@ -134,10 +132,10 @@ def moe_section(R, s, floor):
 
 
 def _fp8_forward(R, s, torch, x, w, offs, tokens, T, N, K):
-    """DeepSeek-V3's forward in FP8 (E4M3): cygemm.moe_scaled_gemm with tensor-wide scales (one
-    for the tokens, one per expert; route "lt_grouped") and, as loops of fp8.scaled_matmul per
-    expert, the same scales and DeepSeek-V3's block scales (1x128 tokens, 128x128 weights),
-    against bf16 lt_grouped. A block-scaled grouped route is not built yet: its row says so."""
+    """DeepSeek-V3's forward in FP8 (E4M3): cygemm.moe_scaled_gemm (route "lt_grouped") with
+    tensor-wide scales (one for the tokens, one per expert) and with DeepSeek-V3's block scales
+    (1x128 tokens, 128x128 weights), and as loops of fp8.scaled_matmul per expert with each,
+    against bf16 lt_grouped."""
     case = f"moe DeepSeek-V3 forward fp8, {tokens} tokens ({T} rows)"
     R.progress(case)
     ptr = s.ptr
@@ -159,6 +157,12 @@ def _fp8_forward(R, s, torch, x, w, offs, tokens, T, N, K):
             bwq, bws = fp8.quantize_scaled(w[g], "128x128")
             block_parts.append((bxq, bwq, bxs, bws, torch.empty(b - a, N, device="cuda", dtype=torch.bfloat16)))
 
+    # The whole layer's block scales, as one grouped call takes them.
+    bxq_all, bxs_all = fp8.quantize_scaled(x, "1x128")
+    bwq_all, bws_all = fp8.quantize_scaled(w.reshape(G * N, K), "128x128")
+    bwq_all = bwq_all.reshape(G, N, K)
+    scale_ws = torch.empty(((K + 127) // 128) * (T + 3 * G), device="cuda", dtype=torch.float32)
+
     def tensor_loop():
         for xs, ws, sc, o in tensor_parts:
             fp8.scaled_matmul(xs, ws.t(), sx, sc, out=o, stream=ptr)
@@ -176,8 +180,8 @@ def _fp8_forward(R, s, torch, x, w, offs, tokens, T, N, K):
         "cygemm fp8 loop of scaled_matmul (tensor scales)": _try(lambda: _graphed(s, tensor_loop)),
         "cygemm fp8 loop of scaled_matmul (1x128, 128x128; experts of rows in fours)": _try(
             lambda: _graphed(s, block_loop)),
-        "cygemm fp8 grouped (1x128 x 128x128)": C.Skip("no block-scaled FP8 grouped route yet: cuBLASLt wants each "
-                                                      "group's block scales in a layout of their own"),
+        "cygemm fp8 lt_grouped (1x128, 128x128)": _try(lambda: _graphed(s, lambda: grouped.moe_scaled_gemm(
+            bxq_all, bwq_all, bxs_all, bws_all, dev, out8, workspace=scale_ws, route="lt_grouped", stream=ptr))),
     }
     R.measure(case, contenders, s, flop=2.0 * T * N * K, reps=10, rounds=3, tokens=tokens, model="DeepSeek-V3")
     contenders.clear()

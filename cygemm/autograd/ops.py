@@ -272,22 +272,25 @@ def moe_gemm_wgrad(x, dy, group_offsets, *, dw_layout="kn", math="tf32"):
 
 
 
-@torch.library.custom_op("cygemm::moe_scaled_gemm", mutates_args=())
+@torch.library.custom_op("cygemm::moe_scaled_gemm", mutates_args=("workspace",))
 def _moe_scaled_op(x: _Tensor, w: _Tensor, scale_x: _Tensor, scale_w: _Tensor, offsets: _Tensor, out_dtype: str,
-                   fast_accum: bool) -> _Tensor:
+                   fast_accum: bool, workspace: Optional[_Tensor]) -> _Tensor:
     out = x.new_empty((x.shape[0], w.shape[1]), dtype=_OUT_DTYPES[out_dtype])
-    grouped.moe_scaled_gemm(x, w, scale_x, scale_w, offsets, out, fast_accum=fast_accum, stream=_stream_of(x))
+    grouped.moe_scaled_gemm(x, w, scale_x, scale_w, offsets, out, fast_accum=fast_accum, workspace=workspace,
+                            stream=_stream_of(x))
     return out
 
 
 @_moe_scaled_op.register_fake
-def _(x, w, scale_x, scale_w, offsets, out_dtype, fast_accum):
+def _(x, w, scale_x, scale_w, offsets, out_dtype, fast_accum, workspace):
     return x.new_empty((x.shape[0], w.shape[1]), dtype=_OUT_DTYPES[out_dtype])
 
 
-def moe_scaled_gemm(x, w, scale_x, scale_w, group_offsets, *, out_dtype="bfloat16", fast_accum=False):
+def moe_scaled_gemm(x, w, scale_x, scale_w, group_offsets, *, out_dtype="bfloat16", fast_accum=False,
+                    workspace=None):
     """:func:`cygemm.moe_scaled_gemm` of torch float8 tensors into a new tensor, kept in
-    torch.compile's graph; ``group_offsets`` a CUDA tensor of G + 1 offsets."""
+    torch.compile's graph; ``group_offsets`` a CUDA tensor of G + 1 offsets; ``workspace`` as
+    :func:`cygemm.moe_scaled_gemm` takes it (block scales)."""
     if out_dtype not in _OUT_DTYPES:
         raise ValueError(f"out_dtype: expected one of {sorted(_OUT_DTYPES)}, got {out_dtype!r}")
-    return _moe_scaled_op(x, w, scale_x, scale_w, group_offsets, out_dtype, bool(fast_accum))
+    return _moe_scaled_op(x, w, scale_x, scale_w, group_offsets, out_dtype, bool(fast_accum), workspace)

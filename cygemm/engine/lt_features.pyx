@@ -111,6 +111,12 @@ cdef int _major(int device) except -2:
     return major
 
 
+def major(int device=0):
+    """The compute capability's major number of `device` (the test hook's where it pretends);
+    -1 where no GPU is usable."""
+    return _major(device)
+
+
 def feature_gate(str name, int device=0):
     """Why ``name`` (one of ``FEATURES``) cannot be used here, or None when it can.
 

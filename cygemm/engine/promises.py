@@ -320,8 +320,9 @@ def _check_lt_grouped():
 def _check_lt_grouped_fp8():
     """moe_scaled_gemm through route 'lt_grouped' (E4M3 with E4M3 and with E5M2; bfloat16 and
     float32 out; a scale per expert and one shared; int32 offsets with empty experts first, inside
-    and last; padded leading dimensions), bitwise against fp8.scaled_matmul per expert on the same
-    exact inputs: values in {-1, 0, 1} and power-of-two scales, so every result is exact."""
+    and last; padded leading dimensions; on Hopper, DeepSeek-V3's block scales too), bitwise
+    against fp8.scaled_matmul per expert on the same exact inputs: values in {-1, 0, 1} and
+    power-of-two scales, so every result is exact."""
     import cupy as cp
     import numpy as np
     import cygemm
@@ -350,6 +351,26 @@ def _check_lt_grouped_fp8():
                 cygemm.moe_scaled_gemm(x, w, scale_x, scale_w, offs, ref, format_x=e4m3, format_w=fmt_w)
                 bits = cp.uint16 if out.dtype.itemsize == 2 else cp.uint32
                 ok &= bool((out.view(bits) == ref.view(bits)).all()) and not bool(cp.isnan(out).any())
+    # DeepSeek-V3's block scales where the GPU takes them (Hopper): 1x128 tokens, 128x128 weights,
+    # powers of two; experts of rows in fours (what the per-expert reference takes), one empty.
+    from cygemm.engine import lt_features
+    if lt_features.major() == 9:
+        counts = [8, 0, 4, 20, 12]
+        offs = np.concatenate([[0], np.cumsum(counts)]).tolist()
+        T, K, N, G = offs[-1], 256, 128, len(counts)
+        kb = K // 128
+        x, w = fp8_ternary((T, K), e4m3, 0.5), fp8_ternary((G, N, K), e4m3, 0.8)
+        w = cp.ascontiguousarray(w)
+        scale_x = cp.asfortranarray((2.0 ** (cp.arange(T * kb) % 3 - 1)).astype(cp.float32).reshape(T, kb))
+        scale_w = cp.zeros((G * N // 128, 4), cp.float32)[:, :kb]
+        scale_w[...] = (2.0 ** (cp.arange(G * kb) % 4 - 2)).astype(cp.float32).reshape(G, kb)
+        workspace = cp.full(kb * (T + 3 * G), cp.nan, cp.float32)
+        out = cp.full((T, N), cp.nan, _half_dtypes(cp)[-1])
+        ref = cp.full((T, N), cp.nan, out.dtype)
+        cygemm.moe_scaled_gemm(x, w, scale_x, scale_w, cp.asarray(offs, dtype=cp.int64), out, format_x=e4m3,
+                               format_w=e4m3, workspace=workspace, route="lt_grouped")
+        cygemm.moe_scaled_gemm(x, w, scale_x, scale_w, offs, ref, format_x=e4m3, format_w=e4m3)
+        ok &= _same(cp, out, ref)
     from cygemm.grouped import lt_grouped
     lt_grouped.clear_plans()
     return ok

@@ -18,6 +18,11 @@ ctypedef struct LtGroupedCall:
     cudaDataType a_type             # cuBLAS's A and B storage types (FP8: E4M3 or E5M2)
     cudaDataType b_type
     bint scaled                     # FP8: p.scale_a and p.scale_b give each group's scales
+    int scale_mode_a                # their cublasLtMatmulMatrixScale_t (per group: PER_BATCH_SCALAR_32F,
+    int scale_mode_b                # BLK128x128_32F, VEC128_32F)
+    const float* scale_rows_src     # 1x128 token scales to regroup per group first (NULL: none), into
+    float* scale_rows_dst           # scale_rows_dst (p.scale_b's base), scale_kblocks K-blocks a row
+    int scale_kblocks
     bint fast_accum
     int groups
     const void* offsets             # groups + 1, on the device

@@ -42,7 +42,7 @@ from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm.kernels.grouped cimport (cygemm_grouped_operand, CYGEMM_RAGGED_N, CYGEMM_RAGGED_K, cygemm_grouped_table, cygemm_grouped_table_layout, cygemm_write_grouped_table,
-                                     cygemm_zero_empty_groups, CYGEMM_LT_GROUPED_MAX_GROUPS)
+                                     cygemm_zero_empty_groups, cygemm_group_row_scales, CYGEMM_LT_GROUPED_MAX_GROUPS)
 from cygemm.engine.context cimport stream_workspace, stream_table, STREAM_TABLE_BYTES
 from cygemm.engine.errors cimport check_cuda, check_cublas
 from cygemm.engine.streams cimport stream_is_capturing
@@ -82,6 +82,9 @@ cdef object why_not(const LtGroupedCall* f, int device, bint capturing):
         if f.opa != CUBLAS_OP_T or f.opb != CUBLAS_OP_N:
             return ("FP8 reads both operands along K (Hopper's FP8 kernels are 'TN'): the weights must be "
                     "(G, N, K) with K contiguous")
+        if f.scale_rows_dst != NULL and _lt_features.major(device) != 9:
+            # (TransformerEngine: FP8 block scaling in grouped GEMMs is Hopper's; Blackwell's is MXFP8)
+            return "block-scaled FP8 in cuBLASLt's grouped matmul runs on Hopper (compute capability 9.0) only"
     elif f.dtype != CUDA_R_16BF and f.dtype != CUDA_R_16F:
         return f"cuBLASLt's grouped matmul takes bfloat16 and float16 here, got {name_of(f.dtype)}"
     elif f.a_type != f.dtype or f.b_type != f.dtype:
@@ -164,7 +167,8 @@ cdef _Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const LtGroupedCall
     cdef cygemm_grouped_table t = cygemm_grouped_table_layout(f.groups)
     cdef _Plan plan = _Plan.__new__(_Plan)
     cdef int32_t opa = f.opa, opb = f.opb, pointer_mode = CUBLASLT_POINTER_MODE_DEVICE
-    cdef int32_t scale_mode = LT_MATMUL_MATRIX_SCALE_PER_BATCH_SCALAR_32F
+    cdef int32_t scale_modes[2]
+    scale_modes[0], scale_modes[1] = f.scale_mode_a, f.scale_mode_b
     cdef int8_t fast = f.fast_accum
     cdef const void* scales
     check_cublas(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate")
@@ -176,13 +180,14 @@ cdef _Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const LtGroupedCall
                                                 sizeof(pointer_mode)), "cublasLtMatmulDescSetAttribute")
     if f.scaled:
         # Each group's scale: device arrays of per-group pointers to float32 scalars.
-        for mode_attr, ptr_attr, at in ((CUBLASLT_MATMUL_DESC_A_SCALE_MODE, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                                         t.scale_a),
-                                        (CUBLASLT_MATMUL_DESC_B_SCALE_MODE, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                                         t.scale_b)):
+        for i, (mode_attr, ptr_attr, at) in enumerate(((CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                                                          CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, t.scale_a),
+                                                         (CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                                                          CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, t.scale_b))):
             scales = table + <long long>at
             check_cublas(cublasLtMatmulDescSetAttribute(plan.desc, <cublasLtMatmulDescAttributes_t><int>mode_attr,
-                                                        &scale_mode, sizeof(scale_mode)), "cublasLtMatmulDescSetAttribute")
+                                                        &scale_modes[i], sizeof(int32_t)),
+                         "cublasLtMatmulDescSetAttribute")
             check_cublas(cublasLtMatmulDescSetAttribute(plan.desc, <cublasLtMatmulDescAttributes_t><int>ptr_attr,
                                                         &scales, sizeof(scales)), "cublasLtMatmulDescSetAttribute")
         check_cublas(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)),
@@ -231,7 +236,8 @@ cdef _Plan _make_plan(GemmContext* ctx, cudaStream_t stream, const LtGroupedCall
 cdef tuple _key(GemmContext* ctx, const LtGroupedCall* f, const char* table):
     # Everything the descriptors and the heuristic's choice depend on: the table's address (the
     # layouts point into it), the problem's fixed sizes, types, transposes and hints.
-    return (ctx.device, <uintptr_t>table, f.dtype, f.a_type, f.b_type, f.scaled, f.fast_accum, f.groups, <int>f.opa,
+    return (ctx.device, <uintptr_t>table, f.dtype, f.a_type, f.b_type, f.scaled, f.scale_mode_a, f.scale_mode_b,
+            f.fast_accum, f.groups, <int>f.opa,
             <int>f.opb, f.p.m, f.p.n, f.p.k, f.p.lda, f.p.ldb, f.p.ldd, f.p.ragged, _bucket(f.avg_m), _bucket(f.avg_n),
             _bucket(f.avg_k), ctx.workspace_bytes)
 
@@ -276,6 +282,9 @@ cdef int run_lt_grouped(GemmContext* ctx, cudaStream_t stream, const LtGroupedCa
     cdef _Plan plan = _plan(ctx, stream, f, table, capturing)
     with nogil:
         ws = stream_workspace(ctx, stream)
+        if f.scale_rows_dst != NULL:
+            check_cuda(cygemm_group_row_scales(f.scale_rows_src, f.p.rows, f.scale_kblocks, f.offsets, f.offsets_64bit,
+                                               f.groups, f.scale_rows_dst, stream), "cygemm_group_row_scales")
         check_cuda(cygemm_write_grouped_table(f.offsets, f.offsets_64bit, f.groups, &f.p, table, stream),
                    "cygemm_write_grouped_table")
         if f.zero_out != NULL:

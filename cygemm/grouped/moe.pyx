@@ -174,6 +174,7 @@ cdef object _fill_lt_call(LtGroupedCall* lt, const MatrixView* xv, const MatrixV
     cdef int64_t isz = xv.itemsize, T = xv.rows, G = offv.cols - 1
     lt.dtype = lt.a_type = lt.b_type = xv.dtype
     lt.scaled = lt.fast_accum = False
+    lt.scale_rows_src, lt.scale_rows_dst, lt.scale_kblocks, lt.p.scale_b_kblocks = NULL, NULL, 0, 0
     lt.p.scale_a.base = lt.p.scale_b.base = NULL
     lt.groups = <int>G
     lt.offsets = offv.ptr

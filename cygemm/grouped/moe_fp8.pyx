@@ -1,13 +1,16 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""A mixture-of-experts layer's FP8 GEMM with tensor-wide scales: out[a:b] = scale_x * scale_w[g] *
-(x[a:b] @ w[g].T) for expert g's rows a:b (:func:`moe_scaled_gemm`).
+"""A mixture-of-experts layer's FP8 GEMM: out[a:b] = x[a:b] @ w[g].T dequantized by tensor-wide
+scales (scale_x * scale_w[g]) or by DeepSeek-V3's block scales (1x128 for the tokens, 128x128 for
+each expert's weight), for expert g's rows a:b (:func:`moe_scaled_gemm`).
 
 Offsets on the GPU run cuBLASLt's grouped matmul in FP8 (route "lt_grouped", chosen as for
 :func:`cygemm.moe_gemm`: cygemm.grouped.device_offsets), each group's scales given to cuBLASLt as
-device arrays of per-group pointers (scale mode PER_BATCH_SCALAR_32F). Host offsets, or offsets
-read to the host, run :func:`cygemm.fp8.scaled_matmul` per expert. DeepSeek-V3's finer scales
-(1x128 tokens, 128x128 weights) are not taken here yet: cuBLASLt wants each group's block scales
-in a layout of their own, which cygemm's quantizers do not make yet.
+device arrays of per-group pointers: scale mode PER_BATCH_SCALAR_32F for tensor-wide scales;
+BLK128x128_32F for the weights' blocks (each expert's are a slice of the quantizer's) and
+VEC128_32F for the tokens', which cuBLASLt reads per group as a block of their own (K-blocks x
+the group's rows rounded up to 4, as TransformerEngine lays them out): cygemm's kernel regroups
+the quantizer's (T, K/128) scales into `workspace` on the GPU first. Host offsets, or offsets read
+to the host, run :func:`cygemm.fp8.scaled_matmul` per expert.
 """
 import functools
 
@@ -15,9 +18,12 @@ from libc.stdint cimport int64_t
 
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
+from cygemm.bindings.cublaslt cimport LT_MATMUL_MATRIX_SCALE_PER_BATCH_SCALAR_32F
+from cygemm.engine.fp8_args cimport SCALE_1X128, SCALE_128X128
 from cygemm.kernels.grouped cimport CYGEMM_RAGGED_N
 from cygemm.engine.types cimport MatrixView, ArrayDesc
-from cygemm.engine.arrays cimport read_fp8, view_from_desc
+from cygemm.engine.arrays cimport read_fp8, read_array, view_from_desc
+from libc.stdint cimport uintptr_t
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_view, add_scalar, check_overlaps, prepare_call,
                                  ARG_READ, ARG_WRITE, CALL_KERNELS)
 from cygemm.engine.dtypes cimport DTYPES_INDEX, DTYPES_GEMM
@@ -28,8 +34,8 @@ from cygemm.engine.dtypes import name_of
 from cygemm.engine.groups cimport read_offsets
 
 def moe_scaled_gemm(x, w, scale_x, scale_w, group_offsets, out, *, format_x=None, format_w=None,
-                    bint fast_accum=False, stream=None, route=None, bint check_offsets=False):
-    """FP8 mixture-of-experts GEMM: out[a:b] = scale_x * scale_w[g] * (x[a:b] @ w[g].T) for expert
+                    bint fast_accum=False, workspace=None, stream=None, route=None, bint check_offsets=False):
+    """FP8 mixture-of-experts GEMM: out[a:b] = x[a:b] @ w[g].T, dequantized by the scales, for expert
     g's rows a:b of sorted tokens.
 
     Parameters
@@ -41,10 +47,14 @@ def moe_scaled_gemm(x, w, scale_x, scale_w, group_offsets, out, *, format_x=None
         Each expert's weight as a linear layer holds it (N, K), K contiguous; any batch stride.
         The data gradient of ``out`` is this call on ``dout`` and the weights' transposes
         (G, K, N), quantized as their own arrays.
-    scale_x : device float32 array of one element
-        The tokens' dequantizing scale.
-    scale_w : device float32 array of G elements (one per expert) or of one
-        The weights' dequantizing scales.
+    scale_x : device float32 array
+        The tokens' dequantizing scales: one element (tensor-wide), or DeepSeek-V3's 1x128 blocks,
+        (T, ceil(K / 128)) with T contiguous, as ``fp8.quantize_scaled(x, "1x128")`` makes them.
+    scale_w : device float32 array
+        The weights' dequantizing scales: G elements (one per expert) or one, with a tensor-wide
+        ``scale_x``; or 128x128 blocks, (G * N / 128, ceil(K / 128)) with rows ``round_up(ceil(K
+        / 128), 4)`` apart, as ``fp8.quantize_scaled(w.reshape(G * N, K), "128x128")`` makes them
+        (N a multiple of 128, so that no block spans two experts), with 1x128 ``scale_x``.
     group_offsets : sequence of int, or device array
         As :func:`cygemm.moe_gemm`: G + 1 offsets from 0 to T. On the GPU (int32 or int64), the
         call runs without a host sync where cuBLASLt's grouped matmul applies; host offsets (and
@@ -57,6 +67,10 @@ def moe_scaled_gemm(x, w, scale_x, scale_w, group_offsets, out, *, format_x=None
         E5M2; not two E5M2.
     fast_accum : bool
         cuBLASLt's fast FP8 accumulation (fewer promotions to float32; as torch's).
+    workspace : device float32 array, optional
+        Block scales with offsets on the GPU: at least ``ceil(K / 128) * (T + 3 * G)`` elements,
+        where the tokens' scales are regrouped per expert on the GPU (allocation-free, capturable).
+        Not needed otherwise.
     stream, route, check_offsets
         As :func:`cygemm.moe_gemm` (routes of host offsets: per expert, "loop").
 
@@ -78,7 +92,7 @@ def moe_scaled_gemm(x, w, scale_x, scale_w, group_offsets, out, *, format_x=None
     """
     cdef CallArgs c
     cdef LtGroupedCall lt
-    why_layout = _read(&c, x, w, scale_x, scale_w, group_offsets, out, format_x, format_w, fast_accum, &lt)
+    why_layout = _read(&c, x, w, scale_x, scale_w, group_offsets, out, format_x, format_w, fast_accum, workspace, &lt)
     if lt.groups == 0 or lt.p.rows == 0 or lt.p.m == 0:
         return out                  # no expert, no token or no column: nothing to write
     host_run = functools.partial(_per_expert, x, w, scale_x, scale_w, out, format_x, format_w, fast_accum, stream)
@@ -91,7 +105,7 @@ def moe_scaled_gemm(x, w, scale_x, scale_w, group_offsets, out, *, format_x=None
         return out
     prepare_call(&c, CALL_KERNELS, stream, "tf32", CUDA_R_32F, False)     # (overlaps checked by _read)
     run_on_device(&c, 4, &lt, why_layout, host_run, route, None, None, check_offsets, ("loop",), "group_offsets",
-                  "lt_grouped_fp8")     # (c.views: x, w, scale_x, scale_w, the offsets, out)
+                  "lt_grouped_fp8")     # (c.views: x, w, scale_x, scale_w, the offsets, out[, workspace])
     return out
 
 
@@ -103,12 +117,50 @@ def _per_expert(x, w, scale_x, scale_w, out, format_x, format_w, fast_accum, str
             raise TypeError(f"{name}: the route of host offsets runs fp8.scaled_matmul per expert, which slices x, w, "
                             f"scale_w and out: pass CuPy arrays or torch tensors, or the offsets as a device array "
                             f"(got {type(arg).__module__}.{type(arg).__name__})")
-    per_expert = getattr(scale_w, "shape", (1,))[0] != 1
+    blocks = len(scale_w.shape) == 2
+    per_expert = scale_w.shape[0] != 1
+    nb = w.shape[1] // 128
     for g in range(len(offs) - 1):
         a, b = offs[g], offs[g + 1]
-        if b > a:
-            fp8.scaled_matmul(x[a:b], w[g].T, scale_x, scale_w[g:g + 1] if per_expert else scale_w, out=out[a:b],
-                              format_a=format_x, format_b=format_w, fast_accum=fast_accum, stream=stream)
+        if b == a:
+            continue
+        if blocks:          # the expert's rows' 1x128 scales, rows contiguous as scaled_matmul reads them
+            sx, sw, mode = _rows_contiguous(scale_x[a:b]), scale_w[g * nb:(g + 1) * nb], ("1x128", "128x128")
+        else:
+            sx, sw, mode = scale_x, scale_w[g:g + 1] if per_expert else scale_w, "tensor"
+        fp8.scaled_matmul(x[a:b], w[g].T, sx, sw, out=out[a:b], format_a=format_x, format_b=format_w,
+                          fast_accum=fast_accum, scale_mode=mode, stream=stream)
+
+
+def _rows_contiguous(s):
+    """A copy of a (rows, blocks) slice of scales with its rows contiguous (CuPy or torch)."""
+    if type(s).__module__.startswith("torch"):
+        return s.t().contiguous().t()
+    import cupy as cp
+    return cp.asfortranarray(s)
+
+
+cdef int _check_block_scales(const MatrixView* sx, const MatrixView* sw, int64_t T, int64_t K, int64_t N, int64_t G,
+                             int64_t KB) except -1:
+    """DeepSeek-V3's scales as fp8.quantize_scaled makes them: the tokens' 1x128, (T, KB) with T
+    contiguous; the weights' 128x128, (G * N / 128, KB) with rows round_up(KB, 4) apart."""
+    cdef int64_t ld = (KB + 3) // 4 * 4
+    if N % 128:
+        raise ValueError(f"w: 128x128 weight scales need N to be a multiple of 128 (each expert's blocks its own), "
+                         f"got N = {N}")
+    if sx.rows != T or sx.cols != KB or (T > 1 and sx.row_stride != 1) or (KB > 1 and sx.col_stride != T):
+        raise ValueError(f"scale_x: expected 1x128 token scales of shape ({T}, {KB}) with the tokens contiguous (as "
+                         f"fp8.quantize_scaled(x, '1x128') makes them), got ({sx.rows}, {sx.cols}) with element "
+                         f"strides ({sx.row_stride}, {sx.col_stride})")
+    if (<uintptr_t>sx.ptr) % 16 or (<uintptr_t>sw.ptr) % 16:
+        raise ValueError(f"{'scale_x' if (<uintptr_t>sx.ptr) % 16 else 'scale_w'}: expected a start on 16 bytes "
+                         "(cuBLASLt's rule for block scales)")
+    if sw.rows != G * (N // 128) or sw.cols != KB or (sw.rows > 1 and sw.row_stride != ld) or (
+            KB > 1 and sw.col_stride != 1):
+        raise ValueError(f"scale_w: expected 128x128 weight scales of shape ({G * (N // 128)}, {KB}) with rows {ld} "
+                         f"apart (as fp8.quantize_scaled(w.reshape(G * N, K), '128x128') makes them), got "
+                         f"({sw.rows}, {sw.cols}) with element strides ({sw.row_stride}, {sw.col_stride})")
+    return 0
 
 
 cdef MatrixView* _fp8(CallArgs* c, object x, str name, object fmt, str fmt_arg, int ndim) except NULL:
@@ -120,25 +172,33 @@ cdef MatrixView* _fp8(CallArgs* c, object x, str name, object fmt, str fmt_arg, 
 
 
 cdef object _read(CallArgs* c, object x, object w, object scale_x, object scale_w, object offsets, object out,
-                  object format_x, object format_w, bint fast_accum, LtGroupedCall* lt):
+                  object format_x, object format_w, bint fast_accum, object workspace, LtGroupedCall* lt):
     """Every argument read and checked (no GPU needed), the grouped problem filled; why its layout
     rules the grouped matmul out, or None."""
     args_init(c)
     cdef MatrixView* xv = _fp8(c, x, "x", format_x, "format_x", 2)
     cdef MatrixView* wv = _fp8(c, w, "w", format_w, "format_w", 3)
-    cdef MatrixView* sx = add_scalar(c, scale_x, "scale_x", ARG_READ)
-    # (read at the widest level, so that a scale of another type is named by the check below)
-    cdef MatrixView* sw = add_array(c, scale_w, "scale_w", ARG_READ, 1, 1, DTYPES_GEMM)
-    cdef int64_t T = xv.rows, K = xv.cols, G = wv.batch, N = wv.rows
+    cdef ArrayDesc dsw
+    read_array(scale_w, &dsw, "scale_w", DTYPES_GEMM)
+    cdef bint blocks = dsw.ndim == 2
+    cdef MatrixView* sx = (add_array(c, scale_x, "scale_x", ARG_READ, 2, 2, DTYPES_GEMM) if blocks
+                           else add_scalar(c, scale_x, "scale_x", ARG_READ))
+    # (read at the widest level, so that a scale of another type is named by the checks below)
+    cdef MatrixView* sw = add_array(c, scale_w, "scale_w", ARG_READ, 1, 2, DTYPES_GEMM)
+    cdef int64_t T = xv.rows, K = xv.cols, G = wv.batch, N = wv.rows, KB = (xv.cols + 127) // 128
     if wv.cols != K:
         raise ValueError(f"w: x is ({T}, {K}) so w must be (G, N, {K}) (each expert's (N, K) weight), got "
                          f"({G}, {wv.rows}, {wv.cols})")
-    if sw.dtype != CUDA_R_32F:
-        raise TypeError(f"scale_w: expected float32 scales, got {name_of(sw.dtype)}")
-    if sw.cols != G and sw.cols != 1:
-        raise ValueError(f"scale_w: expected G = {G} scales (one per expert) or one, got {sw.cols}")
-    if sw.cols > 1 and sw.col_stride != 1:
-        raise ValueError(f"scale_w: expected a contiguous array, got a stride of {sw.col_stride} elements")
+    if sw.dtype != CUDA_R_32F or sx.dtype != CUDA_R_32F:
+        raise TypeError(f"{'scale_w' if sw.dtype != CUDA_R_32F else 'scale_x'}: expected float32 scales, got "
+                        f"{name_of(sw.dtype if sw.dtype != CUDA_R_32F else sx.dtype)}")
+    if blocks:
+        _check_block_scales(sx, sw, T, K, N, G, KB)
+    else:
+        if sw.cols != G and sw.cols != 1:
+            raise ValueError(f"scale_w: expected G = {G} scales (one per expert) or one, got {sw.cols}")
+        if sw.cols > 1 and sw.col_stride != 1:
+            raise ValueError(f"scale_w: expected a contiguous array, got a stride of {sw.col_stride} elements")
     # What every FP8 GEMM of cuBLASLt needs, whichever route runs it (as fp8.scaled_matmul says).
     if xv.dtype == CUDA_R_8F_E5M2 and wv.dtype == CUDA_R_8F_E5M2:
         raise TypeError("x/w: cuBLASLt has no E5M2 x E5M2 GEMM; hold one operand in E4M3")
@@ -157,6 +217,18 @@ cdef object _read(CallArgs* c, object x, object w, object scale_x, object scale_
     cdef MatrixView* ov = add_array(c, out, "out", ARG_WRITE, 2, 2)     # (the float types: FP8's outputs here)
     if ov.rows != T or ov.cols != N:
         raise ValueError(f"out: expected shape ({T}, {N}), got ({ov.rows}, {ov.cols})")
+    cdef MatrixView* wsv = NULL
+    if blocks and offsets_on_device:
+        if workspace is None:
+            raise ValueError(f"workspace: block scales with offsets on the GPU need a device float32 array of at "
+                             f"least ceil(K / 128) * (T + 3 * G) = {KB * (T + 3 * G)} elements (the tokens' scales, "
+                             f"regrouped per expert on the GPU), got None")
+        wsv = add_array(c, workspace, "workspace", ARG_WRITE, 1, 1)
+        if wsv.dtype != CUDA_R_32F or wsv.cols < KB * (T + 3 * G) or (wsv.cols > 1 and wsv.col_stride != 1):
+            raise ValueError(f"workspace: expected a contiguous device float32 array of at least {KB * (T + 3 * G)} "
+                             f"elements, got {name_of(wsv.dtype)} of {wsv.cols}")
+        if (<uintptr_t>wsv.ptr) % 16:
+            raise ValueError("workspace: expected a start on 16 bytes (cuBLASLt's rule for scale arrays)")
     check_overlaps(c)
     lt.groups = <int>G
     lt.p.rows, lt.p.m = T, N
@@ -172,8 +244,18 @@ cdef object _read(CallArgs* c, object x, object w, object scale_x, object scale_
     lt.p.a.base, lt.p.a.group_stride, lt.p.a.row_stride = wv.ptr, wv.batch_stride, 0       # (FP8: 1 byte)
     lt.p.b.base, lt.p.b.group_stride, lt.p.b.row_stride = xv.ptr, 0, xv.row_stride
     lt.p.d.base, lt.p.d.group_stride, lt.p.d.row_stride = ov.ptr, 0, ov.row_stride * isz
-    lt.p.scale_a.base, lt.p.scale_a.group_stride, lt.p.scale_a.row_stride = sw.ptr, 4 if sw.cols > 1 else 0, 0
-    lt.p.scale_b.base, lt.p.scale_b.group_stride, lt.p.scale_b.row_stride = sx.ptr, 0, 0
+    lt.scale_rows_src, lt.scale_rows_dst, lt.scale_kblocks, lt.p.scale_b_kblocks = NULL, NULL, 0, 0
+    if blocks:
+        # Each expert's weight blocks: N / 128 rows of the quantizer's array, rows round_up(KB, 4) apart.
+        lt.scale_mode_a, lt.scale_mode_b = SCALE_128X128, SCALE_1X128     # (cuBLASLt's BLK128x128_32F, VEC128_32F)
+        lt.p.scale_a.base, lt.p.scale_a.group_stride = sw.ptr, (N // 128) * sw.row_stride * 4
+        lt.scale_rows_src, lt.scale_rows_dst, lt.scale_kblocks = <const float*>sx.ptr, <float*>wsv.ptr, <int>KB
+        lt.p.scale_b.base, lt.p.scale_b.group_stride, lt.p.scale_b_kblocks = wsv.ptr, 0, KB
+    else:
+        lt.scale_mode_a = lt.scale_mode_b = LT_MATMUL_MATRIX_SCALE_PER_BATCH_SCALAR_32F
+        lt.p.scale_a.base, lt.p.scale_a.group_stride = sw.ptr, 4 if sw.cols > 1 else 0
+        lt.p.scale_b.base, lt.p.scale_b.group_stride = sx.ptr, 0
+    lt.p.scale_a.row_stride = lt.p.scale_b.row_stride = 0
     lt.p.m, lt.p.n, lt.p.k = N, -1, K
     lt.p.lda, lt.p.ldb, lt.p.ldd = wv.row_stride, xv.row_stride, ov.row_stride
     lt.p.ragged = CYGEMM_RAGGED_N
@@ -186,13 +268,13 @@ cdef object _read(CallArgs* c, object x, object w, object scale_x, object scale_
 
 
 def describe_moe_scaled(x, w, scale_x, scale_w, group_offsets, out, *, format_x=None, format_w=None,
-                        bint fast_accum=False, bint capturing=False):
+                        bint fast_accum=False, workspace=None, bint capturing=False):
     """Which route :func:`moe_scaled_gemm` would take, and why the other does not apply, without
     launching anything (no GPU needed): the keys of :func:`cygemm.describe_moe`.
 
     Parameters
     ----------
-    x, w, scale_x, scale_w, group_offsets, out, format_x, format_w, fast_accum
+    x, w, scale_x, scale_w, group_offsets, out, format_x, format_w, fast_accum, workspace
         As :func:`moe_scaled_gemm`, or stand-ins described but never read.
     capturing : bool
         Describe the call as made inside a CUDA graph capture.
@@ -209,7 +291,7 @@ def describe_moe_scaled(x, w, scale_x, scale_w, group_offsets, out, *, format_x=
     """
     cdef CallArgs c
     cdef LtGroupedCall lt
-    why_layout = _read(&c, x, w, scale_x, scale_w, group_offsets, out, format_x, format_w, fast_accum, &lt)
+    why_layout = _read(&c, x, w, scale_x, scale_w, group_offsets, out, format_x, format_w, fast_accum, workspace, &lt)
     if not on_device(group_offsets):
         read_offsets(group_offsets, lt.groups, lt.p.rows)
         return dict(offsets="host", groups=lt.groups, routes=["loop"],

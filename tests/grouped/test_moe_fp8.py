@@ -187,3 +187,78 @@ def test_a_captured_fp8_graph_replays_with_new_offsets():
         g.launch(s)
         s.synchronize()
         assert rel_err(cp.asnumpy(out.astype(cp.float32)), _ref(x64, w64, offs)) < 1e-2
+
+
+# ---------------------------------------------------------------- DeepSeek-V3's block scales
+
+def block_fakes(T=64, K=256, N=256, G=4, sx_strides=None, sw_strides=None, workspace=True):
+    kb = -(-K // 128)
+    x = FakeDeviceArray((T, K), "|u1", None, B)
+    w = FakeDeviceArray((G, N, K), "|u1", None, B + 0x1000000)
+    sx = FakeDeviceArray((T, kb), "<f4", sx_strides or (4, 4 * T), B + 0x2000000)
+    sw = FakeDeviceArray((G * N // 128, kb), "<f4", sw_strides or (16 * -(-kb // 4), 4), B + 0x2100000)
+    offs = FakeDeviceArray((G + 1,), "<i4", None, B + 0x3000000)
+    out = FakeDeviceArray((T, N), "<f2", None, B + 0x4000000)
+    ws = FakeDeviceArray((kb * (T + 3 * G),), "<f4", None, B + 0x5000000) if workspace else None
+    return (x, w, sx, sw, offs, out), ws
+
+
+def test_block_scales_on_hopper_take_the_grouped_matmul_with_a_workspace():
+    args, ws = block_fakes()
+    with lt_features._pretend(**HOPPER_13_10):
+        d = grouped.describe_moe_scaled(*args, workspace=ws, **FMT)
+    assert d["chosen"] == "lt_grouped"
+    with lt_features._pretend(version=131000, major=10):
+        d = grouped.describe_moe_scaled(*args, workspace=ws, **FMT)
+    assert "Hopper (compute capability 9.0) only" in d["not_applicable"]["lt_grouped"]
+
+
+@pytest.mark.parametrize("change,exc,words", [
+    (dict(workspace=False), ValueError, r"workspace: block scales with offsets on the GPU need .* = 152 elements"),
+    (dict(sx_strides=(8, 4)), ValueError, "scale_x: expected 1x128 token scales of shape \\(64, 2\\) with the tokens "
+                                          "contiguous"),
+    (dict(sw_strides=(8, 4)), ValueError, "scale_w: expected 128x128 weight scales of shape \\(8, 2\\) with rows 4 "
+                                          "apart"),
+    (dict(N=192), ValueError, "w: 128x128 weight scales need N to be a multiple of 128"),
+])
+def test_block_scales_of_another_layout_are_refused(change, exc, words):
+    n = change.pop("N", 256)
+    args, ws = block_fakes(N=n if n % 128 == 0 else 256, **change)
+    if n % 128:
+        args = (args[0], FakeDeviceArray((4, n, 256), "|u1", None, B + 0x1000000), args[2],
+                FakeDeviceArray((4 * 2, 2), "<f4", (16, 4), B + 0x2100000), args[4],
+                FakeDeviceArray((64, n), "<f2", None, B + 0x4000000))
+    with pytest.raises(exc, match=words):
+        grouped.describe_moe_scaled(*args, workspace=ws, **FMT)
+
+
+def _block_operands(cp, T, K, N, G, seed):
+    rng = np.random.default_rng(seed)
+    x = cp.asarray(rng.standard_normal((T, K)).astype(np.float32))
+    w = cp.asarray(rng.standard_normal((G, N, K)).astype(np.float32))
+    xq, sx = cygemm.fp8.quantize_scaled(x, "1x128")
+    wq, sw = cygemm.fp8.quantize_scaled(w.reshape(G * N, K), "128x128")
+    one = cp.ones(1, cp.float32)
+    deq = lambda q: cp.asnumpy(cygemm.fp8.dequantize(q, one, format="e4m3")).astype(np.float64)
+    kb = -(-K // 128)
+    sx_full = np.repeat(cp.asnumpy(sx), 128, axis=1)[:, :K]
+    sw_full = np.repeat(np.repeat(cp.asnumpy(sw)[:, :kb], 128, axis=0), 128, axis=1)[:G * N, :K]
+    return xq, wq.reshape(G, N, K), sx, sw, deq(xq) * sx_full, (deq(wq) * sw_full).reshape(G, N, K)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("route", ["lt_grouped", "host_offsets", None])
+def test_block_scaled_fp8_moe_matches_the_dequantized_float64_product(route):
+    cp = _cp()
+    if route == "lt_grouped" and (lt_features.feature_gate("grouped_gemm") or lt_features.major() != 9):
+        pytest.skip("block-scaled grouped FP8 needs cuBLASLt's grouped matmul on Hopper")
+    counts = [16, 0, 40, 8, 64]
+    offs = [0] + np.cumsum(counts).tolist()
+    T, K, N, G = offs[-1], 384, 256, len(counts)
+    xq, wq, sx, sw, x64, w64 = _block_operands(cp, T, K, N, G, 13)
+    out = poisoned(cp, (T, N), "bfloat16")
+    ws = cp.full(3 * (T + 3 * G), cp.nan, cp.float32)
+    grouped.moe_scaled_gemm(xq, wq, sx, sw, cp.asarray(offs, dtype=cp.int32), out, format_x="e4m3", format_w="e4m3",
+                            workspace=ws, route=route)
+    cp.cuda.Device().synchronize()
+    assert rel_err(cp.asnumpy(out.astype(cp.float32)), _ref(x64, w64, offs)) < 1e-2
