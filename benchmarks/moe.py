@@ -161,7 +161,7 @@ def _fp8_forward(R, s, torch, x, w, offs, tokens, T, N, K):
     bxq_all, bxs_all = fp8.quantize_scaled(x, "1x128")
     bwq_all, bws_all = fp8.quantize_scaled(w.reshape(G * N, K), "128x128")
     bwq_all = bwq_all.reshape(G, N, K)
-    scale_ws = torch.empty(((K + 127) // 128) * (T + 3 * G), device="cuda", dtype=torch.float32)
+    scale_ws = torch.empty(((K + 127) // 128) * (-(-T // 4) * 4 + 4 * G), device="cuda", dtype=torch.float32)
 
     def tensor_loop():
         for xs, ws, sc, o in tensor_parts:

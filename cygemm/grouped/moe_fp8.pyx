@@ -68,9 +68,10 @@ def moe_scaled_gemm(x, w, scale_x, scale_w, group_offsets, out, *, format_x=None
     fast_accum : bool
         cuBLASLt's fast FP8 accumulation (fewer promotions to float32; as torch's).
     workspace : device float32 array, optional
-        Block scales with offsets on the GPU: at least ``ceil(K / 128) * (T + 3 * G)`` elements,
-        where the tokens' scales are regrouped per expert on the GPU (allocation-free, capturable).
-        Not needed otherwise.
+        Block scales with offsets on the GPU: at least ``ceil(K / 128) * (round_up(T, 4) + 4 * G)``
+        elements, where the tokens' scales are regrouped per expert on the GPU (allocation-free,
+        capturable; one workspace per stream: calls running at once must not share it). Not
+        needed otherwise.
     stream, route, check_offsets
         As :func:`cygemm.moe_gemm` (routes of host offsets: per expert, "loop").
 
@@ -124,12 +125,43 @@ def _per_expert(x, w, scale_x, scale_w, out, format_x, format_w, fast_accum, str
         a, b = offs[g], offs[g + 1]
         if b == a:
             continue
-        if blocks:          # the expert's rows' 1x128 scales, rows contiguous as scaled_matmul reads them
-            sx, sw, mode = _rows_contiguous(scale_x[a:b]), scale_w[g * nb:(g + 1) * nb], ("1x128", "128x128")
-        else:
-            sx, sw, mode = scale_x, scale_w[g:g + 1] if per_expert else scale_w, "tensor"
-        fp8.scaled_matmul(x[a:b], w[g].T, sx, sw, out=out[a:b], format_a=format_x, format_b=format_w,
-                          fast_accum=fast_accum, scale_mode=mode, stream=stream)
+        if blocks:
+            _block_expert(x[a:b], w[g], scale_x[a:b], scale_w[g * nb:(g + 1) * nb], out[a:b], format_x, format_w,
+                          stream)
+            continue
+        fp8.scaled_matmul(x[a:b], w[g].T, scale_x, scale_w[g:g + 1] if per_expert else scale_w, out=out[a:b],
+                          format_a=format_x, format_b=format_w, fast_accum=fast_accum, scale_mode="tensor",
+                          stream=stream)
+
+
+def _block_expert(x, w, sx, sw, out, format_x, format_w, stream):
+    """One expert's block-scaled GEMM through fp8.scaled_matmul: its 1x128 scales with the rows
+    contiguous, the weight's 128x128 scales as w.T's (transposed), and its rows padded with zeros
+    to a multiple of 4 where they are not (what the dense 1x128 layout takes)."""
+    from cygemm import fp8
+    rows = x.shape[0]
+    padded = (rows + 3) // 4 * 4
+    if padded != rows:
+        x = _zero_rows(x, padded)
+        sx = _zero_rows(sx, padded)
+        target = out
+        out = _zero_rows(out, padded)
+    fp8.scaled_matmul(x, w.T, _rows_contiguous(sx), sw.T, out=out, format_a=format_x, format_b=format_w,
+                      scale_mode=("1x128", "128x128"), stream=stream)
+    if padded != rows:
+        target[...] = out[:rows]
+
+
+def _zero_rows(a, rows):
+    """a's rows over zeros, `rows` in all (CuPy or torch; a new array)."""
+    if type(a).__module__.startswith("torch"):
+        import torch
+        z = torch.zeros((rows,) + tuple(a.shape[1:]), dtype=a.dtype, device=a.device)
+    else:
+        import cupy as cp
+        z = cp.zeros((rows,) + tuple(a.shape[1:]), dtype=a.dtype)
+    z[:a.shape[0]] = a
+    return z
 
 
 def _rows_contiguous(s):
@@ -194,6 +226,9 @@ cdef object _read(CallArgs* c, object x, object w, object scale_x, object scale_
                         f"{name_of(sw.dtype if sw.dtype != CUDA_R_32F else sx.dtype)}")
     if blocks:
         _check_block_scales(sx, sw, T, K, N, G, KB)
+        if fast_accum:
+            raise ValueError("fast_accum: block scales take no fast accumulation (cuBLASLt's block-scaled FP8 "
+                             "kernels promote every block; torch refuses the pair too)")
     else:
         if sw.cols != G and sw.cols != 1:
             raise ValueError(f"scale_w: expected G = {G} scales (one per expert) or one, got {sw.cols}")
@@ -221,11 +256,11 @@ cdef object _read(CallArgs* c, object x, object w, object scale_x, object scale_
     if blocks and offsets_on_device:
         if workspace is None:
             raise ValueError(f"workspace: block scales with offsets on the GPU need a device float32 array of at "
-                             f"least ceil(K / 128) * (T + 3 * G) = {KB * (T + 3 * G)} elements (the tokens' scales, "
-                             f"regrouped per expert on the GPU), got None")
+                             f"least ceil(K / 128) * (round_up(T, 4) + 4 * G) = {KB * ((T + 3) // 4 * 4 + 4 * G)} "
+                             f"elements (the tokens' scales, regrouped per expert on the GPU), got None")
         wsv = add_array(c, workspace, "workspace", ARG_WRITE, 1, 1)
-        if wsv.dtype != CUDA_R_32F or wsv.cols < KB * (T + 3 * G) or (wsv.cols > 1 and wsv.col_stride != 1):
-            raise ValueError(f"workspace: expected a contiguous device float32 array of at least {KB * (T + 3 * G)} "
+        if wsv.dtype != CUDA_R_32F or wsv.cols < KB * ((T + 3) // 4 * 4 + 4 * G) or (wsv.cols > 1 and wsv.col_stride != 1):
+            raise ValueError(f"workspace: expected a contiguous device float32 array of at least {KB * ((T + 3) // 4 * 4 + 4 * G)} "
                              f"elements, got {name_of(wsv.dtype)} of {wsv.cols}")
         if (<uintptr_t>wsv.ptr) % 16:
             raise ValueError("workspace: expected a start on 16 bytes (cuBLASLt's rule for scale arrays)")

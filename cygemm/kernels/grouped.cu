@@ -50,14 +50,12 @@ __device__ void* operand_at(const cygemm_grouped_operand& o, int g, long long ro
     return const_cast<char*>(o.base) + g * o.group_stride + row0 * o.row_stride;
 }
 
-// The rows of the groups before g, each rounded up to 4 (where g's regrouped scales start).
-__device__ long long padded_rows_before(const void* offsets, int is64, int g, long long rows) {
-    long long before = 0, lo, hi;
-    for (int j = 0; j < g; j++) {
-        group_rows(offsets, is64, j, rows, &lo, &hi);
-        before += (hi - lo + 3) / 4 * 4;
-    }
-    return before;
+// Where group g's regrouped token scales start, in rows of K-blocks: its first row rounded up to
+// 4, plus 4 for each group before it. Blocks of increasing offsets never overlap (each block's
+// round_up(rows, 4) fits before the next start) and, whatever the offsets, every block ends
+// within round_up(T, 4) + 4 * groups rows: wrong offsets never write past the workspace.
+__device__ long long scale_rows_start(long long lo, int g) {
+    return (lo + 3) / 4 * 4 + 4LL * g;
 }
 
 __global__ void write_grouped_table(const void* offsets, int is64, int groups, cygemm_grouped_problem p,
@@ -84,7 +82,7 @@ __global__ void write_grouped_table(const void* offsets, int is64, int groups, c
         reinterpret_cast<const void**>(table + t.scale_a)[g] = p.scale_a.base + g * p.scale_a.group_stride;
     if (p.scale_b.base != nullptr && p.scale_b_kblocks > 0)
         reinterpret_cast<const void**>(table + t.scale_b)[g] =
-            p.scale_b.base + 4 * p.scale_b_kblocks * padded_rows_before(offsets, is64, g, p.rows);
+            p.scale_b.base + 4 * p.scale_b_kblocks * scale_rows_start(lo, g);
     else if (p.scale_b.base != nullptr)
         reinterpret_cast<const void**>(table + t.scale_b)[g] = p.scale_b.base + g * p.scale_b.group_stride;
     reinterpret_cast<int*>(table + t.m)[g] = m;
@@ -162,7 +160,7 @@ __global__ void group_row_scales(const float* src, long long rows, int kblocks, 
     long long lo, hi;
     group_rows(offsets, is64, g, rows, &lo, &hi);
     long long n = hi - lo, padded = (n + 3) / 4 * 4;
-    float* out = dst + kblocks * padded_rows_before(offsets, is64, g, rows);
+    float* out = dst + kblocks * scale_rows_start(lo, g);
     for (long long i = threadIdx.x; i < kblocks * padded; i += blockDim.x) {
         long long kb = i / padded, r = i % padded;
         out[i] = r < n ? src[kb * rows + lo + r] : 0.0f;

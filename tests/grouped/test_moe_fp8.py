@@ -199,7 +199,7 @@ def block_fakes(T=64, K=256, N=256, G=4, sx_strides=None, sw_strides=None, works
     sw = FakeDeviceArray((G * N // 128, kb), "<f4", sw_strides or (16 * -(-kb // 4), 4), B + 0x2100000)
     offs = FakeDeviceArray((G + 1,), "<i4", None, B + 0x3000000)
     out = FakeDeviceArray((T, N), "<f2", None, B + 0x4000000)
-    ws = FakeDeviceArray((kb * (T + 3 * G),), "<f4", None, B + 0x5000000) if workspace else None
+    ws = FakeDeviceArray((kb * (-(-T // 4) * 4 + 4 * G),), "<f4", None, B + 0x5000000) if workspace else None
     return (x, w, sx, sw, offs, out), ws
 
 
@@ -214,7 +214,7 @@ def test_block_scales_on_hopper_take_the_grouped_matmul_with_a_workspace():
 
 
 @pytest.mark.parametrize("change,exc,words", [
-    (dict(workspace=False), ValueError, r"workspace: block scales with offsets on the GPU need .* = 152 elements"),
+    (dict(workspace=False), ValueError, r"workspace: block scales with offsets on the GPU need .* = 160 elements"),
     (dict(sx_strides=(8, 4)), ValueError, "scale_x: expected 1x128 token scales of shape \\(64, 2\\) with the tokens "
                                           "contiguous"),
     (dict(sw_strides=(8, 4)), ValueError, "scale_w: expected 128x128 weight scales of shape \\(8, 2\\) with rows 4 "
@@ -257,7 +257,7 @@ def test_block_scaled_fp8_moe_matches_the_dequantized_float64_product(route):
     T, K, N, G = offs[-1], 384, 256, len(counts)
     xq, wq, sx, sw, x64, w64 = _block_operands(cp, T, K, N, G, 13)
     out = poisoned(cp, (T, N), "bfloat16")
-    ws = cp.full(3 * (T + 3 * G), cp.nan, cp.float32)
+    ws = cp.full(3 * (-(-T // 4) * 4 + 4 * G), cp.nan, cp.float32)
     grouped.moe_scaled_gemm(xq, wq, sx, sw, cp.asarray(offs, dtype=cp.int32), out, format_x="e4m3", format_w="e4m3",
                             workspace=ws, route=route)
     cp.cuda.Device().synchronize()

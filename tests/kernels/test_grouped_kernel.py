@@ -203,32 +203,36 @@ def test_the_largest_table_fits_the_streams_64_kib():
     assert layout(896)["bytes"] <= 64 * 1024 < layout(897 + 15)["bytes"]
 
 
-def _regrouped(src, offsets, kblocks):
-    """The regrouped layout, derived here: each group's (kblocks, round_up(rows, 4)) block, rows
-    contiguous, padding zero, blocks in group order."""
+def _regrouped(src, offsets, kblocks, size):
+    """The regrouped layout, derived here: group g's (kblocks, round_up(rows, 4)) block, rows
+    contiguous, padding zero, at kblocks * (round_up(first row, 4) + 4 g); NaN elsewhere."""
     T = src.shape[1]
-    out = []
+    out = np.full(size, np.nan, np.float32)
     for g in range(len(offsets) - 1):
-        a, b = max(0, min(offsets[g], T)), max(0, min(offsets[g + 1], T))
-        b = max(a, b)
+        a = max(0, min(offsets[g], T))
+        b = max(a, min(offsets[g + 1], T))
         block = np.zeros((kblocks, -(-(b - a) // 4) * 4), np.float32)
         block[:, :b - a] = src[:, a:b]
-        out.append(block.ravel())
-    return np.concatenate(out) if out else np.zeros(0, np.float32)
+        start = kblocks * (-(-a // 4) * 4 + 4 * g)
+        out[start:start + block.size] = block.ravel()
+    return out
 
 
-@pytest.mark.parametrize("offsets", [[0, 5, 5, 9, 21, 21], [0, 0, 0, 4], [0, 1, 2, 3, 7]])
+@pytest.mark.parametrize("offsets", [[0, 5, 5, 9, 21, 21], [0, 0, 0, 4], [0, 1, 2, 3, 7],
+                                     [0, 20, 0, 20], [0, 30, -5, 20]])          # (the last two: wrong offsets)
 def test_token_scales_are_regrouped_into_each_groups_padded_block(lib, offsets):
-    kblocks, T = 3, offsets[-1]
+    kblocks, T, G = 3, 20 if offsets[-1] == 20 else offsets[-1], len(offsets) - 1
     src = np.arange(kblocks * T, dtype=np.float32).reshape(kblocks, T) + 0.5    # (T, kblocks), T contiguous
-    want = _regrouped(src, offsets, kblocks)
-    size = kblocks * (T + 3 * (len(offsets) - 1))
+    size = kblocks * (-(-T // 4) * 4 + 4 * G)           # what the workspace must hold
+    want = _regrouped(src, offsets, kblocks, size)
     dst = np.full(size + 16, np.nan, np.float32)
     offs = np.asarray(offsets, np.int32)
-    assert lib.cygemm_group_row_scales(src.ctypes.data, T, kblocks, offs.ctypes.data, 0, len(offsets) - 1,
-                                       dst.ctypes.data, None) == 0
-    assert np.array_equal(dst[:want.size], want)
-    assert np.isnan(dst[size:]).all()                   # nothing past what the layout holds
+    assert lib.cygemm_group_row_scales(src.ctypes.data, T, kblocks, offs.ctypes.data, 0, G, dst.ctypes.data,
+                                       None) == 0
+    if all(a <= b for a, b in zip(offsets, offsets[1:])) and offsets[0] == 0:
+        assert np.array_equal(dst[:size], want, equal_nan=True)
+    # (wrong offsets: groups may overlap, and their blocks too: wrong rows, but in bounds)
+    assert np.isnan(dst[size:]).all()                   # nothing past the workspace, whatever the offsets
 
 
 def test_the_table_points_each_group_at_its_regrouped_scales(lib):
@@ -238,6 +242,6 @@ def test_the_table_points_each_group_at_its_regrouped_scales(lib):
     p.scale_a = Operand(0xA000, 16, 0)
     rc, t, _ = write(lib, offsets, p)
     assert rc == 0
-    padded_before = [0, 8, 8, 12]                       # 5 -> 8 rows, 0, 4 -> 4
-    assert list(t["scale_b"]) == [0x9000 + 4 * 3 * r for r in padded_before]
+    starts = [0, 8 + 4, 8 + 8, 12 + 12]                 # round_up(first row, 4) + 4 g
+    assert list(t["scale_b"]) == [0x9000 + 4 * 3 * r for r in starts]
     assert list(t["scale_a"]) == [0xA000 + 16 * g for g in range(4)]

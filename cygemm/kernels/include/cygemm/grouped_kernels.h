@@ -56,8 +56,8 @@ typedef struct {
     cygemm_grouped_operand a, b, d;
     /* FP8: each group's A and B scales (base + g * group_stride; base NULL: none). Where
      * scale_b_kblocks > 0, B's are DeepSeek's 1x128 token scales regrouped by
-     * cygemm_group_row_scales: group g's at base + 4 * scale_b_kblocks * (the rows of the groups
-     * before it, each rounded up to 4). */
+     * cygemm_group_row_scales: group g (first row lo) at base + 4 * scale_b_kblocks *
+     * (round_up(lo, 4) + 4 * g). */
     cygemm_grouped_operand scale_a, scale_b;
     long long scale_b_kblocks;
     long long m, n, k;              /* the ragged one is ignored; the table holds them as int32 */
@@ -100,7 +100,8 @@ static inline cygemm_grouped_table cygemm_grouped_table_layout(int groups) {
  * [0, p->rows] are clamped into it and a decreasing one makes its group empty, so that wrong
  * offsets never make cuBLAS read or write outside the operands. A ragged-K group of no rows
  * gets m = n = 0 (cuBLAS writes nothing there: cygemm_zero_empty_groups zeroes its output).
- * Where p->scale_a.base (scale_b) is set, group g's scale pointer is base + g * group_stride.
+ * Where p->scale_a.base (scale_b) is set, group g's scale pointer is base + g * group_stride, or
+ * for regrouped token scales (p->scale_b_kblocks > 0) the start of its block (above).
  * alpha = 1, beta = 0. groups outside [1, CYGEMM_LT_GROUPED_MAX_GROUPS] is cudaErrorInvalidValue. */
 cudaError_t cygemm_write_grouped_table(const void* offsets, int offsets_64bit, int groups,
                                        const cygemm_grouped_problem* p, void* table, cudaStream_t stream);
@@ -116,8 +117,9 @@ cudaError_t cygemm_zero_empty_groups(const void* offsets, int offsets_64bit, int
 /* Regroup 1x128 token scales for the grouped matmul: src is (T, kblocks) with T contiguous (row
  * t's scale of K-block kb at src[kb * T + t], as cygemm.fp8.quantize_scaled writes them); group g's
  * rows a:b (offsets clamped as the table's are) go to dst as a (kblocks, round_up(b - a, 4)) block,
- * rows contiguous, the padding zero, the blocks one after another in group order: the layout
- * cuBLASLt reads a group's VEC128 scales in. dst holds kblocks * (T + 3 * groups) floats. */
+ * rows contiguous, the padding zero (the layout cuBLASLt reads a group's VEC128 scales in,
+ * TransformerEngine's), starting at kblocks * (round_up(a, 4) + 4 * g) floats. dst holds
+ * kblocks * (round_up(T, 4) + 4 * groups) floats; no offsets, right or wrong, write past it. */
 cudaError_t cygemm_group_row_scales(const float* src, long long rows, int kblocks, const void* offsets,
                                     int offsets_64bit, int groups, float* dst, cudaStream_t stream);
 
