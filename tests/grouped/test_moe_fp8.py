@@ -252,7 +252,7 @@ def test_block_scaled_fp8_moe_matches_the_dequantized_float64_product(route):
     cp = _cp()
     if route == "lt_grouped" and (lt_features.feature_gate("grouped_gemm") or lt_features.major() != 9):
         pytest.skip("block-scaled grouped FP8 needs cuBLASLt's grouped matmul on Hopper")
-    counts = [16, 0, 40, 8, 64]
+    counts = [15, 0, 41, 8, 64]          # (rows not in fours: padded on the per-expert route)
     offs = [0] + np.cumsum(counts).tolist()
     T, K, N, G = offs[-1], 384, 256, len(counts)
     xq, wq, sx, sw, x64, w64 = _block_operands(cp, T, K, N, G, 13)
