@@ -20,13 +20,13 @@ def _verified_line(v):
     if v["cublasLt"] in v["cublasLt_verified"]:
         return f"cuBLAS verified: this release's promises were measured on cuBLASLt {verified}, the one loaded"
     return (f"cuBLAS not verified: this release was measured on cuBLASLt {verified}; the loaded {_lt(v['cublasLt'])} "
-            "is checked at first use (the K-tail guard, batch_invariant), see the errors page")
+            "is checked at first use (the K-tail guard or its fix, batch_invariant, the grouped matmul), see the errors page")
 
 
 _FEATURE_WORDS = {"grouped_gemm": "grouped GEMMs with the group sizes on the GPU",
                   "batch_invariance": "cuBLASLt's batch-invariance flag",
                   "stream_heuristic": "the stream-aware heuristic",
-                  "ktail_fixed": "the split-K K-tail fix"}
+                  "ktail_fixed": "the split-K K-tail fix by NVIDIA's notes (confirmed at first use)"}
 
 
 def _features_lines(v):
