@@ -34,6 +34,7 @@ from cygemm.engine.tuning cimport lookup, remember, forced_route
 from cygemm.engine.candidates cimport tune_candidates, apply_record, record_of, bucket_record_of
 from cygemm.engine.families cimport family_candidates, bucket_key
 from cygemm.engine.ktail cimport make_safe, gemmex_drops
+from cygemm.engine.lt_features cimport lt_extras
 from cygemm.engine import tuning
 from cygemm.engine import settings as _settings, promises as _promises
 
@@ -306,6 +307,7 @@ cdef Plan _make_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
     d.verify = types != NULL and (is_fp8_type(types.a) or is_fp8_type(types.b))
     cdef int found = 0, i
     cdef bint capturing = stream_is_capturing(stream)
+    cdef cublasLtMatmulAlgoGetHeuristicForStream_fn for_stream
     cdef cublasStatus_t st = CUBLAS_STATUS_SUCCESS
     if k.determinism:
         if k.determinism == DETERMINISM_BATCH_INVARIANT:
@@ -316,9 +318,16 @@ cdef Plan _make_plan(Plan plan, GemmContext* ctx, cudaStream_t stream, const Col
                               k.al_c, types, lookup(ctx.device, "gemm", bucket_key(key)) if shared else None)
         found = d.n_candidates
     else:
+        # Inside a capture, the heuristic that knows the stream where the library has it
+        # (cuBLASLt 13.10: it answers for the capture's context; 13.5.1's plain one failed there).
+        for_stream = lt_extras().heuristic_for_stream if capturing else NULL
         with nogil:     # the first heuristic query of a process loads cuBLASLt's tables
-            st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld if d.ld != NULL else d.lc,
-                                                d.pref, MAX_CANDIDATES, d.candidates, &found)
+            if for_stream != NULL:
+                st = for_stream(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld if d.ld != NULL else d.lc, d.pref,
+                                MAX_CANDIDATES, d.candidates, &found, stream)
+            else:
+                st = cublasLtMatmulAlgoGetHeuristic(ctx.lt, d.desc, d.la, d.lb, d.lc, d.ld if d.ld != NULL else d.lc,
+                                                    d.pref, MAX_CANDIDATES, d.candidates, &found)
     if st != CUBLAS_STATUS_SUCCESS or (k.determinism and found == 0):
         found = 0
         if capturing:               # perhaps the capture's fault: decided again eagerly
