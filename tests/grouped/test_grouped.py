@@ -10,6 +10,7 @@ import cygemm
 from cygemm import grouped
 from cygemm.engine import tuning
 from fakes import BASE, FakeDeviceArray
+from refs import moe as moe_ref
 from gpu_util import f64, poisoned, rand, rel_err, tol
 
 ROUTES = ["batched", "grouped", "loop", "streams"]
@@ -387,14 +388,6 @@ def test_many_tiny_groups_take_the_grouped_route_by_the_fixed_rule():
     assert grouped.last_route() is None                    # nothing to launch
 
 
-def _moe_ref(x, w, offs, w_layout):
-    out = np.empty((x.shape[0], w.shape[2] if w_layout == "kn" else w.shape[1]))
-    for g in range(len(offs) - 1):
-        wg = w[g] if w_layout == "kn" else w[g].T
-        out[offs[g]:offs[g + 1]] = x[offs[g]:offs[g + 1]] @ wg
-    return out
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("w_layout", ["kn", "nk"])
 @pytest.mark.parametrize("route", ["grouped", "loop", "streams", None])
@@ -411,7 +404,7 @@ def test_moe_ragged_with_an_empty_expert_matches_float64(w_layout, route):
     with pytest.raises(ValueError, match="'batched' does not apply"):
         grouped.moe_gemm(x, w, offs, out, w_layout=w_layout, route="batched")
     cp.cuda.Device().synchronize()
-    assert rel_err(cp.asnumpy(out), _moe_ref(f64(cp, x), f64(cp, w), offs, w_layout)) < 1e-5
+    assert rel_err(cp.asnumpy(out), moe_ref.forward(f64(cp, x), f64(cp, w), offs, w_layout)) < 1e-5
 
 
 @pytest.mark.gpu
@@ -427,7 +420,7 @@ def test_moe_uniform_is_one_batched_gemm_and_agrees_with_the_loop(w_layout):
     assert grouped.last_route() == "batched"               # the fixed rule's first choice
     grouped.moe_gemm(x, w, offs, out_loop, w_layout=w_layout, math="fp32", route="loop")
     cp.cuda.Device().synchronize()
-    ref = _moe_ref(f64(cp, x), f64(cp, w), list(offs), w_layout)
+    ref = moe_ref.forward(f64(cp, x), f64(cp, w), list(offs), w_layout)
     assert rel_err(cp.asnumpy(out), ref) < 1e-5 and rel_err(cp.asnumpy(out_loop), ref) < 1e-5
     np.testing.assert_allclose(cp.asnumpy(out), cp.asnumpy(out_loop), rtol=1e-4, atol=1e-4)
 

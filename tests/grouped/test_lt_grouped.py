@@ -10,6 +10,7 @@ import cygemm
 from cygemm import grouped
 from cygemm.engine import lt_features
 from fakes import FakeDeviceArray, moe_fakes
+from refs import moe as moe_ref
 from gpu_util import f64, poisoned, rand, rel_err
 
 
@@ -57,27 +58,6 @@ def _cp():
     return cp
 
 
-def _offsets(counts):
-    return [0] + np.cumsum(counts).tolist()
-
-
-def _moe_ref(x, w, offs, layout):
-    out = np.empty((x.shape[0], w.shape[2] if layout == "kn" else w.shape[1]))
-    for g in range(len(offs) - 1):
-        a, b = offs[g], offs[g + 1]
-        out[a:b] = x[a:b] @ (w[g] if layout == "kn" else w[g].T)
-    return out
-
-
-def _wgrad_ref(x, dy, offs, layout):
-    G = len(offs) - 1
-    dw = np.zeros((G, x.shape[1], dy.shape[1]) if layout == "kn" else (G, dy.shape[1], x.shape[1]))
-    for g in range(G):
-        a, b = offs[g], offs[g + 1]
-        dw[g] = x[a:b].T @ dy[a:b] if layout == "kn" else dy[a:b].T @ x[a:b]
-    return dw
-
-
 def _lt_usable():
     return lt_features.feature_gate("grouped_gemm") is None
 
@@ -107,7 +87,7 @@ def test_a_captured_graph_replays_with_new_offsets_and_syncs_nothing():
     w = rand(cp, (G, K, N)).astype("bfloat16")
     dy = rand(cp, (T, N)).astype("bfloat16")
     out, dw = poisoned(cp, (T, N), "bfloat16"), poisoned(cp, (G, K, N), "bfloat16")
-    dev = cp.asarray(_offsets([20, 20, 20, 20, 16]), dtype=cp.int32)
+    dev = cp.asarray(moe_ref.offsets([20, 20, 20, 20, 16]), dtype=cp.int32)
     s = cp.cuda.Stream(non_blocking=True)
     grouped.moe_gemm(x, w, dev, out, stream=s)                 # first use: plans, the promise's check
     cp.cuda.Device().synchronize()
@@ -120,15 +100,15 @@ def test_a_captured_graph_replays_with_new_offsets_and_syncs_nothing():
         counts[rng.integers(G)] += counts[0] * 0     # (keeps the sum)
         counts[1] = 0 if rng.random() < 0.5 else counts[1]
         counts[-1] += T - counts.sum()
-        offs = _offsets(counts)
+        offs = moe_ref.offsets(counts)
         dev[...] = cp.asarray(offs, dtype=cp.int32)
         out[...] = cp.nan
         dw[...] = cp.nan
         cp.cuda.Device().synchronize()
         g.launch(s)
         s.synchronize()
-        assert rel_err(cp.asnumpy(out.astype(cp.float32)), _moe_ref(f64(cp, x), f64(cp, w), offs, "kn")) < 2e-2
-        assert rel_err(cp.asnumpy(dw.astype(cp.float32)), _wgrad_ref(f64(cp, x), f64(cp, dy), offs, "kn")) < 2e-2
+        assert rel_err(cp.asnumpy(out.astype(cp.float32)), moe_ref.forward(f64(cp, x), f64(cp, w), offs, "kn")) < 2e-2
+        assert rel_err(cp.asnumpy(dw.astype(cp.float32)), moe_ref.wgrad(f64(cp, x), f64(cp, dy), offs, "kn")) < 2e-2
 
 
 

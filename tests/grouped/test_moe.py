@@ -3,12 +3,12 @@ on the host or the GPU. On the CPU: every refusal before anything runs, and desc
 offsets; on the GPU: both routes of device offsets and the host routes against float64 references
 on fresh seeded inputs with NaN-poisoned outputs, ragged and empty experts, int32 and int64
 offsets, check_offsets, and the capture error where the sync-free route does not apply."""
-import numpy as np
 import pytest
 
 from cygemm import grouped
 from cygemm.engine import lt_features
 from fakes import BASE, FakeDeviceArray, moe_fakes
+from refs import moe as moe_ref
 from gpu_util import f64, poisoned, rand, rel_err
 
 
@@ -119,27 +119,6 @@ def _cp():
     return cp
 
 
-def _offsets(counts):
-    return [0] + np.cumsum(counts).tolist()
-
-
-def _moe_ref(x, w, offs, layout):
-    out = np.empty((x.shape[0], w.shape[2] if layout == "kn" else w.shape[1]))
-    for g in range(len(offs) - 1):
-        a, b = offs[g], offs[g + 1]
-        out[a:b] = x[a:b] @ (w[g] if layout == "kn" else w[g].T)
-    return out
-
-
-def _wgrad_ref(x, dy, offs, layout):
-    G = len(offs) - 1
-    dw = np.zeros((G, x.shape[1], dy.shape[1]) if layout == "kn" else (G, dy.shape[1], x.shape[1]))
-    for g in range(G):
-        a, b = offs[g], offs[g + 1]
-        dw[g] = x[a:b].T @ dy[a:b] if layout == "kn" else dy[a:b].T @ x[a:b]
-    return dw
-
-
 def _lt_usable():
     return lt_features.feature_gate("grouped_gemm") is None
 
@@ -157,7 +136,7 @@ def test_forward_with_device_offsets_matches_float64(dtype, layout, index, route
     if route == "lt_grouped" and not _lt_usable():
         pytest.skip(f"lt_grouped: {lt_features.feature_gate('grouped_gemm')}")
     counts = [7, 0, 33, 1, 24, 0, 16]
-    offs = _offsets(counts)
+    offs = moe_ref.offsets(counts)
     T, K, N, G = offs[-1], 64, 48, len(counts)
     x = rand(cp, (T, K)).astype(dtype)
     w = rand(cp, (G, K, N) if layout == "kn" else (G, N, K)).astype(dtype)
@@ -167,7 +146,7 @@ def test_forward_with_device_offsets_matches_float64(dtype, layout, index, route
     cp.cuda.Device().synchronize()
     if route is None:
         assert grouped.last_route() in ("lt_grouped", "loop", "grouped", "streams", "batched")
-    assert rel_err(cp.asnumpy(out.astype(cp.float32)), _moe_ref(f64(cp, x), f64(cp, w), offs, layout)) < 2e-2
+    assert rel_err(cp.asnumpy(out.astype(cp.float32)), moe_ref.forward(f64(cp, x), f64(cp, w), offs, layout)) < 2e-2
 
 
 @pytest.mark.gpu
@@ -178,7 +157,7 @@ def test_wgrad_with_device_offsets_matches_float64_and_zeroes_empty_experts(layo
     if route == "lt_grouped" and not _lt_usable():
         pytest.skip(f"lt_grouped: {lt_features.feature_gate('grouped_gemm')}")
     counts = [5, 0, 40, 3, 0, 16]
-    offs = _offsets(counts)
+    offs = moe_ref.offsets(counts)
     T, K, N, G = offs[-1], 64, 32, len(counts)
     x, dy = rand(cp, (T, K)).astype("bfloat16"), rand(cp, (T, N)).astype("bfloat16")
     dw = poisoned(cp, (G, K, N) if layout == "kn" else (G, N, K), "bfloat16")
@@ -186,7 +165,7 @@ def test_wgrad_with_device_offsets_matches_float64_and_zeroes_empty_experts(layo
     cp.cuda.Device().synchronize()
     got = cp.asnumpy(dw.astype(cp.float32))
     assert (got[1] == 0).all() and (got[4] == 0).all()
-    assert rel_err(got, _wgrad_ref(f64(cp, x), f64(cp, dy), offs, layout)) < 2e-2
+    assert rel_err(got, moe_ref.wgrad(f64(cp, x), f64(cp, dy), offs, layout)) < 2e-2
 
 
 @pytest.mark.gpu
@@ -194,12 +173,12 @@ def test_wgrad_with_device_offsets_matches_float64_and_zeroes_empty_experts(layo
 def test_host_and_device_offsets_agree_for_float32_through_the_host_routes(layout):
     cp = _cp()
     counts = [3, 9, 0, 12]
-    offs = _offsets(counts)
+    offs = moe_ref.offsets(counts)
     T, K, N, G = offs[-1], 32, 24, len(counts)
     x, dy = rand(cp, (T, K)), rand(cp, (T, N))
     dw, dw_dev = poisoned(cp, (G, K, N) if layout == "kn" else (G, N, K)), poisoned(cp, (G, K, N) if layout == "kn" else (G, N, K))
     grouped.moe_gemm_wgrad(x, dy, offs, dw, dw_layout=layout, math="fp32")
     grouped.moe_gemm_wgrad(x, dy, cp.asarray(offs, dtype=cp.int64), dw_dev, dw_layout=layout, math="fp32")
     cp.cuda.Device().synchronize()
-    ref = _wgrad_ref(f64(cp, x), f64(cp, dy), offs, layout)
+    ref = moe_ref.wgrad(f64(cp, x), f64(cp, dy), offs, layout)
     assert rel_err(cp.asnumpy(dw), ref) < 1e-5 and rel_err(cp.asnumpy(dw_dev), ref) < 1e-5

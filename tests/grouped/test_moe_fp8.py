@@ -10,6 +10,8 @@ import cygemm
 from cygemm import grouped
 from cygemm.engine import lt_features
 from fakes import FakeDeviceArray
+from refs import moe as moe_ref
+from refs.fp8 import expand_scale
 from gpu_util import poisoned, rel_err
 
 B = 0x7F0000000000
@@ -141,13 +143,6 @@ def _operands(cp, T, K, N, G, seed):
         [deq(wq[g]) * float(sw[g].get()) for g in range(G)])
 
 
-def _ref(x, w, offs):
-    out = np.zeros((x.shape[0], w.shape[1]))
-    for g in range(len(offs) - 1):
-        out[offs[g]:offs[g + 1]] = x[offs[g]:offs[g + 1]] @ w[g].T
-    return out
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("route", ["lt_grouped", "host_offsets", "loop", None])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -163,7 +158,7 @@ def test_fp8_moe_matches_the_dequantized_float64_product(route, dtype):
     dev = cp.asarray(offs, dtype=cp.int32)
     grouped.moe_scaled_gemm(xq, wq, sx, sw, dev, out, format_x="e4m3", format_w="e4m3", route=route)
     cp.cuda.Device().synchronize()
-    assert rel_err(cp.asnumpy(out.astype(cp.float32)), _ref(x64, w64, offs)) < 1e-2
+    assert rel_err(cp.asnumpy(out.astype(cp.float32)), moe_ref.forward(x64, w64, offs, "nk")) < 1e-2
 
 
 @pytest.mark.gpu
@@ -186,7 +181,7 @@ def test_a_captured_fp8_graph_replays_with_new_offsets():
         cp.cuda.Device().synchronize()
         g.launch(s)
         s.synchronize()
-        assert rel_err(cp.asnumpy(out.astype(cp.float32)), _ref(x64, w64, offs)) < 1e-2
+        assert rel_err(cp.asnumpy(out.astype(cp.float32)), moe_ref.forward(x64, w64, offs, "nk")) < 1e-2
 
 
 # ---------------------------------------------------------------- DeepSeek-V3's block scales
@@ -240,9 +235,8 @@ def _block_operands(cp, T, K, N, G, seed):
     wq, sw = cygemm.fp8.quantize_scaled(w.reshape(G * N, K), "128x128")
     one = cp.ones(1, cp.float32)
     deq = lambda q: cp.asnumpy(cygemm.fp8.dequantize(q, one, format="e4m3")).astype(np.float64)
-    kb = -(-K // 128)
-    sx_full = np.repeat(cp.asnumpy(sx), 128, axis=1)[:, :K]
-    sw_full = np.repeat(np.repeat(cp.asnumpy(sw)[:, :kb], 128, axis=0), 128, axis=1)[:G * N, :K]
+    sx_full = expand_scale(cp.asnumpy(sx), "1x128", (T, K), "a")
+    sw_full = expand_scale(cp.asnumpy(sw), "128x128", (G * N, K), "a")       # (each expert's (N, K) rows)
     return xq, wq.reshape(G, N, K), sx, sw, deq(xq) * sx_full, (deq(wq) * sw_full).reshape(G, N, K)
 
 
@@ -261,4 +255,4 @@ def test_block_scaled_fp8_moe_matches_the_dequantized_float64_product(route):
     grouped.moe_scaled_gemm(xq, wq, sx, sw, cp.asarray(offs, dtype=cp.int32), out, format_x="e4m3", format_w="e4m3",
                             workspace=ws, route=route)
     cp.cuda.Device().synchronize()
-    assert rel_err(cp.asnumpy(out.astype(cp.float32)), _ref(x64, w64, offs)) < 1e-2
+    assert rel_err(cp.asnumpy(out.astype(cp.float32)), moe_ref.forward(x64, w64, offs, "nk")) < 1e-2
