@@ -60,11 +60,13 @@ cdef class Groups:
 
 # grouped_gemm's groups: 2-D matrices of one dtype whose shapes multiply, group by group.
 cdef Groups read_lists(object As, object Bs, object outs, bint trans_a, bint trans_b)
-# moe_gemm's groups as views of x, w and out, read into c too (x, w, out: checked as a whole).
-cdef Groups read_moe(CallArgs* c, object x, object w, object group_offsets, object out, str w_layout)
-# moe_gemm_wgrad's groups: out[g] = x[a:b].T @ dy[a:b] ("kn", out (G, K, N)) or dy[a:b].T @ x[a:b]
-# ("nk", out (G, N, K)), views of x, dy and out read into c too; offs: the checked host offsets.
-cdef Groups read_moe_wgrad(CallArgs* c, object x, object dy, object offs, object out, str out_layout)
+# A mixture-of-experts call's x, w (dy: wgrad) and out (dw) read into c (views 0, 1 and last),
+# device offsets (not None) between b and out; layout, dtypes and shapes checked; G returned.
+cdef int64_t read_moe_args(CallArgs* c, object x, object b, object offsets, object out, str layout,
+                           bint wgrad) except -1
+# The groups of moe_gemm (b: w) or moe_gemm_wgrad (b: dy, out: dw; wgrad), views of x, b and out
+# read into c too (x, b, out: checked as a whole); group_offsets: host offsets, checked here.
+cdef Groups read_moe(CallArgs* c, object x, object b, object group_offsets, object out, str layout, bint wgrad)
 # ValueError unless the experts' matrices of `ov` (a batch, one per expert) share no memory.
 cdef int check_experts_disjoint(const MatrixView* ov, str name) except -1
 # The host offsets of G experts over T rows, checked: ValueError/TypeError naming group_offsets.

@@ -1,9 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The groups of one grouped call (:func:`cygemm.grouped_gemm`, :func:`cygemm.moe_gemm`): each
 group's views read and checked (shapes, one dtype, no output sharing memory with an input or
-another output), mapped to cuBLAS (rowmajor's one mapping), which routes can run them and why
-not, their key in the tuning table, and cublasGemmGroupedBatchedEx's host arrays. Nothing here
-touches the GPU but the device check.
+another output), mapped to cuBLAS (rowmajor's one mapping), which routes can run them and why not,
+their key in the tuning table, cublasGemmGroupedBatchedEx's host arrays. No GPU but the device check.
 """
 import operator
 import threading
@@ -15,7 +14,7 @@ from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, pointer_alignment
 from cygemm.engine.arrays cimport view_from_object
-from cygemm.engine.dtypes cimport dtype_name
+from cygemm.engine.dtypes cimport dtype_name, DTYPES_INDEX
 from cygemm.engine.overlap cimport views_overlap, check_no_overlap, view_byte_range
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_view, check_devices, expect_dtype, ARG_READ,
                                  ARG_WRITE, MAX_ARGS)
@@ -388,29 +387,41 @@ cdef list read_offsets(object group_offsets, int64_t G, int64_t T):
     return offs
 
 
-cdef Groups read_moe(CallArgs* c, object x, object w, object group_offsets, object out, str w_layout):
-    """moe_gemm's groups as views of x, w and out (x and out row blocks, w's matrices), read
-    into c too (x, w, out: their overlaps and devices are checked as a whole)."""
-    if w_layout != "kn" and w_layout != "nk":
-        raise ValueError(f"w_layout: expected 'kn' (w is (G, K, N)) or 'nk' (w is (G, N, K)), got {w_layout!r}")
-    cdef bint nk = w_layout == "nk"
+cdef int64_t read_moe_args(CallArgs* c, object x, object b, object offsets, object out, str layout,
+                           bint wgrad) except -1:
+    """A mixture-of-experts call's x, b (w; dy for wgrad) and out (dw) read into c, device offsets
+    (not None: length and values the caller's to check) between b and out. Returns G."""
+    bname, oname, lname = ("dy", "dw", "dw_layout") if wgrad else ("w", "out", "w_layout")
+    if layout != "kn" and layout != "nk":
+        raise ValueError(f"{lname}: expected 'kn' ({oname if wgrad else bname} is (G, K, N)) or 'nk' "
+                         f"({oname if wgrad else bname} is (G, N, K)), got {layout!r}")
+    cdef bint nk = layout == "nk"
+    cdef int bdims = 2 if wgrad else 3          # (out: 5 - bdims)
     args_init(c)
     cdef MatrixView* xv = add_array(c, x, "x", ARG_READ, 2, 2)
-    cdef MatrixView* wv = add_array(c, w, "w", ARG_READ, 3, 3)
-    cdef MatrixView* ov = add_array(c, out, "out", ARG_WRITE, 2, 2)
-    expect_dtype(wv, "w", xv.dtype, "x")
-    expect_dtype(ov, "out", xv.dtype, "x")
-    cdef int64_t T = xv.rows, K = xv.cols, G = wv.batch
-    cdef int64_t N = wv.rows if nk else wv.cols
-    cdef int64_t Kw = wv.cols if nk else wv.rows
-    if Kw != K:
+    cdef MatrixView* bv = add_array(c, b, bname, ARG_READ, bdims, bdims)
+    if offsets is not None:
+        add_array(c, offsets, "group_offsets", ARG_READ, 1, 1, DTYPES_INDEX)
+    cdef MatrixView* ov = add_array(c, out, oname, ARG_WRITE, 5 - bdims, 5 - bdims)
+    expect_dtype(bv, bname, xv.dtype, "x")
+    expect_dtype(ov, oname, xv.dtype, "x")
+    cdef int64_t T = xv.rows, K = xv.cols, G, N
+    if wgrad:
+        N, G = bv.cols, ov.batch
+        if bv.rows != T:
+            raise ValueError(f"dy: expected {T} rows (the rows of x), got shape ({bv.rows}, {bv.cols})")
+        if (ov.rows, ov.cols) != ((N, K) if nk else (K, N)):
+            raise ValueError(f"dw: expected shape (G, {N if nk else K}, {K if nk else N}) for dw_layout={layout!r}, "
+                             f"got ({G}, {ov.rows}, {ov.cols})")
+        return G
+    G, N = bv.batch, (bv.rows if nk else bv.cols)
+    if (bv.cols if nk else bv.rows) != K:
         want = f"(G, N, {K})" if nk else f"(G, {K}, N)"
-        raise ValueError(f"w: x is ({T}, {K}) so w must be {want} for w_layout={w_layout!r}, got "
-                         f"({G}, {wv.rows}, {wv.cols})")
-    offs = read_offsets(group_offsets, G, T)
+        raise ValueError(f"w: x is ({T}, {K}) so w must be {want} for w_layout={layout!r}, got "
+                         f"({G}, {bv.rows}, {bv.cols})")
     if ov.rows != T or ov.cols != N:
         raise ValueError(f"out: expected shape ({T}, {N}), got ({ov.rows}, {ov.cols})")
-    return _moe_groups(xv, wv, ov, offs, 0b101, False, nk, (("x", True), ("w", False), ("out", True)))
+    return G
 
 
 cdef Groups _moe_groups(const MatrixView* av, const MatrixView* bv, const MatrixView* ov, list offs, int ragged,
@@ -454,30 +465,19 @@ cdef int check_experts_disjoint(const MatrixView* ov, str name) except -1:
     return 0
 
 
-cdef Groups read_moe_wgrad(CallArgs* c, object x, object dy, object offs, object out, str out_layout):
-    """moe_gemm_wgrad's groups, views of x (T, K), dy (T, N) and out (G, K, N) or (G, N, K):
-    expert g's rows a:b give out[g] = x[a:b].T @ dy[a:b] (or its transpose, "nk"); an expert
-    without rows gets out[g] = 0 (a K == 0 GEMM)."""
-    if out_layout != "kn" and out_layout != "nk":
-        raise ValueError(f"dw_layout: expected 'kn' (dw is (G, K, N)) or 'nk' (dw is (G, N, K)), got {out_layout!r}")
-    cdef bint nk = out_layout == "nk"
-    args_init(c)
-    cdef MatrixView* xv = add_array(c, x, "x", ARG_READ, 2, 2)
-    cdef MatrixView* dv = add_array(c, dy, "dy", ARG_READ, 2, 2)
-    cdef MatrixView* ov = add_array(c, out, "dw", ARG_WRITE, 3, 3)
-    expect_dtype(dv, "dy", xv.dtype, "x")
-    expect_dtype(ov, "dw", xv.dtype, "x")
-    cdef int64_t T = xv.rows, K = xv.cols, N = dv.cols, G = ov.batch
-    if dv.rows != T:
-        raise ValueError(f"dy: expected {T} rows (the rows of x), got shape ({dv.rows}, {dv.cols})")
-    if (ov.rows, ov.cols) != ((N, K) if nk else (K, N)):
-        raise ValueError(f"dw: expected shape (G, {N if nk else K}, {K if nk else N}) for dw_layout={out_layout!r}, got "
-                         f"({G}, {ov.rows}, {ov.cols})")
-    offs = read_offsets(offs, G, T)
-    check_experts_disjoint(ov, "dw")
+cdef Groups read_moe(CallArgs* c, object x, object b, object group_offsets, object out, str layout, bint wgrad):
+    """moe_gemm's groups (b: w) or moe_gemm_wgrad's (b: dy; an expert without rows gets dw[g] = 0,
+    a K == 0 GEMM) as views of x, b and out, read into c too (checked as a whole)."""
+    cdef int64_t G = read_moe_args(c, x, b, None, out, layout, wgrad)
+    cdef bint nk = layout == "nk"
+    offs = read_offsets(group_offsets, G, c.views[0].rows)
+    if not wgrad:
+        return _moe_groups(&c.views[0], &c.views[1], &c.views[2], offs, 0b101, False, nk,
+                           (("x", True), ("w", False), ("out", True)))
+    check_experts_disjoint(&c.views[2], "dw")
     # kn: dw[g] (K, N) = x[a:b].T @ dy[a:b]; nk: dw[g] (N, K) = dy[a:b].T @ x[a:b]
-    return _moe_groups(dv if nk else xv, xv if nk else dv, ov, offs, 0b011, True, False,
-                       (("dy" if nk else "x", True), ("x" if nk else "dy", True), ("dw", False)))
+    return _moe_groups(&c.views[1] if nk else &c.views[0], &c.views[0] if nk else &c.views[1], &c.views[2], offs,
+                       0b011, True, False, (("dy" if nk else "x", True), ("x" if nk else "dy", True), ("dw", False)))
 
 
 cdef int check_group_devices(CallArgs* c, Groups grp) except -1:

@@ -15,14 +15,11 @@ from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.kernels.grouped cimport CYGEMM_RAGGED_N, CYGEMM_RAGGED_K
-from cygemm.engine.types cimport MatrixView, compute_type
+from cygemm.engine.types cimport MatrixView, ColMajorGemm
 from cygemm.engine.mapping cimport map_or_raise
-from cygemm.engine.types cimport ColMajorGemm
-from cygemm.engine.args cimport (CallArgs, args_init, add_array, expect_dtype, prepare_call, check_overlaps,
-                                 parse_math, ARG_READ, ARG_WRITE, CALL_GEMM)
-from cygemm.engine.dtypes cimport DTYPES_INDEX
+from cygemm.engine.args cimport CallArgs, prepare_call, check_overlaps, parse_math, CALL_GEMM
 from cygemm.engine.context cimport GemmContext
-from cygemm.engine.groups cimport Groups, read_moe, read_moe_wgrad, check_experts_disjoint
+from cygemm.engine.groups cimport Groups, read_moe, read_moe_args, check_experts_disjoint
 from cygemm.grouped.gemm cimport run_groups, describe_host_routes
 from cygemm.grouped.lt_grouped cimport LtGroupedCall, LT_NAMES_FORWARD, LT_NAMES_WGRAD_KN, LT_NAMES_WGRAD_NK
 from cygemm.grouped.device_offsets cimport (on_device, check_route, check_offsets_view, run_on_device,
@@ -98,14 +95,7 @@ def moe_gemm(x, w, group_offsets, out, *, str w_layout="kn", str math="tf32", st
     The G groups are views of x, w and out (no copy), run by the engine of
     :func:`grouped_gemm`. Equal group sizes make one strided-batched GEMM ("batched").
     """
-    cdef CallArgs c
-    if on_device(group_offsets):
-        _moe_on_device(x, w, group_offsets, out, w_layout, False, math, stream, route, autotune, determinism,
-                       check_offsets)
-        return out
-    cdef Groups grp = read_moe(&c, x, w, group_offsets, out, w_layout)
-    check_overlaps(&c)
-    run_groups(grp, &c, 1.0, 0.0, math, stream, route, autotune, determinism)
+    _moe(x, w, group_offsets, out, w_layout, False, math, stream, route, autotune, determinism, check_offsets)
     return out
 
 
@@ -141,23 +131,26 @@ def moe_gemm_wgrad(x, dy, group_offsets, dw, *, str dw_layout="kn", str math="tf
     ValueError, TypeError, CaptureError, CygemmError, CublasError, CudaError
         As :func:`moe_gemm`, naming x, dy, dw or group_offsets.
     """
-    cdef CallArgs c
-    if on_device(group_offsets):
-        _moe_on_device(x, dy, group_offsets, dw, dw_layout, True, math, stream, route, autotune, determinism,
-                       check_offsets)
-        return dw
-    cdef Groups grp = read_moe_wgrad(&c, x, dy, group_offsets, dw, dw_layout)
-    check_overlaps(&c)
-    run_groups(grp, &c, 1.0, 0.0, math, stream, route, autotune, determinism)
+    _moe(x, dy, group_offsets, dw, dw_layout, True, math, stream, route, autotune, determinism, check_offsets)
     return dw
+
+
+cdef int _moe(object x, object b, object offsets, object out, str layout, bint wgrad, object math, object stream,
+              object route, object autotune, object determinism, bint check_offsets) except -1:
+    """moe_gemm (b: w) and moe_gemm_wgrad (b: dy, out: dw): offsets on the GPU by their engine,
+    host offsets by the grouped engine's routes."""
+    if on_device(offsets):
+        return _moe_on_device(x, b, offsets, out, layout, wgrad, math, stream, route, autotune, determinism,
+                              check_offsets)
+    return _host_route(x, b, offsets, out, layout, wgrad, math, stream, route, autotune, determinism)
 
 
 # ---------------------------------------------------------------- offsets on the device
 
-cdef int _host_route(object x, object b, list offs, object out, str layout, bint wgrad, object math, object stream,
-                     object route, object autotune, object determinism) except -1:
+cdef int _host_route(object x, object b, object offs, object out, str layout, bint wgrad, object math,
+                     object stream, object route, object autotune, object determinism) except -1:
     cdef CallArgs c
-    cdef Groups grp = (read_moe_wgrad(&c, x, b, offs, out, layout) if wgrad else read_moe(&c, x, b, offs, out, layout))
+    cdef Groups grp = read_moe(&c, x, b, offs, out, layout, wgrad)
     check_overlaps(&c)
     run_groups(grp, &c, 1.0, 0.0, math, stream, route, autotune, determinism)
     return 0
@@ -220,47 +213,12 @@ cdef object _read_device_call(CallArgs* c, object x, object b, object offsets, o
                               LtGroupedCall* lt):
     """Read and check every argument of a device-offset call into c (no GPU needed): the same
     checks as host offsets, but for the offsets' values, which stay on the device."""
-    cdef bint nk
-    args_init(c)
-    cdef MatrixView* xv
-    cdef MatrixView* bv
-    cdef MatrixView* ov
-    cdef MatrixView* offv
-    cdef int64_t T, K, N, G
-    if wgrad:
-        if layout != "kn" and layout != "nk":
-            raise ValueError(f"dw_layout: expected 'kn' (dw is (G, K, N)) or 'nk' (dw is (G, N, K)), got {layout!r}")
-        nk = layout == "nk"
-        xv = add_array(c, x, "x", ARG_READ, 2, 2)
-        bv = add_array(c, b, "dy", ARG_READ, 2, 2)
-        offv = add_array(c, offsets, "group_offsets", ARG_READ, 1, 1, DTYPES_INDEX)
-        ov = add_array(c, out, "dw", ARG_WRITE, 3, 3)
-        expect_dtype(bv, "dy", xv.dtype, "x")
-        expect_dtype(ov, "dw", xv.dtype, "x")
-        T, K, N, G = xv.rows, xv.cols, bv.cols, ov.batch
-        if bv.rows != T:
-            raise ValueError(f"dy: expected {T} rows (the rows of x), got shape ({bv.rows}, {bv.cols})")
-        if (ov.rows, ov.cols) != ((N, K) if nk else (K, N)):
-            want = f"(G, {N}, {K})" if nk else f"(G, {K}, {N})"
-            raise ValueError(f"dw: expected shape {want} for dw_layout={layout!r}, got ({G}, {ov.rows}, {ov.cols})")
-    else:
-        if layout != "kn" and layout != "nk":
-            raise ValueError(f"w_layout: expected 'kn' (w is (G, K, N)) or 'nk' (w is (G, N, K)), got {layout!r}")
-        nk = layout == "nk"
-        xv = add_array(c, x, "x", ARG_READ, 2, 2)
-        bv = add_array(c, b, "w", ARG_READ, 3, 3)
-        offv = add_array(c, offsets, "group_offsets", ARG_READ, 1, 1, DTYPES_INDEX)
-        ov = add_array(c, out, "out", ARG_WRITE, 2, 2)
-        expect_dtype(bv, "w", xv.dtype, "x")
-        expect_dtype(ov, "out", xv.dtype, "x")
-        T, K, G = xv.rows, xv.cols, bv.batch
-        N = bv.rows if nk else bv.cols
-        if (bv.cols if nk else bv.rows) != K:
-            want = f"(G, N, {K})" if nk else f"(G, {K}, N)"
-            raise ValueError(f"w: x is ({T}, {K}) so w must be {want} for w_layout={layout!r}, got "
-                             f"({G}, {bv.rows}, {bv.cols})")
-        if ov.rows != T or ov.cols != N:
-            raise ValueError(f"out: expected shape ({T}, {N}), got ({ov.rows}, {ov.cols})")
+    cdef int64_t G = read_moe_args(c, x, b, offsets, out, layout, wgrad)
+    cdef bint nk = layout == "nk"
+    cdef MatrixView* xv = &c.views[0]
+    cdef MatrixView* bv = &c.views[1]
+    cdef MatrixView* offv = &c.views[2]
+    cdef MatrixView* ov = &c.views[3]
     if offv.cols != G + 1:
         raise ValueError(f"group_offsets: expected G + 1 = {G + 1} offsets ({'dw' if wgrad else 'w'} holds {G} "
                          f"experts), got {offv.cols}")
@@ -360,8 +318,7 @@ def describe_moe(a, b, group_offsets, out, *, str kind="forward", str w_layout="
     cdef CallArgs c
     cdef Groups grp
     if not on_device(group_offsets):
-        grp = (read_moe_wgrad(&c, a, b, group_offsets, out, layout) if wgrad
-               else read_moe(&c, a, b, group_offsets, out, layout))
+        grp = read_moe(&c, a, b, group_offsets, out, layout, wgrad)
         check_overlaps(&c)
         info = dict(offsets="host", groups=grp.n, syncs=False)
         info.update(describe_host_routes(grp, math, autotune, determinism))
