@@ -4,6 +4,7 @@ import threading
 import zlib
 
 import numpy as np
+import pytest
 
 # ||out - ref|| / ||ref|| bounds by precision: strict fp32 ~1e-5, TF32 ~1e-3 growing with sqrt(K),
 # fp16/bf16 ~1e-2 (the project's test standard).
@@ -77,3 +78,12 @@ def host_bits(cp, x):
     """x's elements as unsigned integers on the host: equal bits, not equal values (-0.0, NaN)."""
     x = cp.ascontiguousarray(x)
     return cp.asnumpy(x).view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[x.dtype.itemsize])
+
+
+def skip_without_lt_grouped():
+    """Skip the calling GPU test, with the feature gate's reason, where cuBLASLt's grouped matmul
+    (the lt_grouped route) is not available."""
+    from cygemm.engine import lt_features
+    why = lt_features.feature_gate("grouped_gemm")
+    if why is not None:
+        pytest.skip(f"lt_grouped: {why}")

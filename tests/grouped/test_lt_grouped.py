@@ -11,7 +11,7 @@ from cygemm import grouped
 from cygemm.engine import lt_features
 from fakes import FakeDeviceArray, moe_fakes
 from refs import moe as moe_ref
-from gpu_util import f64, poisoned, rand, rel_err
+from gpu_util import f64, poisoned, rand, rel_err, skip_without_lt_grouped
 
 
 def fake(shape, ptr, typestr="<f4", strides=None):
@@ -58,16 +58,11 @@ def _cp():
     return cp
 
 
-def _lt_usable():
-    return lt_features.feature_gate("grouped_gemm") is None
-
-
 @pytest.mark.gpu
 def test_wrong_device_offsets_never_write_outside_out():
     """Unchecked wrong offsets give wrong rows but touch nothing past out (a guard band around it)."""
     cp = _cp()
-    if not _lt_usable():
-        pytest.skip(f"lt_grouped: {lt_features.feature_gate('grouped_gemm')}")
+    skip_without_lt_grouped()
     T, K, N, G = 32, 64, 48, 3
     x, w = rand(cp, (T, K)).astype("bfloat16"), rand(cp, (G, K, N)).astype("bfloat16")
     band = cp.full((T + 16, N), 7, "bfloat16")
@@ -80,8 +75,7 @@ def test_wrong_device_offsets_never_write_outside_out():
 @pytest.mark.gpu
 def test_a_captured_graph_replays_with_new_offsets_and_syncs_nothing():
     cp = _cp()
-    if not _lt_usable():
-        pytest.skip(f"lt_grouped: {lt_features.feature_gate('grouped_gemm')}")
+    skip_without_lt_grouped()
     T, K, N, G = 96, 64, 48, 5
     x = rand(cp, (T, K)).astype("bfloat16")
     w = rand(cp, (G, K, N)).astype("bfloat16")

@@ -6,10 +6,9 @@ offsets, check_offsets, and the capture error where the sync-free route does not
 import pytest
 
 from cygemm import grouped
-from cygemm.engine import lt_features
 from fakes import BASE, FakeDeviceArray, moe_fakes
 from refs import moe as moe_ref
-from gpu_util import f64, poisoned, rand, rel_err
+from gpu_util import f64, poisoned, rand, rel_err, skip_without_lt_grouped
 
 
 def fake(shape, ptr, typestr="<f4", strides=None):
@@ -119,10 +118,6 @@ def _cp():
     return cp
 
 
-def _lt_usable():
-    return lt_features.feature_gate("grouped_gemm") is None
-
-
 ROUTES = ["lt_grouped", "host_offsets", None]
 
 
@@ -133,8 +128,8 @@ ROUTES = ["lt_grouped", "host_offsets", None]
 @pytest.mark.parametrize("route", ROUTES)
 def test_forward_with_device_offsets_matches_float64(dtype, layout, index, route):
     cp = _cp()
-    if route == "lt_grouped" and not _lt_usable():
-        pytest.skip(f"lt_grouped: {lt_features.feature_gate('grouped_gemm')}")
+    if route == "lt_grouped":
+        skip_without_lt_grouped()
     counts = [7, 0, 33, 1, 24, 0, 16]
     offs = moe_ref.offsets(counts)
     T, K, N, G = offs[-1], 64, 48, len(counts)
@@ -154,8 +149,8 @@ def test_forward_with_device_offsets_matches_float64(dtype, layout, index, route
 @pytest.mark.parametrize("route", ROUTES)
 def test_wgrad_with_device_offsets_matches_float64_and_zeroes_empty_experts(layout, route):
     cp = _cp()
-    if route == "lt_grouped" and not _lt_usable():
-        pytest.skip(f"lt_grouped: {lt_features.feature_gate('grouped_gemm')}")
+    if route == "lt_grouped":
+        skip_without_lt_grouped()
     counts = [5, 0, 40, 3, 0, 16]
     offs = moe_ref.offsets(counts)
     T, K, N, G = offs[-1], 64, 32, len(counts)

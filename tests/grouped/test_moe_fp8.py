@@ -12,7 +12,7 @@ from cygemm.engine import lt_features
 from fakes import FakeDeviceArray
 from refs import moe as moe_ref
 from refs.fp8 import expand_scale
-from gpu_util import poisoned, rel_err
+from gpu_util import poisoned, rel_err, skip_without_lt_grouped
 
 B = 0x7F0000000000
 HOPPER_13_10 = dict(version=131000, major=9)
@@ -148,10 +148,10 @@ def _operands(cp, T, K, N, G, seed):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_fp8_moe_matches_the_dequantized_float64_product(route, dtype):
     cp = _cp()
-    if route == "lt_grouped" and lt_features.feature_gate("grouped_gemm"):
-        pytest.skip(lt_features.feature_gate("grouped_gemm"))
+    if route == "lt_grouped":
+        skip_without_lt_grouped()
     counts = [0, 24, 8, 0, 40, 16]
-    offs = [0] + np.cumsum(counts).tolist()
+    offs = moe_ref.offsets(counts)
     T, K, N, G = offs[-1], 128, 64, len(counts)
     xq, wq, sx, sw, x64, w64 = _operands(cp, T, K, N, G, 11)
     out = poisoned(cp, (T, N), dtype)
@@ -164,8 +164,7 @@ def test_fp8_moe_matches_the_dequantized_float64_product(route, dtype):
 @pytest.mark.gpu
 def test_a_captured_fp8_graph_replays_with_new_offsets():
     cp = _cp()
-    if lt_features.feature_gate("grouped_gemm"):
-        pytest.skip(lt_features.feature_gate("grouped_gemm"))
+    skip_without_lt_grouped()
     T, K, N, G = 96, 128, 64, 4
     xq, wq, sx, sw, x64, w64 = _operands(cp, T, K, N, G, 12)
     out = poisoned(cp, (T, N), "bfloat16")
@@ -247,7 +246,7 @@ def test_block_scaled_fp8_moe_matches_the_dequantized_float64_product(route):
     if route == "lt_grouped" and (lt_features.feature_gate("grouped_gemm") or lt_features.major() != 9):
         pytest.skip("block-scaled grouped FP8 needs cuBLASLt's grouped matmul on Hopper")
     counts = [15, 0, 41, 8, 64]          # (rows not in fours: padded on the per-expert route)
-    offs = [0] + np.cumsum(counts).tolist()
+    offs = moe_ref.offsets(counts)
     T, K, N, G = offs[-1], 384, 256, len(counts)
     xq, wq, sx, sw, x64, w64 = _block_operands(cp, T, K, N, G, 13)
     out = poisoned(cp, (T, N), "bfloat16")
