@@ -31,8 +31,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # subpackage ("nn._kernels": cygemm/nn/_kernels.pyx, cygemm.nn._kernels).
 # Each module's kernels (cygemm/kernels/*.cu): every .cu is compiled once, its object linked into
 # the modules that launch it.
-MODULES = {"engine.dtypes": [], "engine.errors": [], "engine.lt_features": [], "engine.settings": [], "engine.streams": [], "engine.release": [], "engine.context": [], "engine.mapping": [],
-           "engine.described": [], "engine.arrays": [], "engine.overlap": [], "engine.alloc": [], "engine.args": [],
+MODULES = {"engine.dtypes": [], "engine.errors": [], "engine.lt_features": [], "engine.settings": [], "engine.mapping": [],
+           "engine.described": [], "engine.arrays": [], "engine.streams": [], "engine.release": [], "engine.context": [],
+           "engine.overlap": [], "engine.alloc": [], "engine.args": [],
            "engine.timing": ["timing"], "engine.tuning": [], "engine.chooser": [], "engine.ktail": [], "engine.launch": [], "engine.lt_desc": [], "engine.families": [], "engine.candidates": [], "engine.plans": [], "engine.routes": [], "engine.small_batched": ["small_batched"], "engine.execute": [], "engine.int8": [], "engine.operands": [],
            "engine.epilogues": [], "rowmajor.gemm": [], "rowmajor.plan": [], "engine.batch_layout": [], "rowmajor.matmul": [],
            "engine.dense_routes": ["elementwise"], "dense.layer": ["elementwise"], "fp8.convert": ["fp8"],

@@ -38,8 +38,8 @@ from cygemm.kernels.elementwise cimport CYGEMM_ACT_NONE, CYGEMM_ACT_RELU, CYGEMM
 from cygemm.engine.context cimport GemmContext, current_context
 
 # ---- for code that launches kernels of its own (as cygemm.nn and cygemm.backend do)
-# stream_from_object(stream, &out): a Python stream argument (None: CuPy's current stream; a
-#   CuPy or torch stream, an object with __cuda_stream__, or an int pointer) as cudaStream_t;
+# stream_from_object(stream, &out[, torch_arrays]): a Python stream argument (None: the current
+#   stream of the arrays' library, torch's when torch_arrays is true, else CuPy's; a CuPy or torch stream, an object with __cuda_stream__, or an int pointer) as cudaStream_t;
 #   needs the GIL; -1 with TypeError or ValueError set. check_cuda(status, call): 0 for
 #   cudaSuccess, else -1 with cygemm.CudaError naming `call` (a C string); nogil.
 from cygemm.engine.streams cimport stream_from_object

@@ -51,7 +51,8 @@ def bias_act(x, bias=None, *, out, z_out=None, act="none", leaky_slope=0.01, str
     leaky_slope : float
         leaky_relu's slope.
     stream : optional
-        The stream (default: CuPy's current stream).
+        The stream (default: the current stream of the arrays' library: torch's when one is
+        a torch tensor, else CuPy's).
 
     Returns
     -------
@@ -111,7 +112,8 @@ def act_backward(gy, z, *, dz_out=None, dbias_out=None, act="none", leaky_slope=
     accumulate : bool
         Add the bias gradient to ``dbias_out`` instead of overwriting it.
     stream : optional
-        The stream (default: CuPy's current stream).
+        The stream (default: the current stream of the arrays' library: torch's when one is
+        a torch tensor, else CuPy's).
 
     Returns
     -------

@@ -9,8 +9,8 @@ from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 cdef object empty_array(tuple shape, cudaDataType dtype, cudaStream_t stream, str what, object like=*)
 # The device address of an array empty_array made.
 cdef uintptr_t data_pointer(object x) except? 0
-# Whether x is a torch tensor (torch need not be imported); the first torch tensor of arrays.
-cdef bint is_torch(object x)
+# Whether x is a torch tensor (arrays' question); the first torch tensor of arrays.
+from cygemm.engine.arrays cimport is_torch
 cdef object first_torch(tuple arrays)
 # torch's dtype for t; a torch stream object for the raw stream s of device.
 cdef object torch_dtype(object torch, cudaDataType t)

@@ -77,17 +77,17 @@ RESULT_DTYPES = names(DTYPES_GEMM)
 
 
 def empty(shape, dtype, stream=None, str what="the result", like=None):
-    """A C-ordered array on `stream` (None: CuPy's current stream): a torch tensor from torch's
+    """A C-ordered array on `stream` (None: the current stream of `like`'s library): a torch tensor from torch's
     allocator on the device of the first torch tensor in `like` (an array or a tuple of
     them) when there is one, else a CuPy array from CuPy's pool. CaptureError, naming
     `what`, while the stream is being captured."""
     cdef cudaStream_t s
-    stream_from_object(stream, &s)
+    tensor = first_torch(like) if type(like) is tuple else (like if like is not None and is_torch(like) else None)
+    stream_from_object(stream, &s, tensor is not None)
     refuse_in_capture(s, f"{what}: allocating it uses device memory")
     name = str(dtype) if row_of_name(str(dtype)) is not None else _np.dtype(dtype).name
     if name not in RESULT_DTYPES:
         raise TypeError(f"dtype: expected one of {', '.join(RESULT_DTYPES)}, got {name}")
-    tensor = first_torch(like) if type(like) is tuple else (like if like is not None and is_torch(like) else None)
     if tensor is not None:
         return _torch_empty(tensor, tuple(shape), name, <uintptr_t>s)
     if _cupy is None:
@@ -96,12 +96,6 @@ def empty(shape, dtype, stream=None, str what="the result", like=None):
 
 
 # ------------------------------------------------------------ torch tensors
-
-cdef bint is_torch(object x):
-    if type(x) is _cupy_ndarray:        # the common case, without a string test
-        return False
-    return type(x).__module__.startswith("torch")
-
 
 def as_cupy(x):
     """x as a CuPy array over the same memory: torch tensors through DLPack (torch's CAI

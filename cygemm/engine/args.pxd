@@ -36,6 +36,7 @@ ctypedef struct CallArgs:
     ArgRole roles[10]
     uint32_t in_place_of[10]    # bit j: this output may be exactly input j (see allow_in_place)
     int n
+    bint torch_arrays       # some buffer is a torch tensor: stream=None is torch's current stream
     const GemmTypes* types  # CALL_TYPED_GEMM: the storage types (the reader's)
     # Filled by prepare_call:
     GemmContext* ctx
@@ -46,13 +47,14 @@ ctypedef struct CallArgs:
 
 cdef inline void args_init(CallArgs* c) noexcept nogil:
     c.n = 0
+    c.torch_arrays = False
     c.ctx = NULL
     c.stream = NULL
     c.types = NULL
 
 
-# Read `x` into the next slot (view_from_object; a workspace: read_buffer) and return it. wide:
-# a DTYPES_* level of cygemm.engine.arrays (which dtypes it takes).
+# Read `x` into the next slot (view_from_object, noting a torch tensor; a workspace: read_buffer)
+# and return it. wide: a DTYPES_* level of cygemm.engine.arrays (which dtypes it takes).
 # Inline: every entry point calls it for each buffer (the hot path).
 cdef inline MatrixView* add_array(CallArgs* c, object x, str name, ArgRole role, int min_ndim,
                                   int max_ndim, int wide=0) except NULL:
@@ -62,16 +64,18 @@ cdef inline MatrixView* add_array(CallArgs* c, object x, str name, ArgRole role,
     if role == ARG_SCRATCH:
         read_buffer(x, v, name)
     else:
-        view_from_object(x, v, name, min_ndim, max_ndim, wide)
+        view_from_object(x, v, name, min_ndim, max_ndim, wide, &c.torch_arrays)
     c.names[c.n], c.roles[c.n], c.in_place_of[c.n] = <PyObject*>name, role, 0
     c.n += 1
     return v
 
 
-# A view the entry point made itself (e.g. out=None's result, once allocated).
-cdef inline MatrixView* add_view(CallArgs* c, const MatrixView* v, str name, ArgRole role) except NULL:
+# A view the entry point made itself (e.g. out=None's result, once allocated). torch: whether
+# it came from a torch tensor (its ArrayDesc's torch; False for a result not allocated yet).
+cdef inline MatrixView* add_view(CallArgs* c, const MatrixView* v, str name, ArgRole role, bint torch) except NULL:
     if c.n >= MAX_ARGS:
         raise RuntimeError("cygemm: too many buffers for one call (internal limit)")
+    c.torch_arrays |= torch
     c.views[c.n] = v[0]
     c.names[c.n], c.roles[c.n], c.in_place_of[c.n] = <PyObject*>name, role, 0
     c.n += 1

@@ -67,7 +67,7 @@ cdef int check_overlaps(CallArgs* c) except -1:
 
 cdef inline int _bind(CallArgs* c, object stream) except -1:
     """The stream, this thread's context, the devices of the stream and of every buffer."""
-    stream_from_object(stream, &c.stream)
+    stream_from_object(stream, &c.stream, c.torch_arrays)
     c.ctx = current_context()
     return check_devices(c)
 
@@ -128,7 +128,7 @@ cdef MatrixView* add_scalar(CallArgs* c, object x, str name, ArgRole role) excep
                          f"{dtype_name(d.dtype)} of shape {desc_shape(&d)}")
     v.ptr, v.device, v.dtype, v.itemsize = d.ptr, d.device, d.dtype, 4
     v.batch, v.rows, v.cols, v.batch_stride, v.row_stride, v.col_stride = 1, 1, 1, 0, 1, 1
-    return add_view(c, &v, name, role)
+    return add_view(c, &v, name, role, d.torch)
 
 
 cdef int raise_dtype(const MatrixView* v, str name, cudaDataType dtype, str whose) except -1:

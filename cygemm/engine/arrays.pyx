@@ -103,7 +103,7 @@ cdef int _fill_desc(ArrayDesc* d, str name, uintptr_t ptr, tuple shape, object s
     if ndim > MAX_NDIM:
         raise ValueError(f"{name}: expected at most {MAX_NDIM} dimensions, got {ndim}")
     cdef int64_t expect = 1
-    d.ptr, d.ndim, d.itemsize, d.device = <char*>ptr, ndim, itemsize, device
+    d.ptr, d.ndim, d.itemsize, d.device, d.torch = <char*>ptr, ndim, itemsize, device, False
     # C-contiguous; also for an empty array, whose strides are meaningless (CuPy gives 0s).
     if strides is None or 0 in shape:
         for i in range(ndim - 1, -1, -1):
@@ -144,8 +144,8 @@ cdef int read_array(object x, ArrayDesc* d, str name, int wide) except -1:
         return _read_layout(<ArrayLayout>x, d, name, wide)
     if _torch_tensor is not None and isinstance(x, _torch_tensor):
         return _read_torch(x, d, name, wide)
-    if _torch_tensor is None and type(x).__module__.startswith("torch") and _find_torch():
-        return read_array(x, d, name, wide)
+    if _torch_tensor is None and _find_torch() and isinstance(x, _torch_tensor):    # (subclasses too)
+        return _read_torch(x, d, name, wide)
     cdef object cai
     try:
         cai = x.__cuda_array_interface__
@@ -180,11 +180,13 @@ cdef int _read_layout(ArrayLayout x, ArrayDesc* d, str name, int wide) except -1
 
 
 cdef int view_from_object(object x, MatrixView* view, str name, int min_ndim, int max_ndim,
-                          int wide=DTYPES_FLOAT) except -1:
+                          int wide=DTYPES_FLOAT, bint* torch=NULL) except -1:
     """A (batch, rows, cols) view of a device array of min_ndim..max_ndim (<= 3) dimensions;
-    a 1-D array is one row. wide: a DTYPES_* level."""
+    a 1-D array is one row. wide: a DTYPES_* level. torch: set True when x is a torch tensor."""
     cdef ArrayDesc d
     read_array(x, &d, name, wide)
+    if torch != NULL and d.torch:
+        torch[0] = True
     return view_from_desc(&d, view, name, min_ndim, max_ndim)
 
 
@@ -213,6 +215,15 @@ cdef int view_from_desc(const ArrayDesc* dp, MatrixView* view, str name, int min
 cdef object _torch_tensor = None
 cdef tuple _torch_by_level = None
 cdef object _torch_grad_enabled = None
+
+
+cdef bint is_torch(object x) except -1:
+    """Whether x is a torch tensor (a subclass too; torch is not imported for the question)."""
+    if type(x) is _cupy_ndarray:        # the common case
+        return False
+    if _torch_tensor is None and not _find_torch():
+        return False
+    return isinstance(x, _torch_tensor)
 
 
 cdef bint _find_torch() except -1:
@@ -253,7 +264,9 @@ cdef int _read_torch(object x, ArrayDesc* d, str name, int wide) except -1:
     d.dtype = <cudaDataType>(<int>dt[0])
     itemsize = dt[1]
     strides = tuple([st * itemsize for st in x.stride()])
-    return _fill_desc(d, name, x.data_ptr(), tuple(x.shape), strides, itemsize, x.get_device())
+    _fill_desc(d, name, x.data_ptr(), tuple(x.shape), strides, itemsize, x.get_device())
+    d.torch = True
+    return 0
 
 
 cdef int _read_dlpack(object x, ArrayDesc* d, str name, int wide) except -1:

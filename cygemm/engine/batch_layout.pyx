@@ -303,7 +303,7 @@ cdef const ArrayDesc* _c_order(ArrayDesc* d, int ndim, const int64_t* shape, cud
     shape may be d's own."""
     cdef int i
     cdef int64_t stride = 1
-    d.ndim, d.ptr, d.dtype, d.itemsize, d.device = ndim, NULL, t, type_size(t), -1
+    d.ndim, d.ptr, d.dtype, d.itemsize, d.device, d.torch = ndim, NULL, t, type_size(t), -1, False
     for i in range(ndim - 1, -1, -1):
         d.shape[i], d.strides[i] = shape[i], stride
         stride *= shape[i]

@@ -91,7 +91,7 @@ cdef ArrayLayout _layout(str name, tuple shape, object strides, object dt, uintp
     cdef ArrayLayout x = ArrayLayout()
     kind, t, itemsize, shown = _dtype_of(dt, name)
     x.kind, x.dtype, x.shape, x.has_memory = kind, shown, shape, memory
-    x.d.ptr, x.d.ndim, x.d.itemsize, x.d.device, x.d.dtype = <char*>address, len(shape), itemsize, -1, <cudaDataType>t
+    x.d.ptr, x.d.ndim, x.d.itemsize, x.d.device, x.d.dtype, x.d.torch = <char*>address, len(shape), itemsize, -1, <cudaDataType>t, False
     cdef int i
     cdef int64_t expect = 1
     if strides is None or 0 in shape:       # C order (an empty array's strides mean nothing)

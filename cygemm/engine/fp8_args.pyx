@@ -88,7 +88,7 @@ cdef MatrixView* _fp8_matrix(CallArgs* c, object x, str name, object fmt, str fm
     cdef MatrixView v
     read_fp8(x, &d, name, fmt, fmt_arg)
     view_from_desc(&d, &v, name, 2, 2)
-    return add_view(c, &v, name, role)
+    return add_view(c, &v, name, role, d.torch)
 
 
 cdef int _aligned16(const MatrixView* v, str name, int64_t ld, int64_t lines, str dim, int64_t extent,
@@ -280,7 +280,7 @@ cdef MatrixView* _add_scale(CallArgs* c, const ArrayDesc* d, int mode, str name)
     if mode != SCALE_TENSOR and v.rows * v.cols > 0 and (<uintptr_t>d.ptr) % 16:
         raise ValueError(f"{name}: FP8 GEMMs read {scale_mode_name(mode)} scales from 16-byte aligned memory, "
                          f"got address {<uintptr_t>d.ptr:#x}")
-    return add_view(c, &v, name, ARG_READ)
+    return add_view(c, &v, name, ARG_READ, d.torch)
 
 
 cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scale_a, object scale_b,
@@ -360,13 +360,13 @@ cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scal
                             f"{dtype_name(bias_type)} bias, got {dtype_name(vbias.dtype)}")
         if vbias.col_stride != 1 and vbias.cols > 1:
             raise ValueError(f"bias: expected a contiguous vector, got element stride {vbias.col_stride}")
-        pbias = add_view(c, &vbias, "bias", ARG_READ)
+        pbias = add_view(c, &vbias, "bias", ARG_READ, db.torch)
     cdef MatrixView* vso = NULL
     if scale_out is not None:
         if not fp8_out:
             raise ValueError(f"scale_out: quantizes an FP8 output; out is {dtype_name(d_type)}")
         vso = add_scalar(c, scale_out, "scale_out", ARG_READ)
-    cdef MatrixView* pout = add_view(c, &vo, "out", ARG_WRITE)
+    cdef MatrixView* pout = add_view(c, &vo, "out", ARG_WRITE, out is not None and dd.torch)
     cdef MatrixView* vam = NULL
     if amax_out is not None:
         # cuBLASLt (13.0 on the H200) computes amax only for FP8 outputs: other outputs find no

@@ -26,6 +26,7 @@ cdef class Groups:
     cdef cudaDataType dtype
     cdef int itemsize
     cdef bint trans_a, trans_b
+    cdef bint torch                 # some matrix is a torch tensor (the stream rule)
     cdef object offsets             # moe_gemm(_wgrad): the group offsets (names), else None
     cdef tuple roles                # with offsets: (argument, its rows per group?) for A, B, out
     cdef double macs

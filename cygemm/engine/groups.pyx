@@ -13,7 +13,7 @@ from libc.stdlib cimport malloc, free, qsort
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, pointer_alignment
-from cygemm.engine.arrays cimport view_from_object
+from cygemm.engine.arrays cimport view_from_object, DTYPES_FLOAT
 from cygemm.engine.dtypes cimport dtype_name, DTYPES_INDEX
 from cygemm.engine.overlap cimport views_overlap, check_no_overlap, view_byte_range
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_view, check_devices, expect_dtype, ARG_READ,
@@ -343,9 +343,9 @@ cdef Groups read_lists(object As, object Bs, object outs, bint trans_a, bint tra
     for i in range(n):
         a, b, c = &grp.views[3 * i], &grp.views[3 * i + 1], &grp.views[3 * i + 2]
         na, nb, nc = f"As[{i}]", f"Bs[{i}]", f"outs[{i}]"
-        view_from_object(As[i], a, na, 2, 2)
-        view_from_object(Bs[i], b, nb, 2, 2)
-        view_from_object(outs[i], c, nc, 2, 2)
+        view_from_object(As[i], a, na, 2, 2, DTYPES_FLOAT, &grp.torch)
+        view_from_object(Bs[i], b, nb, 2, 2, DTYPES_FLOAT, &grp.torch)
+        view_from_object(outs[i], c, nc, 2, 2, DTYPES_FLOAT, &grp.torch)
         if i == 0:
             grp.dtype, grp.itemsize = a.dtype, a.itemsize
         else:
@@ -494,7 +494,7 @@ cdef int check_group_devices(CallArgs* c, Groups grp) except -1:
             names = []
         name = grp.name(i // 3, i % 3)
         names.append(name)
-        add_view(c, &grp.views[i], name, ARG_READ)
+        add_view(c, &grp.views[i], name, ARG_READ, grp.torch)
     check_devices(c)
     c.n = 0
     return 0

@@ -101,10 +101,7 @@ def run(a, b, out, stream):
         if torch.is_grad_enabled():
             raise TypeError(f"a/b: {dtype_name(a)} @ {dtype_name(b)} runs through CuPy's matmul, which torch's "
                             f"autograd does not record: use torch.matmul for tensors that require grad")
-    if stream is None and torch_lib:
-        import torch
-        stream = torch.cuda.current_stream().cuda_stream
-    with stream_context(stream_pointer(stream)):
+    with stream_context(stream_pointer(stream, a, b, out)):
         result = _cupy_matmul(as_cupy(a), as_cupy(b), out=None if out is None else as_cupy(out))
     if out is not None:
         return out

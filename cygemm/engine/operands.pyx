@@ -109,7 +109,7 @@ cdef int read_gemm(CallArgs* c, object A, object B, object out, bint trans_a, bi
         res.batch, res.batch_stride, res.dtype, res.itemsize = batch, M * N, a.dtype, a.itemsize
         if int8:            # the exact sums
             res.dtype, res.itemsize = CUDA_R_32I, 4
-        cv = add_view(c, &res, "out", ARG_WRITE)
+        cv = add_view(c, &res, "out", ARG_WRITE, False)
     else:
         cv = add_array(c, out, "out", ARG_WRITE, max_nd, max_nd, level)
         if not int8:

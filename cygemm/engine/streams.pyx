@@ -1,10 +1,13 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Streams as cygemm's arguments name them, whether one is being captured, and its device."""
+import sys
+
 from libc.stdint cimport uintptr_t
 
 from cygemm.bindings.cudart cimport *
 from cygemm.engine.errors cimport check_cuda, check_driver, cuda_error
 from cygemm.engine.errors import CudaError, CaptureError
+from cygemm.engine.arrays cimport is_torch
 
 try:
     import cupy as _cupy
@@ -28,8 +31,18 @@ cdef object _cupy_current_stream_ptr():
         raise
 
 
-cdef int stream_from_object(object stream, cudaStream_t* out) except -1:
+cdef uintptr_t _torch_current_stream_ptr() except? 0:
+    """torch's current stream on torch's current device (torch is imported: a tensor came)."""
+    return <uintptr_t>sys.modules["torch"].cuda.current_stream().cuda_stream
+
+
+cdef int stream_from_object(object stream, cudaStream_t* out, bint torch_arrays=False) except -1:
+    # stream=None, in every entry point: the current stream of the arrays' library. torch's
+    # streams are non-blocking, so work on a torch stream is ordered only with torch's current one.
     if stream is None:
+        if torch_arrays:
+            out[0] = <cudaStream_t>_torch_current_stream_ptr()
+            return 0
         out[0] = <cudaStream_t><uintptr_t>(_cupy_current_stream_ptr() if _current_stream is not None else 0)
     elif type(stream) is int:
         if stream < 0:
@@ -78,11 +91,21 @@ def exchange_capture_mode(int mode):
     return <int>m
 
 
-def stream_pointer(stream=None):
-    """The raw cudaStream_t (int) that `stream` denotes, as cygemm resolves it."""
+def stream_pointer(stream=None, *arrays):
+    """The raw cudaStream_t (int) that `stream` denotes, as cygemm resolves it for a call on
+    `arrays` (stream=None: torch's current stream when one of them is a torch tensor, else
+    CuPy's)."""
     cdef cudaStream_t s
-    stream_from_object(stream, &s)
+    stream_from_object(stream, &s, stream is None and any_torch(arrays))
     return <uintptr_t>s
+
+
+cdef bint any_torch(tuple arrays) except -1:
+    """Whether one of `arrays` is a torch tensor."""
+    for x in arrays:
+        if is_torch(x):
+            return True
+    return False
 
 # The stream's device, through the driver: cudaStreamGetDevice (cuStreamGetDevice) is
 # refused while the stream is being captured (cudaErrorStreamCaptureUnsupported, seen on a

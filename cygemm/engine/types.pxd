@@ -37,6 +37,7 @@ ctypedef struct ArrayDesc:
     cudaDataType dtype
     int itemsize
     int device          # as the array object says, -1: ask CUDA
+    bint torch          # read from a torch tensor (its call's stream=None is torch's current stream)
 
 
 # The arguments of one column-major cuBLAS call: D(m x n) = op(a) @ op(b), over `batch`

@@ -55,7 +55,7 @@ cdef int64_t _add_contiguous(CallArgs* c, object x, ArrayDesc* d, str name, ArgR
     read_array(x, d, name, False)
     cdef int64_t n = _contiguous(d, name)
     cdef MatrixView v = _flat(d, n)
-    add_view(c, &v, name, role)
+    add_view(c, &v, name, role, d.torch)
     return n
 
 
@@ -76,7 +76,8 @@ def quantize(x, scale, *, out=None, format="e4m3", amax=None, stream=None):
     amax : device float32 scalar, optional
         Receives ``max |x|`` (NaN ignored), for the next step's scale.
     stream : optional
-        The stream (default: CuPy's current stream).
+        The stream (default: the current stream of the arrays' library: torch's when one is
+        a torch tensor, else CuPy's).
 
     Returns
     -------
@@ -107,7 +108,7 @@ def quantize(x, scale, *, out=None, format="e4m3", amax=None, stream=None):
     else:
         v = _flat(&dx, n)
         v.ptr, v.dtype, v.itemsize, v.device = NULL, fmt, 1, -1
-    vq = add_view(&c, &v, "out", ARG_WRITE)
+    vq = add_view(&c, &v, "out", ARG_WRITE, out is not None and dq.torch)
     cdef MatrixView* va = add_scalar(&c, amax, "amax", ARG_WRITE) if amax is not None else NULL
     prepare_call(&c, CALL_KERNELS, stream)
     if out is None:     # in the caller's library: torch float8 for a torch x, else CuPy uint8
@@ -138,7 +139,8 @@ def dequantize(q, scale_inv, *, out=None, dtype="float32", format=None, stream=N
     format : {'e4m3', 'e5m2'}, optional
         The format of ``uint8`` bytes.
     stream : optional
-        The stream (default: CuPy's current stream).
+        The stream (default: the current stream of the arrays' library: torch's when one is
+        a torch tensor, else CuPy's).
 
     Returns
     -------
@@ -157,7 +159,7 @@ def dequantize(q, scale_inv, *, out=None, dtype="float32", format=None, stream=N
     read_fp8(q, &dq, "q", format, "format")
     cdef int64_t n = _contiguous(&dq, "q")
     v = _flat(&dq, n)
-    add_view(&c, &v, "q", ARG_READ)
+    add_view(&c, &v, "q", ARG_READ, dq.torch)
     cdef MatrixView* vs = add_scalar(&c, scale_inv, "scale_inv", ARG_READ)
     cdef MatrixView* vy
     if out is not None:
@@ -172,7 +174,7 @@ def dequantize(q, scale_inv, *, out=None, dtype="float32", format=None, stream=N
         v = _flat(&dq, n)
         v.ptr, v.device = NULL, -1
         v.dtype, v.itemsize = _DEQUANTIZED[dtype]
-    vy = add_view(&c, &v, "out", ARG_WRITE)
+    vy = add_view(&c, &v, "out", ARG_WRITE, out is not None and dy.torch)
     prepare_call(&c, CALL_KERNELS, stream)
     if out is None:     # in the caller's library: a torch tensor for a torch q
         out = empty_array(desc_shape(&dq), vy.dtype, c.stream, "dequantize(out=None): allocating the result",
@@ -194,7 +196,8 @@ def amax(x, out, *, stream=None):
     out : device float32 scalar
         Receives the maximum (0 for an empty x).
     stream : optional
-        The stream (default: CuPy's current stream).
+        The stream (default: the current stream of the arrays' library: torch's when one is
+        a torch tensor, else CuPy's).
 
     Returns
     -------

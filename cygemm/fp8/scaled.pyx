@@ -155,7 +155,8 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
     determinism : {None, 'off', 'run_to_run', 'batch_invariant'}
         This call's determinism mode (None: the option's); see :doc:`reproducibility`.
     stream : optional
-        The stream (default: CuPy's current stream).
+        The stream (default: the current stream of the arrays' library: torch's when one is
+        a torch tensor, else CuPy's).
     autotune : {None, "off", "auto", "exhaustive"}
         Whether a large call times cuBLASLt's FP8 kernels (None: the option's), as
         :func:`cygemm.gemm`; a determinism mode other than "off" replaces it.
@@ -334,6 +335,7 @@ cdef class ScaledMatmulPlan(GemmPlan):
         return _no_fp8_kernel(&self.call.g, &self.call.types, self.call.epi)
 
     def execute(self, a=None, b=None, out=None, *, stream=None):
-        """Run it on `stream` (None: CuPy's current one), on the planned operands or on those
-        given (of the planned layout). Allocates nothing; can be captured. Returns out."""
+        """Run it on `stream` (None: the current stream of the arrays' library), on the planned
+        operands or on those given (of the planned layout). Allocates nothing; can be captured.
+        Returns out."""
         return GemmPlan.execute(self, a, b, out, stream=stream)

@@ -152,7 +152,8 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
         apart (a view such as ``buf[:, :kb]``; the padding is not written), where (Q_rows,
         Q_cols) is ``q``'s shape. None: a new one.
     stream : optional
-        The stream (default: CuPy's current stream).
+        The stream (default: the current stream of the arrays' library: torch's when one is
+        a torch tensor, else CuPy's).
 
     Returns
     -------
@@ -181,7 +182,7 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
     cdef int64_t rows = dx.shape[0], cols = dx.shape[1]
     _expect_c_contiguous(&dx, "x", (rows, cols))
     v = _view(&dx, rows, cols, cols, 1)
-    add_view(&c, &v, "x", ARG_READ)
+    add_view(&c, &v, "x", ARG_READ, dx.torch)
     cdef int64_t q_rows = cols if transpose else rows, q_cols = rows if transpose else cols
     if out is not None:
         read_fp8(out, &dq, "out", format, "format")
@@ -190,7 +191,7 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
     else:
         v = _view(&dx, q_rows, q_cols, q_cols, 1)
         v.ptr, v.dtype, v.itemsize, v.device = NULL, fmt, 1, -1
-    cdef MatrixView* vq = add_view(&c, &v, "out", ARG_WRITE)
+    cdef MatrixView* vq = add_view(&c, &v, "out", ARG_WRITE, out is not None and dq.torch)
     if scale is not None:
         read_array(scale, &ds, "scale", False)
         if ds.dtype != CUDA_R_32F:
@@ -209,7 +210,7 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
         held = _scale_shape(m, q_rows, q_cols)[1]
         v = _view(&dx, held[0], held[1], held[1], 1)
         v.ptr, v.dtype, v.itemsize, v.device = NULL, CUDA_R_32F, 4, -1
-    cdef MatrixView* vs = add_view(&c, &v, "scale", ARG_WRITE)
+    cdef MatrixView* vs = add_view(&c, &v, "scale", ARG_WRITE, scale is not None and ds.torch)
     prepare_call(&c, CALL_KERNELS, stream)
     cdef int major = 0, minor = 0
     cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c.ctx.device)

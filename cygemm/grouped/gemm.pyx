@@ -245,6 +245,7 @@ cdef int _run(Groups grp, CallArgs* c, object alpha, object beta, object math, o
     if grp.n == 0:
         _tls.route = None
         return 0
+    c.torch_arrays |= grp.torch
     prepare_call(c, CALL_GEMM, stream, math, grp.dtype, False)    # overlaps checked before: the groups' sweep, moe's x/w/out
     check_group_devices(c, grp)
     f.ctx, f.s = c.ctx, c.stream

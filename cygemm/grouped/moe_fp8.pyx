@@ -200,7 +200,7 @@ cdef MatrixView* _fp8(CallArgs* c, object x, str name, object fmt, str fmt_arg, 
     cdef MatrixView v
     read_fp8(x, &d, name, fmt, fmt_arg)
     view_from_desc(&d, &v, name, ndim, ndim)
-    return add_view(c, &v, name, ARG_READ)
+    return add_view(c, &v, name, ARG_READ, d.torch)
 
 
 cdef object _read(CallArgs* c, object x, object w, object scale_x, object scale_w, object offsets, object out,

@@ -72,13 +72,13 @@ cdef int gemm_rowmajor(GemmContext* ctx, cudaStream_t stream,
 
 # ------------------------------------------------------------ Python surface
 
-cdef object _conjugated(object x, object stream, str name):
-    """A conjugated copy of x, made on the call's stream as gemm resolves it (stream=None:
-    CuPy's current stream, for torch tensors too), where the GEMM then reads it and where the
-    copy's memory is freed in stream order; refused while that stream is being captured."""
+cdef object _conjugated(object x, object stream, str name, tuple arrays):
+    """A conjugated copy of x, made on the call's stream as gemm resolves it for the call's
+    `arrays`, where the GEMM then reads it and where the copy's memory is freed in stream
+    order; refused while that stream is being captured."""
     from cygemm.engine.streams import stream_pointer
     from cygemm.engine import alloc as _alloc
-    cdef uintptr_t s = stream_pointer(stream)
+    cdef uintptr_t s = stream_pointer(stream, *arrays)
     refuse_in_capture(<cudaStream_t>s, f"{name}: its conjugate transpose in this memory order is read from a "
                                        f"conjugated copy, which allocates")
     if is_torch(x):
@@ -108,9 +108,9 @@ cdef tuple _read(CallArgs* c, ColMajorGemm* g, Scalars* sc, object A, object B, 
             if not copy_conjugates:
                 raise
             if e.operand == "A":
-                A, ca = _conjugated(A, stream, "A"), False
+                A, ca = _conjugated(A, stream, "A", (A, B, out)), False
             else:
-                B, cb = _conjugated(B, stream, "B"), False
+                B, cb = _conjugated(B, stream, "B", (A, B, out)), False
     raise AssertionError("read_gemm: a conjugated copy was refused again")
 
 
@@ -176,8 +176,9 @@ def gemm(A, B, out=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
         only when the environment sets ``CUPY_TF32=1``); float16 and bfloat16 accumulate in
         fp32 either way, float64 and complex128 in fp64.
     stream : optional
-        None (CuPy's current stream), a CuPy or torch stream, an object with
-        ``__cuda_stream__``, or an int ``cudaStream_t``. The GEMM is enqueued there.
+        None (torch's current stream when an array is a torch tensor, else CuPy's), a CuPy or
+        torch stream, an object with ``__cuda_stream__``, or an int ``cudaStream_t``. The GEMM
+        is enqueued there.
     autotune : {None, "off", "auto", "exhaustive"}
         How a large problem's algorithm is chosen the first time (None: the option's, see
         :func:`cygemm.set_options`).

@@ -132,22 +132,19 @@ cdef int _read_operands(object a, object b, object out, ArrayDesc* da, ArrayDesc
 
 
 cdef int _check_call(CallArgs* c, const ArrayDesc* da, const ArrayDesc* db, const ArrayDesc* dc,
-                     bint has_out, str math, cudaDataType t, object stream, bint torch_lib) except -1:
+                     bint has_out, str math, cudaDataType t, object stream) except -1:
     """The common preamble (math, stream, context, devices) through the one argument path. The
     overlaps are matmul's own (an out sharing memory with a or b is written through a
     temporary), so its overlaps are checked on the memory each array spans."""
     cdef MatrixView v
     args_init(c)
     span_view(da, &v)
-    add_view(c, &v, "a", ARG_READ)
+    add_view(c, &v, "a", ARG_READ, da.torch)
     span_view(db, &v)
-    add_view(c, &v, "b", ARG_READ)
+    add_view(c, &v, "b", ARG_READ, db.torch)
     if has_out:
         span_view(dc, &v)
-        add_view(c, &v, "out", ARG_WRITE)
-    if stream is None and torch_lib:
-        import torch
-        stream = torch.cuda.current_stream().cuda_stream
+        add_view(c, &v, "out", ARG_WRITE, dc.torch)
     return prepare_call(c, CALL_GEMM, stream, math, t, False)
 
 
@@ -231,7 +228,7 @@ def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None, deter
     cdef Policy policy
     call_policy(autotune, determinism, &policy)
     cdef CallArgs c
-    _check_call(&c, &da, &db, &dc, out is not None, math, t, stream, torch_lib)
+    _check_call(&c, &da, &db, &dc, out is not None, math, t, stream)
     cdef cudaStream_t s = c.stream
     cdef MatmulPlan p
     reason = decide_copies(&da, &db, &dc, out is not None, t, &L0, &L, &p)

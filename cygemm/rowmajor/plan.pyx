@@ -83,7 +83,7 @@ cdef int _read_epilogue(CallArgs* c, PlannedCall* call, const Activation* act, o
     # out moves after the bias.
     c.n = 2
     cdef MatrixView* bv = add_vector(c, bias, "bias", ARG_READ, out_v.cols, call.dtype) if bias is not None else NULL
-    add_view(c, &out_v, "out", ARG_WRITE)
+    add_view(c, &out_v, "out", ARG_WRITE, False)      # (read by add_array: noted then)
     cdef MatrixView* z = NULL
     if z_out is not None:
         z = add_matrix(c, z_out, "z_out", ARG_WRITE, out_v.rows, out_v.cols, call.dtype, True)
@@ -319,9 +319,9 @@ cdef class GemmPlan(Plan):
         return self
 
     def execute(self, A=None, B=None, out=None, *, stream=None):
-        """Run the GEMM on `stream` (None: CuPy's current one): on the planned operands, or
-        on those given (each of the planned one's layout; the others as planned). Plans first
-        if not yet planned. Allocates nothing; can be captured. Returns out."""
+        """Run the GEMM on `stream` (None: the current stream of the arrays' library): on the
+        planned operands, or on those given (each of the planned one's layout; the others as
+        planned). Plans first if not yet planned. Allocates nothing; can be captured. Returns out."""
         _check_open(self)
         cdef PlannedCall given_call
         cdef PlannedCall* c = &self.call
