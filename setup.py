@@ -24,6 +24,7 @@ import sysconfig
 import time
 
 from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -39,12 +40,12 @@ MODULES = {"engine.dtypes": [], "engine.errors": [], "engine.lt_features": [], "
            "engine.dense_routes": ["elementwise"], "dense.layer": ["elementwise"], "fp8.convert": ["fp8"],
            "engine.fp8_args": [], "fp8.scales": ["fp8_scales"], "fp8.scaled": [], "dense.elementwise": ["elementwise"], "engine.groups": [], "grouped.lt_grouped": ["grouped"], "grouped.gemm": ["grouped"], "grouped.device_offsets": [], "grouped.moe": [], "grouped.moe_fp8": [], "engine.graph": [],
            "nn._kernels": ["nn"], "backend._kernels": ["backend"]}
-HEADERS = ["cygemm/kernels/include/cygemm/kernels.h", "cygemm/kernels/include/cygemm/timing.h",
-           "cygemm/kernels/include/cygemm/fp8_kernels.h", "cygemm/kernels/include/cygemm/fp8_scale_kernels.h",
-           "cygemm/kernels/include/cygemm/grouped_kernels.h",
-           "cygemm/kernels/include/cygemm/convert.h", "cygemm/kernels/include/cygemm/nn_kernels.h",
-           "cygemm/kernels/include/cygemm/backend_kernels.h", "cygemm/kernels/include/cygemm/warp_reduce.cuh",
-           "cygemm/kernels/include/cygemm/sm_count.cuh", "cygemm/kernels/include/cygemm/small_batched_kernels.h"]
+HEADERS = ["include/cygemm/kernels.h", "include/cygemm/timing.h",
+           "include/cygemm/fp8_kernels.h", "include/cygemm/fp8_scale_kernels.h",
+           "include/cygemm/grouped_kernels.h",
+           "include/cygemm/convert.h", "include/cygemm/nn_kernels.h",
+           "include/cygemm/backend_kernels.h", "include/cygemm/warp_reduce.cuh",
+           "include/cygemm/sm_count.cuh", "include/cygemm/small_batched_kernels.h"]
 KERNELS = sorted({k for kernels in MODULES.values() for k in kernels})
 CYTHON_DIRECTIVES = {"language_level": 3, "binding": True}
 # nvcc's files, longest first (measured: elementwise's 96 template kernels take 3/4 of nvcc's
@@ -249,7 +250,7 @@ def extension(name, kernels):
 check_sources()
 paths = _cuda_paths()
 NVCC = paths.find_nvcc()
-INCLUDE_DIRS = ["cygemm/kernels/include", paths.header_dir("cudart"), paths.header_dir("cublas")]
+INCLUDE_DIRS = ["include", paths.header_dir("cudart"), paths.header_dir("cublas")]
 CUBLAS_HEADERS = [os.path.join(paths.header_dir("cublas"), h) for h in ("cublas_api.h", "cublasLt.h")]
 CUBLAS = paths.load_cublas()
 # Linked by path; the DT_NEEDED entries are the sonames (libcublas.so.13), not paths.
@@ -289,7 +290,20 @@ def cythonize_changed(extensions):
                 f.write(keys[ext.name])
 
 
+class BuildPy(build_py):
+    """The kernels' C headers (include/cygemm/ at the top of the tree) go into the wheel as
+    cygemm/include/cygemm/, where cygemm.get_include() finds them in an installed package."""
+
+    def run(self):
+        super().run()
+        target = os.path.join(self.build_lib, "cygemm", "include", "cygemm")
+        os.makedirs(target, exist_ok=True)
+        for header in HEADERS:
+            self.copy_file(os.path.join(HERE, header), os.path.join(target, os.path.basename(header)))
+
+
 # The extensions name the C that cythonize_changed generates when build_ext runs (not when pip
 # asks for metadata). build_ext -j: they compile in parallel on every core (pip passes no -j).
-setup(ext_modules=[extension(name, kernels) for name, kernels in MODULES.items()], cmdclass={"build_ext": BuildExt},
+setup(ext_modules=[extension(name, kernels) for name, kernels in MODULES.items()],
+      cmdclass={"build_ext": BuildExt, "build_py": BuildPy},
       options={"build_ext": {"parallel": os.cpu_count() or 1}})

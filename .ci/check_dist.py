@@ -37,11 +37,11 @@ KERNELS = sorted({k for ks in MODULES.values() for k in ks})
 # Every .pxd of the source tree is part of the cimport contract the wheel ships.
 PXD = sorted(os.path.relpath(p, os.path.join(ROOT, "cygemm"))[:-4]
              for p in glob.glob(os.path.join(ROOT, "cygemm", "**", "*.pxd"), recursive=True))
-HEADERS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "cygemm", "kernels", "include", "cygemm", "*.h")))
+HEADERS = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "include", "cygemm", "*.h*")))
 PY = sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "cygemm", "**", "*.py"), recursive=True))
-WHEEL_NEEDS = ([f"cygemm/{m}.pxd" for m in PXD] + [f"cygemm/{m}.pyi" for m in PYX] + HEADERS + PY
-               + ["cygemm/py.typed", "cygemm/capi.pxd"])
-SDIST_NEEDS = (WHEEL_NEEDS + [f"cygemm/{m}.pyx" for m in PYX] + [f"cygemm/kernels/{k}.cu" for k in KERNELS]
+WHEEL_NEEDS = ([f"cygemm/{m}.pxd" for m in PXD] + [f"cygemm/{m}.pyi" for m in PYX] + [f"cygemm/{h}" for h in HEADERS]
+               + PY + ["cygemm/py.typed", "cygemm/capi.pxd"])
+SDIST_NEEDS = ([n for n in WHEEL_NEEDS if not n.startswith("cygemm/include/")] + HEADERS + [f"cygemm/{m}.pyx" for m in PYX] + [f"cygemm/kernels/{k}.cu" for k in KERNELS]
                + ["setup.py", "pyproject.toml", "README.md", "LICENSE",
                   "tests/conftest.py", "tests/fakes.py", "tests/gpu_util.py", "tests/refs/cublas.py",
                   "tests/contracts/test_cimport.py",

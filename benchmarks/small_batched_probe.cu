@@ -16,7 +16,7 @@
 // build leaves out until measured (CYGEMM_SMALL_BATCHED_CANDIDATES).
 //
 // Build and run (scripts/small_batched_probe.sh does both, with the cuBLAS cygemm loads):
-//   nvcc -O3 -std=c++17 -arch=sm_90 -Icygemm/kernels/include benchmarks/small_batched_probe.cu -lcublas
+//   nvcc -O3 -std=c++17 -arch=sm_90 -Iinclude benchmarks/small_batched_probe.cu -lcublas
 #define CYGEMM_SMALL_BATCHED_CANDIDATES 1       // (the launch options under measurement compiled in)
 #include "../cygemm/kernels/small_batched.cu"
 

@@ -8,7 +8,7 @@ NV=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
 [ $# -eq 0 ] && set -- ""
 i=0
 for flags in "$@"; do
-    $NV -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Icygemm/kernels/include -Icygemm $flags \
+    $NV -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Iinclude -Icygemm $flags \
         benchmarks/quantize_probe.cu -o /tmp/quantize_probe_$i > /tmp/quantize_probe_$i.log 2>&1 &
     i=$((i + 1))
 done

@@ -9,5 +9,5 @@ from cygemm.engine import cuda_paths as c
 print(c.find_nvcc(), c.header_dir('cublas'), os.path.dirname(c.load_cublas()['cublas']))")
 EXE=$(mktemp -d)/small_batched_probe
 "$NVCC" -O3 -std=c++17 -arch=sm_${CYGEMM_CUDA_ARCHS:-90} benchmarks/small_batched_probe.cu -o "$EXE" \
-    -Icygemm/kernels/include -I"$INC" -L"$LIB" -l:libcublas.so.13 -Xlinker=-rpath="$LIB"
+    -Iinclude -I"$INC" -L"$LIB" -l:libcublas.so.13 -Xlinker=-rpath="$LIB"
 for which in "${@:-all}"; do "$EXE" "$which"; done

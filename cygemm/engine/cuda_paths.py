@@ -118,8 +118,11 @@ def include_dirs():
     """Folders for Cython's include_path and the C compiler's include_dirs of a module that
     cimports cygemm: the folder holding the cygemm package (its .pxd files), cygemm's own C
     headers, the CUDA runtime headers and the cuBLAS headers. Only folders that exist."""
-    dirs = [os.path.dirname(PACKAGE_DIR), os.path.join(PACKAGE_DIR, "kernels", "include"),
-            header_dir("cudart"), header_dir("cublas")]
+    # The C headers: include/ at the top of a source tree (an editable install), or the copy
+    # the wheel holds inside the package.
+    installed = os.path.join(PACKAGE_DIR, "include")
+    headers = installed if os.path.isdir(installed) else os.path.join(os.path.dirname(PACKAGE_DIR), "include")
+    dirs = [os.path.dirname(PACKAGE_DIR), headers, header_dir("cudart"), header_dir("cublas")]
     return [d for d in dict.fromkeys(dirs) if os.path.isdir(d)]
 
 

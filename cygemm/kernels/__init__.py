@@ -1,3 +1,3 @@
 """cygemm's CUDA kernels: each ``.cu`` file is compiled once by nvcc at build time and linked into
 the modules that launch it; each ``.pxd`` declares its ``extern "C"`` launchers (their headers are
-``cygemm/kernels/include/cygemm/*.h``)."""
+``include/cygemm/*.h``)."""

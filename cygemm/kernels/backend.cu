@@ -1,4 +1,4 @@
-// The CUDABackend's kernels (cygemm/kernels/include/cygemm/backend_kernels.h): row-wise softmax and
+// The CUDABackend's kernels (include/cygemm/backend_kernels.h): row-wise softmax and
 // log-softmax, and a stable sigmoid, in float and double.
 #include "cygemm/backend_kernels.h"
 #include "cygemm/warp_reduce.cuh"

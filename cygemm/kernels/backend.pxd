@@ -1,4 +1,4 @@
-# The CUDABackend's kernels (cygemm/kernels/include/cygemm/backend_kernels.h, defined in
+# The CUDABackend's kernels (include/cygemm/backend_kernels.h, defined in
 # cygemm/kernels/backend.cu).
 from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaError_t, cudaStream_t, cudaDataType

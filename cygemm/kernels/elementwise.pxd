@@ -1,4 +1,4 @@
-# cygemm's own CUDA kernels (cygemm/kernels/include/cygemm/kernels.h, defined in cygemm/kernels.cu).
+# cygemm's own CUDA kernels (include/cygemm/kernels.h, defined in cygemm/kernels.cu).
 from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaError_t, cudaStream_t, cudaDataType
 

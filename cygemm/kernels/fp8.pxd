@@ -1,4 +1,4 @@
-# cygemm's FP8 conversion kernels (cygemm/kernels/include/cygemm/fp8_kernels.h, in cygemm/fp8_kernels.cu).
+# cygemm's FP8 conversion kernels (include/cygemm/fp8_kernels.h, in cygemm/fp8_kernels.cu).
 from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaError_t, cudaStream_t, cudaDataType
 

@@ -1,4 +1,4 @@
-# cygemm's FP8 quantization with finer scales (cygemm/kernels/include/cygemm/fp8_scale_kernels.h, in
+# cygemm's FP8 quantization with finer scales (include/cygemm/fp8_scale_kernels.h, in
 # cygemm/kernels/fp8_scales.cu).
 from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaError_t, cudaStream_t, cudaDataType

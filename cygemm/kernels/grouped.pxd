@@ -1,4 +1,4 @@
-# cygemm's grouped-GEMM kernel (cygemm/kernels/include/cygemm/grouped_kernels.h, in cygemm/grouped_kernels.cu).
+# cygemm's grouped-GEMM kernel (include/cygemm/grouped_kernels.h, in cygemm/grouped_kernels.cu).
 from cygemm.bindings.cudart cimport cudaError_t, cudaStream_t
 
 cdef extern from "cygemm/grouped_kernels.h" nogil:

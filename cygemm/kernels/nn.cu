@@ -1,4 +1,4 @@
-// The kernels of cygemm.nn (cygemm/kernels/include/cygemm/nn_kernels.h): the losses and the optimizers,
+// The kernels of cygemm.nn (include/cygemm/nn_kernels.h): the losses and the optimizers,
 // one launch each.
 #include "cygemm/nn_kernels.h"
 #include "cygemm/warp_reduce.cuh"

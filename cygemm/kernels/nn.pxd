@@ -1,4 +1,4 @@
-# The kernels of cygemm.nn (cygemm/kernels/include/cygemm/nn_kernels.h, defined in cygemm/kernels/nn.cu).
+# The kernels of cygemm.nn (include/cygemm/nn_kernels.h, defined in cygemm/kernels/nn.cu).
 from libc.stdint cimport int32_t, int64_t
 from cygemm.bindings.cudart cimport cudaError_t, cudaStream_t
 

@@ -1,4 +1,4 @@
-// Batched GEMMs of small matrices (cygemm/kernels/include/cygemm/small_batched_kernels.h).
+// Batched GEMMs of small matrices (include/cygemm/small_batched_kernels.h).
 //
 // A block takes a run of whole matrices (mpb of them): it stages their A and B in shared memory,
 // converted to the accumulation type (conjugated where asked) and kept in their stored layout,

@@ -1,4 +1,4 @@
-# cygemm's batched GEMM of small matrices (cygemm/kernels/include/cygemm/small_batched_kernels.h,
+# cygemm's batched GEMM of small matrices (include/cygemm/small_batched_kernels.h,
 # defined in cygemm/kernels/small_batched.cu).
 from cygemm.bindings.cudart cimport cudaError_t, cudaStream_t, cudaDataType
 

@@ -1,4 +1,4 @@
-# The GPU side of timing (cygemm/kernels/include/cygemm/timing.h, defined in cygemm/timing.cu).
+# The GPU side of timing (include/cygemm/timing.h, defined in cygemm/timing.cu).
 from libc.stdint cimport uint64_t
 from cygemm.bindings.cudart cimport cudaError_t, cudaStream_t
 

@@ -7,7 +7,7 @@ Each launcher reads its arrays' pointers and geometry (checking dtype, layout an
 wrong array is an error before anything launches) and enqueues one kernel on `stream`: it
 allocates nothing, synchronises nothing and reads nothing from the device, so a training step
 can be captured whole into a CUDA graph. A scalar result (the loss) is reduced in the same
-launch, deterministically: see cygemm/kernels/include/cygemm/nn_kernels.h.
+launch, deterministically: see include/cygemm/nn_kernels.h.
 """
 from libc.stdint cimport int32_t, int64_t, uintptr_t, INT32_MAX
 

@@ -213,3 +213,15 @@ def test_the_tests_mirror_each_feature(package):
 def test_the_applications_and_kernels_have_their_test_folders(package):
     folder = os.path.join(TESTS, package)
     assert os.path.isdir(folder) and any(f.startswith("test_") for f in os.listdir(folder)), folder
+
+
+def test_the_kernels_c_headers_live_at_the_top_of_the_tree_and_get_include_names_them():
+    """The design card's layout: include/cygemm/ beside setup.py, cygemm/ and tests/; the
+    build, the emulator and a Cython consumer (get_include()) find the headers there."""
+    import cygemm
+    top = os.path.join(ROOT, "include", "cygemm")
+    headers = sorted(os.listdir(top))
+    assert "kernels.h" in headers and len(headers) >= 10, headers
+    assert not os.path.exists(os.path.join(ROOT, "cygemm", "kernels", "include")), "the headers moved back into cygemm/"
+    found = [os.path.realpath(d) for d in cygemm.get_include() if os.path.isfile(os.path.join(d, "cygemm", "kernels.h"))]
+    assert found == [os.path.realpath(os.path.join(ROOT, "include"))], cygemm.get_include()

@@ -78,7 +78,7 @@ def scaled_product(a_values, scale_a, mode_a, b_values, scale_b, mode_b):
 
 
 # ------------------------------------------------------------------ quantizing with finer scales
-# cygemm.fp8.quantize_scaled's definition (cygemm/kernels/include/cygemm/fp8_scale_kernels.h), in
+# cygemm.fp8.quantize_scaled's definition (include/cygemm/fp8_scale_kernels.h), in
 # float32 arithmetic as the kernels do it.
 
 GROUPS = {"tensor": "all", "rowwise": None, "1x128": (1, 128), "128x128": (128, 128)}

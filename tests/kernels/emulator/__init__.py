@@ -80,7 +80,7 @@ def build(name, folder, defines=()):
             f.write(text)
         # (-fno-gnu-unique: two builds loaded in one process keep their own inline statics)
         cmd = [cxx, "-std=c++20", "-O1", "-g0", "-shared", "-fPIC", "-w", "-fno-gnu-unique", "-I", HERE,
-               "-I", os.path.join(KERNELS, "include"), "-I", include, src, "-o", lib + ".tmp"]
+               "-I", os.path.join(ROOT, "include"), "-I", include, src, "-o", lib + ".tmp"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"building {name}.cu for the CPU failed:\n{' '.join(cmd)}\n{done.stderr[-4000:]}")
