@@ -36,9 +36,9 @@ MODULES = {"engine.dtypes": [], "engine.errors": [], "engine.lt_features": [], "
            "engine.described": [], "engine.arrays": [], "engine.streams": [], "engine.release": [], "engine.context": [],
            "engine.overlap": [], "engine.alloc": [], "engine.args": [],
            "engine.timing": ["timing"], "engine.tuning": [], "engine.chooser": [], "engine.ktail": [], "engine.launch": [], "engine.lt_desc": [], "engine.families": [], "engine.candidates": [], "engine.plans": [], "engine.routes": [], "engine.small_batched": ["small_batched"], "engine.execute": [], "engine.int8": [], "engine.operands": [],
-           "engine.epilogues": [], "rowmajor.gemm": [], "rowmajor.plan": [], "engine.batch_layout": [], "rowmajor.matmul": [],
-           "engine.dense_routes": ["elementwise"], "dense.layer": ["elementwise"], "fp8.convert": ["fp8"],
-           "engine.fp8_args": [], "fp8.scales": ["fp8_scales"], "fp8.scaled": [], "dense.elementwise": ["elementwise"], "engine.groups": [], "grouped.lt_grouped": ["grouped"], "grouped.gemm": ["grouped"], "grouped.device_offsets": [], "grouped.moe": [], "grouped.moe_fp8": [], "engine.graph": [],
+           "engine.epilogues": [], "rowmajor.gemm": [], "rowmajor.plan": [], "rowmajor.batch_layout": [], "rowmajor.matmul": [],
+           "dense.routes": ["elementwise"], "dense.layer": ["elementwise"], "fp8.convert": ["fp8"],
+           "fp8.args": [], "fp8.scales": ["fp8_scales"], "fp8.scaled": [], "dense.elementwise": ["elementwise"], "grouped.groups": [], "grouped.lt_grouped": ["grouped"], "grouped.gemm": ["grouped"], "grouped.device_offsets": [], "grouped.moe": [], "grouped.moe_fp8": [], "engine.graph": [],
            "nn._kernels": ["nn"], "backend._kernels": ["backend"]}
 HEADERS = ["include/cygemm/kernels.h", "include/cygemm/timing.h",
            "include/cygemm/fp8_kernels.h", "include/cygemm/fp8_scale_kernels.h",

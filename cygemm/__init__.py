@@ -46,9 +46,8 @@ __all__ = ["nn", "backend", "matmul", "describe_matmul", "grouped_gemm", "moe_ge
 
 def __getattr__(name):
     # cygemm.nn, cygemm.backend and cygemm.autograd (which imports torch) load on first use:
-    # `import cygemm` stays light. cygemm.fused, the dense layer's deprecated old name, too
-    # (importing it warns).
-    if name in ("nn", "backend", "autograd", "fused"):
+    # `import cygemm` stays light.
+    if name in ("nn", "backend", "autograd"):
         import importlib
         return importlib.import_module(f"cygemm.{name}")
     raise AttributeError(f"module 'cygemm' has no attribute {name!r}")

@@ -113,7 +113,7 @@ def _check_without_gpu():
     import pkgutil
     ok = True
     names = [m.name for m in pkgutil.walk_packages(cygemm.__path__, "cygemm.")
-             if m.name not in ("cygemm.fused", "cygemm.__main__")]    # fused: the deprecated alias
+             if m.name != "cygemm.__main__"]
     # Modules of an optional dependency: checked where it is installed.
     optional = {name: dep for name, dep in _OPTIONAL.items() if not _installed(dep)}
     names = [n for n in names if n not in optional]

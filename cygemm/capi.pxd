@@ -81,4 +81,4 @@ from cygemm.rowmajor.gemm cimport gemm_rowmajor, gemm_rowmajor_strided_batched
 #   cygemm.fp8.quantize_scaled writes for A (m x k) and for W (n x k). Finer scales need a bf16,
 #   fp16 or fp32 D, m and n multiples of 4, and cuBLASLt 12.9 or newer on compute capability 9.0.
 from cygemm.fp8.scaled cimport scaled_gemm_rowmajor
-from cygemm.engine.fp8_args cimport SCALE_TENSOR, SCALE_OUTER, SCALE_1X128, SCALE_128X128
+from cygemm.fp8.args cimport SCALE_TENSOR, SCALE_OUTER, SCALE_1X128, SCALE_128X128

@@ -12,15 +12,9 @@ import numpy as np
 from cygemm.engine import alloc as _alloc, context as _context
 from cygemm.dense import (ACTIVATIONS, backward_into, clear_plan_cache, forward_into, layer_shape,
                           parse_activation)
-# Deprecated helpers, re-exported for one release (each warns when called): cygemm.engine.seed_helpers.
-from cygemm.engine.seed_helpers import (TensorDesc, as_tensor_2d, assert_f32_2d, empty_2d, empty_like_2d,
-                                        ensure_cuda_dlls, get_stream_ptr, to_voidp_capsule)
 
 __all__ = ["forward_into", "backward_into", "forward", "backward", "GemmWorkspaces", "ensure_workspaces",
            "clear_ws_cache", "clear_plan_cache", "ActAttrs", "parse_activation", "ACTIVATIONS"]
-# The seed's helpers (TensorDesc, as_tensor_2d, assert_f32_2d, empty_2d, empty_like_2d,
-# get_stream_ptr, to_voidp_capsule, ensure_cuda_dlls) still import from here, deprecated
-# (cygemm.engine.seed_helpers): not in __all__, removed in the next release.
 
 
 # ------------------------------------------------------------------ attributes

@@ -31,7 +31,7 @@ nitpicky = True
 # Types the signatures of nn and backend name that have no page here (NumPy's own is not linked;
 # the stream protocol is documented with StreamLike in the stubs).
 nitpick_ignore = [("py:class", "numpy.random._generator.Generator"),
-                  ("py:class", "cygemm.engine.typing.CudaStreamProtocol")]
+                  ("py:class", "cygemm.typing.CudaStreamProtocol")]
 html_theme = "pydata_sphinx_theme"
 html_title = f"cygemm {release}"
 html_theme_options = {"navigation_depth": 2, "show_toc_level": 2}

@@ -11,7 +11,7 @@ import cygemm
 from cygemm.backend import _kernels
 from cygemm.backend._base import ArrayBackend, check_matrix
 from cygemm.backend._convert import host_numbers, is_torch
-from cygemm.engine.typing import StreamLike
+from cygemm.typing import StreamLike
 from cygemm.nn._gpu import require_gpu
 
 

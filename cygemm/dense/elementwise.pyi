@@ -1,6 +1,6 @@
 from typing import Optional, Tuple
 
-from cygemm.engine.typing import DeviceArray, StreamLike
+from cygemm.typing import DeviceArray, StreamLike
 
 def bias_act(x: DeviceArray, bias: Optional[DeviceArray] = None, *, out: DeviceArray,
              z_out: Optional[DeviceArray] = None, act: str = "none", leaky_slope: float = 0.01,

@@ -1,6 +1,6 @@
 from typing import Dict, List, Optional, Tuple, TypeVar
 
-from cygemm.engine.typing import Activation, Autotune, Determinism, DeviceArray, Math, StreamLike
+from cygemm.typing import Activation, Autotune, Determinism, DeviceArray, Math, StreamLike
 
 _Out = TypeVar("_Out", bound=DeviceArray)
 

@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The dense layer: Y = act(A @ B + bias) and its backward, into buffers the caller gives
 (:func:`forward_into`, :func:`backward_into`). Each call is read and checked here, then run by
-one of its routes (cygemm.engine.dense_routes: cuBLASLt epilogues, a GEMM and cygemm's kernels, one
+one of its routes (cygemm.dense.routes: cuBLASLt epilogues, a GEMM and cygemm's kernels, one
 stream or two). Large problems time the routes that apply once and keep the fastest (the
 tuning table, which tuning files save); small ones take a fixed rule.
 """
@@ -18,11 +18,11 @@ from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_matrix, add
 from cygemm.engine.dtypes cimport dtype_name
 from cygemm.engine.settings cimport Policy, call_policy
 from cygemm.engine.mapping cimport map_or_raise, rowmajor_ld
-from cygemm.engine.dense_routes cimport ForwardCall, BackwardCall, run_forward, run_backward, dense_gemm, weight_policy
+from cygemm.dense.routes cimport ForwardCall, BackwardCall, run_forward, run_backward, dense_gemm, weight_policy
 
 from cygemm.engine.plans import clear_plan_cache, plan_cache_size
 from cygemm.engine.epilogues import ACTIVATIONS, activation_table, parse_activation
-from cygemm.engine.dense_routes import FORWARD_ROUTES, BACKWARD_ROUTES
+from cygemm.dense.routes import FORWARD_ROUTES, BACKWARD_ROUTES
 
 
 cdef int _operands(CallArgs* c, object A, object B) except -1:

@@ -3,7 +3,7 @@ from typing import Any
 
 import numpy as np
 
-from cygemm.engine.typing import DeviceArray, StreamLike
+from cygemm.typing import DeviceArray, StreamLike
 
 def stream_context(ptr: int) -> AbstractContextManager[Any]: ...
 def as_cupy(x: Any) -> DeviceArray: ...

@@ -1,3 +1,3 @@
-from cygemm.engine.typing import DeviceArray
+from cygemm.typing import DeviceArray
 
 def describe_array(x: DeviceArray, name: str = "x") -> dict: ...

@@ -1,6 +1,6 @@
 from typing import Any, Callable, Iterable
 
-from cygemm.engine.typing import StreamLike
+from cygemm.typing import StreamLike
 
 def device_count() -> int: ...
 def gpu_unavailable_reason() -> str | None: ...

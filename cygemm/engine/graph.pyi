@@ -1,6 +1,6 @@
 from typing import Any
 
-from cygemm.engine.typing import StreamLike
+from cygemm.typing import StreamLike
 
 class Graph:
     keepalive: list

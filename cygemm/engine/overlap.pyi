@@ -1,3 +1,3 @@
-from cygemm.engine.typing import DeviceArray
+from cygemm.typing import DeviceArray
 
 def arrays_overlap(x: DeviceArray, y: DeviceArray) -> bool: ...

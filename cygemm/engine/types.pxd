@@ -77,7 +77,7 @@ ctypedef struct GemmTypes:
     float* amax_d               # receives max |D| before d_scale (NULL: not computed)
     bint fast_accum             # FP8: skip the periodic promotion of partial sums
     int a_scale_mode            # how a_scale / b_scale apply: a cublasLtMatmulMatrixScale_t (0: one
-    int b_scale_mode            # scalar; see cygemm.engine.fp8_args), each its operand's (cuBLAS's A, B)
+    int b_scale_mode            # scalar; see cygemm.fp8.args), each its operand's (cuBLAS's A, B)
 
 
 cdef inline cublasComputeType_t typed_compute_type(const GemmTypes* t) noexcept nogil:

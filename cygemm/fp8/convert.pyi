@@ -1,6 +1,6 @@
 from typing import Literal, Optional
 
-from cygemm.engine.typing import DeviceArray, StreamLike
+from cygemm.typing import DeviceArray, StreamLike
 
 Format = Literal["e4m3", "e5m2"]
 

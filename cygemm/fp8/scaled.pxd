@@ -14,7 +14,7 @@ from cygemm.engine.context cimport GemmContext
 # 16-byte aligned, leading dimensions multiples of 16 bytes. scale_mode_a, scale_mode_w: how
 # scale_a and scale_w apply, cuBLASLt's cublasLtMatmulMatrixScale_t (0 per tensor, the default;
 # 3 per row of A and per row of W; 4 per 1 x 128 along K; 5 per 128 x 128 block: the layouts of
-# cygemm.engine.fp8_args, with W's those of b = W^T); other than per tensor, D is not FP8.
+# cygemm.fp8.args, with W's those of b = W^T); other than per tensor, D is not FP8.
 cdef int scaled_gemm_rowmajor(GemmContext* ctx, cudaStream_t stream, cudaDataType a_type,
                               cudaDataType w_type, cudaDataType d_type, int64_t m, int64_t n, int64_t k,
                               const void* A, int64_t lda, const void* W, int64_t ldw, void* D, int64_t ldd,

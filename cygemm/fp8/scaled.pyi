@@ -1,6 +1,6 @@
 from typing import Any, Dict, Literal, Optional, Tuple, Union
 
-from cygemm.engine.typing import Autotune, Determinism, DeviceArray, StreamLike
+from cygemm.typing import Autotune, Determinism, DeviceArray, StreamLike
 from cygemm.rowmajor.plan import GemmPlan
 
 Format = Literal["e4m3", "e5m2"]

@@ -23,9 +23,9 @@ from cygemm.engine.plans cimport Plan, get_plan
 from cygemm.engine.execute cimport run_plan, check_runnable, REFUSAL_RAISE
 from cygemm.engine.epilogues cimport Activation, activation_of_code, lt_epilogue_of, no_lt_epilogue, NO_EPILOGUE, fp8_bias_type
 from cygemm.engine.epilogues import EPILOGUE_NAMES
-from cygemm.engine.fp8_args cimport (ScaledCall, ScaleMode, SCALE_TENSOR, read_scaled, scale_mode_name,
+from cygemm.fp8.args cimport (ScaledCall, ScaleMode, SCALE_TENSOR, read_scaled, scale_mode_name,
                                      modes_pair, order_operands)
-from cygemm.engine.fp8_args import SCALE_MODES
+from cygemm.fp8.args import SCALE_MODES
 from cygemm.rowmajor.plan cimport GemmPlan, PlannedCall, KIND_SCALED
 
 #: The largest finite value of each format: quantize saturates there.

@@ -1,6 +1,6 @@
 from typing import Literal, Optional, Tuple
 
-from cygemm.engine.typing import DeviceArray, StreamLike
+from cygemm.typing import DeviceArray, StreamLike
 
 def quantize_scaled(x: DeviceArray, mode: Literal["tensor", "rowwise", "1x128", "128x128"], *,
                     format: Literal["e4m3", "e5m2"] = "e4m3", transpose: bool = False, pow2: bool = False,

@@ -17,7 +17,7 @@ from cygemm.engine.arrays cimport read_fp8, read_array, desc_shape
 from cygemm.engine.dtypes cimport dtype_name, dtype_level, expected_names, DTYPES_FLOAT
 from cygemm.engine.args cimport CallArgs, args_init, add_view, prepare_call, CALL_KERNELS, ARG_READ, ARG_WRITE
 from cygemm.engine.alloc cimport empty_array, data_pointer, first_torch
-from cygemm.engine.fp8_args cimport SCALE_TENSOR, SCALE_OUTER, SCALE_1X128, SCALE_128X128, expect_scale
+from cygemm.fp8.args cimport SCALE_TENSOR, SCALE_OUTER, SCALE_1X128, SCALE_128X128, expect_scale
 
 from cygemm.engine.dtypes import FP8_FORMATS, FORMATS_EXPECTED
 

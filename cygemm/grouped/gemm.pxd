@@ -1,6 +1,6 @@
 # The grouped engine (gemm.pyx) as the mixture-of-experts calls (moe.pyx) use it.
 from cygemm.engine.args cimport CallArgs
-from cygemm.engine.groups cimport Groups
+from cygemm.grouped.groups cimport Groups
 
 # Run checked groups by the chooser's route (c: the call's buffers, their overlaps checked).
 cdef int run_groups(Groups grp, CallArgs* c, object alpha, object beta, object math, object stream, object route,

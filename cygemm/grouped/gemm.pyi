@@ -1,6 +1,6 @@
 from typing import Any, Dict, Literal, Optional, Sequence, TypeVar
 
-from cygemm.engine.typing import Autotune, Determinism, DeviceArray, Math, StreamLike
+from cygemm.typing import Autotune, Determinism, DeviceArray, Math, StreamLike
 from cygemm.rowmajor.gemm import Trans
 
 _Outs = TypeVar("_Outs", bound=Sequence[DeviceArray])

@@ -29,7 +29,7 @@ from cygemm.engine.context cimport GemmContext, bind_stream, stream_table, run_f
 from cygemm.engine.settings cimport Policy, call_policy, AUTOTUNE_OFF, DETERMINISM_OFF
 from cygemm.engine.execute cimport run_gemm
 from cygemm.engine.routes cimport RouteTable, route_table, choose_route, describe_route, route_tabled
-from cygemm.engine.groups cimport (Groups, read_lists, check_group_devices, R_BATCHED, R_GROUPED, R_LOOP,
+from cygemm.grouped.groups cimport (Groups, read_lists, check_group_devices, R_BATCHED, R_GROUPED, R_LOOP,
                                    R_STREAMS)
 
 

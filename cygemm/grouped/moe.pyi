@@ -1,6 +1,6 @@
 from typing import Any, Dict, Literal, Optional, Sequence, TypeVar, Union
 
-from cygemm.engine.typing import Autotune, Determinism, DeviceArray, Math, StreamLike
+from cygemm.typing import Autotune, Determinism, DeviceArray, Math, StreamLike
 
 _Out = TypeVar("_Out", bound=DeviceArray)
 _MoeRoute = Optional[Literal["batched", "grouped", "loop", "streams", "lt_grouped", "host_offsets"]]

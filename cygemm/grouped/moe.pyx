@@ -19,7 +19,7 @@ from cygemm.engine.types cimport MatrixView, ColMajorGemm
 from cygemm.engine.mapping cimport map_or_raise
 from cygemm.engine.args cimport CallArgs, prepare_call, check_overlaps, parse_math, CALL_GEMM
 from cygemm.engine.context cimport GemmContext
-from cygemm.engine.groups cimport Groups, read_moe, read_moe_args, check_experts_disjoint
+from cygemm.grouped.groups cimport Groups, read_moe, read_moe_args, check_experts_disjoint
 from cygemm.grouped.gemm cimport run_groups, describe_host_routes
 from cygemm.grouped.lt_grouped cimport LtGroupedCall, LT_NAMES_FORWARD, LT_NAMES_WGRAD_KN, LT_NAMES_WGRAD_NK
 from cygemm.grouped.device_offsets cimport (on_device, check_route, check_offsets_view, run_on_device,

@@ -1,6 +1,6 @@
 from typing import Any, Dict, Literal, Optional, Sequence, TypeVar, Union
 
-from cygemm.engine.typing import DeviceArray, StreamLike
+from cygemm.typing import DeviceArray, StreamLike
 
 _Out = TypeVar("_Out", bound=DeviceArray)
 _Fmt = Optional[Literal["e4m3", "e5m2"]]

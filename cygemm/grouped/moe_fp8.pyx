@@ -19,7 +19,7 @@ from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport LT_MATMUL_MATRIX_SCALE_PER_BATCH_SCALAR_32F
-from cygemm.engine.fp8_args cimport SCALE_1X128, SCALE_128X128
+from cygemm.fp8.args cimport SCALE_1X128, SCALE_128X128
 from cygemm.kernels.grouped cimport CYGEMM_RAGGED_N
 from cygemm.engine.types cimport MatrixView, ArrayDesc
 from cygemm.engine.arrays cimport read_fp8, read_array, view_from_desc
@@ -31,7 +31,7 @@ from cygemm.grouped.lt_grouped cimport LtGroupedCall, LT_NAMES_FORWARD
 from cygemm.grouped.device_offsets cimport (on_device, check_route, check_offsets_view, run_on_device,
                                             describe_on_device)
 from cygemm.engine.dtypes import name_of
-from cygemm.engine.groups cimport read_offsets
+from cygemm.grouped.groups cimport read_offsets
 
 def moe_scaled_gemm(x, w, scale_x, scale_w, group_offsets, out, *, format_x=None, format_w=None,
                     bint fast_accum=False, workspace=None, stream=None, route=None, bint check_offsets=False):

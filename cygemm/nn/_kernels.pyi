@@ -2,7 +2,7 @@ from typing import Optional
 
 import cupy
 
-from cygemm.engine.typing import StreamLike
+from cygemm.typing import StreamLike
 
 THREADS: int
 MAX_BLOCKS: int

@@ -16,7 +16,7 @@ from cygemm.dense import activation_table, parse_activation
 from cygemm.gemm_ops import backward_into, forward, forward_into
 from cygemm.nn import _fp8, _kernels, serialization
 from cygemm.nn._gpu import require_gpu
-from cygemm.engine.typing import Activation
+from cygemm.typing import Activation
 from cygemm.nn._storage import FlatStorage, Precision, compute_dtype, parse_precision
 
 __all__ = ["Dense"]

@@ -6,7 +6,7 @@ import numpy as np
 
 from cygemm.nn import _fp8, serialization
 from cygemm.nn._gpu import require_gpu
-from cygemm.engine.typing import Activation
+from cygemm.typing import Activation
 from cygemm.nn._storage import FlatStorage, Precision, parse_precision
 from cygemm.nn.layers import Dense, _activation, _float32, _math, _predict_chain, _stream_of
 

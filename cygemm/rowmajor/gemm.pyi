@@ -1,6 +1,6 @@
 from typing import Any, Dict, Literal, Optional, TypeVar, Union, overload
 
-from cygemm.engine.typing import Autotune, Determinism, DeviceArray, Math, StreamLike
+from cygemm.typing import Autotune, Determinism, DeviceArray, Math, StreamLike
 
 _Out = TypeVar("_Out", bound=DeviceArray)
 # False/True, or BLAS's names ("H"/"C": the conjugate transpose)

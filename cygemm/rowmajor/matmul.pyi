@@ -1,6 +1,6 @@
 from typing import Any, List, Optional, TypeVar, overload
 
-from cygemm.engine.typing import Autotune, Determinism, DeviceArray, MatmulMath, StreamLike
+from cygemm.typing import Autotune, Determinism, DeviceArray, MatmulMath, StreamLike
 
 _Out = TypeVar("_Out", bound=DeviceArray)
 

@@ -1,6 +1,6 @@
 from typing import Literal, Optional
 
-from cygemm.engine.typing import Determinism, DeviceArray, Math, StreamLike
+from cygemm.typing import Determinism, DeviceArray, Math, StreamLike
 from cygemm.rowmajor.gemm import Trans
 from cygemm.engine.plans import Plan
 

@@ -156,12 +156,12 @@ def test_nn_and_backend_stand_on_the_public_api():
     """cygemm.nn and cygemm.backend are applications of cygemm: they use its public calls, the
     cimport contract (cygemm/capi.pxd) for their kernels' launchers, their kernels' declarations,
     and of the engine only require_gpu (the one no-GPU check, in nn/_gpu.py) and the shared
-    types of annotations (cygemm/engine/typing.py)."""
+    types of annotations (cygemm/typing.py)."""
     private = []
     for folder in ("nn", "backend"):
         for path in glob.glob(os.path.join(PACKAGE, folder, "*.p*")):
             for number, name in named_modules(path):
-                if name == "engine.typing":         # (types for annotations: no behaviour)
+                if name == "typing":         # (types for annotations: no behaviour)
                     continue
                 if name.startswith(("engine", "bindings", "rowmajor.", "dense.", "fp8.", "grouped.")):
                     private.append(f"{folder}/{os.path.basename(path)}:{number} names cygemm.{name}")
@@ -202,8 +202,9 @@ def test_the_tests_mirror_each_feature(package):
         own = os.path.join(TESTS, package, f"test_{m}.py")
         if os.path.isfile(own):
             continue
+        # A name another folder's test file has (test files share one namespace): test_<package>_<m>.py.
         clashes = sum(1 for folder, _, files in os.walk(TESTS) if f"test_{m}.py" in files)
-        if not (clashes and os.path.isfile(os.path.join(TESTS, package, f"test_{package}.py"))):
+        if not (clashes and os.path.isfile(os.path.join(TESTS, package, f"test_{package}_{m}.py"))):
             missing.append(own)
     assert not missing, f"{package} modules without their test file: {missing}"
     assert len(names) > 50

@@ -96,7 +96,7 @@ def test_the_typed_activation_names_are_the_tables():
     import typing
 
     from cygemm.engine.epilogues import ACTIVATIONS
-    from cygemm.engine.typing import Activation
+    from cygemm.typing import Activation
     assert set(typing.get_args(Activation)) == set(ACTIVATIONS)
 
 

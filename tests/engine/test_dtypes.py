@@ -46,8 +46,8 @@ def test_levels_nest_and_errors_list_what_a_level_takes():
 
 def test_the_readers_and_allocators_derive_from_the_table():
     from cygemm.engine.alloc import RESULT_DTYPES
-    from cygemm.engine.fp8_args import OUT_DTYPES
-    from cygemm.engine.matmul_fallback import GEMM_DTYPES
+    from cygemm.fp8.args import OUT_DTYPES
+    from cygemm.rowmajor.matmul_fallback import GEMM_DTYPES
     from cygemm.fp8 import FP8_MAX
     assert RESULT_DTYPES == dtypes.names(dtypes.LEVELS["gemm"])
     assert GEMM_DTYPES == set(dtypes.names(dtypes.LEVELS["wide"]))

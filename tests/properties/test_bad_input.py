@@ -8,7 +8,6 @@ Each case runs twice:
   still be all NaN afterwards (nothing was written), and a correct call on the
   same thread must still work (the library stays usable).
 """
-import contextlib
 import math
 
 import numpy as np
@@ -106,12 +105,9 @@ def fn(name):
     return {"gemm": cygemm.gemm, "gemm_strided_batched": cygemm.gemm_strided_batched, "int_mm": cygemm.int_mm,
             "forward_into": gemm_ops.forward_into, "backward_into": gemm_ops.backward_into,
             "forward": gemm_ops.forward, "backward": gemm_ops.backward,
-            "as_tensor_2d": gemm_ops.as_tensor_2d, "assert_f32_2d": gemm_ops.assert_f32_2d,
             "ensure_workspaces": gemm_ops.ensure_workspaces, "ActAttrs.make": gemm_ops.ActAttrs.make,
-            "to_voidp_capsule": gemm_ops.to_voidp_capsule, "get_stream_ptr": gemm_ops.get_stream_ptr,
             "matmul": cygemm.matmul, "describe_matmul": cygemm.describe_matmul, "GemmPlan": cygemm.GemmPlan, "set_options": cygemm.set_options,
             "save_tuning": cygemm.save_tuning, "stream_pointer": cygemm.stream_pointer,
-            "empty_2d": gemm_ops.empty_2d, "empty_like_2d": gemm_ops.empty_like_2d,
             "grouped_gemm": cygemm.grouped_gemm, "moe_gemm": cygemm.moe_gemm,
             "describe_gemm": cygemm.describe_gemm,
             "describe_grouped": cygemm.describe_grouped, "moe_gemm_wgrad": cygemm.moe_gemm_wgrad,
@@ -428,21 +424,11 @@ CASES = {
                         TypeError, ["A:", "list"], True),
     "backward/gY shape": ("backward", lambda mk: ((mk.arr((M, K)), mk.arr((K, N)), mk.arr((M + 1, N)), None), {}),
                           ValueError, ["gY:"], False),
-    # ---- helpers (deprecated: they also warn, see DEPRECATED)
-    "as_tensor_2d/numpy": ("as_tensor_2d", lambda mk: ((np.zeros((2, 2), np.float32),), {}), TypeError, ["x:"], True),
-    "as_tensor_2d/3-D": ("as_tensor_2d", lambda mk: ((mk.arr((2, 3, 4)),), {}), ValueError, ["x:", "2-D"], True),
-    "as_tensor_2d/column stride": ("as_tensor_2d", lambda mk: ((mk.strided((3, 4), (1, 3)),), {}),
-                                   ValueError, ["x:", "unit stride"], True),
-    "assert_f32_2d/float16": ("assert_f32_2d", lambda mk: ((mk.arr((3, 4), "float16"),), {}), TypeError,
-                              ["x:", "float32"], True),
+    # ---- helpers
     "ensure_workspaces/negative": ("ensure_workspaces", lambda mk: ((-1, 4), {}), ValueError, ["M, N", "-1"], True),
     "ActAttrs.make/unknown act": ("ActAttrs.make", lambda mk: (("mish",), {}), ValueError, ["act:"], True),
     "ActAttrs.make/negative slope": ("ActAttrs.make", lambda mk: (("leaky_relu",), {"leaky_slope": -0.5}),
                                      ValueError, ["leaky_slope:"], True),
-    "to_voidp_capsule/null": ("to_voidp_capsule", lambda mk: ((0,), {}), ValueError, ["ptr:"], True),
-    "empty_2d/int dtype": ("empty_2d", lambda mk: ((2, 2), {"dtype": np.int16}), TypeError, ["dtype:", "int16"], False),
-    "empty_like_2d/3-D": ("empty_like_2d", lambda mk: ((mk.arr((2, 2, 2)),), {}), ValueError, ["x:"], True),
-    "get_stream_ptr/str": ("get_stream_ptr", lambda mk: (("s",), {}), TypeError, ["stream:"], True),
     # ---- grouped GEMMs
     "grouped_gemm/lengths differ": ("grouped_gemm", lambda mk: (([mk.arr((2, 3))], [mk.arr((3, 2))] * 2,
                                                                  [mk.out((2, 2))]), {}),
@@ -491,16 +477,10 @@ CASES = {
 }
 
 
-# The seed's helpers gemm_ops re-exports for one release: each call also warns.
-DEPRECATED = {"as_tensor_2d", "assert_f32_2d", "empty_2d", "empty_like_2d", "get_stream_ptr", "to_voidp_capsule"}
-
-
 def _check_raises(name, mk):
     fname, build, exc, words, _ = CASES[name]
     args, kwargs = build(mk)
-    deprecation = (pytest.warns(DeprecationWarning, match=rf"cygemm\.gemm_ops\.{fname} is deprecated")
-                   if fname in DEPRECATED else contextlib.nullcontext())
-    with deprecation, pytest.raises(exc) as info:
+    with pytest.raises(exc) as info:
         fn(fname)(*args, **kwargs)
     msg = str(info.value)
     for w in words:

@@ -50,7 +50,7 @@ def decode(codes, fmt):
 
 
 # ------------------------------------------------------------------ scaled FP8 products
-# Scales as cuBLASLt applies them (cygemm.engine.fp8_args' table): each scale array is its operand's
+# Scales as cuBLASLt applies them (cygemm.fp8.args' table): each scale array is its operand's
 # grid of blocks; expanded, it is one factor per element of the operand.
 
 def expand_scale(scale, mode, shape, operand):

@@ -1,4 +1,4 @@
-"""FP8 scale modes (cygemm.engine.fp8_args): per tensor, rowwise, 1x128 and 128x128 scales told by
+"""FP8 scale modes (cygemm.fp8.args): per tensor, rowwise, 1x128 and 128x128 scales told by
 their shapes and layouts or by scale_mode=, every refusal before anything runs (CPU, on fake
 device arrays), and every pairing cuBLASLt runs on Hopper against a float64 reference of the
 FP8 values with the scales expanded as tests/refs/fp8.py defines them (GPU)."""
@@ -27,7 +27,7 @@ def f32(shape, strides=None, ptr=BASE + 0x400000):
 
 A = fake((M, K))
 B = fake((K, N), strides=(1, K), ptr=BASE + 0x100000)         # w.T of a C-contiguous (N, K) w
-# Each mode's scale_a and scale_b at (M, K, N), in cuBLASLt's layouts (see cygemm.engine.fp8_args).
+# Each mode's scale_a and scale_b at (M, K, N), in cuBLASLt's layouts (see cygemm.fp8.args).
 SCALES = {
     "tensor": (f32(()), f32((1,), ptr=BASE + 0x500000)),
     "rowwise": (f32((M, 1)), f32((1, N), ptr=BASE + 0x500000)),

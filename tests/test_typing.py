@@ -1,4 +1,4 @@
-"""CPU: cygemm.engine.typing, the types cygemm's stubs share.
+"""CPU: cygemm.typing, the types cygemm's stubs share.
 
 Its Literal types name exactly the values the runtime accepts (the settings' autotune and
 determinism tables and the per-call checks, the math names the entries accept, the epilogue
@@ -17,7 +17,7 @@ import pytest
 
 import cygemm
 from cygemm.engine import settings as _settings
-from cygemm.engine import typing as ctyping
+from cygemm import typing as ctyping
 from fakes import BASE, FakeDeviceArray
 
 PACKAGE = os.path.dirname(cygemm.__file__)
@@ -181,11 +181,11 @@ def test_every_stub_takes_the_shared_types_from_this_module_and_redefines_none()
     for path, tree in _stubs():
         imported = set()
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module == "cygemm.engine.typing":
+            if isinstance(node, ast.ImportFrom) and node.module == "cygemm.typing":
                 imported |= {a.name for a in node.names}
         assert imported <= SHARED, (path, imported - SHARED)
         used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id in SHARED}
-        assert used <= imported, f"{path} uses {sorted(used - imported)} without importing it from cygemm.engine.typing"
+        assert used <= imported, f"{path} uses {sorted(used - imported)} without importing it from cygemm.typing"
         redefined = {t.id for n in ast.walk(tree) if isinstance(n, (ast.Assign, ast.AnnAssign))
                      for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
         redefined |= {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}

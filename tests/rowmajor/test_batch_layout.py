@@ -1,4 +1,4 @@
-"""cygemm.engine.batch_layout: matmul's batch axes and its actions, decided once before anything runs.
+"""cygemm.rowmajor.batch_layout: matmul's batch axes and its actions, decided once before anything runs.
 
 CPU (fake device arrays, through cygemm.matmul's argument checks and cygemm.describe_matmul): the
 result's shape as NumPy broadcasts the batch axes (1-D operands included); a zero-length batch

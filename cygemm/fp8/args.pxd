@@ -1,4 +1,4 @@
-# Reading and checking scaled_matmul's arguments (see fp8_args.pyx): the one path from FP8
+# Reading and checking scaled_matmul's arguments (see args.pyx): the one path from FP8
 # operands, scales, out and bias to the ColMajorGemm and GemmTypes of a cuBLASLt FP8 call.
 from cygemm.bindings.cublaslt cimport cublasLtEpilogue_t
 from libc.stdint cimport int64_t

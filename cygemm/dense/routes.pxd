@@ -1,4 +1,4 @@
-# The dense layer's routes (see dense_routes.pyx): dense.pyx reads a call into a ForwardCall or
+# The dense layer's routes (see routes.pyx): layer.pyx reads a call into a ForwardCall or
 # BackwardCall, then runs it here.
 from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType

@@ -1,11 +1,11 @@
-"""matmul for dtypes cygemm's GEMMs do not take (cygemm.engine.matmul_fallback): CuPy's matmul on the
+"""matmul for dtypes cygemm's GEMMs do not take (cygemm.rowmajor.matmul_fallback): CuPy's matmul on the
 call's stream, NumPy's promotion and exact results, described as such (CPU: which path a call
 takes and its description; GPU: results against NumPy, streams, torch tensors, out)."""
 import numpy as np
 import pytest
 
 import cygemm
-from cygemm.engine import matmul_fallback as _matmul_fallback
+from cygemm.rowmajor import matmul_fallback as _matmul_fallback
 from fakes import FakeDeviceArray
 from fakes import DESCRIBE_KEYS as COMMON
 

@@ -1,4 +1,4 @@
-"""cygemm.engine.dense_routes: the dense layer's forward routes (cuBLASLt epilogues, a GEMM and
+"""cygemm.dense.routes: the dense layer's forward routes (cuBLASLt epilogues, a GEMM and
 cygemm's kernels) and backward routes (its two GEMMs on one stream or two), and their runners.
 
 CPU: cygemm.dense.FORWARD_ROUTES and BACKWARD_ROUTES are the route tables' own names, in their
@@ -21,7 +21,8 @@ import pytest
 import cygemm
 from cygemm import dense
 from cygemm.dense import backward_into, forward_into
-from cygemm.engine import dense_routes, epilogues, tuning
+from cygemm.engine import epilogues, tuning
+from cygemm.dense import routes as dense_routes
 from fakes import BASE, FakeDeviceArray
 from gpu_util import f64, poisoned, rand, rel_err, tol
 from refs import activations

@@ -1,4 +1,4 @@
-"""cygemm.engine.groups: a grouped call's groups read, mapped and checked, through
+"""cygemm.grouped.groups: a grouped call's groups read, mapped and checked, through
 cygemm.grouped.grouped_gemm, moe_gemm and describe_grouped.
 
 CPU (fake device arrays): group-size mismatches name the group and its transposes, the first

@@ -1,5 +1,0 @@
-# Reading scaled_matmul's arguments has no Python API beyond these tables (see fp8_args.pxd).
-from typing import Dict
-
-OUT_DTYPES: Dict[str, int]
-SCALE_MODES: Dict[str, int]
