@@ -33,9 +33,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # Each module's kernels (cygemm/kernels/*.cu): every .cu is compiled once, its object linked into
 # the modules that launch it.
 MODULES = {"engine.dtypes": [], "engine.errors": [], "engine.lt_features": [], "engine.settings": [], "engine.mapping": [],
-           "engine.described": [], "engine.arrays": [], "engine.streams": [], "engine.release": [], "engine.context": [],
+           "engine.arrays": [], "engine.streams": [], "engine.release": [], "engine.context": [],
            "engine.overlap": [], "engine.alloc": [], "engine.args": [],
-           "engine.timing": ["timing"], "engine.tuning": [], "engine.chooser": [], "engine.ktail": [], "engine.launch": [], "engine.lt_desc": [], "engine.families": [], "engine.candidates": [], "engine.plans": [], "engine.routes": [], "engine.small_batched": ["small_batched"], "engine.execute": [], "engine.int8": [], "engine.operands": [],
+           "engine.tuning": ["timing"], "engine.chooser": [], "engine.ktail": [], "engine.launch": [], "engine.lt_desc": [], "engine.families": [], "engine.candidates": [], "engine.plans": [], "engine.small_batched": ["small_batched"], "engine.execute": [], "engine.operands": [],
            "engine.epilogues": [], "rowmajor.gemm": [], "rowmajor.plan": [], "rowmajor.batch_layout": [], "rowmajor.matmul": [],
            "dense.routes": ["elementwise"], "dense.layer": ["elementwise"], "fp8.convert": ["fp8"],
            "fp8.args": [], "fp8.scales": ["fp8_scales"], "fp8.scaled": [], "dense.elementwise": ["elementwise"], "grouped.groups": [], "grouped.lt_grouped": ["grouped"], "grouped.gemm": ["grouped"], "grouped.device_offsets": [], "grouped.moe": [], "grouped.moe_fp8": [], "engine.graph": [],

@@ -47,7 +47,7 @@ ctypedef struct BackwardCall:
     int64_t N
     int64_t K
 
-# The forward by its route (chosen by cygemm.engine.routes), falling back to a plain GEMM and
+# The forward by its route (chosen by cygemm.engine.chooser), falling back to a plain GEMM and
 # cygemm's kernel where cuBLASLt refuses.
 cdef int run_forward(ForwardCall* f) except -1
 # The backward's two GEMMs by their route (accumulate: beta 1, so the call may not time).

@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The dense layer's routes: the forward's (cuBLASLt epilogues, a GEMM and cygemm's kernels) and
-the backward's (its two GEMMs on one stream or two), each a table that cygemm.engine.routes chooses
+the backward's (its two GEMMs on one stream or two), each a table that cygemm.engine.chooser chooses
 from: forced, tuned, timed once for large problems, else a fixed rule.
 
 Under the row-major swap cuBLASLt computes D = Y^T (N x M, column-major), so its bias (length
@@ -20,10 +20,10 @@ from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.errors import CygemmError
 from cygemm.engine.context cimport GemmContext, run_forked
 from cygemm.engine.settings cimport Policy, AUTOTUNE_OFF, DETERMINISM_OFF, DETERMINISM_RUN_TO_RUN, DETERMINISM_BATCH_INVARIANT
-from cygemm.engine.timing cimport worth_tuning
+from cygemm.engine.tuning cimport worth_tuning
 from cygemm.engine.plans cimport Plan, get_plan
 from cygemm.engine.execute cimport run_plan, run_gemm, REFUSAL_REPORT
-from cygemm.engine.routes cimport RouteTable, route_table, choose_route
+from cygemm.engine.chooser cimport RouteTable, route_table, choose_route
 
 
 cdef int dense_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
@@ -124,7 +124,7 @@ cdef int _fwd_run(ForwardCall* f, int route) except -1:
     return 0
 
 
-# The forward's table for cygemm.engine.routes.
+# The forward's table for cygemm.engine.chooser.
 cdef int _fwd_applies_hook(void* call, int route) except -1:
     return _fwd_applies(<const ForwardCall*>call, route)
 
@@ -197,7 +197,7 @@ cdef int _bwd_run(BackwardCall* b, int route) except -1:
     return run_forked(b.ctx, b.s, _bwd_branches, b)
 
 
-# The backward's table for cygemm.engine.routes: both routes always apply; serial until timed. Timed
+# The backward's table for cygemm.engine.chooser: both routes always apply; serial until timed. Timed
 # at every size (the branches pay where one GEMM leaves the GPU idle, i.e. on small problems).
 cdef int _bwd_applies_hook(void* call, int route) except -1:
     return 1
@@ -231,7 +231,7 @@ cdef RouteTable _BACKWARD = route_table("backward", ("serial", "branches"), _bwd
 
 
 cdef int run_backward(BackwardCall* b, bint accumulate) except -1:
-    """Serial or branches, chosen by cygemm.engine.routes (remembered by C key; the tuned table is
+    """Serial or branches, chosen by cygemm.engine.chooser (remembered by C key; the tuned table is
     read at every size and autotune level; timed outside capture, on a call that does not
     accumulate: timing runs write the gradients)."""
     return _bwd_run(b, choose_route(_BACKWARD, b, b.ctx, b.s, b.policy, 0, not accumulate, -1, NULL))

@@ -1,6 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Timing a plan's candidates: cuBLASLt's heuristic algorithms and cublasGemmEx, on the call's
-own operands, within the tuning budget (see cygemm.engine.timing); the fastest becomes the plan's.
+own operands, within the tuning budget (see cygemm.engine.tuning); the fastest becomes the plan's.
 And the tuning table's record of that choice: made, and applied where it still fits."""
 import time
 import warnings
@@ -24,7 +24,7 @@ from cygemm.engine.lt_desc cimport algo_hex, algo_from_hex
 from cygemm.engine.ktail cimport make_safe
 from cygemm.engine.launch cimport PlanData, PlanRoute, PLAN_GEMMEX, PLAN_LT, PLAN_CANDIDATES, plan_run
 from cygemm.engine.errors cimport check_cuda
-from cygemm.engine.timing cimport time_choices, tuning_budget_ms
+from cygemm.engine.tuning cimport time_choices, tuning_budget_ms
 from cygemm.engine.tuning cimport count_tuning
 
 cdef enum:

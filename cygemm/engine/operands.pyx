@@ -9,7 +9,7 @@ from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero
 from cygemm.engine.mapping cimport (MapResult, MAP_OK, MAP_CONJ_A, conjugate_ops, layout_error, map_or_raise,
                                     check_batch_disjoint)
 from cygemm.engine.dtypes cimport dtype_name, expected_names, DTYPES_WIDE, DTYPES_GEMM
-from cygemm.engine.int8 cimport check_int8
+from cygemm.engine.execute cimport check_int8
 from cygemm.engine.args cimport CallArgs, args_init, add_array, add_view, expect_dtype, ARG_READ, ARG_WRITE
 
 

@@ -28,7 +28,7 @@ from cygemm.engine.launch cimport PlanData, PLAN_GEMMEX, PLAN_LT, set_scale_poin
 from cygemm.engine.lt_desc cimport make_descriptors, free_descriptors
 from cygemm.engine.settings cimport (options, loaded_options, Policy, Determinism, level_serves, AUTOTUNE_OFF,
                                      AUTOTUNE_EXHAUSTIVE, DETERMINISM_OFF, DETERMINISM_BATCH_INVARIANT)
-from cygemm.engine.timing cimport in_route_timing
+from cygemm.engine.tuning cimport in_route_timing
 from cygemm.engine.chooser cimport Decider, choose, worth_timing
 from cygemm.engine.tuning cimport lookup, remember, forced_route
 from cygemm.engine.candidates cimport tune_candidates, apply_record, record_of, bucket_record_of

@@ -22,7 +22,7 @@ from cygemm.engine.context cimport GemmContext
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.settings cimport Policy, DETERMINISM_BATCH_INVARIANT
 from cygemm.engine.launch cimport gemm_colmajor
-from cygemm.engine.routes cimport RouteTable, route_table, choose_route, describe_route
+from cygemm.engine.chooser cimport RouteTable, route_table, choose_route, describe_route
 
 ROUTES = {
     "cublas": "cuBLAS's strided-batched GEMM (cublasGemmStridedBatchedEx, or for large problems a timed "

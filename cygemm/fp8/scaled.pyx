@@ -15,7 +15,7 @@ from cygemm.engine.errors cimport check_cublas
 from cygemm.engine.settings cimport Policy, call_policy, default_policy
 from cygemm.engine.context cimport GemmContext, call_workspace
 from cygemm.engine.mapping cimport map_rowmajor_gemm, rowmajor_view, is_rowmajor
-from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
+from cygemm.engine.arrays cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm.engine.alloc cimport empty_array, data_pointer, first_torch
 from cygemm.engine.args cimport CallArgs, prepare_call, CALL_TYPED_GEMM
 from cygemm.engine.launch cimport set_scale_pointers

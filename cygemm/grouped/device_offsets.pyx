@@ -17,7 +17,7 @@ from cygemm.engine.args cimport CallArgs
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.streams cimport stream_is_capturing
 from cygemm.engine.settings cimport Policy, call_policy, DETERMINISM_OFF
-from cygemm.engine.routes cimport RouteTable, route_table, choose_route, describe_route
+from cygemm.engine.chooser cimport RouteTable, route_table, choose_route, describe_route
 from cygemm.grouped.groups cimport read_offsets
 from cygemm.grouped.gemm cimport note_route
 from cygemm.grouped.lt_grouped cimport LtGroupedCall, why_not as lt_why_not, run_lt_grouped

@@ -22,13 +22,13 @@ from cygemm.kernels.grouped cimport (cygemm_ptr_triples, cygemm_write_pointer_ta
 from cygemm.engine.types cimport ColMajorGemm, MatrixView, Math, Scalars, real_scalars, compute_type
 from cygemm.engine.mapping cimport map_rowmajor_gemm, MAP_OK
 from cygemm.engine.operands cimport parse_trans
-from cygemm.engine.described cimport Addresses, layout_operand, is_pair, has_memory, describe_call
+from cygemm.engine.arrays cimport Addresses, layout_operand, is_pair, has_memory, describe_call
 from cygemm.engine.errors cimport check_cuda, check_cublas
 from cygemm.engine.args cimport CallArgs, args_init, prepare_call, check_overlaps, parse_math, CALL_GEMM
 from cygemm.engine.context cimport GemmContext, bind_stream, stream_table, run_forked, STREAM_TABLE_BYTES
 from cygemm.engine.settings cimport Policy, call_policy, AUTOTUNE_OFF, DETERMINISM_OFF
 from cygemm.engine.execute cimport run_gemm
-from cygemm.engine.routes cimport RouteTable, route_table, choose_route, describe_route, route_tabled
+from cygemm.engine.chooser cimport RouteTable, route_table, choose_route, describe_route, route_tabled
 from cygemm.grouped.groups cimport (Groups, read_lists, check_group_devices, R_BATCHED, R_GROUPED, R_LOOP,
                                    R_STREAMS)
 
@@ -171,7 +171,7 @@ cdef int _run_route(GroupedCall* f, int route) except -1:
     return run_forked(f.ctx, f.s, _run_streams, f)      # R_STREAMS
 
 
-# The grouped table for cygemm.engine.routes.
+# The grouped table for cygemm.engine.chooser.
 cdef int _applies(void* call, int route) except -1:
     cdef const GroupedCall* f = <const GroupedCall*>call
     return (<Groups>f.grp).why_not(route, f.compute) is None

@@ -11,13 +11,13 @@ from cygemm.engine.context cimport GemmContext
 from cygemm.engine.mapping cimport rowmajor_view, conjugate_ops, layout_error, MAP_CONJ_A  # (more: rowmajor.pxd)
 from cygemm.engine.errors cimport refuse_in_capture
 from cygemm.engine.dtypes cimport dtype_name, DTYPES_WIDE, DTYPES_GEMM
-from cygemm.engine.int8 cimport check_int8, run_int8
+from cygemm.engine.execute cimport check_int8, run_int8
 
 from cygemm.engine.alloc cimport empty_array, first_torch, data_pointer, is_torch, torch_stream
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_view, prepare_call, CALL_GEMM, expect_dtype, ARG_READ,
                                  ARG_WRITE)
 from cygemm.engine.args cimport check_overlaps
-from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
+from cygemm.engine.arrays cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm.engine.settings cimport Policy, call_policy, default_policy
 from cygemm.engine.execute cimport run_gemm
 from cygemm.engine.small_batched cimport describe_route_of

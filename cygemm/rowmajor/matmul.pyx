@@ -23,7 +23,7 @@ from cygemm.engine.settings cimport Policy, call_policy, default_policy
 from cygemm.engine.execute cimport run_gemm
 from cygemm.engine.small_batched cimport describe_route_of
 from cygemm.engine.mapping cimport MapResult, MAP_OK, map_rowmajor_gemm, check_batch_disjoint, is_rowmajor, layout_error
-from cygemm.engine.described cimport Addresses, layout_operand, has_memory, describe_call
+from cygemm.engine.arrays cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm.rowmajor.batch_layout cimport (BatchLayout, MatmulPlan, read_layout, result_shape, has_result_shape,
                                          merge_out, check_out, empty_batch, may_overlap_inputs, call_views, span_view,
                                          decide_copies)
@@ -32,7 +32,7 @@ from cygemm.engine import alloc as _alloc
 from cygemm.engine.dtypes import numpy_dtype
 from cygemm.engine.alloc import as_cupy
 from cygemm.rowmajor import matmul_fallback as _matmul_fallback
-from cygemm.engine.described import DESCRIBE_KEYS
+from cygemm.engine.arrays import DESCRIBE_KEYS
 
 
 __all__ = ["matmul", "describe_matmul"]

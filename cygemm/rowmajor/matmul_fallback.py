@@ -12,7 +12,7 @@ import math
 import cupy
 import numpy as np
 
-from cygemm.engine.described import is_pair
+from cygemm.engine.arrays import is_pair
 from cygemm.engine.dtypes import BY_ANY_NAME, LEVELS, expected, names
 
 # The dtypes cygemm's engine multiplies; a pair of them stays on cuBLAS.

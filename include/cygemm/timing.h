@@ -1,5 +1,5 @@
 /* The GPU side of timing candidates (cygemm/plans.pyx): a kernel that holds a stream.
- * Shared by cygemm/timing.cu (definition) and cygemm/timing.pxd (Cython). */
+ * Shared by cygemm/kernels/timing.cu (definition) and cygemm/kernels/timing.pxd (Cython). */
 #ifndef CYGEMM_TIMING_H
 #define CYGEMM_TIMING_H
 

@@ -16,7 +16,7 @@ import pytest
 
 import cygemm
 from cygemm.engine import plans, tuning
-from cygemm.engine import timing as _timing
+from cygemm.engine import tuning as _timing
 from gpu_util import f64, poisoned, rand, rel_err
 
 cp = None

@@ -1,4 +1,4 @@
-"""cygemm.engine.routes: a feature's routes as one table decided by the one chooser.
+"""cygemm.engine.chooser: a feature's routes as one table decided by the one chooser.
 
 CPU: every route table registers its names, in its route numbers' order, with
 cygemm.engine.tuning; force_routes checks every keyword before it changes anything and

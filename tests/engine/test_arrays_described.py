@@ -1,4 +1,4 @@
-"""cygemm.engine.described: what every describe_* shares (layout_operand, Addresses, describe_call).
+"""cygemm.engine.arrays: what every describe_* shares (layout_operand, Addresses, describe_call).
 
 What is checked here, on the CPU (tests/properties/test_describe.py holds the contract every
 describe_* keeps alike: keys, the three ways to give an operand, pointers, the mapping run by a

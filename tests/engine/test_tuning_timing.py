@@ -1,4 +1,4 @@
-"""cygemm.engine.timing: timing candidates and single flight.
+"""cygemm.engine.tuning: timing candidates and single flight.
 
 CPU: SingleFlight, the one pure-Python class (what the tuning table's claims rest on), with
 threads and events, every wait bounded so that a bug fails instead of hanging: a waiter blocks
@@ -22,7 +22,7 @@ import pytest
 
 import cygemm
 from cygemm.engine import tuning
-from cygemm.engine.timing import SingleFlight
+from cygemm.engine.tuning import SingleFlight
 from gpu_util import f64, poisoned, rand, rel_err
 from tuning_util import isolated_tuning
 
