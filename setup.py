@@ -1,7 +1,7 @@
 """Build cygemm: cythonize the .pyx modules, compile the .cu kernels with nvcc, link
 cuBLAS/cuBLASLt and the static CUDA runtime.
 
-Where CUDA is comes from cygemm/engine/cuda_paths.py (cuda-pathfinder), the same answer the
+Where CUDA is comes from cygemm/bindings/cuda_paths.py (cuda-pathfinder), the same answer the
 installed package uses at run time. The build writes no build-machine path into what it
 makes: the only RUNPATH is $ORIGIN/../nvidia/cu13/lib (the nvidia-cublas wheel beside an
 installed cygemm; one more ../ for a module of a subpackage); elsewhere `import cygemm` loads
@@ -68,7 +68,7 @@ def runpath(name):
 
 def _cuda_paths():
     spec = importlib.util.spec_from_file_location("_cygemm_cuda_paths",
-                                                  os.path.join(HERE, "cygemm", "engine", "cuda_paths.py"))
+                                                  os.path.join(HERE, "cygemm", "bindings", "cuda_paths.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -119,7 +119,7 @@ def host_us(fn, sync, calls=3000, reps=3, warmup=300):
 
 def build_floor(exe):
     """Compile cublas_floor.cu with the toolkit and cuBLAS cygemm was built with; start it."""
-    from cygemm.engine import cuda_paths as _cuda_paths
+    from cygemm.bindings import cuda_paths as _cuda_paths
     nvcc = _cuda_paths.find_nvcc()
     libs = _cuda_paths.load_cublas()          # the very files cygemm runs on
     lib_dir = os.path.dirname(libs["cublas"])

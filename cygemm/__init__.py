@@ -1,5 +1,5 @@
 """cygemm: cuBLAS and cuBLASLt GEMMs on CuPy (or any CUDA) arrays, with no avoidable overhead."""
-from cygemm.engine import cuda_paths as _cuda_paths
+from cygemm.bindings import cuda_paths as _cuda_paths
 
 # The extensions need libcublas.so.13 and libcublasLt.so.13: load them where cuda-pathfinder
 # finds them (the nvidia-cublas wheel, conda, the system, CUDA_HOME), so no LD_LIBRARY_PATH
@@ -70,7 +70,7 @@ def get_include():
     Raises
     ------
     FileNotFoundError
-        (``cygemm.engine.cuda_paths.CudaNotFoundError``) The CUDA runtime or cuBLAS headers were not
+        (``cygemm.bindings.cuda_paths.CudaNotFoundError``) The CUDA runtime or cuBLAS headers were not
         found; the message names the missing header and how to get it.
     """
     return _cuda_paths.include_dirs()

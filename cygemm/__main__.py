@@ -170,7 +170,7 @@ def _version(v):
 def info(out=print):
     """Print cygemm's versions, the CUDA and cuBLAS it runs with, the GPUs and the settings
     that change what it does. Works without a GPU (and says so)."""
-    from cygemm.engine import cuda_paths as _cuda_paths
+    from cygemm.bindings import cuda_paths as _cuda_paths
     from cygemm.engine import plans
     v = cygemm.versions()
     out(f"cygemm {cygemm.__version__} ({os.path.dirname(cygemm.__file__)})")

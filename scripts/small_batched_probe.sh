@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 read -r NVCC INC LIB < <(python3 -c "
 import os
-from cygemm.engine import cuda_paths as c
+from cygemm.bindings import cuda_paths as c
 print(c.find_nvcc(), c.header_dir('cublas'), os.path.dirname(c.load_cublas()['cublas']))")
 EXE=$(mktemp -d)/small_batched_probe
 "$NVCC" -O3 -std=c++17 -arch=sm_${CYGEMM_CUDA_ARCHS:-90} benchmarks/small_batched_probe.cu -o "$EXE" \

@@ -6,7 +6,8 @@ import ctypes
 import json
 
 import cygemm
-from cygemm.engine import cuda_paths, tuning
+from cygemm.bindings import cuda_paths
+from cygemm.engine import tuning
 
 CONFIG_ID, CONFIG_SPLITK_NUM = 0, 2         # cublasLtMatmulAlgoConfigAttributes_t (cublasLt.h)
 CONFIG_REDUCTION_SCHEME = 3

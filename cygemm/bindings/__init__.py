@@ -1,2 +1,2 @@
-"""The C headers of the CUDA runtime, cuBLAS and cuBLASLt as Cython sees them (``.pxd`` only,
-nogil): ``cimport cygemm.bindings.cudart``, ``cygemm.bindings.cublas``, ``cygemm.bindings.cublaslt``."""
+"""cygemm's view of the CUDA libraries: their C headers as Cython sees them (cudart, cublas,
+cublaslt .pxd) and where CUDA and cuBLAS are installed (cuda_paths, through cuda-pathfinder)."""

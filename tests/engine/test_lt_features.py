@@ -7,7 +7,8 @@ import ctypes
 import pytest
 
 import cygemm
-from cygemm.engine import cuda_paths, lt_features
+from cygemm.bindings import cuda_paths
+from cygemm.engine import lt_features
 
 
 def _installed_version():

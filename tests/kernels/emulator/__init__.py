@@ -34,7 +34,7 @@ def _compiler():
 
 
 def _cuda_include():
-    from cygemm.engine import cuda_paths
+    from cygemm.bindings import cuda_paths
     try:
         nvcc = cuda_paths.find_nvcc()
     except Exception as e:                  # (its own error type names what is missing)

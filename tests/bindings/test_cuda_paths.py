@@ -1,4 +1,4 @@
-"""CPU: cygemm.engine.cuda_paths: cuBLAS loaded from where cuda-pathfinder finds it, and
+"""CPU: cygemm.bindings.cuda_paths: cuBLAS loaded from where cuda-pathfinder finds it, and
 cygemm.get_include()'s folders (or the missing header named, with the remedy)."""
 import pytest
 
@@ -16,7 +16,7 @@ def test_get_include_lists_existing_folders_with_pxd_and_headers():
 
 def test_get_include_names_missing_cublas_headers_and_the_remedy(monkeypatch):
     from cuda import pathfinder
-    from cygemm.engine import cuda_paths as _cuda_paths
+    from cygemm.bindings import cuda_paths as _cuda_paths
     real = pathfinder.find_nvidia_header_directory
     monkeypatch.setattr(pathfinder, "find_nvidia_header_directory",
                         lambda name: None if name == "cublas" else real(name))
@@ -29,7 +29,7 @@ def test_get_include_names_missing_cublas_headers_and_the_remedy(monkeypatch):
 def test_cublas_is_loaded_from_where_cuda_pathfinder_finds_it():
     import ctypes
     import os
-    from cygemm.engine import cuda_paths as _cuda_paths
+    from cygemm.bindings import cuda_paths as _cuda_paths
     loaded = _cuda_paths.load_cublas()
     assert set(loaded) == {"cublas", "cublasLt"}
     for name, path in loaded.items():
