@@ -9,7 +9,8 @@ try:
 except _cuda_paths.CudaNotFoundError as exc:
     raise ImportError(f"cygemm: {exc}") from exc
 
-from cygemm.engine.errors import CygemmError, CudaError, CudaDriverError, CublasError, CaptureError
+from cygemm.engine.errors import (CygemmError, CudaError, CudaDriverError, CublasError, CaptureError, NoGpuError,
+                                  require_gpu)
 from cygemm.engine.context import device_count, release_workspaces, versions
 from cygemm.engine.streams import stream_pointer
 from cygemm.engine.settings import get_options, set_options
@@ -40,8 +41,8 @@ __all__ = ["nn", "backend", "matmul", "describe_matmul", "grouped_gemm", "moe_ge
            "moe_scaled_gemm", "describe_grouped", "describe_moe", "describe_moe_scaled", "gemm", "gemm_strided_batched", "describe_gemm", "int_mm", "GemmPlan", "gemm_ops", "graph", "plans", "tuning",
            "fp8", "elementwise", "grouped", "dense",
            "load_tuning", "save_tuning", "get_options", "set_options", "CygemmError", "CudaError",
-           "CudaDriverError", "CublasError", "CaptureError", "device_count", "release_workspaces",
-           "stream_pointer", "versions", "get_include", "gpu_unavailable_reason"]
+           "CudaDriverError", "CublasError", "CaptureError", "NoGpuError", "device_count", "release_workspaces",
+           "stream_pointer", "versions", "get_include", "gpu_unavailable_reason", "require_gpu"]
 
 
 def __getattr__(name):

@@ -12,7 +12,7 @@ from cygemm.backend import _kernels
 from cygemm.backend._base import ArrayBackend, check_matrix
 from cygemm.backend._convert import host_numbers, is_torch
 from cygemm.typing import StreamLike
-from cygemm.nn._gpu import require_gpu
+from cygemm import require_gpu
 
 
 class CUDABackend(ArrayBackend):

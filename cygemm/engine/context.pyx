@@ -467,9 +467,8 @@ def versions():
     cdef int rt = 0, drv = 0
     cudaRuntimeGetVersion(&rt)
     cudaDriverGetVersion(&drv)
-    from cygemm.engine.promises import VERIFIED_CUBLASLT
     return {"cuda_runtime": rt, "cuda_driver": drv, "cublasLt": cublasLtGetVersion(),
-            "cublasLt_verified": list(VERIFIED_CUBLASLT), "features": _lt_features.features()}
+            "cublasLt_verified": list(_lt_features.VERIFIED_CUBLASLT), "features": _lt_features.features()}
 
 
 cdef int known_device_count() noexcept nogil:

@@ -48,6 +48,10 @@ FEATURES = ("grouped_gemm", "batch_invariance", "stream_heuristic", "ktail_fixed
 
 cdef LtExtras _loaded
 cdef bint _resolved = False
+# The cuBLASLt versions (cublasLtGetVersion) whose behaviour cygemm's promises were measured on
+# (cygemm.engine.promises checks them at first use on any other).
+VERIFIED_CUBLASLT = (130100,)
+
 cdef LtExtras _stand_in             # the test hook's library, while _pretending
 cdef bint _pretending = False
 cdef int _pretend_major = -1        # the test hook's compute capability (-1: the GPU's)

@@ -7,3 +7,4 @@ GPU; ``lt_grouped.pyx``: cuBLASLt's grouped matmul)."""
 from cygemm.grouped.gemm import ROUTES, describe_grouped, grouped_gemm, last_route
 from cygemm.grouped.moe import DEVICE_OFFSET_ROUTES, describe_moe, moe_gemm, moe_gemm_wgrad
 from cygemm.grouped.moe_fp8 import describe_moe_scaled, moe_scaled_gemm
+from cygemm.grouped import promise_checks as _promise_checks  # noqa: F401 (registers them)

@@ -6,3 +6,4 @@ calls (``cygemm.gemm`` is ``cygemm.rowmajor.gemm``)."""
 from cygemm.rowmajor.gemm import describe_gemm, gemm, gemm_strided_batched, int_mm
 from cygemm.rowmajor.plan import GemmPlan
 from cygemm.rowmajor.matmul import describe_matmul, matmul
+from cygemm.rowmajor import promise_checks as _promise_checks  # noqa: F401 (registers them)

@@ -160,32 +160,9 @@ def test_one_call_preparation():
     assert defined == {(os.path.join("engine", "args.pyx"), "prepare_call")}, defined
 
 
-def test_nn_and_backend_stand_on_the_public_api():
-    """cygemm.nn and cygemm.backend are applications of cygemm: they use its public calls, the
-    cimport contract (cygemm/capi.pxd) for their kernels' launchers, their kernels' declarations,
-    and of the engine only require_gpu (the one no-GPU check, in nn/_gpu.py) and the shared
-    types of annotations (cygemm/typing.py)."""
-    private = []
-    for folder in ("nn", "backend"):
-        for path in glob.glob(os.path.join(PACKAGE, folder, "*.p*")):
-            for number, name in named_modules(path):
-                if name == "typing":         # (types for annotations: no behaviour)
-                    continue
-                if name.startswith(("engine", "bindings", "rowmajor.", "dense.", "fp8.", "grouped.")):
-                    private.append(f"{folder}/{os.path.basename(path)}:{number} names cygemm.{name}")
-    assert private == [f"nn/_gpu.py:{_line_of('nn/_gpu.py', 'require_gpu')} names cygemm.engine.context"], private
-
-
-def _line_of(relpath, word):
-    for number, line in enumerate(open(os.path.join(PACKAGE, relpath)), 1):
-        if line.startswith(("from ", "import ")) and word in line:
-            return number
-    raise AssertionError(f"{relpath} does not import {word}")
-
-
 TESTS = os.path.join(ROOT, "tests")
 # The features whose modules each have a test file of their name in tests/<package>/; where the
-# name is another folder's already (test file names are unique), test_<package>.py.
+# name is another folder's already (test file names are unique), test_<package>_<module>.py.
 FEATURES = ("rowmajor", "dense", "fp8", "grouped")
 
 
@@ -234,3 +211,75 @@ def test_the_kernels_c_headers_live_at_the_top_of_the_tree_and_get_include_names
     assert not os.path.exists(os.path.join(ROOT, "cygemm", "kernels", "include")), "the headers moved back into cygemm/"
     found = [os.path.realpath(d) for d in cygemm.get_include() if os.path.isfile(os.path.join(d, "cygemm", "kernels.h"))]
     assert found == [os.path.realpath(os.path.join(ROOT, "include"))], cygemm.get_include()
+
+
+# ---- layers that hold, read in every source (.py too), imports inside functions included
+
+PUBLIC = {"", "fp8", "dense", "graph", "tuning", "typing", "gemm_ops", "elementwise", "plans", "grouped", "rowmajor",
+          "capi"}
+EVERY_NAME = re.compile(r"^\s*(?:from\s+cygemm((?:\.\w+)*)\s+c?import\s+\(?([\w ,]+)|(?:c?import)\s+cygemm((?:\.\w+)*))")
+
+
+def _names_in(path):
+    """(line, dotted module) for each cygemm module a source names: `from cygemm.x import y`
+    names x.y where y is a module of x's, else x; `import cygemm` names the package ("")."""
+    found = []
+    for number, line in enumerate(open(path), 1):
+        m = EVERY_NAME.match(line)
+        if not m:
+            continue
+        if m.group(3) is not None:
+            found.append((number, m.group(3).lstrip(".")))
+            continue
+        base = m.group(1).lstrip(".")
+        for part in m.group(2).split(","):
+            name = part.split(" as ")[0].strip()
+            sub = os.path.join(PACKAGE, *(base.split(".") if base else []), name)
+            is_module = os.path.isdir(sub) or any(os.path.isfile(sub + ext) for ext in (".py", ".pyx", ".pxd"))
+            found.append((number, f"{base}.{name}".lstrip(".") if is_module else base))
+    return found
+
+
+def _sources(folder):
+    return sorted(p for ext in ("py", "pyx", "pxd") for p in glob.glob(os.path.join(PACKAGE, folder, "**", f"*.{ext}"),
+                                                                        recursive=True))
+
+
+def test_the_engine_never_names_a_feature_or_the_public_api():
+    above = [f"{os.path.relpath(p, PACKAGE)}:{n} names cygemm.{name}" for p in _sources("engine")
+             for n, name in _names_in(p) if name.split(".")[0] not in ("engine", "bindings", "kernels")]
+    assert not above, above
+
+
+@pytest.mark.parametrize("package", ["nn", "backend"])
+def test_the_applications_use_the_public_api_only(package):
+    private = [f"{os.path.relpath(p, PACKAGE)}:{n} names cygemm.{name}" for p in _sources(package)
+               for n, name in _names_in(p)
+               if name.split(".")[0] not in PUBLIC | {package} and name != f"kernels.{package}"]
+    assert not private, private
+
+
+def test_no_import_cycle_among_the_modules_lazy_imports_included():
+    modules = {}
+    for path in _sources(""):
+        rel = os.path.relpath(path, PACKAGE).rsplit(".", 1)[0].replace(os.sep, ".")
+        rel = rel[:-len(".__init__")] if rel.endswith("__init__") else rel
+        modules.setdefault(rel, set()).update(name for _, name in _names_in(path))
+    graph = {m: {n for n in names if n in modules and n != m and not m.startswith(n + ".")
+                 and not n.startswith(m + ".")} for m, names in modules.items()}
+    # (a package and its own modules may name each other: __init__ gathers them)
+    state, cycles = {}, []
+
+    def visit(m, path):
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycles.append(path[path.index(n):] + [n])
+            elif n not in state:
+                visit(n, path + [n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, cycles

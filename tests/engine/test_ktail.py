@@ -326,10 +326,10 @@ def test_the_checks_themselves_hold_on_this_gpu(monkeypatch):
     """The first-use checks as an unverified cuBLAS would run them: all hold here (the grouped
     matmul's where this cuBLAS and GPU have it)."""
     from cygemm.engine import lt_features
-    assert _promises._check_ktail_guard()
-    assert _promises._check_batch_invariant()
+    assert _promises._CHECKS["ktail_guard"]()
+    assert _promises._CHECKS["batch_invariant"]()
     if lt_features.feature_gate("grouped_gemm") is None:
-        assert _promises._check_lt_grouped()
+        assert _promises._CHECKS["lt_grouped"]()
 
 
 def test_whether_the_guard_stands_down_is_asked_only_when_it_would_act():

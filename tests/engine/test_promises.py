@@ -196,7 +196,7 @@ def test_the_failure_hook_fails_the_next_check_only_even_on_a_verified_cublas(pr
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_the_detector_gives_exactly_two_and_one_where_the_end_of_k_is_dropped(dtype):
     m, n, k = 5, 3, 1000
-    a, b = _promises._detector(np, dtype, m, n, k)
+    a, b = _promises.detector(np, dtype, m, n, k)
     assert a.shape == (m, k) and b.shape == (k, n) and a.dtype == np.dtype(dtype)
     assert (a @ b == 2).all()
     assert (a[:, :-8] @ b[:-8] == 1).all()              # a kernel that never adds K's tail
@@ -205,7 +205,7 @@ def test_the_detector_gives_exactly_two_and_one_where_the_end_of_k_is_dropped(dt
 
 def test_the_checks_half_types_are_float16_then_bfloat16():
     """_check_batch_invariant takes the half types but the first as its bf16 ("[1:]")."""
-    names = [np.dtype(d).name for d in _promises._half_dtypes(np)]
+    names = [np.dtype(d).name for d in _promises.half_dtypes(np)]
     assert names[0] == "float16"
     pytest.importorskip("ml_dtypes", reason="bfloat16 needs ml_dtypes")
     assert names == ["float16", "bfloat16"]

@@ -515,7 +515,7 @@ def test_bad_input_gpu_writes_nothing(name):
 # Public names that take no argument a caller can get wrong (or only a file, whose faults are
 # warnings by design): each with the reason it has no row.
 NO_BAD_INPUT = {
-    "get_include": "takes no arguments", "gpu_unavailable_reason": "takes no arguments",
+    "get_include": "takes no arguments", "gpu_unavailable_reason": "takes no arguments", "require_gpu": "takes no arguments",
     "device_count": "takes no arguments", "versions": "takes no arguments",
     "release_workspaces": "takes no arguments", "get_options": "takes no arguments",
     "load_tuning": "a missing or corrupt file is a RuntimeWarning and is ignored (tests/engine/test_plans.py)",
