@@ -20,7 +20,7 @@ from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.errors import CygemmError
 from cygemm.engine.context cimport GemmContext, run_forked
 from cygemm.engine.settings cimport Policy, AUTOTUNE_OFF, DETERMINISM_OFF, DETERMINISM_RUN_TO_RUN, DETERMINISM_BATCH_INVARIANT
-from cygemm.engine.tuning cimport worth_tuning
+from cygemm.engine.chooser cimport is_large
 from cygemm.engine.plans cimport Plan, get_plan
 from cygemm.engine.execute cimport run_plan, run_gemm, REFUSAL_REPORT
 from cygemm.engine.chooser cimport RouteTable, route_table, choose_route
@@ -74,7 +74,7 @@ cdef int _fwd_default(const ForwardCall* f) noexcept nogil:
     if _fwd_applies(f, FWD_EPILOGUE):
         return FWD_EPILOGUE
     # (Under a determinism mode the route must not depend on M: never GELU_AUX.)
-    if (_fwd_applies(f, FWD_GELU_AUX) and not worth_tuning(<double>f.M * f.N * f.K)
+    if (_fwd_applies(f, FWD_GELU_AUX) and not is_large(<double>f.M * f.N * f.K)
             and f.policy.determinism == DETERMINISM_OFF):
         return FWD_GELU_AUX
     if _fwd_applies(f, FWD_BIAS_EPILOGUE_KERNEL):

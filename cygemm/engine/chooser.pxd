@@ -40,8 +40,11 @@ cdef struct Decider:
 # found nothing. Returns a Chosen.
 cdef int choose(Decider* d) except -1
 
-# The one size rule: a problem of `macs` multiply-adds is timed under `autotune` (a level or a
-# determinism mode's AUTOTUNE_AUTO) when autotune is on and it is worth tuning (macs < 0: never).
+# The one size rule: a problem of `macs` multiply-adds is large from the autotune_min_macs
+# option on. A large problem is timed under `autotune` (a level or a determinism mode's
+# AUTOTUNE_AUTO) when autotune is on (macs < 0: never); the fixed rules (untimed routes) take
+# the same line between small and large.
+cdef bint is_large(double macs) noexcept nogil
 cdef bint worth_timing(int autotune, double macs) noexcept nogil
 
 

@@ -9,8 +9,7 @@ order: forced, remembered, the fixed rule for what is not timed, timed under sin
 the rule again when timing found nothing. The size rule, :c:func:`worth_timing`, is here too.
 """
 from cygemm.engine.streams cimport stream_is_capturing
-from cygemm.engine.settings cimport AUTOTUNE_OFF
-from cygemm.engine.tuning cimport worth_tuning
+from cygemm.engine.settings cimport AUTOTUNE_OFF, loaded_options
 from cygemm.engine.tuning cimport claim_tuning, release_tuning
 
 
@@ -44,8 +43,12 @@ cdef int choose(Decider* d) except -1:
     return CHOSEN_RULE
 
 
+cdef bint is_large(double macs) noexcept nogil:
+    return macs >= loaded_options().autotune_min_macs
+
+
 cdef bint worth_timing(int autotune, double macs) noexcept nogil:
-    return autotune != AUTOTUNE_OFF and macs >= 0 and worth_tuning(macs)
+    return autotune != AUTOTUNE_OFF and macs >= 0 and is_large(macs)
 
 
 # ---------------------------------------------------------------- the order, observable

@@ -20,7 +20,7 @@ from cygemm.engine.streams cimport stream_is_capturing, check_capture_alive
 from cygemm.engine.context cimport GemmContext, stream_workspace
 from cygemm.engine.launch cimport PLAN_GEMMEX, PLAN_LT, gemm_colmajor, needs_64bit_api, plan_run
 from cygemm.engine.settings cimport Policy, DETERMINISM_BATCH_INVARIANT
-from cygemm.engine.tuning cimport worth_tuning
+from cygemm.engine.chooser cimport is_large
 from cygemm.engine.ktail cimport gemmex_drops
 from cygemm.engine.plans cimport Plan, get_plan, forced_gemm, raise_no_family
 from cygemm.engine.small_batched cimport small_batched_fits, run_small_batched
@@ -110,7 +110,7 @@ cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, 
     # small problems too, unless its kernel would drop part of K (then their guarded plan).
     if g.k == 0 or (not invariant and (
             needs_64bit_api(g) or forced == 1 or compute == CUBLAS_COMPUTE_64F or (
-            forced == 0 and not worth_tuning(<double>g.m * g.n * g.k * batch)
+            forced == 0 and not is_large(<double>g.m * g.n * g.k * batch)
             and not gemmex_drops(ctx, g, dtype, compute)))):
         return gemm_colmajor(ctx, stream, g, dtype, compute, sc)
     cdef void* ws = stream_workspace(ctx, stream)       # may allocate: without the GIL

@@ -11,8 +11,6 @@ ctypedef int (*enqueue_fn)(void* arg, int choice) except -1
 cdef int time_choices(GemmContext* ctx, cudaStream_t stream, enqueue_fn enqueue, void* arg,
                       const int* choices, int n, int reps, float* ms, double budget_ms) except -1
 
-# Whether a problem of `macs` multiply-adds is timed at all (the autotune_min_macs option).
-cdef bint worth_tuning(double macs) noexcept nogil
 # The time a new problem's tuning may take: max(50 ms, 25 runs of one_run_ms).
 cdef double tuning_budget_ms(double one_run_ms) noexcept nogil
 # Nested tuning: while > 0 (a feature timing its routes), plans take the heuristic's choice.

@@ -77,10 +77,6 @@ cdef double tuning_budget_ms(double one_run_ms) noexcept nogil:
     return max(<double>MIN_BUDGET_MS, BUDGET_RUNS * one_run_ms)
 
 
-cdef bint worth_tuning(double macs) noexcept nogil:
-    return macs >= loaded_options().autotune_min_macs
-
-
 # Per thread: another thread's plans are not part of this thread's route timing.
 cdef extern from *:
     """

@@ -283,3 +283,14 @@ def test_no_import_cycle_among_the_modules_lazy_imports_included():
         if m not in state:
             visit(m, [m])
     assert not cycles, cycles
+
+
+def test_one_size_rule():
+    """A problem is large from the autotune_min_macs option on, decided by engine/chooser.pyx's
+    is_large alone (worth_timing and the fixed rules ask it); tuning only reports the option."""
+    readers = {os.path.relpath(p, PACKAGE) for p in _sources("")
+               if ".autotune_min_macs" in open(p).read()}
+    assert readers == {os.path.join("engine", f) for f in ("chooser.pyx", "settings.pyx", "tuning.pyx")}, readers
+    assert _calls("is_large") >= {os.path.join("engine", "execute.pyx"), os.path.join("dense", "routes.pyx")}
+    chooser = open(os.path.join(PACKAGE, "engine", "chooser.pyx")).read()
+    assert chooser.count(".autotune_min_macs") == 1
