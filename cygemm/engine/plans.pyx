@@ -154,6 +154,28 @@ cdef class _PlanCache:
             self.plans.popitem(last=False)
 
 
+def _exercise_cache(list ops, int limit):
+    """Test hook (no GPU): run ops, each ("put" | "get" | "touch", key), on a new cache of plans
+    that hold no descriptors; after each, the cached keys, least recently used first, and for a
+    get whether it found the key."""
+    cdef _PlanCache cache = _PlanCache()
+    made = {}
+    trace = []
+    for op, key in ops:
+        found = None
+        if op == "put":
+            made[key] = Plan()
+            cache.put(key, made[key], limit)
+        elif op == "get":
+            found = cache.get(key) is not None
+        elif op == "touch":
+            cache.touch(made[key], limit)
+        else:
+            raise ValueError(f"op: expected 'put', 'get' or 'touch', got {op!r}")
+        trace.append((list(cache.plans), found))
+    return trace
+
+
 # Plans hold cuBLASLt descriptors, used by one thread at a time: each thread has its own.
 cdef object _tls = threading.local()
 

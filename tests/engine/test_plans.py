@@ -1,6 +1,7 @@
-"""The plan layer (cygemm.engine.plans): each GEMM route it runs (forced) against float64, single and
-strided batched, and its plan cache, bounded over thousands of shapes. The dense layer's routes
-are in dense/test_layer.py, the tuning table and file in engine/test_tuning.py."""
+"""The plan layer (cygemm.engine.plans): its cache's order on the CPU; each GEMM route it runs
+(forced) against float64, single and strided batched, and its plan cache, bounded over
+thousands of shapes. The dense layer's routes are in dense/test_layer.py, the tuning table and
+file in engine/test_tuning.py."""
 import numpy as np
 import pytest
 
@@ -96,3 +97,42 @@ def test_the_plan_cache_stays_bounded_over_3000_batch_sizes(gpu):
         assert plans.plan_cache_size() == 5
     finally:
         cygemm.set_options(**old)
+
+
+# ---- the plan cache's order, on the CPU (plans without descriptors)
+
+def _keys_after(ops, limit):
+    return [keys for keys, _ in plans._exercise_cache(ops, limit)]
+
+
+def test_the_cache_drops_the_least_recently_used_plan_beyond_its_limit():
+    trace = _keys_after([("put", ("a",)), ("put", ("b",)), ("put", ("c",)), ("put", ("d",))], 3)
+    assert trace[-1] == [("b",), ("c",), ("d",)]
+    assert trace[2] == [("a",), ("b",), ("c",)]
+
+
+def test_a_lookup_makes_a_plan_the_most_recent_so_it_outlives_newer_ones():
+    trace = plans._exercise_cache([("put", ("a",)), ("put", ("b",)), ("put", ("c",)), ("get", ("a",)), ("put", ("d",)),
+                                   ("get", ("b",)), ("get", ("zz",))], 3)
+    assert trace[3] == ([("b",), ("c",), ("a",)], True)
+    assert trace[4][0] == [("c",), ("a",), ("d",)]          # b, the least recent, went
+    assert trace[5] == ([("c",), ("a",), ("d",)], False)    # a dropped plan is not found
+    assert trace[6] == ([("c",), ("a",), ("d",)], False)
+
+
+def test_a_plan_in_use_moves_to_the_recent_end_only_once_half_the_cache_was_added_since():
+    ops = [("put", ("a",)), ("put", ("b",)), ("touch", ("a",))]
+    assert _keys_after(ops, 4)[-1] == [("a",), ("b",)]           # one put since a: not moved (no dict work)
+    ops += [("put", ("c",)), ("put", ("d",)), ("touch", ("a",))]
+    assert _keys_after(ops, 4)[-1] == [("b",), ("c",), ("d",), ("a",)]  # three puts since a > 4 // 2: moved
+    ops += [("put", ("e",))]
+    assert _keys_after(ops, 4)[-1] == [("c",), ("d",), ("a",), ("e",)]  # so b, not a, is dropped
+
+
+def test_a_put_of_a_cached_key_replaces_it_without_growing():
+    assert _keys_after([("put", ("a",)), ("put", ("b",)), ("put", ("a",))], 3)[-1] == [("b",), ("a",)]
+
+
+def test_an_unknown_operation_is_refused():
+    with pytest.raises(ValueError, match="op: expected"):
+        plans._exercise_cache([("drop", ("a",))], 3)
