@@ -33,25 +33,30 @@ cdef extern from *:
        DLPack's (dl_code -1: none read); typestr: __cuda_array_interface__'s ("" : none);
        compute_fast/compute_strict: the compute type under math "tf32"/"fp32" (-1: none);
        alias: a second name ("" : none; an FP8 format's short name); max_finite: the largest
-       finite value, where an entry saturates to it (FP8; 0: not used). */
+       finite value, where an entry saturates to it (FP8; 0: not used); promote: the width rank
+       by which matmul promotes mixed operands (float16/bfloat16 1, float32 2, float64 3; complex
+       by their parts' width; 0: not promoted); fp8_c, fp8_bias: for an FP8 GEMM that writes this
+       type, the C matrix's and the epilogue bias's types (cuBLASLt's rule; -1: no FP8 GEMM
+       writes it); ktail: whether the K-tail guard covers GEMMs of this type (where the defect
+       was measured). */
     typedef struct {
         int cuda; int size; const char* name; int level; int listed; char kind;
         int dl_code; int dl_bits; const char* typestr; int compute_fast; int compute_strict;
-        const char* alias; double max_finite;
+        const char* alias; double max_finite; int promote; int fp8_c; int fp8_bias; int ktail;
     } cg_dtype_row;
     static const cg_dtype_row cg_DTYPES[] = {
-        {CUDA_R_16F, 2, "float16", 0, 1, 'f', 2, 16, "<f2", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "", 0.0},
-        {CUDA_R_16BF, 2, "bfloat16", 0, 1, 'f', 4, 16, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "", 0.0},
-        {CUDA_R_32F, 4, "float32", 0, 1, 'f', 2, 32, "<f4", CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F, "", 0.0},
-        {CUDA_R_64F, 8, "float64", 1, 1, 'f', 2, 64, "<f8", CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_64F, "", 0.0},
-        {CUDA_C_32F, 8, "complex64", 1, 1, 'c', 5, 64, "<c8", CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F, "", 0.0},
-        {CUDA_C_64F, 16, "complex128", 1, 1, 'c', 5, 128, "<c16", CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_64F, "", 0.0},
-        {CUDA_R_8I, 1, "int8", 2, 1, 'i', 0, 8, "|i1", CUBLAS_COMPUTE_32I, CUBLAS_COMPUTE_32I, "", 0.0},
-        {CUDA_R_32I, 4, "int32", 2, 0, 'i', 0, 32, "<i4", -1, -1, "", 0.0},
-        {CUDA_R_8F_E4M3, 1, "float8_e4m3fn", 3, 1, '8', -1, 8, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "e4m3", 448.0},
-        {CUDA_R_8F_E5M2, 1, "float8_e5m2", 3, 1, '8', -1, 8, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "e5m2", 57344.0},
-        {CUDA_R_8U, 1, "uint8", 4, 0, 'u', 1, 8, "|u1", -1, -1, "", 0.0},
-        {CUDA_R_64I, 8, "int64", 5, 0, 'i', 0, 64, "<i8", -1, -1, "", 0.0},
+        {CUDA_R_16F, 2, "float16", 0, 1, 'f', 2, 16, "<f2", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "", 0.0, 1, CUDA_R_16F, CUDA_R_16F, 1},
+        {CUDA_R_16BF, 2, "bfloat16", 0, 1, 'f', 4, 16, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "", 0.0, 1, CUDA_R_16BF, CUDA_R_16BF, 1},
+        {CUDA_R_32F, 4, "float32", 0, 1, 'f', 2, 32, "<f4", CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F, "", 0.0, 2, CUDA_R_32F, CUDA_R_16BF, 0},
+        {CUDA_R_64F, 8, "float64", 1, 1, 'f', 2, 64, "<f8", CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_64F, "", 0.0, 3, -1, -1, 0},
+        {CUDA_C_32F, 8, "complex64", 1, 1, 'c', 5, 64, "<c8", CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F, "", 0.0, 2, -1, -1, 0},
+        {CUDA_C_64F, 16, "complex128", 1, 1, 'c', 5, 128, "<c16", CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_64F, "", 0.0, 3, -1, -1, 0},
+        {CUDA_R_8I, 1, "int8", 2, 1, 'i', 0, 8, "|i1", CUBLAS_COMPUTE_32I, CUBLAS_COMPUTE_32I, "", 0.0, 0, -1, -1, 0},
+        {CUDA_R_32I, 4, "int32", 2, 0, 'i', 0, 32, "<i4", -1, -1, "", 0.0, 0, -1, -1, 0},
+        {CUDA_R_8F_E4M3, 1, "float8_e4m3fn", 3, 1, '8', -1, 8, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "e4m3", 448.0, 0, CUDA_R_16BF, CUDA_R_16BF, 0},
+        {CUDA_R_8F_E5M2, 1, "float8_e5m2", 3, 1, '8', -1, 8, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "e5m2", 57344.0, 0, CUDA_R_16BF, CUDA_R_16BF, 0},
+        {CUDA_R_8U, 1, "uint8", 4, 0, 'u', 1, 8, "|u1", -1, -1, "", 0.0, 0, -1, -1, 0},
+        {CUDA_R_64I, 8, "int64", 5, 0, 'i', 0, 64, "<i8", -1, -1, "", 0.0, 0, -1, -1, 0},
     };
     enum { cg_N_DTYPES = sizeof(cg_DTYPES) / sizeof(cg_DTYPES[0]) };
     static inline const cg_dtype_row* cg_dtype_at(int i) { return &cg_DTYPES[i]; }
@@ -64,7 +69,7 @@ cdef extern from *:
     }
     """
     ctypedef struct cg_dtype_row:
-        int cuda, size, level, listed, dl_code, dl_bits, compute_fast, compute_strict
+        int cuda, size, level, listed, dl_code, dl_bits, compute_fast, compute_strict, promote, fp8_c, fp8_bias, ktail
         const char* name
         const char* typestr
         const char* alias
@@ -83,6 +88,29 @@ cdef inline bint is_fp8_type(cudaDataType t) noexcept nogil:
 cdef inline bint is_complex_type(cudaDataType t) noexcept nogil:
     cdef const cg_dtype_row* r = cg_dtype_row_of(t)
     return r != NULL and r.kind == b'c'
+
+
+# matmul's promotion rank of a type (0: not promoted; see the table).
+cdef inline int promote_rank(cudaDataType t) noexcept nogil:
+    cdef const cg_dtype_row* r = cg_dtype_row_of(t)
+    return r.promote if r != NULL else 0
+
+
+# An FP8 GEMM writing type d: its C matrix's and its epilogue bias's types (cuBLASLt's rule).
+cdef inline cudaDataType fp8_c_type(cudaDataType d) noexcept nogil:
+    cdef const cg_dtype_row* r = cg_dtype_row_of(d)
+    return <cudaDataType>(r.fp8_c if r != NULL and r.fp8_c >= 0 else d)
+
+
+cdef inline cudaDataType fp8_bias_type(cudaDataType d) noexcept nogil:
+    cdef const cg_dtype_row* r = cg_dtype_row_of(d)
+    return <cudaDataType>(r.fp8_bias if r != NULL and r.fp8_bias >= 0 else CUDA_R_16BF)
+
+
+# Whether the K-tail guard covers GEMMs of type t.
+cdef inline bint ktail_covers(cudaDataType t) noexcept nogil:
+    cdef const cg_dtype_row* r = cg_dtype_row_of(t)
+    return r != NULL and r.ktail
 
 
 # The DTYPES_* level of a type (-1: not in the table).

@@ -43,7 +43,3 @@ cdef str no_lt_epilogue(int code, str who)
 cdef const Activation* epilogue_activation(object act, str who) except NULL
 
 
-# The bias of an FP8 GEMM's epilogue: float16 for a float16 output, bfloat16 for every other
-# (cuBLASLt's rule for FP8 epilogues).
-cdef inline cudaDataType fp8_bias_type(cudaDataType d_type) noexcept nogil:
-    return CUDA_R_16F if d_type == CUDA_R_16F else CUDA_R_16BF

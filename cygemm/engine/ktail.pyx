@@ -40,6 +40,7 @@ from cygemm.bindings.cudart cimport cudaDataType, CUDA_R_16F, CUDA_R_16BF
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm.engine.types cimport ColMajorGemm, scale_type, pointer_alignment, lt_batch_ok
+from cygemm.engine.dtypes cimport ktail_covers
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.errors cimport check_cublas
 
@@ -193,7 +194,7 @@ cdef bint guarded_type(cudaDataType dtype) noexcept nogil:
     # The defect was measured in bfloat16 and float16 only (0 of 12,800 float32 shapes, TF32 or
     # strict, and the FP8 kernels, wrong); a TF32 split changed by the guard crashed inside cuBLAS
     # (512 x 512 x 8208), so the guard acts on the 16-bit types, where it was measured.
-    return dtype == CUDA_R_16F or dtype == CUDA_R_16BF
+    return ktail_covers(dtype)         # (the table's ktail field)
 
 
 cdef bint gemmex_drops(GemmContext* ctx, const ColMajorGemm* g, cudaDataType dtype,

@@ -31,7 +31,8 @@ from libc.stdint cimport int64_t, uintptr_t
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
-from cygemm.engine.epilogues cimport Activation, epilogue_activation, lt_epilogue, fp8_bias_type
+from cygemm.engine.epilogues cimport Activation, epilogue_activation, lt_epilogue
+from cygemm.engine.dtypes cimport fp8_bias_type, fp8_c_type
 from cygemm.engine.types cimport MatrixView, ArrayDesc, is_fp8_type, type_size
 from cygemm.engine.arrays cimport read_fp8, read_array, view_from_desc, desc_shape
 from cygemm.engine.dtypes cimport dtype_name
@@ -415,7 +416,7 @@ cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scal
     order_operands(&s.types, is_rowmajor(pout), va.dtype, vb.dtype, <const float*>vsa.ptr, <const float*>vsb.ptr,
                    mode_a, mode_b)
     s.types.d = d_type
-    s.types.c = CUDA_R_16BF if fp8_out else d_type
+    s.types.c = fp8_c_type(d_type)
     s.types.bias = bias_type
     s.types.d_scale = <const float*>vso.ptr if vso != NULL else NULL
     s.types.amax_d = <float*>vam.ptr if vam != NULL else NULL

@@ -21,7 +21,8 @@ from cygemm.engine.args cimport CallArgs, prepare_call, CALL_TYPED_GEMM
 from cygemm.engine.launch cimport set_scale_pointers
 from cygemm.engine.plans cimport Plan, get_plan
 from cygemm.engine.execute cimport run_plan, check_runnable, REFUSAL_RAISE
-from cygemm.engine.epilogues cimport Activation, activation_of_code, lt_epilogue_of, no_lt_epilogue, NO_EPILOGUE, fp8_bias_type
+from cygemm.engine.epilogues cimport Activation, activation_of_code, lt_epilogue_of, no_lt_epilogue, NO_EPILOGUE
+from cygemm.engine.dtypes cimport fp8_bias_type, fp8_c_type
 from cygemm.engine.epilogues import EPILOGUE_NAMES
 from cygemm.fp8.args cimport (ScaledCall, ScaleMode, SCALE_TENSOR, read_scaled, scale_mode_name,
                                      modes_pair, order_operands)
@@ -79,7 +80,7 @@ cdef int scaled_gemm_rowmajor(GemmContext* ctx, cudaStream_t stream, cudaDataTyp
     s.g.strided_batched = False
     order_operands(&s.types, is_rowmajor(&d), a_type, w_type, scale_a, scale_w, scale_mode_a, scale_mode_w)
     s.types.d = d_type
-    s.types.c = CUDA_R_16BF if is_fp8_type(d_type) else d_type
+    s.types.c = fp8_c_type(d_type)
     s.types.bias = fp8_bias_type(d_type)
     s.types.d_scale, s.types.amax_d = scale_d, amax_d
     s.types.fast_accum = fast_accum

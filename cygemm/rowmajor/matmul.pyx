@@ -17,7 +17,7 @@ from cygemm.engine.types cimport ArrayDesc, MatrixView, ColMajorGemm, Scalars, r
 from cygemm.engine.errors cimport refuse_in_capture
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.arrays cimport read_array, desc_shape
-from cygemm.engine.dtypes cimport dtype_name
+from cygemm.engine.dtypes cimport dtype_name, promote_rank
 from cygemm.engine.args cimport CallArgs, args_init, add_view, prepare_call, CALL_GEMM, ARG_READ, ARG_WRITE
 from cygemm.engine.settings cimport Policy, call_policy, default_policy
 from cygemm.engine.execute cimport run_gemm
@@ -40,20 +40,18 @@ __all__ = ["matmul", "describe_matmul"]
 
 # ------------------------------------------------------------ dtypes and array libraries
 
-cdef int _rank(cudaDataType t) noexcept:
-    return 3 if t == CUDA_R_64F else (2 if t == CUDA_R_32F else 1)
-
-
 cdef cudaDataType _promote(cudaDataType x, cudaDataType y) noexcept:
     """As cp.matmul / torch promote among float16, bfloat16, float32, float64, complex64 and
-    complex128: complex with either complex, its parts as wide as the wider operand's."""
+    complex128 (the table's ranks): complex with either complex, its parts as wide as the wider
+    operand's; float16 with bfloat16, float32."""
     if x == y:
         return x
+    cdef int rx = promote_rank(x), ry = promote_rank(y)
     if is_complex_type(x) or is_complex_type(y):
-        return CUDA_C_64F if CUDA_R_64F in (x, y) or CUDA_C_64F in (x, y) else CUDA_C_32F
-    if _rank(x) == _rank(y):            # float16 with bfloat16: neither holds the other
+        return CUDA_C_64F if max(rx, ry) == promote_rank(CUDA_C_64F) else CUDA_C_32F
+    if rx == ry:            # float16 with bfloat16: neither holds the other
         return CUDA_R_32F
-    return x if _rank(x) > _rank(y) else y
+    return x if rx > ry else y
 
 
 cdef object _contiguous(object x, cudaDataType t, cudaStream_t s):

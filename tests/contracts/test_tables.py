@@ -9,6 +9,7 @@ defaults of a public signature (``format="e4m3"``: what the user types), and pro
 one or two of them. nn/ and backend/ are applications written on the public API; their own
 defaults are theirs, so they are not scanned.
 """
+import glob
 import io
 import os
 import re
@@ -114,3 +115,32 @@ def test_the_scan_finds_what_it_looks_for(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "PACKAGE", str(src.parent))
     found = [f.split(":")[1] for f in spelt(DTYPE_NAMES, "dtypes")]
     assert found == ["4", "5"]
+
+
+# Comparisons of a storage type with a CUDA_R_*/CUDA_C_* constant outside the dtype table: the
+# facts (promotion, FP8 outputs' C and bias types, the K-tail guard's types) are the table's
+# fields now; what is left are argument rules of one entry each (scales are float32, int_mm's
+# int8/int32, a scale type's cuBLAS API) and the grouped matmul's type rules. The count may
+# only go down.
+TYPE_COMPARISONS_LEFT = {
+    "engine/args.pyx": 1, "engine/execute.pyx": 3, "engine/launch.pyx": 4, "engine/operands.pyx": 3,
+    "engine/small_batched.pyx": 1, "fp8/args.pyx": 2, "fp8/scales.pyx": 1, "grouped/groups.pyx": 2,
+    "grouped/lt_grouped.pyx": 5, "grouped/moe_fp8.pyx": 5, "rowmajor/gemm.pyx": 4,
+}
+
+
+def test_storage_type_comparisons_outside_the_table_only_go_down():
+    compare = re.compile(r"[=!]=\s*CUDA_[RC]_\w+|CUDA_[RC]_\w+\s*[=!]=|\bin\s*\([^)]*CUDA_[RC]_")
+    found = {}
+    for ext in ("pyx", "pxd"):
+        for path in glob.glob(os.path.join(PACKAGE, "**", f"*.{ext}"), recursive=True):
+            rel = os.path.relpath(path, PACKAGE).replace(os.sep, "/")
+            if rel == "engine/dtypes.pxd":
+                continue
+            n = sum(1 for line in open(path) if compare.search(line.split("#")[0]))
+            if n:
+                found[rel] = n
+    grown = {f: n for f, n in found.items() if n > TYPE_COMPARISONS_LEFT.get(f, 0)}
+    assert not grown, f"new comparisons with a CUDA_R_* constant (ask the dtype table instead): {grown}"
+    for name in ("rowmajor/matmul.pyx", "engine/ktail.pyx", "engine/epilogues.pxd", "fp8/scaled.pyx"):
+        assert name not in found, f"{name}: its dtype facts are the table's"

@@ -1,9 +1,12 @@
 """The dtype table (CPU): each row agrees with NumPy, ml_dtypes and DLPack's spec, the levels nest,
 and the readers' and allocators' lists are derived from it."""
+import os
+
 import ml_dtypes
 import numpy as np
 import pytest
 
+import cygemm
 from cygemm.engine import dtypes
 
 ROWS = dtypes.ROWS
@@ -53,3 +56,36 @@ def test_the_readers_and_allocators_derive_from_the_table():
     assert GEMM_DTYPES == set(dtypes.names(dtypes.LEVELS["wide"]))
     assert set(OUT_DTYPES) == set(dtypes.names(dtypes.LEVELS["float"])) | set(dtypes.FP8_FORMATS)
     assert FP8_MAX == {"e4m3": 448.0, "e5m2": 57344.0}
+
+
+# ---- the facts the table carries beyond storage: promotion, FP8 outputs' C and bias, the K-tail guard
+
+PROMOTED = ["float16", "bfloat16", "float32", "float64", "complex64", "complex128"]
+
+
+@pytest.mark.parametrize("a", PROMOTED)
+@pytest.mark.parametrize("b", PROMOTED)
+def test_matmul_promotes_mixed_dtypes_as_torch_does(a, b):
+    """The table's promotion ranks reproduce torch.promote_types (an independent reference),
+    read from what describe_matmul says matmul would cast both operands to."""
+    torch = pytest.importorskip("torch")
+    if a == b:
+        return
+    with pytest.raises(ValueError) as info:
+        cygemm.describe_matmul(((4, 8), a), ((8, 3), b))
+    want = str(torch.promote_types(getattr(torch, a), getattr(torch, b))).replace("torch.", "")
+    assert f"cast both to {want} first" in str(info.value), str(info.value)
+
+
+def test_fp8_output_types_and_guarded_types_come_from_the_table():
+    rows = {r["name"]: r for r in ROWS}
+    assert {n for n, r in rows.items() if r["kind"] == "f" and r["size"] == 2} == {"float16", "bfloat16"}
+    src = open(os.path.join(os.path.dirname(cygemm.__file__), "engine", "dtypes.pxd")).read()
+    # cuBLASLt's FP8 rule: C is bfloat16 for an FP8 output, else the output's type; the bias is
+    # float16 for a float16 output, else bfloat16; the guard covers the 16-bit floats.
+    for name, c, bias, ktail in (("float16", "CUDA_R_16F", "CUDA_R_16F", 1),
+                                 ("bfloat16", "CUDA_R_16BF", "CUDA_R_16BF", 1),
+                                 ("float32", "CUDA_R_32F", "CUDA_R_16BF", 0),
+                                 ("float8_e4m3fn", "CUDA_R_16BF", "CUDA_R_16BF", 0)):
+        row = next(line for line in src.splitlines() if f'"{name}"' in line and line.strip().startswith("{CUDA"))
+        assert row.rstrip(" },").endswith(f"{c}, {bias}, {ktail}"), row
