@@ -28,8 +28,8 @@ from libc.stdint cimport int32_t
 from posix.dlfcn cimport dlopen, dlsym, RTLD_LAZY
 
 from cygemm.bindings.cudart cimport cudaDeviceGetAttribute, cudaDevAttrComputeCapabilityMajor, cudaSuccess
-from cygemm.bindings.cublas cimport CUBLAS_STATUS_SUCCESS, CUBLAS_COMPUTE_32F
-from cygemm.bindings.cudart cimport CUDA_R_32F
+from cygemm.bindings.cublas cimport CUBLAS_STATUS_SUCCESS, CUBLAS_STATUS_NOT_SUPPORTED, CUBLAS_COMPUTE_32F, cublasStatus_t
+from cygemm.bindings.cudart cimport CUDA_R_32F, cudaDataType
 from cygemm.bindings.cublaslt cimport *
 
 cdef extern from "<dlfcn.h>" nogil:
@@ -203,17 +203,28 @@ def features(int device=0):
     return out
 
 
+cdef cublasStatus_t _absent_grouped_layout_create(cublasLtMatrixLayout_t* layout, cudaDataType type, int count,
+                                                  const void* rows, const void* cols, const void* ld) noexcept nogil:
+    return CUBLAS_STATUS_NOT_SUPPORTED
+
+
 @contextlib.contextmanager
 def _pretend(version=None, *, grouped=None, stream_heuristic=None, batch_invariance=None, major=None):
     """Test hook: stand in for another cuBLASLt (its version and what it exports or accepts;
-    None: the loaded one's) and GPU (its compute capability's major number; None: the GPU's)
-    until the block ends."""
+    None: the loaded one's, but the grouped API: what the version given exports) and GPU (its
+    compute capability's major number; None: the GPU's) until the block ends."""
     global _pretending, _pretend_major
     if _pretending:
         raise RuntimeError("lt_features._pretend: already pretending (blocks do not nest)")
     cdef const LtExtras* real = lt_extras()
     _stand_in.version = real.version if version is None else version
-    _stand_in.grouped_layout_create = real.grouped_layout_create if grouped is None or grouped else NULL
+    if grouped is None:     # what the version stood in for exports (the loaded one's: as loaded)
+        grouped = (real.grouped_layout_create != NULL) if version is None else version >= GROUPED_MIN_CUBLASLT
+    # A stand-in library that exports the grouped API where the loaded one does not (the image's
+    # 13.1 under a test of 13.10's gates): a function that answers NOT_SUPPORTED, never a crash.
+    _stand_in.grouped_layout_create = (
+        (real.grouped_layout_create if real.grouped_layout_create != NULL else _absent_grouped_layout_create)
+        if grouped else NULL)
     _stand_in.heuristic_for_stream = real.heuristic_for_stream if stream_heuristic is None or stream_heuristic else NULL
     _stand_in.check_for_stream = real.check_for_stream if stream_heuristic is None or stream_heuristic else NULL
     _stand_in.batch_invariance_flags = real.batch_invariance_flags if batch_invariance is None else batch_invariance

