@@ -127,15 +127,23 @@ cdef int _each_matrix(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm*
                       Policy policy) except -1:
     """A batch cuBLASLt is not asked about (broadcast or interleaved), one matrix at a time:
     each by the plan of one matrix, as it would run alone."""
-    cdef ColMajorGemm one = g[0]
-    cdef int64_t i, size = type_size(dtype)
-    one.batch, one.strided_batched = 1, False
+    cdef ColMajorGemm one
+    cdef int64_t i
+    cdef int size = type_size(dtype)
     for i in range(g.batch):
-        one.a = <const char*>g.a + i * g.stride_a * size
-        one.b = <const char*>g.b + i * g.stride_b * size
-        one.c = <char*>g.c + i * g.stride_c * size
+        nth_matrix(g, i, size, size, &one)
         _run_planned(ctx, stream, &one, dtype, compute, sc, ws, policy)
     return 0
+
+
+cdef void nth_matrix(const ColMajorGemm* g, int64_t i, int in_size, int out_size, ColMajorGemm* one) noexcept nogil:
+    """Matrix i of a strided batch as one GEMM (inputs of in_size bytes, output of out_size): the
+    one place a batch is taken apart, for the batches run a matrix at a time."""
+    one[0] = g[0]
+    one.batch, one.strided_batched = 1, False
+    one.a = <const char*>g.a + i * g.stride_a * in_size
+    one.b = <const char*>g.b + i * g.stride_b * in_size
+    one.c = <char*>g.c + i * g.stride_c * out_size
 
 
 cdef int _run_planned(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
@@ -311,16 +319,12 @@ cdef int run_int8(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, 
         return 0
     cdef ColMajorGemm one
     cdef int64_t i
-    cdef int out_size = 4 if out_type == CUDA_R_32I else 1
+    cdef int out_size = type_size(out_type)
     cdef int phase
     if g.strided_batched and g.batch > 1 and not lt_batch_ok(g):
-        one = g[0]
-        one.batch, one.strided_batched = 1, False
         for phase in range(2):          # every matrix's plan first: nothing runs unless all have a kernel
             for i in range(g.batch):
-                one.a = <const char*>g.a + i * g.stride_a
-                one.b = <const char*>g.b + i * g.stride_b
-                one.c = <char*>g.c + i * g.stride_c * out_size
+                nth_matrix(g, i, 1, out_size, &one)
                 if phase == 0:
                     _plan(ctx, stream, &one, &types, sc, policy, out, call_workspace(ctx, stream))
                 else:

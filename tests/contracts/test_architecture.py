@@ -297,3 +297,13 @@ def test_one_size_rule():
     assert _calls("is_large") >= {os.path.join("engine", "execute.pyx"), os.path.join("dense", "routes.pyx")}
     chooser = open(os.path.join(PACKAGE, "engine", "chooser.pyx")).read()
     assert chooser.count(".autotune_min_macs") == 1
+
+
+def test_a_batch_is_taken_apart_in_one_place():
+    """The batches run a matrix at a time (a plain GEMM's and the int8 GEMM's) take matrix i by
+    engine/execute.pyx's nth_matrix alone: no other code adds i times a batch stride."""
+    stride_math = re.compile(r"\bi \* g\.stride_[abc]\b")
+    found = {os.path.relpath(p, PACKAGE) for p in _sources("") if stride_math.search(open(p).read())}
+    assert found == {os.path.join("engine", "execute.pyx")}, found
+    assert _calls("nth_matrix") == {os.path.join("engine", "execute.pyx")}
+    assert open(os.path.join(PACKAGE, "engine", "execute.pyx")).read().count("* g.stride_") == 3
