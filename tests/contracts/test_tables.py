@@ -144,3 +144,12 @@ def test_storage_type_comparisons_outside_the_table_only_go_down():
     assert not grown, f"new comparisons with a CUDA_R_* constant (ask the dtype table instead): {grown}"
     for name in ("rowmajor/matmul.pyx", "engine/ktail.pyx", "engine/epilogues.pxd", "fp8/scaled.pyx"):
         assert name not in found, f"{name}: its dtype facts are the table's"
+
+
+def test_tests_take_cudadatatype_numbers_from_the_table():
+    """A test names a storage type by the table's row (BY_ANY_NAME[name]["cuda"]), never by its
+    cudaDataType number."""
+    numbers = re.compile(r"=\s*\(?\s*0\s*,\s*1\s*,\s*2\s*,\s*14\b|\"bfloat16\":\s*\(14\b")
+    hard = [os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "tests", "**", "*.py"), recursive=True)
+            if numbers.search(open(p).read())]
+    assert not hard, hard

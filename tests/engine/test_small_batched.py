@@ -16,9 +16,12 @@ import pytest
 
 import cygemm
 from cygemm.engine import small_batched, tuning
+from cygemm.engine.dtypes import BY_ANY_NAME
 from gpu_util import poisoned, rand
 
-F32, F64, F16, BF16, C64, C128 = 0, 1, 2, 14, 4, 5      # cudaDataType numbers
+# cudaDataType numbers, from the dtype table
+F32, F64, F16, BF16, C64, C128 = (BY_ANY_NAME[n]["cuda"] for n in ("float32", "float64", "float16", "bfloat16",
+                                                                  "complex64", "complex128"))
 
 
 @pytest.fixture

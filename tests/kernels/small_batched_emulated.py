@@ -6,11 +6,13 @@ import ctypes
 import numpy as np
 
 import emulator
+from cygemm.engine.dtypes import BY_ANY_NAME
 
-# cudaDataType numbers, the storage NumPy holds them in, and the accuracy of the result type.
-DTYPES = {"float32": (0, np.float32, 1e-5), "float64": (1, np.float64, 1e-12), "float16": (2, np.float16, 1e-2),
-          "bfloat16": (14, np.uint16, 1e-2), "complex64": (4, np.complex64, 1e-5),
-          "complex128": (5, np.complex128, 1e-12)}
+# cudaDataType numbers (the dtype table's), the storage NumPy holds them in, and the accuracy of
+# the result type.
+_STORAGE = {"float32": (np.float32, 1e-5), "float64": (np.float64, 1e-12), "float16": (np.float16, 1e-2),
+            "bfloat16": (np.uint16, 1e-2), "complex64": (np.complex64, 1e-5), "complex128": (np.complex128, 1e-12)}
+DTYPES = {name: (BY_ANY_NAME[name]["cuda"],) + held for name, held in _STORAGE.items()}
 TILES = {"1x1": 0, "2x2": 1, "4x4": 2, "vector": 3, "mma": 4}
 
 
