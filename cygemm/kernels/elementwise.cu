@@ -229,13 +229,9 @@ cudaError_t forward(int64_t m, int64_t n, const void* x, int64_t ldx, const void
     auto by_act = [&](auto vec_tag) {
         constexpr bool V = decltype(vec_tag)::value;
         switch (act) {
-        case CYGEMM_ACT_RELU: args(bias_act_forward_kernel<T, V, CYGEMM_ACT_RELU>); break;
-        case CYGEMM_ACT_LEAKY_RELU: args(bias_act_forward_kernel<T, V, CYGEMM_ACT_LEAKY_RELU>); break;
-        case CYGEMM_ACT_GELU: args(bias_act_forward_kernel<T, V, CYGEMM_ACT_GELU>); break;
-        case CYGEMM_ACT_GELU_ERF: args(bias_act_forward_kernel<T, V, CYGEMM_ACT_GELU_ERF>); break;
-        case CYGEMM_ACT_SIGMOID: args(bias_act_forward_kernel<T, V, CYGEMM_ACT_SIGMOID>); break;
-        case CYGEMM_ACT_TANH: args(bias_act_forward_kernel<T, V, CYGEMM_ACT_TANH>); break;
-        case CYGEMM_ACT_SILU: args(bias_act_forward_kernel<T, V, CYGEMM_ACT_SILU>); break;
+#define CYGEMM_FORWARD_CASE(A) case CYGEMM_ACT_##A: args(bias_act_forward_kernel<T, V, CYGEMM_ACT_##A>); break;
+        CYGEMM_ACTIVATIONS(CYGEMM_FORWARD_CASE)
+#undef CYGEMM_FORWARD_CASE
         default: args(bias_act_forward_kernel<T, V, CYGEMM_ACT_NONE>); break;
         }
     };
@@ -264,13 +260,9 @@ cudaError_t backward(int64_t m, int64_t n, const void* gy, int64_t ldgy, const v
         auto by_act = [&](auto vec_tag) {
             constexpr bool V = decltype(vec_tag)::value;
             switch (act) {
-            case CYGEMM_ACT_RELU: args(act_backward_kernel<T, V, CYGEMM_ACT_RELU>); break;
-            case CYGEMM_ACT_LEAKY_RELU: args(act_backward_kernel<T, V, CYGEMM_ACT_LEAKY_RELU>); break;
-            case CYGEMM_ACT_GELU: args(act_backward_kernel<T, V, CYGEMM_ACT_GELU>); break;
-            case CYGEMM_ACT_GELU_ERF: args(act_backward_kernel<T, V, CYGEMM_ACT_GELU_ERF>); break;
-            case CYGEMM_ACT_SIGMOID: args(act_backward_kernel<T, V, CYGEMM_ACT_SIGMOID>); break;
-            case CYGEMM_ACT_TANH: args(act_backward_kernel<T, V, CYGEMM_ACT_TANH>); break;
-            case CYGEMM_ACT_SILU: args(act_backward_kernel<T, V, CYGEMM_ACT_SILU>); break;
+#define CYGEMM_BACKWARD_CASE(A) case CYGEMM_ACT_##A: args(act_backward_kernel<T, V, CYGEMM_ACT_##A>); break;
+            CYGEMM_ACTIVATIONS(CYGEMM_BACKWARD_CASE)
+#undef CYGEMM_BACKWARD_CASE
             default: args(act_backward_kernel<T, V, CYGEMM_ACT_NONE>); break;
             }
         };

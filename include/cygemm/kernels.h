@@ -25,6 +25,10 @@ typedef enum {
     CYGEMM_ACT_SILU = 7
 } cygemm_act_t;
 
+/* Every activation but NONE, once: the kernels' launchers instantiate one kernel per entry
+ * (X(name) for each CYGEMM_ACT_<name>; a contract test holds it equal to the enum above). */
+#define CYGEMM_ACTIVATIONS(X) X(RELU) X(LEAKY_RELU) X(GELU) X(GELU_ERF) X(SIGMOID) X(TANH) X(SILU)
+
 /* y = act(x + bias); z = x + bias when z != NULL. x may alias y or z.
  * bias: length n, or NULL. dtype: CUDA_R_32F, CUDA_R_16F or CUDA_R_16BF. */
 cudaError_t cygemm_bias_act_forward(

@@ -153,3 +153,15 @@ def test_tests_take_cudadatatype_numbers_from_the_table():
     hard = [os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "tests", "**", "*.py"), recursive=True)
             if numbers.search(open(p).read())]
     assert not hard, hard
+
+
+def test_the_kernels_activation_list_is_the_enum():
+    """include/cygemm/kernels.h's CYGEMM_ACTIVATIONS lists every activation code but NONE, once,
+    and elementwise.cu's launchers instantiate their kernels from it (no switch spells them)."""
+    header = open(os.path.join(ROOT, "include", "cygemm", "kernels.h")).read()
+    enum = re.findall(r"CYGEMM_ACT_(\w+) = \d+", header)
+    listed = re.findall(r"X\((\w+)\)", re.search(r"#define CYGEMM_ACTIVATIONS\(X\)([^\n]*)", header).group(1))
+    assert listed == [a for a in enum if a != "NONE"], (listed, enum)
+    kernels = open(os.path.join(PACKAGE, "kernels", "elementwise.cu")).read()
+    assert kernels.count("CYGEMM_ACTIVATIONS(") == 2
+    assert not re.search(r"case CYGEMM_ACT_\w+: args\(", kernels)
