@@ -1,0 +1,65 @@
+"""Seeded faults in our kernel files, each of which the CPU kernel tests must catch: proof that
+they bite. Each fault replaces one exact text of a kernel file; the runner applies one at a time,
+runs that file's tests on the emulator, expects them to fail, and puts the file back.
+
+    python tests/kernels/emulator/faults.py [kernel ...]
+
+Prints one line per fault (caught: how many tests failed; MISSED where none did) and exits 1 when
+a fault was missed. It edits cygemm/kernels/<name>.cu in place for the length of one test run (the
+emulator builds the file from the tree), restoring it whatever happens.
+"""
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+
+# kernel -> (its tests, [(what the fault is, the text, the text with the fault)])
+FAULTS = {
+    "elementwise": ("tests/kernels/test_elementwise_kernel.py", [
+        ("leaky_relu ignores its slope",
+         "case CYGEMM_ACT_LEAKY_RELU: return z > 0.f ? z : slope * z;",
+         "case CYGEMM_ACT_LEAKY_RELU: return z > 0.f ? z : 0.01f * z;"),
+        ("the bias gradient's column sum skips the block's first row of partial sums",
+         "for (int r = 0; r < kRowThreads; ++r) s += sums[r][c];",
+         "for (int r = 1; r < kRowThreads; ++r) s += sums[r][c];"),
+        ("the barrier before the column sum is dropped",
+         "    __syncthreads();\n    // Fixed-order sum over the block's rows",
+         "    // Fixed-order sum over the block's rows"),
+        ("the forward's z takes x without the bias",
+         "if (z) storev<T, VEC>",
+         "if (z && false) storev<T, VEC>"),
+    ]),
+}
+
+
+def run(kernels):
+    missed = []
+    for name in kernels:
+        tests, faults = FAULTS[name]
+        path = os.path.join(ROOT, "cygemm", "kernels", f"{name}.cu")
+        original = open(path).read()
+        for what, text, fault in faults:
+            if original.count(text) != 1:
+                print(f"{name}: {what}: the text to replace is not in the file once (update the list)")
+                missed.append((name, what))
+                continue
+            try:
+                with open(path, "w") as f:
+                    f.write(original.replace(text, fault))
+                done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests],
+                                      cwd=ROOT, capture_output=True, text=True)
+            finally:
+                with open(path, "w") as f:
+                    f.write(original)
+            summary = (done.stdout.strip().splitlines() or ["?"])[-1]
+            caught = done.returncode != 0 and "failed" in summary
+            print(f"{name}: {what}: {'caught (' + summary + ')' if caught else 'MISSED'}")
+            if not caught:
+                missed.append((name, what))
+    return missed
+
+
+if __name__ == "__main__":
+    sys.exit(1 if run(sys.argv[1:] or list(FAULTS)) else 0)
