@@ -12,7 +12,7 @@
 // the CYGEMM_CUDA_ON_CPU branch of its copy helpers) land as late as they may, when their thread
 // waits for them (a read before the wait sees the old bytes), or as early, when issued (a buffer
 // still being read by other threads is overwritten): cuda_on_cpu_copies_land. What this cannot show:
-// warp-synchronous code, the memory model between blocks, speed.
+// warp-synchronous code beyond __shfl_xor_sync, the memory model between blocks, speed.
 #ifndef CYGEMM_CUDA_ON_CPU_H
 #define CYGEMM_CUDA_ON_CPU_H
 #define CYGEMM_CUDA_ON_CPU 1             // (kernel files' copy helpers take the emulator's branch)
@@ -167,6 +167,34 @@ inline void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (
     yield(AT_WARP);                                 // (every thread has read them)
 }
 
+// __shfl_xor_sync over the warp: every thread of the warp deposits its value and waits at the
+// warp's barrier (as the GPU's full-mask shuffle requires all 32 lanes), then reads its partner's;
+// a partner lane that has returned gives all-ones bits (a NaN), so a shuffle past the live lanes
+// shows. Values of up to 8 bytes.
+struct ShuffleSlot {
+    uint64_t bits;
+    bool in;
+};
+static ShuffleSlot shuffle_slots[1024];
+
+template <typename T>
+inline T shfl_xor(T v, int lane_mask) {
+    static_assert(sizeof(T) <= 8, "a shuffle moves at most 8 bytes here");
+    const unsigned t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const unsigned lane = t % 32, base = t - lane;
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof(T));
+    shuffle_slots[t] = {bits, true};
+    yield(AT_WARP);                                 // (every lane's value is in)
+    const ShuffleSlot& from = shuffle_slots[base + ((lane ^ unsigned(lane_mask)) & 31u)];
+    uint64_t got = from.in ? from.bits : ~uint64_t(0);
+    T r;
+    std::memcpy(&r, &got, sizeof(T));
+    yield(AT_WARP);                                 // (every lane has read)
+    shuffle_slots[t].in = false;
+    return r;
+}
+
 template <typename Kernel, typename Args>
 struct Body {
     Kernel kernel;
@@ -256,6 +284,26 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
 
 }  // namespace cuda_on_cpu
 
+template <typename T>
+inline T __shfl_xor_sync(unsigned /*mask: the full warp, as the kernels pass*/, T v, int lane_mask, int = 32) {
+    return cuda_on_cpu::shfl_xor(v, lane_mask);
+}
+// Atomics: threads run one at a time and never between a read and its write here.
+inline int atomicMax(int* p, int v) { const int old = *p; if (v > old) *p = v; return old; }
+inline int atomicOr(int* p, int v) { const int old = *p; *p = old | v; return old; }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { const unsigned old = *p; *p = old + v; return old; }
+inline float atomicAdd(float* p, float v) { const float old = *p; *p = old + v; return old; }
+inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
+inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
+inline void __threadfence() {}
+template <typename T>
+inline T __ldg(const T* p) { return *p; }
+inline float cospif(float x) { return float(std::cos(M_PI * double(x))); }
+inline float sinpif(float x) { return float(std::sin(M_PI * double(x))); }
+
 // The runtime calls the kernel files make, answered here (no CUDA runtime is linked; one
 // translation unit includes this).
 extern "C" {
@@ -263,6 +311,10 @@ cudaError_t cudaGetLastError(void) {
     const cudaError_t e = cuda_on_cpu::last_error;
     cuda_on_cpu::last_error = cudaSuccess;
     return e;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
+    std::memset(p, value, bytes);
+    return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* device) {
     *device = cuda_on_cpu::sm_count & 63;      // (each SM count its own device: kernel files cache a device's)
