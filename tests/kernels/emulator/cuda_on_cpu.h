@@ -6,7 +6,9 @@
 // it reaches a barrier or returns; no thread passes __syncthreads() before every thread of the
 // block that has not returned reaches it, nor a warp-wide operation (the tensor cores' mma)
 // before every thread of its warp does; threads that wait for each other at different barriers
-// end the launch with cudaErrorLaunchFailure. Blocks run one after another, each on shared memory
+// end the launch with cudaErrorLaunchFailure. Blocks take turns among three legal schedules (every
+// thread a step in order; each warp alone up to the block's next barrier, forward or in reverse).
+// Blocks run one after another, each on shared memory
 // refilled with 0xFF bytes (a NaN in every floating-point type), so a value read before it was
 // staged shows in the result. Asynchronous copies to shared memory (a kernel's cp.async, through
 // the CYGEMM_CUDA_ON_CPU branch of its copy helpers) land as late as they may, when their thread
@@ -69,6 +71,7 @@ alignas(16) static unsigned char shared[SHARED_BYTES];
 static int sm_count = 4;                        // what the device reports (cuda_on_cpu_set_sm_count)
 static cudaError_t last_error = cudaSuccess;
 static long long launches = 0;
+constexpr int SCHEDULES = 3;                    // the block schedules launches take turns among
 static long long async_copies = 0;             // cp.async copies issued, all launches
 static bool copies_land_at_issue = false;      // else when waited for
 
@@ -243,14 +246,43 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
                 // Each thread that may run runs to its next barrier or its end; then the warps all of
                 // whose live threads wait at a warp-wide operation go on, else the block if all of its
                 // live threads wait at __syncthreads(), else they wait for each other: a failure.
+                // Blocks take turns among three legal schedules (SCHEDULES): every thread a step in
+                // thread order; or each warp alone, as far as it goes before the block's next
+                // barrier, warps and their threads in order or in reverse. The second shows a read
+                // that a missing barrier lets another warp overwrite first.
                 const unsigned warps = (threads + 31) / 32;
+                const int schedule = int((launches + bx + by + bz) % SCHEDULES);
+                const bool reverse = schedule == 2;
+                auto step = [&](unsigned t) {
+                    Fiber& f = fibers[t];
+                    if (f.state != RUNNING) return;
+                    threadIdx = uint3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
+                    running = &f;
+                    swapcontext(&scheduler, &f.context);
+                };
+                auto warp_waits = [&](unsigned w) {     // every live thread of w at a warp-wide operation
+                    bool any = false;
+                    for (unsigned t = 32 * w; t < threads && t < 32 * w + 32; ++t) {
+                        if (fibers[t].state == DONE) continue;
+                        if (fibers[t].state != AT_WARP) return false;
+                        any = true;
+                    }
+                    return any;
+                };
                 for (;;) {
-                    for (unsigned t = 0; t < threads; ++t) {
-                        Fiber& f = fibers[t];
-                        if (f.state != RUNNING) continue;
-                        threadIdx = uint3{t % block.x, (t / block.x) % block.y, t / (block.x * block.y)};
-                        running = &f;
-                        swapcontext(&scheduler, &f.context);
+                    if (schedule == 0) {
+                        for (unsigned t = 0; t < threads; ++t) step(t);
+                    } else {
+                        for (unsigned i = 0; i < warps; ++i) {
+                            const unsigned w = reverse ? warps - 1 - i : i;
+                            const unsigned lo = 32 * w, hi = std::min(threads, lo + 32);
+                            for (;;) {
+                                for (unsigned j = lo; j < hi; ++j) step(reverse ? hi - 1 - (j - lo) : j);
+                                if (!warp_waits(w)) break;
+                                for (unsigned t = lo; t < hi; ++t)
+                                    if (fibers[t].state == AT_WARP) fibers[t].state = RUNNING;
+                            }
+                        }
                     }
                     bool released = false, live = false, all_at_block = true;
                     for (unsigned w = 0; w < warps; ++w) {
@@ -296,6 +328,9 @@ inline float atomicAdd(float* p, float v) { const float old = *p; *p = old + v; 
 inline int __float_as_int(float f) { int i; std::memcpy(&i, &f, 4); return i; }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float __fdiv_rn(float a, float b) { return a / b; }
+using std::isinf;
+using std::isnan;
+using std::isfinite;
 inline float __uint_as_float(unsigned i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned i; std::memcpy(&i, &f, 4); return i; }
 inline void __threadfence() {}

@@ -44,6 +44,20 @@ FAULTS = {
          "m = threadIdx.x < kThreads / 32 ? warp_max[threadIdx.x] : 0.f;",
          "m = threadIdx.x < kThreads / 32 - 1 ? warp_max[threadIdx.x] : 0.f;"),
     ]),
+    "fp8_scales": ("tests/kernels/test_fp8_scales_kernel.py", [
+        ("a lane group's maximum stops a lane short",
+         "for (int off = LANES / 2; off > 0; off >>= 1)",
+         "for (int off = LANES / 2; off > 1; off >>= 1)"),
+        ("the block's maximum leaves out its first warp",
+         "    m = warp_m[0];\n    for (int w = 1;",
+         "    m = 0.f;\n    for (int w = 1;"),
+        ("the barrier after the block's maximum is dropped (warp_m reused at once)",
+         "    __syncthreads();                   // (warp_m is reused by the next call)",
+         "                                       // (warp_m is reused by the next call)"),
+        ("a power-of-two scale rounds up instead of down",
+         "if (pow2) m = ldexpf(1.f, ilogbf(m));",
+         "if (pow2) m = ldexpf(1.f, ilogbf(m) + 1);"),
+    ]),
 }
 
 
