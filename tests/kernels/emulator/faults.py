@@ -69,6 +69,17 @@ FAULTS = {
          "for (int d = layout.ndim - 1; d >= 0; --d)",
          "for (int d = layout.ndim - 1; d > 0; --d)"),
     ]),
+    "nn": ("tests/kernels/test_nn_kernel.py", [
+        ("the block that adds the partial sums is not the last to finish",
+         "last = (prev == gridDim.x - 1);",
+         "last = (prev == 0);"),
+        ("SGD's first step starts the momentum buffer from the dampened gradient",
+         "float b = t == 1 ? d : momentum * buf[i] + (1.f - dampening) * d;",
+         "float b = momentum * buf[i] + (1.f - dampening) * d;"),
+        ("Adam's second moment is not bias-corrected",
+         "bc2_sqrt = sqrtf(1.f - powf(beta2, (float)t));",
+         "bc2_sqrt = 1.f;"),
+    ]),
 }
 
 
