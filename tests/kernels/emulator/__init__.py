@@ -62,14 +62,17 @@ extern "C" void cuda_on_cpu_copies_land(int at_issue) {{ cuda_on_cpu::copies_lan
 """
 
 
-def build(name, folder, defines=()):
+def build(name, folder, defines=(), source=None):
     """``cygemm/kernels/<name>.cu`` built for the CPU in `folder` with the macros `defines` (names,
-    each defined as 1), loaded: a ctypes.CDLL."""
-    path = os.path.join(KERNELS, f"{name}.cu")
-    if not os.path.isfile(path):            # (the tests run against an installed wheel, which has no .cu)
-        raise Unavailable(f"the kernel's source {path} is not in this tree")
-    with open(path) as f:
-        text = HARNESS.format(defines="".join(f"#define {d} 1\n" for d in defines), source=translate(f.read()))
+    each defined as 1), loaded: a ctypes.CDLL. source: CUDA text to build instead of the file
+    (the emulator's own tests)."""
+    if source is None:
+        path = os.path.join(KERNELS, f"{name}.cu")
+        if not os.path.isfile(path):            # (the tests run against an installed wheel, which has no .cu)
+            raise Unavailable(f"the kernel's source {path} is not in this tree")
+        with open(path) as f:
+            source = f.read()
+    text = HARNESS.format(defines="".join(f"#define {d} 1\n" for d in defines), source=translate(source))
     with open(os.path.join(HERE, "cuda_on_cpu.h")) as f:
         digest = hashlib.sha256((text + f.read()).encode()).hexdigest()[:16]
     lib = os.path.join(folder, f"{name}_{digest}.so")

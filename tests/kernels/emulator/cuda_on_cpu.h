@@ -3,7 +3,7 @@
 // header in front, its launches rewritten to cuda_on_cpu::launch).
 //
 // Each block's threads are fibers (ucontext) of one OS thread, run in turn: a thread runs until
-// it reaches a barrier or returns; no thread passes __syncthreads() before every thread of the
+// it reaches a barrier or returns; no thread passes a __syncthreads() before every thread of the
 // block that has not returned reaches it, nor a warp-wide operation (the tensor cores' mma)
 // before every thread of its warp does; threads that wait for each other at different barriers
 // end the launch with cudaErrorLaunchFailure. Blocks take turns among three legal schedules (every
@@ -86,6 +86,7 @@ enum State { RUNNING, AT_BLOCK, AT_WARP, DONE };
 struct Fiber {
     ucontext_t context;
     State state = RUNNING;
+    int site = 0;                               // the line of the __syncthreads() it waits at
     std::vector<Copy> open;                     // asynchronous copies not yet committed
     std::deque<std::vector<Copy>> groups;       // committed groups, oldest first
     std::unique_ptr<unsigned char[]> stack{new unsigned char[STACK_BYTES]};    // (not zeroed: it is a stack)
@@ -119,7 +120,13 @@ inline void async_wait(size_t newest_left) {
 
 }  // namespace cuda_on_cpu
 
-inline void __syncthreads() { cuda_on_cpu::yield(cuda_on_cpu::AT_BLOCK); }
+// A barrier knows its call site: threads of a block that wait at different __syncthreads() end
+// the launch with a failure (CUDA requires every thread of the block to reach the same one).
+inline void block_barrier(int site) {
+    cuda_on_cpu::running->site = site;
+    cuda_on_cpu::yield(cuda_on_cpu::AT_BLOCK);
+}
+#define __syncthreads() block_barrier(__LINE__)
 
 namespace cuda_on_cpu {
 
@@ -302,6 +309,12 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
                     }
                     if (!live) break;
                     if (released) continue;
+                    int site = -1;
+                    for (unsigned t = 0; t < threads && all_at_block; ++t) {
+                        if (fibers[t].state != AT_BLOCK) continue;
+                        if (site >= 0 && fibers[t].site != site) all_at_block = false;    // two barriers
+                        site = fibers[t].site;
+                    }
                     if (!all_at_block) {
                         last_error = cudaErrorLaunchFailure;
                         running = nullptr;

@@ -1,0 +1,78 @@
+"""The emulator itself (tests/kernels/emulator): what makes it stricter than one GPU schedule
+fails a kernel that depends on luck. CPU."""
+import ctypes
+
+import numpy as np
+import pytest
+
+import emulator
+
+FAILURE = 719                   # cudaErrorLaunchFailure
+
+# One block of 64 threads; `variant` picks a kernel with a defect the emulator must show.
+SOURCE = r"""
+#include <cuda_runtime_api.h>
+__global__ void two_barriers(float* out) {
+    if (threadIdx.x < 16) {
+        __syncthreads();
+    } else {
+        __syncthreads();
+    }
+    out[threadIdx.x] = 1.f;
+}
+__global__ void missing_barrier(float* out, int rounds) {
+    __shared__ float last[2];
+    for (int r = 0; r < rounds; ++r) {
+        if (threadIdx.x % 32 == 0) last[threadIdx.x / 32] = float(r * 2 + threadIdx.x / 32);
+        __syncthreads();
+        const float seen = last[0] + last[1];
+        out[r * 64 + threadIdx.x] = seen;       // no barrier before last is written again
+    }
+}
+__global__ void shuffle_sum(float* out) {
+    float v = float(threadIdx.x);
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    out[threadIdx.x] = v;
+}
+extern "C" int run(int variant, float* out, int rounds) {
+    if (variant == 0) two_barriers<<<dim3(1), dim3(64), 0, nullptr>>>(out);
+    else if (variant == 1) missing_barrier<<<dim3(1), dim3(64), 0, nullptr>>>(out, rounds);
+    else shuffle_sum<<<dim3(1), dim3(64), 0, nullptr>>>(out);
+    return cudaGetLastError();
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    try:
+        lib = emulator.build("emulator_check", str(tmp_path_factory.mktemp("emulator_cpu")), source=SOURCE)
+    except emulator.Unavailable as e:
+        pytest.skip(f"cannot build for the CPU here: {e}")
+    lib.run.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+    lib.run.restype = ctypes.c_int
+    return lib
+
+
+def test_threads_at_different_barriers_fail_the_launch(lib):
+    out = np.full(64, np.nan, np.float32)
+    assert lib.run(0, out.ctypes.data, 0) == FAILURE
+
+
+def test_a_missing_barrier_before_shared_memory_is_reused_shows_under_some_schedule(lib):
+    """Launch after launch the block takes another of the schedules; under the warp-at-a-time one,
+    warp 0 writes the next round's value before warp 1 has read this round's."""
+    rounds = 3
+    wrong = 0
+    for _ in range(3):
+        out = np.full(64 * rounds, np.nan, np.float32)
+        assert lib.run(1, out.ctypes.data, rounds) == 0
+        want = np.repeat([4.0 * r + 1 for r in range(rounds)], 64)
+        wrong += int(np.sum(out != want))
+    assert wrong > 0
+
+
+def test_a_shuffle_exchanges_within_each_warp(lib):
+    out = np.full(64, np.nan, np.float32)
+    assert lib.run(2, out.ctypes.data, 0) == 0
+    assert np.array_equal(out, np.r_[np.full(32, sum(range(32))), np.full(32, sum(range(32, 64)))].astype(np.float32))
