@@ -5,7 +5,7 @@ runs that file's tests on the emulator, expects them to fail, and puts the file 
     python tests/kernels/emulator/faults.py [kernel ...]
 
 Prints one line per fault (caught: how many tests failed; MISSED where none did) and exits 1 when
-a fault was missed. It edits cygemm/kernels/<name>.cu in place for the length of one test run (the
+a fault was missed, unless the list says why no CPU test can catch it (a known miss). It edits cygemm/kernels/<name>.cu in place for the length of one test run (the
 emulator builds the file from the tree), restoring it whatever happens.
 """
 import os
@@ -15,7 +15,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 
-# kernel -> (its tests, [(what the fault is, the text, the text with the fault)])
+# kernel -> (its tests, [(what the fault is, the text, the text with the fault[, why no CPU test can catch it])])
 FAULTS = {
     "elementwise": ("tests/kernels/test_elementwise_kernel.py", [
         ("leaky_relu ignores its slope",
@@ -69,6 +69,29 @@ FAULTS = {
          "for (int d = layout.ndim - 1; d >= 0; --d)",
          "for (int d = layout.ndim - 1; d > 0; --d)"),
     ]),
+    "small_batched": ("tests/kernels/test_small_batched_kernel.py", [
+        ("the padded path's barrier after a run's compute is dropped (the next run is staged over it)",
+         "            else compute<T, RM, RN, SIZE, VEC, LAYOUT>(p, sa, sb, first, count);\n            __syncthreads();\n",
+         "            else compute<T, RM, RN, SIZE, VEC, LAYOUT>(p, sa, sb, first, count);\n"),
+        ("the two-stage path computes before its run's copies have landed",
+         "            wait_copies<1>();\n            __syncthreads();",
+         "            wait_copies<2>();\n            __syncthreads();"),
+        ("the last, partial run takes a full run of matrices",
+         "            const int count = int(p.batch - first < p.mpb ? p.batch - first : p.mpb);\n"
+         "            if (!p.oa.broadcast) stage",
+         "            const int count = int(p.mpb);\n"
+         "            if (!p.oa.broadcast) stage",
+         "known miss: it only reads past A and B (the compute bounds its writes by the batch), and the "
+         "emulator does not check reads against the arrays' bounds; compute-sanitizer on a GPU does"),
+    ]),
+    "grouped": ("tests/kernels/test_grouped_kernel.py", [
+        ("an empty expert's weight gradient keeps its M and N (K = 0 then means beta C, not zero)",
+         "if (p.ragged == CYGEMM_RAGGED_K && rows == 0) m = n = 0;",
+         "if (false) m = n = 0;"),
+        ("the table's C pointers are left unwritten",
+         "reinterpret_cast<void**>(table + t.c)[g] = d;",
+         "(void)0;"),
+    ]),
     "nn": ("tests/kernels/test_nn_kernel.py", [
         ("the block that adds the partial sums is not the last to finish",
          "last = (prev == gridDim.x - 1);",
@@ -89,7 +112,7 @@ def run(kernels):
         tests, faults = FAULTS[name]
         path = os.path.join(ROOT, "cygemm", "kernels", f"{name}.cu")
         original = open(path).read()
-        for what, text, fault in faults:
+        for what, text, fault, *known in faults:
             if original.count(text) != 1:
                 print(f"{name}: {what}: the text to replace is not in the file once (update the list)")
                 missed.append((name, what))
@@ -104,6 +127,9 @@ def run(kernels):
                     f.write(original)
             summary = (done.stdout.strip().splitlines() or ["?"])[-1]
             caught = done.returncode != 0 and "failed" in summary
+            if not caught and known:
+                print(f"{name}: {what}: missed, as listed ({known[0]})")
+                continue
             print(f"{name}: {what}: {'caught (' + summary + ')' if caught else 'MISSED'}")
             if not caught:
                 missed.append((name, what))
