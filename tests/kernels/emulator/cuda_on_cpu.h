@@ -6,8 +6,9 @@
 // it reaches a barrier or returns; no thread passes a __syncthreads() before every thread of the
 // block that has not returned reaches it, nor a warp-wide operation (the tensor cores' mma)
 // before every thread of its warp does; threads that wait for each other at different barriers
-// end the launch with cudaErrorLaunchFailure. Blocks take turns among three legal schedules (every
-// thread a step in order; each warp alone up to the block's next barrier, forward or in reverse).
+// end the launch with cudaErrorLaunchFailure. Blocks take turns among four legal schedules (every
+// thread a step in order; each warp alone up to the block's next barrier, forward, in reverse, or
+// warps and threads in a seeded pseudo-random order).
 // Blocks run one after another, each on shared memory
 // refilled with 0xFF bytes (a NaN in every floating-point type), so a value read before it was
 // staged shows in the result. Asynchronous copies to shared memory (a kernel's cp.async, through
@@ -71,7 +72,8 @@ alignas(16) static unsigned char shared[SHARED_BYTES];
 static int sm_count = 4;                        // what the device reports (cuda_on_cpu_set_sm_count)
 static cudaError_t last_error = cudaSuccess;
 static long long launches = 0;
-constexpr int SCHEDULES = 3;                    // the block schedules launches take turns among
+constexpr int SCHEDULES = 4;                    // the block schedules launches take turns among
+inline unsigned warps_of(unsigned threads) { return (threads + 31) / 32; }
 static long long async_copies = 0;             // cp.async copies issued, all launches
 static bool copies_land_at_issue = false;      // else when waited for
 
@@ -253,13 +255,33 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
                 // Each thread that may run runs to its next barrier or its end; then the warps all of
                 // whose live threads wait at a warp-wide operation go on, else the block if all of its
                 // live threads wait at __syncthreads(), else they wait for each other: a failure.
-                // Blocks take turns among three legal schedules (SCHEDULES): every thread a step in
+                // Blocks take turns among four legal schedules (SCHEDULES): every thread a step in
                 // thread order; or each warp alone, as far as it goes before the block's next
-                // barrier, warps and their threads in order or in reverse. The second shows a read
-                // that a missing barrier lets another warp overwrite first.
+                // barrier, warps and their threads in order, in reverse or in a seeded random order.
+                // The warp-at-a-time ones show a read that a missing barrier lets another warp
+                // overwrite first.
                 const unsigned warps = (threads + 31) / 32;
                 const int schedule = int((launches + bx + by + bz) % SCHEDULES);
                 const bool reverse = schedule == 2;
+                // Schedule 3: warps, and the threads of each, in a seeded pseudo-random order (a
+                // permutation per block, from the launch and block numbers).
+                std::vector<unsigned> order(threads), warp_order(warps_of(threads));
+                for (unsigned t = 0; t < threads; ++t) order[t] = t;
+                for (unsigned w = 0; w < warp_order.size(); ++w) warp_order[w] = w;
+                if (schedule == 3) {
+                    uint64_t seed = 0x9E3779B97F4A7C15ull * uint64_t(launches + 1) + 0x632BE59BD9B4E019ull *
+                                    uint64_t(1 + bx + grid.x * (by + grid.y * bz));
+                    auto next = [&seed](unsigned bound) {
+                        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                        return unsigned((seed >> 33) % bound);
+                    };
+                    for (unsigned w = unsigned(warp_order.size()); w > 1; --w)
+                        std::swap(warp_order[w - 1], warp_order[next(w)]);
+                    for (unsigned lo = 0; lo < threads; lo += 32) {
+                        const unsigned hi = std::min(threads, lo + 32);
+                        for (unsigned j = hi - lo; j > 1; --j) std::swap(order[lo + j - 1], order[lo + next(j)]);
+                    }
+                }
                 auto step = [&](unsigned t) {
                     Fiber& f = fibers[t];
                     if (f.state != RUNNING) return;
@@ -281,10 +303,10 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
                         for (unsigned t = 0; t < threads; ++t) step(t);
                     } else {
                         for (unsigned i = 0; i < warps; ++i) {
-                            const unsigned w = reverse ? warps - 1 - i : i;
+                            const unsigned w = reverse ? warps - 1 - i : warp_order[i];
                             const unsigned lo = 32 * w, hi = std::min(threads, lo + 32);
                             for (;;) {
-                                for (unsigned j = lo; j < hi; ++j) step(reverse ? hi - 1 - (j - lo) : j);
+                                for (unsigned j = lo; j < hi; ++j) step(reverse ? hi - 1 - (j - lo) : order[j]);
                                 if (!warp_waits(w)) break;
                                 for (unsigned t = lo; t < hi; ++t)
                                     if (fibers[t].state == AT_WARP) fibers[t].state = RUNNING;
