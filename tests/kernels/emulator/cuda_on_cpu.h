@@ -234,9 +234,12 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
     if (fibers.size() < threads) fibers.resize(threads);
     gridDim = grid;
     blockDim = block;
-    for (unsigned bz = 0; bz < grid.z; ++bz)
-        for (unsigned by = 0; by < grid.y; ++by)
-            for (unsigned bx = 0; bx < grid.x; ++bx) {
+    // Launches take turns between the grid in order and in reverse (blocks may run in any order).
+    const unsigned long long n_blocks = (unsigned long long)grid.x * grid.y * grid.z;
+    for (unsigned long long i = 0; i < n_blocks; ++i) {
+                const unsigned long long b = launches % 2 ? n_blocks - 1 - i : i;
+                const unsigned bx = unsigned(b % grid.x), by = unsigned(b / grid.x % grid.y),
+                               bz = unsigned(b / grid.x / grid.y);
                 blockIdx = uint3{bx, by, bz};
                 std::memset(shared, 0xFF, SHARED_BYTES);
                 for (unsigned t = 0; t < threads; ++t) {
