@@ -27,10 +27,7 @@ class Layout(ctypes.Structure):
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    try:
-        lib = emulator.build("backend", str(tmp_path_factory.mktemp("backend_cpu")))
-    except emulator.Unavailable as e:
-        pytest.skip(f"the kernel cannot be built for the CPU here: {e}")
+    lib = emulator.build_or_skip("backend", tmp_path_factory)
     i64, p, i = ctypes.c_longlong, ctypes.c_void_p, ctypes.c_int
     lib.cygemm_row_op.argtypes = [i, i, p, p, i64, i64, p]
     lib.cygemm_sigmoid.argtypes = [i, p, p, i64, p]

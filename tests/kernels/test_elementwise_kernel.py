@@ -27,10 +27,7 @@ FROM_OUTPUT = ("none", "relu", "leaky_relu", "sigmoid", "tanh")   # act' is fixe
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    try:
-        lib = emulator.build("elementwise", str(tmp_path_factory.mktemp("elementwise_cpu")))
-    except emulator.Unavailable as e:
-        pytest.skip(f"the kernel cannot be built for the CPU here: {e}")
+    lib = emulator.build_or_skip("elementwise", tmp_path_factory)
     i64, p, f = ctypes.c_longlong, ctypes.c_void_p, ctypes.c_float
     lib.cygemm_bias_act_forward.argtypes = [ctypes.c_int, i64, i64, p, i64, p, p, i64, p, i64, ctypes.c_int, f, p]
     lib.cygemm_bias_act_forward.restype = ctypes.c_int

@@ -45,10 +45,7 @@ extern "C" int run(int variant, float* out, int rounds) {
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    try:
-        lib = emulator.build("emulator_check", str(tmp_path_factory.mktemp("emulator_cpu")), source=SOURCE)
-    except emulator.Unavailable as e:
-        pytest.skip(f"cannot build for the CPU here: {e}")
+    lib = emulator.build_or_skip("emulator_check", tmp_path_factory, source=SOURCE)
     lib.run.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
     lib.run.restype = ctypes.c_int
     return lib

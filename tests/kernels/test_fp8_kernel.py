@@ -23,10 +23,7 @@ MARGIN = 64
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    try:
-        lib = emulator.build("fp8", str(tmp_path_factory.mktemp("fp8_cpu")))
-    except emulator.Unavailable as e:
-        pytest.skip(f"the kernel cannot be built for the CPU here: {e}")
+    lib = emulator.build_or_skip("fp8", tmp_path_factory)
     i64, p = ctypes.c_longlong, ctypes.c_void_p
     lib.cygemm_fp8_quantize.argtypes = [ctypes.c_int, ctypes.c_int, i64, p, p, p, p, p]
     lib.cygemm_fp8_dequantize.argtypes = [ctypes.c_int, ctypes.c_int, i64, p, p, p, p]

@@ -25,10 +25,7 @@ MARGIN = 64
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    try:
-        lib = emulator.build("fp8_scales", str(tmp_path_factory.mktemp("fp8_scales_cpu")))
-    except emulator.Unavailable as e:
-        pytest.skip(f"the kernel cannot be built for the CPU here: {e}")
+    lib = emulator.build_or_skip("fp8_scales", tmp_path_factory)
     i64, p, i = ctypes.c_longlong, ctypes.c_void_p, ctypes.c_int
     lib.cygemm_fp8_quantize_scaled.argtypes = [i, i, i, i, i, i64, i64, p, p, p, p]
     lib.cygemm_fp8_quantize_scaled.restype = ctypes.c_int

@@ -30,10 +30,7 @@ class Problem(ctypes.Structure):
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    try:
-        lib = emulator.build("grouped", str(tmp_path_factory.mktemp("grouped_cpu")))
-    except emulator.Unavailable as e:
-        pytest.skip(f"the kernel cannot be built for the CPU here: {e}")
+    lib = emulator.build_or_skip("grouped", tmp_path_factory)
     lib.cygemm_write_grouped_table.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
                                                ctypes.POINTER(Problem), ctypes.c_void_p, ctypes.c_void_p]
     lib.cygemm_group_row_scales.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_void_p,

@@ -22,10 +22,7 @@ c_f, c_i, c_i64, p = ctypes.c_float, ctypes.c_int, ctypes.c_longlong, ctypes.c_v
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory):
-    try:
-        lib = emulator.build("nn", str(tmp_path_factory.mktemp("nn_cpu")))
-    except emulator.Unavailable as e:
-        pytest.skip(f"the kernel cannot be built for the CPU here: {e}")
+    lib = emulator.build_or_skip("nn", tmp_path_factory)
     xent = [p, c_i64, p, p, c_i64, c_i, c_i, c_f, c_f, p, p, p, p, p, p, c_i, p]
     lib.cygemm_softmax_xent_i32.argtypes = xent
     lib.cygemm_softmax_xent_i64.argtypes = xent

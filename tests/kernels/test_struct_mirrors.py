@@ -30,10 +30,7 @@ def layout(tmp_path_factory):
             lines.append(f"        if (field == {j}) return (long long)offsetof({ctype}, {name});")
         lines.append("    }")
     lines += ["    return -1;", "}"]
-    try:
-        lib = emulator.build("struct_mirrors", str(tmp_path_factory.mktemp("mirrors")), source="\n".join(lines))
-    except emulator.Unavailable as e:
-        pytest.skip(f"cannot build for the CPU here: {e}")
+    lib = emulator.build_or_skip("struct_mirrors", tmp_path_factory, source="\n".join(lines))
     lib.layout_of.argtypes = [ctypes.c_int, ctypes.c_int]
     lib.layout_of.restype = ctypes.c_longlong
     return lib

@@ -89,3 +89,13 @@ def build(name, folder, defines=(), source=None):
             raise RuntimeError(f"building {name}.cu for the CPU failed:\n{' '.join(cmd)}\n{done.stderr[-4000:]}")
         os.replace(lib + ".tmp", lib)
     return ctypes.CDLL(lib)
+
+
+def build_or_skip(name, tmp_path_factory, source=None):
+    """build() into a fresh folder of pytest's tmp_path_factory, or skip the calling test (module
+    fixture) with the reason where it cannot be built here (no compiler, headers or source)."""
+    import pytest
+    try:
+        return build(name, str(tmp_path_factory.mktemp(f"{name}_cpu")), source=source)
+    except Unavailable as e:
+        pytest.skip(f"{name} cannot be built for the CPU here: {e}")
