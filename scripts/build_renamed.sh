@@ -10,11 +10,13 @@ DIR=$(mkdir -p "$2" && cd "$2" && pwd)
 cd "$(dirname "$0")/.."
 rm -rf "$DIR/src" && mkdir -p "$DIR/src"
 # COMMIT: a commit of this repository, or a tar of its cygemm/ and setup.py (`git archive -o
-# old.tar COMMIT cygemm setup.py`) where the machine has no .git.
-if [ -f "$COMMIT" ]; then tar -xf "$COMMIT" -C "$DIR/src"; else git archive "$COMMIT" cygemm setup.py | tar -x -C "$DIR/src"; fi
+# old.tar COMMIT cygemm setup.py [include]`) where the machine has no .git.
+if [ -f "$COMMIT" ]; then tar -xf "$COMMIT" -C "$DIR/src"; else git archive "$COMMIT" cygemm setup.py $(git ls-tree --name-only "$COMMIT" include) | tar -x -C "$DIR/src"; fi
 cd "$DIR/src"
 mv cygemm cygemm_old
-mv cygemm_old/include/cygemm cygemm_old/include/cygemm_old
+# The kernels' headers: include/cygemm at the top of the tree, or inside the package in older commits.
+HEADERS=$(find . -type d -path '*include/cygemm' | head -1)
+mv "$HEADERS" "$(dirname "$HEADERS")/cygemm_old"
 grep -rlE "cygemm" --include='*.py' --include='*.pyx' --include='*.pxd' --include='*.cu' --include='*.cuh' --include='*.h' . \
     | xargs sed -i -E 's/\bcygemm\b/cygemm_old/g; s/\bcygemm_(act|bias|hold|mlp)/cygemm_old_\1/g; s/\bCYGEMM_(ACT|KERNELS_H|TIMING_H)/CYGEMM_OLD_\1/g'
 python3 setup.py build_ext --inplace -j "$(nproc)" > "$DIR/build.log" 2>&1 || { tail -30 "$DIR/build.log"; exit 1; }
