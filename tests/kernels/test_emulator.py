@@ -73,3 +73,40 @@ def test_a_shuffle_exchanges_within_each_warp(lib):
     out = np.full(64, np.nan, np.float32)
     assert lib.run(2, out.ctypes.data, 0) == 0
     assert np.array_equal(out, np.r_[np.full(32, sum(range(32))), np.full(32, sum(range(32, 64)))].astype(np.float32))
+
+
+IMPOSTOR = r"""
+extern "C" int cudaGetLastError() { return 0; }
+extern "C" int cudaPeekAtLastError() { return 0; }
+"""
+
+IN_A_PROCESS_WITH_THE_CUDA_RUNTIME = r"""
+import ctypes, os, subprocess, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import emulator
+folder = sys.argv[2]
+impostor = os.path.join(folder, "libimpostor.so")
+with open(impostor + ".cpp", "w") as f:
+    f.write(sys.argv[3])
+subprocess.run([emulator._compiler(), "-shared", "-fPIC", impostor + ".cpp", "-o", impostor], check=True)
+ctypes.CDLL(impostor, mode=ctypes.RTLD_GLOBAL)        # as torch and CuPy load the CUDA runtime
+lib = emulator.build("emulator_check", folder, source=sys.argv[4])
+lib.run.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+out = np.full(64, np.nan, np.float32)
+print(lib.run(0, out.ctypes.data, 0))
+"""
+
+
+def test_the_emulators_runtime_is_its_own_beside_a_globally_loaded_cuda_runtime(lib, tmp_path):
+    """torch and CuPy load the CUDA runtime into the process's global scope; an emulated kernel's
+    calls of cudaGetLastError() must still reach the emulator's, not theirs (the GPU's suite runs
+    the emulator tests after torch's). In a child process: the stand-in stays out of this one."""
+    import os
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(emulator.__file__))
+    done = subprocess.run([sys.executable, "-c", IN_A_PROCESS_WITH_THE_CUDA_RUNTIME, os.path.dirname(here),
+                           str(tmp_path), IMPOSTOR, SOURCE], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == str(FAILURE)

@@ -81,8 +81,10 @@ def build(name, folder, defines=(), source=None):
         src = os.path.join(folder, f"{name}_{digest}.cpp")
         with open(src, "w") as f:
             f.write(text)
-        # (-fno-gnu-unique: two builds loaded in one process keep their own inline statics)
-        cmd = [cxx, "-std=c++20", "-O1", "-g0", "-shared", "-fPIC", "-w", "-fno-gnu-unique", "-I", HERE,
+        # -fno-gnu-unique: two builds loaded in one process keep their own inline statics.
+        # -Bsymbolic: the kernel's calls of the runtime (cudaGetLastError, ...) bind to the
+        # emulator's own, not to a CUDA runtime that torch or CuPy loaded into the global scope.
+        cmd = [cxx, "-std=c++20", "-O1", "-g0", "-shared", "-fPIC", "-w", "-fno-gnu-unique", "-Wl,-Bsymbolic", "-I", HERE,
                "-I", os.path.join(ROOT, "include"), "-I", include, src, "-o", lib + ".tmp"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
