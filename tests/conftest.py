@@ -60,3 +60,18 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section("skipped, by reason")
     for reason, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
         terminalreporter.write_line(f"{n:5d}  {reason}")
+
+
+@pytest.fixture(autouse=True)
+def _no_capture_left_known_open(request):
+    """A GPU test that leaves a capture known open to cygemm (a raw capture with no cygemm call on
+    its stream after it) holds every later test's releases: it errors here, by name, and the
+    captures are forgotten so that the tests after it run as they would alone."""
+    yield
+    if "gpu" not in request.keywords or gpu_unavailable_reason():
+        return
+    from cygemm.engine import release
+    left = release.forget_open_captures()
+    if left:
+        pytest.fail(f"{request.node.nodeid} left {left} capture(s) known open to cygemm: call cygemm on the "
+                    "capture's stream after it ends (or use cygemm.graph.capture)", pytrace=False)

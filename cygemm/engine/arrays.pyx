@@ -431,6 +431,12 @@ cdef bint is_torch(object x) except -1:
     return isinstance(x, _torch_tensor)
 
 
+def is_torch_tensor(x):
+    """Whether x is a torch tensor (a subclass too; torch is not imported for the question): the
+    one test of it for cygemm's Python code."""
+    return is_torch(x)
+
+
 cdef bint _find_torch() except -1:
     global _torch_tensor, _torch_by_level, _torch_grad_enabled
     import sys
@@ -573,8 +579,7 @@ cdef int read_fp8(object x, ArrayDesc* d, str name, object fmt, str fmt_arg) exc
         mem = x.data
         _fill_desc(d, name, mem.ptr, x.shape, x.strides, 1, mem.device_id)
         found = None
-    elif (_torch_tensor is not None or (type(x).__module__.startswith("torch") and _find_torch())) \
-            and isinstance(x, _torch_tensor):
+    elif (_torch_tensor is not None or _find_torch()) and isinstance(x, _torch_tensor):    # (subclasses too)
         if not x.is_cuda:
             raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {x.device}")
         _refuse_recorded(x, name)

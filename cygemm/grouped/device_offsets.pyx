@@ -12,6 +12,9 @@ from cpython.ref cimport PyObject
 
 from cygemm.bindings.cudart cimport *
 from cygemm.engine.types cimport MatrixView
+from cygemm.engine.dtypes cimport dtype_name, expected_names, DTYPES_INDEX
+from cygemm.engine.dtypes import names
+from cygemm.engine.arrays cimport is_torch
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.args cimport CallArgs
 from cygemm.engine.context cimport GemmContext
@@ -41,7 +44,7 @@ cdef enum:
 cdef bint on_device(object offsets) except -1:
     if isinstance(offsets, (list, tuple, range)):
         return False
-    if type(offsets).__module__.startswith("torch"):
+    if is_torch(offsets):
         return bool(getattr(offsets, "is_cuda", False))
     if hasattr(offsets, "__cuda_array_interface__"):
         return True
@@ -125,6 +128,9 @@ cdef object _capture_error(str why):
 
 
 cdef int check_offsets_view(const MatrixView* ov) except -1:
+    name = dtype_name(ov.dtype)
+    if name not in names(DTYPES_INDEX):
+        raise TypeError(f"group_offsets: expected {expected_names(DTYPES_INDEX)} offsets, got {name}")
     if ov.col_stride != 1 and ov.cols > 1:
         raise ValueError(f"group_offsets: expected a contiguous 1-D array, got a stride of {ov.col_stride} elements")
     if (<uintptr_t>ov.ptr) % ov.itemsize:

@@ -22,7 +22,7 @@ from cygemm.bindings.cublaslt cimport LT_MATMUL_MATRIX_SCALE_PER_BATCH_SCALAR_32
 from cygemm.fp8.args cimport SCALE_1X128, SCALE_128X128
 from cygemm.kernels.grouped cimport CYGEMM_RAGGED_N
 from cygemm.engine.types cimport MatrixView, ArrayDesc
-from cygemm.engine.arrays cimport read_fp8, read_array, view_from_desc
+from cygemm.engine.arrays cimport read_fp8, read_array, view_from_desc, is_torch
 from libc.stdint cimport uintptr_t
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_view, add_scalar, check_overlaps, prepare_call,
                                  ARG_READ, ARG_WRITE, CALL_KERNELS)
@@ -121,6 +121,11 @@ def _per_expert(x, w, scale_x, scale_w, out, format_x, format_w, fast_accum, str
     blocks = len(scale_w.shape) == 2
     per_expert = scale_w.shape[0] != 1
     nb = w.shape[1] // 128
+    if per_expert and not blocks:
+        # Expert g's scale at scale_w[g] is 4-byte aligned; cuBLASLt 13.1's FP8 kernels on Hopper
+        # refused such a scale pointer (no kernel, or NOT_SUPPORTED where the plan was made for an
+        # aligned one). Each expert's scale goes to a 16-byte slot of its own.
+        scale_w = _sixteen_byte_slots(scale_w)
     for g in range(len(offs) - 1):
         a, b = offs[g], offs[g + 1]
         if b == a:
@@ -129,7 +134,7 @@ def _per_expert(x, w, scale_x, scale_w, out, format_x, format_w, fast_accum, str
             _block_expert(x[a:b], w[g], scale_x[a:b], scale_w[g * nb:(g + 1) * nb], out[a:b], format_x, format_w,
                           stream)
             continue
-        fp8.scaled_matmul(x[a:b], w[g].T, scale_x, scale_w[g:g + 1] if per_expert else scale_w, out=out[a:b],
+        fp8.scaled_matmul(x[a:b], w[g].T, scale_x, scale_w[g, :1] if per_expert else scale_w, out=out[a:b],
                           format_a=format_x, format_b=format_w, fast_accum=fast_accum, scale_mode="tensor",
                           stream=stream)
 
@@ -152,11 +157,22 @@ def _block_expert(x, w, sx, sw, out, format_x, format_w, stream):
         target[...] = out[:rows]
 
 
+def _sixteen_byte_slots(s):
+    """A (G, 4) float32 copy of the G scales `s` whose column 0 holds them: row g starts 16 bytes
+    after row g - 1 (CuPy or torch; a new array)."""
+    if is_torch(s):
+        slots = s.new_zeros((s.shape[0], 4))
+    else:
+        import cupy as cp
+        slots = cp.zeros((s.shape[0], 4), dtype=s.dtype)
+    slots[:, 0] = s
+    return slots
+
+
 def _zero_rows(a, rows):
     """a's rows over zeros, `rows` in all (CuPy or torch; a new array)."""
-    if type(a).__module__.startswith("torch"):
-        import torch
-        z = torch.zeros((rows,) + tuple(a.shape[1:]), dtype=a.dtype, device=a.device)
+    if is_torch(a):
+        z = a.new_zeros((rows,) + tuple(a.shape[1:]))
     else:
         import cupy as cp
         z = cp.zeros((rows,) + tuple(a.shape[1:]), dtype=a.dtype)
@@ -166,7 +182,7 @@ def _zero_rows(a, rows):
 
 def _rows_contiguous(s):
     """A copy of a (rows, blocks) slice of scales with its rows contiguous (CuPy or torch)."""
-    if type(s).__module__.startswith("torch"):
+    if is_torch(s):
         return s.t().contiguous().t()
     import cupy as cp
     return cp.asfortranarray(s)

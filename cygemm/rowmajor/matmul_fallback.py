@@ -86,7 +86,8 @@ def _on_device(x):
 
 
 def _is_torch(x):
-    return type(x).__module__.startswith("torch")
+    from cygemm.engine.arrays import is_torch_tensor
+    return is_torch_tensor(x)
 
 
 def run(a, b, out, stream):
