@@ -60,12 +60,20 @@ def _graphed(s, fn):
 
 
 def _torch_graphed(torch, s, fn):
-    fn()
+    """A callable replaying a torch CUDA graph of fn on s. CUDAGraph.replay launches on torch's
+    current stream: replayed bare, the events recorded on s would time nothing."""
+    ts = torch.cuda.ExternalStream(s.ptr)
+    with torch.cuda.stream(ts):
+        fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=torch.cuda.ExternalStream(s.ptr)):
+    with torch.cuda.graph(g, stream=ts):
         fn()
-    return g.replay
+
+    def replay():
+        with torch.cuda.stream(ts):
+            g.replay()
+    return replay
 
 
 def _try(make):
@@ -155,6 +163,7 @@ def _fp8_forward(R, s, torch, x, w, offs, tokens, T, N, K):
         if (b - a) % 4 == 0:          # (1x128 scales need rows in fours: padded experts in practice)
             bxq, bxs = fp8.quantize_scaled(x[a:b], "1x128")
             bwq, bws = fp8.quantize_scaled(w[g], "128x128")
+            bxs = bxs.t().contiguous().t()      # (the dense 1x128 layout takes its rows contiguous)
             block_parts.append((bxq, bwq, bxs, bws, torch.empty(b - a, N, device="cuda", dtype=torch.bfloat16)))
 
     # The whole layer's block scales, as one grouped call takes them.
@@ -169,7 +178,7 @@ def _fp8_forward(R, s, torch, x, w, offs, tokens, T, N, K):
 
     def block_loop():
         for bxq, bwq, bxs, bws, o in block_parts:
-            fp8.scaled_matmul(bxq, bwq.t(), bxs, bws, out=o, stream=ptr)
+            fp8.scaled_matmul(bxq, bwq.t(), bxs, bws.t(), out=o, stream=ptr)    # (w.T's scales: bws.T)
 
     out = torch.empty(T, N, device="cuda", dtype=torch.bfloat16)
     contenders = {

@@ -266,7 +266,10 @@ def routes_table(entries):
          "BACKWARD_ROUTES).", "",
          "| kind | problem | chosen | times (ms) |", "|---|---|---|---|"]
     order = {"forward": 0, "backward": 1, "gemm": 2}
-    for e in sorted(entries, key=lambda e: (order.get(e["kind"], 3), e["key"])):
+    # The table also keeps promise verdicts and remembered buckets (keys of other shapes): only
+    # the timed choices of a problem are listed.
+    timed = [e for e in entries if e["kind"] in order and not isinstance(e["key"][-1], str)]
+    for e in sorted(timed, key=lambda e: (order[e["kind"]], [str(x) for x in e["key"]])):
         k = e["key"]
         if e["kind"] == "gemm":
             what = f"{k[5]}x{k[6]}x{k[7]}" + (f" batch {k[12]}" if k[12] > 1 else "") + f" {_prec(k[0], k[1])}" \

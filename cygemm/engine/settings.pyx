@@ -222,6 +222,8 @@ def set_options(**changes):
         "cublas", cuBLASLt's own promise (``CUBLASLT_MATMUL_DESC_BATCH_INVARIANCE_FLAGS``, with
         the alignment class of the call's operands) where the loaded cuBLASLt takes it (13.10
         does), else the families. Either way the first use on an unverified cuBLAS is checked.
+        On cuBLASLt 13.10.0.20 (H100, H200) no problem probed was offered an algorithm under
+        the flag, so "cublas" refuses there; see :doc:`/reproducibility`.
 
     Returns
     -------

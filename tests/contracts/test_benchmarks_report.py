@@ -62,3 +62,15 @@ def test_report_marks_winners_rounds_to_three_digits_and_writes_the_docs_page(tm
     rst = report.md_to_rst(md, "../results")
     assert ".. list-table::" in rst and "   * - case" in rst and "Summary: cygemm against the best other contender\n---" in rst
     assert "|" not in "".join(l for l in rst.splitlines() if l.startswith("   * -") or l.startswith("     -"))
+
+
+def test_the_routes_table_lists_timed_choices_beside_promise_verdicts_and_buckets():
+    """The tuning table at the end of a run also holds promise verdicts and remembered buckets
+    (keys of strings): they are left out, not compared with the problems' keys of ints."""
+    gemm_key = ["CUDA_R_16BF", "COMPUTE_32F", 1, 0, 0, 64, 64, 64, 0, 0, 0, 0, 1]
+    entries = [{"kind": "gemm", "key": gemm_key, "route": "cublasLt", "ms": 0.01},
+               {"kind": "promise", "key": ["batch_invariant"], "holds": True},
+               {"kind": "gemm", "key": gemm_key[:5] + ["bucket"], "route": "cublasLt"}]
+    lines = report.routes_table(entries)
+    rows = [line for line in lines if line.startswith("| gemm")]
+    assert len(rows) == 1 and "64x64x64" in rows[0]
