@@ -54,7 +54,7 @@ def __getattr__(name):
     raise AttributeError(f"module 'cygemm' has no attribute {name!r}")
 
 
-def get_include():
+def get_include() -> "list[str]":
     """Folders a Cython extension that cimports cygemm compiles against.
 
     Pass the list both as cythonize's ``include_path`` (it finds ``cygemm/*.pxd`` there) and as
@@ -77,7 +77,7 @@ def get_include():
     return _cuda_paths.include_dirs()
 
 
-def gpu_unavailable_reason():
+def gpu_unavailable_reason() -> "str | None":
     """Why cygemm cannot run on a GPU here, in plain words, or None when a GPU is usable.
 
     Needs no GPU: without a driver it says "no NVIDIA GPU/driver found" rather than a CUDA

@@ -3,10 +3,14 @@
 Protocols, so a type checker accepts CuPy arrays, torch tensors, Numba and JAX arrays alike
 without cygemm importing any of them.
 """
-from typing import Any, Literal, Optional, Protocol, Tuple, Union, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
+
+if TYPE_CHECKING:
+    import numpy
+    import numpy.typing
 
 __all__ = ["CudaArrayInterface", "DLPackArray", "DeviceArray", "CudaStreamProtocol", "StreamLike", "Math",
-           "MatmulMath", "Activation", "Autotune", "Determinism"]
+           "MatmulMath", "Activation", "Autotune", "Determinism", "GroupOffsets"]
 
 
 @runtime_checkable
@@ -27,6 +31,10 @@ class DLPackArray(Protocol):
 
 
 DeviceArray = Union[CudaArrayInterface, DLPackArray]
+
+# The group offsets of the grouped and MoE GEMMs: host ints (a sequence, or a NumPy array of
+# integers) or a device array of int32/int64.
+GroupOffsets = Union[Sequence[int], "numpy.typing.NDArray[numpy.integer[Any]]", DeviceArray]
 
 
 @runtime_checkable

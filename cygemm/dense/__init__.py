@@ -3,3 +3,6 @@ cuBLASLt or run by cygemm's kernels (``layer.pyx``, its routes chosen by cygemm'
 its elementwise passes alone (``elementwise.pyx``, also :mod:`cygemm.elementwise`)."""
 from cygemm.dense.layer import (ACTIVATIONS, BACKWARD_ROUTES, FORWARD_ROUTES, activation_table, backward_into,
                                 clear_plan_cache, forward_into, layer_shape, parse_activation, plan_cache_size)
+
+__all__ = ["ACTIVATIONS", "BACKWARD_ROUTES", "FORWARD_ROUTES", "activation_table", "backward_into", "clear_plan_cache",
+           "forward_into", "layer_shape", "parse_activation", "plan_cache_size"]

@@ -23,3 +23,6 @@ from cygemm.fp8.scaled import (FP8_FORMATS, FP8_MAX, SCALE_MODES, ScaledMatmulPl
                                scaled_matmul)
 from cygemm.fp8.convert import amax, dequantize, quantize
 from cygemm.fp8.scales import empty_scale, quantize_scaled
+
+__all__ = ["FP8_FORMATS", "FP8_MAX", "SCALE_MODES", "ScaledMatmulPlan", "describe_scaled_matmul", "scaled_matmul",
+           "amax", "dequantize", "quantize", "empty_scale", "quantize_scaled"]

@@ -8,3 +8,6 @@ from cygemm.grouped.gemm import ROUTES, describe_grouped, grouped_gemm, last_rou
 from cygemm.grouped.moe import DEVICE_OFFSET_ROUTES, describe_moe, moe_gemm, moe_gemm_wgrad
 from cygemm.grouped.moe_fp8 import describe_moe_scaled, moe_scaled_gemm
 from cygemm.grouped import promise_checks as _promise_checks  # noqa: F401 (registers them)
+
+__all__ = ["ROUTES", "describe_grouped", "grouped_gemm", "last_route", "DEVICE_OFFSET_ROUTES", "describe_moe", "moe_gemm",
+           "moe_gemm_wgrad", "describe_moe_scaled", "moe_scaled_gemm"]

@@ -1,12 +1,12 @@
 from typing import Any, Dict, Literal, Optional, Sequence, TypeVar, Union
 
-from cygemm.typing import DeviceArray, StreamLike
+from cygemm.typing import DeviceArray, GroupOffsets, StreamLike
 
 _Out = TypeVar("_Out", bound=DeviceArray)
 _Fmt = Optional[Literal["e4m3", "e5m2"]]
 
 def moe_scaled_gemm(x: DeviceArray, w: DeviceArray, scale_x: DeviceArray, scale_w: DeviceArray,
-                    group_offsets: Union[Sequence[int], DeviceArray], out: _Out, *, format_x: _Fmt = None,
+                    group_offsets: GroupOffsets, out: _Out, *, format_x: _Fmt = None,
                     format_w: _Fmt = None, fast_accum: bool = False, workspace: Optional[DeviceArray] = None,
                     stream: StreamLike = None,
                     route: Optional[Literal["loop", "lt_grouped", "host_offsets"]] = None,

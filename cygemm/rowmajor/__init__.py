@@ -7,3 +7,5 @@ from cygemm.rowmajor.gemm import describe_gemm, gemm, gemm_strided_batched, int_
 from cygemm.rowmajor.plan import GemmPlan
 from cygemm.rowmajor.matmul import describe_matmul, matmul
 from cygemm.rowmajor import promise_checks as _promise_checks  # noqa: F401 (registers them)
+
+__all__ = ["describe_gemm", "gemm", "gemm_strided_batched", "int_mm", "GemmPlan", "describe_matmul", "matmul"]

@@ -28,3 +28,28 @@ grouped.moe_gemm(a, b[None], [0, 64], out, determinism="batch_invariant")
 scale = fp8.empty_scale("rowwise", 64, 64, stream=None)
 model = nn.MLP([64, 128, 10], act="relu", precision="bf16-mixed", seed=0)
 be = backend.CUDABackend(dtype="float32", math="fp32")
+
+
+class Buffer:
+    """A typed device array of a user's own library: results of calls that make one are of the
+    first operand's type, so its attributes type-check."""
+
+    shape: "tuple[int, ...]" = (64, 64)
+
+    @property
+    def __cuda_array_interface__(self) -> "dict[str, object]":
+        return {}
+
+    def sum(self) -> float:
+        return 0.0
+
+
+buf = Buffer()
+shape: "tuple[int, ...]" = cygemm.matmul(buf, buf).shape
+total: float = cygemm.gemm(buf, buf).sum() + cygemm.int_mm(buf, buf).sum()
+batched_shape: "tuple[int, ...]" = cygemm.gemm_strided_batched(buf, buf).shape
+scaled_shape: "tuple[int, ...]" = fp8.scaled_matmul(buf, buf, buf, buf).shape
+given: Buffer = fp8.scaled_matmul(buf, buf, buf, buf, out=buf)
+grouped.moe_gemm(a, b[None], np.array([0, 32, 64]), out)
+includes: "list[str]" = cygemm.get_include()
+why: "str | None" = cygemm.gpu_unavailable_reason()
