@@ -3,14 +3,10 @@
 Protocols, so a type checker accepts CuPy arrays, torch tensors, Numba and JAX arrays alike
 without cygemm importing any of them.
 """
-from typing import TYPE_CHECKING, Any, Literal, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
-
-if TYPE_CHECKING:
-    import numpy
-    import numpy.typing
+from typing import Any, Literal, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 
 __all__ = ["CudaArrayInterface", "DLPackArray", "DeviceArray", "CudaStreamProtocol", "StreamLike", "Math",
-           "MatmulMath", "Activation", "Autotune", "Determinism", "GroupOffsets"]
+           "MatmulMath", "Activation", "Autotune", "Determinism", "HostArray", "GroupOffsets"]
 
 
 @runtime_checkable
@@ -32,9 +28,18 @@ class DLPackArray(Protocol):
 
 DeviceArray = Union[CudaArrayInterface, DLPackArray]
 
-# The group offsets of the grouped and MoE GEMMs: host ints (a sequence, or a NumPy array of
-# integers) or a device array of int32/int64.
-GroupOffsets = Union[Sequence[int], "numpy.typing.NDArray[numpy.integer[Any]]", DeviceArray]
+
+
+@runtime_checkable
+class HostArray(Protocol):
+    """A host array exposing ``__array__`` (NumPy's)."""
+
+    def __array__(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+# The group offsets of the grouped and MoE GEMMs: host ints (a sequence, or a host array such as
+# NumPy's) or a device array of int32/int64.
+GroupOffsets = Union[Sequence[int], HostArray, DeviceArray]
 
 
 @runtime_checkable
