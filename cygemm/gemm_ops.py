@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from cygemm.engine import alloc as _alloc, context as _context
+from cygemm.engine import alloc as _alloc, context as _context, errors as _errors
 from cygemm.dense import (ACTIVATIONS, backward_into, clear_plan_cache, forward_into, layer_shape,
                           parse_activation)
 
@@ -74,13 +74,12 @@ def ensure_workspaces(M, N, lt_bytes=4 << 20, dtype=np.float32, stream=None) -> 
 
     Raises
     ------
-    ValueError
-        Negative sizes.
+    ValueError, TypeError
+        A size that is negative, or not an int (the message names it).
     CaptureError
         The first call for a key while the stream is being captured (allocate before).
     """
-    if min(M, N) < 0 or lt_bytes < 0:
-        raise ValueError(f"M, N, lt_bytes: expected sizes >= 0, got {M}, {N}, {lt_bytes}")
+    M, N, lt_bytes = (_errors.check_size(v, name) for v, name in ((M, "M"), (N, "N"), (lt_bytes, "lt_bytes")))
     dtype = np.dtype(dtype)
     dZ = _context.stream_buffer("dZ", (int(M), int(N)), dtype.name, stream, _alloc.empty_on)
     lt_ws = None

@@ -12,6 +12,7 @@ from cygemm.kernels.elementwise cimport *
 from cygemm.engine.epilogues cimport Activation, activation_row, leaky_slope_of
 from cygemm.engine.types cimport MatrixView, ColMajorGemm
 from cygemm.engine.errors cimport check_cuda
+from cygemm.engine.errors import check_flag
 from cygemm.engine.context cimport GemmContext, stream_workspace
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_matrix, add_vector, call_workspace_of,
                                  expect_dtype, prepare_call, CALL_GEMM, ARG_READ, ARG_WRITE, ARG_SCRATCH)
@@ -148,7 +149,7 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
 
 def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0.01, gA_out=None,
                   gB_out=None, gBias_out=None, work_dZ=None, lt_workspace=None, str math="tf32",
-                  stream=None, bint accumulate=False, y=None, autotune=None, determinism=None):
+                  stream=None, accumulate=False, y=None, autotune=None, determinism=None):
     """Gradients of out = act(A @ B + bias) given gY = dL/dout, into given buffers.
 
     dZ = gY * act'(Z) (into ``work_dZ``), gBias = dZ.sum(0), gA = dZ @ B.T, gB = A.T @ dZ.
@@ -191,6 +192,7 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
     timing found it faster, the weight gradient on a side stream forked from and joined to it
     (the ``branches`` route; a captured graph then has two branches).
     """
+    accumulate = check_flag(accumulate, "accumulate")
     cdef const Activation* row = activation_row(act)
     cdef cygemm_act_t code = row.code
     cdef float slope = leaky_slope_of(leaky_slope)

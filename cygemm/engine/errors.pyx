@@ -166,3 +166,32 @@ cdef int refuse_in_capture(cudaStream_t stream, str what) except -1:
         raise CaptureError(f"{what}, which is not allowed while the stream is being captured "
                            "(do it once before capturing, or pass preallocated buffers)")
     return 0
+
+
+# ---- arguments that are not arrays: one check each, naming the argument (no GPU needed)
+
+def check_flag(value, str name):
+    """`value` as a bool where it is one (Python's or NumPy's), else TypeError naming `name`: a
+    flag takes True or False, not any object that happens to be truthy."""
+    if value is True or value is False or type(value).__name__ == "bool_":
+        return bool(value)
+    raise TypeError(f"{name}: expected True or False, got {value!r}")
+
+
+def check_size(value, str name):
+    """`value` as an int >= 0 where it is an integer (not a bool), else TypeError or ValueError
+    naming `name`."""
+    import numbers
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name}: expected an int >= 0, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name}: expected an int >= 0, got {value}")
+    return int(value)
+
+
+def check_real(value, str name):
+    """`value` as a float where it is a real number (not a bool), else TypeError naming `name`."""
+    import numbers
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name}: expected a real number, got {value!r}")
+    return float(value)

@@ -24,7 +24,7 @@ ctypedef struct ScaledCall:
 cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scale_a, object scale_b,
                      object out, object out_dtype, object bias, object act, object scale_out,
                      object amax_out, object format_a, object format_b, object format_out,
-                     bint fast_accum, object scale_mode) except -1
+                     object fast_accum, object scale_mode) except -1
 
 # The names of the scale modes (describe_scaled_matmul's), by ScaleMode.
 cdef str scale_mode_name(int mode)

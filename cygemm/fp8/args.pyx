@@ -32,6 +32,7 @@ from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm.engine.epilogues cimport Activation, epilogue_activation, lt_epilogue
+from cygemm.engine.errors import check_flag
 from cygemm.engine.dtypes cimport fp8_bias_type, fp8_c_type
 from cygemm.engine.types cimport MatrixView, ArrayDesc, is_fp8_type, type_size
 from cygemm.engine.arrays cimport read_fp8, read_array, view_from_desc, desc_shape
@@ -287,8 +288,9 @@ cdef MatrixView* _add_scale(CallArgs* c, const ArrayDesc* d, int mode, str name)
 cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scale_a, object scale_b,
                      object out, object out_dtype, object bias, object act, object scale_out,
                      object amax_out, object format_a, object format_b, object format_out,
-                     bint fast_accum, object scale_mode) except -1:
-    """Every check of scaled_matmul, in the order its arguments come, before anything runs."""
+                     object fast_accum, object scale_mode) except -1:
+    """Every check of scaled_matmul, in the order its arguments come (flags first), before anything runs."""
+    cdef bint accum = check_flag(fast_accum, "fast_accum")
     args_init(c)
     cdef MatrixView* va = _fp8_matrix(c, a, "a", format_a, "format_a", ARG_READ)
     cdef MatrixView* vb = _fp8_matrix(c, b, "b", format_b, "format_b", ARG_READ)
@@ -385,7 +387,7 @@ cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scal
         order_operands(&s.types, is_rowmajor(pout), va.dtype, vb.dtype, NULL, NULL, mode_a, mode_b)
         s.types.d, s.types.c, s.types.bias = d_type, d_type, bias_type
         s.types.d_scale = s.types.amax_d = NULL
-        s.types.fast_accum = fast_accum
+        s.types.fast_accum = accum
         s.epi, s.bias = CUBLASLT_EPILOGUE_DEFAULT, NULL
         return 0
     # The layout: Hopper's FP8 kernels are "TN" (cuBLAS's A transposed, B not), which under the
@@ -420,6 +422,6 @@ cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scal
     s.types.bias = bias_type
     s.types.d_scale = <const float*>vso.ptr if vso != NULL else NULL
     s.types.amax_d = <float*>vam.ptr if vam != NULL else NULL
-    s.types.fast_accum = fast_accum
+    s.types.fast_accum = accum
     s.bias = pbias.ptr if pbias != NULL else NULL
     return 0

@@ -100,7 +100,7 @@ cdef int scaled_gemm_rowmajor(GemmContext* ctx, cudaStream_t stream, cudaDataTyp
 
 def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None, act="none",
                   scale_out=None, amax_out=None, format_a=None, format_b=None, format_out=None,
-                  bint fast_accum=False, scale_mode=None, determinism=None, stream=None, autotune=None):
+                  fast_accum=False, scale_mode=None, determinism=None, stream=None, autotune=None):
     """``out = act(scale_a * scale_b * (a @ b) + bias)`` with FP8 operands, through cuBLASLt.
 
     Parameters
@@ -196,7 +196,7 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
 
 def describe_scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None, act="none",
                            scale_out=None, amax_out=None, format_a=None, format_b=None, format_out=None,
-                           bint fast_accum=False, scale_mode=None):
+                           fast_accum=False, scale_mode=None):
     """What :func:`scaled_matmul` with these arguments runs, without running it (no GPU needed).
 
     Parameters
@@ -307,7 +307,7 @@ cdef class ScaledMatmulPlan(GemmPlan):
     cdef bint fast_accum
 
     def __init__(self, a, b, scale_a, scale_b, *, out, out_dtype=None, bias=None, act="none", scale_out=None,
-                 amax_out=None, format_a=None, format_b=None, format_out=None, bint fast_accum=False,
+                 amax_out=None, format_a=None, format_b=None, format_out=None, fast_accum=False,
                  scale_mode=None, determinism=None):
         cdef Policy policy
         if determinism is not None:

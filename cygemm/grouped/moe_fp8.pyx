@@ -23,6 +23,7 @@ from cygemm.fp8.args cimport SCALE_1X128, SCALE_128X128
 from cygemm.kernels.grouped cimport CYGEMM_RAGGED_N
 from cygemm.engine.types cimport MatrixView, ArrayDesc
 from cygemm.engine.arrays cimport read_fp8, read_array, view_from_desc, is_torch
+from cygemm.engine.errors import check_flag
 from libc.stdint cimport uintptr_t
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_view, add_scalar, check_overlaps, prepare_call,
                                  ARG_READ, ARG_WRITE, CALL_KERNELS)
@@ -34,7 +35,7 @@ from cygemm.engine.dtypes import name_of
 from cygemm.grouped.groups cimport read_offsets
 
 def moe_scaled_gemm(x, w, scale_x, scale_w, group_offsets, out, *, format_x=None, format_w=None,
-                    bint fast_accum=False, workspace=None, stream=None, route=None, bint check_offsets=False):
+                    fast_accum=False, workspace=None, stream=None, route=None, bint check_offsets=False):
     """FP8 mixture-of-experts GEMM: out[a:b] = x[a:b] @ w[g].T, dequantized by the scales, for expert
     g's rows a:b of sorted tokens.
 
@@ -220,9 +221,10 @@ cdef MatrixView* _fp8(CallArgs* c, object x, str name, object fmt, str fmt_arg, 
 
 
 cdef object _read(CallArgs* c, object x, object w, object scale_x, object scale_w, object offsets, object out,
-                  object format_x, object format_w, bint fast_accum, object workspace, LtGroupedCall* lt):
+                  object format_x, object format_w, object fast_accum, object workspace, LtGroupedCall* lt):
     """Every argument read and checked (no GPU needed), the grouped problem filled; why its layout
     rules the grouped matmul out, or None."""
+    fast_accum = check_flag(fast_accum, "fast_accum")
     args_init(c)
     cdef MatrixView* xv = _fp8(c, x, "x", format_x, "format_x", 2)
     cdef MatrixView* wv = _fp8(c, w, "w", format_w, "format_w", 3)
@@ -319,7 +321,7 @@ cdef object _read(CallArgs* c, object x, object w, object scale_x, object scale_
 
 
 def describe_moe_scaled(x, w, scale_x, scale_w, group_offsets, out, *, format_x=None, format_w=None,
-                        bint fast_accum=False, workspace=None, bint capturing=False):
+                        fast_accum=False, workspace=None, bint capturing=False):
     """Which route :func:`moe_scaled_gemm` would take, and why the other does not apply, without
     launching anything (no GPU needed): the keys of :func:`cygemm.describe_moe`.
 

@@ -9,6 +9,7 @@ from cygemm.bindings.cublas cimport *
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, is_complex_type
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.mapping cimport rowmajor_view, conjugate_ops, layout_error, MAP_CONJ_A  # (more: rowmajor.pxd)
+from cygemm.engine.errors import check_flag
 from cygemm.engine.errors cimport refuse_in_capture
 from cygemm.engine.dtypes cimport dtype_name, DTYPES_WIDE, DTYPES_GEMM
 from cygemm.engine.execute cimport check_int8, run_int8
@@ -299,7 +300,7 @@ def int_mm(A, B, out=None, *, stream=None, autotune=None, determinism=None):
     return _run(A, B, out, False, False, 1, 0, "tf32", stream, autotune, determinism, False, True)
 
 
-def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, bint batched=False):
+def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, batched=False):
     """The cuBLAS call :func:`gemm` (``batched``: :func:`gemm_strided_batched`) makes for these
     arguments, without launching anything (no GPU needed).
 
@@ -341,6 +342,7 @@ def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, bint batched=
         read in place, an ``out`` overlapping A or B), naming the argument; also a sequence
         that is no (shape, dtype) pair.
     """
+    batched = check_flag(batched, "batched")
     cdef Addresses addresses = Addresses()
     A, B = layout_operand(A, "A", addresses), layout_operand(B, "B", addresses)
     if out is not None:

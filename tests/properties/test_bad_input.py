@@ -425,7 +425,7 @@ CASES = {
     "backward/gY shape": ("backward", lambda mk: ((mk.arr((M, K)), mk.arr((K, N)), mk.arr((M + 1, N)), None), {}),
                           ValueError, ["gY:"], False),
     # ---- helpers
-    "ensure_workspaces/negative": ("ensure_workspaces", lambda mk: ((-1, 4), {}), ValueError, ["M, N", "-1"], True),
+    "ensure_workspaces/negative": ("ensure_workspaces", lambda mk: ((-1, 4), {}), ValueError, ["M:", "-1"], True),
     "ActAttrs.make/unknown act": ("ActAttrs.make", lambda mk: (("mish",), {}), ValueError, ["act:"], True),
     "ActAttrs.make/negative slope": ("ActAttrs.make", lambda mk: (("leaky_relu",), {"leaky_slope": -0.5}),
                                      ValueError, ["leaky_slope:"], True),
@@ -471,6 +471,21 @@ CASES = {
     "describe_moe_scaled/scale_w length": ("describe_moe_scaled", lambda mk: (
         (mk.arr((4, 16), "uint8"), mk.arr((2, 8, 16), "uint8"), mk.arr((1,)), mk.arr((3,)), [0, 2, 4], mk.out((4, 8))),
         {"format_x": "e4m3", "format_w": "e4m3"}), ValueError, ["scale_w:", "G = 2"], True),
+    # ---- arguments that are not arrays: named, before anything runs
+    "ensure_workspaces/M a string": ("ensure_workspaces", lambda mk: (("a", 5), {}), TypeError,
+                                     ["M:", "an int >= 0", "'a'"], True),
+    "ensure_workspaces/N None": ("ensure_workspaces", lambda mk: ((4, None), {}), TypeError, ["N:", "None"], True),
+    "ensure_workspaces/lt_bytes negative": ("ensure_workspaces", lambda mk: ((4, 4), {"lt_bytes": -1}), ValueError,
+                                            ["lt_bytes:", "-1"], True),
+    "forward_into/leaky_slope a string": ("forward_into", lambda mk: (_layer(mk), {"act": "leaky_relu", "leaky_slope": "a"}),
+                                          TypeError, ["leaky_slope:", "real number", "'a'"], True),
+    "backward_into/accumulate a string": ("backward_into", lambda mk: (_bwd(mk)[:3] + (None,), {"accumulate": "x"}),
+                                          TypeError, ["accumulate:", "True or False", "'x'"], True),
+    "describe_gemm/batched a string": ("describe_gemm", lambda mk: ((mk.arr((2, 2)), mk.arr((2, 2))), {"batched": "yes"}),
+                                       TypeError, ["batched:", "True or False", "'yes'"], True),
+    "describe_moe_scaled/fast_accum a string": ("describe_moe_scaled", lambda mk: (
+        (mk.arr((4, 16), "uint8"), mk.arr((2, 8, 16), "uint8"), mk.arr((1,)), mk.arr((2,)), [0, 2, 4], mk.out((4, 8))),
+        {"format_x": "e4m3", "format_w": "e4m3", "fast_accum": "yes"}), TypeError, ["fast_accum:", "True or False"], True),
     "describe_grouped/inner mismatch": ("describe_grouped", lambda mk: (([mk.arr((2, 3))], [mk.arr((4, 2))],
                                                                          [mk.out((2, 2))]), {}),
                                         ValueError, ["Bs[0]:", "3 rows"], True),
