@@ -20,7 +20,7 @@ from cygemm.engine import tuning
 from fakes import BASE, FakeDeviceArray
 from gpu_util import f64, host_bits, poisoned, rand, rel_err
 from tuning_util import (CONFIG_REDUCTION_SCHEME, CONFIG_SPLITK_NUM, algo_config, cublaslt, gpu_name,
-                         isolated_tuning, write_tuning_file)
+                         write_tuning_file)
 
 REDUCTION_INPLACE = 1           # cublasLtReductionScheme_t: split-K partial sums added in the output
 
@@ -56,13 +56,7 @@ def test_autotune_refuses_a_mode_that_times_nothing_before_any_gpu_work(mode):
 cp = None
 
 
-@pytest.fixture
-def gpu():
-    """CuPy; the tuning table kept in this process only; routes and the table restored after."""
-    global cp
-    cp = pytest.importorskip("cupy")
-    with isolated_tuning():
-        yield
+# (the gpu fixture: tests/engine/conftest.py)
 
 
 def _load_records(path, records):

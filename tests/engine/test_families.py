@@ -18,7 +18,7 @@ import cygemm
 from cygemm.engine import plans, tuning
 from fakes import BASE, FakeDeviceArray
 from gpu_util import f64, host_bits, poisoned, rand, rel_err, tol
-from tuning_util import CONFIG_ID, CONFIG_SPLITK_NUM, algo_config, gpu_name, isolated_tuning, write_tuning_file
+from tuning_util import CONFIG_ID, CONFIG_SPLITK_NUM, algo_config, gpu_name, write_tuning_file
 
 
 # ------------------------------------------------------------------ CPU
@@ -42,14 +42,10 @@ cp = None
 
 
 @pytest.fixture
-def gpu():
-    """CuPy; the tuning table and this thread's plans fresh, kept in this process only; options,
-    routes and the table restored after."""
-    global cp
-    cp = pytest.importorskip("cupy")
-    with isolated_tuning():
-        plans.clear_plan_cache()
-        yield
+def gpu(gpu):
+    """tests/engine/conftest.py's, with this thread's plans fresh too."""
+    plans.clear_plan_cache()
+    yield
 
 
 def _gemm_entries():

@@ -15,7 +15,7 @@ import pytest
 import cygemm
 from cygemm.engine import plans, tuning
 from gpu_util import f64, host_bits, poisoned, rand, rel_err
-from tuning_util import CONFIG_SPLITK_NUM, algo_config, gpu_name, isolated_tuning, write_tuning_file
+from tuning_util import CONFIG_SPLITK_NUM, algo_config, gpu_name, write_tuning_file
 from refs import activations
 
 ALGO_BYTES = 64                 # sizeof(cublasLtMatmulAlgo_t): uint64_t data[8] (cublasLt.h)
@@ -43,13 +43,7 @@ def test_a_recorded_algorithm_is_kept_as_its_text_until_a_plan_reads_it(tmp_path
 cp = None
 
 
-@pytest.fixture
-def gpu():
-    """CuPy; the tuning table kept in this process only; routes and the table restored after."""
-    global cp
-    cp = pytest.importorskip("cupy")
-    with isolated_tuning():
-        yield
+# (the gpu fixture: tests/engine/conftest.py)
 
 
 def _gemm_entries():

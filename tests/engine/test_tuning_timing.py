@@ -24,7 +24,6 @@ import cygemm
 from cygemm.engine import tuning
 from cygemm.engine.tuning import SingleFlight
 from gpu_util import f64, poisoned, rand, rel_err
-from tuning_util import isolated_tuning
 
 WAIT = 10.0         # the longest any step may take before the test calls it a deadlock
 BLOCKED = 0.3       # how long a blocked claim is watched to stay blocked
@@ -230,13 +229,7 @@ def test_every_round_has_one_owner_and_every_waiter_sees_its_result():
 cp = None
 
 
-@pytest.fixture
-def gpu():
-    """CuPy; the tuning table kept in this process only, forced routes and options restored."""
-    global cp
-    cp = pytest.importorskip("cupy")
-    with isolated_tuning():
-        yield
+# (the gpu fixture: tests/engine/conftest.py)
 
 
 def _event_ms(run, reps):
