@@ -158,25 +158,25 @@ def _block_expert(x, w, sx, sw, out, format_x, format_w, stream):
         target[...] = out[:rows]
 
 
+def _zeros_like_library(a, shape):
+    """Zeros of `shape` and a's dtype, in a's library and on its device (CuPy or torch)."""
+    if is_torch(a):
+        return a.new_zeros(shape)
+    import cupy as cp
+    return cp.zeros(shape, dtype=a.dtype)
+
+
 def _sixteen_byte_slots(s):
     """A (G, 4) float32 copy of the G scales `s` whose column 0 holds them: row g starts 16 bytes
     after row g - 1 (CuPy or torch; a new array)."""
-    if is_torch(s):
-        slots = s.new_zeros((s.shape[0], 4))
-    else:
-        import cupy as cp
-        slots = cp.zeros((s.shape[0], 4), dtype=s.dtype)
+    slots = _zeros_like_library(s, (s.shape[0], 4))
     slots[:, 0] = s
     return slots
 
 
 def _zero_rows(a, rows):
     """a's rows over zeros, `rows` in all (CuPy or torch; a new array)."""
-    if is_torch(a):
-        z = a.new_zeros((rows,) + tuple(a.shape[1:]))
-    else:
-        import cupy as cp
-        z = cp.zeros((rows,) + tuple(a.shape[1:]), dtype=a.dtype)
+    z = _zeros_like_library(a, (rows,) + tuple(a.shape[1:]))
     z[:a.shape[0]] = a
     return z
 
