@@ -28,6 +28,7 @@ import numpy as np
 import cygemm
 from cygemm import grouped, fp8
 import contenders as C
+from hopper import _on_torch_stream
 
 # name, experts, top-k, hidden (K of the up projection), expert width (N, gate and up fused)
 MODELS = (("DeepSeek-V3", 256, 8, 7168, 4096), ("Mixtral-8x7B", 8, 2, 4096, 14336))
@@ -69,11 +70,7 @@ def _torch_graphed(torch, s, fn):
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g, stream=ts):
         fn()
-
-    def replay():
-        with torch.cuda.stream(ts):
-            g.replay()
-    return replay
+    return _on_torch_stream(s, g.replay)
 
 
 def _try(make):
