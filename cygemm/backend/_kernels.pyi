@@ -1,9 +1,7 @@
 from typing import Literal
 
-import cupy
+from cygemm.typing import DeviceArray, StreamLike
 
-from cygemm.typing import StreamLike
-
-def row_op(kind: Literal["softmax", "log_softmax"], x: cupy.ndarray, out: cupy.ndarray,
-           stream: StreamLike) -> cupy.ndarray: ...
-def sigmoid(x: cupy.ndarray, out: cupy.ndarray, stream: StreamLike) -> cupy.ndarray: ...
+def row_op(kind: Literal["softmax", "log_softmax"], x: DeviceArray, out: DeviceArray,
+           stream: StreamLike) -> DeviceArray: ...
+def sigmoid(x: DeviceArray, out: DeviceArray, stream: StreamLike) -> DeviceArray: ...

@@ -3,7 +3,7 @@ from typing import Any
 from cygemm.typing import StreamLike
 
 class Graph:
-    keepalive: list
+    keepalive: list[Any]
     num_nodes: int
     edges: list[tuple[int, int]]
     def launch(self, stream: StreamLike = None) -> None: ...

@@ -49,6 +49,6 @@ class ScaledMatmulPlan(GemmPlan):
                  format_a: Optional[Format] = None, format_b: Optional[Format] = None,
                  format_out: Optional[Format] = None, fast_accum: bool = False,
                  scale_mode: ScaleModeArg = None, determinism: Determinism = None) -> None: ...
-    def execute(self, a: Optional[DeviceArray] = None, b: Optional[DeviceArray] = None,  # type: ignore[override]
+    def execute(self, a: Optional[DeviceArray] = None, b: Optional[DeviceArray] = None,
                 out: Optional[DeviceArray] = None, *, stream: StreamLike = None) -> DeviceArray: ...
 

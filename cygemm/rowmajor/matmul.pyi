@@ -1,4 +1,4 @@
-from typing import Any, List, Optional, TypeVar, overload
+from typing import Any, Dict, List, Optional, TypeVar, overload
 
 from cygemm.typing import Autotune, Determinism, DeviceArray, MatmulMath, StreamLike
 
@@ -13,4 +13,4 @@ def matmul(a: _In, b: DeviceArray, out: None = None, *, math: MatmulMath = "tf32
 @overload
 def matmul(a: DeviceArray, b: DeviceArray, out: _Out, *, math: MatmulMath = "tf32",
            stream: StreamLike = None, autotune: Autotune = None, determinism: Determinism = None) -> _Out: ...
-def describe_matmul(a: Any, b: Any, out: Any = None) -> List[dict]: ...
+def describe_matmul(a: Any, b: Any, out: Any = None) -> List[Dict[str, Any]]: ...
