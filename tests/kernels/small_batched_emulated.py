@@ -47,7 +47,17 @@ CANDIDATES = "CYGEMM_SMALL_BATCHED_CANDIDATES"       # (the launch options under
 
 
 def load(folder, candidates=True):
-    lib = emulator.build("small_batched", str(folder), (CANDIDATES,) if candidates else ())
+    lib = declare(emulator.build("small_batched", str(folder), (CANDIDATES,) if candidates else ()))
+    lib.cuda_on_cpu_set_sm_count.argtypes = [ctypes.c_int]
+    lib.cuda_on_cpu_launches.restype = ctypes.c_longlong
+    lib.cuda_on_cpu_async_copies.restype = ctypes.c_longlong
+    lib.cuda_on_cpu_copies_land.argtypes = [ctypes.c_int]
+    return lib
+
+
+def declare(lib):
+    """The kernel file's C entry points on `lib` (the emulator's build, or the library's GPU one)
+    given their argument and result types."""
     for name in ("cygemm_small_batched_fits", "cygemm_small_batched_vector_fits", "cygemm_small_batched_mma_fits"):
         getattr(lib, name).argtypes = [ctypes.POINTER(Args)]
         getattr(lib, name).restype = ctypes.c_int
@@ -55,10 +65,6 @@ def load(folder, candidates=True):
     lib.cygemm_small_batched_rule.restype = Shape
     lib.cygemm_small_batched_shaped.argtypes = [ctypes.POINTER(Args), Shape, ctypes.c_void_p]
     lib.cygemm_small_batched_shaped.restype = ctypes.c_int
-    lib.cuda_on_cpu_set_sm_count.argtypes = [ctypes.c_int]
-    lib.cuda_on_cpu_launches.restype = ctypes.c_longlong
-    lib.cuda_on_cpu_async_copies.restype = ctypes.c_longlong
-    lib.cuda_on_cpu_copies_land.argtypes = [ctypes.c_int]
     return lib
 
 

@@ -9,7 +9,7 @@ import emulator
 
 FAILURE = 719                   # cudaErrorLaunchFailure
 
-# One block of 64 threads; `variant` picks a kernel with a defect the emulator must show.
+# `variant` picks a kernel with a defect the emulator must show, or a rule it must keep.
 SOURCE = r"""
 #include <cuda_runtime_api.h>
 __global__ void two_barriers(float* out) {
@@ -34,10 +34,21 @@ __global__ void shuffle_sum(float* out) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     out[threadIdx.x] = v;
 }
+__global__ void stale_static(float* out) {
+    __shared__ float kept[32];
+    if (blockIdx.x == 0) kept[threadIdx.x] = 1.f;      // (block 1 reads what it never wrote)
+    __syncthreads();
+    out[blockIdx.x * 32 + threadIdx.x] = kept[threadIdx.x];
+}
+__global__ void multiply_add(float* out) {
+    if (threadIdx.x == 0) out[3] = out[0] * out[1] + out[2];
+}
 extern "C" int run(int variant, float* out, int rounds) {
     if (variant == 0) two_barriers<<<dim3(1), dim3(64), 0, nullptr>>>(out);
     else if (variant == 1) missing_barrier<<<dim3(1), dim3(64), 0, nullptr>>>(out, rounds);
-    else shuffle_sum<<<dim3(1), dim3(64), 0, nullptr>>>(out);
+    else if (variant == 2) shuffle_sum<<<dim3(1), dim3(64), 0, nullptr>>>(out);
+    else if (variant == 3) stale_static<<<dim3(2), dim3(32), 0, nullptr>>>(out);
+    else multiply_add<<<dim3(1), dim3(32), 0, nullptr>>>(out);
     return cudaGetLastError();
 }
 """
@@ -110,3 +121,25 @@ def test_the_emulators_runtime_is_its_own_beside_a_globally_loaded_cuda_runtime(
                            str(tmp_path), IMPOSTOR, SOURCE], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-1] == str(FAILURE)
+
+
+def test_each_block_finds_its_static_shared_memory_filled_with_nan(lib):
+    """A static __shared__ array written only by block 0 reads as NaN in block 1, whichever of the
+    two runs first (on a GPU it would hold whatever was there)."""
+    for launch in range(2):                     # (launches alternate the blocks' order)
+        out = np.zeros(64, np.float32)
+        assert lib.run(3, out.ctypes.data, 0) == 0
+        assert (out[:32] == 1).all() and np.isnan(out[32:]).all(), launch
+
+
+def test_a_multiply_add_is_contracted_into_one_fma_as_nvcc_does(lib):
+    """a * b + c rounds once, as nvcc's default --fmad=true makes it on the GPU."""
+    if "-mfma" not in emulator._contraction() and emulator.platform.machine() in ("x86_64", "AMD64"):
+        pytest.skip("this CPU has no FMA instructions: the emulator cannot contract as nvcc does")
+    a = np.float32(1 + 2.0 ** -12)
+    out = np.array([a, a, -1, np.nan], np.float32)
+    assert lib.run(4, out.ctypes.data, 0) == 0
+    fused = np.float32(float(a) * float(a) - 1)         # (exact in float64, then rounded once)
+    separate = np.float32(np.float32(a * a) - np.float32(1))
+    assert fused != separate
+    assert out[3] == fused, (out[3], fused, separate)

@@ -2,14 +2,23 @@
 logic and kernels run on host memory, so their index arithmetic is tested without a GPU.
 
 ``build(name)`` compiles ``cygemm/kernels/<name>.cu`` with the host C++ compiler into a shared
-library loaded by ctypes, its ``extern "C"`` functions as they are. Two rewrites make the file C++:
+library loaded by ctypes, its ``extern "C"`` functions as they are. Three rewrites make the file C++:
 each ``kernel<<<grid, block, smem, stream>>>(args)`` becomes ``cuda_on_cpu::launch(kernel, grid,
-block, smem, stream, args)``, and an ``extern __shared__ T name[];`` a pointer to the emulator's
-shared memory. Built once per source text, in a folder of the caller's choosing.
+block, smem, stream, args)``; an ``extern __shared__ T name[];`` a pointer to the emulator's
+shared memory; a static ``__shared__ T name[n];`` a static that each block refills with 0xFF bytes.
+
+Floating point is contracted as nvcc contracts it by default (``--fmad=true``): the host compiler
+may fuse a multiply and an add into one FMA (``-ffp-contract=fast``, with the CPU's FMA
+instructions). Which pairs either compiler fuses is its own choice, so where a kernel promises
+bits it writes its FMAs out (``fmaf``), and those bits are the GPU's; a kernel that leaves the
+choice to the compiler gets the GPU's bits only where both choose alike. The tensor cores' sums
+(``mma``) are emulated in K order, in fp32: their order and rounding inside the instruction are
+the hardware's, so those tiles promise no bits across machines. Built once per source text, in a folder of the caller's choosing.
 """
 import ctypes
 import hashlib
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -20,6 +29,8 @@ KERNELS = os.path.join(ROOT, "cygemm", "kernels")
 
 _LAUNCH = re.compile(r"([\w:]+(?:<[^;<>]*>)?)<<<(.+?)>>>\((.*?)\);", re.S)
 _DYNAMIC_SHARED = re.compile(r"extern\s+__shared__\s+(?:__align__\(\d+\)\s+)?([\w:][\w:\s]*?)\s+(\w+)\[\];")
+# A static one: `__shared__ [__align__(n)] T name[...]...;` (one variable a declaration).
+_STATIC_SHARED = re.compile(r"(?<!extern )__shared__[ \t]+((?:__align__\(\d+\)[ \t]+)?[\w:][\w: \t]*?[ \t]+(\w+)(?:\[[^\];\n]+\])*)[ \t]*;")
 
 
 class Unavailable(RuntimeError):
@@ -45,10 +56,29 @@ def _cuda_include():
     return include
 
 
+def _contraction():
+    """The host compiler's flags that contract a * b + c into an FMA, as nvcc does by default:
+    -ffp-contract=fast, and on x86 the FMA instructions where this CPU has them (else a fused
+    multiply-add would be a library call, or none). GCC fuses in a pass that -O1 leaves out:
+    -fexpensive-optimizations turns it on."""
+    flags = ["-ffp-contract=fast", "-fexpensive-optimizations"]
+    if platform.machine() in ("x86_64", "AMD64"):
+        try:
+            with open("/proc/cpuinfo") as f:
+                has_fma = " fma " in f.read().replace("\n", " ")
+        except OSError:
+            has_fma = False
+        if has_fma:
+            flags.append("-mfma")
+    return flags
+
+
 def translate(source):
-    """The kernel file's text as C++ for the emulator (the two rewrites)."""
+    """The kernel file's text as C++ for the emulator (the three rewrites)."""
     source = _DYNAMIC_SHARED.sub(lambda m: f"{m[1]}* {m[2]} = reinterpret_cast<{m[1]}*>(cuda_on_cpu::shared);",
                                  source)
+    source = _STATIC_SHARED.sub(
+        lambda m: f"static {m[1]}; cuda_on_cpu::fresh_static_shared(&{m[2]}, sizeof({m[2]}));", source)
     return _LAUNCH.sub(lambda m: f"cuda_on_cpu::launch({m[1]}, {m[2]}, {m[3]});", source)
 
 
@@ -74,7 +104,7 @@ def build(name, folder, defines=(), source=None):
             source = f.read()
     text = HARNESS.format(defines="".join(f"#define {d} 1\n" for d in defines), source=translate(source))
     with open(os.path.join(HERE, "cuda_on_cpu.h")) as f:
-        digest = hashlib.sha256((text + f.read()).encode()).hexdigest()[:16]
+        digest = hashlib.sha256((text + f.read() + " ".join(_contraction())).encode()).hexdigest()[:16]
     lib = os.path.join(folder, f"{name}_{digest}.so")
     if not os.path.exists(lib):
         cxx, include = _compiler(), _cuda_include()
@@ -84,7 +114,8 @@ def build(name, folder, defines=(), source=None):
         # -fno-gnu-unique: two builds loaded in one process keep their own inline statics.
         # -Bsymbolic: the kernel's calls of the runtime (cudaGetLastError, ...) bind to the
         # emulator's own, not to a CUDA runtime that torch or CuPy loaded into the global scope.
-        cmd = [cxx, "-std=c++20", "-O1", "-g0", "-shared", "-fPIC", "-w", "-fno-gnu-unique", "-Wl,-Bsymbolic", "-I", HERE,
+        cmd = [cxx, "-std=c++20", "-O1", "-g0", "-shared", "-fPIC", "-w", "-fno-gnu-unique", "-Wl,-Bsymbolic",
+               *_contraction(), "-I", HERE,
                "-I", os.path.join(ROOT, "include"), "-I", include, src, "-o", lib + ".tmp"]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:

@@ -11,7 +11,8 @@
 // warps and threads in a seeded pseudo-random order).
 // Blocks run one after another, each on shared memory
 // refilled with 0xFF bytes (a NaN in every floating-point type), so a value read before it was
-// staged shows in the result. Asynchronous copies to shared memory (a kernel's cp.async, through
+// staged shows in the result; each static __shared__ variable is refilled so too, when the
+// block's first thread reaches its declaration. Asynchronous copies to shared memory (a kernel's cp.async, through
 // the CYGEMM_CUDA_ON_CPU branch of its copy helpers) land as late as they may, when their thread
 // waits for them (a read before the wait sees the old bytes), or as early, when issued (a buffer
 // still being read by other threads is overwritten): cuda_on_cpu_copies_land. What this cannot show:
@@ -68,6 +69,18 @@ constexpr size_t STACK_BYTES = 128 << 10;
 
 // The dynamic shared memory (a kernel's `extern __shared__ T name[]` is rewritten to point here).
 alignas(16) static unsigned char shared[SHARED_BYTES];
+// The static __shared__ variables this block has filled (a declaration `__shared__ T name...;` is
+// rewritten to a static followed by fresh_static_shared(name)).
+static std::vector<const void*> filled_statics;
+
+// The first thread of a block to reach a static __shared__ declaration fills the variable with
+// 0xFF bytes, as the dynamic buffer is for each block: what an earlier block left there never
+// shows as a value this block staged. (Every thread passes its declaration before any use.)
+inline void fresh_static_shared(void* p, size_t bytes) {
+    if (std::find(filled_statics.begin(), filled_statics.end(), p) != filled_statics.end()) return;
+    filled_statics.push_back(p);
+    std::memset(p, 0xFF, bytes);
+}
 
 static int sm_count = 4;                        // what the device reports (cuda_on_cpu_set_sm_count)
 static cudaError_t last_error = cudaSuccess;
@@ -242,6 +255,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
                                bz = unsigned(b / grid.x / grid.y);
                 blockIdx = uint3{bx, by, bz};
                 std::memset(shared, 0xFF, SHARED_BYTES);
+                filled_statics.clear();
                 for (unsigned t = 0; t < threads; ++t) {
                     Fiber& f = fibers[t];
                     f.state = RUNNING;
