@@ -39,6 +39,9 @@ cdef int check_runnable(Plan plan, cudaStream_t stream, str label) except -1
 cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                   cublasComputeType_t compute, const Scalars* sc,
                   Policy policy) except -1 nogil
+# run_gemm's cuBLAS part (cublasGemmEx or the plan), also the small-matrix table's "cublas" route.
+cdef int run_cublas(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
+                    cublasComputeType_t compute, const Scalars* sc, Policy policy) except -1 nogil
 
 
 # -------------------- int8 (merged into execute)

@@ -98,14 +98,21 @@ cdef int check_runnable(Plan plan, cudaStream_t stream, str label) except -1:
 cdef int run_gemm(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
                   cublasComputeType_t compute, const Scalars* sc,
                   Policy policy) except -1 nogil:
+    # A batch of small matrices: cygemm's kernel or cuBLAS, as its route table decides (its
+    # "cublas" route is run_cublas, timed as it runs).
+    if small_batched_fits(g, dtype, compute, policy):
+        with gil:
+            if run_small_batched(ctx, stream, g, dtype, compute, sc, policy, run_cublas):
+                return 0
+    return run_cublas(ctx, stream, g, dtype, compute, sc, policy)
+
+
+cdef int run_cublas(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
+                    cublasComputeType_t compute, const Scalars* sc, Policy policy) except -1 nogil:
+    """A plain GEMM by cuBLAS: cublasGemmEx or a cuBLASLt plan (decided by the plan's chooser)."""
     cdef int64_t batch = g.batch if g.strided_batched else 1
     cdef int forced = forced_gemm()
     cdef bint invariant = policy.determinism == DETERMINISM_BATCH_INVARIANT
-    # A batch of small matrices: cygemm's kernel where it is faster (its route table decides).
-    if small_batched_fits(g, dtype, compute, policy):
-        with gil:
-            if run_small_batched(ctx, stream, g, dtype, compute, sc, policy):
-                return 0
     # cublasGemmEx (its own kernel choice, guarded in launch) for no batch-invariant call but k = 0;
     # small problems too, unless its kernel would drop part of K (then their guarded plan).
     if g.k == 0 or (not invariant and (

@@ -13,10 +13,15 @@ cdef bint small_batched_fits(const ColMajorGemm* g, cudaDataType dtype, cublasCo
                              Policy policy) noexcept nogil
 # The measured rule: whether the kernel beat cuBLAS for these sizes and dtype.
 cdef bint kernel_rule(const cygemm_small_batched_args* a) noexcept nogil
+# How the "cublas" route runs a call (cygemm.engine.execute.run_cublas): given here, so that the
+# route is timed running exactly what it runs when chosen.
+ctypedef int (*cublas_route_fn)(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
+                                cublasComputeType_t compute, const Scalars* sc, Policy policy) except -1 nogil
 # Choose the route (forced, tuned, timed when worth it, or the rule) and, for the kernel, run
-# it: 1 when it ran, 0 when the caller is to run cuBLAS. Only for calls small_batched_fits takes.
+# it: 1 when it ran, 0 when the caller is to run `cublas`. Only for calls small_batched_fits takes.
 cdef int run_small_batched(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
-                           cublasComputeType_t compute, const Scalars* sc, Policy policy) except -1
+                           cublasComputeType_t compute, const Scalars* sc, Policy policy,
+                           cublas_route_fn cublas) except -1
 # What the chooser would decide without running: "kernel", "cublas", "timed" (decided by timing
 # on the first call), or None when the kernel does not take the call.
 cdef str small_batched_route(const ColMajorGemm* g, cudaDataType dtype, cublasComputeType_t compute,

@@ -7,7 +7,8 @@ cuBLASLt plan).
 
 The fixed rule is the measured one (benchmarks/small_batched_probe.cu on an H200): the kernel
 where it beat cuBLAS on 384 MiB batches. Problems worth tuning (large batches) are timed
-once, both routes on the call's operands, when the call does not read C.
+once, both routes on the call's operands, when the call does not read C: the "cublas" route
+timed is the caller's (cygemm.engine.execute.run_cublas), what the call runs when it wins.
 """
 from libc.stdint cimport int64_t, uintptr_t
 
@@ -21,12 +22,11 @@ from cygemm.engine.types cimport ColMajorGemm, Scalars, beta_is_zero, compute_ty
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.settings cimport Policy, DETERMINISM_BATCH_INVARIANT
-from cygemm.engine.launch cimport gemm_colmajor
 from cygemm.engine.chooser cimport RouteTable, route_table, choose_route, describe_route
 
 ROUTES = {
-    "cublas": "cuBLAS's strided-batched GEMM (cublasGemmStridedBatchedEx, or for large problems a timed "
-              "cuBLASLt plan)",
+    "cublas": "cuBLAS, as a plain GEMM runs it: cublasGemmStridedBatchedEx, or for large problems a "
+              "cuBLASLt plan (timed as it runs)",
     "kernel": "cygemm's kernel for small matrices: a block stages whole matrices of A and B in shared "
               "memory, each thread computes a tile of one C adding the K products in order",
 }
@@ -44,6 +44,8 @@ ctypedef struct SmallCall:
     cudaDataType dtype
     cublasComputeType_t compute
     const Scalars* sc
+    Policy policy
+    cublas_route_fn cublas
 
 
 cdef bint _compute_fits(cudaDataType dtype, cublasComputeType_t compute) noexcept nogil:
@@ -134,7 +136,7 @@ cdef int _enqueue(void* call, int route) except -1:
             check_cuda(cygemm_small_batched_shaped(&s.args, shape, s.stream), "cygemm_small_batched")
     else:
         with nogil:
-            gemm_colmajor(s.ctx, s.stream, s.g, s.dtype, s.compute, s.sc)
+            s.cublas(s.ctx, s.stream, s.g, s.dtype, s.compute, s.sc, s.policy)
     return 0
 
 
@@ -154,10 +156,12 @@ cdef RouteTable _SMALL = route_table("small_batched", ("cublas", "kernel"), _app
 
 
 cdef int run_small_batched(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, cudaDataType dtype,
-                           cublasComputeType_t compute, const Scalars* sc, Policy policy) except -1:
+                           cublasComputeType_t compute, const Scalars* sc, Policy policy,
+                           cublas_route_fn cublas) except -1:
     cdef SmallCall s
     _args(&s.args, g, dtype, sc)
     s.ctx, s.stream, s.g, s.dtype, s.compute, s.sc = ctx, stream, g, dtype, compute, sc
+    s.policy, s.cublas = policy, cublas
     cdef double macs = <double>g.m * g.n * g.k * g.batch
     # Timed only where the call does not read C (timing runs write it).
     cdef int route = choose_route(_SMALL, &s, ctx, stream, policy, macs, beta_is_zero(sc), -1, NULL)

@@ -293,3 +293,22 @@ def test_bad_out_raises_before_the_kernel(kernel_forced):
     with pytest.raises(ValueError, match="out"):
         cygemm.gemm_strided_batched(a, b, out)
     assert small_batched.kernel_launches() == before and cp.isnan(out).all()
+
+
+@pytest.mark.gpu
+def test_the_cublas_route_is_timed_running_what_it_runs():
+    """A batch large enough to be timed: both routes run on the call's operands, and the "cublas"
+    route timed is what the call would run on it, a cuBLASLt plan for a problem this large (made
+    while the routes are timed, whichever wins), not a bare strided-batched call."""
+    import cupy as cp
+    from cygemm.engine import plans
+    from tuning_util import isolated_tuning
+    n = 1 << 17                                 # (16^3 x 2^17 = 2^29 multiply-adds: timed)
+    a, b = rand(cp, (n, 16, 16)), rand(cp, (n, 16, 16))
+    out = poisoned(cp, (n, 16, 16))
+    with isolated_tuning():
+        plans.clear_plan_cache()
+        cygemm.gemm_strided_batched(a, b, out, math="fp32")
+        assert plans.plan_cache_size() >= 1, "the cublas route was timed without the plan it runs"
+    _check(out[:64].get(), a[:64].get().astype(np.float64) @ b[:64].get(), "float32", 16)
+    assert not cp.isnan(out).any()

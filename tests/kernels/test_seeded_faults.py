@@ -1,6 +1,7 @@
 """The seeded faults of tests/kernels/emulator/faults.py still name text that stands once in its
 kernel file (a list that no longer applies proves nothing). Running them is
-``python tests/kernels/emulator/faults.py``: each must make its kernel's CPU tests fail."""
+``python tests/kernels/emulator/faults.py`` (CI does, .ci/run): each must make its kernel's CPU
+tests fail."""
 import os
 
 import pytest

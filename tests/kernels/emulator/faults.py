@@ -99,6 +99,9 @@ FAULTS = {
         ("SGD's first step starts the momentum buffer from the dampened gradient",
          "float b = t == 1 ? d : momentum * buf[i] + (1.f - dampening) * d;",
          "float b = momentum * buf[i] + (1.f - dampening) * d;"),
+        ("the block sum adds every warp's slot, also those no warp of a smaller block wrote",
+         "for (int w = 0; w < (blockDim.x + 31) / 32; ++w) t += warp_sums[w];",
+         "for (int w = 0; w < 32; ++w) t += warp_sums[w];"),
         ("Adam's second moment is not bias-corrected",
          "bc2_sqrt = sqrtf(1.f - powf(beta2, (float)t));",
          "bc2_sqrt = 1.f;"),
@@ -120,7 +123,7 @@ def run(kernels):
             try:
                 with open(path, "w") as f:
                     f.write(original.replace(text, fault))
-                done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", tests],
+                done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", tests],
                                       cwd=ROOT, capture_output=True, text=True)
             finally:
                 with open(path, "w") as f:
