@@ -1,7 +1,7 @@
-# Enqueueing one GEMM: cublasGemmEx, or cublasLtMatmul by a plan's descriptors.
+# Enqueueing GEMMs: cublasGemmEx, cublasLtMatmul by a plan's descriptors, the grouped calls.
 from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
-from cygemm.bindings.cublas cimport cublasComputeType_t
+from cygemm.bindings.cublas cimport cublasComputeType_t, cublasOperation_t
 from cygemm.bindings.cublaslt cimport (cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t,
                               cublasLtMatmulAlgo_t, cublasLtMatmulHeuristicResult_t)
 from cygemm.engine.types cimport ColMajorGemm, GemmTypes, Scalars
@@ -71,3 +71,11 @@ cdef int grouped_lt_run(GemmContext* ctx, cudaStream_t stream, cublasLtMatmulDes
                         cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t* algo, const void* alpha,
                         const void* a, const void* b, const void* beta, const void* c, void* d, void* ws,
                         size_t ws_bytes) noexcept nogil
+
+# cublasGemmGroupedBatchedEx over `count` groups of one GEMM each, on `stream`. The host arrays
+# hold their parts `part` elements apart: ops the transposes of A, then of B; dims m, n, k, lda,
+# ldb, ldc; scalars alpha, then beta. a, b, c: pointer arrays in device memory. Raises on failure.
+cdef int grouped_batched_run(GemmContext* ctx, cudaStream_t stream, const cublasOperation_t* ops, const int* dims,
+                             const float* scalars, int64_t part, const void* const* a, const void* const* b,
+                             void* const* c, cudaDataType dtype, int count, const int* ones,
+                             cublasComputeType_t compute) except -1 nogil

@@ -23,11 +23,12 @@ from cygemm.engine.types cimport ColMajorGemm, MatrixView, Math, Scalars, real_s
 from cygemm.engine.mapping cimport map_rowmajor_gemm, MAP_OK
 from cygemm.engine.operands cimport parse_trans
 from cygemm.engine.arrays cimport Addresses, layout_operand, is_pair, has_memory, describe_call
-from cygemm.engine.errors cimport check_cuda, check_cublas
+from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.args cimport CallArgs, args_init, prepare_call, check_overlaps, parse_math, CALL_GEMM
-from cygemm.engine.context cimport GemmContext, bind_stream, stream_table, run_forked, STREAM_TABLE_BYTES
+from cygemm.engine.context cimport GemmContext, stream_table, run_forked, STREAM_TABLE_BYTES
 from cygemm.engine.settings cimport Policy, call_policy, AUTOTUNE_OFF, DETERMINISM_OFF
 from cygemm.engine.execute cimport run_gemm
+from cygemm.engine.launch cimport grouped_batched_run
 from cygemm.engine.chooser cimport RouteTable, route_table, choose_route, describe_route, route_tabled
 from cygemm.grouped.groups cimport (Groups, read_lists, check_group_devices, R_BATCHED, R_GROUPED, R_LOOP,
                                    R_STREAMS)
@@ -122,13 +123,8 @@ cdef int _run_grouped(const GroupedCall* f) except -1 nogil:
             check_cuda(cygemm_write_pointer_table(&t, <int>step, ta + base, tb + base, tc + base, f.s),
                        "cygemm_write_pointer_table")
             base += step
-        bind_stream(f.ctx, f.s)
-        check_cublas(cublasGemmGroupedBatchedEx(
-            f.ctx.blas, f.ops + start, f.ops + n + start, d + start, d + n + start, d + 2 * n + start,
-            f.scalars + start, <const void* const*>ta, f.dtype, d + 3 * n + start,
-            <const void* const*>tb, f.dtype, d + 4 * n + start, f.scalars + n + start,
-            <void* const*>tc, f.dtype, d + 5 * n + start, <int>count, f.ones, f.compute),
-            "cublasGemmGroupedBatchedEx")
+        grouped_batched_run(f.ctx, f.s, f.ops + start, d + start, f.scalars + start, n, <const void* const*>ta,
+                            <const void* const*>tb, <void* const*>tc, f.dtype, <int>count, f.ones, f.compute)
         start += count
     return 0
 

@@ -93,10 +93,10 @@ def test_no_module_is_over_500_lines():
 def test_every_cublas_gemm_is_enqueued_in_one_module_behind_the_k_tail_guard():
     """cublasGemmEx / cublasGemmStridedBatchedEx and cublasLtMatmul run from cygemm/engine/launch.pyx
     alone, where the K-tail guard (cygemm/engine/ktail.pyx) sees every call; the grouped route's
-    cublasGemmGroupedBatchedEx is the one other GEMM call."""
+    cublasGemmGroupedBatchedEx too."""
     import re
     calls = re.compile(r"\b(cublasGemmEx|cublasGemmEx_64|cublasGemmStridedBatchedEx|cublasGemmStridedBatchedEx_64"
-                       r"|cublasLtMatmul)\(")
+                       r"|cublasLtMatmul|cublasGemmGroupedBatchedEx|cublasGemmBatchedEx|cublasSgemm\w*)\(")
     found = {}
     for path in glob.glob(os.path.join(PACKAGE, "**", "*.pyx"), recursive=True):
         code = "\n".join(line.split("#")[0] for line in open(path))
