@@ -17,6 +17,7 @@ import glob
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,24 +29,28 @@ from setuptools.command.build_py import build_py
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Lowest first: each module cimports only those before it. A dotted name is a module of a
-# subpackage ("nn._kernels": cygemm/nn/_kernels.pyx, cygemm.nn._kernels).
-# Each module's kernels (cygemm/kernels/*.cu): every .cu is compiled once, its object linked into
-# the modules that launch it.
-MODULES = {"engine.dtypes": [], "engine.errors": [], "engine.lt_features": [], "engine.settings": [], "engine.mapping": [],
-           "engine.arrays": [], "engine.streams": [], "engine.release": [], "engine.context": [],
-           "engine.overlap": [], "engine.alloc": [], "engine.args": [],
-           "engine.tuning": ["timing"], "engine.chooser": [], "engine.ktail": [], "engine.launch": [], "engine.lt_desc": [], "engine.families": [], "engine.candidates": [], "engine.plans": [], "engine.small_batched": ["small_batched"], "engine.execute": [], "engine.operands": [],
-           "engine.epilogues": [], "rowmajor.gemm": [], "rowmajor.plan": [], "rowmajor.batch_layout": [], "rowmajor.matmul": [],
-           "dense.routes": ["elementwise"], "dense.layer": ["elementwise"], "fp8.convert": ["fp8"],
-           "fp8.args": [], "fp8.scales": ["fp8_scales"], "fp8.scaled": [], "dense.elementwise": ["elementwise"], "grouped.groups": [], "grouped.lt_grouped": ["grouped"], "grouped.gemm": ["grouped"], "grouped.device_offsets": [], "grouped.moe": [], "grouped.moe_fp8": [], "engine.graph": [],
-           "nn._kernels": ["nn"], "backend._kernels": ["backend"]}
-HEADERS = ["include/cygemm/kernels.h", "include/cygemm/timing.h",
-           "include/cygemm/fp8_kernels.h", "include/cygemm/fp8_scale_kernels.h",
-           "include/cygemm/grouped_kernels.h",
-           "include/cygemm/convert.h", "include/cygemm/nn_kernels.h",
-           "include/cygemm/backend_kernels.h", "include/cygemm/warp_reduce.cuh",
-           "include/cygemm/sm_count.cuh", "include/cygemm/small_batched_kernels.h"]
+# The compiled modules: every cygemm/**/*.pyx ("nn._kernels": cygemm/nn/_kernels.pyx). A module
+# that launches kernels of ours names their files on a line of its own, "# kernels: elementwise"
+# (cygemm/kernels/elementwise.cu): each .cu is compiled once, its object linked into the modules
+# that name it. The headers: every file of include/cygemm/. (Their layering and the absence of
+# import cycles are tests/contracts/test_architecture.py's.)
+_KERNELS_LINE = re.compile(r"^# kernels: ([\w ]+)$", re.M)
+
+
+def compiled_modules():
+    """{module: [kernel, ...]} of every .pyx under cygemm/, sorted by name."""
+    found = {}
+    for path in sorted(glob.glob(os.path.join(HERE, "cygemm", "**", "*.pyx"), recursive=True)):
+        name = os.path.relpath(path, os.path.join(HERE, "cygemm"))[:-4].replace(os.sep, ".")
+        with open(path) as f:
+            line = _KERNELS_LINE.search(f.read())
+        found[name] = line.group(1).split() if line else []
+    return found
+
+
+MODULES = compiled_modules()
+HEADERS = sorted(os.path.relpath(p, HERE).replace(os.sep, "/")
+                 for p in glob.glob(os.path.join(HERE, "include", "cygemm", "*")) if os.path.isfile(p))
 KERNELS = sorted({k for kernels in MODULES.values() for k in kernels})
 CYTHON_DIRECTIVES = {"language_level": 3, "binding": True}
 # nvcc's files, longest first (measured: elementwise's 96 template kernels take 3/4 of nvcc's
@@ -77,6 +82,10 @@ def _cuda_paths():
 def check_sources():
     """A missing source is a build error, never a smaller wheel."""
     needed = [module_source(m) for m in MODULES] + [kernel_source(k) for k in KERNELS] + HEADERS
+    # Every compiled module has its stub: a stub with neither .py nor .pyx beside it is a lost source.
+    for stub in glob.glob(os.path.join(HERE, "cygemm", "**", "*.pyi"), recursive=True):
+        if not os.path.isfile(stub[:-4] + ".py") and not os.path.isdir(stub[:-4]):
+            needed.append(os.path.relpath(stub[:-4] + ".pyx", HERE))
     missing = [p for p in needed if not os.path.isfile(os.path.join(HERE, p))]
     if missing:
         raise SystemExit(f"cygemm: sources missing from this source tree: {', '.join(missing)}")

@@ -1,4 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
+# kernels: backend
 """The launchers of the CUDABackend's kernels (cygemm/kernels/backend.cu, compiled at build time):
 row-wise softmax and log-softmax (one warp per row, max subtracted: exact for logits of any
 finite size), and a sigmoid that never forms exp of a large positive number. One launch each,

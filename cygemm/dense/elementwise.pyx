@@ -1,4 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
+# kernels: elementwise
 """The dense layer's elementwise passes on their own: ``out = act(x + bias)`` (optionally saving
 ``z = x + bias``) and the backward's ``dz = gy * act'(z)`` with the bias gradient's column sum.
 

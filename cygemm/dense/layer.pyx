@@ -1,4 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
+# kernels: elementwise
 """The dense layer: Y = act(A @ B + bias) and its backward, into buffers the caller gives
 (:func:`forward_into`, :func:`backward_into`). Each call is read and checked here, then run by
 one of its routes (cygemm.dense.routes: cuBLASLt epilogues, a GEMM and cygemm's kernels, one

@@ -1,4 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
+# kernels: elementwise
 """The dense layer's routes: the forward's (cuBLASLt epilogues, a GEMM and cygemm's kernels) and
 the backward's (its two GEMMs on one stream or two), each a table that cygemm.engine.chooser chooses
 from: forced, tuned, timed once for large problems, else a fixed rule.

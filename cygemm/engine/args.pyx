@@ -20,7 +20,7 @@ from cygemm.engine.streams cimport stream_from_object, stream_device
 from cygemm.engine.mapping cimport is_rowmajor
 from cygemm.engine.context cimport current_context, known_device_count, call_workspace
 from cygemm.engine.arrays cimport read_array, desc_shape
-from cygemm.engine.dtypes cimport dtype_name
+from cygemm.engine.dtypes cimport dtype_name, SCALES_DTYPE
 from cygemm.engine.overlap cimport views_overlap, check_no_overlap
 
 
@@ -123,7 +123,7 @@ cdef MatrixView* add_scalar(CallArgs* c, object x, str name, ArgRole role) excep
     cdef int i
     for i in range(d.ndim):
         size *= d.shape[i]
-    if d.dtype != CUDA_R_32F or size != 1:
+    if d.dtype != SCALES_DTYPE or size != 1:
         raise ValueError(f"{name}: expected a device float32 scalar (one element), got "
                          f"{dtype_name(d.dtype)} of shape {desc_shape(&d)}")
     v.ptr, v.device, v.dtype, v.itemsize = d.ptr, d.device, d.dtype, 4

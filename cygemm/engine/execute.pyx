@@ -190,7 +190,7 @@ def refuse_next(int count=1):
 from libc.math cimport floor
 from libc.stdint cimport int64_t
 
-from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType, CUDA_R_8I, CUDA_R_32I
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm.bindings.cublas cimport (cublasStatus_t, CUBLAS_STATUS_SUCCESS, CUBLAS_COMPUTE_32I, CUBLAS_OP_N,
                                      CUBLAS_OP_T)
 from cygemm.bindings.cublaslt cimport CUBLASLT_EPILOGUE_DEFAULT
@@ -198,7 +198,7 @@ from cygemm.engine.types cimport (MatrixView, ColMajorGemm, GemmTypes, Scalars, 
 from cygemm.engine.settings cimport Policy, AUTOTUNE_AUTO, DETERMINISM_OFF
 from cygemm.engine.context cimport GemmContext, call_workspace
 from cygemm.engine.mapping cimport is_rowmajor
-from cygemm.engine.dtypes cimport dtype_name
+from cygemm.engine.dtypes cimport dtype_name, INT8_DTYPE, INT8_SUMS_DTYPE
 from cygemm.engine.plans cimport Plan, get_plan
 from cygemm.engine.types cimport lt_batch_ok
 
@@ -275,7 +275,7 @@ cdef int check_int8(const MatrixView* a, const MatrixView* b, const MatrixView* 
         if batched and stride % 4:
             raise ValueError(f"{who}: cuBLASLt's int8 GEMM needs each matrix of a batch aligned to 4 bytes, got "
                              f"a batch stride of {stride} elements; use a batch stride that is a multiple of 4")
-    if out.dtype == CUDA_R_32I:
+    if out.dtype == INT8_SUMS_DTYPE:
         _check_integral("alpha", sc.alpha_re)
         _check_integral("beta", sc.beta_re)
     return 0
@@ -305,18 +305,18 @@ cdef int _run_one(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, 
                   const Scalars* sc, Policy policy, const MatrixView* out) except -1:
     cdef void* ws = call_workspace(ctx, stream)
     cdef Plan plan = _plan(ctx, stream, g, types, sc, policy, out, ws)
-    return run_plan(plan, ctx, stream, g, NULL, NULL, ws, ctx.workspace_bytes, sc, REFUSAL_RAISE, dtype_name(CUDA_R_8I))
+    return run_plan(plan, ctx, stream, g, NULL, NULL, ws, ctx.workspace_bytes, sc, REFUSAL_RAISE, dtype_name(INT8_DTYPE))
 
 
 cdef int run_int8(GemmContext* ctx, cudaStream_t stream, const ColMajorGemm* g, const MatrixView* out,
                   cudaDataType out_type, const Scalars* sc, Policy policy) except -1:
     cdef GemmTypes types
     memset(&types, 0, sizeof(types))
-    types.a = types.b = CUDA_R_8I
+    types.a = types.b = INT8_DTYPE
     types.c = types.d = out_type
     types.bias = out_type
     if policy.determinism != DETERMINISM_OFF:
-        if out_type != CUDA_R_32I:
+        if out_type != INT8_SUMS_DTYPE:
             raise ValueError("determinism: an int8 out is rounded by each kernel's own float epilogue, which "
                              "cygemm does not pin; use an int32 out (exact sums: the same bits from every kernel) "
                              "and scale it, or determinism='off'")

@@ -7,7 +7,7 @@ from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
-from cygemm.bindings.cudart cimport CUDA_R_32F, CUDA_R_64F, CUDA_C_32F, CUDA_C_64F, CUDA_R_32I
+from cygemm.engine.dtypes cimport cg_dtype_row, cg_dtype_row_of
 from cygemm.engine.types cimport ColMajorGemm, GemmTypes, Scalars, scale_type, type_size
 from cygemm.engine.errors cimport check_cublas
 from cygemm.engine.context cimport GemmContext, bind_stream
@@ -34,18 +34,19 @@ cdef inline void _write_scalars(cudaDataType scale, const Scalars* sc, double* b
     _types.scale_type), written into buf (32 bytes); alpha and beta point into it."""
     cdef float* f = <float*>buf
     cdef int* i = <int*>buf
-    if scale == CUDA_R_64F:
-        buf[0], buf[1] = sc.alpha_re, sc.beta_re
-        alpha[0], beta[0] = &buf[0], &buf[1]
-    elif scale == CUDA_C_64F:
+    cdef const cg_dtype_row* r = cg_dtype_row_of(scale)       # (its kind and width, from the dtype table)
+    if r.kind == b'c' and r.size == 16:
         buf[0], buf[1], buf[2], buf[3] = sc.alpha_re, sc.alpha_im, sc.beta_re, sc.beta_im
         alpha[0], beta[0] = &buf[0], &buf[2]
-    elif scale == CUDA_C_32F:
+    elif r.kind == b'c':
         f[0], f[1], f[2], f[3] = <float>sc.alpha_re, <float>sc.alpha_im, <float>sc.beta_re, <float>sc.beta_im
         alpha[0], beta[0] = &f[0], &f[2]
-    elif scale == CUDA_R_32I:
+    elif r.kind == b'i':
         i[0], i[1] = <int>sc.alpha_re, <int>sc.beta_re
         alpha[0], beta[0] = &i[0], &i[1]
+    elif r.size == 8:
+        buf[0], buf[1] = sc.alpha_re, sc.beta_re
+        alpha[0], beta[0] = &buf[0], &buf[1]
     else:
         f[0], f[1] = <float>sc.alpha_re, <float>sc.beta_re
         alpha[0], beta[0] = &f[0], &f[1]

@@ -8,7 +8,8 @@ from cygemm.bindings.cudart cimport cudaDataType, CUDA_R_8I, CUDA_R_32I
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, is_complex_type
 from cygemm.engine.mapping cimport (MapResult, MAP_OK, MAP_CONJ_A, conjugate_ops, layout_error, map_or_raise,
                                     check_batch_disjoint)
-from cygemm.engine.dtypes cimport dtype_name, expected_names, DTYPES_WIDE, DTYPES_GEMM
+from cygemm.engine.dtypes cimport (dtype_name, expected_names, DTYPES_WIDE, DTYPES_GEMM, INT8_DTYPE,
+                                   INT8_SUMS_DTYPE)
 from cygemm.engine.execute cimport check_int8
 from cygemm.engine.args cimport CallArgs, args_init, add_array, add_view, expect_dtype, ARG_READ, ARG_WRITE
 
@@ -75,11 +76,11 @@ cdef int read_gemm(CallArgs* c, object A, object B, object out, bint trans_a, bi
     args_init(c)
     cdef MatrixView* a = add_array(c, A, "A", ARG_READ, min_nd, max_nd, level)
     cdef MatrixView* b = add_array(c, B, "B", ARG_READ, min_nd, max_nd, level)
-    if a.dtype == CUDA_R_32I:
+    if a.dtype == INT8_SUMS_DTYPE:
         raise TypeError(f"A: expected {expected_names(DTYPES_GEMM)}, got "
                         "int32 (cuBLAS multiplies int8 into int32, not int32: use cupy.matmul for int32)")
     expect_dtype(b, "B", a.dtype, "A")
-    cdef bint int8 = a.dtype == CUDA_R_8I
+    cdef bint int8 = a.dtype == INT8_DTYPE
     read_scalars(alpha, beta, a.dtype, sc)
     cdef int64_t M = a.cols if trans_a else a.rows
     cdef int64_t K = a.rows if trans_a else a.cols
@@ -108,13 +109,13 @@ cdef int read_gemm(CallArgs* c, object A, object B, object out, bint trans_a, bi
         res.rows, res.cols, res.row_stride, res.col_stride = M, N, N, 1
         res.batch, res.batch_stride, res.dtype, res.itemsize = batch, M * N, a.dtype, a.itemsize
         if int8:            # the exact sums
-            res.dtype, res.itemsize = CUDA_R_32I, 4
+            res.dtype, res.itemsize = INT8_SUMS_DTYPE, 4
         cv = add_view(c, &res, "out", ARG_WRITE, False)
     else:
         cv = add_array(c, out, "out", ARG_WRITE, max_nd, max_nd, level)
         if not int8:
             expect_dtype(cv, "out", a.dtype, None)
-        elif cv.dtype != CUDA_R_32I and cv.dtype != CUDA_R_8I:
+        elif cv.dtype != INT8_SUMS_DTYPE and cv.dtype != INT8_DTYPE:
             raise TypeError(f"out: int8 operands write an int32 out (exact sums) or an int8 one (scaled by "
                             f"alpha, rounded and saturated), got {dtype_name(cv.dtype)}")
         if cv.rows != M or cv.cols != N or cv.batch != batch:

@@ -1,4 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
+# kernels: small_batched
 """Batched GEMMs of small matrices: cuBLAS's strided-batched kernels, or cygemm's own
 (cygemm/kernels/small_batched.cu), a route table the one chooser decides. Every strided batch
 of at least two matrices comes here from cygemm.engine.execute.run_gemm, so gemm_strided_batched,
@@ -12,13 +13,13 @@ timed is the caller's (cygemm.engine.execute.run_cublas), what the call runs whe
 """
 from libc.stdint cimport int64_t, uintptr_t
 
-from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType, CUDA_C_64F
+from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType
 from cygemm.bindings.cublas cimport cublasComputeType_t
 from cygemm.kernels.small_batched cimport (cygemm_small_batched_args, cygemm_small_batched_shape,
                                            cygemm_small_batched_fits, cygemm_small_batched_vector_fits,
                                            cygemm_small_batched_rule, cygemm_small_batched_shaped,
                                            CYGEMM_SMALL_TILE_VECTOR)
-from cygemm.engine.types cimport ColMajorGemm, Scalars, beta_is_zero, compute_type, MATH_FP32, MATH_TF32
+from cygemm.engine.types cimport ColMajorGemm, Scalars, beta_is_zero, compute_type, type_size, MATH_FP32, MATH_TF32
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.settings cimport Policy, DETERMINISM_BATCH_INVARIANT
@@ -93,7 +94,7 @@ cdef bint kernel_rule(const cygemm_small_batched_args* a) noexcept nogil:
     cdef long long big = max(a.m, a.n, a.k)
     if a.opa != 0 and big > 8 and a.k < 16:
         return False
-    cdef long long most = 8 * 8 * 8 if a.dtype == CUDA_C_64F else 16 * 16 * 16
+    cdef long long most = 8 * 8 * 8 if type_size(<cudaDataType>a.dtype) == 16 else 16 * 16 * 16   # (complex128)
     return big <= 32 and a.m * a.n * a.k <= most
 
 

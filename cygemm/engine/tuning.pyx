@@ -1,4 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
+# kernels: timing
 """Tuning: the table of tuned choices, the tuning file, and the registry of routes that
 features register.
 

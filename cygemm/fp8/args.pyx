@@ -33,7 +33,7 @@ from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
 from cygemm.engine.epilogues cimport Activation, epilogue_activation, lt_epilogue
 from cygemm.engine.errors import check_flag
-from cygemm.engine.dtypes cimport fp8_bias_type, fp8_c_type
+from cygemm.engine.dtypes cimport fp8_bias_type, fp8_c_type, fp8_pair_ok, SCALES_DTYPE
 from cygemm.engine.types cimport MatrixView, ArrayDesc, is_fp8_type, type_size
 from cygemm.engine.arrays cimport read_fp8, read_array, view_from_desc, desc_shape
 from cygemm.engine.dtypes cimport dtype_name
@@ -199,7 +199,7 @@ cdef int _read_scale(const ArrayDesc* d, object x, str name) except -1:
         raise TypeError(f"{name}: expected a device float32 array (read on the GPU when the call runs), "
                         f"got a host number {x!r}: pass cupy.asarray({float(x)!r}, cupy.float32)")
     read_array(x, <ArrayDesc*>d, name, DTYPES_GEMM)     # (every dtype a reader takes: the one rule below names float32)
-    if d.dtype != CUDA_R_32F:
+    if d.dtype != SCALES_DTYPE:
         raise TypeError(f"{name}: FP8 scales are float32, got {dtype_name(d.dtype)} of shape {desc_shape(d)}")
     if d.ndim > 2:
         raise ValueError(f"{name}: expected a scale of at most 2 dimensions, got shape {desc_shape(d)}")
@@ -296,7 +296,7 @@ cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scal
     cdef MatrixView* vb = _fp8_matrix(c, b, "b", format_b, "format_b", ARG_READ)
     if vb.rows != va.cols:
         raise ValueError(f"b: a is ({va.rows}, {va.cols}) so b must have {va.cols} rows, got ({vb.rows}, {vb.cols})")
-    if va.dtype == CUDA_R_8F_E5M2 and vb.dtype == CUDA_R_8F_E5M2:
+    if not fp8_pair_ok(va.dtype, vb.dtype):
         raise TypeError("a/b: cuBLASLt has no E5M2 x E5M2 GEMM; hold one operand in E4M3 (gradients "
                         "in E5M2 pair with weights or activations in E4M3)")
     if va.cols == 0:

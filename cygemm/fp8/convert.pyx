@@ -1,4 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
+# kernels: fp8
 """FP8 conversions (Hopper and later): :func:`quantize`, :func:`dequantize` and :func:`amax`, with
 cygemm's kernels (16-byte accesses, grid sized to the GPU, allocation-free, capturable).
 Re-exported by :mod:`cygemm.fp8`, their documented home.

@@ -1,4 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
+# kernels: fp8_scales
 """Quantizing to FP8 with the scales of Hopper's FP8 recipes: :func:`quantize_scaled`, one scale
 for the tensor (current scaling), per row, per 1 x 128 tile along a row, or per 128 x 128 block,
 each from the amax of what it scales, written in the layout :func:`cygemm.fp8.scaled_matmul`
@@ -14,7 +15,7 @@ from cygemm.engine.types cimport MatrixView, ArrayDesc
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.streams cimport stream_from_object
 from cygemm.engine.arrays cimport read_fp8, read_array, desc_shape
-from cygemm.engine.dtypes cimport dtype_name, dtype_level, expected_names, DTYPES_FLOAT
+from cygemm.engine.dtypes cimport dtype_name, dtype_level, expected_names, DTYPES_FLOAT, SCALES_DTYPE
 from cygemm.engine.args cimport CallArgs, args_init, add_view, prepare_call, CALL_KERNELS, ARG_READ, ARG_WRITE
 from cygemm.engine.alloc cimport empty_array, data_pointer, first_torch
 from cygemm.fp8.args cimport SCALE_TENSOR, SCALE_OUTER, SCALE_1X128, SCALE_128X128, expect_scale
@@ -194,7 +195,7 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
     cdef MatrixView* vq = add_view(&c, &v, "out", ARG_WRITE, out is not None and dq.torch)
     if scale is not None:
         read_array(scale, &ds, "scale", False)
-        if ds.dtype != CUDA_R_32F:
+        if ds.dtype != SCALES_DTYPE:
             raise TypeError(f"scale: expected float32, got {dtype_name(ds.dtype)}")
         expect_scale(&ds, m, True, q_rows, 0, q_cols, "scale")
         if m != SCALE_TENSOR and (<uintptr_t>ds.ptr) % 16:

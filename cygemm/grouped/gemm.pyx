@@ -1,4 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
+# kernels: grouped
 """Grouped GEMMs: G independent row-major GEMMs of any sizes in one call (:func:`grouped_gemm`),
 and the engine that runs the groups of the mixture-of-experts calls too (cygemm.grouped.moe).
 

@@ -1,4 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
+# kernels: grouped
 """cuBLASLt's grouped matmul with the group sizes on the GPU: the route of the mixture-of-experts
 GEMMs whose offsets are a device array (:func:`cygemm.moe_gemm`, :func:`cygemm.moe_gemm_wgrad`).
 
@@ -50,7 +51,8 @@ from cygemm.engine.launch cimport grouped_lt_run
 from cygemm.engine.lt_features cimport LtExtras, lt_extras
 from cygemm.engine import lt_features as _lt_features
 from cygemm.engine.dtypes import name_of, expected
-from cygemm.engine.dtypes cimport type_size, DTYPES_FLOAT
+from cygemm.engine.dtypes cimport (type_size, dtype_level, is_fp8_type, is_half_type, fp8_pair_ok,
+                                   DTYPES_FLOAT)
 
 # The grouped matmul's alignment rule for every group's matrices (bytes).
 cdef int64_t GROUPED_ALIGN = 16
@@ -71,13 +73,12 @@ cdef object why_not(const LtGroupedCall* f, int device, bint capturing):
     why = _lt_features.feature_gate("grouped_gemm", device)
     if why is not None:
         return why
-    cdef bint fp8 = f.a_type == CUDA_R_8F_E4M3 or f.a_type == CUDA_R_8F_E5M2
-    if fp8:
-        if f.b_type != CUDA_R_8F_E4M3 and f.b_type != CUDA_R_8F_E5M2:
+    if is_fp8_type(f.a_type):
+        if not is_fp8_type(f.b_type):
             return f"FP8 needs both operands FP8, got {name_of(f.a_type)} and {name_of(f.b_type)}"
-        if f.a_type == CUDA_R_8F_E5M2 and f.b_type == CUDA_R_8F_E5M2:
+        if not fp8_pair_ok(f.a_type, f.b_type):
             return "FP8 takes E4M3 with E4M3 or E5M2, not two E5M2 operands (cuBLASLt's FP8 types)"
-        if f.dtype != CUDA_R_16BF and f.dtype != CUDA_R_16F and f.dtype != CUDA_R_32F:
+        if dtype_level(f.dtype) != DTYPES_FLOAT:
             return f"FP8's grouped matmul writes {expected(DTYPES_FLOAT)} on Hopper, got {name_of(f.dtype)}"
         if f.opa != CUBLAS_OP_T or f.opb != CUBLAS_OP_N:
             return ("FP8 reads both operands along K (Hopper's FP8 kernels are 'TN'): the weights must be "
@@ -85,7 +86,7 @@ cdef object why_not(const LtGroupedCall* f, int device, bint capturing):
         if f.scale_rows_dst != NULL and _lt_features.major(device) != 9:
             # (TransformerEngine: FP8 block scaling in grouped GEMMs is Hopper's; Blackwell's is MXFP8)
             return "block-scaled FP8 in cuBLASLt's grouped matmul runs on Hopper (compute capability 9.0) only"
-    elif f.dtype != CUDA_R_16BF and f.dtype != CUDA_R_16F:
+    elif not is_half_type(f.dtype):
         return f"cuBLASLt's grouped matmul takes bfloat16 and float16 here, got {name_of(f.dtype)}"
     elif f.a_type != f.dtype or f.b_type != f.dtype:
         return "the operands and the output must share one dtype (bfloat16 or float16)"

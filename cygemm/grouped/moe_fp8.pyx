@@ -27,7 +27,7 @@ from cygemm.engine.errors import check_flag
 from libc.stdint cimport uintptr_t
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_view, add_scalar, check_overlaps, prepare_call,
                                  ARG_READ, ARG_WRITE, CALL_KERNELS)
-from cygemm.engine.dtypes cimport DTYPES_INDEX, DTYPES_GEMM
+from cygemm.engine.dtypes cimport DTYPES_INDEX, DTYPES_GEMM, SCALES_DTYPE, fp8_pair_ok
 from cygemm.grouped.lt_grouped cimport LtGroupedCall, LT_NAMES_FORWARD
 from cygemm.grouped.device_offsets cimport (on_device, check_route, check_offsets_view, run_on_device,
                                             describe_on_device)
@@ -239,9 +239,9 @@ cdef object _read(CallArgs* c, object x, object w, object scale_x, object scale_
     if wv.cols != K:
         raise ValueError(f"w: x is ({T}, {K}) so w must be (G, N, {K}) (each expert's (N, K) weight), got "
                          f"({G}, {wv.rows}, {wv.cols})")
-    if sw.dtype != CUDA_R_32F or sx.dtype != CUDA_R_32F:
-        raise TypeError(f"{'scale_w' if sw.dtype != CUDA_R_32F else 'scale_x'}: expected float32 scales, got "
-                        f"{name_of(sw.dtype if sw.dtype != CUDA_R_32F else sx.dtype)}")
+    if sw.dtype != SCALES_DTYPE or sx.dtype != SCALES_DTYPE:
+        raise TypeError(f"{'scale_w' if sw.dtype != SCALES_DTYPE else 'scale_x'}: expected float32 scales, got "
+                        f"{name_of(sw.dtype if sw.dtype != SCALES_DTYPE else sx.dtype)}")
     if blocks:
         _check_block_scales(sx, sw, T, K, N, G, KB)
         if fast_accum:
@@ -253,7 +253,7 @@ cdef object _read(CallArgs* c, object x, object w, object scale_x, object scale_
         if sw.cols > 1 and sw.col_stride != 1:
             raise ValueError(f"scale_w: expected a contiguous array, got a stride of {sw.col_stride} elements")
     # What every FP8 GEMM of cuBLASLt needs, whichever route runs it (as fp8.scaled_matmul says).
-    if xv.dtype == CUDA_R_8F_E5M2 and wv.dtype == CUDA_R_8F_E5M2:
+    if not fp8_pair_ok(xv.dtype, wv.dtype):
         raise TypeError("x/w: cuBLASLt has no E5M2 x E5M2 GEMM; hold one operand in E4M3")
     if K % 16:
         raise ValueError(f"x: FP8 GEMMs need K to be a multiple of 16, got K = {K}; pad K to {(K + 15) // 16 * 16}")
@@ -277,7 +277,7 @@ cdef object _read(CallArgs* c, object x, object w, object scale_x, object scale_
                              f"least ceil(K / 128) * (round_up(T, 4) + 4 * G) = {KB * ((T + 3) // 4 * 4 + 4 * G)} "
                              f"elements (the tokens' scales, regrouped per expert on the GPU), got None")
         wsv = add_array(c, workspace, "workspace", ARG_WRITE, 1, 1)
-        if wsv.dtype != CUDA_R_32F or wsv.cols < KB * ((T + 3) // 4 * 4 + 4 * G) or (wsv.cols > 1 and wsv.col_stride != 1):
+        if wsv.dtype != SCALES_DTYPE or wsv.cols < KB * ((T + 3) // 4 * 4 + 4 * G) or (wsv.cols > 1 and wsv.col_stride != 1):
             raise ValueError(f"workspace: expected a contiguous device float32 array of at least {KB * ((T + 3) // 4 * 4 + 4 * G)} "
                              f"elements, got {name_of(wsv.dtype)} of {wsv.cols}")
         if (<uintptr_t>wsv.ptr) % 16:

@@ -1,4 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
+# kernels: nn
 """The launchers of cygemm.nn's kernels (cygemm/kernels/nn.cu, compiled at build time): the
 losses, forward and backward in one launch, and the optimizers, one launch for every parameter
 of a model (they live in one flat buffer).

@@ -11,7 +11,7 @@ from cygemm.engine.context cimport GemmContext
 from cygemm.engine.mapping cimport rowmajor_view, conjugate_ops, layout_error, MAP_CONJ_A  # (more: rowmajor.pxd)
 from cygemm.engine.errors import check_flag
 from cygemm.engine.errors cimport refuse_in_capture
-from cygemm.engine.dtypes cimport dtype_name, DTYPES_WIDE, DTYPES_GEMM
+from cygemm.engine.dtypes cimport dtype_name, DTYPES_WIDE, DTYPES_GEMM, INT8_DTYPE, INT8_SUMS_DTYPE
 from cygemm.engine.execute cimport check_int8, run_int8
 
 from cygemm.engine.alloc cimport empty_array, first_torch, data_pointer, is_torch, torch_stream
@@ -125,10 +125,10 @@ cdef object _run(object A, object B, object out, object trans_a, object trans_b,
     cdef Policy policy
     call_policy(autotune, determinism, &policy)
     cdef MatrixView* cv = &c.views[2]
-    if int8_only and c.views[0].dtype != CUDA_R_8I:
+    if int8_only and c.views[0].dtype != INT8_DTYPE:
         raise TypeError(f"A: int_mm multiplies int8 matrices, got {dtype_name(c.views[0].dtype)} "
                         "(cygemm.gemm and cygemm.matmul take the float dtypes)")
-    if int8_only and cv.dtype != CUDA_R_32I:
+    if int8_only and cv.dtype != INT8_SUMS_DTYPE:
         raise TypeError(f"out: int_mm writes int32, got {dtype_name(cv.dtype)} (an int8 out with a real "
                         "scale: cygemm.gemm(a, b, out, alpha=...))")
     prepare_call(&c, CALL_GEMM, stream, math, cv.dtype)    # out=None: the result has no memory yet, skipped
@@ -140,7 +140,7 @@ cdef object _run(object A, object B, object out, object trans_a, object trans_b,
         g.c = <void*>data_pointer(out)
     if g.m == 0 or g.n == 0 or g.batch == 0:
         return out
-    if c.views[0].dtype == CUDA_R_8I:
+    if c.views[0].dtype == INT8_DTYPE:
         run_int8(c.ctx, c.stream, &g, cv, cv.dtype, &sc, policy)
         return out
     with nogil:
@@ -359,7 +359,7 @@ def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, batched=False
     parse_trans(trans_b, "trans_b", &tb, &cb)
     d = describe_call(&c.views[0], &c.views[1], &c.views[2], &g, ta, tb, ("A", "B", "out"),
                       (has_memory(A), has_memory(B), out is not None and has_memory(out)))
-    if c.views[0].dtype == CUDA_R_8I:
+    if c.views[0].dtype == INT8_DTYPE:
         d["kernels"] = ("cuBLASLt's int8 kernels, int32 accumulation (the fastest, timed once when large; "
                         "every one gives the same exact sums)")
     d.update(strided_batched=bool(g.strided_batched),

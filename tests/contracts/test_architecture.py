@@ -1,6 +1,7 @@
-"""The package's layers (CPU, source only): every compiled module names only modules built before
-it (setup.py's MODULES is the order, lowest first), the bindings and kernel declarations name
-nothing of cygemm above them, the row-major mapping is pure, and no module is over 500 lines."""
+"""The package's layers (CPU, source only): no import cycle among the modules, the engine names
+no feature, the bindings and kernel declarations name nothing of cygemm above them, each module
+links the kernel files it launches, the row-major mapping is pure, and no module is over 500
+lines."""
 import ast
 import glob
 import os
@@ -17,12 +18,15 @@ NAMED = re.compile(r"^\s*(?:from|cimport|import)\s+cygemm\.([\w.]+)")
 FROM_PACKAGE = re.compile(r"^\s*from\s+cygemm(\.engine)?\s+c?import\s+\(?([\w ,]+)")
 
 
-def modules_in_build_order():
-    tree = ast.parse(open(os.path.join(ROOT, "setup.py")).read())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "MODULES":
-            return list(ast.literal_eval(node.value))
-    raise AssertionError("setup.py has no MODULES")
+def compiled_modules():
+    """{module: [kernel, ...]}: every .pyx under cygemm/ and the kernel files its "# kernels:" line
+    names (what setup.py builds)."""
+    found = {}
+    for path in sorted(glob.glob(os.path.join(PACKAGE, "**", "*.pyx"), recursive=True)):
+        name = os.path.relpath(path, PACKAGE)[:-4].replace(os.sep, ".")
+        line = re.search(r"^# kernels: ([\w ]+)$", open(path).read(), re.M)
+        found[name] = line.group(1).split() if line else []
+    return found
 
 
 def named_modules(path):
@@ -42,23 +46,24 @@ def named_modules(path):
     return found
 
 
-ORDER = modules_in_build_order()
+MODULES = compiled_modules()
 
 
-@pytest.mark.parametrize("module", ORDER)
-def test_a_compiled_module_names_only_modules_below_it(module):
-    rank = {m: i for i, m in enumerate(ORDER)}
-    base = os.path.join(PACKAGE, *module.split("."))
-    higher = []
-    for path in (base + ".pyx", base + ".pxd"):
-        if not os.path.isfile(path):
-            continue
-        for number, name in named_modules(path):
-            if name in rank and rank[name] > rank[module]:
-                higher.append(f"{os.path.basename(path)}:{number} names cygemm.{name}")
-            if name in ("gemm_ops", "nn", "backend", "fused"):      # the Python API above every compiled module
-                higher.append(f"{os.path.basename(path)}:{number} names cygemm.{name}")
-    assert not higher, higher
+def test_each_kernel_file_is_linked_where_it_is_launched():
+    """A module that declares a kernel file's launchers (cimports cygemm.kernels.<name>'s
+    functions) names it on its "# kernels:" line, and every kernel file is linked somewhere:
+    setup.py links what the lines name, so a missing line is an undefined symbol at import."""
+    kernels = {os.path.basename(p)[:-3] for p in glob.glob(os.path.join(PACKAGE, "kernels", "*.cu"))}
+    named = {k for ks in MODULES.values() for k in ks}
+    assert named <= kernels, named - kernels
+    assert kernels <= named, f"kernel files no module links: {kernels - named}"
+    launcher = re.compile(r"^\s*from\s+cygemm\.kernels\.(\w+)\s+cimport\s+\(?([^)]*?)\)?$", re.M | re.S)
+    for module, ks in MODULES.items():
+        text = open(os.path.join(PACKAGE, *module.split(".")) + ".pyx").read()
+        for kernel, names in launcher.findall(text):
+            calls = [n.strip() for n in names.replace("\n", " ").split(",") if n.strip().startswith("cygemm_")]
+            if kernel in kernels and any(re.search(rf"\b{n}\(", text) for n in calls):
+                assert kernel in ks, f"{module} launches {kernel}.cu's functions without '# kernels: {kernel}'"
 
 
 @pytest.mark.parametrize("folder", ["bindings", "kernels"])
@@ -79,6 +84,7 @@ LONGER = {
     os.path.join("engine", "tuning.pyx"): 750,     # timing candidates and keeping what won: the tuned table
     os.path.join("engine", "arrays.pyx"): 650,     # reading device arrays and describe_*'s layouts: the one reader
     os.path.join("engine", "plans.pyx"): 530,      # a thread's plans: their cache (and its CPU test hook)
+    os.path.join("grouped", "groups.pyx"): 510,    # one call's groups: read, checked, which routes take them
 }
 
 

@@ -83,9 +83,11 @@ def test_fp8_output_types_and_guarded_types_come_from_the_table():
     src = open(os.path.join(os.path.dirname(cygemm.__file__), "engine", "dtypes.pxd")).read()
     # cuBLASLt's FP8 rule: C is bfloat16 for an FP8 output, else the output's type; the bias is
     # float16 for a float16 output, else bfloat16; the guard covers the 16-bit floats.
-    for name, c, bias, ktail in (("float16", "CUDA_R_16F", "CUDA_R_16F", 1),
-                                 ("bfloat16", "CUDA_R_16BF", "CUDA_R_16BF", 1),
-                                 ("float32", "CUDA_R_32F", "CUDA_R_16BF", 0),
-                                 ("float8_e4m3fn", "CUDA_R_16BF", "CUDA_R_16BF", 0)):
+    # An FP8 GEMM pairs E4M3 with itself, never E5M2 (cuBLASLt has no E5M2 x E5M2 kernel).
+    for name, c, bias, ktail, alone in (("float16", "CUDA_R_16F", "CUDA_R_16F", 1, 0),
+                                        ("bfloat16", "CUDA_R_16BF", "CUDA_R_16BF", 1, 0),
+                                        ("float32", "CUDA_R_32F", "CUDA_R_16BF", 0, 0),
+                                        ("float8_e4m3fn", "CUDA_R_16BF", "CUDA_R_16BF", 0, 1),
+                                        ("float8_e5m2", "CUDA_R_16BF", "CUDA_R_16BF", 0, 0)):
         row = next(line for line in src.splitlines() if f'"{name}"' in line and line.strip().startswith("{CUDA"))
-        assert row.rstrip(" },").endswith(f"{c}, {bias}, {ktail}"), row
+        assert row.rstrip(" },").endswith(f"{c}, {bias}, {ktail}, {alone}"), row
