@@ -2,16 +2,16 @@
 
     python check_dist.py SDIST WHEEL BUILD_DIR [BUILD_DIR ...]
 
-What is needed comes from the source tree beside this script: setup.py's MODULES (compiled
-modules, their stubs and kernels), every .pxd, .py and public header of cygemm/, every source
+What is needed comes from the source tree beside this script: its .pyx modules (compiled
+modules, their stubs and the kernels their "# kernels:" lines name), every .pxd, .py and public header of cygemm/, every source
 file of docs/. Fails (exit 1,
 each problem on a line) if a needed file is missing, a generated or source-only
 file is in the wheel, an extension's RUNPATH/RPATH has an entry outside $ORIGIN, or any file of
 the wheel contains one of the BUILD_DIR paths or pip's temporary build folders.
 """
-import ast
 import glob
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -21,17 +21,20 @@ import zipfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def setup_modules():
-    """setup.py's MODULES (the compiled modules, "nn._kernels" dotted) and its kernels, read
-    without running setup.py: the one list of what is built."""
-    tree = ast.parse(open(os.path.join(ROOT, "setup.py")).read())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "MODULES":
-            return ast.literal_eval(node.value)
-    raise SystemExit("check_dist: setup.py has no MODULES")
+def source_modules():
+    """The compiled modules of the source tree ("nn._kernels" dotted: every .pyx under cygemm/,
+    as setup.py builds them) and the kernel files each names on its "# kernels:" line."""
+    found = {}
+    for path in sorted(glob.glob(os.path.join(ROOT, "cygemm", "**", "*.pyx"), recursive=True)):
+        name = os.path.relpath(path, os.path.join(ROOT, "cygemm"))[:-4].replace(os.sep, ".")
+        line = re.search(r"^# kernels: ([\w ]+)$", open(path).read(), re.M)
+        found[name] = line.group(1).split() if line else []
+    if not found:
+        raise SystemExit("check_dist: no .pyx under cygemm/")
+    return found
 
 
-MODULES = setup_modules()
+MODULES = source_modules()
 PYX = [m.replace(".", "/") for m in MODULES]
 KERNELS = sorted({k for ks in MODULES.values() for k in ks})
 # Every .pxd of the source tree is part of the cimport contract the wheel ships.

@@ -11,7 +11,7 @@ from cygemm.engine.dtypes cimport cg_dtype_row, cg_dtype_row_of
 from cygemm.engine.types cimport ColMajorGemm, GemmTypes, Scalars, scale_type, type_size
 from cygemm.engine.errors cimport check_cublas
 from cygemm.engine.context cimport GemmContext, bind_stream
-from cygemm.engine.ktail cimport KTAIL_GRAIN, gemmex_drops
+from cygemm.engine.ktail cimport KTAIL_GRAIN, gemmex_drops, guarded_type, ktail_possible
 
 
 cdef int64_t INT32_MAX = 2147483647
@@ -173,9 +173,19 @@ cdef int grouped_batched_run(GemmContext* ctx, cudaStream_t stream, const cublas
                              const float* scalars, int64_t part, const void* const* a, const void* const* b,
                              void* const* c, cudaDataType dtype, int count, const int* ones,
                              cublasComputeType_t compute) except -1 nogil:
-    # The K-tail guard has nothing to do here: the route takes float32 alone (cygemm.grouped.groups),
-    # a type the defect was never measured in (the dtype table's ktail field).
+    # The K-tail guard: which kernels this call runs is cuBLAS's choice, out of sight; where a
+    # group of a guarded type has a K a split could cut short, it runs with no workspace (cuBLAS
+    # splits K only into its workspace), so unsplit.
+    cdef int i
+    cdef bint unsplit = False
+    for i in range(count if guarded_type(dtype) else 0):
+        if ktail_possible(dims[2 * part + i]):
+            unsplit = True
+            break
     bind_stream(ctx, stream)
+    if unsplit:
+        check_cublas(cublasSetWorkspace(ctx.blas, NULL, 0), "cublasSetWorkspace")
+        ctx.bound = False           # the next call binds the workspace again
     check_cublas(cublasGemmGroupedBatchedEx(
         ctx.blas, ops, ops + part, dims, dims + part, dims + 2 * part, scalars, a, dtype, dims + 3 * part,
         b, dtype, dims + 4 * part, scalars + part, c, dtype, dims + 5 * part, count, ones, compute),

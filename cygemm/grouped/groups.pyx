@@ -15,7 +15,6 @@ from cygemm.bindings.cublas cimport *
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, pointer_alignment
 from cygemm.engine.arrays cimport view_from_object, DTYPES_FLOAT
 from cygemm.engine.dtypes cimport dtype_name, has_tf32, compute_type, DTYPES_INDEX, MATH_TF32
-from cygemm.engine.ktail cimport guarded_type, ktail_possible, KTAIL_GRAIN
 from cygemm.engine.overlap cimport views_overlap, check_no_overlap, view_byte_range
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_view, check_devices, expect_dtype, ARG_READ,
                                  ARG_WRITE, MAX_ARGS)
@@ -205,10 +204,6 @@ cdef class Groups:
             return (f"a matrix is only {self.align}-byte aligned; cublasGemmGroupedBatchedEx needs "
                     f"{GROUPED_ALIGNMENT}-byte aligned pointers for {dtype_name(self.dtype)}"
                     + (" with TF32" if has_tf32(self.dtype) else ""))
-        for i in range(self.n_act if guarded_type(self.dtype) else 0):    # (its kernels are its own choice)
-            if ktail_possible(self.act[i].k):
-                return (f"group {self.act_index[i]} has K = {self.act[i].k}, not a multiple of {KTAIL_GRAIN}: the "
-                        "K-tail guard does not reach cublasGemmGroupedBatchedEx's kernels")
         return None
 
     cdef int check_disjoint(self) except -1:

@@ -84,7 +84,6 @@ LONGER = {
     os.path.join("engine", "tuning.pyx"): 750,     # timing candidates and keeping what won: the tuned table
     os.path.join("engine", "arrays.pyx"): 650,     # reading device arrays and describe_*'s layouts: the one reader
     os.path.join("engine", "plans.pyx"): 530,      # a thread's plans: their cache (and its CPU test hook)
-    os.path.join("grouped", "groups.pyx"): 510,    # one call's groups: read, checked, which routes take them
 }
 
 
@@ -111,7 +110,7 @@ def test_every_cublas_gemm_is_enqueued_in_one_module_behind_the_k_tail_guard():
             found[os.path.relpath(path, PACKAGE)] = sorted(set(calls.findall(code)))
     assert set(found) == {os.path.join("engine", "launch.pyx")}, found
     launch = open(os.path.join(PACKAGE, "engine", "launch.pyx")).read()
-    assert "gemmex_drops(" in launch
+    assert "gemmex_drops(" in launch and "ktail_possible(" in launch
     plans = open(os.path.join(PACKAGE, "engine", "plans.pyx")).read()
     assert "make_safe(" in plans and "gemmex_drops(" in plans
 

@@ -525,15 +525,3 @@ def test_last_route_names_what_ran_in_each_thread():
     assert seen == [None, "grouped"] and grouped.last_route() == "streams"
     cp.cuda.Device().synchronize()
 
-
-@pytest.mark.parametrize("dtype, k, grouped", [("bfloat16", 264, False), ("float16", 1000, False),
-                                               ("bfloat16", 512, True), ("float32", 300, True)])
-def test_groups_the_k_tail_guard_cannot_reach_take_another_route(dtype, k, grouped):
-    """cublasGemmGroupedBatchedEx runs kernels of its own choosing, out of the K-tail guard's
-    sight: 16-bit groups whose K a split could cut short (not a multiple of 256) are not given
-    to it; a route whose GEMMs the guard sees runs them. CPU."""
-    sizes = [(64, 32), (48, 32)] * 4
-    routes = cygemm.describe_grouped([((m, k), dtype) for m, _ in sizes], [((k, n), dtype) for _, n in sizes],
-                                     [((m, n), dtype) for m, n in sizes])["routes"]
-    assert ("grouped" in routes) == grouped, routes
-    assert "loop" in routes
