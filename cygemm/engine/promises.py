@@ -19,8 +19,6 @@ sync), and the verdict is kept per cuBLASLt version in the tuning table (cygemm.
 keys its file by that version). A promise whose check failed makes its mode refuse with
 CygemmError (or, for ``ktail_fixed``, keeps the guard acting); it is never broken silently.
 """
-import threading
-
 from cygemm.engine.errors import CygemmError
 from cygemm.engine.dtypes import ROWS
 
@@ -31,8 +29,7 @@ VERIFIED = {"ktail_guard": VERIFIED_CUBLASLT, "batch_invariant": VERIFIED_CUBLAS
             "lt_grouped_fp8": (), "ktail_fixed": ()}
 PROMISES = tuple(VERIFIED)
 
-_lock = threading.RLock()
-_verdicts = {}          # promise -> True (holds) / False (failed) for this process's cuBLASLt
+_verdicts = {}          # (promise, way) -> True (holds) / False (failed) for this process's cuBLASLt
 _checking = set()       # promises whose check runs now (its own GEMMs rely on it: let them)
 checks_run = {p: 0 for p in PROMISES}   # how many checks ran in this process (tests read it)
 _fail = set()           # test hook: promises whose next check is made to fail
@@ -55,13 +52,22 @@ def holds(promise):
         return True
     way = _way(promise)
     verdict = _verdicts.get((promise, way))
-    if verdict is None:
-        with _lock:
-            verdict = _verdicts.get((promise, way))
-            if verdict is None:
-                verdict = _decide(promise, way)
-                _verdicts[(promise, way)] = verdict
-    return verdict
+    if verdict is not None:
+        return verdict
+    if verified(promise=promise) and promise not in _fail and way is None:
+        return True                     # (measured on this cuBLASLt: nothing to check)
+    # Decided once per process under the chooser's single flight (cygemm.engine.tuning): other
+    # threads asking meanwhile wait for the verdict, in the tuning table as any tuned choice.
+    from cygemm.engine import context as _context
+    from cygemm.engine import tuning
+    device = _context.current_device()
+    key = (promise,) if way is None else (promise, way)
+    if tuning.claim_flight(device, "promise", key, lambda: (promise, way) in _verdicts):
+        try:
+            _verdicts[(promise, way)] = _decide(promise, way)
+        finally:
+            tuning.release_flight(device, "promise", key)
+    return _verdicts[(promise, way)]
 
 
 def known(promise):
@@ -222,6 +228,5 @@ def register_check(promise, check):
 
 
 def _reset_for_tests():
-    with _lock:
-        _verdicts.clear()
-        _fail.clear()
+    _verdicts.clear()
+    _fail.clear()

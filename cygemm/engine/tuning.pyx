@@ -382,6 +382,18 @@ cdef int release_tuning(int device, str kind, tuple key) except -1:
     return 0
 
 
+def claim_flight(int device, str kind, tuple key, settled):
+    """claim_tuning for Python callers whose result is not a tuning record (the promises'
+    first-use checks), keyed by the device itself (a verdict is one device's): True, this thread
+    is to do the work of (device, kind, key) and must call release_flight in a ``finally``;
+    False when ``settled()`` or this thread owns the key already."""
+    return _timing_flights.claim(("device", device, kind, key), settled)
+
+
+def release_flight(int device, str kind, tuple key):
+    _timing_flights.release(("device", device, kind, key))
+
+
 def _read_header(path):
     """The header of a tuning file (None when it has none that parses)."""
     try:
