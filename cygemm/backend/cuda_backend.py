@@ -48,6 +48,9 @@ class CUDABackend(ArrayBackend):
         super().__init__(dtype)
         if math not in ("tf32", "fp32"):
             raise ValueError(f"math: expected 'tf32' or 'fp32', got {math!r}")
+        if stream is not None and not (hasattr(stream, "ptr") and hasattr(stream, "__enter__")):
+            raise TypeError(f"stream: expected a cupy.cuda.Stream (the backend's methods enter it) or None, "
+                            f"got {type(stream).__module__}.{type(stream).__name__}")
         require_gpu()           # before CuPy makes a stream (cygemm's plain-words reason, not CuPy's), after the arguments
         self.math = math
         self.stream = stream if stream is not None else cp.cuda.Stream(non_blocking=False)

@@ -86,6 +86,8 @@ cdef int read_gemm(CallArgs* c, object A, object B, object out, bint trans_a, bi
     cdef int64_t K = a.rows if trans_a else a.cols
     cdef int64_t K2 = b.cols if trans_b else b.rows
     cdef int64_t N = b.rows if trans_b else b.cols
+    if K != K2 and not (trans_a or trans_b):       # (int_mm has no transposes to name)
+        raise ValueError(f"B: A is {M}x{K} so B must have {K} rows, got {K2}x{N}")
     if K != K2:
         raise ValueError(f"B: op(A) is {M}x{K} (trans_a={bool(trans_a)}) so op(B) must have {K} rows, "
                          f"got {K2}x{N} (trans_b={bool(trans_b)})")

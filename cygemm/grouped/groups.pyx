@@ -260,11 +260,7 @@ cdef class Groups:
                 check_no_overlap(&self.views[idx], self.name(idx // 3, idx % 3), &self.views[other],
                                  self.name(other // 3, other % 3))
         finally:
-            free(spans)
-            free(outs)
-            free(ins)
-            free(hi_out)
-            free(hi_in)
+            free(spans); free(outs); free(ins); free(hi_out); free(hi_in)
         return 0
 
     cdef int host_arrays(self, float alpha, float beta, cudaStream_t stream) except -1:
@@ -322,6 +318,10 @@ cdef str _describe_g(const ColMajorGemm* g):
 
 cdef Groups read_lists(object As, object Bs, object outs, bint trans_a, bint trans_b):
     """grouped_gemm's groups: 2-D matrices of one dtype whose shapes multiply, group by group."""
+    for arg, name in ((As, "As"), (Bs, "Bs"), (outs, "outs")):
+        if any(hasattr(arg, a) for a in ("shape", "__cuda_array_interface__", "__dlpack__")):   # (its rows)
+            raise TypeError(f"{name}: expected a list of matrices, one per group, got one array of "
+                            f"{type(arg).__name__} (one group: [{name[:-1]}])")
     try:
         n = len(As)
     except TypeError:

@@ -256,8 +256,9 @@ def int_mm(A, B, out=None, *, stream=None, autotune=None, determinism=None):
     """out = A @ B for int8 matrices, summed exactly in int32 on the integer tensor cores.
 
     What ``torch._int_mm`` computes (the GEMM of W8A8 inference): one cuBLASLt int8 GEMM with
-    int32 accumulation and no scale, so each element is the exact integer sum (its magnitude
-    below 2**31, which every K up to 131072 guarantees: 128 * 128 * K < 2**31).
+    int32 accumulation and no scale, so each element is the exact integer sum where it fits int32:
+    always for K up to 131071 (128 * 128 * K < 2**31). A longer K is taken too, and is exact
+    while every sum stays within int32 (the accumulator is int32, as torch._int_mm's).
 
     Parameters
     ----------

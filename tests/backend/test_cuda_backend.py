@@ -205,3 +205,9 @@ def test_float_of_a_result_waits_for_the_default_backend_stream():
     cb.dot(x, x, out=out)
     got = float(out)                                   # no explicit synchronisation
     assert abs(got - float(cb.to_numpy(x).astype(np.float64) @ cb.to_numpy(x))) < 1e-3
+
+
+def test_a_stream_that_is_not_a_stream_is_refused_before_the_gpu_check():
+    from cygemm.backend import CUDABackend
+    with pytest.raises(TypeError, match=r"stream: expected a cupy.cuda.Stream .* or None, got builtins.str"):
+        CUDABackend(stream="x")

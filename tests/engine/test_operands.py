@@ -135,7 +135,7 @@ def test_a_nonzero_beta_needs_an_existing_out():
 
 @pytest.mark.parametrize("a_shape, b_shape, ta, tb, message", [
     ((4, 3), (2, 3), False, False,
-     "B: op(A) is 4x3 (trans_a=False) so op(B) must have 3 rows, got 2x3 (trans_b=False)"),
+     "B: A is 4x3 so B must have 3 rows, got 2x3"),
     ((3, 4), (5, 2), True, False, "B: op(A) is 4x3 (trans_a=True) so op(B) must have 3 rows, got 5x2 (trans_b=False)"),
     ((4, 3), (3, 2), False, True, "B: op(A) is 4x3 (trans_a=False) so op(B) must have 3 rows, got 2x3 (trans_b=True)"),
     ((3, 4), (2, 4), "T", "H", "B: op(A) is 4x3 (trans_a=True) so op(B) must have 3 rows, got 4x2 (trans_b=True)"),

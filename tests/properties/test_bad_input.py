@@ -486,6 +486,16 @@ CASES = {
     "describe_moe_scaled/fast_accum a string": ("describe_moe_scaled", lambda mk: (
         (mk.arr((4, 16), "uint8"), mk.arr((2, 8, 16), "uint8"), mk.arr((1,)), mk.arr((2,)), [0, 2, 4], mk.out((4, 8))),
         {"format_x": "e4m3", "format_w": "e4m3", "fast_accum": "yes"}), TypeError, ["fast_accum:", "True or False"], True),
+    "int_mm/K mismatch names no transpose": ("int_mm", lambda mk: ((mk.arr((4, 16), "int8"), mk.arr((8, 8), "int8")), {}),
+                                             ValueError, ["B: A is 4x16 so B must have 16 rows, got 8x8"], True),
+    "describe_gemm/CAI shape of strings": ("describe_gemm", lambda mk: ((FakeDeviceArray(("4", 3)), mk.arr((3, 2))), {}),
+                                           TypeError, ["A:", "shape must be a tuple of integers", "('4', 3)"], True),
+    "describe_gemm/CAI negative shape": ("describe_gemm", lambda mk: ((FakeDeviceArray((-4, 3)), mk.arr((3, 2))), {}),
+                                         ValueError, ["A:", "negative extent", "(-4, 3)"], True),
+    "describe_gemm/CAI strides of floats": ("describe_gemm", lambda mk: (
+        (FakeDeviceArray((4, 3), strides=(12.0, 4.0)), mk.arr((3, 2))), {}), TypeError, ["A:", "strides", "(12.0, 4.0)"], True),
+    "grouped_gemm/one array as the groups": ("grouped_gemm", lambda mk: ((mk.arr((4, 3)), [mk.arr((3, 5))], None), {}),
+                                             TypeError, ["As:", "one per group", "one array"], True),
     "describe_grouped/inner mismatch": ("describe_grouped", lambda mk: (([mk.arr((2, 3))], [mk.arr((4, 2))],
                                                                          [mk.out((2, 2))]), {}),
                                         ValueError, ["Bs[0]:", "3 rows"], True),
