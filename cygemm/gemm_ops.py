@@ -33,7 +33,7 @@ class ActAttrs(NamedTuple):
         slope = float(leaky_slope)
         if not np.isfinite(slope) or slope < 0:
             raise ValueError(f"leaky_slope: expected a finite number >= 0, got {leaky_slope!r}")
-        return cls(act.lower(), bool(with_bias), slope)
+        return cls(act.lower(), _errors.check_flag(with_bias, "with_bias"), slope)
 
     def kwargs(self):
         """The attributes as keyword arguments of ``forward_into`` and ``backward_into``."""
@@ -101,12 +101,18 @@ def ws_cache_keys():
 # ------------------------------------------------------------------ allocating forms
 
 def forward(A, B, bias=None, *, with_bias=True, act="none", leaky_slope=0.01, save_z=False,
-            lt_workspace=None, math="tf32", stream=None):
+            lt_workspace=None, math="tf32", stream=None, autotune=None, determinism=None):
     """Y = act(A @ B + bias), allocating Y (and Z = A @ B + bias with save_z).
 
-    Takes every layout and argument that :func:`forward_into` takes (``W.T`` included) and
-    allocates the results on `stream`, in the inputs' library: torch tensors from torch's
-    allocator when A or B is a torch tensor, else CuPy arrays from CuPy's pool.
+    Takes every layout and argument that :func:`forward_into` takes (``W.T`` included) but the
+    outputs ``out`` and ``z_out``, which it allocates on `stream`, in the inputs' library: torch
+    tensors from torch's allocator when A or B is a torch tensor, else CuPy arrays from CuPy's
+    pool.
+
+    Parameters
+    ----------
+    A, B, bias, with_bias, act, leaky_slope, save_z, lt_workspace, math, stream, autotune, determinism
+        As :func:`forward_into`.
 
     Returns
     -------
@@ -120,22 +126,31 @@ def forward(A, B, bias=None, *, with_bias=True, act="none", leaky_slope=0.01, sa
     CaptureError
         The stream is being captured (use forward_into with buffers made before).
     """
+    save_z = _errors.check_flag(save_z, "save_z")      # (before anything is allocated)
     M, K, N, dtype = layer_shape(A, B)
     Y = _alloc.empty((M, N), dtype, stream, "forward(): Y", like=(A, B))
     Z = _alloc.empty((M, N), dtype, stream, "forward(): Z", like=(A, B)) if save_z else None
     forward_into(A, B, Y, bias, with_bias=with_bias, act=act, leaky_slope=leaky_slope, save_z=save_z,
-                 z_out=Z, lt_workspace=lt_workspace, math=math, stream=stream)
+                 z_out=Z, lt_workspace=lt_workspace, math=math, stream=stream, autotune=autotune,
+                 determinism=determinism)
     return Y, Z
 
 
 def backward(A, B, gY, Z, *, with_bias=True, act="none", leaky_slope=0.01, need_gA=True, need_gB=True,
-             lt_workspace=None, math="tf32", stream=None, work_dZ=None, y=None):
+             lt_workspace=None, math="tf32", stream=None, work_dZ=None, y=None, autotune=None, determinism=None):
     """Gradients of Y = act(A @ B + bias), allocated: see :func:`backward_into`.
 
     The gradients and, when needed and not given, the dZ buffer are allocated on `stream` for
     this call alone, in the inputs' library as :func:`forward` does, so concurrent calls on
     other streams or threads never share them. gB has B's shape and is C-ordered (for
     ``B = W.T`` its transpose is W's gradient).
+
+    Parameters
+    ----------
+    A, B, gY, Z, with_bias, act, leaky_slope, lt_workspace, math, stream, work_dZ, y, autotune, determinism
+        As :func:`backward_into`.
+    need_gA, need_gB : bool
+        Whether to compute (and allocate) gA and gB.
 
     Returns
     -------
@@ -147,6 +162,8 @@ def backward(A, B, gY, Z, *, with_bias=True, act="none", leaky_slope=0.01, need_
     TypeError, ValueError, CaptureError
         As :func:`forward` raises them, for :func:`backward_into`'s arguments.
     """
+    with_bias = _errors.check_flag(with_bias, "with_bias")     # (before anything is allocated)
+    need_gA, need_gB = _errors.check_flag(need_gA, "need_gA"), _errors.check_flag(need_gB, "need_gB")
     M, K, N, dtype = layer_shape(A, B)
     like = (A, B)
     gA = _alloc.empty((M, K), dtype, stream, "backward(): gA", like=like) if need_gA else None
@@ -155,5 +172,6 @@ def backward(A, B, gY, Z, *, with_bias=True, act="none", leaky_slope=0.01, need_
     if work_dZ is None and parse_activation(act) != 0 and (need_gA or need_gB):
         work_dZ = _alloc.empty((M, N), dtype, stream, "backward(): dZ", like=like)
     backward_into(A, B, gY, Z, with_bias=with_bias, act=act, leaky_slope=leaky_slope, gA_out=gA, gB_out=gB,
-                  gBias_out=gBias, work_dZ=work_dZ, lt_workspace=lt_workspace, math=math, stream=stream, y=y)
+                  gBias_out=gBias, work_dZ=work_dZ, lt_workspace=lt_workspace, math=math, stream=stream, y=y,
+                  autotune=autotune, determinism=determinism)
     return gA, gB, gBias

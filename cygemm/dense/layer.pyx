@@ -49,8 +49,8 @@ def layer_shape(A, B):
 
 # ---------------------------------------------------------------- forward
 
-def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky_slope=0.01,
-                 bint save_z=False, z_out=None, lt_workspace=None, str math="tf32", stream=None,
+def forward_into(A, B, out, bias=None, *, with_bias=True, act="none", leaky_slope=0.01,
+                 save_z=False, z_out=None, lt_workspace=None, str math="tf32", stream=None,
                  autotune=None, determinism=None):
     """out = act(A @ B + bias), and z_out = A @ B + bias with save_z, into given buffers.
 
@@ -101,6 +101,7 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
     plus cygemm's kernel, ...) is chosen by the route table of ``cygemm.dense``: timed once
     for large problems, a fixed rule for small ones.
     """
+    with_bias, save_z = check_flag(with_bias, "with_bias"), check_flag(save_z, "save_z")
     cdef const Activation* row = activation_row(act)
     cdef float slope = leaky_slope_of(leaky_slope)
     cdef Policy policy
@@ -148,7 +149,7 @@ def forward_into(A, B, out, bias=None, *, bint with_bias=True, act="none", leaky
 
 # ---------------------------------------------------------------- backward
 
-def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0.01, gA_out=None,
+def backward_into(A, B, gY, Z, *, with_bias=True, act="none", leaky_slope=0.01, gA_out=None,
                   gB_out=None, gBias_out=None, work_dZ=None, lt_workspace=None, str math="tf32",
                   stream=None, accumulate=False, y=None, autotune=None, determinism=None):
     """Gradients of out = act(A @ B + bias) given gY = dL/dout, into given buffers.
@@ -193,7 +194,7 @@ def backward_into(A, B, gY, Z, *, bint with_bias=True, act="none", leaky_slope=0
     timing found it faster, the weight gradient on a side stream forked from and joined to it
     (the ``branches`` route; a captured graph then has two branches).
     """
-    accumulate = check_flag(accumulate, "accumulate")
+    accumulate, with_bias = check_flag(accumulate, "accumulate"), check_flag(with_bias, "with_bias")
     cdef const Activation* row = activation_row(act)
     cdef cygemm_act_t code = row.code
     cdef float slope = leaky_slope_of(leaky_slope)

@@ -13,6 +13,7 @@ from cygemm.bindings.cudart cimport *
 from cygemm.kernels.fp8_scales cimport cygemm_fp8_quantize_scaled
 from cygemm.engine.types cimport MatrixView, ArrayDesc
 from cygemm.engine.errors cimport check_cuda
+from cygemm.engine.errors import check_flag
 from cygemm.engine.streams cimport stream_from_object
 from cygemm.engine.arrays cimport read_fp8, read_array, desc_shape
 from cygemm.engine.dtypes cimport dtype_name, dtype_level, expected_names, DTYPES_FLOAT, SCALES_DTYPE
@@ -116,7 +117,7 @@ cdef int64_t _size(object n, str name) except -1:
     return n
 
 
-def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=False, out=None, scale=None,
+def quantize_scaled(x, mode, *, format="e4m3", transpose=False, pow2=False, out=None, scale=None,
                     stream=None):
     """Quantize ``x`` to FP8 with one scale for all of it, per row, per 1 x 128 tile, or per 128 x 128 block.
 
@@ -166,6 +167,7 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
     ValueError, TypeError
         Before anything runs: dtypes, shapes, layouts, the mode and the format.
     """
+    cdef bint transposed = check_flag(transpose, "transpose"), to_pow2 = check_flag(pow2, "pow2")
     cdef CallArgs c
     cdef ArrayDesc dx, dq, ds
     cdef MatrixView v
@@ -184,7 +186,7 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
     _expect_c_contiguous(&dx, "x", (rows, cols))
     v = _view(&dx, rows, cols, cols, 1)
     add_view(&c, &v, "x", ARG_READ, dx.torch)
-    cdef int64_t q_rows = cols if transpose else rows, q_cols = rows if transpose else cols
+    cdef int64_t q_rows = cols if transposed else rows, q_cols = rows if transposed else cols
     if out is not None:
         read_fp8(out, &dq, "out", format, "format")
         _expect_c_contiguous(&dq, "out", (q_rows, q_cols))
@@ -227,6 +229,6 @@ def quantize_scaled(x, mode, *, format="e4m3", bint transpose=False, bint pow2=F
         scale = _new_scale(m, q_rows, q_cols, c.stream, like)
         vs.ptr = <char*>data_pointer(scale)
     with nogil:
-        check_cuda(cygemm_fp8_quantize_scaled(dx.dtype, fmt, m, transpose, pow2, rows, cols, dx.ptr, vq.ptr,
+        check_cuda(cygemm_fp8_quantize_scaled(dx.dtype, fmt, m, transposed, to_pow2, rows, cols, dx.ptr, vq.ptr,
                                               <float*>vs.ptr, c.stream), "cygemm_fp8_quantize_scaled")
     return out, scale

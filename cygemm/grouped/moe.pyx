@@ -19,6 +19,7 @@ from cygemm.engine.types cimport MatrixView, ColMajorGemm
 from cygemm.engine.mapping cimport map_or_raise
 from cygemm.engine.args cimport CallArgs, prepare_call, check_overlaps, parse_math, CALL_GEMM
 from cygemm.engine.context cimport GemmContext
+from cygemm.engine.errors import check_flag
 from cygemm.grouped.groups cimport Groups, read_moe, read_moe_args, check_experts_disjoint
 from cygemm.grouped.gemm cimport run_groups, describe_host_routes
 from cygemm.grouped.lt_grouped cimport LtGroupedCall, LT_NAMES_FORWARD, LT_NAMES_WGRAD_KN, LT_NAMES_WGRAD_NK
@@ -35,7 +36,7 @@ _NAMES = tuple(ROUTES)
 
 
 def moe_gemm(x, w, group_offsets, out, *, str w_layout="kn", str math="tf32", stream=None, route=None,
-             autotune=None, determinism=None, bint check_offsets=False):
+             autotune=None, determinism=None, check_offsets=False):
     """Mixture-of-experts GEMM: out[a:b] = x[a:b] @ w[g] for expert g's rows a:b of sorted tokens.
 
     Parameters
@@ -95,12 +96,13 @@ def moe_gemm(x, w, group_offsets, out, *, str w_layout="kn", str math="tf32", st
     The G groups are views of x, w and out (no copy), run by the engine of
     :func:`grouped_gemm`. Equal group sizes make one strided-batched GEMM ("batched").
     """
-    _moe(x, w, group_offsets, out, w_layout, False, math, stream, route, autotune, determinism, check_offsets)
+    _moe(x, w, group_offsets, out, w_layout, False, math, stream, route, autotune, determinism,
+         check_flag(check_offsets, "check_offsets"))
     return out
 
 
 def moe_gemm_wgrad(x, dy, group_offsets, dw, *, str dw_layout="kn", str math="tf32", stream=None, route=None,
-                   autotune=None, determinism=None, bint check_offsets=False):
+                   autotune=None, determinism=None, check_offsets=False):
     """The weight gradient of a mixture-of-experts GEMM: dw[g] = x[a:b].T @ dy[a:b] for expert g's
     rows a:b (ragged K), every expert's matrix in one preallocated dw.
 
@@ -131,7 +133,8 @@ def moe_gemm_wgrad(x, dy, group_offsets, dw, *, str dw_layout="kn", str math="tf
     ValueError, TypeError, CaptureError, CygemmError, CublasError, CudaError
         As :func:`moe_gemm`, naming x, dy, dw or group_offsets.
     """
-    _moe(x, dy, group_offsets, dw, dw_layout, True, math, stream, route, autotune, determinism, check_offsets)
+    _moe(x, dy, group_offsets, dw, dw_layout, True, math, stream, route, autotune, determinism,
+         check_flag(check_offsets, "check_offsets"))
     return dw
 
 

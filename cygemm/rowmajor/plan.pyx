@@ -29,7 +29,7 @@ from cygemm.kernels.elementwise cimport CYGEMM_ACT_NONE
 from cygemm.engine.epilogues cimport Activation, epilogue_activation, lt_epilogue
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, pointer_alignment
 from cygemm.engine.errors cimport refuse_in_capture
-from cygemm.engine.errors import CaptureError
+from cygemm.engine.errors import CaptureError, check_flag
 from cygemm.engine.streams cimport stream_is_capturing
 from cygemm.engine.dtypes cimport dtype_name, dtype_level, expected_names, DTYPES_FLOAT
 from cygemm.engine.context cimport GemmContext, call_workspace
@@ -193,8 +193,9 @@ cdef class GemmPlan(Plan):
         self.determinism = -1
 
     def __init__(self, A, B, out, *, bias=None, act="none", z_out=None, trans_a=False,
-                 trans_b=False, alpha=1.0, beta=0.0, str math="tf32", bint batched=False,
+                 trans_b=False, alpha=1.0, beta=0.0, str math="tf32", batched=False,
                  determinism=None):
+        batched = check_flag(batched, "batched")
         cdef Policy policy
         if determinism is not None:
             call_policy(None, determinism, &policy)

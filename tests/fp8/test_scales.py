@@ -194,3 +194,11 @@ def test_empty_scale_is_the_layout_quantize_scaled_writes(mode, rows, cols):
     s.synchronize()
     assert got is scale
     np.testing.assert_array_equal(cp.asnumpy(got), cp.asnumpy(want))
+
+
+@pytest.mark.parametrize("flag", ["transpose", "pow2"])
+def test_flags_take_booleans_only(flag):
+    """CPU: a flag given anything but True or False is refused, naming it, before x is read."""
+    from cygemm import fp8
+    with pytest.raises(TypeError, match=rf"{flag}: expected True or False, got 'yes'"):
+        fp8.quantize_scaled(None, "tensor", **{flag: "yes"})
