@@ -9,8 +9,18 @@ try:
 except _cuda_paths.CudaNotFoundError as exc:
     raise ImportError(f"cygemm: {exc}") from exc
 
-from cygemm.engine.errors import (CygemmError, CudaError, CudaDriverError, CublasError, CaptureError, NoGpuError,
-                                  require_gpu)
+try:
+    from cygemm.engine.errors import (CygemmError, CudaError, CudaDriverError, CublasError, CaptureError, NoGpuError,
+                                      require_gpu)
+except ModuleNotFoundError as exc:      # a source tree whose compiled modules are not built
+    import os as _os
+    _here = _os.path.dirname(_os.path.abspath(__file__))
+    if exc.name and exc.name.startswith("cygemm.") and _os.path.isfile(_os.path.join(_here, "engine", "errors.pyx")):
+        raise ImportError(
+            f"cygemm: imported from the source tree {_here}, whose compiled modules are not built (Python puts "
+            "the current folder first). Run from another folder to use the installed cygemm, or build this "
+            "tree: pip install -e .") from exc
+    raise
 from cygemm.engine.context import device_count, release_workspaces, versions
 from cygemm.engine.streams import stream_pointer
 from cygemm.engine.settings import get_options, set_options

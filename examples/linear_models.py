@@ -1,7 +1,9 @@
 """Ridge regression and multinomial logistic regression written once against the
 cygemm.backend protocol, run on NumPy and on the GPU, and checked against scikit-learn.
 
-    python examples/linear_models.py [--backends numpy,cuda] [--plot linear_models.png]
+    python examples/linear_models.py [--backends numpy,cuda] [--iters N]
+
+It needs scikit-learn (its data and its reference fits): pip install scikit-learn.
 
 Ridge: closed form through ``cholesky_solve`` on scikit-learn's diabetes data. Logistic
 regression: full-batch accelerated gradient descent (Nesterov, step 1/L) on the digits data,
@@ -147,11 +149,18 @@ def main(argv=None):
     ap.add_argument("--iters", type=int, default=1000, help="logistic regression iterations")
     args = ap.parse_args(argv)
     names = args.backends.split(",")
+    unknown = [n for n in names if n not in ("numpy", "cuda")]
+    if unknown:
+        ap.error(f"--backends: expected a comma list of numpy, cuda; got {', '.join(map(repr, unknown))}")
     if "cuda" in names:
         import cygemm
         reason = cygemm.gpu_unavailable_reason()
         if reason:                 # before any work: one line that says why, no traceback
             sys.exit(f"linear_models.py: {reason} (run with --backends numpy for the CPU)")
+    try:
+        import sklearn  # noqa: F401
+    except ModuleNotFoundError:
+        sys.exit("linear_models.py: needs scikit-learn for its data and reference fits: pip install scikit-learn")
     results = {}
     for name in names:
         be = make_backend(name)

@@ -49,3 +49,21 @@ def test_linear_models_exits_with_the_reason_and_no_traceback():
     assert proc.stdout == ""
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"linear_models.py: {reason}"), proc.stderr
+
+
+def test_linear_models_names_a_wrong_backend_and_a_missing_scikit_learn():
+    """A typo in --backends is an argparse error naming it; --backends numpy without scikit-learn
+    is one line saying what to install (CPU)."""
+    script = os.path.join(EXAMPLES, "linear_models.py")
+    proc = subprocess.run([sys.executable, script, "--backends", "gpu"], capture_output=True, text=True,
+                          timeout=300, env=_env())
+    assert proc.returncode == 2 and "--backends: expected a comma list of numpy, cuda; got 'gpu'" in proc.stderr
+    try:
+        import sklearn  # noqa: F401
+        return                              # (installed: nothing to refuse)
+    except ModuleNotFoundError:
+        pass
+    proc = subprocess.run([sys.executable, script, "--backends", "numpy"], capture_output=True, text=True,
+                          timeout=300, env=_env())
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        "linear_models.py: needs scikit-learn for its data and reference fits: pip install scikit-learn"]

@@ -85,3 +85,19 @@ def test_the_self_check_without_a_gpu_checks_the_modules_and_the_argument_checks
     assert n_ok == n_all >= 40, imported
     assert sum(line.endswith(" ok") for line in lines) == 2, lines
     assert lines[-1] == "self-check without a GPU passed"
+
+
+def test_run_from_a_source_tree_that_is_not_built_says_why_and_what_to_do(tmp_path):
+    """python -m cygemm in a checkout whose extensions are not built (the installed wheel is
+    shadowed by the current folder): an ImportError that says so, not a bare ModuleNotFoundError."""
+    import shutil
+    import subprocess
+    import sys
+    src = os.path.join(os.path.dirname(cygemm.__file__))
+    if not os.path.isfile(os.path.join(src, "engine", "errors.pyx")):
+        pytest.skip("needs the source tree (an installed wheel has no .pyx)")
+    shutil.copytree(src, tmp_path / "cygemm", ignore=shutil.ignore_patterns("*.so", "*.c", "*.cpp", "__pycache__"))
+    done = subprocess.run([sys.executable, "-m", "cygemm"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode != 0
+    assert "ImportError: cygemm: imported from the source tree" in done.stderr, done.stderr[-2000:]
+    assert "Run from another folder" in done.stderr and "pip install -e ." in done.stderr
