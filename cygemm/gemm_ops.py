@@ -20,7 +20,20 @@ __all__ = ["forward_into", "backward_into", "forward", "backward", "GemmWorkspac
 # ------------------------------------------------------------------ attributes
 
 class ActAttrs(NamedTuple):
-    """What a layer's epilogue is: activation, whether it has a bias, leaky_relu's slope."""
+    """What a layer's epilogue is: activation, whether it has a bias, leaky_relu's slope.
+
+    Constructed directly, nothing is checked: :meth:`make` checks the values first.
+
+    Parameters
+    ----------
+    act : str
+        The activation's name, as :func:`cygemm.gemm_ops.forward_into` takes it: "none"
+        (default), "relu", "leaky_relu", "gelu", "gelu_erf", "sigmoid", "tanh" or "silu".
+    with_bias : bool
+        Whether the layer adds a bias (default True).
+    leaky_slope : float
+        leaky_relu's slope for negative inputs (default 0.01); unused by the other activations.
+    """
     act: str = "none"
     with_bias: bool = True
     leaky_slope: float = 0.01
@@ -28,7 +41,29 @@ class ActAttrs(NamedTuple):
     @classmethod
     def make(cls, act="none", with_bias=True, leaky_slope=0.01):
         """Checked attributes: ValueError names an unknown activation or a negative or
-        non-finite `leaky_slope`."""
+        non-finite `leaky_slope`.
+
+        Parameters
+        ----------
+        act : str
+            An activation name, case-insensitive (stored lower-case): as :class:`ActAttrs`,
+            "identity" too.
+        with_bias : bool
+            True or False (Python's or NumPy's bool; not another truthy object).
+        leaky_slope : float
+            A finite number >= 0 (stored as a float).
+
+        Returns
+        -------
+        ActAttrs
+
+        Raises
+        ------
+        ValueError
+            An unknown activation, or a negative or non-finite ``leaky_slope``.
+        TypeError
+            A ``with_bias`` that is not a bool.
+        """
         parse_activation(act)                       # ValueError names the valid ones
         slope = float(leaky_slope)
         if not np.isfinite(slope) or slope < 0:
@@ -46,7 +81,18 @@ class ActAttrs(NamedTuple):
 # while they exist.
 
 class GemmWorkspaces(NamedTuple):
-    """dZ: the backward's (M, N) buffer; lt_ws: cuBLASLt workspace bytes (None when lt_bytes=0)."""
+    """dZ: the backward's (M, N) buffer; lt_ws: cuBLASLt workspace bytes (None when lt_bytes=0).
+
+    What :func:`ensure_workspaces` returns; a named tuple, so ``dZ, lt_ws = ws`` unpacks it.
+
+    Parameters
+    ----------
+    dZ : cupy.ndarray (M, N)
+        C-ordered, of :func:`ensure_workspaces`'s ``dtype``: pass it as ``work_dZ`` to
+        :func:`cygemm.gemm_ops.backward_into`.
+    lt_ws : cupy.ndarray (lt_bytes,) of uint8, or None
+        A cuBLASLt workspace to pass as ``lt_workspace``; None when ``lt_bytes`` was 0.
+    """
     dZ: Any
     lt_ws: Any
 

@@ -19,7 +19,8 @@ def fake_view(buf, view):
 
 # The keys every describe_* result starts with, in this order (tests/properties/test_describe.py).
 DESCRIBE_KEYS = ["M", "N", "K", "batch", "swapped", "cublas_a", "cublas_b", "why", "determinism", "kernels",
-                 "opa", "opb", "m", "n", "k", "lda", "ldb", "ldc", "stride_a", "stride_b", "stride_c", "a", "b", "c"]
+                 "opa", "opb", "m", "n", "k", "lda", "ldb", "ldc", "stride_a", "stride_b", "stride_c", "a", "b", "c",
+                 "compute", "autotune"]
 
 
 def moe_fakes(T=40, K=64, N=48, G=4, layout="kn", typestr="<f2", offsets="<i4", kind="forward"):

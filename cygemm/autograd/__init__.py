@@ -225,7 +225,44 @@ class LinearFunction(torch.autograd.Function):
 
 def linear_backward(x, weight, gy, saved, saves, has_bias, act, leaky_slope, math, autotune, need_x, need_w, need_b):
     """The dense layer's gradients (gx shaped as x, gw, gb; None where not needed) by
-    :func:`cygemm.gemm_ops.backward_into`, from `saved` (Z or y, as `saves` says, or None)."""
+    :func:`cygemm.gemm_ops.backward_into`, from `saved` (Z or y, as `saves` says, or None).
+
+    The backward that :class:`LinearFunction` and the ``cygemm::linear`` operator run. Nothing
+    is checked here: the arguments are what the forward had and saved. It runs on torch's
+    current stream of x's device and allocates the gradients there, through torch.
+
+    Parameters
+    ----------
+    x : torch CUDA tensor (..., in_features)
+        The forward's input: float32, float16 or bfloat16.
+    weight : torch CUDA tensor (out_features, in_features)
+        The forward's weight, x's dtype.
+    gy : torch CUDA tensor (..., out_features)
+        dL/dy, the shape of the forward's output and x's dtype (a non-contiguous one is
+        copied first).
+    saved : torch CUDA tensor or None
+        What the forward kept for this activation: the pre-activation Z ((rows, out_features),
+        the forward's ``z_out``) where ``saves`` is "z", the output y where it is "y", None
+        where it is None.
+    saves : {"z", "y", None}
+        Which `saved` is: "z" for activations whose derivative needs Z (gelu, gelu_erf, silu,
+        leaky_relu of slope 0), "y" for the others, None for act "none".
+    has_bias : bool
+        Whether the layer has a bias (gb is computed only then).
+    act, leaky_slope, math, autotune
+        The forward's, as :func:`linear` takes them.
+    need_x, need_w, need_b : bool
+        Which of gx, gw and gb to compute (as ``ctx.needs_input_grad`` says).
+
+    Returns
+    -------
+    gx : torch.Tensor or None
+        dL/dx, x's shape, where ``need_x``.
+    gw : torch.Tensor or None
+        dL/dweight (out_features, in_features), where ``need_w``.
+    gb : torch.Tensor or None
+        dL/dbias (out_features,), where ``need_b`` and ``has_bias``.
+    """
     n, k = weight.shape
     x2 = _rows(x, k)
     gy2 = gy.reshape(-1, n).contiguous()

@@ -82,7 +82,21 @@ _matmul_op.register_autograd(_matmul_backward, setup_context=_matmul_setup)
 
 def matmul(a, b, *, math="tf32", autotune=None, determinism=None):
     """:func:`cygemm.matmul` of two torch tensors that ``torch.compile`` keeps in its graph (the
-    ``cygemm::matmul`` operator while it traces, cygemm.matmul itself when eager)."""
+    ``cygemm::matmul`` operator while it traces, cygemm.matmul itself when eager).
+
+    Parameters
+    ----------
+    a, b : torch.Tensor
+        CUDA tensors, as :func:`cygemm.matmul` takes them (NumPy's matmul semantics).
+    math, autotune, determinism
+        As :func:`cygemm.matmul`.
+
+    Returns
+    -------
+    torch.Tensor
+        ``a @ b``, a new tensor from torch's allocator on torch's current stream;
+        differentiable in a and b.
+    """
     if _compiling():
         return _matmul_op(a, b, math, autotune, determinism)
     return cygemm.matmul(a, b, math=math, autotune=autotune, determinism=determinism)
@@ -141,7 +155,20 @@ _linear_op.register_autograd(_linear_backward, setup_context=_linear_setup)
 
 def linear(x, weight, bias=None, *, act="none", leaky_slope=0.01, math="tf32", autotune=None):
     """The ``cygemm::linear`` operator's output (:func:`cygemm.autograd.linear` calls it while
-    torch.compile traces)."""
+    torch.compile traces).
+
+    Parameters
+    ----------
+    x, weight, bias, act, leaky_slope, math, autotune
+        As :func:`cygemm.autograd.linear` (which checks them before it calls this; this
+        function does not).
+
+    Returns
+    -------
+    torch.Tensor
+        ``act(x @ weight.T + bias)``, (..., out_features), x's dtype; differentiable in x,
+        weight and bias.
+    """
     return _linear_op(x, weight, bias, act, float(leaky_slope), math, autotune)[0]
 
 
@@ -160,7 +187,21 @@ def _(a, b):
 
 
 def int_mm(a, b):
-    """:func:`cygemm.int_mm` into a new int32 tensor, kept in torch.compile's graph."""
+    """:func:`cygemm.int_mm` into a new int32 tensor, kept in torch.compile's graph.
+
+    Parameters
+    ----------
+    a : torch.Tensor (M, K)
+        int8, CUDA, rows contiguous.
+    b : torch.Tensor (K, N)
+        int8, CUDA, F-ordered (``w.T`` of a C-ordered (N, K) weight ``w``); as
+        :func:`cygemm.int_mm` takes it.
+
+    Returns
+    -------
+    torch.Tensor (M, N)
+        int32, the exact sums. Not differentiable.
+    """
     return _int_mm_op(a, b) if _compiling() else cygemm.int_mm(a, b)
 
 
@@ -182,7 +223,35 @@ def _(a, b, scale_a, scale_b, bias, out_dtype, act, fast_accum):
 
 def scaled_matmul(a, b, scale_a, scale_b, *, bias=None, out_dtype="bfloat16", act="none", fast_accum=False):
     """:func:`cygemm.fp8.scaled_matmul` of torch float8 tensors into a new bfloat16, float16 or
-    float32 tensor, kept in torch.compile's graph."""
+    float32 tensor, kept in torch.compile's graph.
+
+    Parameters
+    ----------
+    a : torch.Tensor (M, K)
+        ``float8_e4m3fn`` or ``float8_e5m2``, CUDA, row-major.
+    b : torch.Tensor (K, N)
+        float8, column-major (``w.T`` of a C-contiguous (N, K) weight); not both E5M2.
+    scale_a, scale_b : torch.Tensor
+        float32 dequantizing scales, as :func:`cygemm.fp8.scaled_matmul` takes them.
+    bias : torch.Tensor (N,), optional
+        bfloat16 (float16 for a float16 result), added before the activation.
+    out_dtype : {"bfloat16", "float16", "float32"}
+        The result's dtype (default bfloat16).
+    act : {"none", "relu", "gelu"}
+        Applied in cuBLASLt's epilogue (gelu: the tanh approximation).
+    fast_accum : bool
+        cuBLASLt's FP8 fast accumulation.
+
+    Returns
+    -------
+    torch.Tensor (M, N)
+        ``act(scale_a * scale_b * (a @ b) + bias)`` in ``out_dtype``. Not differentiable.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``out_dtype``; otherwise as :func:`cygemm.fp8.scaled_matmul`.
+    """
     if out_dtype not in _OUT_DTYPES:
         raise ValueError(f"out_dtype: expected one of {sorted(_OUT_DTYPES)}, got {out_dtype!r}")
     return _scaled_op(a, b, scale_a, scale_b, bias, out_dtype, act, bool(fast_accum))
@@ -259,7 +328,27 @@ def moe_gemm(x, w, group_offsets, *, w_layout="kn", math="tf32"):
 
     ``group_offsets`` a CUDA tensor (int32 or int64, G + 1 offsets): the offsets stay on the GPU
     (no sync, and a compiled or captured graph follows their values), and the operator is
-    differentiable in x and w. A list of ints: a compiled graph is specialised to them."""
+    differentiable in x and w. A list of ints: a compiled graph is specialised to them.
+
+    Parameters
+    ----------
+    x : torch.Tensor (T, K)
+        CUDA, every token sorted by expert, as :func:`cygemm.moe_gemm` takes it.
+    w : torch.Tensor (G, K, N) or (G, N, K)
+        The experts' weights, as ``w_layout`` says; x's dtype.
+    group_offsets : torch CUDA tensor or sequence of int
+        G + 1 non-decreasing offsets from 0 to T: a CUDA tensor (int32 or int64) or host
+        ints (anything else, a CPU tensor too, is read as ints).
+    w_layout : {"kn", "nk"}
+        As :func:`cygemm.moe_gemm`: "kn", ``w[g]`` is (K, N); "nk", (N, K).
+    math
+        As :func:`cygemm.moe_gemm`.
+
+    Returns
+    -------
+    torch.Tensor (T, N)
+        x's dtype; differentiable in x and w where the offsets are a CUDA tensor.
+    """
     if isinstance(group_offsets, torch.Tensor) and group_offsets.device.type != "cpu":
         return _moe_dev_op(x, w, group_offsets, w_layout, math)
     return _moe_op(x, w, [int(o) for o in group_offsets], w_layout, math)
@@ -267,7 +356,27 @@ def moe_gemm(x, w, group_offsets, *, w_layout="kn", math="tf32"):
 
 def moe_gemm_wgrad(x, dy, group_offsets, *, dw_layout="kn", math="tf32"):
     """:func:`cygemm.moe_gemm_wgrad` into a new (G, K, N) or (G, N, K) tensor, kept in
-    torch.compile's graph; ``group_offsets`` a CUDA tensor of G + 1 offsets."""
+    torch.compile's graph; ``group_offsets`` a CUDA tensor of G + 1 offsets.
+
+    Parameters
+    ----------
+    x : torch.Tensor (T, K)
+        CUDA, the layer's input, tokens sorted by expert.
+    dy : torch.Tensor (T, N)
+        The gradient of the layer's output, x's dtype.
+    group_offsets : torch.Tensor (G + 1,)
+        A CUDA int32 or int64 tensor of non-decreasing offsets from 0 to T.
+    dw_layout : {"kn", "nk"}
+        As :func:`cygemm.moe_gemm_wgrad`: "kn", ``dw[g] = x[a:b].T @ dy[a:b]`` (K, N); "nk",
+        its transpose (N, K).
+    math
+        As :func:`cygemm.moe_gemm_wgrad`.
+
+    Returns
+    -------
+    torch.Tensor (G, K, N) or (G, N, K)
+        x's dtype; an expert with no rows gets zeros. Not differentiable.
+    """
     return _moe_wgrad_op(x, dy, group_offsets, dw_layout, math)
 
 
@@ -290,7 +399,35 @@ def moe_scaled_gemm(x, w, scale_x, scale_w, group_offsets, *, out_dtype="bfloat1
                     workspace=None):
     """:func:`cygemm.moe_scaled_gemm` of torch float8 tensors into a new tensor, kept in
     torch.compile's graph; ``group_offsets`` a CUDA tensor of G + 1 offsets; ``workspace`` as
-    :func:`cygemm.moe_scaled_gemm` takes it (block scales)."""
+    :func:`cygemm.moe_scaled_gemm` takes it (block scales).
+
+    Parameters
+    ----------
+    x : torch.Tensor (T, K)
+        float8, CUDA, tokens sorted by expert.
+    w : torch.Tensor (G, N, K)
+        float8, each expert's weight as a linear layer holds it.
+    scale_x, scale_w : torch.Tensor
+        float32 dequantizing scales, as :func:`cygemm.moe_scaled_gemm` takes them.
+    group_offsets : torch.Tensor (G + 1,)
+        A CUDA int32 or int64 tensor of non-decreasing offsets from 0 to T.
+    out_dtype : {"bfloat16", "float16", "float32"}
+        The result's dtype (default bfloat16).
+    fast_accum : bool
+        cuBLASLt's FP8 fast accumulation.
+    workspace : torch.Tensor, optional
+        float32, as :func:`cygemm.moe_scaled_gemm` takes it (needed for block scales).
+
+    Returns
+    -------
+    torch.Tensor (T, N)
+        ``out_dtype``. Not differentiable.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``out_dtype``; otherwise as :func:`cygemm.moe_scaled_gemm`.
+    """
     if out_dtype not in _OUT_DTYPES:
         raise ValueError(f"out_dtype: expected one of {sorted(_OUT_DTYPES)}, got {out_dtype!r}")
     return _moe_scaled_op(x, w, scale_x, scale_w, group_offsets, out_dtype, bool(fast_accum), workspace)

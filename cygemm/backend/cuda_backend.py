@@ -63,7 +63,30 @@ class CUDABackend(ArrayBackend):
     def asarray(self, x, name="x"):
         """x as a CuPy array of the backend's dtype, on its stream (a device array of another
         dtype is cast on the device; torch tensors come through DLPack, without a copy when
-        the dtype matches)."""
+        the dtype matches).
+
+        Parameters
+        ----------
+        x : array-like
+            A list (nested lists of numbers), a NumPy array (object arrays of numbers too), a
+            CuPy array or a torch tensor (CUDA or CPU), of real numbers.
+        name : str
+            What the error messages call x.
+
+        Returns
+        -------
+        cupy.ndarray
+            x's shape, the backend's dtype; x itself when it is a CuPy array of that dtype
+            already (a torch CUDA tensor of that dtype: a view of its memory).
+
+        Raises
+        ------
+        TypeError
+            An element that is not a real number (bool, str, None, complex, ...), named by its
+            index, or an array whose dtype is not a real number's.
+        ValueError
+            A ragged nested sequence (rows of different lengths).
+        """
         with self.stream:
             if is_torch(x):
                 x = cp.from_dlpack(x.detach()) if x.is_cuda else x.detach().numpy()
@@ -97,7 +120,24 @@ class CUDABackend(ArrayBackend):
     # ------------------------------------------------------------ products
 
     def matmul(self, a, b, out=None):
-        """a @ b through :func:`cygemm.matmul` (NumPy semantics), on the backend's stream."""
+        """a @ b through :func:`cygemm.matmul` (NumPy semantics), on the backend's stream.
+
+        Parameters
+        ----------
+        a, b, out
+            As :func:`cygemm.matmul` takes them (CuPy arrays here); float32 products in the
+            backend's ``math``.
+
+        Returns
+        -------
+        cupy.ndarray
+            ``out`` when given, else a new array.
+
+        Raises
+        ------
+        ValueError, TypeError
+            As :func:`cygemm.matmul`.
+        """
         return cygemm.matmul(a, b, out, math=self.math, stream=self.stream)
 
     def gram(self, x):
@@ -111,7 +151,26 @@ class CUDABackend(ArrayBackend):
 
     def dot(self, x, y, out=None):
         """x · y of two 1-D arrays as a 0-d device array: no synchronisation (``float()`` of it
-        waits). With ``out`` (0-d), nothing is allocated and the call can be captured."""
+        waits). With ``out`` (0-d), nothing is allocated and the call can be captured.
+
+        Parameters
+        ----------
+        x, y : cupy.ndarray (n,)
+            Two 1-D arrays of one length, the backend's dtype, any strides. float32 in strict
+            fp32 (one GEMM), float64 by ``cupy.dot``.
+        out : cupy.ndarray (), optional
+            A 0-d array of the backend's dtype to write the result to. None: a new one.
+
+        Returns
+        -------
+        cupy.ndarray ()
+            The inner product (``out`` when given).
+
+        Raises
+        ------
+        ValueError
+            x or y not 1-D, or of different lengths.
+        """
         if x.ndim != 1 or y.ndim != 1 or x.shape != y.shape:
             raise ValueError(f"x, y: expected two 1-D arrays of one length, got {x.shape} and {y.shape}")
         if out is None:
@@ -128,11 +187,51 @@ class CUDABackend(ArrayBackend):
     # ------------------------------------------------------------ row kernels
 
     def softmax(self, x, axis=-1, out=None):
-        """Softmax along `axis`: max-subtracted, one kernel (in place when ``out is x``)."""
+        """Softmax along `axis`: max-subtracted, one kernel (in place when ``out is x``).
+
+        Parameters
+        ----------
+        x : cupy.ndarray
+            float32 or float64, any shape.
+        axis : int
+            The axis whose entries sum to 1 (default: the last). Another axis, or an x that is
+            not C-contiguous, goes through a contiguous copy.
+        out : cupy.ndarray, optional
+            Where to write the result: x's shape and dtype (x itself: in place). None: a new
+            C-ordered array.
+
+        Returns
+        -------
+        cupy.ndarray
+            x's shape (``out`` when given).
+
+        Raises
+        ------
+        TypeError
+            x not a float32 or float64 CuPy array.
+        ValueError
+            An ``out`` of another shape or dtype than x's.
+        """
         return self._row("softmax", x, axis, out)
 
     def log_softmax(self, x, axis=-1, out=None):
-        """Log-softmax along `axis`: ``x - max - log(sum(exp(x - max)))``, one kernel."""
+        """Log-softmax along `axis`: ``x - max - log(sum(exp(x - max)))``, one kernel.
+
+        Parameters
+        ----------
+        x, axis, out
+            As :meth:`softmax`.
+
+        Returns
+        -------
+        cupy.ndarray
+            x's shape (``out`` when given).
+
+        Raises
+        ------
+        TypeError, ValueError
+            As :meth:`softmax`.
+        """
         return self._row("log_softmax", x, axis, out)
 
     def _row(self, kind, x, axis, out):
@@ -149,7 +248,26 @@ class CUDABackend(ArrayBackend):
 
     def sigmoid(self, x, out=None):
         """1 / (1 + exp(-x)) without overflow for either sign; one kernel (in place when
-        ``out is x``)."""
+        ``out is x``).
+
+        Parameters
+        ----------
+        x : cupy.ndarray
+            float32 or float64, any shape and strides.
+        out : cupy.ndarray, optional
+            Where to write the result: x's dtype, x's shape or one x broadcasts to, any strides
+            (x itself: in place). None: a new array of x's shape.
+
+        Returns
+        -------
+        cupy.ndarray
+            ``out`` when given, else the new array.
+
+        Raises
+        ------
+        TypeError
+            x not a float32 or float64 CuPy array, or an ``out`` of another dtype.
+        """
         self._check_float(x, "x")
         with self.stream:
             if out is None:
@@ -173,7 +291,20 @@ class CUDABackend(ArrayBackend):
             return cupyx.scipy.linalg.solve_triangular(lower, y, lower=True, trans="T")
 
     def solve(self, a, b):
-        """Solve a x = b for a square a (cuSOLVER, on the backend's stream)."""
+        """Solve a x = b for a square a (cuSOLVER, on the backend's stream).
+
+        Parameters
+        ----------
+        a : cupy.ndarray (n, n)
+            A square, non-singular matrix.
+        b : cupy.ndarray (n,) or (n, k)
+            The right-hand side(s).
+
+        Returns
+        -------
+        cupy.ndarray
+            x, b's shape.
+        """
         with self.stream:
             return cp.linalg.solve(a, b)
 

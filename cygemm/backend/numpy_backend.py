@@ -21,7 +21,30 @@ class NumPyBackend(ArrayBackend):
 
     def asarray(self, x, name="x"):
         """x as a NumPy array of the backend's dtype (device arrays and torch tensors copied to the
-        host); TypeError names an element that is not a real number."""
+        host); TypeError names an element that is not a real number.
+
+        Parameters
+        ----------
+        x : array-like
+            A list (nested lists of numbers), a NumPy array (object arrays of numbers too), a
+            CuPy or other ``__cuda_array_interface__`` array, or a torch tensor, of real numbers.
+        name : str
+            What the error messages call x.
+
+        Returns
+        -------
+        numpy.ndarray
+            x's shape, the backend's dtype; x itself when it is a NumPy array of that dtype
+            already.
+
+        Raises
+        ------
+        TypeError
+            An element that is not a real number (bool, str, None, complex, ...), named by its
+            index, or an array whose dtype is not a real number's.
+        ValueError
+            A ragged nested sequence (rows of different lengths).
+        """
         if hasattr(x, "__cuda_array_interface__") or is_torch(x):
             x = _to_host(x)
         return host_numbers(x, self.dtype, name)
@@ -37,7 +60,20 @@ class NumPyBackend(ArrayBackend):
         return np.asarray(labels).astype(np.intp)
 
     def matmul(self, a, b, out=None):
-        """a @ b by ``np.matmul``."""
+        """a @ b by ``np.matmul``.
+
+        Parameters
+        ----------
+        a, b : numpy.ndarray
+            Shapes as ``np.matmul`` takes them (1-D operands, batch axes that broadcast).
+        out : numpy.ndarray, optional
+            Where to write the product: the result's shape. None: a new array.
+
+        Returns
+        -------
+        numpy.ndarray
+            The product (``out`` when given).
+        """
         return np.matmul(a, b, out=out)
 
     def gram(self, x):
@@ -46,7 +82,20 @@ class NumPyBackend(ArrayBackend):
         return x.T @ x
 
     def dot(self, x, y, out=None):
-        """x · y as a 0-d array of the backend's dtype (into a 0-d `out` when given)."""
+        """x · y as a 0-d array of the backend's dtype (into a 0-d `out` when given).
+
+        Parameters
+        ----------
+        x, y : numpy.ndarray (n,)
+            Two 1-D arrays of one length.
+        out : numpy.ndarray (), optional
+            A 0-d array to write the result to. None: a new one.
+
+        Returns
+        -------
+        numpy.ndarray ()
+            The inner product (``out`` when given).
+        """
         r = np.asarray(np.dot(x, y), dtype=self.dtype)
         if out is not None:
             out[...] = r
@@ -54,18 +103,57 @@ class NumPyBackend(ArrayBackend):
         return r
 
     def softmax(self, x, axis=-1, out=None):
-        """Softmax along `axis`, the row maximum subtracted first."""
+        """Softmax along `axis`, the row maximum subtracted first.
+
+        Parameters
+        ----------
+        x : numpy.ndarray
+            Floating-point scores, any shape.
+        axis : int
+            The axis whose entries sum to 1 (default: the last).
+        out : numpy.ndarray, optional
+            Where to write the result: x's shape (it may be x itself). None: a new array.
+
+        Returns
+        -------
+        numpy.ndarray
+            x's shape (``out`` when given).
+        """
         z = x - x.max(axis=axis, keepdims=True)
         e = np.exp(z)
         return np.divide(e, e.sum(axis=axis, keepdims=True), out=out)
 
     def log_softmax(self, x, axis=-1, out=None):
-        """Log-softmax along `axis`: ``x - max - log(sum(exp(x - max)))``."""
+        """Log-softmax along `axis`: ``x - max - log(sum(exp(x - max)))``.
+
+        Parameters
+        ----------
+        x, axis, out
+            As :meth:`softmax`.
+
+        Returns
+        -------
+        numpy.ndarray
+            x's shape (``out`` when given).
+        """
         z = x - x.max(axis=axis, keepdims=True)
         return np.subtract(z, np.log(np.exp(z).sum(axis=axis, keepdims=True)), out=out)
 
     def sigmoid(self, x, out=None):
-        """1 / (1 + exp(-x)), without overflow for either sign."""
+        """1 / (1 + exp(-x)), without overflow for either sign.
+
+        Parameters
+        ----------
+        x : numpy.ndarray
+            Floating-point values, any shape.
+        out : numpy.ndarray, optional
+            Where to write the result: x's shape (it may be x itself). None: a new array.
+
+        Returns
+        -------
+        numpy.ndarray
+            x's shape (``out`` when given).
+        """
         e = np.exp(-np.abs(x))
         return np.divide(np.where(x >= 0, 1, e), 1 + e, out=out)
 
@@ -74,7 +162,25 @@ class NumPyBackend(ArrayBackend):
         return np.linalg.solve(lower.T, np.linalg.solve(lower, b))
 
     def solve(self, a, b):
-        """Solve a x = b by ``np.linalg.solve``."""
+        """Solve a x = b by ``np.linalg.solve``.
+
+        Parameters
+        ----------
+        a : numpy.ndarray (n, n)
+            A square, non-singular matrix.
+        b : numpy.ndarray (n,) or (n, k)
+            The right-hand side(s).
+
+        Returns
+        -------
+        numpy.ndarray
+            x, b's shape.
+
+        Raises
+        ------
+        numpy.linalg.LinAlgError
+            A singular a.
+        """
         return np.linalg.solve(a, b)
 
 

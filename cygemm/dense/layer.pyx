@@ -41,7 +41,27 @@ cdef int _operands(CallArgs* c, object A, object B) except -1:
 
 def layer_shape(A, B):
     """(M, K, N, dtype name) of a layer's A (M, K) and B (K, N), checked as forward_into and
-    backward_into check them (any layout cuBLAS can read, e.g. W.T)."""
+    backward_into check them (any layout cuBLAS can read, e.g. W.T).
+
+    Parameters
+    ----------
+    A : device array (M, K)
+        The layer's input, as :func:`cygemm.gemm_ops.forward_into` takes it.
+    B : device array (K, N)
+        The layer's weight (``W.T`` of a weight stored (N, K) too), A's dtype.
+
+    Returns
+    -------
+    tuple
+        ``(M, K, N, dtype)``: three ints and the dtype's name (e.g. "float32").
+
+    Raises
+    ------
+    ValueError
+        An operand that is not 2-D, or a B whose rows are not A's columns.
+    TypeError
+        An operand that is not a device array, or dtypes that differ.
+    """
     cdef CallArgs c
     _operands(&c, A, B)
     return c.views[0].rows, c.views[0].cols, c.views[1].cols, dtype_name(c.views[0].dtype)

@@ -3,6 +3,8 @@
 # the user's row-major terms first, then cuBLAS's arguments. Nothing here touches memory or a GPU.
 from libc.stdint cimport uintptr_t
 from cygemm.engine.types cimport ArrayDesc, MatrixView, ColMajorGemm
+from cygemm.engine.settings cimport Policy
+from cygemm.bindings.cublas cimport cublasComputeType_t
 
 cdef enum LayoutKind:
     LAYOUT_TYPED = 0        # d.dtype is a type cygemm computes with (float16/32/64, bfloat16, FP8)
@@ -35,11 +37,13 @@ cpdef bint is_pair(object x)
 # Whether x (as layout_operand returned it) has memory whose address a description may show.
 cdef bint has_memory(object x)
 # One mapped call: M, N, K, batch, swapped, cublas_a, cublas_b, why (row-major terms, with the
-# caller's argument names), determinism (the option in force) and kernels (what it lets run), then opa, opb, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c
+# caller's argument names), determinism (the call's policy's) and kernels (what it lets run), then opa, opb, m, n, k, lda, ldb, ldc, stride_a, stride_b, stride_c
 # and the pointers a, b, c (None where the operand has no memory). g NULL: a group that maps to
-# nothing (an empty one): cuBLAS's arguments None. memory: (a, b, out) have memory.
+# nothing (an empty one): cuBLAS's arguments None. memory: (a, b, out) have memory. Last, the
+# call's compute ("tf32", "fp32", "fp64", "int32") and autotune level.
 cdef dict describe_call(const MatrixView* va, const MatrixView* vb, const MatrixView* vc,
-                        const ColMajorGemm* g, bint trans_a, bint trans_b, tuple names, tuple memory)
+                        const ColMajorGemm* g, bint trans_a, bint trans_b, tuple names, tuple memory,
+                        Policy policy, cublasComputeType_t compute)
 
 
 # -------------------- described (merged into, above arrays)

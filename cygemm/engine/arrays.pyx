@@ -21,11 +21,14 @@ from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.bindings.cudart cimport (cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F,
                                      CUDA_C_32F, CUDA_C_64F, CUDA_R_8F_E4M3, CUDA_R_8F_E5M2, CUDA_R_8U, CUDA_R_8I, CUDA_R_32I)
-from cygemm.bindings.cublas cimport CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C
+from cygemm.bindings.cublas cimport (CUBLAS_OP_N, CUBLAS_OP_T, CUBLAS_OP_C, cublasComputeType_t, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_32I)
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, MAX_NDIM
 from cygemm.engine.mapping cimport is_rowmajor
 from cygemm.engine.settings import get_options
+from cygemm.engine.settings cimport Policy, determinism_name, autotune_name
 from cygemm.engine.dtypes import BY_ANY_NAME, ROWS
+from cygemm.engine.dtypes cimport dtype_name, INT8_SUMS_DTYPE
 
 import operator as _operator
 
@@ -166,16 +169,21 @@ cdef object _ptr(const void* p, bint memory):
 
 
 _OP_NAMES = {<int>CUBLAS_OP_N: "N", <int>CUBLAS_OP_T: "T", <int>CUBLAS_OP_C: "C"}
+# A compute type by the name of the math it runs (math="tf32" / "fp32"; float64's; int8's sums).
+_COMPUTE_NAMES = {<int>CUBLAS_COMPUTE_32F_FAST_TF32: "tf32", <int>CUBLAS_COMPUTE_32F: "fp32",
+                  <int>CUBLAS_COMPUTE_64F: "fp64", <int>CUBLAS_COMPUTE_32I: dtype_name(INT8_SUMS_DTYPE)}
 
 
 # The keys every description starts with, in this order (describe_call's; describe_matmul's
 # entries for CuPy's path give them too).
 DESCRIBE_KEYS = ("M", "N", "K", "batch", "swapped", "cublas_a", "cublas_b", "why", "determinism", "kernels",
-                 "opa", "opb", "m", "n", "k", "lda", "ldb", "ldc", "stride_a", "stride_b", "stride_c", "a", "b", "c")
+                 "opa", "opb", "m", "n", "k", "lda", "ldb", "ldc", "stride_a", "stride_b", "stride_c", "a", "b", "c",
+                 "compute", "autotune")
 
 
 cdef dict describe_call(const MatrixView* va, const MatrixView* vb, const MatrixView* vc,
-                        const ColMajorGemm* g, bint trans_a, bint trans_b, tuple names, tuple memory):
+                        const ColMajorGemm* g, bint trans_a, bint trans_b, tuple names, tuple memory,
+                        Policy policy, cublasComputeType_t compute):
     a, b, out = names
     op_a = f"op({a})" if trans_a or trans_b else a
     op_b = f"op({b})" if trans_a or trans_b else b
@@ -188,7 +196,7 @@ cdef dict describe_call(const MatrixView* va, const MatrixView* vb, const Matrix
     else:
         why = f"{out} is column-major as cuBLAS is: it computes {out} = {op_a} @ {op_b} as written"
     options = get_options()
-    mode = options["determinism"]
+    mode = determinism_name(policy)             # (the call's: its determinism= or the option)
     kernels = _KERNELS[mode]
     if mode == "batch_invariant" and options["batch_invariance"] == "cublas":
         from cygemm.engine import lt_features
@@ -200,12 +208,13 @@ cdef dict describe_call(const MatrixView* va, const MatrixView* vb, const Matrix
     if g == NULL:
         d.update(dict.fromkeys(("opa", "opb", "m", "n", "k", "lda", "ldb", "ldc", "stride_a", "stride_b",
                                 "stride_c", "a", "b", "c")))
-        return d
-    first_memory, second_memory = (memory[1], memory[0]) if swapped else (memory[0], memory[1])
-    d.update(opa=_OP_NAMES[<int>g.opa], opb=_OP_NAMES[<int>g.opb],
-             m=g.m, n=g.n, k=g.k, lda=g.lda, ldb=g.ldb, ldc=g.ldc,
-             stride_a=g.stride_a, stride_b=g.stride_b, stride_c=g.stride_c,
-             a=_ptr(g.a, first_memory), b=_ptr(g.b, second_memory), c=_ptr(g.c, memory[2]))
+    else:
+        first_memory, second_memory = (memory[1], memory[0]) if swapped else (memory[0], memory[1])
+        d.update(opa=_OP_NAMES[<int>g.opa], opb=_OP_NAMES[<int>g.opb],
+                 m=g.m, n=g.n, k=g.k, lda=g.lda, ldb=g.ldb, ldc=g.ldc,
+                 stride_a=g.stride_a, stride_b=g.stride_b, stride_c=g.stride_c,
+                 a=_ptr(g.a, first_memory), b=_ptr(g.b, second_memory), c=_ptr(g.c, memory[2]))
+    d.update(compute=_COMPUTE_NAMES.get(<int>compute), autotune=autotune_name(policy))
     return d
 
 # -------------------- arrays

@@ -45,6 +45,9 @@ cdef int call_policy(object autotune, object determinism, Policy* out) except -1
 # The options' policy, without loading them (nogil code, such as the C entry points; valid
 # once a context exists).
 cdef Policy default_policy() noexcept nogil
+# A policy's two fields by the names the calls take ("run_to_run", "auto", ...): describe_*'s.
+cdef str determinism_name(Policy policy)
+cdef str autotune_name(Policy policy)
 # Whether a plan decided at tune level `level` serves a call of `policy` (plans keep the
 # determinism modes' plans apart, so the level alone says it).
 cdef inline bint level_serves(int level, Policy policy) noexcept nogil:

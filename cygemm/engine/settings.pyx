@@ -153,6 +153,20 @@ cdef int call_policy(object autotune, object determinism, Policy* out) except -1
     return 0
 
 
+cdef str determinism_name(Policy policy):
+    for name, value in _DETERMINISM.items():
+        if value == policy.determinism:
+            return name
+    return None
+
+
+cdef str autotune_name(Policy policy):
+    for name, value in _AUTOTUNE.items():
+        if value == policy.autotune:
+            return name
+    return None
+
+
 cdef Policy default_policy() noexcept nogil:
     cdef Policy p
     p.autotune, p.determinism = _c.autotune, _c.determinism

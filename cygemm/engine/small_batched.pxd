@@ -27,5 +27,5 @@ cdef int run_small_batched(GemmContext* ctx, cudaStream_t stream, const ColMajor
 cdef str small_batched_route(const ColMajorGemm* g, cudaDataType dtype, cublasComputeType_t compute,
                              Policy policy, int device)
 # describe_*'s entries for one call's GEMM: {"route": "kernel" / "cublas" / "timed"}, and for the
-# kernel its "kernels" (the describe's default math, TF32, and device -1: the rule or forcing).
-cdef dict describe_route_of(const ColMajorGemm* g, cudaDataType dtype, Policy policy)
+# kernel its "kernels" (the call's compute type and policy; device -1: the rule or forcing).
+cdef dict describe_route_of(const ColMajorGemm* g, cudaDataType dtype, cublasComputeType_t compute, Policy policy)

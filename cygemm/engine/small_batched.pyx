@@ -174,8 +174,8 @@ cdef int run_small_batched(GemmContext* ctx, cudaStream_t stream, const ColMajor
     return 1
 
 
-cdef dict describe_route_of(const ColMajorGemm* g, cudaDataType dtype, Policy policy):
-    cdef str route = small_batched_route(g, dtype, compute_type(dtype, MATH_TF32), policy, -1)
+cdef dict describe_route_of(const ColMajorGemm* g, cudaDataType dtype, cublasComputeType_t compute, Policy policy):
+    cdef str route = small_batched_route(g, dtype, compute, policy, -1)
     if route is None:
         return {"route": "cublas"}
     if route == "kernel":

@@ -94,7 +94,31 @@ def exchange_capture_mode(int mode):
 def stream_pointer(stream=None, *arrays):
     """The raw cudaStream_t (int) that `stream` denotes, as cygemm resolves it for a call on
     `arrays` (stream=None: torch's current stream when one of them is a torch tensor, else
-    CuPy's)."""
+    CuPy's).
+
+    Parameters
+    ----------
+    stream : optional
+        A ``cupy.cuda.Stream`` (or ``ExternalStream``), a ``torch.cuda.Stream``, an object
+        with ``__cuda_stream__``, or an int ``cudaStream_t`` (>= 0), as every cygemm call
+        takes it. None: the current stream of the arrays' library.
+    *arrays
+        The arrays of the call; only whether one is a torch tensor matters (with
+        ``stream=None``).
+
+    Returns
+    -------
+    int
+        The ``cudaStream_t`` handle (with ``stream=None`` and CuPy not installed, 0: the
+        default stream).
+
+    Raises
+    ------
+    TypeError
+        A ``stream`` of none of these kinds.
+    ValueError
+        A negative int.
+    """
     cdef cudaStream_t s
     stream_from_object(stream, &s, stream is None and any_torch(arrays))
     return <uintptr_t>s

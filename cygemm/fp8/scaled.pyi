@@ -38,7 +38,9 @@ def describe_scaled_matmul(a: Any, b: Any, scale_a: Any, scale_b: Any, *, out: A
                            out_dtype: Optional[str] = None, bias: Any = None, act: str = "none",
                            scale_out: Any = None, amax_out: Any = None, format_a: Optional[Format] = None,
                            format_b: Optional[Format] = None, format_out: Optional[Format] = None,
-                           fast_accum: bool = False, scale_mode: ScaleModeArg = None) -> Dict[str, Any]: ...
+                           fast_accum: bool = False, scale_mode: ScaleModeArg = None,
+                           determinism: Determinism = None, stream: StreamLike = None,
+                           autotune: Autotune = None) -> Dict[str, Any]: ...
 
 class ScaledMatmulPlan(GemmPlan):
     def __init__(self, a: DeviceArray, b: DeviceArray, scale_a: DeviceArray, scale_b: DeviceArray, *,

@@ -196,7 +196,7 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
 
 def describe_scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None, act="none",
                            scale_out=None, amax_out=None, format_a=None, format_b=None, format_out=None,
-                           fast_accum=False, scale_mode=None):
+                           fast_accum=False, scale_mode=None, determinism=None, stream=None, autotune=None):
     """What :func:`scaled_matmul` with these arguments runs, without running it (no GPU needed).
 
     Parameters
@@ -210,8 +210,10 @@ def describe_scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, 
         NumPy array ``w`` (N, K). Scales: float32, e.g. ``((), "float32")`` per tensor, a
         NumPy array of the layout (``np.empty((kb, M), np.float32).T`` for a 1x128
         ``scale_a``) for the others.
-    out_dtype, act, format_a, format_b, format_out, fast_accum, scale_mode
-        As :func:`scaled_matmul`.
+    out_dtype, act, format_a, format_b, format_out, fast_accum, scale_mode, determinism, autotune
+        As :func:`scaled_matmul`, checked as it checks them.
+    stream
+        Taken as :func:`scaled_matmul` takes it; describing enqueues nothing.
 
     Returns
     -------
@@ -220,7 +222,8 @@ def describe_scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, 
         ``M``, ``N``, ``K``, ``batch`` (1), ``swapped`` (True: out is row-major), ``cublas_a``
         ("b"), ``cublas_b`` ("a"), ``why``; then ``opa``, ``opb``, ``m``, ``n``, ``k``, ``lda``,
         ``ldb``, ``ldc``, ``stride_a``, ``stride_b``, ``stride_c`` (0) and the pointers ``a``,
-        ``b``, ``c`` (None where there is no memory: a (shape, dtype) pair, out=None's result).
+        ``b``, ``c`` (None where there is no memory: a (shape, dtype) pair, out=None's result),
+        ``compute`` ("fp32": FP8 products are summed in fp32) and ``autotune`` (the call's level).
         Then FP8's own: ``call`` ("cublasLtMatmul"); ``a_type``, ``b_type``, ``c_type``,
         ``d_type`` (cuBLAS's A, B, C and D, e.g. "float8_e4m3fn", "bfloat16") and ``bias_type``
         (None without a bias); ``epilogue`` ("default", "bias", "relu", "relu_bias", "gelu",
@@ -249,8 +252,11 @@ def describe_scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, 
     for i in range(c.n):
         if <str>c.names[i] == "out":
             at_out = i
+    cdef Policy policy
+    call_policy(autotune, determinism, &policy)
     d = describe_call(&c.views[0], &c.views[1], &c.views[at_out], &s.g, False, False, ("a", "b", "out"),
-                      (has_memory(a), has_memory(b), out is not None and has_memory(out)))
+                      (has_memory(a), has_memory(b), out is not None and has_memory(out)), policy,
+                      CUBLAS_COMPUTE_32F)
     epilogues = EPILOGUE_NAMES
     d.update(call="cublasLtMatmul",
              a_type=dtype_name(s.types.a), b_type=dtype_name(s.types.b), c_type=dtype_name(s.types.c),
@@ -338,5 +344,18 @@ cdef class ScaledMatmulPlan(GemmPlan):
     def execute(self, a=None, b=None, out=None, *, stream=None):
         """Run it on `stream` (None: the current stream of the arrays' library), on the planned
         operands or on those given (of the planned layout). Allocates nothing; can be captured.
-        Returns out."""
+
+        Parameters
+        ----------
+        a, b, out : device arrays, optional
+            Operands to run on instead of the planned ones: each with the planned one's shape,
+            strides and dtype and at least its alignment. None: the planned one.
+        stream : optional
+            As :func:`scaled_matmul` takes it, a stream of the plan's device.
+
+        Returns
+        -------
+        device array
+            out: the one given, else the planned one.
+        """
         return GemmPlan.execute(self, a, b, out, stream=stream)

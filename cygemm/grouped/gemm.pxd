@@ -6,6 +6,6 @@ from cygemm.grouped.groups cimport Groups
 cdef int run_groups(Groups grp, CallArgs* c, object alpha, object beta, object math, object stream, object route,
                     object autotune, object determinism) except -1
 # describe_grouped's route keys for these groups: routes, not_applicable, chosen, decided_by, why_chosen.
-cdef dict describe_host_routes(Groups grp, object math, object autotune, object determinism)
+cdef dict describe_host_routes(Groups grp, object math, object autotune, object determinism, object route=*)
 # Record `name` as the calling thread's last grouped route (last_route()).
 cdef int note_route(object name) except -1

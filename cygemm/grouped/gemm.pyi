@@ -15,5 +15,6 @@ def grouped_gemm(As: Sequence[DeviceArray], Bs: Sequence[DeviceArray], outs: _Ou
                  stream: StreamLike = None, route: Route = None, autotune: Autotune = None,
                  determinism: Determinism = None) -> _Outs: ...
 def describe_grouped(As: Sequence[Any], Bs: Sequence[Any], outs: Sequence[Any], *, trans_a: Trans = False,
-                     trans_b: Trans = False, math: Math = "tf32", autotune: Autotune = None,
+                     trans_b: Trans = False, alpha: float = 1.0, beta: float = 0.0, math: Math = "tf32",
+                     stream: StreamLike = None, route: Route = None, autotune: Autotune = None,
                      determinism: Determinism = None) -> Dict[str, Any]: ...

@@ -25,6 +25,7 @@ from cygemm.engine.mapping cimport map_rowmajor_gemm, MAP_OK
 from cygemm.engine.operands cimport parse_trans
 from cygemm.engine.arrays cimport Addresses, layout_operand, is_pair, has_memory, describe_call
 from cygemm.engine.errors cimport check_cuda
+from cygemm.engine.errors import check_real
 from cygemm.engine.args cimport CallArgs, args_init, prepare_call, check_overlaps, parse_math, CALL_GEMM
 from cygemm.engine.context cimport GemmContext, stream_table, run_forked, STREAM_TABLE_BYTES
 from cygemm.engine.settings cimport Policy, call_policy, AUTOTUNE_OFF, DETERMINISM_OFF
@@ -356,12 +357,13 @@ _WHY_CHOSEN = {
     "tuned": "the fastest route when this problem was timed on this GPU (the tuning table)",
     "rule": "the fixed rule (a problem too small to time, or autotune off): 'batched' where it applies, "
             "else 'grouped' for 8 or more groups, else 'loop'",
+    "asked": "the call's route= asks for it, and it applies",
     None: "not decided yet: the first call times the routes that apply and keeps the fastest",
 }
 
 
-def describe_grouped(As, Bs, outs, *, trans_a=False, trans_b=False, str math="tf32", autotune=None,
-                     determinism=None):
+def describe_grouped(As, Bs, outs, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, str math="tf32",
+                     stream=None, route=None, autotune=None, determinism=None):
     """Which routes :func:`grouped_gemm` could take for these groups, the one it would, and each
     group's cuBLAS arguments, without launching anything (no GPU needed).
 
@@ -374,8 +376,11 @@ def describe_grouped(As, Bs, outs, *, trans_a=False, trans_b=False, str math="tf
         one after another, As, then Bs, then outs, as slices of one buffer would be, so
         "batched" applies to pairs of equal shapes). Dtypes: float16, bfloat16 (torch's,
         ml_dtypes', or ``"bfloat16"``) or float32, one for all.
-    trans_a, trans_b, math, autotune, determinism
-        As :func:`grouped_gemm` (what would decide the route).
+    trans_a, trans_b, alpha, beta, math, route, autotune, determinism
+        As :func:`grouped_gemm`, checked as it checks them (what would decide the route; a
+        ``route`` that does not apply raises ValueError, as the call does).
+    stream
+        Taken as :func:`grouped_gemm` takes it; describing enqueues nothing.
 
     Returns
     -------
@@ -402,16 +407,22 @@ def describe_grouped(As, Bs, outs, *, trans_a=False, trans_b=False, str math="tf
     cdef Addresses addresses = Addresses()
     As, Bs, outs = _layouts(As, "As", addresses), _layouts(Bs, "Bs", addresses), _layouts(outs, "outs", addresses)
     cdef Groups grp = read_lists(As, Bs, outs, _flag(trans_a, "trans_a"), _flag(trans_b, "trans_b"))
+    check_real(alpha, "alpha"), check_real(beta, "beta")
     info = dict(groups=grp.n, active=grp.n_act, zero_k=grp.n_zero_k, macs=grp.macs)
-    info.update(describe_host_routes(grp, math, autotune, determinism))
-    info["per_group"] = [_describe_group(grp, i, As[i], Bs[i], outs[i], info["chosen"]) for i in range(grp.n)]
+    info.update(describe_host_routes(grp, math, autotune, determinism, route))
+    cdef Policy policy
+    call_policy(autotune, determinism, &policy)
+    cdef cublasComputeType_t compute = compute_type(grp.dtype, parse_math(math))
+    info["per_group"] = [_describe_group(grp, i, As[i], Bs[i], outs[i], info["chosen"], policy, compute)
+                         for i in range(grp.n)]
     return info
 
 
-cdef dict describe_host_routes(Groups grp, object math, object autotune, object determinism):
+cdef dict describe_host_routes(Groups grp, object math, object autotune, object determinism, object route=None):
     cdef GroupedCall f
     f.grp, f.compute = <void*>grp, compute_type(grp.dtype, parse_math(math))
     call_policy(autotune, determinism, &f.policy)     # (the fixed rule reads the determinism mode)
+    cdef int asked = _asked_route(grp, route, f.compute)     # (ValueError where it does not apply)
     why = {n: grp.why_not(i, f.compute) for i, n in enumerate(_NAMES)}
     info = dict(routes=[n for n in _NAMES if why[n] is None],
                 not_applicable={n: w for n, w in why.items() if w is not None}, chosen=None, decided_by=None)
@@ -423,6 +434,8 @@ cdef dict describe_host_routes(Groups grp, object math, object autotune, object 
             if _context.gpu_unavailable_reason() is None:       # the table is per GPU model
                 device = _context.current_device()
         chosen, decided_by = describe_route(_GROUPED, &f, device, f.policy, _macs(grp))
+        if asked >= 0:
+            chosen, decided_by = _NAMES[asked], "asked"
         info.update(chosen=chosen, decided_by=decided_by)
     info["why_chosen"] = _WHY_CHOSEN[info["decided_by"]] if grp.n_act else "no group has anything to compute"
     return info
@@ -443,12 +456,14 @@ LT_NEEDS_DEVICE_OFFSETS = ("it reads the group offsets from a device array (moe_
                            "these groups' sizes are on the host")
 
 
-cdef dict _describe_group(Groups grp, int64_t i, object A, object B, object out, object chosen):
+cdef dict _describe_group(Groups grp, int64_t i, object A, object B, object out, object chosen, Policy policy,
+                          cublasComputeType_t compute):
     cdef MatrixView* v = &grp.views[3 * i]
     cdef ColMajorGemm g
     cdef bint mapped = map_rowmajor_gemm(v, v + 1, v + 2, grp.trans_a, grp.trans_b, &g) == MAP_OK
     g.batch, g.stride_a, g.stride_b, g.stride_c = 1, 0, 0, 0
     d = describe_call(v, v + 1, v + 2, &g if mapped else NULL, grp.trans_a, grp.trans_b,
-                      (f"As[{i}]", f"Bs[{i}]", f"outs[{i}]"), (has_memory(A), has_memory(B), has_memory(out)))
+                      (f"As[{i}]", f"Bs[{i}]", f"outs[{i}]"), (has_memory(A), has_memory(B), has_memory(out)),
+                      policy, compute)
     d["route"] = None if d["M"] == 0 or d["N"] == 0 else ("loop" if d["K"] == 0 else chosen)
     return d

@@ -17,5 +17,6 @@ def moe_gemm_wgrad(x: DeviceArray, dy: DeviceArray, group_offsets: GroupOffsets,
                    check_offsets: bool = False) -> _Out: ...
 def describe_moe(a: Any, b: Any, group_offsets: Any, out: Any, *, kind: Literal["forward", "wgrad"] = "forward",
                  w_layout: Literal["kn", "nk"] = "kn", dw_layout: Literal["kn", "nk"] = "kn", math: Math = "tf32",
-                 autotune: Autotune = None, determinism: Determinism = None,
+                 stream: StreamLike = None, route: _MoeRoute = None, autotune: Autotune = None,
+                 determinism: Determinism = None, check_offsets: bool = False,
                  capturing: bool = False) -> Dict[str, Any]: ...

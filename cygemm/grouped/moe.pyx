@@ -20,6 +20,7 @@ from cygemm.engine.mapping cimport map_or_raise
 from cygemm.engine.args cimport CallArgs, prepare_call, check_overlaps, parse_math, CALL_GEMM
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.errors import check_flag
+from cygemm.engine.arrays cimport Addresses, layout_operand
 from cygemm.grouped.groups cimport Groups, read_moe, read_moe_args, check_experts_disjoint
 from cygemm.grouped.gemm cimport run_groups, describe_host_routes
 from cygemm.grouped.lt_grouped cimport LtGroupedCall, LT_NAMES_FORWARD, LT_NAMES_WGRAD_KN, LT_NAMES_WGRAD_NK
@@ -278,7 +279,8 @@ def _host_run(x, b, out, layout, wgrad, math, stream, autotune, determinism, off
 
 
 def describe_moe(a, b, group_offsets, out, *, str kind="forward", str w_layout="kn", str dw_layout="kn",
-                 str math="tf32", autotune=None, determinism=None, bint capturing=False):
+                 str math="tf32", stream=None, route=None, autotune=None, determinism=None, check_offsets=False,
+                 capturing=False):
     """Which route :func:`moe_gemm` (or :func:`moe_gemm_wgrad`) would take for these arguments,
     which routes could, why the others cannot, and whether the call synchronizes, without
     launching anything (no GPU needed; without one, "lt_grouped" says it needs a GPU).
@@ -287,15 +289,18 @@ def describe_moe(a, b, group_offsets, out, *, str kind="forward", str w_layout="
     ----------
     a, b, group_offsets, out
         moe_gemm's ``x, w, group_offsets, out`` (kind "forward") or moe_gemm_wgrad's ``x, dy,
-        group_offsets, dw`` (kind "wgrad"): device arrays, or stand-ins described but never read
-        (objects with ``__cuda_array_interface__``). Host offsets are checked as the call checks
-        them; device offsets are not read.
+        group_offsets, dw`` (kind "wgrad"): device arrays, or stand-ins read for their layout only
+        (describing never touches memory): NumPy arrays in host memory or ``(shape, dtype)``
+        pairs, as :func:`cygemm.describe_gemm` takes them. Host offsets (a sequence or a NumPy
+        array) are checked as the call checks them; device offsets are not read.
     kind : {"forward", "wgrad"}
         Which call.
     w_layout, dw_layout : {"kn", "nk"}
         As the call takes them (``w_layout`` for kind "forward", ``dw_layout`` for "wgrad").
-    math, autotune, determinism
-        As the call.
+    math, route, autotune, determinism, check_offsets
+        As the call, checked as it checks them; a ``route`` that applies is the one described.
+    stream
+        Taken as the call takes it; describing enqueues nothing.
     capturing : bool
         Describe the call as made inside a CUDA graph capture.
 
@@ -316,6 +321,11 @@ def describe_moe(a, b, group_offsets, out, *, str kind="forward", str w_layout="
     """
     if kind not in ("forward", "wgrad"):
         raise ValueError(f"kind: expected 'forward' or 'wgrad', got {kind!r}")
+    check_flag(check_offsets, "check_offsets")
+    capturing = check_flag(capturing, "capturing")
+    check_route(route, _NAMES)
+    cdef Addresses addresses = Addresses()
+    a, b, out = [layout_operand(x, n, addresses) for x, n in zip((a, b, out), ("a", "b", "out"))]
     cdef bint wgrad = kind == "wgrad"
     cdef str layout = dw_layout if wgrad else w_layout
     cdef CallArgs c
@@ -324,11 +334,15 @@ def describe_moe(a, b, group_offsets, out, *, str kind="forward", str w_layout="
         grp = read_moe(&c, a, b, group_offsets, out, layout, wgrad)
         check_overlaps(&c)
         info = dict(offsets="host", groups=grp.n, syncs=False)
-        info.update(describe_host_routes(grp, math, autotune, determinism))
+        info.update(describe_host_routes(grp, math, autotune, determinism, route))
         return info
     parse_math(math)
     cdef LtGroupedCall lt
     why_layout = _read_device_call(&c, a, b, group_offsets, out, layout, wgrad, &lt)
-    return describe_on_device(&lt, why_layout, autotune, determinism, capturing)
+    info = describe_on_device(&lt, why_layout, autotune, determinism, capturing)
+    if route is not None and route in info["routes"]:
+        info.update(chosen=route, decided_by="asked", syncs=route == "host_offsets",
+                    why_chosen="the call's route= asks for it, and it applies")
+    return info
 
 

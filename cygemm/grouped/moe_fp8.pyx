@@ -35,7 +35,7 @@ from cygemm.engine.dtypes import name_of
 from cygemm.grouped.groups cimport read_offsets
 
 def moe_scaled_gemm(x, w, scale_x, scale_w, group_offsets, out, *, format_x=None, format_w=None,
-                    fast_accum=False, workspace=None, stream=None, route=None, bint check_offsets=False):
+                    fast_accum=False, workspace=None, stream=None, route=None, check_offsets=False):
     """FP8 mixture-of-experts GEMM: out[a:b] = x[a:b] @ w[g].T, dequantized by the scales, for expert
     g's rows a:b of sorted tokens.
 
@@ -92,6 +92,7 @@ def moe_scaled_gemm(x, w, scale_x, scale_w, group_offsets, out, *, format_x=None
     CaptureError, CygemmError, CublasError, CudaError
         As :func:`cygemm.moe_gemm` (the first-use check is "lt_grouped_fp8").
     """
+    check_offsets = check_flag(check_offsets, "check_offsets")
     cdef CallArgs c
     cdef LtGroupedCall lt
     why_layout = _read(&c, x, w, scale_x, scale_w, group_offsets, out, format_x, format_w, fast_accum, workspace, &lt)
@@ -321,7 +322,8 @@ cdef object _read(CallArgs* c, object x, object w, object scale_x, object scale_
 
 
 def describe_moe_scaled(x, w, scale_x, scale_w, group_offsets, out, *, format_x=None, format_w=None,
-                        fast_accum=False, workspace=None, bint capturing=False):
+                        fast_accum=False, workspace=None, stream=None, route=None, check_offsets=False,
+                        capturing=False):
     """Which route :func:`moe_scaled_gemm` would take, and why the other does not apply, without
     launching anything (no GPU needed): the keys of :func:`cygemm.describe_moe`.
 
@@ -329,6 +331,11 @@ def describe_moe_scaled(x, w, scale_x, scale_w, group_offsets, out, *, format_x=
     ----------
     x, w, scale_x, scale_w, group_offsets, out, format_x, format_w, fast_accum, workspace
         As :func:`moe_scaled_gemm`, or stand-ins described but never read.
+    route, check_offsets
+        As :func:`moe_scaled_gemm`, checked as it checks them; a ``route`` that applies is the
+        one described.
+    stream
+        Taken as the call takes it; describing enqueues nothing.
     capturing : bool
         Describe the call as made inside a CUDA graph capture.
 
@@ -342,6 +349,9 @@ def describe_moe_scaled(x, w, scale_x, scale_w, group_offsets, out, *, format_x=
     ValueError, TypeError
         As :func:`moe_scaled_gemm` raises them for these arguments.
     """
+    check_flag(check_offsets, "check_offsets")
+    capturing = check_flag(capturing, "capturing")
+    check_route(route, ("loop",))
     cdef CallArgs c
     cdef LtGroupedCall lt
     why_layout = _read(&c, x, w, scale_x, scale_w, group_offsets, out, format_x, format_w, fast_accum, workspace, &lt)
@@ -351,4 +361,8 @@ def describe_moe_scaled(x, w, scale_x, scale_w, group_offsets, out, *, format_x=
                     not_applicable={"lt_grouped": "it reads the group offsets from a device array"},
                     chosen="loop", decided_by="rule", syncs=False,
                     why_chosen="host offsets: fp8.scaled_matmul per expert")
-    return describe_on_device(&lt, why_layout, None, None, capturing, "lt_grouped_fp8")
+    info = describe_on_device(&lt, why_layout, None, None, capturing, "lt_grouped_fp8")
+    if route is not None and route in info["routes"]:
+        info.update(chosen=route, decided_by="asked", syncs=route == "host_offsets",
+                    why_chosen="the call's route= asks for it, and it applies")
+    return info

@@ -278,7 +278,28 @@ class Dense:
 
     def bind(self, batch, stream=None):
         """Allocate every buffer of a step for `batch` rows, on `stream` (which forward and
-        backward then use). Rebinding to another batch size or stream allocates anew."""
+        backward then use). Rebinding to another batch size or stream allocates anew.
+
+        Parameters
+        ----------
+        batch : int
+            Rows of every ``forward`` and ``backward`` after this (a multiple of 16 under an
+            FP8 precision).
+        stream : cupy.cuda.Stream, cupy.cuda.ExternalStream, int or None
+            Where the buffers are allocated and forward, backward (and by default
+            :meth:`predict`) run; an int is a raw ``cudaStream_t``. None: CuPy's current
+            stream.
+
+        Returns
+        -------
+        Dense
+            The layer itself.
+
+        Raises
+        ------
+        ValueError
+            A batch that is not a positive int, or not a multiple of 16 under an FP8 precision.
+        """
         if not isinstance(batch, (int, np.integer)) or isinstance(batch, bool) or batch < 1:
             raise ValueError(f"batch: expected a positive int, got {batch!r}")
         self.batch, self.stream = int(batch), _stream_of(stream)
@@ -324,7 +345,28 @@ class Dense:
 
     def predict(self, x, stream=None):
         """The layer's output for any number of rows, in a new float32 array (for evaluation:
-        it allocates, and keeps nothing for backward)."""
+        it allocates, and keeps nothing for backward).
+
+        Parameters
+        ----------
+        x : cupy.ndarray (rows, in_features)
+            float32 (or, under bf16-mixed and FP8, bfloat16); any number of rows.
+        stream : optional
+            Where it runs, as :meth:`bind` takes it. None: the stream of the last :meth:`bind`
+            (CuPy's current stream before any).
+
+        Returns
+        -------
+        cupy.ndarray (rows, out_features)
+            A new float32 array.
+
+        Raises
+        ------
+        ValueError
+            x not a 2-D CuPy array of in_features columns.
+        TypeError
+            x of another dtype.
+        """
         self._check_rows(x)
         s = _stream_of(stream if stream is not None else self.stream)
         return _predict_chain([self], x, s)
@@ -349,7 +391,31 @@ class Dense:
     def backward(self, gy, bias_grad_done=False):
         """Gradients for ``gy`` = dL/dy: writes ``weight_grad``, ``bias_grad`` (unless
         `bias_grad_done`: a loss already wrote it) and (unless ``needs_input_grad`` is False)
-        dL/dx, which it returns (else None)."""
+        dL/dx, which it returns (else None).
+
+        Parameters
+        ----------
+        gy : cupy.ndarray (batch, out_features)
+            dL/dy for the last :meth:`forward`'s output: float32, or under bf16-mixed and FP8
+            bfloat16 (a float32 gy, contiguous, is converted first).
+        bias_grad_done : bool
+            True where ``bias_grad`` already holds this step's bias gradient (as
+            :class:`SoftmaxCrossEntropy` writes it with ``bias_grad=``): it is not computed
+            again. Default False.
+
+        Returns
+        -------
+        cupy.ndarray (batch, in_features) or None
+            dL/dx, the layer's ``gx`` buffer (the compute dtype; overwritten by the next
+            backward); None where ``needs_input_grad`` was False at :meth:`bind`.
+
+        Raises
+        ------
+        RuntimeError
+            Before :meth:`bind`, or before a :meth:`forward`.
+        TypeError, ValueError
+            gy not a CuPy array, or of another dtype (TypeError) or shape (ValueError).
+        """
         self._require_bound("backward")
         if self._x is None:
             raise RuntimeError("backward: call forward first (backward reads its input and output)")

@@ -18,7 +18,28 @@ class _Loss:
 
     def bind(self, batch, features, stream=None):
         """Allocate the gradient (batch, features), the loss and the reduction's scratch on
-        `stream`; the calls then allocate nothing."""
+        `stream`; the calls then allocate nothing.
+
+        Parameters
+        ----------
+        batch : int
+            Rows of the predictions each call takes.
+        features : int
+            Their columns: the classes C of :class:`SoftmaxCrossEntropy`, the outputs of
+            :class:`MeanSquaredError`.
+        stream : cupy.cuda.Stream, cupy.cuda.ExternalStream, int or None
+            Where the buffers are allocated and the calls run; an int is a raw
+            ``cudaStream_t``. None: CuPy's current stream.
+
+        Returns
+        -------
+        SoftmaxCrossEntropy or MeanSquaredError
+            The loss itself.
+
+        Notes
+        -----
+        A call on predictions of another shape binds again (allocating), on the same stream.
+        """
         require_gpu()
         self.batch, self.features, self.stream = int(batch), int(features), _stream_of(stream)
         self._blocks = self._grid()

@@ -143,7 +143,23 @@ class MLP:
                                       [layer.act for layer in self.layers], self.layers[0].has_bias)
 
     def bind(self, batch, stream=None):
-        """Bind every layer to `batch` rows on `stream` (see :meth:`Dense.bind`)."""
+        """Bind every layer to `batch` rows on `stream` (see :meth:`Dense.bind`).
+
+        Parameters
+        ----------
+        batch, stream
+            As :meth:`Dense.bind`.
+
+        Returns
+        -------
+        MLP
+            The model itself.
+
+        Raises
+        ------
+        ValueError
+            As :meth:`Dense.bind`.
+        """
         for layer in self.layers:
             layer.bind(batch, stream)
         self.batch, self.stream = self.layers[0].batch, self.layers[0].stream
@@ -156,13 +172,51 @@ class MLP:
         return x
 
     def predict(self, x, stream=None):
-        """The model's output for any number of rows, in a new float32 array (for evaluation)."""
+        """The model's output for any number of rows, in a new float32 array (for evaluation).
+
+        Parameters
+        ----------
+        x : cupy.ndarray (rows, in_features)
+            float32 (or, under bf16-mixed and FP8, bfloat16); any number of rows.
+        stream : optional
+            As :meth:`Dense.predict`.
+
+        Returns
+        -------
+        cupy.ndarray (rows, out_features)
+            A new float32 array.
+
+        Raises
+        ------
+        ValueError, TypeError
+            As :meth:`Dense.predict`.
+        """
         self.layers[0]._check_rows(x)
         return _predict_chain(self.layers, x, _stream_of(stream if stream is not None else self.stream))
 
     def backward(self, gy, last_bias_grad_done=False):
         """Back-propagate dL/d(output) through every layer, writing every gradient (but the last
-        layer's bias gradient with `last_bias_grad_done`: a loss already wrote it)."""
+        layer's bias gradient with `last_bias_grad_done`: a loss already wrote it).
+
+        Parameters
+        ----------
+        gy : cupy.ndarray (batch, out_features)
+            dL/d(output) for the last :meth:`forward`, as :meth:`Dense.backward` takes it.
+        last_bias_grad_done : bool
+            True where the last layer's ``bias_grad`` already holds this step's bias gradient
+            (as :class:`SoftmaxCrossEntropy` writes it with ``bias_grad=``). Default False.
+
+        Returns
+        -------
+        cupy.ndarray (batch, in_features) or None
+            The first layer's :meth:`Dense.backward` result: None, since an MLP's first layer
+            has ``needs_input_grad`` False (set it True before :meth:`bind` to get dL/dx).
+
+        Raises
+        ------
+        RuntimeError, TypeError, ValueError
+            As :meth:`Dense.backward`.
+        """
         for k, layer in enumerate(reversed(self.layers)):
             gy = layer.backward(gy, bias_grad_done=last_bias_grad_done and k == 0)
         return gy

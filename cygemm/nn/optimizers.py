@@ -199,7 +199,19 @@ class Adam(_Optimizer):
 
 
 class AdamW(Adam):
-    """AdamW as ``torch.optim.AdamW``: decoupled weight decay (``p *= 1 - lr * weight_decay``)."""
+    """AdamW as ``torch.optim.AdamW``: decoupled weight decay (``p *= 1 - lr * weight_decay``).
+
+    Parameters
+    ----------
+    model, lr, betas, eps
+        As :class:`Adam`.
+    weight_decay : float
+        The decoupled decay (default 0.01, torch's): each step multiplies every parameter by
+        ``1 - lr * weight_decay`` instead of adding the decay to the gradient.
+    **kwargs
+        Keyword-only: schedule, total_steps, warmup_steps, final_lr_factor, stream, as
+        :class:`SGD`.
+    """
     _decoupled = 1
 
     def __init__(self, model, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, **kwargs):

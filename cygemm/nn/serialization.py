@@ -148,6 +148,26 @@ def load(path, model, optimizer=None):
     Every entry is checked (names, shapes, the optimizer's kind and settings) before anything
     is written; the device buffers keep their addresses, so a step compiled for `model`
     continues from the loaded state.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+        A file :func:`save` wrote (the full name, ``.npz`` included).
+    model : cygemm.nn.MLP or cygemm.nn.Dense
+        Of the saved model's sizes and bias; its parameters are overwritten.
+    optimizer : cygemm.nn.SGD, Adam or AdamW, optional
+        Of the saved optimizer's class and settings; its state (step count, learning rate,
+        buffers) is overwritten. None: the file's optimizer state, if any, is ignored.
+
+    Raises
+    ------
+    ValueError
+        A file :func:`save` did not write, an ``optimizer`` where the file holds no optimizer
+        state, a shape, class or setting that differs from the saved one.
+    KeyError
+        Parameter or state names that differ from the saved ones.
+    TypeError
+        An entry that does not hold real numbers.
     """
     with np.load(path, allow_pickle=False) as f:
         arrays = {k: f[k] for k in f.files}

@@ -55,6 +55,17 @@ def compile_step(model, loss, optimizer, batch, *, stream=None, eager=False):
 class TrainStep:
     """A compiled training step; see :func:`compile_step`.
 
+    Parameters
+    ----------
+    model, loss, optimizer, batch, stream, eager
+        As :func:`compile_step`, which makes a TrainStep with them (``TrainStep(...)`` is the
+        same call): it binds them and, unless ``eager``, runs the step once and captures it.
+
+    Raises
+    ------
+    ValueError
+        An optimizer made for another model.
+
     Attributes
     ----------
     x, target : cupy.ndarray

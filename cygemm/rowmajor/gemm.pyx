@@ -6,7 +6,7 @@ from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType, CUDA_R_8I, CUDA_R_32I
 from cygemm.bindings.cublas cimport *
-from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, is_complex_type
+from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, is_complex_type, compute_type
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.mapping cimport rowmajor_view, conjugate_ops, layout_error, MAP_CONJ_A  # (more: rowmajor.pxd)
 from cygemm.engine.errors import check_flag
@@ -17,7 +17,7 @@ from cygemm.engine.execute cimport check_int8, run_int8
 from cygemm.engine.alloc cimport empty_array, first_torch, data_pointer, is_torch, torch_stream
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_view, prepare_call, CALL_GEMM, expect_dtype, ARG_READ,
                                  ARG_WRITE)
-from cygemm.engine.args cimport check_overlaps
+from cygemm.engine.args cimport check_overlaps, parse_math
 from cygemm.engine.arrays cimport Addresses, layout_operand, has_memory, describe_call
 from cygemm.engine.settings cimport Policy, call_policy, default_policy
 from cygemm.engine.execute cimport run_gemm
@@ -301,7 +301,8 @@ def int_mm(A, B, out=None, *, stream=None, autotune=None, determinism=None):
     return _run(A, B, out, False, False, 1, 0, "tf32", stream, autotune, determinism, False, True)
 
 
-def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, batched=False):
+def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0, str math="tf32",
+                  stream=None, autotune=None, determinism=None, batched=False):
     """The cuBLAS call :func:`gemm` (``batched``: :func:`gemm_strided_batched`) makes for these
     arguments, without launching anything (no GPU needed).
 
@@ -318,6 +319,11 @@ def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, batched=False
         the new C-ordered result ``gemm(A, B)`` allocates.
     trans_a, trans_b : bool or {"N", "T", "H"}
         As :func:`gemm` (an operand gemm would copy conjugated is refused here).
+    alpha, beta, math, autotune, determinism
+        As :func:`gemm`, checked as it checks them; the description is of the call with them
+        (its compute type, policy and route).
+    stream
+        Taken as :func:`gemm` takes it; describing enqueues nothing.
     batched : bool
         Describe :func:`gemm_strided_batched` (one operand of batch 1 is broadcast).
 
@@ -330,8 +336,9 @@ def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, batched=False
         ``cublas_a``, ``cublas_b``, ``why``; then ``opa``, ``opb``, ``m``, ``n``, ``k``,
         ``lda``, ``ldb``, ``ldc``, ``stride_a``, ``stride_b``, ``stride_c`` and the pointers
         ``a``, ``b``, ``c`` (None for a (shape, dtype) pair and for out=None's result), and
-        ``route`` ("kernel": cygemm's kernel for batches of small matrices; "cublas"; "timed":
-        both timed on the first call).
+        ``compute`` (the compute type: "tf32", "fp32", "fp64" or "int32"), ``autotune`` (the
+        call's level), ``route`` ("kernel": cygemm's kernel for batches of small matrices;
+        "cublas"; "timed": both timed on the first call).
         Then ``strided_batched`` (``cublasGemmStridedBatchedEx`` rather than
         ``cublasGemmEx``) and ``int64_api`` (a size or leading dimension past 2**31 - 1: the
         ``_64`` API).
@@ -351,7 +358,10 @@ def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, batched=False
     cdef CallArgs c
     cdef ColMajorGemm g
     cdef Scalars sc
-    _read(&c, &g, &sc, A, B, out, trans_a, trans_b, batched, 1.0, 0.0, None, False)
+    _read(&c, &g, &sc, A, B, out, trans_a, trans_b, batched, alpha, beta, None, False)
+    cdef Policy policy
+    call_policy(autotune, determinism, &policy)
+    cdef cublasComputeType_t compute = compute_type(c.views[0].dtype, parse_math(math))
     check_overlaps(&c)                  # as gemm's prepare_call (out=None: no memory, skipped)
     if not g.strided_batched:           # cublasGemmEx takes no batch strides
         g.stride_a = g.stride_b = g.stride_c = 0
@@ -359,13 +369,11 @@ def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, batched=False
     parse_trans(trans_a, "trans_a", &ta, &ca)     # ("N" is no transpose: not the string's truth)
     parse_trans(trans_b, "trans_b", &tb, &cb)
     d = describe_call(&c.views[0], &c.views[1], &c.views[2], &g, ta, tb, ("A", "B", "out"),
-                      (has_memory(A), has_memory(B), out is not None and has_memory(out)))
+                      (has_memory(A), has_memory(B), out is not None and has_memory(out)), policy, compute)
     if c.views[0].dtype == INT8_DTYPE:
         d["kernels"] = ("cuBLASLt's int8 kernels, int32 accumulation (the fastest, timed once when large; "
                         "every one gives the same exact sums)")
     d.update(strided_batched=bool(g.strided_batched),
              int64_api=max(g.m, g.n, g.k, g.lda, g.ldb, g.ldc, g.batch) > INT32_MAX)
-    cdef Policy policy
-    call_policy(None, None, &policy)
-    d.update(describe_route_of(&g, c.views[2].dtype, policy))
+    d.update(describe_route_of(&g, c.views[2].dtype, compute, policy))
     return d

@@ -13,12 +13,14 @@ from libc.stdint cimport int64_t, uintptr_t
 from cygemm.bindings.cudart cimport (cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F,
                                      CUDA_C_32F, CUDA_C_64F)
 from cygemm.bindings.cublas cimport cublasComputeType_t, CUBLAS_OP_T, CUBLAS_COMPUTE_32F
-from cygemm.engine.types cimport ArrayDesc, MatrixView, ColMajorGemm, Scalars, real_scalars, is_complex_type
+from cygemm.engine.types cimport (ArrayDesc, MatrixView, ColMajorGemm, Scalars, real_scalars, is_complex_type, Math,
+                                  compute_type)
 from cygemm.engine.errors cimport refuse_in_capture
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.arrays cimport read_array, desc_shape
 from cygemm.engine.dtypes cimport dtype_name, promote_rank
-from cygemm.engine.args cimport CallArgs, args_init, add_view, prepare_call, CALL_GEMM, ARG_READ, ARG_WRITE
+from cygemm.engine.args cimport (CallArgs, args_init, add_view, prepare_call, parse_math, CALL_GEMM, ARG_READ,
+                                 ARG_WRITE)
 from cygemm.engine.settings cimport Policy, call_policy, default_policy
 from cygemm.engine.execute cimport run_gemm
 from cygemm.engine.small_batched cimport describe_route_of
@@ -294,8 +296,9 @@ cdef int _run_all(GemmContext* ctx, cudaStream_t s, const BatchLayout* L, const 
         map_rowmajor_gemm(&va, &vb, &vc, False, False, &g)   # same strides as the checked call
         g.strided_batched = g.batch > 1
         if calls is not None:
-            described = describe_call(&va, &vb, &vc, &g, False, False, ("a", "b", "out"), memory)
-            described.update(describe_route_of(&g, t, policy))
+            described = describe_call(&va, &vb, &vc, &g, False, False, ("a", "b", "out"), memory, policy,
+                                      compute)
+            described.update(describe_route_of(&g, t, compute, policy))
             calls.append(described)
         else:
             with nogil:
@@ -311,8 +314,8 @@ cdef int _run_all(GemmContext* ctx, cudaStream_t s, const BatchLayout* L, const 
             return 0
 
 
-def describe_matmul(a, b, out=None):
-    """The cuBLAS calls ``matmul(a, b, out)`` makes, without launching anything (no GPU needed).
+def describe_matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None, determinism=None):
+    """The cuBLAS calls ``matmul(a, b, out, ...)`` makes, without launching anything (no GPU needed).
 
     Parameters
     ----------
@@ -326,6 +329,11 @@ def describe_matmul(a, b, out=None):
         CuPy's matmul (described as such).
     out : the same, optional
         None: a new C-ordered result of the promoted dtype, as ``matmul(a, b)`` makes.
+    math, autotune, determinism
+        As :func:`matmul`, checked as it checks them; the calls described are the ones it makes
+        with them (their compute type, policy and route).
+    stream
+        Taken as :func:`matmul` takes it; describing enqueues nothing.
 
     Returns
     -------
@@ -350,8 +358,10 @@ def describe_matmul(a, b, out=None):
         ``stride_a``, ``stride_b``, ``stride_c`` (elements), and the pointers ``a``, ``b``,
         ``c`` (ints: device addresses, or a NumPy array's host address; None for a
         ``(shape, dtype)`` pair and for out=None's new result, which have no memory).
-        Then ``route``: "kernel" where cygemm's kernel for batches of small matrices runs
-        the call, "cublas", or "timed" (both are timed on the first call and the faster kept).
+        Then ``compute`` ("tf32", "fp32" or "fp64": the compute type ``math`` gives this
+        dtype), ``autotune`` (the call's level) and ``route``: "kernel" where cygemm's kernel
+        for batches of small matrices runs the call, "cublas", or "timed" (both are timed on
+        the first call and the faster kept).
 
     Raises
     ------
@@ -361,6 +371,9 @@ def describe_matmul(a, b, out=None):
     TypeError
         As matmul, naming the argument; also a sequence that is no (shape, dtype) pair.
     """
+    cdef Math m = parse_math(math)
+    cdef Policy policy
+    call_policy(autotune, determinism, &policy)
     if _matmul_fallback.takes(a, b, describing=True):
         return [_matmul_fallback.describe(a, b, DESCRIBE_KEYS)]
     cdef Addresses addresses = Addresses()
@@ -388,7 +401,7 @@ def describe_matmul(a, b, out=None):
                            "describe_matmul describes only calls that read and write in place")
     calls = []
     if L.M and L.N and not empty_batch(&L):
-        _run_all(NULL, NULL, &L, &da, &db, &dc, da.dtype, CUBLAS_COMPUTE_32F, default_policy(), calls, memory)
+        _run_all(NULL, NULL, &L, &da, &db, &dc, da.dtype, compute_type(da.dtype, m), policy, calls, memory)
     for d in calls:
         d["path"] = "cublas"
     return calls

@@ -322,7 +322,29 @@ cdef class GemmPlan(Plan):
     def execute(self, A=None, B=None, out=None, *, stream=None):
         """Run the GEMM on `stream` (None: the current stream of the arrays' library): on the
         planned operands, or on those given (each of the planned one's layout; the others as
-        planned). Plans first if not yet planned. Allocates nothing; can be captured. Returns out."""
+        planned). Plans first if not yet planned. Allocates nothing; can be captured. Returns out.
+
+        Parameters
+        ----------
+        A, B, out : device arrays, optional
+            Operands to run on instead of the planned ones (e.g. the next batch in the same
+            buffers' layout): each with the planned one's shape, strides and dtype and at least
+            its alignment. None: the planned one.
+        stream : optional
+            As :func:`cygemm.gemm` takes it, a stream of the plan's device.
+
+        Returns
+        -------
+        device array
+            out: the one given, else the planned one.
+
+        Raises
+        ------
+        ValueError
+            A closed plan; operands not of the planned shapes, strides and dtype, or less
+            aligned (make a new GemmPlan); a stream of another device than the plan's; and as
+            :meth:`plan`, where it plans first.
+        """
         _check_open(self)
         cdef PlannedCall given_call
         cdef PlannedCall* c = &self.call

@@ -3,19 +3,24 @@
 Read from the rst and from the package itself, without running Sphinx. Public means:
 
 - the names in ``__all__`` of ``cygemm``, ``cygemm.gemm_ops``, ``cygemm.nn`` and
-  ``cygemm.backend`` (their submodules' names aside);
+  ``cygemm.backend`` (their submodules' names aside), and where torch is installed of
+  ``cygemm.autograd`` and ``cygemm.autograd.ops``;
 - in ``cygemm.dense``, ``fp8``, ``grouped``, ``elementwise``, ``graph``, ``tuning``, ``plans`` and
   ``rowmajor``, which have no ``__all__``: every function and class whose name has no leading
   underscore and that comes from a cygemm module whose name has none either (so ``fp8.quantize``,
   made in ``fp8_convert``, counts; ``tuning.SingleFlight``, from ``_timing``, does not), less
   the few that other cygemm modules call, listed in ``INTERNAL`` with the reason;
 - of each public class, every method and property (inherited from a cygemm class too) whose
-  name has no leading underscore.
+  name has no leading underscore, less the ``forward``/``backward`` hooks torch calls of a
+  ``torch.autograd.Function`` (``TORCH_FUNCTION_HOOKS``).
 
 An object is documented when an ``autofunction``/``autoclass``/``autoexception`` entry names it
 under any of its names (``cygemm.dense.forward_into`` is ``cygemm.gemm_ops.forward_into``); a
 member when its class's entry lists it in ``:members:`` or the class docstring names it in its
 numpydoc ``Attributes`` section.
+
+Every public function, method and class (its constructor) of two or more parameters has a
+numpydoc ``Parameters`` section, or says its parameters are another's ("As :func:`...`").
 """
 import importlib
 import importlib.util
@@ -31,8 +36,25 @@ import cygemm
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 API_RST = os.path.join(ROOT, "docs", "api.rst")
 
+# A module of an optional dependency is checked where that dependency is installed (the GPU
+# suite has torch; a machine without it cannot import cygemm.autograd at all).
+OPTIONAL = {"cygemm.autograd": "torch"}
+
+
+def _installed(dep):
+    try:
+        return importlib.util.find_spec(dep) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+MISSING = {mod for mod, dep in OPTIONAL.items() if not _installed(dep)}
+
 MODULES_WITH_ALL = ("cygemm", "cygemm.gemm_ops", "cygemm.nn", "cygemm.backend", "cygemm.tuning", "cygemm.plans",
                     "cygemm.graph", "cygemm.elementwise")
+# cygemm.autograd's __all__ names its submodule ops, whose own __all__ holds the torch.compile entry points.
+MODULES_WITH_ALL += tuple(m for m in ("cygemm.autograd", "cygemm.autograd.ops")
+                          if not any(m == o or m.startswith(o + ".") for o in MISSING))
 MODULES_WITHOUT_ALL = ("cygemm.dense", "cygemm.fp8", "cygemm.grouped", "cygemm.rowmajor")
 
 # Public-looking names that are cygemm's own plumbing, called by its other modules: not API.
@@ -40,7 +62,10 @@ INTERNAL = {
 }
 
 # Classes users never construct themselves: their signature is not theirs to call.
-NOT_CONSTRUCTED = {"Graph": "made by cygemm.graph.capture"}
+NOT_CONSTRUCTED = {"Graph": "made by cygemm.graph.capture",
+                   "Backend": "a typing.Protocol, which cannot be instantiated",
+                   "MatmulFunction": "a torch.autograd.Function: called through apply, which its docstring shows",
+                   "LinearFunction": "a torch.autograd.Function: called through apply, which its docstring shows"}
 
 DIRECTIVE = re.compile(r"^\.\. auto(function|class|exception):: (\S+)\s*$")
 
@@ -114,14 +139,24 @@ def public_objects():
     return out
 
 
+# torch calls these of a torch.autograd.Function subclass (its users call ``apply``): torch's
+# interface, documented by torch, not cygemm's API.
+TORCH_FUNCTION_HOOKS = ("forward", "backward")
+
+
+def _is_torch_function(cls):
+    return any(k.__name__ == "Function" and (k.__module__ or "").startswith("torch.autograd") for k in cls.__mro__)
+
+
 def public_members(cls):
     """{name: attribute} of cls's public methods and properties, from cygemm's classes only."""
     out = {}
+    hooks = TORCH_FUNCTION_HOOKS if _is_torch_function(cls) else ()
     for klass in reversed(cls.__mro__):
         if not (getattr(klass, "__module__", "") or "").startswith("cygemm"):
             continue
         for name, attr in vars(klass).items():
-            if name.startswith("_"):
+            if name.startswith("_") or name in hooks:
                 continue
             if isinstance(attr, (staticmethod, classmethod)):
                 attr = attr.__func__
@@ -144,19 +179,6 @@ def attributes_section(cls):
     return names
 
 
-# A module of an optional dependency is checked where that dependency is installed (the GPU
-# suite has torch; a machine without it cannot import cygemm.autograd at all).
-OPTIONAL = {"cygemm.autograd": "torch"}
-
-
-def _installed(dep):
-    try:
-        return importlib.util.find_spec(dep) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-MISSING = {mod for mod, dep in OPTIONAL.items() if not _installed(dep)}
 ENTRIES = {name: entry for name, entry in _entries().items()
            if not any(name.startswith(mod + ".") for mod in MISSING)}
 DOCUMENTED = {name: _resolve(name) for name in ENTRIES}
@@ -240,3 +262,51 @@ def test_every_documented_class_shows_how_to_construct_it(name):
         first = (cls.__doc__ or "").lstrip().splitlines()[0] if (cls.__doc__ or "").strip() else ""
         assert first.startswith(f"{cls.__name__}(") and first.endswith(")"), (
             f"{name}: no introspectable signature, and the docstring does not start with one")
+
+
+PARAMETERS = re.compile(r"^Parameters\n-+$", re.M)
+# A docstring that gives all its parameters as another documented callable's.
+AS_ANOTHER = re.compile(r"^As :(func|meth):`", re.M)
+
+
+def _parameters(obj, is_method):
+    """obj's parameters by inspect.signature (self or cls of a method left out), or None where
+    it has no introspectable signature."""
+    try:
+        params = list(inspect.signature(obj).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    if is_method and params and params[0].name in ("self", "cls"):
+        params = params[1:]
+    return params
+
+
+def _lacks_parameters_section(obj, doc, is_method):
+    params = _parameters(obj, is_method)
+    if params is None or len(params) < 2:
+        return False
+    return not PARAMETERS.search(doc) and not AS_ANOTHER.search(doc)
+
+
+def test_every_public_callable_with_parameters_documents_them():
+    # A function, method or class (its constructor) of two or more parameters says what each is
+    # in a numpydoc "Parameters" section, or says they are another's ("As :func:`...`").
+    # Exempt: exception classes, and the classes of NOT_CONSTRUCTED (no signature of theirs).
+    missing = []
+    for name, obj in sorted(PUBLIC.items()):
+        if inspect.isclass(obj):
+            if issubclass(obj, BaseException):
+                continue
+            if obj.__name__ not in NOT_CONSTRUCTED and _lacks_parameters_section(obj, inspect.getdoc(obj) or "",
+                                                                                  False):
+                missing.append(name)
+            for member, attr in sorted(public_members(obj).items()):
+                if not callable(attr):          # a property
+                    continue
+                static = isinstance(inspect.getattr_static(obj, member), staticmethod)
+                doc = inspect.getdoc(attr) or inspect.getdoc(getattr(obj, member)) or ""
+                if _lacks_parameters_section(attr, doc, not static):
+                    missing.append(f"{name}.{member}")
+        elif _lacks_parameters_section(obj, inspect.getdoc(obj) or "", False):
+            missing.append(name)
+    assert not missing, f"no Parameters section in their docstrings: {missing}"

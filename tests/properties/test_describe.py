@@ -351,3 +351,64 @@ def test_describe_names_what_it_takes_for_what_it_cannot_read(call, words):
     with pytest.raises(TypeError) as info:
         call()
     assert str(info.value) == words
+
+
+# ------------------------------------------------------------------ describe_* take the call
+
+PAIRS = [("gemm", "describe_gemm"), ("gemm_strided_batched", "describe_gemm"), ("int_mm", "describe_gemm"),
+         ("matmul", "describe_matmul"), ("fp8.scaled_matmul", "fp8.describe_scaled_matmul"),
+         ("grouped_gemm", "describe_grouped"), ("moe_gemm", "describe_moe"), ("moe_gemm_wgrad", "describe_moe"),
+         ("moe_scaled_gemm", "describe_moe_scaled")]
+
+
+def _public(dotted):
+    obj = cygemm
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+@pytest.mark.parametrize("call, describe", PAIRS)
+def test_each_describe_takes_every_keyword_of_its_call(call, describe):
+    """describe_X(..., **kwargs) takes every keyword X(..., **kwargs) takes, with X's default."""
+    import inspect
+    called, described = inspect.signature(_public(call)), inspect.signature(_public(describe))
+    for p in called.parameters.values():
+        if p.kind is p.KEYWORD_ONLY:
+            assert p.name in described.parameters, f"{describe} does not take {call}'s {p.name}="
+            assert described.parameters[p.name].default == p.default, p.name
+
+
+def test_the_description_is_of_the_calls_own_policy_math_and_scalars():
+    """The call's determinism, autotune and math, not the options in force; alpha and beta checked."""
+    A, B = ((64, 32), "float32"), ((32, 16), "float32")
+    assert cygemm.get_options()["determinism"] == "off"
+    d = cygemm.describe_gemm(A, B, determinism="run_to_run", math="fp32", beta=0.0, stream=None)
+    assert (d["determinism"], d["compute"], d["autotune"]) == ("run_to_run", "fp32", "auto")
+    assert cygemm.describe_gemm(A, B)["compute"] == "tf32"
+    assert cygemm.describe_gemm(A, B, autotune="off")["autotune"] == "off"
+    [m] = cygemm.describe_matmul(((4, 8, 32), "float32"), B, math="fp32", determinism="batch_invariant")
+    assert (m["determinism"], m["compute"]) == ("batch_invariant", "fp32")
+    a, b, s = _fp8_operands()
+    f = fp8.describe_scaled_matmul(a, b, s, s, format_a="e4m3", format_b="e4m3", determinism="run_to_run")
+    assert (f["determinism"], f["compute"]) == ("run_to_run", "fp32")
+    g = cygemm.describe_grouped([((8, 8), "float32")] * 2, [((8, 8), "float32")] * 2, [((8, 8), "float32")] * 2,
+                                route="loop", math="fp32")
+    assert (g["chosen"], g["decided_by"], g["per_group"][0]["compute"]) == ("loop", "asked", "fp32")
+    with pytest.raises(TypeError, match="alpha: expected a number, got str"):
+        cygemm.describe_gemm(A, B, alpha="x")
+    with pytest.raises(ValueError, match="determinism: expected None"):
+        cygemm.describe_matmul(A, B, determinism="sometimes")
+    with pytest.raises(ValueError, match="route: 'batched' does not apply"):
+        cygemm.describe_grouped([((8, 8), "float32"), ((4, 8), "float32")], [((8, 8), "float32")] * 2,
+                                [((8, 8), "float32"), ((4, 8), "float32")], route="batched")
+
+
+def test_describe_moe_takes_host_arrays_and_pairs_and_the_calls_route():
+    x, w, o = np.zeros((10, 8), np.float32), np.zeros((2, 8, 4), np.float32), np.zeros((10, 4), np.float32)
+    d = cygemm.describe_moe(x, w, np.array([0, 4, 10]), o, route="loop")
+    assert (d["offsets"], d["chosen"], d["decided_by"]) == ("host", "loop", "asked")
+    d = cygemm.describe_moe(((10, 8), "float32"), ((2, 8, 4), "float32"), [0, 4, 10], ((10, 4), "float32"))
+    assert d["offsets"] == "host" and d["chosen"] in d["routes"]
+    with pytest.raises(TypeError, match="check_offsets: expected True or False"):
+        cygemm.describe_moe(x, w, [0, 4, 10], o, check_offsets="yes")
