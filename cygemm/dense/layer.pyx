@@ -13,7 +13,7 @@ from cygemm.kernels.elementwise cimport *
 from cygemm.engine.epilogues cimport Activation, activation_row, leaky_slope_of
 from cygemm.engine.types cimport MatrixView, ColMajorGemm
 from cygemm.engine.errors cimport check_cuda
-from cygemm.engine.errors import check_flag
+from cygemm.engine.errors cimport check_flag
 from cygemm.engine.context cimport GemmContext, stream_workspace
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_matrix, add_vector, call_workspace_of,
                                  expect_dtype, prepare_call, CALL_GEMM, ARG_READ, ARG_WRITE, ARG_SCRATCH)

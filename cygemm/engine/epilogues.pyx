@@ -4,7 +4,8 @@ GEMM, the rules of the AUX form that also writes Z, and whether its derivative i
 output. The dense layer (cygemm.dense) chooses its routes from these rows; cygemm's kernels
 (kernels/elementwise.cu) apply what no epilogue does.
 """
-from cygemm.engine.errors import check_real
+from libc.math cimport isfinite
+from cygemm.engine.errors cimport check_real
 from cygemm.bindings.cublaslt cimport *
 from cygemm.kernels.elementwise cimport *
 
@@ -156,6 +157,6 @@ def activation_table():
 
 cdef float leaky_slope_of(object leaky_slope) except? -1:
     cdef double s = check_real(leaky_slope, "leaky_slope")
-    if not (s == s) or s in (float("inf"), float("-inf")) or s < 0:
+    if not isfinite(s) or s < 0:
         raise ValueError(f"leaky_slope: expected a finite number >= 0, got {leaky_slope!r}")
     return <float>s

@@ -13,3 +13,8 @@ cdef int check_driver(int result, const char* call) except -1 nogil
 # CaptureError naming `what` when `stream` is being captured: the one refusal of every call
 # that would allocate, copy or time while a capture is open.
 cdef int refuse_in_capture(cudaStream_t stream, str what) except -1
+
+# Argument checks of the entry points' hot paths (also Python-visible): a flag as a bool, a real
+# number as a float, else TypeError naming the argument (errors.pyx).
+cpdef object check_flag(object value, str name)
+cpdef object check_real(object value, str name)

@@ -170,7 +170,7 @@ cdef int refuse_in_capture(cudaStream_t stream, str what) except -1:
 
 # ---- arguments that are not arrays: one check each, naming the argument (no GPU needed)
 
-def check_flag(value, str name):
+cpdef object check_flag(object value, str name):
     """`value` as a bool where it is one (Python's or NumPy's), else TypeError naming `name`: a
     flag takes True or False, not any object that happens to be truthy."""
     if value is True or value is False or type(value).__name__ == "bool_":
@@ -178,20 +178,25 @@ def check_flag(value, str name):
     raise TypeError(f"{name}: expected True or False, got {value!r}")
 
 
+import numbers as _numbers
+
+
 def check_size(value, str name):
     """`value` as an int >= 0 where it is an integer (not a bool), else TypeError or ValueError
     naming `name`."""
-    import numbers
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    if type(value) is int and value >= 0:          # (the common case, without the ABC check)
+        return value
+    if isinstance(value, bool) or not isinstance(value, _numbers.Integral):
         raise TypeError(f"{name}: expected an int >= 0, got {value!r}")
     if value < 0:
         raise ValueError(f"{name}: expected an int >= 0, got {value}")
     return int(value)
 
 
-def check_real(value, str name):
+cpdef object check_real(object value, str name):
     """`value` as a float where it is a real number (not a bool), else TypeError naming `name`."""
-    import numbers
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if type(value) is float:                        # (a call's hot path: no ABC check)
+        return value
+    if isinstance(value, bool) or not isinstance(value, _numbers.Real):
         raise TypeError(f"{name}: expected a real number, got {value!r}")
     return float(value)
