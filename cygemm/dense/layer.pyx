@@ -11,13 +11,14 @@ from libc.stdint cimport int64_t
 from cygemm.bindings.cudart cimport *
 from cygemm.kernels.elementwise cimport *
 from cygemm.engine.epilogues cimport Activation, activation_row, leaky_slope_of
-from cygemm.engine.types cimport MatrixView, ColMajorGemm
+from cygemm.engine.types cimport MatrixView, ColMajorGemm, ArrayDesc
+from cygemm.engine.arrays cimport read_array
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.errors cimport check_flag
 from cygemm.engine.context cimport GemmContext, stream_workspace
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_matrix, add_vector, call_workspace_of,
                                  expect_dtype, prepare_call, CALL_GEMM, ARG_READ, ARG_WRITE, ARG_SCRATCH)
-from cygemm.engine.dtypes cimport dtype_name
+from cygemm.engine.dtypes cimport dtype_name, DTYPES_FLOAT
 from cygemm.engine.settings cimport Policy, call_policy
 from cygemm.engine.mapping cimport map_or_raise, rowmajor_ld
 from cygemm.dense.routes cimport ForwardCall, BackwardCall, run_forward, run_backward, dense_gemm, weight_policy
@@ -169,6 +170,15 @@ def forward_into(A, B, out, bias=None, *, with_bias=True, act="none", leaky_slop
 
 # ---------------------------------------------------------------- backward
 
+cdef int _unused_buffer(object x, str name, bint unused) except -1:
+    """An optional buffer this call does not use (work_dZ without an activation, y beside Z) is
+    still checked to be a device array: nonsense is refused naming it, not ignored."""
+    cdef ArrayDesc d
+    if unused and x is not None:
+        read_array(x, &d, name, DTYPES_FLOAT)
+    return 0
+
+
 def backward_into(A, B, gY, Z, *, with_bias=True, act="none", leaky_slope=0.01, gA_out=None,
                   gB_out=None, gBias_out=None, work_dZ=None, lt_workspace=None, str math="tf32",
                   stream=None, accumulate=False, y=None, autotune=None, determinism=None):
@@ -255,6 +265,8 @@ def backward_into(A, B, gY, Z, *, with_bias=True, act="none", leaky_slope=0.01, 
         dz = add_matrix(&c, work_dZ, "work_dZ", ARG_WRITE, M, N, dtype, True)
     if lt_workspace is not None:
         add_array(&c, lt_workspace, "lt_workspace", ARG_SCRATCH, 1, 1)
+    _unused_buffer(work_dZ, "work_dZ", not need_dz)
+    _unused_buffer(y, "y", not from_output)
     cdef MatrixView* dZ = dz if need_dz else gy
     dz_name = "work_dZ" if need_dz else "gY"
     cdef ColMajorGemm g_a, g_b

@@ -5,6 +5,8 @@ from cygemm.bindings.cudart cimport cudaStream_t
 # torch_arrays, else CuPy's), an int cudaStream_t, or an
 # object of CuPy, torch or the CUDA stream protocol.
 cdef int stream_from_object(object stream, cudaStream_t* out, bint torch_arrays=*) except -1
+# The same rules, the stream not resolved (describe_*: TypeError/ValueError naming stream).
+cdef int check_stream_arg(object stream) except -1
 # Whether one of `arrays` is a torch tensor (without importing torch).
 cdef bint any_torch(tuple arrays) except -1
 cdef bint stream_is_capturing(cudaStream_t stream) except -1 nogil

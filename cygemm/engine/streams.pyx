@@ -36,6 +36,14 @@ cdef uintptr_t _torch_current_stream_ptr() except? 0:
     return <uintptr_t>sys.modules["torch"].cuda.current_stream().cuda_stream
 
 
+cdef int check_stream_arg(object stream) except -1:
+    """The stream rules of stream_from_object, without resolving the stream (describe_*: no GPU)."""
+    if stream is None or hasattr(stream, "ptr") or hasattr(stream, "__cuda_stream__") or hasattr(stream, "cuda_stream"):
+        return 0
+    cdef cudaStream_t unused
+    return stream_from_object(stream, &unused)     # (an int is checked there; anything else refused)
+
+
 cdef int stream_from_object(object stream, cudaStream_t* out, bint torch_arrays=False) except -1:
     # stream=None, in every entry point: the current stream of the arrays' library. torch's
     # streams are non-blocking, so work on a torch stream is ordered only with torch's current one.

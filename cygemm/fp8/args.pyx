@@ -314,6 +314,8 @@ cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scal
     cdef MatrixView vo
     if out_dtype is not None and out_dtype not in OUT_DTYPES:
         raise ValueError(f"out_dtype: expected one of {sorted(OUT_DTYPES)}, got {out_dtype!r}")
+    if format_out is not None and format_out not in FP8_FORMATS:     # (checked even where out is not FP8)
+        raise ValueError(f"format_out: expected None or {FORMATS_EXPECTED}, got {format_out!r}")
     if out is not None:
         if _holds_fp8(out):
             read_fp8(out, &dd, "out", format_out if format_out is not None else (

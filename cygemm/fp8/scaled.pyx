@@ -4,6 +4,7 @@ public calls are cygemm.fp8's; this package's docstring says what they do)."""
 from libc.stdint cimport int64_t
 from libc.string cimport memset
 
+from cygemm.engine.streams cimport check_stream_arg
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport *
@@ -238,6 +239,7 @@ def describe_scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, 
         formats, alignment), naming the argument; also a sequence that is no (shape, dtype)
         pair.
     """
+    check_stream_arg(stream)
     cdef Addresses addresses = Addresses()
     names = ("a", "b", "scale_a", "scale_b", "out", "bias", "scale_out", "amax_out")
     # (a host number as a scale: the scale reader says to pass it as a device array)

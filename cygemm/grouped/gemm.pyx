@@ -16,6 +16,7 @@ import threading
 
 from libc.stdint cimport int64_t
 
+from cygemm.engine.streams cimport check_stream_arg
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.kernels.grouped cimport (cygemm_ptr_triples, cygemm_write_pointer_table,
@@ -233,7 +234,7 @@ cdef int _run(Groups grp, CallArgs* c, object alpha, object beta, object math, o
     grouped_gemm)."""
     cdef GroupedCall f
     f.grp = <void*>grp
-    f.alpha, f.beta = alpha, beta
+    f.alpha, f.beta = check_real(alpha, "alpha"), check_real(beta, "beta")
     f.sc = real_scalars(f.alpha, f.beta)
     cdef Math m = parse_math(math)
     f.dtype = grp.dtype
@@ -408,6 +409,7 @@ def describe_grouped(As, Bs, outs, *, trans_a=False, trans_b=False, alpha=1.0, b
     As, Bs, outs = _layouts(As, "As", addresses), _layouts(Bs, "Bs", addresses), _layouts(outs, "outs", addresses)
     cdef Groups grp = read_lists(As, Bs, outs, _flag(trans_a, "trans_a"), _flag(trans_b, "trans_b"))
     check_real(alpha, "alpha"), check_real(beta, "beta")
+    check_stream_arg(stream)
     info = dict(groups=grp.n, active=grp.n_act, zero_k=grp.n_zero_k, macs=grp.macs)
     info.update(describe_host_routes(grp, math, autotune, determinism, route))
     cdef Policy policy

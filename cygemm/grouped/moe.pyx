@@ -12,6 +12,7 @@ enqueued, the offsets' values aside (they stay on the GPU: ``check_offsets=True`
 """
 from libc.stdint cimport int64_t
 
+from cygemm.engine.streams cimport check_stream_arg
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.kernels.grouped cimport CYGEMM_RAGGED_N, CYGEMM_RAGGED_K
@@ -324,6 +325,7 @@ def describe_moe(a, b, group_offsets, out, *, str kind="forward", str w_layout="
     check_flag(check_offsets, "check_offsets")
     capturing = check_flag(capturing, "capturing")
     check_route(route, _NAMES)
+    check_stream_arg(stream)
     cdef Addresses addresses = Addresses()
     a, b, out = [layout_operand(x, n, addresses) for x, n in zip((a, b, out), ("a", "b", "out"))]
     cdef bint wgrad = kind == "wgrad"

@@ -16,6 +16,7 @@ import functools
 
 from libc.stdint cimport int64_t
 
+from cygemm.engine.streams cimport check_stream_arg
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport LT_MATMUL_MATRIX_SCALE_PER_BATCH_SCALAR_32F
@@ -352,6 +353,7 @@ def describe_moe_scaled(x, w, scale_x, scale_w, group_offsets, out, *, format_x=
     check_flag(check_offsets, "check_offsets")
     capturing = check_flag(capturing, "capturing")
     check_route(route, ("loop",))
+    check_stream_arg(stream)
     cdef CallArgs c
     cdef LtGroupedCall lt
     why_layout = _read(&c, x, w, scale_x, scale_w, group_offsets, out, format_x, format_w, fast_accum, workspace, &lt)

@@ -4,6 +4,7 @@ mapping): the C entry points and the gemm / gemm_strided_batched / int_mm / desc
 surface over the plan layer; the arguments are read by cygemm.engine.operands."""
 from libc.stdint cimport int64_t, uintptr_t
 
+from cygemm.engine.streams cimport check_stream_arg
 from cygemm.bindings.cudart cimport cudaStream_t, cudaDataType, CUDA_R_8I, CUDA_R_32I
 from cygemm.bindings.cublas cimport *
 from cygemm.engine.types cimport MatrixView, ColMajorGemm, Scalars, beta_is_zero, is_complex_type, compute_type
@@ -352,6 +353,7 @@ def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, alpha=1.0, be
     """
     batched = check_flag(batched, "batched")
     cdef Addresses addresses = Addresses()
+    check_stream_arg(stream)
     A, B = layout_operand(A, "A", addresses), layout_operand(B, "B", addresses)
     if out is not None:
         out = layout_operand(out, "out", addresses)

@@ -10,6 +10,7 @@ decide_copies); then it runs.
 """
 from libc.stdint cimport int64_t, uintptr_t
 
+from cygemm.engine.streams cimport check_stream_arg
 from cygemm.bindings.cudart cimport (cudaStream_t, cudaDataType, CUDA_R_32F, CUDA_R_16F, CUDA_R_16BF, CUDA_R_64F,
                                      CUDA_C_32F, CUDA_C_64F)
 from cygemm.bindings.cublas cimport cublasComputeType_t, CUBLAS_OP_T, CUBLAS_COMPUTE_32F
@@ -374,6 +375,7 @@ def describe_matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=No
     cdef Math m = parse_math(math)
     cdef Policy policy
     call_policy(autotune, determinism, &policy)
+    check_stream_arg(stream)
     if _matmul_fallback.takes(a, b, describing=True):
         return [_matmul_fallback.describe(a, b, DESCRIBE_KEYS)]
     cdef Addresses addresses = Addresses()
