@@ -27,7 +27,7 @@ cdef class Addresses:
     cdef uintptr_t take(self, object nbytes)
 
 
-# x as the readers take it for describing: a host (NumPy) array or a (shape, dtype) pair as an
+# x as the readers take it for describing: a host (NumPy) array or torch CPU tensor, or a (shape, dtype) pair, as an
 # ArrayLayout, a device array unchanged; TypeError
 # naming `name` and the forms accepted for anything else (a list of numbers included).
 cdef object layout_operand(object x, str name, Addresses addresses)

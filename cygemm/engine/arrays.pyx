@@ -124,7 +124,7 @@ cpdef bint is_pair(object x):
             and not hasattr(x[1], "__cuda_array_interface__") and not hasattr(x[1], "__dlpack__"))
 
 
-_EXPECTED = "a device array, a host (NumPy) array or a (shape, dtype) pair"
+_EXPECTED = "a device array, a host (NumPy) array or tensor, or a (shape, dtype) pair"
 
 
 cdef object layout_operand(object x, str name, Addresses addresses):
@@ -135,6 +135,11 @@ cdef object layout_operand(object x, str name, Addresses addresses):
         if x.ndim > MAX_NDIM:
             raise ValueError(f"{name}: expected at most {MAX_NDIM} dimensions, got {x.ndim}")
         return _layout(name, tuple(x.shape), x.strides, x.dtype, x.__array_interface__["data"][0], True)
+    if is_torch_tensor(x) and x.device.type == "cpu":     # a host tensor: its layout, as NumPy's
+        if x.dim() > MAX_NDIM:
+            raise ValueError(f"{name}: expected at most {MAX_NDIM} dimensions, got {x.dim()}")
+        return _layout(name, tuple(x.shape), tuple([s * x.element_size() for s in x.stride()]), x.dtype,
+                       x.data_ptr(), True)
     if not isinstance(x, (tuple, list)):
         if not (hasattr(x, "__cuda_array_interface__") or hasattr(x, "__dlpack__")):
             raise TypeError(f"{name}: expected {_EXPECTED}, got {type(x).__module__}.{type(x).__qualname__}")

@@ -120,11 +120,11 @@ def test_a_pair_is_two_items_and_anything_else_goes_to_the_device_array_readers(
     assert cygemm.describe_gemm([(4, 3), "float32"], [[3, 5], np.float32])["K"] == 3      # lists too
     with pytest.raises(TypeError) as info:
         cygemm.describe_gemm(((4, 3),), ((3, 5), "float32"))
-    assert str(info.value) == ("A: expected a device array, a host (NumPy) array or a (shape, dtype) pair, got a "
+    assert str(info.value) == ("A: expected a device array, a host (NumPy) array or tensor, or a (shape, dtype) pair, got a "
                                "tuple that is no (shape, dtype) pair (for host data, pass numpy.asarray of it)")
     with pytest.raises(TypeError) as info:
         cygemm.describe_gemm(((4, 3), "float32"), 5)
-    assert str(info.value) == ("B: expected a device array, a host (NumPy) array or a (shape, dtype) pair, got "
+    assert str(info.value) == ("B: expected a device array, a host (NumPy) array or tensor, or a (shape, dtype) pair, got "
                                "builtins.int")
 
 

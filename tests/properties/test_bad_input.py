@@ -383,11 +383,11 @@ CASES = {
     "describe_matmul/out dtype": ("describe_matmul", lambda mk: ((mk.arr((2, 3)), mk.arr((3, 2)), mk.out((2, 2), "float16")), {}),
                                   ValueError, ["out: its dtype is float16", "a and b are float32"], True),
     "describe_matmul/not an array": ("describe_matmul", lambda mk: (([1, 2, 3], mk.arr((3, 2))), {}),
-                                     TypeError, ["a host (NumPy) array or a (shape, dtype) pair"], True),
+                                     TypeError, ["a host (NumPy) array or tensor, or a (shape, dtype) pair"], True),
     "describe_gemm/inner mismatch": ("describe_gemm", lambda mk: ((mk.arr((2, 3)), mk.arr((4, 2))), {}),
                                      ValueError, ["B:", "3 rows"], True),
     "describe_gemm/not a pair": ("describe_gemm", lambda mk: (([1, 2, 3], mk.arr((3, 2))), {}),
-                                 TypeError, ["A:", "a host (NumPy) array or a (shape, dtype) pair"], True),
+                                 TypeError, ["A:", "a host (NumPy) array or tensor, or a (shape, dtype) pair"], True),
     # ---- GemmPlan
     "GemmPlan/out None": ("GemmPlan", lambda mk: ((mk.arr((2, 2)), mk.arr((2, 2)), None), {}), ValueError, ["out:"], True),
     "GemmPlan/inner mismatch": ("GemmPlan", lambda mk: ((mk.arr((2, 3)), mk.arr((4, 2)), mk.out((2, 2))), {}),

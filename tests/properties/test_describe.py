@@ -333,16 +333,16 @@ def test_a_list_of_numbers_is_no_shape_dtype_pair(operand):
     """[[1., 2.], [3., 4.]] (host data) and [3, 5] (no dtype) are refused, not read as a pair."""
     with pytest.raises(TypeError) as info:
         cygemm.describe_matmul(operand, ((2, 2), "float32"))
-    assert str(info.value) == (f"a: expected a device array, a host (NumPy) array or a (shape, dtype) pair, got "
+    assert str(info.value) == (f"a: expected a device array, a host (NumPy) array or tensor, or a (shape, dtype) pair, got "
                                f"a {type(operand).__name__} that is no (shape, dtype) pair (for host data, pass "
                                f"numpy.asarray of it)")
 
 
 @pytest.mark.parametrize("call, words", [
     (lambda: cygemm.describe_matmul(3, ((3, 2), "float32")),
-     "a: expected a device array, a host (NumPy) array or a (shape, dtype) pair, got builtins.int"),
+     "a: expected a device array, a host (NumPy) array or tensor, or a (shape, dtype) pair, got builtins.int"),
     (lambda: cygemm.describe_gemm(((4, 3), "float32"), "B"),
-     "B: expected a device array, a host (NumPy) array or a (shape, dtype) pair, got builtins.str"),
+     "B: expected a device array, a host (NumPy) array or tensor, or a (shape, dtype) pair, got builtins.str"),
     (lambda: cygemm.describe_grouped(((4, 3), "float32"), [((3, 5), "float32")], [((4, 5), "float32")]),
      "As: expected a list of operands, one a group, got one (shape, dtype) pair; for one group pass "
      "[((4, 3), 'float32')]"),
@@ -412,3 +412,13 @@ def test_describe_moe_takes_host_arrays_and_pairs_and_the_calls_route():
     assert d["offsets"] == "host" and d["chosen"] in d["routes"]
     with pytest.raises(TypeError, match="check_offsets: expected True or False"):
         cygemm.describe_moe(x, w, [0, 4, 10], o, check_offsets="yes")
+
+
+def test_a_torch_cpu_tensor_is_described_as_its_numpy_view():
+    """A host tensor is taken for its layout, as a NumPy array is (CPU)."""
+    torch = pytest.importorskip("torch")
+    a, w = torch.ones(4, 8), torch.ones(3, 8)
+    got = cygemm.describe_matmul(a, w.T)
+    want = cygemm.describe_matmul(a.numpy(), w.numpy().T)
+    assert got == want
+    assert cygemm.describe_gemm(a.to(torch.bfloat16), w.to(torch.bfloat16).T)["ldb"] == 8
