@@ -42,25 +42,7 @@ class ArrayBackend:
     def one_hot(self, labels, classes):
         """(n, classes) of this dtype: row i is 1 at labels[i].
 
-        Parameters
-        ----------
-        labels : array-like of int (n,)
-            Class indices in [0, classes): a list or NumPy array (checked on the host), or on
-            the GPU backend a CuPy array (not checked: no synchronisation).
-        classes : int
-            The number of classes: the result's number of columns.
-
-        Returns
-        -------
-        array (n, classes)
-            A new array of the backend's dtype, 0 but for a 1 at labels[i] in row i.
-
-        Raises
-        ------
-        TypeError
-            Host labels that are not a 1-D array of integers.
-        ValueError
-            Host labels outside [0, classes).
+        As :meth:`cygemm.backend.Backend.one_hot` (its parameters, result and errors).
         """
         with self._on():
             labels = self._labels(labels, classes)
@@ -89,19 +71,7 @@ class ArrayBackend:
     def l2_normalize(self, x, axis=-1, eps=1e-12):
         """x / max(||x||_2 along axis, eps).
 
-        Parameters
-        ----------
-        x : array
-            An array of this backend, any shape.
-        axis : int
-            The axis along which each vector's norm is taken (default: the last).
-        eps : float
-            The smallest norm divided by, so that a zero vector stays zero instead of NaN.
-
-        Returns
-        -------
-        array
-            A new array of x's shape.
+        As :meth:`cygemm.backend.Backend.l2_normalize` (its parameters, result and errors).
         """
         with self._on():
             norm = self.xp.sqrt((x * x).sum(axis=axis, keepdims=True))
@@ -114,22 +84,7 @@ class ArrayBackend:
         the factorisation fails (a not SPD), warn (RuntimeWarning) and solve it as a general
         system.
 
-        Parameters
-        ----------
-        a : array (n, n)
-            Symmetric positive-definite.
-        b : array (n,) or (n, k)
-            The right-hand side(s).
-
-        Returns
-        -------
-        array
-            x, b's shape.
-
-        Warns
-        -----
-        RuntimeWarning
-            The factorisation failed: x is :meth:`solve`'s.
+        As :meth:`cygemm.backend.Backend.cholesky_solve` (its parameters, result and errors).
         """
         try:
             with self._on():
@@ -144,29 +99,7 @@ class ArrayBackend:
         :meth:`cholesky_solve`, with X and y centred when ``fit_intercept`` (as scikit-learn's
         ``Ridge``). Returns ``(coef, intercept)``: coef (features,) or (features, targets).
 
-        Parameters
-        ----------
-        x : array (samples, features)
-            The design matrix, an array of this backend.
-        y : array (samples,) or (samples, targets)
-            The target(s), an array of this backend.
-        alpha : float
-            The L2 penalty added to the diagonal of XᵀX, >= 0.
-        fit_intercept : bool
-            Centre x and y on their column means first and fit an intercept (default); False:
-            no centring, and a zero intercept.
-
-        Returns
-        -------
-        coef : array (features,) or (features, targets)
-            As y is 1-D or 2-D.
-        intercept : array () or (targets,)
-            ``mean(y) - mean(x) @ coef``; zeros without ``fit_intercept``.
-
-        Raises
-        ------
-        ValueError
-            A negative alpha.
+        As :meth:`cygemm.backend.Backend.ridge` (its parameters, result and errors).
         """
         if alpha < 0:
             raise ValueError(f"alpha: expected a number >= 0, got {alpha!r}")

@@ -122,21 +122,7 @@ class CUDABackend(ArrayBackend):
     def matmul(self, a, b, out=None):
         """a @ b through :func:`cygemm.matmul` (NumPy semantics), on the backend's stream.
 
-        Parameters
-        ----------
-        a, b, out
-            As :func:`cygemm.matmul` takes them (CuPy arrays here); float32 products in the
-            backend's ``math``.
-
-        Returns
-        -------
-        cupy.ndarray
-            ``out`` when given, else a new array.
-
-        Raises
-        ------
-        ValueError, TypeError
-            As :func:`cygemm.matmul`.
+        As :meth:`cygemm.backend.Backend.matmul` (its parameters, result and errors).
         """
         return cygemm.matmul(a, b, out, math=self.math, stream=self.stream)
 
@@ -153,23 +139,7 @@ class CUDABackend(ArrayBackend):
         """x · y of two 1-D arrays as a 0-d device array: no synchronisation (``float()`` of it
         waits). With ``out`` (0-d), nothing is allocated and the call can be captured.
 
-        Parameters
-        ----------
-        x, y : cupy.ndarray (n,)
-            Two 1-D arrays of one length, the backend's dtype, any strides. float32 in strict
-            fp32 (one GEMM), float64 by ``cupy.dot``.
-        out : cupy.ndarray (), optional
-            A 0-d array of the backend's dtype to write the result to. None: a new one.
-
-        Returns
-        -------
-        cupy.ndarray ()
-            The inner product (``out`` when given).
-
-        Raises
-        ------
-        ValueError
-            x or y not 1-D, or of different lengths.
+        As :meth:`cygemm.backend.Backend.dot` (its parameters, result and errors).
         """
         if x.ndim != 1 or y.ndim != 1 or x.shape != y.shape:
             raise ValueError(f"x, y: expected two 1-D arrays of one length, got {x.shape} and {y.shape}")
@@ -189,48 +159,14 @@ class CUDABackend(ArrayBackend):
     def softmax(self, x, axis=-1, out=None):
         """Softmax along `axis`: max-subtracted, one kernel (in place when ``out is x``).
 
-        Parameters
-        ----------
-        x : cupy.ndarray
-            float32 or float64, any shape.
-        axis : int
-            The axis whose entries sum to 1 (default: the last). Another axis, or an x that is
-            not C-contiguous, goes through a contiguous copy.
-        out : cupy.ndarray, optional
-            Where to write the result: x's shape and dtype (x itself: in place). None: a new
-            C-ordered array.
-
-        Returns
-        -------
-        cupy.ndarray
-            x's shape (``out`` when given).
-
-        Raises
-        ------
-        TypeError
-            x not a float32 or float64 CuPy array.
-        ValueError
-            An ``out`` of another shape or dtype than x's.
+        As :meth:`cygemm.backend.Backend.softmax` (its parameters, result and errors).
         """
         return self._row("softmax", x, axis, out)
 
     def log_softmax(self, x, axis=-1, out=None):
         """Log-softmax along `axis`: ``x - max - log(sum(exp(x - max)))``, one kernel.
 
-        Parameters
-        ----------
-        x, axis, out
-            As :meth:`softmax`.
-
-        Returns
-        -------
-        cupy.ndarray
-            x's shape (``out`` when given).
-
-        Raises
-        ------
-        TypeError, ValueError
-            As :meth:`softmax`.
+        As :meth:`cygemm.backend.Backend.log_softmax` (its parameters, result and errors).
         """
         return self._row("log_softmax", x, axis, out)
 
@@ -250,23 +186,7 @@ class CUDABackend(ArrayBackend):
         """1 / (1 + exp(-x)) without overflow for either sign; one kernel (in place when
         ``out is x``).
 
-        Parameters
-        ----------
-        x : cupy.ndarray
-            float32 or float64, any shape and strides.
-        out : cupy.ndarray, optional
-            Where to write the result: x's dtype, x's shape or one x broadcasts to, any strides
-            (x itself: in place). None: a new array of x's shape.
-
-        Returns
-        -------
-        cupy.ndarray
-            ``out`` when given, else the new array.
-
-        Raises
-        ------
-        TypeError
-            x not a float32 or float64 CuPy array, or an ``out`` of another dtype.
+        As :meth:`cygemm.backend.Backend.sigmoid` (its parameters, result and errors).
         """
         self._check_float(x, "x")
         with self.stream:
@@ -293,17 +213,7 @@ class CUDABackend(ArrayBackend):
     def solve(self, a, b):
         """Solve a x = b for a square a (cuSOLVER, on the backend's stream).
 
-        Parameters
-        ----------
-        a : cupy.ndarray (n, n)
-            A square, non-singular matrix.
-        b : cupy.ndarray (n,) or (n, k)
-            The right-hand side(s).
-
-        Returns
-        -------
-        cupy.ndarray
-            x, b's shape.
+        As :meth:`cygemm.backend.Backend.solve` (its parameters, result and errors).
         """
         with self.stream:
             return cp.linalg.solve(a, b)

@@ -62,17 +62,7 @@ class NumPyBackend(ArrayBackend):
     def matmul(self, a, b, out=None):
         """a @ b by ``np.matmul``.
 
-        Parameters
-        ----------
-        a, b : numpy.ndarray
-            Shapes as ``np.matmul`` takes them (1-D operands, batch axes that broadcast).
-        out : numpy.ndarray, optional
-            Where to write the product: the result's shape. None: a new array.
-
-        Returns
-        -------
-        numpy.ndarray
-            The product (``out`` when given).
+        As :meth:`cygemm.backend.Backend.matmul` (its parameters, result and errors).
         """
         return np.matmul(a, b, out=out)
 
@@ -84,17 +74,7 @@ class NumPyBackend(ArrayBackend):
     def dot(self, x, y, out=None):
         """x · y as a 0-d array of the backend's dtype (into a 0-d `out` when given).
 
-        Parameters
-        ----------
-        x, y : numpy.ndarray (n,)
-            Two 1-D arrays of one length.
-        out : numpy.ndarray (), optional
-            A 0-d array to write the result to. None: a new one.
-
-        Returns
-        -------
-        numpy.ndarray ()
-            The inner product (``out`` when given).
+        As :meth:`cygemm.backend.Backend.dot` (its parameters, result and errors).
         """
         r = np.asarray(np.dot(x, y), dtype=self.dtype)
         if out is not None:
@@ -105,19 +85,7 @@ class NumPyBackend(ArrayBackend):
     def softmax(self, x, axis=-1, out=None):
         """Softmax along `axis`, the row maximum subtracted first.
 
-        Parameters
-        ----------
-        x : numpy.ndarray
-            Floating-point scores, any shape.
-        axis : int
-            The axis whose entries sum to 1 (default: the last).
-        out : numpy.ndarray, optional
-            Where to write the result: x's shape (it may be x itself). None: a new array.
-
-        Returns
-        -------
-        numpy.ndarray
-            x's shape (``out`` when given).
+        As :meth:`cygemm.backend.Backend.softmax` (its parameters, result and errors).
         """
         z = x - x.max(axis=axis, keepdims=True)
         e = np.exp(z)
@@ -126,15 +94,7 @@ class NumPyBackend(ArrayBackend):
     def log_softmax(self, x, axis=-1, out=None):
         """Log-softmax along `axis`: ``x - max - log(sum(exp(x - max)))``.
 
-        Parameters
-        ----------
-        x, axis, out
-            As :meth:`softmax`.
-
-        Returns
-        -------
-        numpy.ndarray
-            x's shape (``out`` when given).
+        As :meth:`cygemm.backend.Backend.log_softmax` (its parameters, result and errors).
         """
         z = x - x.max(axis=axis, keepdims=True)
         return np.subtract(z, np.log(np.exp(z).sum(axis=axis, keepdims=True)), out=out)
@@ -142,17 +102,7 @@ class NumPyBackend(ArrayBackend):
     def sigmoid(self, x, out=None):
         """1 / (1 + exp(-x)), without overflow for either sign.
 
-        Parameters
-        ----------
-        x : numpy.ndarray
-            Floating-point values, any shape.
-        out : numpy.ndarray, optional
-            Where to write the result: x's shape (it may be x itself). None: a new array.
-
-        Returns
-        -------
-        numpy.ndarray
-            x's shape (``out`` when given).
+        As :meth:`cygemm.backend.Backend.sigmoid` (its parameters, result and errors).
         """
         e = np.exp(-np.abs(x))
         return np.divide(np.where(x >= 0, 1, e), 1 + e, out=out)
@@ -164,22 +114,7 @@ class NumPyBackend(ArrayBackend):
     def solve(self, a, b):
         """Solve a x = b by ``np.linalg.solve``.
 
-        Parameters
-        ----------
-        a : numpy.ndarray (n, n)
-            A square, non-singular matrix.
-        b : numpy.ndarray (n,) or (n, k)
-            The right-hand side(s).
-
-        Returns
-        -------
-        numpy.ndarray
-            x, b's shape.
-
-        Raises
-        ------
-        numpy.linalg.LinAlgError
-            A singular a.
+        As :meth:`cygemm.backend.Backend.solve` (its parameters, result and errors).
         """
         return np.linalg.solve(a, b)
 
