@@ -7,8 +7,9 @@
 Bits rows: the same calls through both builds in every determinism mode ("off" with autotune
 off, "run_to_run", "batch_invariant"), on the same seeded operands: whether the results are
 bitwise equal. Host rows: 64^3 float32 calls timed on the host (median of interleaved rounds of 2000 calls
-each, synchronizing at the end of a round), with torch.mm(out=) and cp.matmul(out=) in the
-same rounds. Large rows: CUDA-event time per GEMM (median of interleaved rounds, each
+each, synchronizing at the end of a round, the calls in a shuffled order each round), with
+torch.mm(out=) and cp.matmul(out=) in the same rounds; and each call's new/old ratio per round
+(median, min, max: what one run's figure varies by). Large rows: CUDA-event time per GEMM (median of interleaved rounds, each
 contender warmed up, i.e. tuned, first). Writes compare_builds.json and .md to --out.
 """
 import argparse
@@ -44,14 +45,30 @@ def host_rows(cp, new, old, torch, rounds):
         for _ in range(300):
             fn()
     cp.cuda.Device().synchronize()
+    order = list(calls)
+    shuffle = np.random.default_rng(1)
     for _ in range(rounds):
-        for name, fn in calls.items():
+        shuffle.shuffle(order)          # (no call always runs first, or right after another)
+        for name in order:
+            fn = calls[name]
             t0 = time.perf_counter()
             for _ in range(n):
                 fn()
             cp.cuda.Device().synchronize()
             times[name].append((time.perf_counter() - t0) / n * 1e6)
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {k: statistics.median(v) for k, v in times.items()}, _paired_ratios(times)
+
+
+def _paired_ratios(times):
+    """Per call, new/old time of each round (both timed in it): the median and the range over
+    the rounds, which says how far one run's figure can be trusted."""
+    out = {}
+    for name in times:
+        if name.endswith(" new"):
+            base = name[:-4]
+            ratios = sorted(a / b for a, b in zip(times[name], times[base + " old"]))
+            out[base] = {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
+    return out
 
 
 def large_rows(cp, new, old, torch, rounds):
@@ -151,14 +168,17 @@ def main(argv=None):
     from benchmarks.common import environment
     env = environment(cp, {"torch": getattr(torch, "__version__", None), "new": new.__file__, "old": old.__file__})
     bits = bits_rows(cp, new, old)
-    host = host_rows(cp, new, old, torch, args.rounds)
+    host, ratios = host_rows(cp, new, old, torch, args.rounds)
     large = large_rows(cp, new, old, torch, args.rounds)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "compare_builds.json"), "w") as f:
-        json.dump({"environment": env, "bits": bits, "host_us": host, "large": large}, f, indent=1)
+        json.dump({"environment": env, "bits": bits, "host_us": host, "host_new_over_old": ratios, "large": large},
+                  f, indent=1)
     lines = [f"GPU {env['gpu']}, driver {env['driver']}, cuBLASLt {env['cublasLt']}, CuPy {env['cupy']}, "
              f"torch {env['torch']}, {env['date']}", "", "| host, 64^3 float32 | us per call |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in host.items()]
+    lines += ["", "| host, new/old per round | median | min | max |", "|---|---|---|---|"]
+    lines += [f"| {k} | {r['median']:.3f} | {r['min']:.3f} | {r['max']:.3f} |" for k, r in ratios.items()]
     lines += ["", "| large GEMM | new ms | old ms | new/old time | torch ms |", "|---|---|---|---|---|"]
     for shape, r in large.items():
         lines.append(f"| {shape} | {r['new']['ms']:.4f} | {r['old']['ms']:.4f} | "
