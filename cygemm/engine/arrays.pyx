@@ -343,29 +343,19 @@ cdef int _fill_desc(ArrayDesc* d, str name, uintptr_t ptr, tuple shape, object s
     return 0
 
 
-cdef tuple _cai_shape(str name, object cai):
-    """A __cuda_array_interface__'s shape: non-negative integers, or TypeError/ValueError naming
-    the array (CuPy and torch give theirs; another producer's is checked here)."""
-    shape = cai.get("shape")
+cdef tuple _cai_layout(str name, object cai):
+    """A __cuda_array_interface__'s (shape, strides): integers, extents >= 0, else TypeError or
+    ValueError naming the array (CuPy and torch give theirs; another producer's is checked here)."""
+    shape, strides = cai.get("shape"), cai.get("strides")
     try:
         shape = tuple([_operator.index(n) for n in shape])
+        strides = None if strides is None else tuple([_operator.index(n) for n in strides])
     except TypeError:
-        raise TypeError(f"{name}: its __cuda_array_interface__ shape must be a tuple of integers, "
-                        f"got {cai.get('shape')!r}") from None
+        raise TypeError(f"{name}: its __cuda_array_interface__ shape and strides must be tuples of integers "
+                        f"(strides may be None), got {cai.get('shape')!r} and {cai.get('strides')!r}") from None
     if any(n < 0 for n in shape):
         raise ValueError(f"{name}: its __cuda_array_interface__ shape has a negative extent: {shape}")
-    return shape
-
-
-cdef object _cai_strides(str name, object cai):
-    strides = cai.get("strides")
-    if strides is None:
-        return None
-    try:
-        return tuple([_operator.index(n) for n in strides])
-    except TypeError:
-        raise TypeError(f"{name}: its __cuda_array_interface__ strides must be None or a tuple of "
-                        f"integers (bytes), got {strides!r}") from None
+    return shape, strides
 
 
 cdef tuple desc_shape(const ArrayDesc* d):
@@ -407,7 +397,8 @@ cdef int read_array(object x, ArrayDesc* d, str name, int wide) except -1:
         if dt is None:
             raise _bad_dtype(name, _typestr_name(cai["typestr"]), wide)
         d.dtype = <cudaDataType>(<int>dt[0])
-        return _fill_desc(d, name, cai["data"][0], _cai_shape(name, cai), _cai_strides(name, cai), dt[1], -1)
+        shape, strides = _cai_layout(name, cai)
+        return _fill_desc(d, name, cai["data"][0], shape, strides, dt[1], -1)
     if isinstance(x, _np.ndarray):
         raise TypeError(f"{name}: expected a CUDA device array, got a NumPy array in host memory "
                         f"(move it to the GPU with cupy.asarray)")
@@ -552,7 +543,7 @@ cdef int read_buffer(object x, MatrixView* view, str name) except -1:
         cai = x.__cuda_array_interface__
     except AttributeError:
         raise TypeError(f"{name}: expected a CUDA device array, got {type(x).__module__}.{type(x).__name__}") from None
-    shape = _cai_shape(name, cai)
+    shape = _cai_layout(name, cai)[0]
     itemsize = _np.dtype(cai["typestr"]).itemsize
     cdef int64_t n = 1
     for extent in shape:
@@ -638,7 +629,8 @@ cdef int read_fp8(object x, ArrayDesc* d, str name, object fmt, str fmt_arg) exc
         if cai["typestr"] not in _BYTES_TYPESTRS:
             raise TypeError(f"{name}: expected FP8 bytes (a uint8 array, with {fmt_arg}=), got "
                             f"{_typestr_name(cai['typestr'])}")
-        _fill_desc(d, name, cai["data"][0], _cai_shape(name, cai), _cai_strides(name, cai), 1, -1)
+        shape, strides = _cai_layout(name, cai)
+        _fill_desc(d, name, cai["data"][0], shape, strides, 1, -1)
         found = None
     if found is None:
         if fmt is None:

@@ -98,7 +98,7 @@ def test_describe_matmul_takes_host_arrays_and_descriptions_and_speaks_row_major
         describe_matmul(((3, 4), "float32"), ((5, 2), "float32"))
     with pytest.raises(ValueError, match="dtypes differ"):
         describe_matmul(((3, 4), "float32"), ((4, 2), "float64"))
-    with pytest.raises(TypeError, match="a host \\(NumPy\\) array or a \\(shape, dtype\\) pair"):
+    with pytest.raises(TypeError, match="a host \\(NumPy\\) array or tensor, or a \\(shape, dtype\\) pair"):
         describe_matmul([1, 2, 3], ((4, 2), "float32"))
 
 
