@@ -57,7 +57,11 @@ def _cuda_tensor(x, name):
 
 
 def _stream_of(x):
-    """torch's current stream on x's device, as the raw cudaStream_t cygemm takes."""
+    """torch's current stream on x's device, as the raw cudaStream_t cygemm takes; None for a
+    tensor not on a GPU (cygemm's reader then refuses it, naming it: torch would raise first,
+    asking a CPU-only build for a CUDA stream)."""
+    if x.device.type != "cuda":
+        return None
     return torch.cuda.current_stream(x.device).cuda_stream
 
 

@@ -307,3 +307,13 @@ def test_opcheck_and_gradients_of_the_device_offset_moe_operators_on_the_cpu(cpu
     torch.library.opcheck(torch.ops.cygemm.moe_gemm_wgrad.default, (x.detach(), dy, offs, w_layout, "fp32"))
     dw = torch.ops.cygemm.moe_gemm_wgrad(x.detach(), dy, offs, w_layout, "fp32")
     assert torch.equal(dw[1], torch.zeros_like(dw[1]))
+
+
+def test_cpu_tensors_get_cygemms_error_naming_the_argument_not_torchs():
+    """CPU: the operators on CPU tensors raise cygemm's TypeError naming the tensor (before, torch's
+    'Torch not compiled with CUDA enabled', from asking for a CUDA stream first)."""
+    a, b = torch.ones(4, 8), torch.ones(8, 3)
+    with pytest.raises(TypeError, match="a: expected a CUDA tensor, got a torch tensor on cpu"):
+        torch.ops.cygemm.matmul(a, b, "tf32", None, None)
+    with pytest.raises(TypeError, match="expected a CUDA tensor, got a torch tensor on cpu"):
+        cygemm.autograd.linear(a, torch.ones(3, 8))
