@@ -95,3 +95,11 @@ def gpu_unavailable_reason() -> "str | None":
     """
     from cygemm.engine import context as _context
     return _context.gpu_unavailable_reason()
+
+
+# torch's operators (torch.ops.cygemm.*, for torch.compile) are defined by cygemm.autograd, which
+# imports torch: where torch is imported already, they exist once cygemm is imported too.
+import sys as _sys
+if "torch" in _sys.modules:
+    import cygemm.autograd  # noqa: E402,F401
+del _sys

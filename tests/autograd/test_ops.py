@@ -317,3 +317,12 @@ def test_cpu_tensors_get_cygemms_error_naming_the_argument_not_torchs():
         torch.ops.cygemm.matmul(a, b, "tf32", None, None)
     with pytest.raises(TypeError, match="expected a CUDA tensor, got a torch tensor on cpu"):
         cygemm.autograd.linear(a, torch.ones(3, 8))
+
+
+def test_the_operators_exist_once_cygemm_is_imported_after_torch():
+    """CPU: `import torch, cygemm` is enough for torch.ops.cygemm.* (no import of cygemm.autograd)."""
+    import subprocess
+    import sys
+    code = "import torch, cygemm; print(torch.ops.cygemm.matmul.default.name())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "cygemm::matmul" in done.stdout, done.stderr[-2000:]
