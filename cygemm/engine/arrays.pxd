@@ -44,6 +44,8 @@ cdef bint has_memory(object x)
 cdef dict describe_call(const MatrixView* va, const MatrixView* vb, const MatrixView* vc,
                         const ColMajorGemm* g, bint trans_a, bint trans_b, tuple names, tuple memory,
                         Policy policy, cublasComputeType_t compute)
+# A compute type by the name describe_* give it ("tf32", "fp32", "fp64", "int32").
+cdef str compute_name(cublasComputeType_t compute)
 
 
 # -------------------- described (merged into, above arrays)

@@ -219,8 +219,11 @@ cdef dict describe_call(const MatrixView* va, const MatrixView* vb, const Matrix
                  m=g.m, n=g.n, k=g.k, lda=g.lda, ldb=g.ldb, ldc=g.ldc,
                  stride_a=g.stride_a, stride_b=g.stride_b, stride_c=g.stride_c,
                  a=_ptr(g.a, first_memory), b=_ptr(g.b, second_memory), c=_ptr(g.c, memory[2]))
-    d.update(compute=_COMPUTE_NAMES.get(<int>compute), autotune=autotune_name(policy))
+    d.update(compute=compute_name(compute), autotune=autotune_name(policy))
     return d
+
+
+cdef str compute_name(cublasComputeType_t compute): return _COMPUTE_NAMES.get(<int>compute)
 
 # -------------------- arrays
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
@@ -355,6 +358,8 @@ cdef tuple _cai_layout(str name, object cai):
                         f"(strides may be None), got {cai.get('shape')!r} and {cai.get('strides')!r}") from None
     if any(n < 0 for n in shape):
         raise ValueError(f"{name}: its __cuda_array_interface__ shape has a negative extent: {shape}")
+    if not (isinstance(data := cai.get("data"), tuple) and len(data) == 2 and type(data[0]) is int and data[0] >= 0):
+        raise TypeError(f"{name}: its __cuda_array_interface__ data must be (pointer: int >= 0, read_only), got {data!r}")
     return shape, strides
 
 

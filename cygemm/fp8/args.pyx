@@ -316,6 +316,8 @@ cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scal
         raise ValueError(f"out_dtype: expected one of {sorted(OUT_DTYPES)}, got {out_dtype!r}")
     if format_out is not None and format_out not in FP8_FORMATS:     # (checked even where out is not FP8)
         raise ValueError(f"format_out: expected None or {FORMATS_EXPECTED}, got {format_out!r}")
+    if format_out is not None and out_dtype is not None and out_dtype != format_out:
+        raise ValueError(f"format_out: {format_out!r} contradicts out_dtype={out_dtype!r} (give one of them)")
     if out is not None:
         if _holds_fp8(out):
             read_fp8(out, &dd, "out", format_out if format_out is not None else (

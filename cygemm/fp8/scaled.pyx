@@ -224,7 +224,7 @@ def describe_scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, 
         ("b"), ``cublas_b`` ("a"), ``why``; then ``opa``, ``opb``, ``m``, ``n``, ``k``, ``lda``,
         ``ldb``, ``ldc``, ``stride_a``, ``stride_b``, ``stride_c`` (0) and the pointers ``a``,
         ``b``, ``c`` (None where there is no memory: a (shape, dtype) pair, out=None's result),
-        ``compute`` ("fp32": FP8 products are summed in fp32) and ``autotune`` (the call's level).
+        ``compute`` ("fp32": FP8 products are summed in fp32) and ``autotune`` (the level the call runs at: a determinism mode runs at "auto").
         Then FP8's own: ``call`` ("cublasLtMatmul"); ``a_type``, ``b_type``, ``c_type``,
         ``d_type`` (cuBLAS's A, B, C and D, e.g. "float8_e4m3fn", "bfloat16") and ``bias_type``
         (None without a bias); ``epilogue`` ("default", "bias", "relu", "relu_bias", "gelu",

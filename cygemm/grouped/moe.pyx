@@ -16,18 +16,18 @@ from cygemm.engine.streams cimport check_stream_arg
 from cygemm.bindings.cudart cimport *
 from cygemm.bindings.cublas cimport *
 from cygemm.kernels.grouped cimport CYGEMM_RAGGED_N, CYGEMM_RAGGED_K
-from cygemm.engine.types cimport MatrixView, ColMajorGemm
+from cygemm.engine.types cimport MatrixView, ColMajorGemm, compute_type
 from cygemm.engine.mapping cimport map_or_raise
 from cygemm.engine.args cimport CallArgs, prepare_call, check_overlaps, parse_math, CALL_GEMM
 from cygemm.engine.context cimport GemmContext
 from cygemm.engine.errors import check_flag
-from cygemm.engine.arrays cimport Addresses, layout_operand
+from cygemm.engine.arrays cimport Addresses, layout_operand, compute_name
 from cygemm.grouped.groups cimport Groups, read_moe, read_moe_args, check_experts_disjoint
 from cygemm.grouped.gemm cimport run_groups, describe_host_routes
 from cygemm.grouped.lt_grouped cimport LtGroupedCall, LT_NAMES_FORWARD, LT_NAMES_WGRAD_KN, LT_NAMES_WGRAD_NK
 from cygemm.grouped.device_offsets cimport (on_device, check_route, check_offsets_view, run_on_device,
                                             describe_on_device)
-from cygemm.engine.settings cimport Policy, call_policy
+from cygemm.engine.settings cimport Policy, call_policy, determinism_name, autotune_name
 from cygemm.grouped.gemm import ROUTES
 # The routes of the calls whose group offsets are a device array.
 from cygemm.grouped.device_offsets import DEVICE_OFFSET_ROUTES  # noqa: F401 (re-exported)
@@ -147,7 +147,9 @@ cdef int _moe(object x, object b, object offsets, object out, str layout, bint w
     if on_device(offsets):
         return _moe_on_device(x, b, offsets, out, layout, wgrad, math, stream, route, autotune, determinism,
                               check_offsets)
-    return _host_route(x, b, offsets, out, layout, wgrad, math, stream, route, autotune, determinism)
+    # (offsets on the host already: route "host_offsets" is the host routes' chooser)
+    return _host_route(x, b, offsets, out, layout, wgrad, math, stream, None if route == "host_offsets" else route,
+                       autotune, determinism)
 
 
 # ---------------------------------------------------------------- offsets on the device
@@ -336,8 +338,9 @@ def describe_moe(a, b, group_offsets, out, *, str kind="forward", str w_layout="
         grp = read_moe(&c, a, b, group_offsets, out, layout, wgrad)
         check_overlaps(&c)
         info = dict(offsets="host", groups=grp.n, syncs=False)
-        info.update(describe_host_routes(grp, math, autotune, determinism, route))
-        return info
+        info.update(describe_host_routes(grp, math, autotune, determinism,
+                                         None if route == "host_offsets" else route))
+        return _with_policy(info, grp.dtype, math, autotune, determinism)
     parse_math(math)
     cdef LtGroupedCall lt
     why_layout = _read_device_call(&c, a, b, group_offsets, out, layout, wgrad, &lt)
@@ -345,6 +348,16 @@ def describe_moe(a, b, group_offsets, out, *, str kind="forward", str w_layout="
     if route is not None and route in info["routes"]:
         info.update(chosen=route, decided_by="asked", syncs=route == "host_offsets",
                     why_chosen="the call's route= asks for it, and it applies")
+    return _with_policy(info, lt.dtype, math, autotune, determinism)
+
+
+cdef dict _with_policy(dict info, cudaDataType dtype, object math, object autotune, object determinism):
+    """describe_moe's policy keys: the call's determinism mode, compute type and autotune level."""
+    cdef Policy policy
+    call_policy(autotune, determinism, &policy)
+    info.update(determinism=determinism_name(policy),
+                compute=compute_name(compute_type(dtype, parse_math(math))),
+                autotune=autotune_name(policy))
     return info
 
 

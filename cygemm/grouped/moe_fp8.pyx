@@ -25,6 +25,7 @@ from cygemm.kernels.grouped cimport CYGEMM_RAGGED_N
 from cygemm.engine.types cimport MatrixView, ArrayDesc
 from cygemm.engine.arrays cimport read_fp8, read_array, view_from_desc, is_torch
 from cygemm.engine.errors import check_flag
+from cygemm.engine.arrays cimport Addresses, layout_operand
 from libc.stdint cimport uintptr_t
 from cygemm.engine.args cimport (CallArgs, args_init, add_array, add_view, add_scalar, check_overlaps, prepare_call,
                                  ARG_READ, ARG_WRITE, CALL_KERNELS)
@@ -331,7 +332,8 @@ def describe_moe_scaled(x, w, scale_x, scale_w, group_offsets, out, *, format_x=
     Parameters
     ----------
     x, w, scale_x, scale_w, group_offsets, out, format_x, format_w, fast_accum, workspace
-        As :func:`moe_scaled_gemm`, or stand-ins described but never read.
+        As :func:`moe_scaled_gemm`, or stand-ins read for their layout only: NumPy arrays, torch
+        CPU tensors or ``(shape, dtype)`` pairs, as :func:`cygemm.describe_gemm` takes them.
     route, check_offsets
         As :func:`moe_scaled_gemm`, checked as it checks them; a ``route`` that applies is the
         one described.
@@ -354,6 +356,11 @@ def describe_moe_scaled(x, w, scale_x, scale_w, group_offsets, out, *, format_x=
     capturing = check_flag(capturing, "capturing")
     check_route(route, ("loop",))
     check_stream_arg(stream)
+    cdef Addresses addresses = Addresses()
+    x, w, scale_x, scale_w, out = [None if v is None else layout_operand(v, n, addresses) for v, n in
+                                   zip((x, w, scale_x, scale_w, out), ("x", "w", "scale_x", "scale_w", "out"))]
+    if workspace is not None:
+        workspace = layout_operand(workspace, "workspace", addresses)
     cdef CallArgs c
     cdef LtGroupedCall lt
     why_layout = _read(&c, x, w, scale_x, scale_w, group_offsets, out, format_x, format_w, fast_accum, workspace, &lt)

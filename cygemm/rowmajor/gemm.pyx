@@ -337,12 +337,12 @@ def describe_gemm(A, B, out=None, *, trans_a=False, trans_b=False, alpha=1.0, be
         ``cublas_a``, ``cublas_b``, ``why``; then ``opa``, ``opb``, ``m``, ``n``, ``k``,
         ``lda``, ``ldb``, ``ldc``, ``stride_a``, ``stride_b``, ``stride_c`` and the pointers
         ``a``, ``b``, ``c`` (None for a (shape, dtype) pair and for out=None's result), and
-        ``compute`` (the compute type: "tf32", "fp32", "fp64" or "int32"), ``autotune`` (the
-        call's level), ``route`` ("kernel": cygemm's kernel for batches of small matrices;
-        "cublas"; "timed": both timed on the first call).
-        Then ``strided_batched`` (``cublasGemmStridedBatchedEx`` rather than
-        ``cublasGemmEx``) and ``int64_api`` (a size or leading dimension past 2**31 - 1: the
-        ``_64`` API).
+        ``compute`` (the compute type: "tf32", "fp32", "fp64" or "int32") and ``autotune`` (the
+        level the call runs at: a determinism mode other than "off" runs at "auto"). Then
+        ``strided_batched`` (``cublasGemmStridedBatchedEx`` rather than ``cublasGemmEx``),
+        ``int64_api`` (a size or leading dimension past 2**31 - 1: the ``_64`` API) and
+        ``route`` ("kernel": cygemm's kernel for batches of small matrices; "cublas"; "timed":
+        both timed on the first call).
 
     Raises
     ------

@@ -360,7 +360,7 @@ def describe_matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=No
         ``c`` (ints: device addresses, or a NumPy array's host address; None for a
         ``(shape, dtype)`` pair and for out=None's new result, which have no memory).
         Then ``compute`` ("tf32", "fp32" or "fp64": the compute type ``math`` gives this
-        dtype), ``autotune`` (the call's level) and ``route``: "kernel" where cygemm's kernel
+        dtype), ``autotune`` (the level the call runs at: a determinism mode runs at "auto") and ``route``: "kernel" where cygemm's kernel
         for batches of small matrices runs the call, "cublas", or "timed" (both are timed on
         the first call and the faster kept).
 

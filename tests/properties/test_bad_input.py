@@ -117,6 +117,12 @@ def fn(name):
 
 # (function, build(mk) -> (args, kwargs), exception, words the message must hold, CPU-checkable)
 # Words are matched case-sensitively; the first always names the argument.
+def _cai_with_data(data):
+    x = FakeDeviceArray((4, 3))
+    x.__cuda_array_interface__["data"] = data
+    return x
+
+
 def _layer(mk):
     return mk.arr((M, K)), mk.arr((K, N)), mk.out((M, N))
 
@@ -494,6 +500,10 @@ CASES = {
                                          ValueError, ["A:", "negative extent", "(-4, 3)"], True),
     "describe_gemm/CAI strides of floats": ("describe_gemm", lambda mk: (
         (FakeDeviceArray((4, 3), strides=(12.0, 4.0)), mk.arr((3, 2))), {}), TypeError, ["A:", "strides", "(12.0, 4.0)"], True),
+    "describe_gemm/CAI data not a pointer": ("describe_gemm", lambda mk: ((_cai_with_data(None), mk.arr((3, 2))), {}),
+                                             TypeError, ["A:", "data must be (pointer", "None"], True),
+    "describe_gemm/CAI negative pointer": ("describe_gemm", lambda mk: ((_cai_with_data((-5, False)), mk.arr((3, 2))), {}),
+                                           TypeError, ["A:", "data must be (pointer", "(-5, False)"], True),
     "grouped_gemm/one array as the groups": ("grouped_gemm", lambda mk: ((mk.arr((4, 3)), [mk.arr((3, 5))], None), {}),
                                              TypeError, ["As:", "one per group", "one array"], True),
     "forward_into/with_bias a string": ("forward_into", lambda mk: (_layer(mk), {"with_bias": "no"}),

@@ -422,3 +422,28 @@ def test_a_torch_cpu_tensor_is_described_as_its_numpy_view():
     want = cygemm.describe_matmul(a.numpy(), w.numpy().T)
     assert got == want
     assert cygemm.describe_gemm(a.to(torch.bfloat16), w.to(torch.bfloat16).T)["ldb"] == 8
+
+
+def test_describe_moe_reports_the_calls_policy_and_takes_host_offsets_as_its_route():
+    x, w, o = np.zeros((10, 8), np.float32), np.zeros((2, 8, 4), np.float32), np.zeros((10, 4), np.float32)
+    d = cygemm.describe_moe(x, w, [0, 4, 10], o, route="host_offsets", math="fp32", determinism="run_to_run")
+    assert (d["determinism"], d["compute"], d["autotune"]) == ("run_to_run", "fp32", "auto")
+    assert d["offsets"] == "host" and d["chosen"] in d["routes"]
+
+
+def test_describe_moe_scaled_takes_pairs_and_host_arrays():
+    offsets = np.array([0, 3, 3, 10], np.int32)
+    d = cygemm.describe_moe_scaled(((10, 32), "e4m3"), ((3, 16, 32), "e4m3"), ((), "float32"), ((3,), "float32"),
+                                   offsets, ((10, 16), "bfloat16"))
+    assert (d["offsets"], d["chosen"]) == ("host", "loop")
+    d2 = cygemm.describe_moe_scaled(np.zeros((10, 32), np.uint8), np.zeros((3, 16, 32), np.uint8),
+                                    np.ones((), np.float32), np.ones(3, np.float32), offsets,
+                                    np.zeros((10, 16), np.float32), format_x="e4m3", format_w="e4m3")
+    assert d2["chosen"] == "loop"
+
+
+def test_fp8_out_dtype_and_format_out_that_disagree_are_refused():
+    a, b, s = _fp8_operands()
+    with pytest.raises(ValueError, match="format_out: 'e4m3' contradicts out_dtype='bfloat16'"):
+        fp8.describe_scaled_matmul(a, b, s, s, format_a="e4m3", format_b="e4m3", out_dtype="bfloat16",
+                                   format_out="e4m3")
