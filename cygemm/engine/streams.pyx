@@ -37,11 +37,9 @@ cdef uintptr_t _torch_current_stream_ptr() except? 0:
 
 
 cdef int check_stream_arg(object stream) except -1:
-    """The stream rules of stream_from_object, without resolving the stream (describe_*: no GPU)."""
-    if stream is None or hasattr(stream, "ptr") or hasattr(stream, "__cuda_stream__") or hasattr(stream, "cuda_stream"):
-        return 0
+    """stream_from_object's rules, without asking for a current stream (describe_*: no GPU)."""
     cdef cudaStream_t unused
-    return stream_from_object(stream, &unused)     # (an int is checked there; anything else refused)
+    return 0 if stream is None else stream_from_object(stream, &unused)
 
 
 cdef int stream_from_object(object stream, cudaStream_t* out, bint torch_arrays=False) except -1:
