@@ -97,9 +97,77 @@ def gpu_unavailable_reason() -> "str | None":
     return _context.gpu_unavailable_reason()
 
 
-# torch's operators (torch.ops.cygemm.*, for torch.compile) are defined by cygemm.autograd, which
-# imports torch: where torch is imported already, they exist once cygemm is imported too.
+# ---------------------------------------------------------------- torch, in either order of imports
+# cygemm's torch integration loads once torch is imported, whichever of the two comes first:
+# torch imported, cygemm.autograd (torch's operators, torch.ops.cygemm.*); torch._dynamo
+# imported (torch.compile and torch._dynamo.explain import it), cygemm.autograd.traced
+# (Dynamo's stand-ins for the public functions). A module imported already is followed at
+# once; one not imported yet is watched by a finder on _sys.meta_path that lets the usual
+# finders find it and runs cygemm's module right after it has run, and leaves _sys.meta_path
+# once both are loaded. So import cygemm never imports torch, nor Dynamo (about a second).
+import importlib as _importlib
+import importlib.abc as _abc
 import sys as _sys
-if "torch" in _sys.modules:
-    import cygemm.autograd  # noqa: E402,F401
-del _sys
+import warnings as _warnings
+
+# torch's module -> cygemm's module that follows it.
+_FOLLOWERS = {"torch": "cygemm.autograd", "torch._dynamo": "cygemm.autograd.traced"}
+_pending = {}
+
+
+def _follow(name):
+    try:
+        _importlib.import_module(name)
+    except Exception as exc:        # a torch cygemm cannot extend must still import
+        _warnings.warn(f"cygemm: {name} could not be loaded, so torch runs without it ({type(exc).__name__}: {exc})",
+                      RuntimeWarning, stacklevel=2)
+
+
+class _Follower(_abc.MetaPathFinder):
+    """Finds nothing itself: for a watched module, asks the finders after it and makes the
+    loader they give run cygemm's follower once the module has run."""
+
+    def find_spec(self, fullname, path, target=None):
+        follower = _pending.get(fullname)
+        if follower is None:
+            return None
+        spec = None
+        for finder in _sys.meta_path:
+            find = getattr(finder, "find_spec", None) if finder is not self else None
+            if find is not None and (spec := find(fullname, path, target)) is not None:
+                break
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        del _pending[fullname]
+        if not _pending and self in _sys.meta_path:
+            _sys.meta_path.remove(self)
+        run = loader.exec_module
+
+        def exec_module(module):
+            try:                    # (the loader's own method back: it may load other modules too)
+                del loader.exec_module
+            except AttributeError:
+                pass
+            run(module)
+            _follow(follower)
+
+        loader.exec_module = exec_module
+        return spec
+
+
+_torch_finder = _Follower()
+
+
+def _follow_torch():
+    """Load each follower whose torch module is imported; watch for the others."""
+    for name, follower in _FOLLOWERS.items():
+        if name in _sys.modules:
+            _follow(follower)
+        else:
+            _pending[name] = follower
+    if _pending and _torch_finder not in _sys.meta_path:
+        _sys.meta_path.insert(0, _torch_finder)
+
+
+_follow_torch()

@@ -32,15 +32,12 @@ except ImportError as exc:          # only a torch user gets here (cygemm.matmul
 from torch.autograd.function import once_differentiable
 
 from cygemm.engine.dtypes import LEVELS, expected
-from cygemm.dense import activation_table, backward_into, forward_into, parse_activation
+from cygemm.dense import backward_into, backward_reads, forward_into
 from cygemm.rowmajor.matmul import _set_grad_path, matmul as _matmul
 
 __all__ = ["MatmulFunction", "LinearFunction", "linear", "linear_backward", "ops"]
 
 _DENSE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# Activations whose derivative the output fixes: the backward reads y, no Z is saved.
-_FROM_OUTPUT = {row["code"] for row in activation_table() if row["grad_from_output"]}
-_SLOPED = {row["code"] for row in activation_table() if row["takes_slope"]}     # (from y only when slope > 0)
 
 
 def _cuda_tensor(x, name):
@@ -174,15 +171,12 @@ def _name(dtype):
     return str(dtype).replace("torch.", "")
 
 
-def _saves(act, leaky_slope):
-    """What the backward reads besides x and weight: "z" (the pre-activation), "y" (the
-    output) or None (act "none")."""
-    code = parse_activation(act)
-    if code == 0:
-        return None
-    if code in _FROM_OUTPUT and (code not in _SLOPED or leaky_slope > 0):
-        return "y"
-    return "z"
+# The float results the FP8 and MoE operators make, by torch's names.
+_OUT_DTYPES = {_name(t): t for t in (torch.bfloat16, torch.float16, torch.float32)}
+
+
+# What the backward reads besides x and weight: "z", "y" or None (the dense layer's rule).
+_saves = backward_reads
 
 
 def _dense_forward(x, weight, bias, act, leaky_slope, math, autotune, save_z):
@@ -335,4 +329,4 @@ def linear(x, weight, bias=None, *, act="none", leaky_slope=0.01, math="tf32", a
     return _dense_forward(x, weight, bias, act, leaky_slope, math, autotune, False)[0]
 
 
-from cygemm.autograd import ops  # noqa: E402  (registers torch.ops.cygemm.*; needs the names above)
+from cygemm.autograd import into_ops, ops  # noqa: E402,F401  (registers torch.ops.cygemm.*; needs the names above)

@@ -6,6 +6,7 @@ one of its routes (cygemm.dense.routes: cuBLASLt epilogues, a GEMM and cygemm's 
 stream or two). Large problems time the routes that apply once and keep the fastest (the
 tuning table, which tuning files save); small ones take a fixed rule.
 """
+cimport cython
 from libc.stdint cimport int64_t
 
 from cygemm.bindings.cudart cimport *
@@ -70,6 +71,9 @@ def layer_shape(A, B):
 
 # ---------------------------------------------------------------- forward
 
+@cython.binding(False)             # a builtin function: torch.compile takes its stand-in (cygemm.autograd.traced)
+@cython.embedsignature(True)
+@cython.embedsignature.format("clinic")   # (inspect.signature reads it)
 def forward_into(A, B, out, bias=None, *, with_bias=True, act="none", leaky_slope=0.01,
                  save_z=False, z_out=None, lt_workspace=None, str math="tf32", stream=None,
                  autotune=None, determinism=None):

@@ -2,4 +2,5 @@
 from typing import Dict
 
 OUT_DTYPES: Dict[str, int]
+DEFAULT_OUT: str
 SCALE_MODES: Dict[str, int]

@@ -46,7 +46,7 @@ from cygemm.engine.dtypes import names, expected
 #: What out_dtype= takes: the float types by name, the FP8 formats by their short names.
 OUT_DTYPES = {**{n: v[0] for n, v in by_name(DTYPES_FLOAT).items()}, **FP8_FORMATS}
 _FP8_NAMES = names(DTYPES_BYTES) + names(DTYPES_FP8)      # (the dtypes that hold FP8 codes)
-_DEFAULT_OUT = dtype_name(CUDA_R_16BF)      # an FP8 GEMM's output unless told: bfloat16, as torch._scaled_mm's
+DEFAULT_OUT = dtype_name(CUDA_R_16BF)      # an FP8 GEMM's output unless told: bfloat16, as torch._scaled_mm's
 #: scale_mode's names, by cuBLASLt mode.
 SCALE_MODES = {"tensor": SCALE_TENSOR, "rowwise": SCALE_OUTER, "1x128": SCALE_1X128, "128x128": SCALE_128X128}
 _MODE_NAMES = {v: k for k, v in SCALE_MODES.items()}
@@ -333,7 +333,7 @@ cdef int read_scaled(CallArgs* c, ScaledCall* s, object a, object b, object scal
             raise ValueError(f"out: expected a row-major array (unit stride along the last axis), got "
                              f"element strides ({vo.row_stride}, {vo.col_stride})")
     else:
-        d_name = out_dtype if out_dtype is not None else (format_out if format_out is not None else _DEFAULT_OUT)
+        d_name = out_dtype if out_dtype is not None else (format_out if format_out is not None else DEFAULT_OUT)
         if d_name not in OUT_DTYPES:
             raise ValueError(f"format_out: expected {FORMATS_EXPECTED}, got {d_name!r}")
         vo.dtype = OUT_DTYPES[d_name]

@@ -1,6 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """FP8 GEMMs through cuBLASLt: scaled_matmul, describe_scaled_matmul and ScaledMatmulPlan (the
 public calls are cygemm.fp8's; this package's docstring says what they do)."""
+cimport cython
 from libc.stdint cimport int64_t
 from libc.string cimport memset
 
@@ -99,6 +100,9 @@ cdef int scaled_gemm_rowmajor(GemmContext* ctx, cudaStream_t stream, cudaDataTyp
     return 0
 
 
+@cython.binding(False)             # a builtin function: torch.compile takes its stand-in (cygemm.autograd.traced)
+@cython.embedsignature(True)
+@cython.embedsignature.format("clinic")   # (inspect.signature reads it)
 def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None, act="none",
                   scale_out=None, amax_out=None, format_a=None, format_b=None, format_out=None,
                   fast_accum=False, scale_mode=None, determinism=None, stream=None, autotune=None):

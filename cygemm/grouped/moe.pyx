@@ -10,6 +10,7 @@ offsets read at replay) and reading the offsets to the host once ("host_offsets"
 the host routes; not inside a capture). Every argument is read and checked before anything is
 enqueued, the offsets' values aside (they stay on the GPU: ``check_offsets=True`` reads them).
 """
+cimport cython
 from libc.stdint cimport int64_t
 
 from cygemm.engine.streams cimport check_stream_arg
@@ -37,6 +38,9 @@ import functools
 _NAMES = tuple(ROUTES)
 
 
+@cython.binding(False)             # a builtin function: torch.compile takes its stand-in (cygemm.autograd.traced)
+@cython.embedsignature(True)
+@cython.embedsignature.format("clinic")   # (inspect.signature reads it)
 def moe_gemm(x, w, group_offsets, out, *, str w_layout="kn", str math="tf32", stream=None, route=None,
              autotune=None, determinism=None, check_offsets=False):
     """Mixture-of-experts GEMM: out[a:b] = x[a:b] @ w[g] for expert g's rows a:b of sorted tokens.
@@ -103,6 +107,9 @@ def moe_gemm(x, w, group_offsets, out, *, str w_layout="kn", str math="tf32", st
     return out
 
 
+@cython.binding(False)             # a builtin function: torch.compile takes its stand-in (cygemm.autograd.traced)
+@cython.embedsignature(True)
+@cython.embedsignature.format("clinic")   # (inspect.signature reads it)
 def moe_gemm_wgrad(x, dy, group_offsets, dw, *, str dw_layout="kn", str math="tf32", stream=None, route=None,
                    autotune=None, determinism=None, check_offsets=False):
     """The weight gradient of a mixture-of-experts GEMM: dw[g] = x[a:b].T @ dy[a:b] for expert g's

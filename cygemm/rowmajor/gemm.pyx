@@ -2,6 +2,7 @@
 """Row-major GEMM and strided-batched GEMM by operand swap (no copies, through the engine's
 mapping): the C entry points and the gemm / gemm_strided_batched / int_mm / describe_gemm
 surface over the plan layer; the arguments are read by cygemm.engine.operands."""
+cimport cython
 from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.engine.streams cimport check_stream_arg
@@ -149,6 +150,9 @@ cdef object _run(object A, object B, object out, object trans_a, object trans_b,
     return out
 
 
+@cython.binding(False)             # a builtin function: torch.compile takes its stand-in (cygemm.autograd.traced)
+@cython.embedsignature(True)
+@cython.embedsignature.format("clinic")   # (inspect.signature reads it)
 def gemm(A, B, out=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
          str math="tf32", stream=None, autotune=None, determinism=None):
     """out = alpha * op(A) @ op(B) + beta * out, one cuBLAS GEMM on 2-D device arrays.
@@ -216,6 +220,9 @@ def gemm(A, B, out=None, *, trans_a=False, trans_b=False, alpha=1.0, beta=0.0,
     return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, autotune, determinism, False)
 
 
+@cython.binding(False)             # a builtin function: torch.compile takes its stand-in (cygemm.autograd.traced)
+@cython.embedsignature(True)
+@cython.embedsignature.format("clinic")   # (inspect.signature reads it)
 def gemm_strided_batched(A, B, out=None, *, trans_a=False, trans_b=False, alpha=1.0,
                          beta=0.0, str math="tf32", stream=None, autotune=None, determinism=None):
     """out[i] = alpha * op(A[i]) @ op(B[i]) + beta * out[i] for every i of a batch.
@@ -253,6 +260,9 @@ def gemm_strided_batched(A, B, out=None, *, trans_a=False, trans_b=False, alpha=
     return _run(A, B, out, trans_a, trans_b, alpha, beta, math, stream, autotune, determinism, True)
 
 
+@cython.binding(False)             # a builtin function: torch.compile takes its stand-in (cygemm.autograd.traced)
+@cython.embedsignature(True)
+@cython.embedsignature.format("clinic")   # (inspect.signature reads it)
 def int_mm(A, B, out=None, *, stream=None, autotune=None, determinism=None):
     """out = A @ B for int8 matrices, summed exactly in int32 on the integer tensor cores.
 

@@ -8,6 +8,7 @@ GEMM (the others, if any, a loop of such calls with no copy). What a call copies
 allocates is decided once, from the layouts, before anything runs (_batch_layout's
 decide_copies); then it runs.
 """
+cimport cython
 from libc.stdint cimport int64_t, uintptr_t
 
 from cygemm.engine.streams cimport check_stream_arg
@@ -149,6 +150,9 @@ cdef int _check_call(CallArgs* c, const ArrayDesc* da, const ArrayDesc* db, cons
     return prepare_call(c, CALL_GEMM, stream, math, t, False)
 
 
+@cython.binding(False)             # a builtin function: torch.compile takes its stand-in (cygemm.autograd.traced)
+@cython.embedsignature(True)
+@cython.embedsignature.format("clinic")   # (inspect.signature reads it)
 def matmul(a, b, out=None, *, str math="tf32", stream=None, autotune=None, determinism=None):
     """Matrix product with NumPy's ``matmul`` semantics, on CUDA arrays, through cuBLAS.
 

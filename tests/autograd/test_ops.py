@@ -242,8 +242,8 @@ def cpu_standins(monkeypatch):
             dw[g] = xs.T @ ds if dw_layout == "kn" else ds.T @ xs
         return dw
 
-    monkeypatch.setattr(ops.grouped, "moe_gemm", fake_moe)
-    monkeypatch.setattr(ops.grouped, "moe_gemm_wgrad", fake_wgrad)
+    monkeypatch.setattr(cygemm.grouped, "moe_gemm", fake_moe)
+    monkeypatch.setattr(cygemm.grouped, "moe_gemm_wgrad", fake_wgrad)
     monkeypatch.setattr(ops.cygemm, "matmul", fake_matmul)
     monkeypatch.setattr(ops, "_stream_of", lambda x: 0)
     monkeypatch.setattr(ops, "_dense_forward", dense_forward)
