@@ -19,6 +19,7 @@ mkdir -p "$OUT_DIR"
 LOGS=$(mktemp -d)
 trap 'tar -czf "$OUT_DIR/logs.tar.gz" -C "$LOGS" . 2>/dev/null' EXIT
 export PYTHONUNBUFFERED=1
+export XLA_PYTHON_CLIENT_PREALLOCATE=false     # JAX shares the GPU with CuPy and torch in the tests
 export CYGEMM_GPU_PROPERTY_EXAMPLES=${CYGEMM_GPU_PROPERTY_EXAMPLES:-500}
 export CYGEMM_CUDA_ARCHS=${CYGEMM_CUDA_ARCHS:-90}   # the device is an H200; one arch builds fastest
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)

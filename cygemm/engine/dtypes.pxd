@@ -39,25 +39,26 @@ cdef extern from *:
        type, the C matrix's and the epilogue bias's types (cuBLASLt's rule; -1: no FP8 GEMM
        writes it); ktail: whether the K-tail guard covers GEMMs of this type (where the defect
        was measured); fp8_self: whether an FP8 GEMM takes this type for both operands
-       (cuBLASLt has no E5M2 x E5M2 kernel). */
+       (cuBLASLt has no E5M2 x E5M2 kernel); xla: XLA's element type code (its FFI's
+       XLA_FFI_DataType, what cygemm.jax's handlers read). */
     typedef struct {
         int cuda; int size; const char* name; int level; int listed; char kind;
         int dl_code; int dl_bits; const char* typestr; int compute_fast; int compute_strict;
-        const char* alias; double max_finite; int promote; int fp8_c; int fp8_bias; int ktail; int fp8_self;
+        const char* alias; double max_finite; int promote; int fp8_c; int fp8_bias; int ktail; int fp8_self; int xla;
     } cg_dtype_row;
     static const cg_dtype_row cg_DTYPES[] = {
-        {CUDA_R_16F, 2, "float16", 0, 1, 'f', 2, 16, "<f2", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "", 0.0, 1, CUDA_R_16F, CUDA_R_16F, 1, 0},
-        {CUDA_R_16BF, 2, "bfloat16", 0, 1, 'f', 4, 16, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "", 0.0, 1, CUDA_R_16BF, CUDA_R_16BF, 1, 0},
-        {CUDA_R_32F, 4, "float32", 0, 1, 'f', 2, 32, "<f4", CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F, "", 0.0, 2, CUDA_R_32F, CUDA_R_16BF, 0, 0},
-        {CUDA_R_64F, 8, "float64", 1, 1, 'f', 2, 64, "<f8", CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_64F, "", 0.0, 3, -1, -1, 0, 0},
-        {CUDA_C_32F, 8, "complex64", 1, 1, 'c', 5, 64, "<c8", CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F, "", 0.0, 2, -1, -1, 0, 0},
-        {CUDA_C_64F, 16, "complex128", 1, 1, 'c', 5, 128, "<c16", CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_64F, "", 0.0, 3, -1, -1, 0, 0},
-        {CUDA_R_8I, 1, "int8", 2, 1, 'i', 0, 8, "|i1", CUBLAS_COMPUTE_32I, CUBLAS_COMPUTE_32I, "", 0.0, 0, -1, -1, 0, 0},
-        {CUDA_R_32I, 4, "int32", 2, 0, 'i', 0, 32, "<i4", -1, -1, "", 0.0, 0, -1, -1, 0, 0},
-        {CUDA_R_8F_E4M3, 1, "float8_e4m3fn", 3, 1, '8', -1, 8, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "e4m3", 448.0, 0, CUDA_R_16BF, CUDA_R_16BF, 0, 1},
-        {CUDA_R_8F_E5M2, 1, "float8_e5m2", 3, 1, '8', -1, 8, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "e5m2", 57344.0, 0, CUDA_R_16BF, CUDA_R_16BF, 0, 0},
-        {CUDA_R_8U, 1, "uint8", 4, 0, 'u', 1, 8, "|u1", -1, -1, "", 0.0, 0, -1, -1, 0, 0},
-        {CUDA_R_64I, 8, "int64", 5, 0, 'i', 0, 64, "<i8", -1, -1, "", 0.0, 0, -1, -1, 0, 0},
+        {CUDA_R_16F, 2, "float16", 0, 1, 'f', 2, 16, "<f2", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "", 0.0, 1, CUDA_R_16F, CUDA_R_16F, 1, 0, 10},
+        {CUDA_R_16BF, 2, "bfloat16", 0, 1, 'f', 4, 16, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "", 0.0, 1, CUDA_R_16BF, CUDA_R_16BF, 1, 0, 16},
+        {CUDA_R_32F, 4, "float32", 0, 1, 'f', 2, 32, "<f4", CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F, "", 0.0, 2, CUDA_R_32F, CUDA_R_16BF, 0, 0, 11},
+        {CUDA_R_64F, 8, "float64", 1, 1, 'f', 2, 64, "<f8", CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_64F, "", 0.0, 3, -1, -1, 0, 0, 12},
+        {CUDA_C_32F, 8, "complex64", 1, 1, 'c', 5, 64, "<c8", CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_COMPUTE_32F, "", 0.0, 2, -1, -1, 0, 0, 15},
+        {CUDA_C_64F, 16, "complex128", 1, 1, 'c', 5, 128, "<c16", CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_64F, "", 0.0, 3, -1, -1, 0, 0, 18},
+        {CUDA_R_8I, 1, "int8", 2, 1, 'i', 0, 8, "|i1", CUBLAS_COMPUTE_32I, CUBLAS_COMPUTE_32I, "", 0.0, 0, -1, -1, 0, 0, 2},
+        {CUDA_R_32I, 4, "int32", 2, 0, 'i', 0, 32, "<i4", -1, -1, "", 0.0, 0, -1, -1, 0, 0, 4},
+        {CUDA_R_8F_E4M3, 1, "float8_e4m3fn", 3, 1, '8', -1, 8, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "e4m3", 448.0, 0, CUDA_R_16BF, CUDA_R_16BF, 0, 1, 20},
+        {CUDA_R_8F_E5M2, 1, "float8_e5m2", 3, 1, '8', -1, 8, "", CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F, "e5m2", 57344.0, 0, CUDA_R_16BF, CUDA_R_16BF, 0, 0, 19},
+        {CUDA_R_8U, 1, "uint8", 4, 0, 'u', 1, 8, "|u1", -1, -1, "", 0.0, 0, -1, -1, 0, 0, 6},
+        {CUDA_R_64I, 8, "int64", 5, 0, 'i', 0, 64, "<i8", -1, -1, "", 0.0, 0, -1, -1, 0, 0, 5},
     };
     enum { cg_N_DTYPES = sizeof(cg_DTYPES) / sizeof(cg_DTYPES[0]) };
     static inline const cg_dtype_row* cg_dtype_at(int i) { return &cg_DTYPES[i]; }
@@ -71,7 +72,7 @@ cdef extern from *:
     """
     ctypedef struct cg_dtype_row:
         int cuda, size, level, listed, dl_code, dl_bits, compute_fast, compute_strict, promote, fp8_c, fp8_bias, ktail
-        int fp8_self
+        int fp8_self, xla
         const char* name
         const char* typestr
         const char* alias

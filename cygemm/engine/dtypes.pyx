@@ -16,7 +16,7 @@ cdef list _rows():
                          kind=chr(r.kind), dlpack=(r.dl_code, r.dl_bits) if r.dl_code >= 0 else None,
                          typestr=r.typestr.decode() or None, alias=r.alias.decode() or None,
                          compute=(r.compute_fast, r.compute_strict) if r.compute_fast >= 0 else None,
-                         max_finite=r.max_finite or None))
+                         max_finite=r.max_finite or None, xla=r.xla))
     return rows
 
 

@@ -1,0 +1,341 @@
+"""cygemm inside ``jax.jit``: its GEMMs as XLA custom calls (XLA's FFI), on NVIDIA GPUs.
+
+    import cygemm.jax as cj
+
+    y = cj.matmul(a, b, determinism="batch_invariant")        # jnp.matmul's meaning
+    h = cj.dense(x, kernel, bias, act="gelu")                  # act(x @ kernel + bias)
+    out = cj.ragged_dot(tokens, experts, group_sizes)         # jax.lax.ragged_dot's meaning
+    y = cj.scaled_matmul(a8, b8, sa, sb, scale_mode="1x128")   # FP8, DeepSeek's block scales
+    c = cj.int_mm(a8, b8)                                      # int8 x int8 -> exact int32
+
+Importing this module registers cygemm's FFI targets with JAX for the CUDA platform. Each
+function gives XLA the result's shape and dtype without running (its abstract evaluation);
+``matmul``, ``dense`` and ``ragged_dot`` are differentiable (``jax.grad``, ``jax.vjp``;
+``ragged_dot``'s weight gradient is the ragged-K grouped GEMM); under ``jax.vmap``, ``matmul``
+batches by broadcasting (one call), the others call once per batch element. A call runs on
+XLA's stream; its results are XLA's buffers, written in place. The handlers are built with
+cygemm (no jaxlib at build time); each execution takes the GIL for cygemm's checks and plan,
+as an eager call does. They are not marked for XLA's command buffers (cygemm keeps one
+cuBLASLt workspace per stream of its own), so XLA runs them between its captured graphs.
+"""
+from functools import partial
+
+try:
+    import jax
+except ImportError as exc:          # (cygemm itself needs no JAX)
+    raise ImportError("cygemm.jax needs JAX with CUDA (pip install 'jax[cuda13]', or cygemm's 'jax' extra)") from exc
+import jax.numpy as jnp
+import numpy as np
+
+from cygemm.dense import backward_reads
+from cygemm.engine.dtypes import row_of_name
+from cygemm.jax import targets as _targets  # noqa: F401  (gives the handlers their runners)
+from cygemm.jax.ffi import TARGETS, capsules
+
+__all__ = ["matmul", "dense", "int_mm", "scaled_matmul", "ragged_dot", "TARGETS"]
+
+for _name, _capsule in capsules().items():
+    jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
+
+_COLUMNS = (1, 0)       # a 2-D operand's layout, major-to-minor: column-major (read along its rows' axis)
+
+
+def _policy(autotune, determinism):
+    """The options as the handlers' string attributes ("": not given)."""
+    return dict(autotune=autotune or "", determinism=determinism or "")
+
+
+def _sum_to(x, shape):
+    """x summed over the axes that broadcasting added or stretched to reach x's shape."""
+    lead = x.ndim - len(shape)
+    x = x.sum(axis=tuple(range(lead))) if lead else x
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1)
+    return x.sum(axis=axes, keepdims=True) if axes else x
+
+
+# ---------------------------------------------------------------- matmul
+
+@partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _matmul(a, b, math, autotune, determinism):
+    shape = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    call = jax.ffi.ffi_call("cygemm_matmul", jax.ShapeDtypeStruct(shape, a.dtype), vmap_method="broadcast_all")
+    return call(a, b, math=math, **_policy(autotune, determinism))
+
+
+def _matmul_fwd(a, b, math, autotune, determinism):
+    return _matmul(a, b, math, autotune, determinism), (a, b)
+
+
+def _matmul_bwd(math, autotune, determinism, saved, g):
+    # JAX's cotangents of a @ b (transposes, not conjugates, for complex operands too)
+    a, b = saved
+    ga = _matmul(g, jnp.swapaxes(b, -1, -2), math, autotune, determinism)
+    gb = _matmul(jnp.swapaxes(a, -1, -2), g, math, autotune, determinism)
+    return _sum_to(ga, a.shape), _sum_to(gb, b.shape)
+
+
+_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+def matmul(a, b, *, math="tf32", autotune=None, determinism=None):
+    """``jnp.matmul(a, b)`` through :func:`cygemm.matmul`, inside ``jax.jit`` or not.
+
+    Parameters
+    ----------
+    a, b : jax.Array
+        float16, bfloat16, float32, float64, complex64 or complex128 (mixed dtypes are promoted
+        as jnp does, first); 1-D operands and broadcast batch axes as ``jnp.matmul``.
+    math, autotune, determinism
+        As :func:`cygemm.matmul`.
+
+    Returns
+    -------
+    jax.Array
+        The product; differentiable in a and b.
+    """
+    a, b = jnp.asarray(a), jnp.asarray(b)
+    if a.ndim == 0 or b.ndim == 0:
+        raise ValueError(f"{'a' if a.ndim == 0 else 'b'}: matmul needs at least 1 dimension, got a 0-D array")
+    dtype = jnp.result_type(a, b)
+    a, b = a.astype(dtype), b.astype(dtype)
+    y = _matmul(a[None] if a.ndim == 1 else a, b[:, None] if b.ndim == 1 else b, math, autotune, determinism)
+    if b.ndim == 1:
+        y = y[..., 0]
+    if a.ndim == 1:
+        y = y[..., 0, :] if b.ndim > 1 else y[..., 0]
+    return y
+
+
+# ---------------------------------------------------------------- the dense layer
+
+def _dense_call(x, kernel, bias, act, leaky_slope, math, autotune, determinism, save_z):
+    m, n = x.shape[0], kernel.shape[1]
+    y = jax.ShapeDtypeStruct((m, n), x.dtype)
+    call = jax.ffi.ffi_call("cygemm_dense_forward", (y, y) if save_z else (y,), vmap_method="sequential")
+    args = (x, kernel) if bias is None else (x, kernel, bias)
+    return call(*args, act=act, leaky_slope=np.float64(leaky_slope), save_z=np.bool_(save_z), math=math,
+                **_policy(autotune, determinism))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
+def _dense(x, kernel, bias, act, leaky_slope, math, autotune, determinism):
+    return _dense_call(x, kernel, bias, act, leaky_slope, math, autotune, determinism, False)[0]
+
+
+def _dense_fwd(x, kernel, bias, act, leaky_slope, math, autotune, determinism):
+    saves = backward_reads(act, leaky_slope)
+    out = _dense_call(x, kernel, bias, act, leaky_slope, math, autotune, determinism, saves == "z")
+    return out[0], (x, kernel, bias is not None, out[1] if saves == "z" else (out[0] if saves == "y" else None))
+
+
+def _dense_bwd(act, leaky_slope, math, autotune, determinism, saved, gy):
+    x, kernel, has_bias, kept = saved
+    (m, k), n = x.shape, kernel.shape[1]
+    shapes = [jax.ShapeDtypeStruct((m, k), x.dtype), jax.ShapeDtypeStruct((k, n), x.dtype)]
+    if has_bias:
+        shapes.append(jax.ShapeDtypeStruct((n,), x.dtype))
+    if act != "none":           # dZ's scratch, from XLA
+        shapes.append(jax.ShapeDtypeStruct((m, n), x.dtype))
+    call = jax.ffi.ffi_call("cygemm_dense_backward", tuple(shapes), vmap_method="sequential")
+    grads = call(x, kernel, gy, gy if kept is None else kept, act=act, leaky_slope=np.float64(leaky_slope),
+                 has_bias=np.bool_(has_bias), saves=backward_reads(act, leaky_slope) or "", math=math,
+                 **_policy(autotune, determinism))
+    return grads[0], grads[1], grads[2] if has_bias else None
+
+
+_dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+def dense(x, kernel, bias=None, *, act="none", leaky_slope=0.01, math="tf32", autotune=None, determinism=None):
+    """A dense layer, ``act(x @ kernel + bias)``, through :func:`cygemm.dense.forward_into`
+    (the bias and activation fused into the GEMM's epilogue or cygemm's kernel), and its
+    gradients through :func:`cygemm.dense.backward_into`.
+
+    Parameters
+    ----------
+    x : jax.Array (..., K)
+        float32, float16 or bfloat16.
+    kernel : jax.Array (K, N)
+        x's dtype (flax's ``Dense`` kernel layout).
+    bias : jax.Array (N,), optional
+    act, leaky_slope, math, autotune, determinism
+        As :func:`cygemm.dense.forward_into`.
+
+    Returns
+    -------
+    jax.Array (..., N)
+        Differentiable in x, kernel and bias.
+    """
+    x, kernel = jnp.asarray(x), jnp.asarray(kernel)
+    backward_reads(act, leaky_slope)        # (an unknown activation: ValueError, before tracing further)
+    y = _dense(x.reshape(-1, x.shape[-1]), kernel, None if bias is None else jnp.asarray(bias), act,
+               float(leaky_slope), math, autotune, determinism)
+    return y.reshape(*x.shape[:-1], kernel.shape[1])
+
+
+# ---------------------------------------------------------------- int8 and FP8
+
+def int_mm(a, b, *, autotune=None, determinism=None):
+    """int8 ``a @ b`` summed exactly in int32, through :func:`cygemm.int_mm`.
+
+    Parameters
+    ----------
+    a : jax.Array (M, K), int8
+    b : jax.Array (K, N), int8
+        XLA hands it to cuBLAS column-major (read along K), transposing where it is laid out
+        otherwise (``w.T`` of a row-major (N, K) weight costs nothing).
+
+    Returns
+    -------
+    jax.Array (M, N), int32
+        Not differentiable.
+    """
+    call = jax.ffi.ffi_call("cygemm_int_mm", jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), jnp.int32),
+                            input_layouts=[None, _COLUMNS], vmap_method="sequential")
+    return call(a, b, **_policy(autotune, determinism))
+
+
+def _pad_k(grid, kb4, axis):
+    pad = [(0, 0), (0, 0)]
+    pad[axis] = (0, kb4 - grid.shape[axis])
+    return jnp.pad(grid, pad)
+
+
+def _scale_mode(scale_mode, scale_a, scale_b, m, n):
+    """(a's mode, b's mode): as given, or told by the scales' shapes (tensor or rowwise)."""
+    if scale_mode is not None:
+        return (scale_mode, scale_mode) if isinstance(scale_mode, str) else tuple(scale_mode)
+    if scale_a.size == 1 and scale_b.size == 1:
+        return ("tensor", "tensor")
+    if scale_a.shape == (m, 1) and scale_b.shape == (1, n):
+        return ("rowwise", "rowwise")
+    raise ValueError(f"scale_mode: the scales' shapes {scale_a.shape} and {scale_b.shape} are not per tensor nor "
+                     "rowwise; name the block modes (e.g. scale_mode=('1x128', '128x128'))")
+
+
+def scaled_matmul(a, b, scale_a, scale_b, *, out_dtype="bfloat16", bias=None, act="none", scale_out=None,
+                  return_amax=False, fast_accum=False, scale_mode=None, determinism=None, autotune=None):
+    """FP8 ``act(scale_a * scale_b * (a @ b) + bias)`` through :func:`cygemm.fp8.scaled_matmul`.
+
+    Parameters
+    ----------
+    a : jax.Array (M, K)
+        ``float8_e4m3fn`` or ``float8_e5m2``.
+    b : jax.Array (K, N)
+        FP8, not both E5M2; handed to cuBLASLt column-major (``w.T`` of a row-major (N, K) weight
+        costs nothing).
+    scale_a, scale_b : jax.Array, float32
+        Shaped as :func:`cygemm.fp8.scaled_matmul` takes them for each mode (per tensor, rowwise
+        (M, 1) and (1, N), "1x128" (M, ceil(K/128)) and (ceil(K/128), N), "128x128" (ceil(M/128),
+        ceil(K/128)) and (ceil(K/128), ceil(N/128))); their storage is arranged here as cuBLASLt
+        reads it.
+    out_dtype : {"bfloat16", "float16", "float32", "e4m3", "e5m2"}
+    bias : jax.Array (N,), optional
+        bfloat16 (float16 for a float16 result).
+    act : {"none", "relu", "gelu"}
+    scale_out : jax.Array, float32 scalar, optional
+        An FP8 result's quantizing scale.
+    return_amax : bool
+        Also return max |result| before ``scale_out`` (FP8 results), a float32 scalar.
+    fast_accum, scale_mode, determinism, autotune
+        As :func:`cygemm.fp8.scaled_matmul` (``scale_mode`` None: per tensor or rowwise, told
+        by the scales' shapes).
+
+    Returns
+    -------
+    jax.Array (M, N), or (result, amax) with ``return_amax``
+        Not differentiable.
+    """
+    row = row_of_name(out_dtype)
+    if row is None:
+        raise ValueError(f"out_dtype: expected a float or FP8 type name, got {out_dtype!r}")
+    m, k = a.shape
+    n = b.shape[1]
+    mode_a, mode_b = _scale_mode(scale_mode, scale_a, scale_b, m, n)
+    kb = -(-k // 128)
+    kb4 = -(-kb // 4) * 4
+    sa = scale_a.T if mode_a == "1x128" else (_pad_k(scale_a, kb4, 1) if mode_a == "128x128" else scale_a)
+    sb = _pad_k(scale_b.T, kb4, 1) if mode_b == "128x128" else scale_b
+    args = [a, b, sa, sb] + ([bias] if bias is not None else []) + ([scale_out] if scale_out is not None else [])
+    shapes = [jax.ShapeDtypeStruct((m, n), jnp.dtype(row["name"]))]
+    if return_amax:
+        shapes.append(jax.ShapeDtypeStruct((), jnp.float32))
+    layouts = [None, _COLUMNS] + [None] * (len(args) - 2)
+    call = jax.ffi.ffi_call("cygemm_scaled_matmul", tuple(shapes), input_layouts=layouts, vmap_method="sequential")
+    out = call(*args, act=act, fast_accum=np.bool_(fast_accum), scale_mode_a=mode_a if scale_mode else "",
+               scale_mode_b=mode_b if scale_mode else "", has_bias=np.bool_(bias is not None),
+               has_scale_out=np.bool_(scale_out is not None), has_amax=np.bool_(return_amax),
+               **_policy(autotune, determinism))
+    return tuple(out) if return_amax else out[0]
+
+
+# ---------------------------------------------------------------- ragged_dot
+
+def _offsets(group_sizes):
+    """G + 1 offsets, on the device: 0 and the running sums of the group sizes."""
+    sizes = group_sizes.astype(jnp.int32)
+    return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(sizes)])
+
+
+def _grouped(lhs, rhs, offsets, w_layout, math, autotune, determinism):
+    n = rhs.shape[2] if w_layout == "kn" else rhs.shape[1]
+    call = jax.ffi.ffi_call("cygemm_ragged_dot", jax.ShapeDtypeStruct((lhs.shape[0], n), lhs.dtype),
+                            vmap_method="sequential")
+    out = call(lhs, rhs, offsets, w_layout=w_layout, math=math, **_policy(autotune, determinism))
+    # rows past the last group are zeros (jax.lax.ragged_dot's meaning; the GEMM leaves them)
+    return jnp.where(jnp.arange(lhs.shape[0])[:, None] < offsets[-1], out, 0)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _ragged(lhs, rhs, offsets, math, autotune, determinism):
+    return _grouped(lhs, rhs, offsets, "kn", math, autotune, determinism)
+
+
+def _ragged_fwd(lhs, rhs, offsets, math, autotune, determinism):
+    return _ragged(lhs, rhs, offsets, math, autotune, determinism), (lhs, rhs, offsets)
+
+
+def _ragged_bwd(math, autotune, determinism, saved, g):
+    lhs, rhs, offsets = saved
+    # d lhs: g's rows times each group's rhs transposed (read in place: the "nk" layout);
+    # d rhs: the ragged-K product, lhs[rows].T @ g[rows] per group (zeros for an empty group)
+    glhs = _grouped(g, rhs, offsets, "nk", math, autotune, determinism)
+    call = jax.ffi.ffi_call("cygemm_ragged_dot_wgrad", jax.ShapeDtypeStruct(rhs.shape, rhs.dtype),
+                            vmap_method="sequential")
+    grhs = call(lhs, g, offsets, math=math, **_policy(autotune, determinism))
+    return glhs, grhs, np.zeros(offsets.shape, jax.dtypes.float0)
+
+
+_ragged.defvjp(_ragged_fwd, _ragged_bwd)
+
+
+def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, group_offset=None, *,
+               math="tf32", autotune=None, determinism=None):
+    """``jax.lax.ragged_dot`` through cygemm's grouped GEMMs (:func:`cygemm.moe_gemm` with the
+    offsets on the device: no sync).
+
+    Parameters
+    ----------
+    lhs : jax.Array (M, K)
+        Rows sorted by group: group g's are the next ``group_sizes[g]`` rows.
+    rhs : jax.Array (G, K, N)
+        One matrix per group, lhs's dtype (float16, bfloat16 or float32).
+    group_sizes : jax.Array (G,), integer
+        Rows per group, on the device; rows past their sum give zeros.
+    precision, preferred_element_type, group_offset
+        As ``jax.lax.ragged_dot``; a call that sets any of them (or mixes dtypes) runs
+        ``jax.lax.ragged_dot`` itself.
+    math, autotune, determinism
+        As :func:`cygemm.moe_gemm`.
+
+    Returns
+    -------
+    jax.Array (M, N)
+        Differentiable in lhs and rhs (rhs's gradient is the ragged-K grouped GEMM).
+    """
+    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
+    if (precision is not None or group_offset is not None or lhs.dtype != rhs.dtype
+            or (preferred_element_type is not None and jnp.dtype(preferred_element_type) != lhs.dtype)):
+        return jax.lax.ragged_dot(lhs, rhs, group_sizes, precision=precision,
+                                  preferred_element_type=preferred_element_type, group_offset=group_offset)
+    return _ragged(lhs, rhs, _offsets(jnp.asarray(group_sizes)), math, autotune, determinism)

@@ -1,0 +1,249 @@
+# cython: language_level=3
+"""cygemm's XLA FFI handlers: the C functions XLA calls for cygemm's custom calls inside
+``jax.jit``, and the capsules that register them (:mod:`cygemm.jax` registers them).
+
+XLA calls a handler with one call frame: its arrays (device pointers, XLA's element types,
+shapes), its attributes and the stream XLA runs on. A handler answers XLA's question of which
+FFI version it was built for, reads the frame, and calls cygemm's public function on XLA's
+stream with the arrays as :class:`ArrayLayout` views of XLA's buffers (nothing is copied; the
+results are XLA's buffers, written in place). The call takes the GIL for its argument checks
+and its plan, as an eager call does. An error becomes XLA's error (the message cygemm's
+exception gives), so it surfaces as an ``XlaRuntimeError`` naming it.
+
+The FFI's C ABI is declared in ``include/cygemm/xla_ffi.h`` (no jaxlib at build time).
+"""
+from libc.stdint cimport int64_t, uintptr_t
+from cpython.pycapsule cimport PyCapsule_New
+
+from cygemm.bindings.cudart cimport cudaDataType
+from cygemm.engine.arrays cimport ArrayLayout, LAYOUT_TYPED
+from cygemm.engine.dtypes cimport cg_dtype_row, cg_dtype_at, cg_N_DTYPES
+from cygemm.engine.types cimport MAX_NDIM
+
+cdef extern from "cygemm/xla_ffi.h" nogil:
+    int CG_XLA_FFI_MAJOR, CG_XLA_FFI_MINOR, CG_XLA_EXT_METADATA, CG_XLA_INVALID_ARGUMENT, CG_XLA_INTERNAL
+    int CG_XLA_ATTR_SCALAR, CG_XLA_ATTR_STRING, CG_XLA_ARG_BUFFER, CG_XLA_STAGE_EXECUTE
+    ctypedef struct cg_xla_ext:
+        size_t struct_size
+        int type
+    ctypedef struct cg_xla_version:
+        size_t struct_size
+        void* extension_start
+        int major
+        int minor
+    ctypedef struct cg_xla_error
+    ctypedef struct cg_xla_context
+    ctypedef struct cg_xla_error_create_args:
+        size_t struct_size
+        void* extension_start
+        const char* message
+        int code
+    ctypedef struct cg_xla_stream_get_args:
+        size_t struct_size
+        void* extension_start
+        cg_xla_context* ctx
+        void* stream
+    ctypedef struct cg_xla_api:
+        cg_xla_error* (*error_create)(cg_xla_error_create_args*) noexcept nogil
+        cg_xla_error* (*stream_get)(cg_xla_stream_get_args*) noexcept nogil
+    ctypedef struct cg_xla_buffer:
+        int dtype
+        void* data
+        int64_t rank
+        int64_t* dims
+    ctypedef struct cg_xla_bytes:
+        const char* ptr
+        size_t len
+    ctypedef struct cg_xla_scalar:
+        int dtype
+        void* value
+    ctypedef struct cg_xla_list:
+        int64_t size
+        int* types
+        void** items
+    ctypedef struct cg_xla_attrs:
+        int64_t size
+        int* types
+        cg_xla_bytes** names
+        void** items
+    ctypedef struct cg_xla_call_frame:
+        cg_xla_ext* extension_start
+        const cg_xla_api* api
+        cg_xla_context* ctx
+        int stage
+        cg_xla_list args
+        cg_xla_list rets
+        cg_xla_attrs attrs
+    ctypedef struct cg_xla_metadata:
+        cg_xla_version version
+        unsigned int traits
+    ctypedef struct cg_xla_metadata_ext:
+        cg_xla_metadata* metadata
+
+__all__ = ["TARGETS", "capsules"]
+
+# XLA's element type codes of scalar attributes cygemm reads (XLA_FFI_DataType's).
+cdef enum:
+    XLA_PRED = 1
+    XLA_S32 = 4
+    XLA_S64 = 5
+    XLA_F32 = 11
+    XLA_F64 = 12
+
+
+cdef int _cuda_type(int xla) noexcept nogil:
+    """The cudaDataType of XLA's element type code, from the dtype table (-1: none)."""
+    cdef int i
+    cdef const cg_dtype_row* r
+    for i in range(cg_N_DTYPES):
+        r = cg_dtype_at(i)
+        if r.xla == xla:
+            return r.cuda
+    return -1
+
+
+cdef ArrayLayout _view(const cg_xla_buffer* b, str name):
+    """XLA's buffer as the readers take a device array: row-major (the layouts each call
+    asks XLA for; a view with other strides is made from this one)."""
+    cdef int t = _cuda_type(b.dtype)
+    if t < 0:
+        raise TypeError(f"{name}: XLA element type {b.dtype} is not one cygemm computes with")
+    if b.rank > MAX_NDIM:
+        raise ValueError(f"{name}: expected at most {MAX_NDIM} dimensions, got {b.rank}")
+    cdef ArrayLayout x = ArrayLayout()
+    cdef int i
+    cdef int64_t step = 1
+    x.kind, x.has_memory = LAYOUT_TYPED, True
+    x.shape = tuple([b.dims[i] for i in range(b.rank)])
+    x.d.ptr, x.d.ndim, x.d.device, x.d.dtype, x.d.torch = <char*>b.data, b.rank, -1, <cudaDataType>t, False
+    for i in range(cg_N_DTYPES):
+        if cg_dtype_at(i).cuda == t:
+            x.d.itemsize = cg_dtype_at(i).size
+            x.dtype = cg_dtype_at(i).name.decode()
+    for i in range(b.rank - 1, -1, -1):
+        x.d.shape[i], x.d.strides[i] = b.dims[i], step
+        step *= b.dims[i]
+    return x
+
+
+def strided(ArrayLayout x, tuple shape, tuple strides):
+    """Another view of x's memory: ``shape`` and ``strides`` in elements (e.g. a column-major
+    operand XLA lays out as its call asks, or a padded scale grid)."""
+    cdef ArrayLayout v = ArrayLayout()
+    cdef int i
+    v.kind, v.has_memory, v.dtype, v.shape = x.kind, True, x.dtype, shape
+    v.d = x.d
+    v.d.ndim = len(shape)
+    for i in range(len(shape)):
+        v.d.shape[i], v.d.strides[i] = shape[i], strides[i]
+    return v
+
+
+cdef object _attribute(int kind, void* item):
+    cdef cg_xla_bytes* s
+    cdef cg_xla_scalar* v
+    if kind == CG_XLA_ATTR_STRING:
+        s = <cg_xla_bytes*>item
+        return s.ptr[:s.len].decode()
+    if kind == CG_XLA_ATTR_SCALAR:
+        v = <cg_xla_scalar*>item
+        if v.dtype == XLA_PRED:
+            return (<unsigned char*>v.value)[0] != 0
+        if v.dtype == XLA_S32:
+            return (<int*>v.value)[0]
+        if v.dtype == XLA_S64:
+            return (<long long*>v.value)[0]
+        if v.dtype == XLA_F32:
+            return (<float*>v.value)[0]
+        if v.dtype == XLA_F64:
+            return (<double*>v.value)[0]
+    raise TypeError(f"an attribute of XLA kind {kind} that cygemm's handlers do not read")
+
+
+cdef list _arrays(const cg_xla_list* items, str what):
+    cdef int64_t i
+    out = []
+    for i in range(items.size):
+        if items.types[i] != CG_XLA_ARG_BUFFER:
+            raise TypeError(f"{what} {i}: expected an array")
+        out.append(_view(<cg_xla_buffer*>items.items[i], f"{what} {i}"))
+    return out
+
+
+cdef cg_xla_error* _fail(const cg_xla_api* api, object exc) noexcept with gil:
+    message = f"cygemm: {type(exc).__name__}: {exc}".encode()
+    cdef cg_xla_error_create_args e
+    e.struct_size, e.extension_start, e.message = sizeof(cg_xla_error_create_args), NULL, message
+    e.code = CG_XLA_INVALID_ARGUMENT if isinstance(exc, (TypeError, ValueError)) else CG_XLA_INTERNAL
+    return api.error_create(&e)
+
+
+cdef cg_xla_error* _call(cg_xla_call_frame* f, int target, uintptr_t stream) noexcept with gil:
+    cdef int64_t i
+    try:
+        attrs = {f.attrs.names[i].ptr[:f.attrs.names[i].len].decode(): _attribute(f.attrs.types[i], f.attrs.items[i])
+                 for i in range(f.attrs.size)}
+        _RUN[target](stream, _arrays(&f.args, "operand"), _arrays(&f.rets, "result"), attrs)
+    except BaseException as exc:
+        return _fail(f.api, exc)
+    return NULL
+
+
+cdef cg_xla_error* _handle(cg_xla_call_frame* f, int target) noexcept nogil:
+    cdef cg_xla_metadata* m
+    if f.extension_start != NULL and f.extension_start.type == CG_XLA_EXT_METADATA:
+        # XLA asks which FFI version the handler was built for (and its traits: none, so XLA
+        # runs the call outside its command buffers; cygemm keeps its own per-stream workspace).
+        m = (<cg_xla_metadata_ext*>f.extension_start).metadata
+        m.version.struct_size = sizeof(cg_xla_version)
+        m.version.extension_start = NULL
+        m.version.major, m.version.minor = CG_XLA_FFI_MAJOR, CG_XLA_FFI_MINOR
+        m.traits = 0
+        return NULL
+    if f.stage != CG_XLA_STAGE_EXECUTE:
+        return NULL
+    cdef cg_xla_stream_get_args s
+    s.struct_size, s.extension_start, s.ctx, s.stream = sizeof(cg_xla_stream_get_args), NULL, f.ctx, NULL
+    cdef cg_xla_error* err = f.api.stream_get(&s)
+    if err != NULL:
+        return err
+    return _call(f, target, <uintptr_t>s.stream)
+
+
+# ---------------------------------------------------------------- one C entry per target
+# (XLA passes a handler nothing but its frame: each target's own function says which it is)
+
+cdef cg_xla_error* _h0(cg_xla_call_frame* f) noexcept nogil:
+    return _handle(f, 0)
+cdef cg_xla_error* _h1(cg_xla_call_frame* f) noexcept nogil:
+    return _handle(f, 1)
+cdef cg_xla_error* _h2(cg_xla_call_frame* f) noexcept nogil:
+    return _handle(f, 2)
+cdef cg_xla_error* _h3(cg_xla_call_frame* f) noexcept nogil:
+    return _handle(f, 3)
+cdef cg_xla_error* _h4(cg_xla_call_frame* f) noexcept nogil:
+    return _handle(f, 4)
+cdef cg_xla_error* _h5(cg_xla_call_frame* f) noexcept nogil:
+    return _handle(f, 5)
+cdef cg_xla_error* _h6(cg_xla_call_frame* f) noexcept nogil:
+    return _handle(f, 6)
+
+ctypedef cg_xla_error* (*_handler_t)(cg_xla_call_frame*) noexcept nogil
+cdef _handler_t[7] _HANDLERS = [_h0, _h1, _h2, _h3, _h4, _h5, _h6]
+
+# The targets, in their handlers' order: the XLA name and the Python function that runs one
+# call (stream, operands, results, attributes), set by cygemm.jax.targets.
+TARGETS = ("cygemm_matmul", "cygemm_int_mm", "cygemm_scaled_matmul", "cygemm_dense_forward",
+           "cygemm_dense_backward", "cygemm_ragged_dot", "cygemm_ragged_dot_wgrad")
+cdef list _RUN = [None] * len(TARGETS)
+
+
+def set_runners(dict runners):
+    """Each target's Python function, by name (cygemm.jax.targets gives them)."""
+    for i, name in enumerate(TARGETS):
+        _RUN[i] = runners[name]
+
+
+def capsules():
+    """{target name: the PyCapsule of its handler}, for ``jax.ffi.register_ffi_target``."""
+    return {name: PyCapsule_New(<void*>_HANDLERS[i], NULL, NULL) for i, name in enumerate(TARGETS)}

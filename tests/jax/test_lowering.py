@@ -1,0 +1,134 @@
+"""cygemm.jax on the CPU: each function's abstract evaluation, and its lowering for CUDA
+(jax.jit(f).trace(...).lower(lowering_platforms=("cuda",))) giving cygemm's custom call with
+the right operands, layouts, results and attributes; gradients and vmap lower to the calls
+they should. No GPU: a CPU jaxlib lowers for CUDA without running."""
+import re
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+import cygemm.jax as cj  # noqa: E402
+
+S = jax.ShapeDtypeStruct
+
+
+def _calls(f, *args):
+    """The custom calls of f's lowering for CUDA: [(target, operand layouts, result types, attributes)]."""
+    text = jax.jit(f).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    found = []
+    for line in text.splitlines():
+        m = re.search(r"stablehlo\.custom_call @(\w+)\(.*mhlo\.backend_config = \{(.*?)\}, operand_layouts = \[(.*?)\], "
+                      r"result_layouts.*-> (.*)$", line)
+        if m:
+            attrs = dict(re.findall(r"(\w+) = (\"[^\"]*\"|[^,}]+)", m.group(2)))
+            layouts = re.findall(r"dense<\[?([\d, ]+)\]?>", m.group(3))
+            found.append((m.group(1), [tuple(int(v) for v in l.split(",")) for l in layouts], m.group(4), attrs))
+    return found
+
+
+def test_matmul_lowers_to_one_call_with_its_options_and_numpys_shapes():
+    (call,) = _calls(lambda a, b: cj.matmul(a, b, math="fp32", determinism="batch_invariant"),
+                     S((4, 8, 16), jnp.float32), S((16, 5), jnp.float32))
+    target, layouts, result, attrs = call
+    assert target == "cygemm_matmul"
+    assert layouts == [(2, 1, 0), (1, 0)]           # row-major operands
+    assert "tensor<4x8x5xf32>" in result
+    assert attrs == {"autotune": '""', "determinism": '"batch_invariant"', "math": '"fp32"'}
+
+
+@pytest.mark.parametrize("sa, sb, want", [((16,), (16, 5), (5,)), ((3, 16), (16,), (3,)), ((2, 1, 3, 16), (4, 16, 5),
+                                                                                             (2, 4, 3, 5))])
+def test_matmul_has_jnp_matmuls_shapes_and_promotes_as_jnp(sa, sb, want):
+    out = jax.eval_shape(cj.matmul, S(sa, jnp.float16), S(sb, jnp.float32))
+    assert out.shape == want and out.dtype == jnp.float32
+
+
+def test_int_mm_asks_xla_for_a_column_major_b():
+    ((target, layouts, result, _),) = _calls(cj.int_mm, S((8, 32), jnp.int8), S((32, 4), jnp.int8))
+    assert target == "cygemm_int_mm" and layouts == [(1, 0), (0, 1)] and "tensor<8x4xi32>" in result
+
+
+def test_the_dense_layer_and_its_gradients_lower_to_the_forward_and_backward_calls():
+    x, k, b = S((2, 8, 16), jnp.bfloat16), S((16, 4), jnp.bfloat16), S((4,), jnp.bfloat16)
+    ((target, _, result, attrs),) = _calls(lambda x, k, b: cj.dense(x, k, b, act="gelu"), x, k, b)
+    assert target == "cygemm_dense_forward" and attrs["save_z"] == "false" and "tensor<16x4xbf16>" in result
+    grad = jax.grad(lambda x, k, b: cj.dense(x, k, b, act="gelu").astype(jnp.float32).sum(), argnums=(0, 1, 2))
+    fwd, bwd = _calls(grad, x, k, b)
+    assert fwd[0] == "cygemm_dense_forward" and fwd[3]["save_z"] == "true"      # gelu: the backward reads Z
+    assert bwd[0] == "cygemm_dense_backward" and bwd[3]["saves"] == '"z"' and bwd[3]["has_bias"] == "true"
+    # gx, gkernel, gbias and dZ's scratch, all from XLA
+    assert re.findall(r"tensor<[\dx]+bf16>", bwd[2]) == ["tensor<16x16xbf16>", "tensor<16x4xbf16>", "tensor<4xbf16>",
+                                                         "tensor<16x4xbf16>"]
+    relu = _calls(jax.grad(lambda x, k: cj.dense(x, k, act="relu").astype(jnp.float32).sum(), argnums=(0, 1)), x, k)
+    assert relu[0][3]["save_z"] == "false" and relu[1][3]["saves"] == '"y"'     # relu: from the output
+
+
+def test_ragged_dot_lowers_with_offsets_and_its_two_gradients():
+    lhs, rhs, sizes = S((64, 16), jnp.float32), S((4, 16, 8), jnp.float32), S((4,), jnp.int32)
+    ((target, layouts, result, attrs),) = _calls(cj.ragged_dot, lhs, rhs, sizes)
+    assert target == "cygemm_ragged_dot" and attrs["w_layout"] == '"kn"'
+    assert layouts == [(1, 0), (2, 1, 0), (0,)] and "tensor<64x8xf32>" in result
+    calls = _calls(jax.value_and_grad(lambda l, r, g: cj.ragged_dot(l, r, g).sum(), argnums=(0, 1)), lhs, rhs, sizes)
+    assert [(c[0], c[3].get("w_layout")) for c in calls] == [
+        ("cygemm_ragged_dot", '"kn"'), ("cygemm_ragged_dot", '"nk"'), ("cygemm_ragged_dot_wgrad", None)]
+    assert "tensor<4x16x8xf32>" in calls[2][2]
+
+
+def test_ragged_dot_has_lax_ragged_dots_meaning_for_what_it_does_not_take():
+    lhs, rhs, sizes = S((64, 16), jnp.bfloat16), S((4, 16, 8), jnp.bfloat16), S((4,), jnp.int32)
+    assert _calls(lambda l, r, g: cj.ragged_dot(l, r, g, preferred_element_type=jnp.float32), lhs, rhs, sizes) == []
+    want = jax.eval_shape(jax.lax.ragged_dot, lhs, rhs, sizes)
+    got = jax.eval_shape(cj.ragged_dot, lhs, rhs, sizes)
+    assert (got.shape, got.dtype) == (want.shape, want.dtype)
+
+
+@pytest.mark.parametrize("modes, sa, sb, sent", [
+    (None, (1,), (1,), [(1,), (1,)]),
+    (None, (256, 1), (1, 128), [(256, 1), (1, 128)]),
+    (("1x128", "128x128"), (256, 5), (5, 1), [(5, 256), (1, 8)]),          # a's grid transposed, b's padded to 8
+    ("1x128", (256, 5), (5, 128), [(5, 256), (5, 128)]),
+])
+def test_scaled_matmul_sends_each_modes_scales_as_cublaslt_reads_them(modes, sa, sb, sent):
+    a, b = S((256, 520), jnp.float8_e4m3fn), S((520, 128), jnp.float8_e4m3fn)
+    f = lambda a, b, x, y: cj.scaled_matmul(a, b, x, y, scale_mode=modes, out_dtype="float32")  # noqa: E731
+    text = jax.jit(f).trace(a, b, S(sa, jnp.float32), S(sb, jnp.float32)).lower(lowering_platforms=("cuda",)).as_text()
+    line = next(l for l in text.splitlines() if "@cygemm_scaled_matmul" in l)
+    operands = re.search(r"\} : \((.*)\) ->", line).group(1)
+    shapes = [tuple(int(d) for d in t.split("x")[:-1]) for t in re.findall(r"tensor<([\dx]*[a-zA-Z]\w*)>", operands)]
+    assert shapes[2:] == sent
+    ((_, layouts, result, attrs),) = _calls(f, a, b, S(sa, jnp.float32), S(sb, jnp.float32))
+    assert layouts[1] == (0, 1) and "tensor<256x128xf32>" in result
+
+
+def test_scaled_matmul_with_an_fp8_result_returns_its_amax():
+    a, b = S((64, 128), jnp.float8_e4m3fn), S((128, 32), jnp.float8_e4m3fn)
+    s = S((), jnp.float32)
+    out = jax.eval_shape(lambda *t: cj.scaled_matmul(*t, out_dtype="e4m3", scale_out=t[2], return_amax=True), a, b, s, s)
+    assert (out[0].shape, out[0].dtype, out[1].shape, out[1].dtype) == ((64, 32), jnp.float8_e4m3fn, (), jnp.float32)
+
+
+def test_bad_arguments_are_refused_before_tracing_goes_on():
+    with pytest.raises(ValueError, match="act"):
+        jax.eval_shape(lambda x, k: cj.dense(x, k, act="swish2"), S((4, 8), jnp.float32), S((8, 2), jnp.float32))
+    with pytest.raises(ValueError, match="scale_mode: the scales' shapes"):
+        jax.eval_shape(cj.scaled_matmul, S((256, 256), jnp.float8_e4m3fn), S((256, 128), jnp.float8_e4m3fn),
+                       S((256, 2), jnp.float32), S((2, 128), jnp.float32))
+    with pytest.raises(ValueError, match="out_dtype"):
+        jax.eval_shape(lambda *t: cj.scaled_matmul(*t, out_dtype="float128"), S((64, 128), jnp.float8_e4m3fn),
+                       S((128, 32), jnp.float8_e4m3fn), S((), jnp.float32), S((), jnp.float32))
+
+
+def test_vmap_of_matmul_is_one_broadcast_call_and_of_dense_a_loop():
+    calls = _calls(jax.vmap(lambda a, b: cj.matmul(a, b)), S((3, 8, 16), jnp.float32), S((3, 16, 4), jnp.float32))
+    assert len(calls) == 1 and "tensor<3x8x4xf32>" in calls[0][2]
+    text = jax.jit(jax.vmap(lambda x, k: cj.dense(x, k))).trace(S((3, 8, 16), jnp.float32), S((3, 16, 4), jnp.float32)) \
+        .lower(lowering_platforms=("cuda",)).as_text()
+    assert "stablehlo.while" in text and "@cygemm_dense_forward" in text
+
+
+def test_every_target_is_one_the_handlers_serve():
+    from cygemm.jax.targets import RUNNERS
+    assert set(cj.TARGETS) == set(RUNNERS)
