@@ -13,10 +13,12 @@ cdef enum LayoutKind:
 
 
 # An operand known by its layout only; _arrays' readers read it as they read a device array.
+# (cygemm.jax's handlers make them of XLA's buffers, on_gpu: device arrays cygemm computes on.)
 cdef class ArrayLayout:
     cdef ArrayDesc d
     cdef LayoutKind kind
     cdef bint has_memory            # a NumPy array's (its host address); a pair has none
+    cdef bint on_gpu                # a view of device memory (an XLA buffer's, cygemm.jax's handlers)
     cdef readonly object dtype      # the dtype's name ("bfloat16", "float8_e4m3fn", "uint8", ...)
     cdef readonly tuple shape
 

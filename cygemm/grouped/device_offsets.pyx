@@ -14,7 +14,7 @@ from cygemm.bindings.cudart cimport *
 from cygemm.engine.types cimport MatrixView
 from cygemm.engine.dtypes cimport dtype_name, expected_names, DTYPES_INDEX
 from cygemm.engine.dtypes import names
-from cygemm.engine.arrays cimport is_torch
+from cygemm.engine.arrays cimport ArrayLayout, is_torch
 from cygemm.engine.errors cimport check_cuda
 from cygemm.engine.args cimport CallArgs
 from cygemm.engine.context cimport GemmContext
@@ -44,6 +44,8 @@ cdef enum:
 cdef bint on_device(object offsets) except -1:
     if isinstance(offsets, (list, tuple, range)):
         return False
+    if type(offsets) is ArrayLayout:        # a view of an XLA buffer (cygemm.jax), or a describe_* layout
+        return (<ArrayLayout>offsets).on_gpu
     if is_torch(offsets):
         return bool(getattr(offsets, "is_cuda", False))
     if hasattr(offsets, "__cuda_array_interface__"):

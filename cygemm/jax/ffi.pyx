@@ -113,7 +113,7 @@ cdef ArrayLayout _view(const cg_xla_buffer* b, str name):
     cdef ArrayLayout x = ArrayLayout()
     cdef int i
     cdef int64_t step = 1
-    x.kind, x.has_memory = LAYOUT_TYPED, True
+    x.kind, x.has_memory, x.on_gpu = LAYOUT_TYPED, True, True
     x.shape = tuple([b.dims[i] for i in range(b.rank)])
     x.d.ptr, x.d.ndim, x.d.device, x.d.dtype, x.d.torch = <char*>b.data, b.rank, -1, <cudaDataType>t, False
     for i in range(cg_N_DTYPES):
@@ -131,7 +131,7 @@ def strided(ArrayLayout x, tuple shape, tuple strides):
     operand XLA lays out as its call asks, or a padded scale grid)."""
     cdef ArrayLayout v = ArrayLayout()
     cdef int i
-    v.kind, v.has_memory, v.dtype, v.shape = x.kind, True, x.dtype, shape
+    v.kind, v.has_memory, v.on_gpu, v.dtype, v.shape = x.kind, True, True, x.dtype, shape
     v.d = x.d
     v.d.ndim = len(shape)
     for i in range(len(shape)):

@@ -26,6 +26,14 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _jax_gpu(), reason="needs 
 cp = pytest.importorskip("cupy") if _jax_gpu() else None
 
 
+@pytest.fixture
+def x64():
+    """JAX's float64 and complex128 (off by default: jnp would make float32 of them)."""
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", False)
+
+
 def _rand(shape, dtype=jnp.float32, seed=0):
     return jax.random.normal(jax.random.key(seed), shape, jnp.float32).astype(dtype)
 
@@ -41,7 +49,7 @@ def _rel(got, ref):
 
 @pytest.mark.parametrize("dtype, math, bound", [(jnp.float32, "fp32", 1e-5), (jnp.bfloat16, "tf32", 1e-2),
                                                 (jnp.float64, "tf32", 1e-12), (jnp.complex64, "fp32", 1e-5)])
-def test_matmul_gives_the_eager_calls_bits(dtype, math, bound):
+def test_matmul_gives_the_eager_calls_bits(dtype, math, bound, x64):
     a = _rand((3, 96, 64), jnp.float32, 1).astype(dtype)
     b = _rand((64, 80), jnp.float32, 2).astype(dtype)
     if dtype == jnp.complex64:
@@ -61,10 +69,12 @@ def test_matmul_gradients_and_vmap():
     g = lambda a, b: (jnp.matmul(a, b, precision="highest") ** 2).sum()  # noqa: E731
     for got, want in zip(jax.jit(jax.grad(f, (0, 1)))(a, b), jax.grad(g, (0, 1))(a, b)):
         assert _rel(got, np.asarray(want, np.float64)) < 1e-5
-    v = jax.jit(jax.vmap(lambda a, b: cj.matmul(a, b, math="fp32")))(a, jnp.stack([b, b * 2]))
-    for i in range(2):
-        assert np.array_equal(np.asarray(v[i]), np.asarray(jax.jit(lambda a, b: cj.matmul(a, b, math="fp32"))(
-            a[i], b * (i + 1))))
+    # vmap: one batched call, the eager batched call's bits
+    bb = jnp.stack([b, b * 2])
+    v = jax.jit(jax.vmap(lambda a, b: cj.matmul(a, b, math="fp32")))(a, bb)
+    out = cp.full((2, 32, 24), np.nan, cp.float32)
+    cygemm.matmul(_cupy(a), _cupy(bb), out, math="fp32")
+    assert np.array_equal(np.asarray(v), cp.asnumpy(out))
 
 
 @pytest.mark.parametrize("act, bias", [("gelu", True), ("relu", True), ("none", False)])
