@@ -271,39 +271,46 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out_dtype="bfloat16", bias=None, ac
 
 # ---------------------------------------------------------------- ragged_dot
 
-def _offsets(group_sizes):
-    """G + 1 offsets, on the device: 0 and the running sums of the group sizes."""
-    sizes = group_sizes.astype(jnp.int32)
-    return jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(sizes)])
+def _offsets(group_sizes, m):
+    """G + 1 offsets, on the device: 0 and the running sums of the group sizes, the last one M
+    (cygemm's grouped GEMMs cover every row: rows past the groups go to the last group, and
+    are masked to zeros), and the rows the groups hold."""
+    ends = jnp.cumsum(group_sizes.astype(jnp.int32))
+    return jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1], jnp.full((1,), m, jnp.int32)]), ends[-1]
+
+
+def _in_groups(x, total):
+    """x with its rows past the groups' (row >= total) zeroed: jax.lax.ragged_dot's meaning."""
+    return jnp.where(jnp.arange(x.shape[0])[:, None] < total, x, jnp.zeros((), x.dtype))
 
 
 def _grouped(lhs, rhs, offsets, w_layout, math, autotune, determinism):
     n = rhs.shape[2] if w_layout == "kn" else rhs.shape[1]
     call = jax.ffi.ffi_call("cygemm_ragged_dot", jax.ShapeDtypeStruct((lhs.shape[0], n), lhs.dtype),
                             vmap_method="sequential")
-    out = call(lhs, rhs, offsets, w_layout=w_layout, math=math, **_policy(autotune, determinism))
-    # rows past the last group are zeros (jax.lax.ragged_dot's meaning; the GEMM leaves them)
-    return jnp.where(jnp.arange(lhs.shape[0])[:, None] < offsets[-1], out, 0)
+    return call(lhs, rhs, offsets, w_layout=w_layout, math=math, **_policy(autotune, determinism))
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _ragged(lhs, rhs, offsets, math, autotune, determinism):
-    return _grouped(lhs, rhs, offsets, "kn", math, autotune, determinism)
+@partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _ragged(lhs, rhs, offsets, total, math, autotune, determinism):
+    return _in_groups(_grouped(lhs, rhs, offsets, "kn", math, autotune, determinism), total)
 
 
-def _ragged_fwd(lhs, rhs, offsets, math, autotune, determinism):
-    return _ragged(lhs, rhs, offsets, math, autotune, determinism), (lhs, rhs, offsets)
+def _ragged_fwd(lhs, rhs, offsets, total, math, autotune, determinism):
+    return _ragged(lhs, rhs, offsets, total, math, autotune, determinism), (lhs, rhs, offsets, total)
 
 
 def _ragged_bwd(math, autotune, determinism, saved, g):
-    lhs, rhs, offsets = saved
+    lhs, rhs, offsets, total = saved
+    g = _in_groups(g, total)        # (the rows past the groups took no part)
     # d lhs: g's rows times each group's rhs transposed (read in place: the "nk" layout);
     # d rhs: the ragged-K product, lhs[rows].T @ g[rows] per group (zeros for an empty group)
     glhs = _grouped(g, rhs, offsets, "nk", math, autotune, determinism)
     call = jax.ffi.ffi_call("cygemm_ragged_dot_wgrad", jax.ShapeDtypeStruct(rhs.shape, rhs.dtype),
                             vmap_method="sequential")
     grhs = call(lhs, g, offsets, math=math, **_policy(autotune, determinism))
-    return glhs, grhs, np.zeros(offsets.shape, jax.dtypes.float0)
+    zero = np.zeros((), jax.dtypes.float0)
+    return glhs, grhs, np.zeros(offsets.shape, jax.dtypes.float0), zero
 
 
 _ragged.defvjp(_ragged_fwd, _ragged_bwd)
@@ -338,4 +345,5 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
             or (preferred_element_type is not None and jnp.dtype(preferred_element_type) != lhs.dtype)):
         return jax.lax.ragged_dot(lhs, rhs, group_sizes, precision=precision,
                                   preferred_element_type=preferred_element_type, group_offset=group_offset)
-    return _ragged(lhs, rhs, _offsets(jnp.asarray(group_sizes)), math, autotune, determinism)
+    offsets, total = _offsets(jnp.asarray(group_sizes), lhs.shape[0])
+    return _ragged(lhs, rhs, offsets, total, math, autotune, determinism)
