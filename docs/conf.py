@@ -16,10 +16,13 @@ _shutil.copyfile(_os.path.join(_os.path.dirname(cygemm.__file__), "capi.pxd"), _
 extensions = ["sphinx.ext.autodoc", "sphinx.ext.autosummary", "sphinx.ext.doctest", "numpydoc"]
 # cygemm.autograd subclasses torch's classes; where torch is not installed (the docs extra does
 # not need it) autodoc reads it against a stand-in.
-try:
-    import torch  # noqa: F401
-except ImportError:
-    autodoc_mock_imports = ["torch"]
+# Likewise cygemm.jax where JAX is not installed.
+autodoc_mock_imports = []
+for _name in ("torch", "jax"):
+    try:
+        __import__(_name)
+    except ImportError:
+        autodoc_mock_imports.append(_name)
 autosummary_generate = False
 # No "members" default here: it would override each entry's explicit ``:members:`` list in
 # api.rst (tests/contracts/test_api_reference.py checks that list against the package).

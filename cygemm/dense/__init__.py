@@ -14,12 +14,12 @@ _SLOPED = {row["code"] for row in activation_table() if row["takes_slope"]}
 
 
 def backward_reads(act, leaky_slope=0.01):
-    """What :func:`backward_into` reads of the forward besides A and B, for an activation.
+    """What :func:`cygemm.gemm_ops.backward_into` reads of the forward besides A and B, for an activation.
 
     Parameters
     ----------
     act : str
-        An activation, as :func:`forward_into` takes it.
+        An activation, as :func:`cygemm.gemm_ops.forward_into` takes it.
     leaky_slope : float
         leaky_relu's slope.
 

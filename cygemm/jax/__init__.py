@@ -147,9 +147,9 @@ _dense.defvjp(_dense_fwd, _dense_bwd)
 
 
 def dense(x, kernel, bias=None, *, act="none", leaky_slope=0.01, math="tf32", autotune=None, determinism=None):
-    """A dense layer, ``act(x @ kernel + bias)``, through :func:`cygemm.dense.forward_into`
+    """A dense layer, ``act(x @ kernel + bias)``, through :func:`cygemm.gemm_ops.forward_into`
     (the bias and activation fused into the GEMM's epilogue or cygemm's kernel), and its
-    gradients through :func:`cygemm.dense.backward_into`.
+    gradients through :func:`cygemm.gemm_ops.backward_into`.
 
     Parameters
     ----------
@@ -159,7 +159,7 @@ def dense(x, kernel, bias=None, *, act="none", leaky_slope=0.01, math="tf32", au
         x's dtype (flax's ``Dense`` kernel layout).
     bias : jax.Array (N,), optional
     act, leaky_slope, math, autotune, determinism
-        As :func:`cygemm.dense.forward_into`.
+        As :func:`cygemm.gemm_ops.forward_into`.
 
     Returns
     -------
@@ -236,7 +236,7 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out_dtype="bfloat16", bias=None, ac
     scale_out : jax.Array, float32 scalar, optional
         An FP8 result's quantizing scale.
     return_amax : bool
-        Also return max |result| before ``scale_out`` (FP8 results), a float32 scalar.
+        Also return max(abs(result)) before ``scale_out`` (FP8 results), a float32 scalar.
     fast_accum, scale_mode, determinism, autotune
         As :func:`cygemm.fp8.scaled_matmul` (``scale_mode`` None: per tensor or rowwise, told
         by the scales' shapes).
