@@ -85,12 +85,6 @@ def test_scaled_matmul_refuses_an_out_dtype_it_does_not_make():
 
 # ------------------------------------------------------------------ GPU
 
-@pytest.fixture
-def cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU for torch")
-
-
 def _rand(*shape, dtype=torch.float32, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     return torch.randn(shape, device="cuda", dtype=dtype, generator=g)

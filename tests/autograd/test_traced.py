@@ -234,12 +234,6 @@ def test_opcheck_of_the_into_operators_on_the_cpu(torch_products):
 
 # ------------------------------------------------------------------ GPU: Inductor, against the eager calls
 
-@pytest.fixture
-def cuda():
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU for torch")
-
-
 def _rand(*shape, dtype=torch.float32, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     return torch.randn(shape, device="cuda", dtype=dtype, generator=g)
