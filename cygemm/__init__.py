@@ -102,17 +102,22 @@ def gpu_unavailable_reason() -> "str | None":
 # torch imported, cygemm.autograd (torch's operators, torch.ops.cygemm.*); torch._dynamo
 # imported (torch.compile and torch._dynamo.explain import it), cygemm.autograd.traced
 # (Dynamo's stand-ins for the public functions). A module imported already is followed at
-# once; one not imported yet is watched by a finder on _sys.meta_path that lets the usual
-# finders find it and runs cygemm's module right after it has run, and leaves _sys.meta_path
-# once both are loaded. So import cygemm never imports torch, nor Dynamo (about a second).
+# once. For one not imported yet, a finder on sys.meta_path lets the usual finders find it and
+# hands the import a loader of its own that runs the module, puts the module's own loader back
+# and then loads cygemm's follower; a module whose run fails (or whose spec is only asked for,
+# as find_spec does) stays watched. The finder leaves sys.meta_path once both are loaded. So
+# import cygemm never imports torch, nor Dynamo (about a second).
 import importlib as _importlib
 import importlib.abc as _abc
 import sys as _sys
+import threading as _threading
 import warnings as _warnings
 
 # torch's module -> cygemm's module that follows it.
 _FOLLOWERS = {"torch": "cygemm.autograd", "torch._dynamo": "cygemm.autograd.traced"}
 _pending = {}
+_lock = _threading.Lock()
+_finding = _threading.local()       # (a finder that asks the others must not be asked back)
 
 
 def _follow(name):
@@ -120,43 +125,58 @@ def _follow(name):
         _importlib.import_module(name)
     except Exception as exc:        # a torch cygemm cannot extend must still import
         _warnings.warn(f"cygemm: {name} could not be loaded, so torch runs without it ({type(exc).__name__}: {exc})",
-                      RuntimeWarning, stacklevel=2)
+                       RuntimeWarning, stacklevel=2)
+
+
+class _Following(_abc.Loader):
+    """The loader of a watched module's import: runs the module with its own loader (put back
+    on the module first), then, once it ran, cygemm's follower."""
+
+    def __init__(self, loader, name):
+        self.loader, self.name = loader, name
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = self.loader
+        if getattr(module, "__spec__", None) is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        with _lock:
+            follower = _pending.pop(self.name, None)
+            if not _pending and _torch_finder in _sys.meta_path:
+                _sys.meta_path.remove(_torch_finder)
+        if follower is not None:
+            _follow(follower)
 
 
 class _Follower(_abc.MetaPathFinder):
-    """Finds nothing itself: for a watched module, asks the finders after it and makes the
-    loader they give run cygemm's follower once the module has run."""
+    """Finds nothing itself: for a watched module, the spec the finders after it give, with a
+    loader that runs cygemm's follower once the module has run."""
+
+    cygemm_follower = True
 
     def find_spec(self, fullname, path, target=None):
-        follower = _pending.get(fullname)
-        if follower is None:
+        if fullname not in _pending or getattr(_finding, "busy", False):
             return None
-        spec = None
-        for finder in _sys.meta_path:
-            find = getattr(finder, "find_spec", None) if finder is not self else None
-            if find is not None and (spec := find(fullname, path, target)) is not None:
-                break
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
+        _finding.busy = True
+        try:
+            spec = None
+            for finder in list(_sys.meta_path):
+                find = getattr(finder, "find_spec", None) if not getattr(finder, "cygemm_follower", False) else None
+                if find is not None and (spec := find(fullname, path, target)) is not None:
+                    break
+        finally:
+            _finding.busy = False
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        del _pending[fullname]
-        if not _pending and self in _sys.meta_path:
-            _sys.meta_path.remove(self)
-        run = loader.exec_module
-
-        def exec_module(module):
-            try:                    # (the loader's own method back: it may load other modules too)
-                del loader.exec_module
-            except AttributeError:
-                pass
-            run(module)
-            _follow(follower)
-
-        loader.exec_module = exec_module
+        spec.loader = _Following(spec.loader, fullname)
         return spec
 
 
-_torch_finder = _Follower()
+# (a reloaded cygemm keeps the finder already installed)
+_torch_finder = next((f for f in _sys.meta_path if getattr(f, "cygemm_follower", False)), None) or _Follower()
 
 
 def _follow_torch():
@@ -165,9 +185,11 @@ def _follow_torch():
         if name in _sys.modules:
             _follow(follower)
         else:
-            _pending[name] = follower
-    if _pending and _torch_finder not in _sys.meta_path:
-        _sys.meta_path.insert(0, _torch_finder)
+            with _lock:
+                _pending[name] = follower
+    with _lock:
+        if _pending and _torch_finder not in _sys.meta_path:
+            _sys.meta_path.insert(0, _torch_finder)
 
 
 _follow_torch()

@@ -12,7 +12,8 @@ the differentiable ``cygemm::matmul``).
 A call the operators do not cover is run eagerly, as a graph break that names the reason
 (``fullgraph=True`` raises it): an explicit ``stream`` (a compiled graph runs on torch's
 current stream), arrays that are not torch tensors, FP8 ``uint8`` bytes with a ``format_*``,
-and ``moe_gemm_wgrad`` with offsets on the host.
+``moe_gemm_wgrad`` with offsets on the host, and, with grad mode on, an input that requires
+grad where the call writes into given tensors (eagerly cygemm refuses it by name).
 
 Registered once, when ``torch._dynamo`` is imported (``cygemm``'s __init__ sees to it, in
 either order of imports): importing Dynamo costs about a second, which ``import cygemm``
@@ -48,6 +49,7 @@ _WHY = {
     "bytes": "FP8 bytes with format_a/format_b/format_out (pass torch float8 tensors)",
     "out_dtype": "an out_dtype the call does not make",
     "host_offsets": "group_offsets on the host (the operator takes them as a CUDA tensor)",
+    "grad": "an input requires grad, and this call records no gradient (eagerly it refuses such a tensor)",
 }
 _eager = {}         # (name, key) -> the public function, run outside the graph (made at import: not traceable)
 
@@ -60,6 +62,13 @@ def _eagerly(name, key):
 
 def _why(stream):
     return "stream" if stream is not None else "arrays"
+
+
+def _grad(*arrays):
+    """Whether grad mode is on and an array requires grad: the calls that write into given
+    tensors record no gradient, so such a call runs eagerly, where cygemm refuses it by name
+    (the operators would drop the gradient without a word)."""
+    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in arrays)
 
 
 def _trans(t):
@@ -76,6 +85,9 @@ def matmul(a, b, out=None, *, math="tf32", stream=None, autotune=None, determini
                                                      determinism=determinism)
     if out is None:         # (the differentiable operator, as the eager call records a gradient)
         return ops._matmul_op(a, b, math, autotune, determinism)
+    if _grad(a, b, out):
+        return _eagerly("matmul", "grad")(a, b, out, math=math, stream=stream, autotune=autotune,
+                                          determinism=determinism)
     into.matmul_into(a, b, out, math, autotune, determinism)
     return out
 
@@ -90,8 +102,9 @@ def _gemm_shape(A, B, trans_a, trans_b, batched):
 
 
 def _gemm(run, batched, A, B, out, trans_a, trans_b, alpha, beta, math, stream, autotune, determinism):
-    if stream is not None or not _tensors(A, B, out) or (out is None and beta != 0):
-        why = _why(stream) if stream is not None or not _tensors(A, B, out) else "beta"
+    if stream is not None or not _tensors(A, B, out) or (out is None and beta != 0) or _grad(A, B, out):
+        why = _why(stream) if stream is not None or not _tensors(A, B, out) else (
+            "beta" if out is None and beta != 0 else "grad")
         return _eagerly(run, why)(A, B, out, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, math=math,
                                   stream=stream, autotune=autotune, determinism=determinism)
     trans_a, trans_b = _trans(trans_a), _trans(trans_b)
@@ -117,8 +130,8 @@ def gemm_strided_batched(A, B, out=None, *, trans_a=False, trans_b=False, alpha=
 
 @substitute_in_graph(cygemm.int_mm)
 def int_mm(A, B, out=None, *, stream=None, autotune=None, determinism=None):
-    if stream is not None or not _tensors(A, B, out):
-        return _eagerly("int_mm", _why(stream))(A, B, out, stream=stream, autotune=autotune,
+    if stream is not None or not _tensors(A, B, out) or _grad(A, B, out):
+        return _eagerly("int_mm", _why(stream) if stream is not None or not _tensors(A, B, out) else "grad")(A, B, out, stream=stream, autotune=autotune,
                                                      determinism=determinism)
     if out is None:
         out = A.new_empty((A.shape[0], B.shape[1]), dtype=torch.int32)
@@ -131,17 +144,19 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
                   amax_out=None, format_a=None, format_b=None, format_out=None, fast_accum=False, scale_mode=None,
                   determinism=None, stream=None, autotune=None):
     as_bytes = format_a is not None or format_b is not None or format_out is not None
-    unknown = out is None and out_dtype not in _SCALED_DTYPES
-    if stream is not None or as_bytes or unknown or not _tensors(a, b, scale_a, scale_b, out, bias, scale_out,
-                                                                  amax_out):
-        why = "bytes" if as_bytes else "out_dtype" if unknown else _why(stream)
+    arrays = (a, b, scale_a, scale_b, out, bias, scale_out, amax_out)
+    # an out_dtype the call does not make, or one out's dtype disagrees with: the eager call says which
+    unknown = out_dtype not in _SCALED_DTYPES or (out is not None and out_dtype is not None
+                                                  and _tensors(out) and _SCALED_DTYPES[out_dtype] != out.dtype)
+    if stream is not None or as_bytes or unknown or not _tensors(*arrays) or _grad(*arrays):
+        why = ("bytes" if as_bytes else "out_dtype" if unknown else
+               _why(stream) if stream is not None or not _tensors(*arrays) else "grad")
         return _eagerly("scaled_matmul", why)(
             a, b, scale_a, scale_b, out=out, out_dtype=out_dtype, bias=bias, act=act, scale_out=scale_out,
             amax_out=amax_out, format_a=format_a, format_b=format_b, format_out=format_out, fast_accum=fast_accum,
             scale_mode=scale_mode, determinism=determinism, stream=stream, autotune=autotune)
     if out is None:
         out = a.new_empty((a.shape[0], b.shape[1]), dtype=_SCALED_DTYPES[out_dtype])
-    # (an out_dtype given with out is checked against it by the call, at run time)
     mode_a, mode_b = (scale_mode, None) if scale_mode is None or isinstance(scale_mode, str) else scale_mode
     into.scaled_matmul_into(a, b, scale_a, scale_b, out, bias, act, scale_out, amax_out, bool(fast_accum), mode_a,
                             mode_b, determinism, autotune)
@@ -152,8 +167,10 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
 def forward_into(A, B, out, bias=None, *, with_bias=True, act="none", leaky_slope=0.01, save_z=False, z_out=None,
                  lt_workspace=None, math="tf32", stream=None, autotune=None, determinism=None):
     disagree = (z_out is not None) != bool(save_z)
-    if stream is not None or disagree or not _tensors(A, B, out, bias, z_out, lt_workspace):
-        why = "z_out" if disagree and stream is None else _why(stream)
+    arrays = (A, B, out, bias, z_out, lt_workspace)
+    if stream is not None or disagree or not _tensors(*arrays) or _grad(*arrays):
+        why = ("z_out" if disagree and stream is None else
+               _why(stream) if stream is not None or not _tensors(*arrays) else "grad")
         return _eagerly("forward_into", why)(
             A, B, out, bias, with_bias=with_bias, act=act, leaky_slope=leaky_slope, save_z=save_z, z_out=z_out,
             lt_workspace=lt_workspace, math=math, stream=stream, autotune=autotune, determinism=determinism)
@@ -169,8 +186,8 @@ def _on_device(offsets):
 @substitute_in_graph(grouped.moe_gemm)
 def moe_gemm(x, w, group_offsets, out, *, w_layout="kn", math="tf32", stream=None, route=None, autotune=None,
              determinism=None, check_offsets=False):
-    if stream is not None or not _tensors(x, w, out):
-        return _eagerly("moe_gemm", _why(stream))(
+    if stream is not None or not _tensors(x, w, out) or _grad(x, w, out):
+        return _eagerly("moe_gemm", _why(stream) if stream is not None or not _tensors(x, w, out) else "grad")(
             x, w, group_offsets, out, w_layout=w_layout, math=math, stream=stream, route=route, autotune=autotune,
             determinism=determinism, check_offsets=check_offsets)
     if _on_device(group_offsets):
@@ -184,8 +201,9 @@ def moe_gemm(x, w, group_offsets, out, *, w_layout="kn", math="tf32", stream=Non
 @substitute_in_graph(grouped.moe_gemm_wgrad)
 def moe_gemm_wgrad(x, dy, group_offsets, dw, *, dw_layout="kn", math="tf32", stream=None, route=None, autotune=None,
                    determinism=None, check_offsets=False):
-    if stream is not None or not _tensors(x, dy, dw) or not _on_device(group_offsets):
-        why = _why(stream) if stream is not None or not _tensors(x, dy, dw) else "host_offsets"
+    if stream is not None or not _tensors(x, dy, dw) or not _on_device(group_offsets) or _grad(x, dy, dw):
+        why = (_why(stream) if stream is not None or not _tensors(x, dy, dw) else
+               "host_offsets" if not _on_device(group_offsets) else "grad")
         return _eagerly("moe_gemm_wgrad", why)(
             x, dy, group_offsets, dw, dw_layout=dw_layout, math=math, stream=stream, route=route, autotune=autotune,
             determinism=determinism, check_offsets=check_offsets)

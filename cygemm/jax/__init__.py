@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cygemm.dense import backward_reads
-from cygemm.engine.dtypes import row_of_name
+from cygemm.engine.dtypes import LEVELS, names, row_of_name
 from cygemm.jax import targets as _targets  # noqa: F401  (gives the handlers their runners)
 from cygemm.jax.ffi import TARGETS, capsules
 
@@ -168,8 +168,14 @@ def dense(x, kernel, bias=None, *, act="none", leaky_slope=0.01, math="tf32", au
     """
     x, kernel = jnp.asarray(x), jnp.asarray(kernel)
     backward_reads(act, leaky_slope)        # (an unknown activation: ValueError, before tracing further)
-    y = _dense(x.reshape(-1, x.shape[-1]), kernel, None if bias is None else jnp.asarray(bias), act,
-               float(leaky_slope), math, autotune, determinism)
+    if bias is not None:
+        bias = jnp.asarray(bias)
+        if bias.size != kernel.shape[-1] or bias.ndim > 2 or (bias.ndim == 2 and bias.shape[0] != 1):
+            raise ValueError(f"bias: expected shape ({kernel.shape[-1]},) or (1, {kernel.shape[-1]}), got {bias.shape}")
+        if bias.dtype != x.dtype:
+            raise TypeError(f"bias: expected x's dtype {x.dtype}, got {bias.dtype}")
+        bias = bias.reshape(-1)
+    y = _dense(x.reshape(-1, x.shape[-1]), kernel, bias, act, float(leaky_slope), math, autotune, determinism)
     return y.reshape(*x.shape[:-1], kernel.shape[1])
 
 
@@ -254,6 +260,12 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out_dtype="bfloat16", bias=None, ac
     mode_a, mode_b = _scale_mode(scale_mode, scale_a, scale_b, m, n)
     kb = -(-k // 128)
     kb4 = -(-kb // 4) * 4
+    blocks = {"1x128": (m, kb), "128x128": (-(-m // 128), kb)}     # a's grid by mode; b's below
+    if mode_a in blocks and tuple(scale_a.shape) != blocks[mode_a]:
+        raise ValueError(f"scale_a: a {mode_a!r} grid of a ({m}, {k}) is {blocks[mode_a]}, got {tuple(scale_a.shape)}")
+    blocks = {"1x128": (kb, n), "128x128": (kb, -(-n // 128))}
+    if mode_b in blocks and tuple(scale_b.shape) != blocks[mode_b]:
+        raise ValueError(f"scale_b: a {mode_b!r} grid of b ({k}, {n}) is {blocks[mode_b]}, got {tuple(scale_b.shape)}")
     sa = scale_a.T if mode_a == "1x128" else (_pad_k(scale_a, kb4, 1) if mode_a == "128x128" else scale_a)
     sb = _pad_k(scale_b.T, kb4, 1) if mode_b == "128x128" else scale_b
     args = [a, b, sa, sb] + ([bias] if bias is not None else []) + ([scale_out] if scale_out is not None else [])
@@ -270,6 +282,9 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out_dtype="bfloat16", bias=None, ac
 
 
 # ---------------------------------------------------------------- ragged_dot
+
+# What cygemm's grouped GEMMs take (the dense layer's float types, from the dtype table).
+_GROUPED_DTYPES = {jnp.dtype(name) for name in names(LEVELS["float"])}
 
 def _offsets(group_sizes, m):
     """G + 1 offsets, on the device: 0 and the running sums of the group sizes, the last one M
@@ -302,7 +317,8 @@ def _ragged_fwd(lhs, rhs, offsets, total, math, autotune, determinism):
 
 def _ragged_bwd(math, autotune, determinism, saved, g):
     lhs, rhs, offsets, total = saved
-    g = _in_groups(g, total)        # (the rows past the groups took no part)
+    # (the rows past the groups took no part: zeros, so that an inf or NaN there stays out)
+    g, lhs = _in_groups(g, total), _in_groups(lhs, total)
     # d lhs: g's rows times each group's rhs transposed (read in place: the "nk" layout);
     # d rhs: the ragged-K product, lhs[rows].T @ g[rows] per group (zeros for an empty group)
     glhs = _grouped(g, rhs, offsets, "nk", math, autotune, determinism)
@@ -330,8 +346,8 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     group_sizes : jax.Array (G,), integer
         Rows per group, on the device; rows past their sum give zeros.
     precision, preferred_element_type, group_offset
-        As ``jax.lax.ragged_dot``; a call that sets any of them (or mixes dtypes) runs
-        ``jax.lax.ragged_dot`` itself.
+        As ``jax.lax.ragged_dot``; a call that sets any of them, mixes dtypes, or has a dtype
+        other than float16, bfloat16 and float32 or no groups, runs ``jax.lax.ragged_dot`` itself.
     math, autotune, determinism
         As :func:`cygemm.moe_gemm`.
 
@@ -340,10 +356,13 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     jax.Array (M, N)
         Differentiable in lhs and rhs (rhs's gradient is the ragged-K grouped GEMM).
     """
-    lhs, rhs = jnp.asarray(lhs), jnp.asarray(rhs)
-    if (precision is not None or group_offset is not None or lhs.dtype != rhs.dtype
+    lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
+    if group_sizes.shape != (rhs.shape[0],):
+        raise ValueError(f"group_sizes: expected one size per group, shape ({rhs.shape[0]},), got {group_sizes.shape}")
+    if (precision is not None or group_offset is not None or lhs.dtype != rhs.dtype or rhs.shape[0] == 0
+            or lhs.dtype not in _GROUPED_DTYPES
             or (preferred_element_type is not None and jnp.dtype(preferred_element_type) != lhs.dtype)):
         return jax.lax.ragged_dot(lhs, rhs, group_sizes, precision=precision,
                                   preferred_element_type=preferred_element_type, group_offset=group_offset)
-    offsets, total = _offsets(jnp.asarray(group_sizes), lhs.shape[0])
+    offsets, total = _offsets(group_sizes, lhs.shape[0])
     return _ragged(lhs, rhs, offsets, total, math, autotune, determinism)

@@ -128,9 +128,25 @@ cdef ArrayLayout _view(const cg_xla_buffer* b, str name):
 
 def strided(ArrayLayout x, tuple shape, tuple strides):
     """Another view of x's memory: ``shape`` and ``strides`` in elements (e.g. a column-major
-    operand XLA lays out as its call asks, or a padded scale grid)."""
+    operand XLA lays out as its call asks, or a padded scale grid). ValueError where the view
+    would reach past x's elements."""
     cdef ArrayLayout v = ArrayLayout()
     cdef int i
+    cdef int64_t n = 1, last = 0
+    if len(shape) != len(strides) or len(shape) > MAX_NDIM:
+        raise ValueError(f"a view of {len(shape)} extents and {len(strides)} strides")
+    for i in range(x.d.ndim):
+        n *= x.d.shape[i]
+    for i in range(len(shape)):
+        if shape[i] == 0:
+            last = -1
+            break
+        if strides[i] < 0:
+            raise ValueError(f"a view with a negative stride: {strides}")
+        last += (shape[i] - 1) * strides[i]
+    if last >= n:
+        raise ValueError(f"a view {shape} with strides {strides} reaches element {last} of an array of {n} "
+                         f"({x.shape})")
     v.kind, v.has_memory, v.on_gpu, v.dtype, v.shape = x.kind, True, True, x.dtype, shape
     v.d = x.d
     v.d.ndim = len(shape)
@@ -171,10 +187,17 @@ cdef list _arrays(const cg_xla_list* items, str what):
 
 
 cdef cg_xla_error* _fail(const cg_xla_api* api, object exc) noexcept with gil:
-    message = f"cygemm: {type(exc).__name__}: {exc}".encode()
+    """XLA's error for exc (never NULL: XLA would read that as success)."""
+    cdef bytes message = b"cygemm: an error whose message could not be formed"
     cdef cg_xla_error_create_args e
+    e.code = CG_XLA_INTERNAL
+    try:
+        message = f"cygemm: {type(exc).__name__}: {exc}".encode("utf-8", "backslashreplace").replace(b"\0", b" ")
+        if isinstance(exc, (TypeError, ValueError)):
+            e.code = CG_XLA_INVALID_ARGUMENT
+    except BaseException:
+        pass
     e.struct_size, e.extension_start, e.message = sizeof(cg_xla_error_create_args), NULL, message
-    e.code = CG_XLA_INVALID_ARGUMENT if isinstance(exc, (TypeError, ValueError)) else CG_XLA_INTERNAL
     return api.error_create(&e)
 
 
@@ -194,6 +217,8 @@ cdef cg_xla_error* _handle(cg_xla_call_frame* f, int target) noexcept nogil:
     if f.extension_start != NULL and f.extension_start.type == CG_XLA_EXT_METADATA:
         # XLA asks which FFI version the handler was built for (and its traits: none, so XLA
         # runs the call outside its command buffers; cygemm keeps its own per-stream workspace).
+        if f.extension_start.struct_size < sizeof(cg_xla_metadata_ext):
+            return NULL         # (not the extension this handler knows: nothing written)
         m = (<cg_xla_metadata_ext*>f.extension_start).metadata
         m.version.struct_size = sizeof(cg_xla_version)
         m.version.extension_start = NULL

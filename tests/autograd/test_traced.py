@@ -82,6 +82,11 @@ def test_a_model_calling_every_public_function_is_one_graph_of_cygemms_operators
     (lambda t: PUBLIC["gemm"](t["x"], t["w"], beta=1.0), "a nonzero beta needs out"),
     (lambda t: PUBLIC["forward_into"](t["x"], t["w"], t["o"], save_z=True), "z_out and save_z disagree"),
     (lambda t: PUBLIC["moe_gemm_wgrad"](t["x"], t["o"], [0, 3, 8], torch.empty_like(t["we"])), "on the host"),
+    # a call that writes into given tensors records no gradient: eagerly cygemm refuses the tensor
+    (lambda t: PUBLIC["gemm"](t["x"].requires_grad_(), t["w"], t["o"]), "requires grad"),
+    (lambda t: PUBLIC["forward_into"](t["x"], t["w"].requires_grad_(), t["o"]), "requires grad"),
+    (lambda t: PUBLIC["scaled_matmul"](t["f8"], t["g8"], t["s"], t["s"], out=t["o"], out_dtype="bfloat16"),
+     "out_dtype the call does not make"),
 ])
 def test_a_call_the_operators_cannot_keep_breaks_fullgraph_naming_why(call, why):
     t = _fake_cuda()
@@ -108,7 +113,46 @@ def test_the_stand_ins_load_with_dynamo_in_either_order_of_imports(first):
             "assert 'torch._dynamo' not in sys.modules and 'cygemm.autograd.traced' not in sys.modules\n"
             "import torch; assert hasattr(torch.ops.cygemm, 'gemm_into')\n"
             "import torch._dynamo; assert 'cygemm.autograd.traced' in sys.modules\n"
-            "assert cygemm._torch_finder not in sys.meta_path\n"
+            "assert not any(getattr(f, 'cygemm_follower', False) for f in sys.meta_path)\n"
+            "print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+_HOOK_CASES = {
+    # an availability check (importlib.util.find_spec, as other libraries make) uses up nothing
+    "find_spec": "import importlib.util; importlib.util.find_spec('torch')\n",
+    # a reloaded cygemm keeps one finder, which does not ask itself back
+    "reload": "import importlib; importlib.reload(cygemm)\n"
+              "assert sum(getattr(f, 'cygemm_follower', False) for f in sys.meta_path) == 1\n",
+}
+
+
+@pytest.mark.parametrize("case", sorted(_HOOK_CASES))
+def test_the_watch_on_torch_survives_what_other_code_does_before_torch_is_imported(case):
+    code = ("import sys, cygemm\n" + _HOOK_CASES[case] +
+            "import torch; assert 'cygemm.autograd' in sys.modules and hasattr(torch.ops.cygemm, 'gemm_into')\n"
+            "assert type(torch.__spec__.loader).__name__ == 'SourceFileLoader', torch.__spec__.loader\n"
+            "print('ok')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_a_watched_module_whose_import_fails_stays_watched(tmp_path):
+    """The follower runs after the module's first import that succeeds (a stand-in module
+    whose first run raises, followed by a stand-in follower)."""
+    (tmp_path / "flaky_mod.py").write_text(
+        "import os\nif not os.path.exists(os.path.join(os.path.dirname(__file__), 'ok')):\n"
+        "    raise ImportError('not yet')\n")
+    (tmp_path / "follower_mod.py").write_text("FOLLOWED = True\n")
+    code = (f"import sys, os; sys.path.insert(0, {str(tmp_path)!r})\n"
+            "import cygemm\n"
+            "cygemm._pending['flaky_mod'] = 'follower_mod'\n"
+            "cygemm._follow_torch()\n"
+            "try:\n    import flaky_mod\nexcept ImportError:\n    pass\n"
+            "assert 'follower_mod' not in sys.modules\n"
+            f"open(os.path.join({str(tmp_path)!r}, 'ok'), 'w').close()\n"
+            "import flaky_mod; assert 'follower_mod' in sys.modules\n"
             "print('ok')")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]

@@ -158,7 +158,14 @@ def recorded(monkeypatch):
     def fail(stream, args, rets, attrs):
         raise ValueError("b: expected 16 columns, got 15")
 
-    runners = dict(targets.RUNNERS, cygemm_matmul=record, cygemm_int_mm=fail)
+    class Unprintable(Exception):
+        def __str__(self):
+            raise RuntimeError("no message")
+
+    def fail_badly(stream, args, rets, attrs):
+        raise Unprintable()
+
+    runners = dict(targets.RUNNERS, cygemm_matmul=record, cygemm_int_mm=fail, cygemm_dense_forward=fail_badly)
     ffi.set_runners(runners)
     yield seen
     ffi.set_runners(targets.RUNNERS)
@@ -196,6 +203,30 @@ def test_an_exception_becomes_xlas_error_with_its_message(recorded):
     call = Call(args=[(F32, 0x10000, (4, 8))], rets=[(F32, 0x40000, (4, 3))])
     assert call("cygemm_int_mm") == 0xE770
     assert call.errors == [("cygemm: ValueError: b: expected 16 columns, got 15", 3)]
+
+
+def test_an_exception_without_a_message_is_still_an_error(recorded):
+    """(XLA reads NULL as success: the error path never returns it.)"""
+    call = Call(args=[(F32, 0x10000, (4, 8))], rets=[(F32, 0x40000, (4, 3))])
+    assert call("cygemm_dense_forward") == 0xE770
+    assert call.errors == [("cygemm: an error whose message could not be formed", 13)]
+
+
+def test_a_view_past_its_buffer_is_refused():
+    from cygemm.engine.arrays import describe_array
+    call = Call()
+    b = call._items([(F32, 0x10000, (3, 256))])
+    seen = []
+    ffi.set_runners(dict(targets.RUNNERS, cygemm_matmul=lambda s, a, r, t: seen.append(a[0])))
+    try:
+        call.frame.args = b
+        assert call("cygemm_matmul") is None
+    finally:
+        ffi.set_runners(targets.RUNNERS)
+    x = seen[0]
+    assert describe_array(ffi.strided(x, (256, 3), (1, 256)))["col_stride"] == 256
+    with pytest.raises(ValueError, match="reaches element"):
+        ffi.strided(x, (256, 5), (1, 256))
 
 
 def test_an_element_type_cygemm_does_not_take_is_an_error_naming_the_operand(recorded):

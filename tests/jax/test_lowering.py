@@ -80,6 +80,7 @@ def test_ragged_dot_lowers_with_offsets_and_its_two_gradients():
 def test_ragged_dot_has_lax_ragged_dots_meaning_for_what_it_does_not_take():
     lhs, rhs, sizes = S((64, 16), jnp.bfloat16), S((4, 16, 8), jnp.bfloat16), S((4,), jnp.int32)
     assert _calls(lambda l, r, g: cj.ragged_dot(l, r, g, preferred_element_type=jnp.float32), lhs, rhs, sizes) == []
+    assert _calls(cj.ragged_dot, S((64, 16), jnp.int8), S((4, 16, 8), jnp.int8), sizes) == []      # (no int GEMM here)
     want = jax.eval_shape(jax.lax.ragged_dot, lhs, rhs, sizes)
     got = jax.eval_shape(cj.ragged_dot, lhs, rhs, sizes)
     assert (got.shape, got.dtype) == (want.shape, want.dtype)
@@ -110,7 +111,25 @@ def test_scaled_matmul_with_an_fp8_result_returns_its_amax():
     assert (out[0].shape, out[0].dtype, out[1].shape, out[1].dtype) == ((64, 32), jnp.float8_e4m3fn, (), jnp.float32)
 
 
+def test_a_bias_of_one_row_is_taken_and_differentiated_as_a_vector():
+    x, k, b = S((8, 16), jnp.float32), S((16, 4), jnp.float32), S((1, 4), jnp.float32)
+    grads = jax.eval_shape(jax.grad(lambda x, k, b: cj.dense(x, k, b, act="relu").sum(), argnums=(0, 1, 2)), x, k, b)
+    assert [g.shape for g in grads] == [(8, 16), (16, 4), (1, 4)]
+
+
 def test_bad_arguments_are_refused_before_tracing_goes_on():
+    with pytest.raises(TypeError, match="bias: expected x's dtype float32, got bfloat16"):
+        jax.eval_shape(lambda x, k, b: cj.dense(x, k, b), S((4, 8), jnp.float32), S((8, 2), jnp.float32),
+                       S((2,), jnp.bfloat16))
+    a, b = S((256, 520), jnp.float8_e4m3fn), S((520, 128), jnp.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"scale_a: a '1x128' grid of a \(256, 520\) is \(256, 5\), got \(256, 3\)"):
+        jax.eval_shape(lambda *t: cj.scaled_matmul(*t, scale_mode="1x128"), a, b, S((256, 3), jnp.float32),
+                       S((5, 128), jnp.float32))
+    with pytest.raises(ValueError, match=r"scale_b: a '128x128' grid of b \(520, 128\) is \(5, 1\), got \(4, 1\)"):
+        jax.eval_shape(lambda *t: cj.scaled_matmul(*t, scale_mode=("1x128", "128x128")), a, b,
+                       S((256, 5), jnp.float32), S((4, 1), jnp.float32))
+    with pytest.raises(ValueError, match=r"group_sizes: expected one size per group, shape \(4,\), got \(3,\)"):
+        jax.eval_shape(cj.ragged_dot, S((64, 16), jnp.float32), S((4, 16, 8), jnp.float32), S((3,), jnp.int32))
     with pytest.raises(ValueError, match="act"):
         jax.eval_shape(lambda x, k: cj.dense(x, k, act="swish2"), S((4, 8), jnp.float32), S((8, 2), jnp.float32))
     with pytest.raises(ValueError, match="scale_mode: the scales' shapes"):
