@@ -153,6 +153,10 @@ def test_ragged_dot_with_empty_groups_rows_past_them_and_its_gradients():
     wl, wr = jax.grad(h, (0, 1))(lhs, rhs)
     assert _rel(gl, np.asarray(wl, np.float64)) < 1e-4 and _rel(gr, np.asarray(wr, np.float64)) < 1e-4
     assert not np.asarray(gr)[[1, 3]].any()                 # the empty groups' weights: zero gradients
+    # rows past the groups take no part, whatever they hold
+    bad = lhs.at[80:].set(jnp.inf)
+    gl2, gr2 = jax.jit(jax.grad(f, (0, 1)))(bad, rhs)
+    assert np.array_equal(np.asarray(gr2), np.asarray(gr)) and np.isfinite(np.asarray(gl2)).all()
 
 
 def test_an_error_inside_jit_names_cygemms_reason():
