@@ -94,7 +94,7 @@ class _FakeDeviceArray:
                                          "version": 3, "strides": None}
 
 
-_OPTIONAL = {"cygemm.autograd": "torch"}
+_OPTIONAL = {"cygemm.autograd": "torch", "cygemm.jax": "jax"}
 
 
 def _installed(name):
@@ -116,7 +116,7 @@ def _check_without_gpu():
              if m.name != "cygemm.__main__"]
     # Modules of an optional dependency: checked where it is installed.
     optional = {name: dep for name, dep in _OPTIONAL.items() if not _installed(dep)}
-    names = [n for n in names if n not in optional]
+    names = [n for n in names if not any(n == o or n.startswith(o + ".") for o in optional)]
     failed = []
     for name in names:
         try:
