@@ -47,7 +47,7 @@ _WHY = {
     "beta": "a nonzero beta needs out",
     "z_out": "z_out and save_z disagree",
     "bytes": "FP8 bytes with format_a/format_b/format_out (pass torch float8 tensors)",
-    "out_dtype": "an out_dtype the call does not make",
+    "out_dtype": "an out_dtype the call does not make, or one that out's dtype disagrees with",
     "host_offsets": "group_offsets on the host (the operator takes them as a CUDA tensor)",
     "grad": "an input requires grad, and this call records no gradient (eagerly it refuses such a tensor)",
 }
