@@ -1,7 +1,7 @@
 """The host time of one cygemm.jax handler call beyond the eager call it makes: XLA's call frame
 read (two operands, a result, three attributes), the views made, the GIL taken, with the
 target's work replaced by a no-op. No GPU needed: the frame is built through ctypes as
-tests/jax/test_ffi.py builds it.
+tests/jax_ffi/test_ffi.py builds it.
 
     python3 -m benchmarks.jax_handler_host
 """
@@ -11,7 +11,7 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "jax"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests", "jax_ffi"))
 import test_ffi as frames  # noqa: E402
 
 from cygemm.jax import ffi, targets  # noqa: E402

@@ -94,7 +94,9 @@ class _FakeDeviceArray:
                                          "version": 3, "strides": None}
 
 
-_OPTIONAL = {"cygemm.autograd": "torch", "cygemm.jax": "jax"}
+# The subpackages of an optional dependency (their dependency's import name): checked where it
+# is installed (the tests read this too).
+OPTIONAL_MODULES = {"cygemm.autograd": "torch", "cygemm.jax": "jax"}
 
 
 def _installed(name):
@@ -115,7 +117,7 @@ def _check_without_gpu():
     names = [m.name for m in pkgutil.walk_packages(cygemm.__path__, "cygemm.")
              if m.name != "cygemm.__main__"]
     # Modules of an optional dependency: checked where it is installed.
-    optional = {name: dep for name, dep in _OPTIONAL.items() if not _installed(dep)}
+    optional = {name: dep for name, dep in OPTIONAL_MODULES.items() if not _installed(dep)}
     names = [n for n in names if not any(n == o or n.startswith(o + ".") for o in optional)]
     failed = []
     for name in names:

@@ -37,8 +37,8 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 API_RST = os.path.join(ROOT, "docs", "api.rst")
 
 # A module of an optional dependency is checked where that dependency is installed (the GPU
-# suite has torch; a machine without it cannot import cygemm.autograd at all).
-OPTIONAL = {"cygemm.autograd": "torch"}
+# suite has torch and JAX; a machine without them cannot import cygemm.autograd or cygemm.jax).
+from cygemm.__main__ import OPTIONAL_MODULES as OPTIONAL  # noqa: E402
 
 
 def _installed(dep):

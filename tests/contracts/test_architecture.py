@@ -202,6 +202,15 @@ def test_the_tests_mirror_each_feature(package):
     assert len(names) > 50
 
 
+def test_no_test_folder_takes_the_name_of_a_package_the_tests_import():
+    """tests/ is on sys.path while pytest runs (its conftest.py), so a folder there named like
+    an optional dependency is a namespace package that ``import jax`` finds where JAX is not
+    installed: pytest.importorskip("jax") then imports the folder instead of skipping. (The
+    tests of cygemm.jax are in tests/jax_ffi for that reason.)"""
+    taken = {"jax", "jaxlib", "torch", "cupy", "numpy", "ml_dtypes", "hypothesis", "cygemm"}
+    assert not taken & set(os.listdir(TESTS)), sorted(taken & set(os.listdir(TESTS)))
+
+
 @pytest.mark.parametrize("package", ["nn", "backend", "kernels"])
 def test_the_applications_and_kernels_have_their_test_folders(package):
     folder = os.path.join(TESTS, package)
