@@ -202,6 +202,16 @@ def test_the_tests_mirror_each_feature(package):
     assert len(names) > 50
 
 
+def test_every_subpackage_is_one_the_wheel_lists():
+    """pyproject.toml lists the packages the wheel holds (no discovery): a subpackage missing
+    there would be missing from every install but an editable one."""
+    import tomllib
+    listed = set(tomllib.load(open(os.path.join(ROOT, "pyproject.toml"), "rb"))["tool"]["setuptools"]["packages"])
+    found = {"cygemm." + os.path.relpath(folder, PACKAGE).replace(os.sep, ".") if folder != PACKAGE else "cygemm"
+             for folder, _, files in os.walk(PACKAGE) if "__init__.py" in files}
+    assert found == listed, (sorted(found - listed), sorted(listed - found))
+
+
 def test_no_test_folder_takes_the_name_of_a_package_the_tests_import():
     """tests/ is on sys.path while pytest runs (its conftest.py), so a folder there named like
     an optional dependency is a namespace package that ``import jax`` finds where JAX is not
