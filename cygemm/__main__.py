@@ -169,6 +169,14 @@ def _version(v):
     return f"{v // 1000}.{v % 1000 // 10}" if v else "none"
 
 
+def _dist_version(name):
+    import importlib.metadata
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def info(out=print):
     """Print cygemm's versions, the CUDA and cuBLAS it runs with, the GPUs and the settings
     that change what it does. Works without a GPU (and says so)."""
@@ -182,6 +190,8 @@ def info(out=print):
         out(f"cupy {cupy.__version__} ({os.path.dirname(cupy.__file__)})")
     except ImportError as exc:
         out(f"cupy: not importable ({exc}); cygemm needs it only to allocate results and for stream=None")
+    for module, dep in OPTIONAL_MODULES.items():     # (versions from the installed metadata: nothing imported)
+        out(f"{dep} {_dist_version(dep) or 'not installed'} (for {module})")
     driver = f"driver supports CUDA {_version(v['cuda_driver'])}" if v["cuda_driver"] else "no driver found"
     out(f"CUDA runtime {_version(v['cuda_runtime'])} (linked statically into cygemm), {driver}")
     lt = v["cublasLt"]

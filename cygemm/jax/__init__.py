@@ -18,6 +18,8 @@ cygemm (no jaxlib at build time); each execution takes the GIL for cygemm's chec
 as an eager call does. They are not marked for XLA's command buffers (cygemm keeps one
 cuBLASLt workspace per stream of its own), so XLA runs them between its captured graphs.
 """
+import math as _math
+import warnings
 from functools import partial
 
 try:
@@ -27,15 +29,19 @@ except ImportError as exc:          # (cygemm itself needs no JAX)
 import jax.numpy as jnp
 import numpy as np
 
+from cygemm import describe_matmul
 from cygemm.dense import backward_reads
-from cygemm.engine.dtypes import LEVELS, names, row_of_name
+from cygemm.engine.dtypes import LEVELS, expected, names, row_of_name
+from cygemm.fp8 import SCALE_MODES
 from cygemm.jax import targets as _targets  # noqa: F401  (gives the handlers their runners)
-from cygemm.jax.ffi import TARGETS, capsules
+from cygemm.jax.ffi import TARGETS, capsules, cpu_capsule
 
 __all__ = ["matmul", "dense", "int_mm", "scaled_matmul", "ragged_dot", "TARGETS"]
 
 for _name, _capsule in capsules().items():
     jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
+    # (on the CPU, cygemm's own error: these run on NVIDIA GPUs)
+    jax.ffi.register_ffi_target(_name, cpu_capsule(), platform="cpu")
 
 _COLUMNS = (1, 0)       # a 2-D operand's layout, major-to-minor: column-major (read along its rows' axis)
 
@@ -51,6 +57,37 @@ def _sum_to(x, shape):
     x = x.sum(axis=tuple(range(lead))) if lead else x
     axes = tuple(i for i, n in enumerate(shape) if n == 1 and x.shape[i] != 1)
     return x.sum(axis=axes, keepdims=True) if axes else x
+
+
+# ---------------------------------------------------------------- argument checks, while tracing
+# (a call's arrays are only shapes and dtypes here: what cygemm's eager readers check of them is
+# checked before XLA compiles anything, naming the argument)
+
+_WIDE = {jnp.dtype(n) for n in names(LEVELS["wide"])}       # matmul's dtypes
+_FLOAT = {jnp.dtype(n) for n in names(LEVELS["float"])}     # the dense layer's and the grouped GEMMs'
+_FP8 = {jnp.dtype(n) for n in names(LEVELS["fp8"])}
+_F32 = jnp.dtype(jnp.float32)
+
+
+def _options(math, autotune, determinism):
+    """cygemm's own checks of the options (its describe_matmul of a 1 x 1 product: no GPU)."""
+    describe_matmul(((1, 1), _F32.name), ((1, 1), _F32.name), math=math, autotune=autotune, determinism=determinism)
+
+
+def _ndim(x, name, want):
+    if x.ndim not in want:
+        raise ValueError(f"{name}: expected a {' or '.join(f'{n}-D' for n in want)} array, got {x.ndim}-D {x.shape}")
+
+
+def _dtype(x, name, allowed, listed):
+    if x.dtype not in allowed:
+        raise TypeError(f"{name}: expected {listed}, got {x.dtype}")
+
+
+def _inner(a, b, names_, ka, kb):
+    if ka != kb:
+        raise ValueError(f"{names_[1]}: its rows must match {names_[0]}'s columns ({ka}), got shapes {a.shape} "
+                         f"and {b.shape}")
 
 
 # ---------------------------------------------------------------- matmul
@@ -97,6 +134,14 @@ def matmul(a, b, *, math="tf32", autotune=None, determinism=None):
     if a.ndim == 0 or b.ndim == 0:
         raise ValueError(f"{'a' if a.ndim == 0 else 'b'}: matmul needs at least 1 dimension, got a 0-D array")
     dtype = jnp.result_type(a, b)
+    if dtype not in _WIDE:
+        raise TypeError(f"a, b: expected {expected(LEVELS['wide'])} (after jnp's promotion), got {a.dtype} and {b.dtype}")
+    _inner(a, b, ("a", "b"), a.shape[-1], b.shape[-2] if b.ndim > 1 else b.shape[0])
+    try:
+        jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    except ValueError:
+        raise ValueError(f"a, b: their batch axes {a.shape[:-2]} and {b.shape[:-2]} do not broadcast") from None
+    _options(math, autotune, determinism)
     a, b = a.astype(dtype), b.astype(dtype)
     y = _matmul(a[None] if a.ndim == 1 else a, b[:, None] if b.ndim == 1 else b, math, autotune, determinism)
     if b.ndim == 1:
@@ -134,7 +179,7 @@ def _dense_bwd(act, leaky_slope, math, autotune, determinism, saved, gy):
     shapes = [jax.ShapeDtypeStruct((m, k), x.dtype), jax.ShapeDtypeStruct((k, n), x.dtype)]
     if has_bias:
         shapes.append(jax.ShapeDtypeStruct((n,), x.dtype))
-    if act != "none":           # dZ's scratch, from XLA
+    if backward_reads(act, leaky_slope) is not None:       # an activation: dZ's scratch, from XLA
         shapes.append(jax.ShapeDtypeStruct((m, n), x.dtype))
     call = jax.ffi.ffi_call("cygemm_dense_backward", tuple(shapes), vmap_method="sequential")
     grads = call(x, kernel, gy, gy if kept is None else kept, act=act, leaky_slope=np.float64(leaky_slope),
@@ -168,6 +213,16 @@ def dense(x, kernel, bias=None, *, act="none", leaky_slope=0.01, math="tf32", au
     """
     x, kernel = jnp.asarray(x), jnp.asarray(kernel)
     backward_reads(act, leaky_slope)        # (an unknown activation: ValueError, before tracing further)
+    _ndim(kernel, "kernel", (2,))
+    if x.ndim == 0:
+        raise ValueError("x: expected an array of at least 1 dimension (..., K), got a 0-D array")
+    _dtype(x, "x", _FLOAT, expected(LEVELS["float"]))
+    if kernel.dtype != x.dtype:
+        raise TypeError(f"kernel: expected x's dtype {x.dtype}, got {kernel.dtype}")
+    _inner(x, kernel, ("x", "kernel"), x.shape[-1], kernel.shape[0])
+    if not (float(leaky_slope) >= 0 and _math.isfinite(float(leaky_slope))):
+        raise ValueError(f"leaky_slope: expected a finite number >= 0, got {leaky_slope!r}")
+    _options(math, autotune, determinism)
     if bias is not None:
         bias = jnp.asarray(bias)
         if bias.size != kernel.shape[-1] or bias.ndim > 2 or (bias.ndim == 2 and bias.shape[0] != 1):
@@ -196,6 +251,11 @@ def int_mm(a, b, *, autotune=None, determinism=None):
     jax.Array (M, N), int32
         Not differentiable.
     """
+    for x, name in ((a, "a"), (b, "b")):
+        _ndim(x, name, (2,))
+        _dtype(x, name, {jnp.dtype(jnp.int8)}, jnp.dtype(jnp.int8).name)
+    _inner(a, b, ("a", "b"), a.shape[1], b.shape[0])
+    _options("tf32", autotune, determinism)
     call = jax.ffi.ffi_call("cygemm_int_mm", jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), jnp.int32),
                             input_layouts=[None, _COLUMNS], vmap_method="sequential")
     return call(a, b, **_policy(autotune, determinism))
@@ -255,9 +315,25 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out_dtype="bfloat16", bias=None, ac
     row = row_of_name(out_dtype)
     if row is None:
         raise ValueError(f"out_dtype: expected a float or FP8 type name, got {out_dtype!r}")
+    for x, name in ((a, "a"), (b, "b")):
+        _ndim(x, name, (2,))
+        _dtype(x, name, _FP8, expected(LEVELS["fp8"]))
+    _inner(a, b, ("a", "b"), a.shape[1], b.shape[0])
+    for x, name in ((scale_a, "scale_a"), (scale_b, "scale_b")) + (((scale_out, "scale_out"),) if scale_out is not None else ()):
+        _dtype(x, name, {_F32}, _F32.name)
+    for mode in ((scale_mode,) if isinstance(scale_mode, str) else tuple(scale_mode or ())):
+        if mode not in SCALE_MODES:
+            raise ValueError(f"scale_mode: expected one of {sorted(SCALE_MODES)} or a pair of them, got {mode!r}")
+    _options("tf32", autotune, determinism)
     m, k = a.shape
     n = b.shape[1]
     mode_a, mode_b = _scale_mode(scale_mode, scale_a, scale_b, m, n)
+    if mode_a == "tensor" and (scale_a.size != 1 or scale_b.size != 1):
+        raise ValueError(f"scale_a, scale_b: per-tensor scales have one element each, got {scale_a.shape} and "
+                         f"{scale_b.shape}")
+    if mode_a == "rowwise" and (scale_a.shape != (m, 1) or scale_b.shape != (1, n)):
+        raise ValueError(f"scale_a, scale_b: rowwise scales of ({m}, {k}) @ ({k}, {n}) are ({m}, 1) and (1, {n}), "
+                         f"got {scale_a.shape} and {scale_b.shape}")
     kb = -(-k // 128)
     kb4 = -(-kb // 4) * 4
     blocks = {"1x128": (m, kb), "128x128": (-(-m // 128), kb)}     # a's grid by mode; b's below
@@ -312,6 +388,7 @@ def _ragged(lhs, rhs, offsets, total, math, autotune, determinism):
 
 
 def _ragged_fwd(lhs, rhs, offsets, total, math, autotune, determinism):
+    _options(math, autotune, determinism)
     return _ragged(lhs, rhs, offsets, total, math, autotune, determinism), (lhs, rhs, offsets, total)
 
 
@@ -357,12 +434,23 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
         Differentiable in lhs and rhs (rhs's gradient is the ragged-K grouped GEMM).
     """
     lhs, rhs, group_sizes = jnp.asarray(lhs), jnp.asarray(rhs), jnp.asarray(group_sizes)
+    _ndim(lhs, "lhs", (2,))
+    _ndim(rhs, "rhs", (3,))
+    _inner(lhs, rhs, ("lhs", "rhs"), lhs.shape[1], rhs.shape[1])
+    if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+        raise TypeError(f"group_sizes: expected an integer array, got {group_sizes.dtype}")
     if group_sizes.shape != (rhs.shape[0],):
         raise ValueError(f"group_sizes: expected one size per group, shape ({rhs.shape[0]},), got {group_sizes.shape}")
-    if (precision is not None or group_offset is not None or lhs.dtype != rhs.dtype or rhs.shape[0] == 0
-            or lhs.dtype not in _GROUPED_DTYPES
-            or (preferred_element_type is not None and jnp.dtype(preferred_element_type) != lhs.dtype)):
+    why = ("precision" if precision is not None else "group_offset" if group_offset is not None else
+           "mixed dtypes" if lhs.dtype != rhs.dtype else "no groups" if rhs.shape[0] == 0 else
+           f"{lhs.dtype} operands" if lhs.dtype not in _GROUPED_DTYPES else
+           f"preferred_element_type={jnp.dtype(preferred_element_type)} with {lhs.dtype} operands (cygemm's grouped "
+           "GEMM writes the operands' dtype)"
+           if preferred_element_type is not None and jnp.dtype(preferred_element_type) != lhs.dtype else None)
+    if why is not None:
+        warnings.warn(f"cygemm.jax.ragged_dot: {why}: running jax.lax.ragged_dot instead", stacklevel=2)
         return jax.lax.ragged_dot(lhs, rhs, group_sizes, precision=precision,
                                   preferred_element_type=preferred_element_type, group_offset=group_offset)
     offsets, total = _offsets(group_sizes, lhs.shape[0])
+    _options(math, autotune, determinism)
     return _ragged(lhs, rhs, offsets, total, math, autotune, determinism)

@@ -22,6 +22,7 @@ from cygemm.engine.types cimport MAX_NDIM
 
 cdef extern from "cygemm/xla_ffi.h" nogil:
     int CG_XLA_FFI_MAJOR, CG_XLA_FFI_MINOR, CG_XLA_EXT_METADATA, CG_XLA_INVALID_ARGUMENT, CG_XLA_INTERNAL
+    int CG_XLA_FAILED_PRECONDITION
     int CG_XLA_ATTR_SCALAR, CG_XLA_ATTR_STRING, CG_XLA_ARG_BUFFER, CG_XLA_STAGE_EXECUTE
     ctypedef struct cg_xla_ext:
         size_t struct_size
@@ -212,18 +213,36 @@ cdef cg_xla_error* _call(cg_xla_call_frame* f, int target, uintptr_t stream) noe
     return NULL
 
 
-cdef cg_xla_error* _handle(cg_xla_call_frame* f, int target) noexcept nogil:
+cdef bint _answered(cg_xla_call_frame* f) noexcept nogil:
+    """Whether this was XLA's question of which FFI version the handler was built for (and its
+    traits: none, so XLA runs the call outside its command buffers; cygemm keeps its own
+    per-stream workspace); answered."""
     cdef cg_xla_metadata* m
-    if f.extension_start != NULL and f.extension_start.type == CG_XLA_EXT_METADATA:
-        # XLA asks which FFI version the handler was built for (and its traits: none, so XLA
-        # runs the call outside its command buffers; cygemm keeps its own per-stream workspace).
-        if f.extension_start.struct_size < sizeof(cg_xla_metadata_ext):
-            return NULL         # (not the extension this handler knows: nothing written)
+    if f.extension_start == NULL or f.extension_start.type != CG_XLA_EXT_METADATA:
+        return False
+    if f.extension_start.struct_size >= sizeof(cg_xla_metadata_ext):     # (else not one this handler knows)
         m = (<cg_xla_metadata_ext*>f.extension_start).metadata
         m.version.struct_size = sizeof(cg_xla_version)
         m.version.extension_start = NULL
         m.version.major, m.version.minor = CG_XLA_FFI_MAJOR, CG_XLA_FFI_MINOR
         m.traits = 0
+    return True
+
+
+cdef cg_xla_error* _on_the_cpu(cg_xla_call_frame* f) noexcept nogil:
+    """Every target's handler on XLA's CPU platform: cygemm's error, not XLA's 'no handler'."""
+    if _answered(f):
+        return NULL
+    cdef cg_xla_error_create_args e
+    e.struct_size, e.extension_start, e.code = sizeof(cg_xla_error_create_args), NULL, CG_XLA_FAILED_PRECONDITION
+    e.message = (b"cygemm: cygemm.jax runs on NVIDIA GPUs (through cuBLAS), and this computation was placed on "
+                 b"the CPU: JAX sees no GPU here (install JAX with CUDA, pip install 'jax[cuda13]', on a "
+                 b"machine with an NVIDIA GPU), or the computation was put on a CPU device")
+    return f.api.error_create(&e)
+
+
+cdef cg_xla_error* _handle(cg_xla_call_frame* f, int target) noexcept nogil:
+    if _answered(f):
         return NULL
     if f.stage != CG_XLA_STAGE_EXECUTE:
         return NULL
@@ -272,3 +291,9 @@ def set_runners(dict runners):
 def capsules():
     """{target name: the PyCapsule of its handler}, for ``jax.ffi.register_ffi_target``."""
     return {name: PyCapsule_New(<void*>_HANDLERS[i], NULL, NULL) for i, name in enumerate(TARGETS)}
+
+
+def cpu_capsule():
+    """The PyCapsule of the handler every target has on XLA's CPU platform: it fails with
+    cygemm's message (cygemm.jax runs on NVIDIA GPUs)."""
+    return PyCapsule_New(<void*>_on_the_cpu, NULL, NULL)

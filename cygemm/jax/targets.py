@@ -76,7 +76,7 @@ def dense_backward(stream, args, rets, attrs):
     rets = list(rets)
     gx, gk = rets.pop(0), rets.pop(0)
     gb = rets.pop(0) if attrs["has_bias"] else None
-    work = rets.pop(0) if attrs["act"] != "none" else None
+    work = rets.pop(0) if attrs["saves"] else None       # (an activation: its dZ scratch)
     saves = attrs["saves"]
     dense.backward_into(x, kernel, gy, saved if saves == "z" else None, y=saved if saves == "y" else None,
                         with_bias=attrs["has_bias"], act=attrs["act"], leaky_slope=attrs["leaky_slope"], gA_out=gx,

@@ -38,8 +38,8 @@ typedef struct {
 typedef struct cg_xla_error cg_xla_error;           /* opaque: made by XLA's Error_Create */
 typedef struct cg_xla_context cg_xla_context;       /* opaque: the execution context */
 
-/* Error codes (absl's): the two a handler returns. */
-enum { CG_XLA_INVALID_ARGUMENT = 3, CG_XLA_INTERNAL = 13 };
+/* Error codes (absl's): those a handler returns. */
+enum { CG_XLA_INVALID_ARGUMENT = 3, CG_XLA_FAILED_PRECONDITION = 9, CG_XLA_INTERNAL = 13 };
 
 typedef struct {
     size_t struct_size;

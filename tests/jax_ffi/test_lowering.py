@@ -151,3 +151,54 @@ def test_vmap_of_matmul_is_one_broadcast_call_and_of_dense_a_loop():
 def test_every_target_is_one_the_handlers_serve():
     from cygemm.jax.targets import RUNNERS
     assert set(cj.TARGETS) == set(RUNNERS)
+
+
+F8 = jnp.float8_e4m3fn
+f32, bf16, i8 = jnp.float32, jnp.bfloat16, jnp.int8
+BAD = [     # (function, its operands' (shape, dtype), keywords, error, message)
+    (cj.matmul, [((8, 16), f32), ((17, 4), f32)], {}, ValueError, r"^b: its rows must match a's columns \(16\)"),
+    (cj.matmul, [((8, 16), jnp.int32), ((16, 4), jnp.int32)], {}, TypeError, r"^a, b: expected .* got int32 and int32"),
+    (cj.matmul, [((2, 8, 16), f32), ((3, 16, 4), f32)], {}, ValueError, r"^a, b: their batch axes"),
+    (cj.matmul, [((8, 16), f32), ((16, 4), f32)], dict(math="bogus"), ValueError, "math"),
+    (cj.matmul, [((8, 16), f32), ((16, 4), f32)], dict(determinism="bogus"), ValueError, "determinism"),
+    (cj.dense, [((8, 16), f32), ((17, 4), f32)], {}, ValueError, r"^kernel: its rows must match x's columns"),
+    (cj.dense, [((8, 16), f32), ((16, 4), bf16)], {}, TypeError, r"^kernel: expected x's dtype float32"),
+    (cj.dense, [((8, 16), f32), ((2, 16, 4), f32)], {}, ValueError, r"^kernel: expected a 2-D array"),
+    (cj.dense, [((8, 16), f32), ((16, 4), f32)], dict(act="leaky_relu", leaky_slope=-1), ValueError, r"^leaky_slope"),
+    (cj.ragged_dot, [((64, 16), f32), ((16, 8), f32), ((4,), jnp.int32)], {}, ValueError,
+     r"^rhs: expected a 3-D array, got 2-D"),
+    (cj.ragged_dot, [((64, 16), f32), ((4, 17, 8), f32), ((4,), jnp.int32)], {}, ValueError,
+     r"^rhs: its rows must match lhs's columns"),
+    (cj.ragged_dot, [((64, 16), f32), ((4, 16, 8), f32), ((4,), f32)], {}, TypeError,
+     r"^group_sizes: expected an integer array"),
+    (cj.scaled_matmul, [((64, 128), bf16), ((128, 32), F8), ((), f32), ((), f32)], {}, TypeError,
+     r"^a: expected float8_e4m3fn or float8_e5m2, got bfloat16"),
+    (cj.scaled_matmul, [((64, 128), F8), ((128, 32), F8), ((), jnp.float16), ((), f32)], {}, TypeError,
+     r"^scale_a: expected float32, got float16"),
+    (cj.scaled_matmul, [((64, 128), F8), ((128, 32), F8), ((64, 2), f32), ((1, 32), f32)], dict(scale_mode="rowwise"),
+     ValueError, r"^scale_a, scale_b: rowwise scales"),
+    (cj.scaled_matmul, [((64, 128), F8), ((128, 32), F8), ((), f32), ((), f32)], dict(scale_mode="64x64"), ValueError,
+     r"^scale_mode: expected one of"),
+    (cj.int_mm, [((8, 16), f32), ((16, 4), f32)], {}, TypeError, r"^a: expected int8, got float32"),
+    (cj.int_mm, [((8, 16), i8), ((15, 4), i8)], {}, ValueError, r"^b: its rows must match a's columns"),
+]
+
+
+@pytest.mark.parametrize("fn, operands, kwargs, error, message", BAD)
+def test_bad_shapes_dtypes_and_options_are_refused_while_tracing_naming_the_argument(fn, operands, kwargs, error,
+                                                                                      message):
+    with pytest.raises(error, match=message):
+        jax.eval_shape(lambda *t: fn(*t, **kwargs), *[S(shape, dtype) for shape, dtype in operands])
+
+
+def test_a_ragged_dot_cygemm_does_not_take_says_it_runs_xlas():
+    with pytest.warns(UserWarning, match=r"ragged_dot: preferred_element_type=float32 with bfloat16 operands"):
+        jax.eval_shape(lambda l, r, g: cj.ragged_dot(l, r, g, preferred_element_type=jnp.float32),
+                       S((64, 16), jnp.bfloat16), S((4, 16, 8), jnp.bfloat16), S((4,), jnp.int32))
+
+
+def test_a_call_placed_on_the_cpu_fails_with_cygemms_message():
+    """XLA's CPU runs the handler every target has there (a real XLA execution, no GPU): it
+    answers XLA's version question and fails naming why, instead of XLA's 'no handler'."""
+    with pytest.raises(Exception, match=r"FAILED_PRECONDITION: cygemm: cygemm.jax runs on NVIDIA GPUs"):
+        jax.block_until_ready(jax.jit(cj.matmul, backend="cpu")(jnp.ones((8, 16)), jnp.ones((16, 4))))
