@@ -60,15 +60,25 @@ def _eagerly(name, key):
     return _eager[name, key]
 
 
-def _why(stream):
-    return "stream" if stream is not None else "arrays"
-
-
-def _grad(*arrays):
-    """Whether grad mode is on and an array requires grad: the calls that write into given
-    tensors record no gradient, so such a call runs eagerly, where cygemm refuses it by name
-    (the operators would drop the gradient without a word)."""
-    return torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in arrays)
+def _reason(stream, arrays, before=(), after=(), grad=True):
+    """Why a call runs eagerly (a key of ``_WHY``), or None where it stays in the graph: the
+    first of ``before``'s (key, holds) pairs that holds, an explicit stream, an array that is no
+    torch tensor, the first of ``after``'s, and (``grad``) an input that requires grad with grad
+    mode on: the calls that write into given tensors record no gradient, so such a call runs
+    eagerly, where cygemm refuses it by name (the operators would drop the gradient silently)."""
+    for key, holds in before:
+        if holds:
+            return key
+    if stream is not None:
+        return "stream"
+    if not _tensors(*arrays):
+        return "arrays"
+    for key, holds in after:
+        if holds:
+            return key
+    if grad and torch.is_grad_enabled() and any(x is not None and x.requires_grad for x in arrays):
+        return "grad"
+    return None
 
 
 def _trans(t):
@@ -80,14 +90,12 @@ def _trans(t):
 
 @substitute_in_graph(cygemm.matmul)
 def matmul(a, b, out=None, *, math="tf32", stream=None, autotune=None, determinism=None):
-    if stream is not None or not _tensors(a, b, out):
-        return _eagerly("matmul", _why(stream))(a, b, out, math=math, stream=stream, autotune=autotune,
-                                                     determinism=determinism)
-    if out is None:         # (the differentiable operator, as the eager call records a gradient)
+    # (with no out, the differentiable operator: the eager call records a gradient)
+    why = _reason(stream, (a, b, out), grad=out is not None)
+    if why is not None:
+        return _eagerly("matmul", why)(a, b, out, math=math, stream=stream, autotune=autotune, determinism=determinism)
+    if out is None:
         return ops._matmul_op(a, b, math, autotune, determinism)
-    if _grad(a, b, out):
-        return _eagerly("matmul", "grad")(a, b, out, math=math, stream=stream, autotune=autotune,
-                                          determinism=determinism)
     into.matmul_into(a, b, out, math, autotune, determinism)
     return out
 
@@ -102,9 +110,8 @@ def _gemm_shape(A, B, trans_a, trans_b, batched):
 
 
 def _gemm(run, batched, A, B, out, trans_a, trans_b, alpha, beta, math, stream, autotune, determinism):
-    if stream is not None or not _tensors(A, B, out) or (out is None and beta != 0) or _grad(A, B, out):
-        why = _why(stream) if stream is not None or not _tensors(A, B, out) else (
-            "beta" if out is None and beta != 0 else "grad")
+    why = _reason(stream, (A, B, out), after=(("beta", out is None and beta != 0),))
+    if why is not None:
         return _eagerly(run, why)(A, B, out, trans_a=trans_a, trans_b=trans_b, alpha=alpha, beta=beta, math=math,
                                   stream=stream, autotune=autotune, determinism=determinism)
     trans_a, trans_b = _trans(trans_a), _trans(trans_b)
@@ -130,9 +137,9 @@ def gemm_strided_batched(A, B, out=None, *, trans_a=False, trans_b=False, alpha=
 
 @substitute_in_graph(cygemm.int_mm)
 def int_mm(A, B, out=None, *, stream=None, autotune=None, determinism=None):
-    if stream is not None or not _tensors(A, B, out) or _grad(A, B, out):
-        return _eagerly("int_mm", _why(stream) if stream is not None or not _tensors(A, B, out) else "grad")(A, B, out, stream=stream, autotune=autotune,
-                                                     determinism=determinism)
+    why = _reason(stream, (A, B, out))
+    if why is not None:
+        return _eagerly("int_mm", why)(A, B, out, stream=stream, autotune=autotune, determinism=determinism)
     if out is None:
         out = A.new_empty((A.shape[0], B.shape[1]), dtype=torch.int32)
     into.int_mm_into(A, B, out, autotune, determinism)
@@ -148,9 +155,8 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
     # an out_dtype the call does not make, or one out's dtype disagrees with: the eager call says which
     unknown = out_dtype not in _SCALED_DTYPES or (out is not None and out_dtype is not None
                                                   and _tensors(out) and _SCALED_DTYPES[out_dtype] != out.dtype)
-    if stream is not None or as_bytes or unknown or not _tensors(*arrays) or _grad(*arrays):
-        why = ("bytes" if as_bytes else "out_dtype" if unknown else
-               _why(stream) if stream is not None or not _tensors(*arrays) else "grad")
+    why = _reason(stream, arrays, before=(("bytes", as_bytes), ("out_dtype", unknown)))
+    if why is not None:
         return _eagerly("scaled_matmul", why)(
             a, b, scale_a, scale_b, out=out, out_dtype=out_dtype, bias=bias, act=act, scale_out=scale_out,
             amax_out=amax_out, format_a=format_a, format_b=format_b, format_out=format_out, fast_accum=fast_accum,
@@ -166,11 +172,9 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out=None, out_dtype=None, bias=None
 @substitute_in_graph(dense.forward_into)
 def forward_into(A, B, out, bias=None, *, with_bias=True, act="none", leaky_slope=0.01, save_z=False, z_out=None,
                  lt_workspace=None, math="tf32", stream=None, autotune=None, determinism=None):
-    disagree = (z_out is not None) != bool(save_z)
-    arrays = (A, B, out, bias, z_out, lt_workspace)
-    if stream is not None or disagree or not _tensors(*arrays) or _grad(*arrays):
-        why = ("z_out" if disagree and stream is None else
-               _why(stream) if stream is not None or not _tensors(*arrays) else "grad")
+    why = _reason(stream, (A, B, out, bias, z_out, lt_workspace),
+                  after=(("z_out", (z_out is not None) != bool(save_z)),))
+    if why is not None:
         return _eagerly("forward_into", why)(
             A, B, out, bias, with_bias=with_bias, act=act, leaky_slope=leaky_slope, save_z=save_z, z_out=z_out,
             lt_workspace=lt_workspace, math=math, stream=stream, autotune=autotune, determinism=determinism)
@@ -186,8 +190,9 @@ def _on_device(offsets):
 @substitute_in_graph(grouped.moe_gemm)
 def moe_gemm(x, w, group_offsets, out, *, w_layout="kn", math="tf32", stream=None, route=None, autotune=None,
              determinism=None, check_offsets=False):
-    if stream is not None or not _tensors(x, w, out) or _grad(x, w, out):
-        return _eagerly("moe_gemm", _why(stream) if stream is not None or not _tensors(x, w, out) else "grad")(
+    why = _reason(stream, (x, w, out))
+    if why is not None:
+        return _eagerly("moe_gemm", why)(
             x, w, group_offsets, out, w_layout=w_layout, math=math, stream=stream, route=route, autotune=autotune,
             determinism=determinism, check_offsets=check_offsets)
     if _on_device(group_offsets):
@@ -201,9 +206,8 @@ def moe_gemm(x, w, group_offsets, out, *, w_layout="kn", math="tf32", stream=Non
 @substitute_in_graph(grouped.moe_gemm_wgrad)
 def moe_gemm_wgrad(x, dy, group_offsets, dw, *, dw_layout="kn", math="tf32", stream=None, route=None, autotune=None,
                    determinism=None, check_offsets=False):
-    if stream is not None or not _tensors(x, dy, dw) or not _on_device(group_offsets) or _grad(x, dy, dw):
-        why = (_why(stream) if stream is not None or not _tensors(x, dy, dw) else
-               "host_offsets" if not _on_device(group_offsets) else "grad")
+    why = _reason(stream, (x, dy, dw), after=(("host_offsets", not _on_device(group_offsets)),))
+    if why is not None:
         return _eagerly("moe_gemm_wgrad", why)(
             x, dy, group_offsets, dw, dw_layout=dw_layout, math=math, stream=stream, route=route, autotune=autotune,
             determinism=determinism, check_offsets=check_offsets)

@@ -179,11 +179,12 @@ def _dense_bwd(act, leaky_slope, math, autotune, determinism, saved, gy):
     shapes = [jax.ShapeDtypeStruct((m, k), x.dtype), jax.ShapeDtypeStruct((k, n), x.dtype)]
     if has_bias:
         shapes.append(jax.ShapeDtypeStruct((n,), x.dtype))
-    if backward_reads(act, leaky_slope) is not None:       # an activation: dZ's scratch, from XLA
+    saves = backward_reads(act, leaky_slope)
+    if saves is not None:       # an activation: dZ's scratch, from XLA
         shapes.append(jax.ShapeDtypeStruct((m, n), x.dtype))
     call = jax.ffi.ffi_call("cygemm_dense_backward", tuple(shapes), vmap_method="sequential")
     grads = call(x, kernel, gy, gy if kept is None else kept, act=act, leaky_slope=np.float64(leaky_slope),
-                 has_bias=np.bool_(has_bias), saves=backward_reads(act, leaky_slope) or "", math=math,
+                 has_bias=np.bool_(has_bias), saves=saves or "", math=math,
                  **_policy(autotune, determinism))
     return grads[0], grads[1], grads[2] if has_bias else None
 

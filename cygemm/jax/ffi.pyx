@@ -92,22 +92,20 @@ cdef enum:
     XLA_F64 = 12
 
 
-cdef int _cuda_type(int xla) noexcept nogil:
-    """The cudaDataType of XLA's element type code, from the dtype table (-1: none)."""
+cdef const cg_dtype_row* _row_of_xla(int xla) noexcept nogil:
+    """The dtype table's row of XLA's element type code (NULL: none)."""
     cdef int i
-    cdef const cg_dtype_row* r
     for i in range(cg_N_DTYPES):
-        r = cg_dtype_at(i)
-        if r.xla == xla:
-            return r.cuda
-    return -1
+        if cg_dtype_at(i).xla == xla:
+            return cg_dtype_at(i)
+    return NULL
 
 
 cdef ArrayLayout _view(const cg_xla_buffer* b, str name):
     """XLA's buffer as the readers take a device array: row-major (the layouts each call
     asks XLA for; a view with other strides is made from this one)."""
-    cdef int t = _cuda_type(b.dtype)
-    if t < 0:
+    cdef const cg_dtype_row* r = _row_of_xla(b.dtype)
+    if r == NULL:
         raise TypeError(f"{name}: XLA element type {b.dtype} is not one cygemm computes with")
     if b.rank > MAX_NDIM:
         raise ValueError(f"{name}: expected at most {MAX_NDIM} dimensions, got {b.rank}")
@@ -116,11 +114,9 @@ cdef ArrayLayout _view(const cg_xla_buffer* b, str name):
     cdef int64_t step = 1
     x.kind, x.has_memory, x.on_gpu = LAYOUT_TYPED, True, True
     x.shape = tuple([b.dims[i] for i in range(b.rank)])
-    x.d.ptr, x.d.ndim, x.d.device, x.d.dtype, x.d.torch = <char*>b.data, b.rank, -1, <cudaDataType>t, False
-    for i in range(cg_N_DTYPES):
-        if cg_dtype_at(i).cuda == t:
-            x.d.itemsize = cg_dtype_at(i).size
-            x.dtype = cg_dtype_at(i).name.decode()
+    x.dtype = r.name.decode()
+    x.d.ptr, x.d.ndim, x.d.device, x.d.dtype, x.d.torch = <char*>b.data, b.rank, -1, <cudaDataType>r.cuda, False
+    x.d.itemsize = r.size
     for i in range(b.rank - 1, -1, -1):
         x.d.shape[i], x.d.strides[i] = b.dims[i], step
         step *= b.dims[i]
