@@ -235,7 +235,11 @@ from cygemm.engine.dtypes cimport (DTYPES_FLOAT, DTYPES_WIDE, DTYPES_GEMM, DTYPE
 from cygemm.engine.dtypes import ROWS, names, row_of_name, FP8_FORMATS, FORMATS_EXPECTED as _FORMATS_EXPECTED
 from cygemm.engine.types cimport MatrixView, ArrayDesc, MAX_NDIM, view_is_empty
 
+import sys as _sys
+
 import numpy as _np
+
+_sys_modules = _sys.modules
 
 try:
     import cupy as _cupy
@@ -346,19 +350,36 @@ cdef int _fill_desc(ArrayDesc* d, str name, uintptr_t ptr, tuple shape, object s
     return 0
 
 
+cdef tuple _ints(object seq):
+    """seq as a tuple of ints: exact non-negative ints as they are (the common case, checked in
+    C), anything else through operator.index (TypeError where it is no integer)."""
+    cdef Py_ssize_t i, n
+    if type(seq) is tuple:
+        n = len(<tuple>seq)
+        for i in range(n):
+            item = (<tuple>seq)[i]
+            if type(item) is not int or item < 0:
+                break
+        else:
+            return <tuple>seq
+    return tuple([_operator.index(v) for v in seq])
+
+
 cdef tuple _cai_layout(str name, object cai):
     """A __cuda_array_interface__'s (shape, strides): integers, extents >= 0, else TypeError or
     ValueError naming the array (CuPy and torch give theirs; another producer's is checked here)."""
     shape, strides = cai.get("shape"), cai.get("strides")
     try:
-        shape = tuple([_operator.index(n) for n in shape])
-        strides = None if strides is None else tuple([_operator.index(n) for n in strides])
+        shape = _ints(shape)
+        strides = None if strides is None else _ints(strides)
     except TypeError:
         raise TypeError(f"{name}: its __cuda_array_interface__ shape and strides must be tuples of integers "
                         f"(strides may be None), got {cai.get('shape')!r} and {cai.get('strides')!r}") from None
-    if any(n < 0 for n in shape):
-        raise ValueError(f"{name}: its __cuda_array_interface__ shape has a negative extent: {shape}")
-    if not (isinstance(data := cai.get("data"), tuple) and len(data) == 2 and type(data[0]) is int and data[0] >= 0):
+    for n in shape:
+        if n < 0:
+            raise ValueError(f"{name}: its __cuda_array_interface__ shape has a negative extent: {shape}")
+    data = cai.get("data")
+    if not (type(data) is tuple and len(<tuple>data) == 2 and type(data[0]) is int and data[0] >= 0):
         raise TypeError(f"{name}: its __cuda_array_interface__ data must be (pointer: int >= 0, read_only), got {data!r}")
     return shape, strides
 
@@ -385,8 +406,8 @@ cdef int read_array(object x, ArrayDesc* d, str name, int wide) except -1:
         return _read_layout(<ArrayLayout>x, d, name, wide)
     if _torch_tensor is not None and isinstance(x, _torch_tensor):
         return _read_torch(x, d, name, wide)
-    if _torch_tensor is None and _find_torch() and isinstance(x, _torch_tensor):    # (subclasses too)
-        return _read_torch(x, d, name, wide)
+    if _torch_tensor is None and _torch_imported() and _find_torch() and isinstance(x, _torch_tensor):
+        return _read_torch(x, d, name, wide)            # (a subclass too)
     cdef object cai
     try:
         cai = x.__cuda_array_interface__
@@ -463,7 +484,7 @@ cdef bint is_torch(object x) except -1:
     """Whether x is a torch tensor (a subclass too; torch is not imported for the question)."""
     if type(x) is _cupy_ndarray:        # the common case
         return False
-    if _torch_tensor is None and not _find_torch():
+    if _torch_tensor is None and not (_torch_imported() and _find_torch()):
         return False
     return isinstance(x, _torch_tensor)
 
@@ -472,6 +493,11 @@ def is_torch_tensor(x):
     """Whether x is a torch tensor (a subclass too; torch is not imported for the question): the
     one test of it for cygemm's Python code."""
     return is_torch(x)
+
+
+cdef inline bint _torch_imported():
+    # (a dict lookup: a call on arrays of another library, torch not imported, pays only this)
+    return "torch" in _sys_modules
 
 
 cdef bint _find_torch() except -1:
@@ -616,7 +642,7 @@ cdef int read_fp8(object x, ArrayDesc* d, str name, object fmt, str fmt_arg) exc
         mem = x.data
         _fill_desc(d, name, mem.ptr, x.shape, x.strides, 1, mem.device_id)
         found = None
-    elif (_torch_tensor is not None or _find_torch()) and isinstance(x, _torch_tensor):    # (subclasses too)
+    elif (_torch_tensor is not None or (_torch_imported() and _find_torch())) and isinstance(x, _torch_tensor):    # (subclasses too)
         if not x.is_cuda:
             raise TypeError(f"{name}: expected a CUDA tensor, got a torch tensor on {x.device}")
         _refuse_recorded(x, name)
