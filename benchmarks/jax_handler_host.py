@@ -1,5 +1,5 @@
 """The host time of one cygemm.jax handler call beyond the eager call it makes: XLA's call frame
-read (two operands, a result, three attributes), the views made, the GIL taken, with the
+read (two operands, a result and its scratch buffer, three attributes), the views made, the GIL taken, with the
 target's work replaced by a no-op. No GPU needed: the frame is built through ctypes as
 tests/jax_ffi/test_ffi.py builds it.
 
@@ -21,7 +21,7 @@ def main(rounds=7, calls=20000):
     ffi.set_runners(dict(targets.RUNNERS, cygemm_matmul=lambda stream, args, rets, attrs: None))
     try:
         call = frames.Call(args=[(frames.F32, 0x10000, (64, 64)), (frames.F32, 0x20000, (64, 64))],
-                           rets=[(frames.F32, 0x30000, (64, 64))],
+                           rets=[(frames.F32, 0x30000, (64, 64)), frames.SCRATCH],
                            attrs=[("math", "tf32"), ("autotune", ""), ("determinism", "")])
         handler, frame = frames._handler("cygemm_matmul"), ctypes.byref(call.frame)
         getpid = ctypes.CDLL(None).getpid           # a ctypes call that does nothing: subtracted

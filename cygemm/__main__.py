@@ -233,7 +233,8 @@ def info(out=print):
             "max_stream_workspaces": "32 MiB cuBLAS workspaces per thread and device",
             "plan_cache_size": "plans kept per thread",
             "determinism": "reproducible results: off, run_to_run or batch_invariant",
-            "batch_invariance": "how batch_invariant is kept: families, or cublas (cuBLASLt's own flag, 13.10)"}
+            "batch_invariance": "how batch_invariant is kept: families, or cublas (cuBLASLt's own flag, 13.10)",
+            "jax_command_buffers": "cygemm.jax's calls tell XLA they may go into its command buffers"}
     for name, value in opts.items():
         out(f"  {name} = {value!r} ({_settings._ENV[name]}; {what[name]})")
     out(f"  tuned problems in this process: {len(tuning.tuning_entries())}")

@@ -43,6 +43,9 @@ ctypedef struct GemmContext:
     int cap_workspaces
     unsigned long long use_counter
     size_t workspace_bytes
+    # The side stream and events of the calls that run in a given workspace (give_workspace):
+    # made once, its memory the given buffer's second part (never freed here).
+    StreamWorkspace given_side
 
 
 cdef GemmContext* current_context() except NULL
@@ -75,6 +78,16 @@ cdef int join_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t side, cud
 ctypedef int (*forked_fn)(void* arg, cudaStream_t main, cudaStream_t side) except -1
 cdef int run_forked(GemmContext* ctx, cudaStream_t stream, forked_fn fn, void* arg) except -1
 
+
+
+# A workspace the caller gives for this thread's calls on `stream` (XLA's scratch buffer, for
+# cygemm.jax's handlers): until take_back_workspace, those calls use it instead of the stream's
+# own and allocate nothing: its first part is the workspace and table stream_workspace and
+# stream_table give, its second (where nbytes holds two) the side stream's; without a second
+# part, run_forked runs the side's work on the stream itself. nbytes must hold one part
+# (GIVEN_PART_BYTES); ptr aligned to 256 bytes.
+cdef int give_workspace(cudaStream_t stream, void* ptr, size_t nbytes) except -1
+cdef void take_back_workspace() noexcept nogil
 
 
 # How many GPUs there are (-1 until the first context is made).

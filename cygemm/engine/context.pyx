@@ -15,6 +15,7 @@ from cygemm.bindings.cublas cimport *
 from cygemm.bindings.cublaslt cimport cublasLtCreate, cublasLtGetVersion
 from cygemm.engine.errors cimport check_cuda, check_cublas
 from cygemm.engine.settings cimport options, loaded_options
+from cygemm.engine.types cimport WORKSPACE_ALIGNMENT
 from cygemm.engine.errors import CaptureError
 # The one no-GPU check and its reason (cygemm.nn and cygemm.backend ask through here).
 from cygemm.engine.errors import gpu_unavailable_reason, require_gpu
@@ -71,6 +72,7 @@ cdef class _Context:
                         queue_free(self.ctx.workspaces[i].side_ptr)
         self.ctx.n_workspaces = 0
         self.ctx.bound = False
+        _destroy_side(&self.ctx.given_side)        # (its memory was a given buffer's)
 
     def __dealloc__(self):
         global _contexts_generation
@@ -270,6 +272,14 @@ cdef int _evict_lru(GemmContext* ctx, bint capture) except -1 nogil:
 cdef enum:
     MAX_CAPTURE_ENTRIES = 16   # remembered capture workspaces (they belong to graphs)
 
+cdef unsigned long long _allocations = 0       # workspaces allocated, by every thread
+
+
+def workspace_allocations():
+    """How many workspaces (each a stream's, a capture's or a side stream's) cygemm has
+    allocated in this process: calls in a given workspace (cygemm.jax's) add none."""
+    return _allocations
+
 
 cdef void _queue_free(void* ptr) noexcept nogil:
     """A CUDA user object's destructor (runs on CUDA's own thread: no CUDA call here)."""
@@ -294,11 +304,10 @@ cdef int _give_to_graph(void* ptr, cudaGraph_t graph) except -1 nogil:
 cdef int _workspace_entry(GemmContext* ctx, cudaStream_t stream, bint create=True) except -1 nogil:
     """Index of the workspace entry of `stream` (or of the capture under way on it), made on
     first use (create False: -2 instead of making it)."""
+    global _allocations
     cdef unsigned long long cid = 0
     cdef cudaGraph_t graph = NULL
-    capture_info(stream, &cid, &graph)
-    if cid != 0 or open_captures() > 0:
-        note_capture_id(stream, cid)
+    _note_capture(stream, &cid)
     cdef int i, eager = 0
     ctx.use_counter += 1
     for i in range(ctx.n_workspaces):
@@ -327,7 +336,9 @@ cdef int _workspace_entry(GemmContext* ctx, cudaStream_t stream, bint create=Tru
     cdef cudaError_t err = cudaMalloc(&ptr, ctx.workspace_bytes + STREAM_TABLE_BYTES)
     cudaThreadExchangeStreamCaptureMode(&mode)
     check_cuda(err, "cudaMalloc(workspace)")
+    _allocations += 1
     if cid != 0:
+        capture_info(stream, &cid, &graph)
         _give_to_graph(ptr, graph)
     i = ctx.n_workspaces
     memset(&ctx.workspaces[i], 0, sizeof(StreamWorkspace))
@@ -339,8 +350,23 @@ cdef int _workspace_entry(GemmContext* ctx, cudaStream_t stream, bint create=Tru
     return i
 
 
+cdef int _note_capture(cudaStream_t stream, unsigned long long* cid) except -1 nogil:
+    """cid: the id of the capture under way on `stream` (0: none), noted for the release queue,
+    which holds back what would invalidate it (cygemm.engine.release)."""
+    cdef cudaGraph_t graph = NULL
+    capture_info(stream, cid, &graph)
+    if cid[0] != 0 or open_captures() > 0:
+        note_capture_id(stream, cid[0])
+    return 0
+
+
 cdef void* _workspace_of(GemmContext* ctx, cudaStream_t stream, bint create) except? NULL nogil:
     cdef int i
+    cdef unsigned long long cid = 0
+    cdef char* given = _given_for(stream) if cg_given.ptr != NULL else NULL
+    if given != NULL:
+        _note_capture(stream, &cid)     # (a call in a given workspace may be captured too)
+        return given
     for i in range(ctx.n_workspaces):      # a side stream works in its owner's side workspace
         if ctx.workspaces[i].side == stream and stream != NULL and ctx.workspaces[i].side_ptr != NULL:
             return ctx.workspaces[i].side_ptr
@@ -384,6 +410,9 @@ cdef void _destroy_side(StreamWorkspace* w) noexcept nogil:
 
 
 cdef int fork_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t* side, cudaEvent_t* join) except -1 nogil:
+    global _allocations
+    if cg_given.ptr != NULL and stream == cg_given.stream:
+        return _fork_given(ctx, stream, side, join)
     cdef StreamWorkspace* w = &ctx.workspaces[_workspace_entry(ctx, stream)]
     cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
     cdef cudaError_t err = cudaSuccess
@@ -409,6 +438,7 @@ cdef int fork_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t* side, cu
         if err != cudaSuccess:
             w.side_ptr = NULL
             check_cuda(err, "cudaMalloc(side workspace)")
+        _allocations += 1
         if w.capture_id != 0:          # a capture's entry: its graph owns this one too
             capture_info(stream, &cid, &graph)
             _give_to_graph(w.side_ptr, graph)
@@ -422,6 +452,8 @@ cdef int fork_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t* side, cu
 cdef int join_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t side, cudaEvent_t join,
                    bint quiet) except -1 nogil:
     cdef int i
+    if join == NULL:            # the side's work ran on the stream itself (_fork_given)
+        return 0
     for i in range(ctx.n_workspaces):
         if ctx.workspaces[i].side == side:
             ctx.workspaces[i].forked = False
@@ -458,6 +490,107 @@ cdef int bind_stream(GemmContext* ctx, cudaStream_t stream) except -1 nogil:
     ctx.bound_workspace = ws
     ctx.bound = True
     return 0
+# ---------------------------------------------------------------- a workspace the caller gives
+# (see context.pxd): per thread, for the calls of one handler at a time.
+cdef extern from *:
+    """
+    typedef struct { void* stream; char* ptr; size_t parts; void* side; } cg_given_workspace;
+    static CG_THREAD_LOCAL cg_given_workspace cg_given;
+    """
+    ctypedef struct cg_given_workspace:
+        cudaStream_t stream
+        char* ptr
+        size_t parts
+        cudaStream_t side
+    cg_given_workspace cg_given
+
+cdef size_t GIVEN_PART_BYTES = WORKSPACE_BYTES + STREAM_TABLE_BYTES
+#: The bytes of one part of a given workspace: cuBLAS's workspace and the stream's table.
+PART_BYTES = GIVEN_PART_BYTES
+#: The alignment a given workspace's parts start at (cuBLASLt's): its first ALIGNMENT bytes may
+#: go to reach it.
+ALIGNMENT = WORKSPACE_ALIGNMENT
+
+
+cdef char* _given_for(cudaStream_t stream) noexcept nogil:
+    """The part of the given workspace that `stream` works in (NULL: none given for it)."""
+    if cg_given.ptr == NULL:
+        return NULL
+    if stream == cg_given.stream:
+        return cg_given.ptr
+    if stream == cg_given.side and cg_given.side != NULL:
+        return cg_given.ptr + GIVEN_PART_BYTES
+    return NULL
+
+
+cdef int give_workspace(cudaStream_t stream, void* ptr, size_t nbytes) except -1:
+    # (XLA aligns a buffer to fewer bytes than cuBLASLt asks of a workspace: the parts start at
+    # the first aligned address)
+    cdef size_t skip = (WORKSPACE_ALIGNMENT - <uintptr_t>ptr % WORKSPACE_ALIGNMENT) % WORKSPACE_ALIGNMENT
+    if ptr == NULL or nbytes < skip + GIVEN_PART_BYTES:
+        raise ValueError(f"workspace: expected at least {GIVEN_PART_BYTES} bytes (cuBLAS's workspace and cygemm's "
+                         f"table) from the first {WORKSPACE_ALIGNMENT}-byte aligned address, got {nbytes} bytes at "
+                         f"{<uintptr_t>ptr:#x}")
+    cg_given.stream, cg_given.ptr = stream, <char*>ptr + skip
+    cg_given.parts, cg_given.side = (nbytes - skip) // GIVEN_PART_BYTES, NULL
+    return 0
+
+
+cdef void take_back_workspace() noexcept nogil:
+    cg_given.stream, cg_given.ptr, cg_given.parts, cg_given.side = NULL, NULL, 0, NULL
+
+
+cdef int _fork_given(GemmContext* ctx, cudaStream_t stream, cudaStream_t* side, cudaEvent_t* join) except -1 nogil:
+    """fork_side in a given workspace: the context's given side stream, working in the buffer's
+    second part; with one part, no fork (the side's work runs on the stream: join NULL)."""
+    cdef StreamWorkspace* w = &ctx.given_side
+    cdef cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed
+    cdef cudaError_t err = cudaSuccess
+    if cg_given.parts < 2:
+        side[0], join[0] = stream, NULL
+        return 0
+    if w.side == NULL:          # (made once; creating them is allowed during a capture, relaxed)
+        cudaThreadExchangeStreamCaptureMode(&mode)
+        err = cudaStreamCreateWithFlags(&w.side, cudaStreamNonBlocking)
+        if err == cudaSuccess:
+            err = cudaEventCreateWithFlags(&w.fork, cudaEventDisableTiming)
+        if err == cudaSuccess:
+            err = cudaEventCreateWithFlags(&w.join, cudaEventDisableTiming)
+        cudaThreadExchangeStreamCaptureMode(&mode)
+        if err != cudaSuccess:
+            _destroy_side(w)
+            check_cuda(err, "cudaStreamCreateWithFlags/cudaEventCreateWithFlags(side stream)")
+    check_cuda(cudaEventRecord(w.fork, stream), "cudaEventRecord(fork)")
+    check_cuda(cudaStreamWaitEvent(w.side, w.fork, 0), "cudaStreamWaitEvent(fork)")
+    cg_given.side = w.side
+    side[0], join[0] = w.side, w.join
+    return 0
+
+
+def _given_now():
+    """Test hook (no GPU): the workspace given on this thread, (stream, address, parts), or None."""
+    if cg_given.ptr == NULL:
+        return None
+    return <uintptr_t>cg_given.stream, <uintptr_t>cg_given.ptr, cg_given.parts
+
+
+def _given_lookup(int stream, int ptr, int nbytes, int side, list asked):
+    """Test hook (no GPU): with a workspace given for `stream` at `ptr` (and `side` as its side
+    stream), the part each stream in `asked` works in (None: not the given buffer, its own).
+    Nothing is given afterwards."""
+    give_workspace(<cudaStream_t><uintptr_t>stream, <void*><uintptr_t>ptr, nbytes)
+    cg_given.side = <cudaStream_t><uintptr_t>side
+    out = []
+    try:
+        for s in asked:
+            p = _given_for(<cudaStream_t><uintptr_t>s)
+            out.append(None if p == NULL else <uintptr_t>p)
+    finally:
+        take_back_workspace()
+    out.append(_given_for(<cudaStream_t><uintptr_t>stream) == NULL)
+    return out
+
+
 def versions():
     """Versions of what cygemm was built with and runs on (no GPU needed): the CUDA runtime, the
     driver's CUDA, the loaded cuBLAS(Lt) (major * 10000 + minor * 100 + patch), the cuBLASLt

@@ -18,6 +18,7 @@ option                     environment variable            default
 ``plan_cache_size``        ``CYGEMM_PLAN_CACHE_SIZE``      256 plans per thread
 ``determinism``            ``CYGEMM_DETERMINISM``          ``"off"``
 ``batch_invariance``       ``CYGEMM_BATCH_INVARIANCE``     ``"families"``
+``jax_command_buffers``    ``CYGEMM_JAX_COMMAND_BUFFERS``  ``False``
 =========================  ==============================  =====================================
 """
 import os
@@ -31,10 +32,12 @@ _OFF = ("off", "none", "0", "")
 _ENV = {"autotune": "CYGEMM_AUTOTUNE", "autotune_min_macs": "CYGEMM_AUTOTUNE_MIN_MACS",
         "tuning_mode": "CYGEMM_TUNING_MODE", "tuning_cache": "CYGEMM_TUNING_CACHE",
         "max_stream_workspaces": "CYGEMM_MAX_STREAM_WORKSPACES", "plan_cache_size": "CYGEMM_PLAN_CACHE_SIZE",
-        "determinism": "CYGEMM_DETERMINISM", "batch_invariance": "CYGEMM_BATCH_INVARIANCE"}
+        "determinism": "CYGEMM_DETERMINISM", "batch_invariance": "CYGEMM_BATCH_INVARIANCE",
+        "jax_command_buffers": "CYGEMM_JAX_COMMAND_BUFFERS"}
 DEFAULTS = {"autotune": "auto", "autotune_min_macs": 2.0 ** 28, "tuning_mode": "cold",
             "tuning_cache": "default", "max_stream_workspaces": 8, "plan_cache_size": 256, "determinism": "off",
-            "batch_invariance": "families"}
+            "batch_invariance": "families", "jax_command_buffers": False}
+_ON = ("on", "1", "true", "yes")
 _INVARIANCE = ("families", "cublas")
 
 cdef Options _c
@@ -66,6 +69,12 @@ def _check(str name, value, str source):
         if str(value).lower() not in _INVARIANCE:
             raise bad("'families' or 'cublas'")
         return str(value).lower()
+    if name == "jax_command_buffers":
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _ON + _OFF:
+            return value.strip().lower() in _ON
+        raise bad("True or False (in the environment: 1 or 0)")
     if name == "tuning_mode":
         if str(value).lower() not in _TUNING_MODES:
             raise bad("'cold', 'hot' or 'sustained'")
@@ -192,7 +201,7 @@ def get_options():
     dict
         ``autotune``, ``autotune_min_macs``, ``tuning_mode``, ``tuning_cache`` (a path, or None
         when tuning is kept in the process only), ``max_stream_workspaces``, ``plan_cache_size``,
-        ``determinism``, ``batch_invariance``.
+        ``determinism``, ``batch_invariance``, ``jax_command_buffers``.
 
     Raises
     ------
@@ -238,6 +247,10 @@ def set_options(**changes):
         does), else the families. Either way the first use on an unverified cuBLAS is checked.
         On cuBLASLt 13.10.0.20 (H100, H200) no problem probed was offered an algorithm under
         the flag, so "cublas" refuses there; see :doc:`/reproducibility`.
+    jax_command_buffers : bool
+        Whether ``cygemm.jax``'s calls traced from now on (all but ``ragged_dot``'s) tell XLA
+        they may go into its command buffers (CUDA graphs, where XLA's flags let custom calls
+        in), False by default until that is verified on GPUs; see :doc:`/jax`.
 
     Returns
     -------

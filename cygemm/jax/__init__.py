@@ -13,10 +13,13 @@ function gives XLA the result's shape and dtype without running (its abstract ev
 ``matmul``, ``dense`` and ``ragged_dot`` are differentiable (``jax.grad``, ``jax.vjp``;
 ``ragged_dot``'s weight gradient is the ragged-K grouped GEMM); under ``jax.vmap``, ``matmul``
 batches by broadcasting (one call), the others call once per batch element. A call runs on
-XLA's stream; its results are XLA's buffers, written in place. The handlers are built with
-cygemm (no jaxlib at build time); each execution takes the GIL for cygemm's checks and plan,
-as an eager call does. They are not marked for XLA's command buffers (cygemm keeps one
-cuBLASLt workspace per stream of its own), so XLA runs them between its captured graphs.
+XLA's stream; its results are XLA's buffers, written in place, and it works in a scratch
+buffer XLA allocates with them (one more result of the custom call, never returned): it
+allocates nothing of its own. The handlers are built with cygemm (no jaxlib at build time);
+each execution takes the GIL for cygemm's checks and plan, as an eager call does. All but
+``ragged_dot``'s may be traced into XLA's command buffers (CUDA graphs, where XLA's flags
+enable custom calls there); ``ragged_dot``'s read the group sizes to the host where cuBLASLt's
+grouped matmul does not take the call, so XLA runs them between its graphs.
 """
 import math as _math
 import warnings
@@ -31,10 +34,12 @@ import numpy as np
 
 from cygemm import describe_matmul
 from cygemm.dense import backward_reads
+from cygemm.engine.context import PART_BYTES as _PART_BYTES, ALIGNMENT as _ALIGNMENT
 from cygemm.engine.dtypes import LEVELS, expected, names, row_of_name
 from cygemm.fp8 import SCALE_MODES
 from cygemm.jax import targets as _targets  # noqa: F401  (gives the handlers their runners)
-from cygemm.jax.ffi import TARGETS, capsules, cpu_capsule
+from cygemm.jax.ffi import CAPTURABLE, TARGETS, capsules, cpu_capsule
+from cygemm.engine.settings import get_options
 
 __all__ = ["matmul", "dense", "int_mm", "scaled_matmul", "ragged_dot", "TARGETS"]
 
@@ -49,6 +54,25 @@ _COLUMNS = (1, 0)       # a 2-D operand's layout, major-to-minor: column-major (
 def _policy(autotune, determinism):
     """The options as the handlers' string attributes ("": not given)."""
     return dict(autotune=autotune or "", determinism=determinism or "")
+
+
+def _ffi_call(target, results, *, parts=1, **options):
+    """``jax.ffi.ffi_call`` of a cygemm target with one more result, XLA's scratch buffer for the
+    call, which cygemm works in (cuBLAS's workspace and cygemm's table: ``parts`` of
+    :data:`cygemm.engine.context.PART_BYTES`, two giving a dense backward's concurrent branches
+    one each, and room to align its start) and the caller never sees: the call allocates nothing
+    of its own. With the option ``jax_command_buffers`` on, a target XLA may capture is called
+    by its "_capturable" registration, which tells XLA so."""
+    single = not isinstance(results, (tuple, list))
+    if target in CAPTURABLE and get_options()["jax_command_buffers"]:
+        target += "_capturable"         # (the registration that tells XLA it may capture the call)
+    scratch = jax.ShapeDtypeStruct((parts * _PART_BYTES + _ALIGNMENT,), jnp.uint8)
+    call = jax.ffi.ffi_call(target, ((results,) if single else tuple(results)) + (scratch,), **options)
+
+    def run(*args, **attrs):
+        out = call(*args, **attrs)
+        return out[0] if single else tuple(out[:-1])
+    return run
 
 
 def _sum_to(x, shape):
@@ -92,11 +116,30 @@ def _inner(a, b, names_, ka, kb):
 
 # ---------------------------------------------------------------- matmul
 
+def _matmul_call(a, b, math, autotune, determinism):
+    """One cygemm.matmul of a and b (batch axes broadcast); under jax.vmap, one call of the
+    batched operands (an operand vmap does not batch broadcasts, uncopied)."""
+    @jax.custom_batching.custom_vmap
+    def call(a, b):
+        shape = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+        return _ffi_call("cygemm_matmul", jax.ShapeDtypeStruct(shape, a.dtype))(
+            a, b, math=math, **_policy(autotune, determinism))
+
+    @call.def_vmap
+    def _batched(axis_size, in_batched, a, b):
+        # (vmap's axis leads a batched operand; both get as many batch axes, so that it lines up)
+        ranks = [x.ndim - 2 - bool(batched) for x, batched in zip((a, b), in_batched)]
+        lead = max(ranks)
+        a, b = [x.reshape(x.shape[:1] + (1,) * (lead - r) + x.shape[1:]) if batched
+                else x.reshape((1,) * (lead - r + 1) + x.shape) for x, r, batched in zip((a, b), ranks, in_batched)]
+        return _matmul_call(a, b, math, autotune, determinism), True
+
+    return call(a, b)
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
 def _matmul(a, b, math, autotune, determinism):
-    shape = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
-    call = jax.ffi.ffi_call("cygemm_matmul", jax.ShapeDtypeStruct(shape, a.dtype), vmap_method="broadcast_all")
-    return call(a, b, math=math, **_policy(autotune, determinism))
+    return _matmul_call(a, b, math, autotune, determinism)
 
 
 def _matmul_fwd(a, b, math, autotune, determinism):
@@ -156,7 +199,7 @@ def matmul(a, b, *, math="tf32", autotune=None, determinism=None):
 def _dense_call(x, kernel, bias, act, leaky_slope, math, autotune, determinism, save_z):
     m, n = x.shape[0], kernel.shape[1]
     y = jax.ShapeDtypeStruct((m, n), x.dtype)
-    call = jax.ffi.ffi_call("cygemm_dense_forward", (y, y) if save_z else (y,), vmap_method="sequential")
+    call = _ffi_call("cygemm_dense_forward", (y, y) if save_z else (y,), vmap_method="sequential")
     args = (x, kernel) if bias is None else (x, kernel, bias)
     return call(*args, act=act, leaky_slope=np.float64(leaky_slope), save_z=np.bool_(save_z), math=math,
                 **_policy(autotune, determinism))
@@ -182,7 +225,7 @@ def _dense_bwd(act, leaky_slope, math, autotune, determinism, saved, gy):
     saves = backward_reads(act, leaky_slope)
     if saves is not None:       # an activation: dZ's scratch, from XLA
         shapes.append(jax.ShapeDtypeStruct((m, n), x.dtype))
-    call = jax.ffi.ffi_call("cygemm_dense_backward", tuple(shapes), vmap_method="sequential")
+    call = _ffi_call("cygemm_dense_backward", tuple(shapes), parts=2, vmap_method="sequential")
     grads = call(x, kernel, gy, gy if kept is None else kept, act=act, leaky_slope=np.float64(leaky_slope),
                  has_bias=np.bool_(has_bias), saves=saves or "", math=math,
                  **_policy(autotune, determinism))
@@ -257,8 +300,8 @@ def int_mm(a, b, *, autotune=None, determinism=None):
         _dtype(x, name, {jnp.dtype(jnp.int8)}, jnp.dtype(jnp.int8).name)
     _inner(a, b, ("a", "b"), a.shape[1], b.shape[0])
     _options("tf32", autotune, determinism)
-    call = jax.ffi.ffi_call("cygemm_int_mm", jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), jnp.int32),
-                            input_layouts=[None, _COLUMNS], vmap_method="sequential")
+    call = _ffi_call("cygemm_int_mm", jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), jnp.int32),
+                     input_layouts=[None, _COLUMNS], vmap_method="sequential")
     return call(a, b, **_policy(autotune, determinism))
 
 
@@ -350,7 +393,7 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out_dtype="bfloat16", bias=None, ac
     if return_amax:
         shapes.append(jax.ShapeDtypeStruct((), jnp.float32))
     layouts = [None, _COLUMNS] + [None] * (len(args) - 2)
-    call = jax.ffi.ffi_call("cygemm_scaled_matmul", tuple(shapes), input_layouts=layouts, vmap_method="sequential")
+    call = _ffi_call("cygemm_scaled_matmul", tuple(shapes), input_layouts=layouts, vmap_method="sequential")
     out = call(*args, act=act, fast_accum=np.bool_(fast_accum), scale_mode_a=mode_a if scale_mode else "",
                scale_mode_b=mode_b if scale_mode else "", has_bias=np.bool_(bias is not None),
                has_scale_out=np.bool_(scale_out is not None), has_amax=np.bool_(return_amax),
@@ -378,8 +421,7 @@ def _in_groups(x, total):
 
 def _grouped(lhs, rhs, offsets, w_layout, math, autotune, determinism):
     n = rhs.shape[2] if w_layout == "kn" else rhs.shape[1]
-    call = jax.ffi.ffi_call("cygemm_ragged_dot", jax.ShapeDtypeStruct((lhs.shape[0], n), lhs.dtype),
-                            vmap_method="sequential")
+    call = _ffi_call("cygemm_ragged_dot", jax.ShapeDtypeStruct((lhs.shape[0], n), lhs.dtype), vmap_method="sequential")
     return call(lhs, rhs, offsets, w_layout=w_layout, math=math, **_policy(autotune, determinism))
 
 
@@ -400,8 +442,7 @@ def _ragged_bwd(math, autotune, determinism, saved, g):
     # d lhs: g's rows times each group's rhs transposed (read in place: the "nk" layout);
     # d rhs: the ragged-K product, lhs[rows].T @ g[rows] per group (zeros for an empty group)
     glhs = _grouped(g, rhs, offsets, "nk", math, autotune, determinism)
-    call = jax.ffi.ffi_call("cygemm_ragged_dot_wgrad", jax.ShapeDtypeStruct(rhs.shape, rhs.dtype),
-                            vmap_method="sequential")
+    call = _ffi_call("cygemm_ragged_dot_wgrad", jax.ShapeDtypeStruct(rhs.shape, rhs.dtype), vmap_method="sequential")
     grhs = call(lhs, g, offsets, math=math, **_policy(autotune, determinism))
     zero = np.zeros((), jax.dtypes.float0)
     return glhs, grhs, np.zeros(offsets.shape, jax.dtypes.float0), zero

@@ -6,9 +6,13 @@ XLA calls a handler with one call frame: its arrays (device pointers, XLA's elem
 shapes), its attributes and the stream XLA runs on. A handler answers XLA's question of which
 FFI version it was built for, reads the frame, and calls cygemm's public function on XLA's
 stream with the arrays as :class:`ArrayLayout` views of XLA's buffers (nothing is copied; the
-results are XLA's buffers, written in place). The call takes the GIL for its argument checks
-and its plan, as an eager call does. An error becomes XLA's error (the message cygemm's
-exception gives), so it surfaces as an ``XlaRuntimeError`` naming it.
+results are XLA's buffers, written in place). Every call's last result is XLA's scratch buffer
+for it, given to cygemm as the call's workspace (cygemm.engine.context.give_workspace): the call
+allocates nothing of its own. The targets whose every route can be captured are registered a
+second time, as "<name>_capturable", telling XLA it may trace them into its command buffers
+(cygemm.jax calls those where the option ``jax_command_buffers`` is on). The call takes the GIL
+for its argument checks and its plan, as an eager call does. An error becomes XLA's error (the
+message cygemm's exception gives), so it surfaces as an ``XlaRuntimeError`` naming it.
 
 The FFI's C ABI is declared in ``include/cygemm/xla_ffi.h`` (no jaxlib at build time).
 """
@@ -19,10 +23,12 @@ from cygemm.bindings.cudart cimport cudaDataType
 from cygemm.engine.arrays cimport ArrayLayout, LAYOUT_TYPED
 from cygemm.engine.dtypes cimport cg_dtype_row, cg_dtype_at, cg_N_DTYPES
 from cygemm.engine.types cimport MAX_NDIM
+from cygemm.engine.context cimport give_workspace, take_back_workspace
+from cygemm.bindings.cudart cimport cudaStream_t
 
 cdef extern from "cygemm/xla_ffi.h" nogil:
     int CG_XLA_FFI_MAJOR, CG_XLA_FFI_MINOR, CG_XLA_EXT_METADATA, CG_XLA_INVALID_ARGUMENT, CG_XLA_INTERNAL
-    int CG_XLA_FAILED_PRECONDITION
+    int CG_XLA_FAILED_PRECONDITION, CG_XLA_TRAIT_COMMAND_BUFFER
     int CG_XLA_ATTR_SCALAR, CG_XLA_ATTR_STRING, CG_XLA_ARG_BUFFER, CG_XLA_STAGE_EXECUTE
     ctypedef struct cg_xla_ext:
         size_t struct_size
@@ -81,12 +87,13 @@ cdef extern from "cygemm/xla_ffi.h" nogil:
     ctypedef struct cg_xla_metadata_ext:
         cg_xla_metadata* metadata
 
-__all__ = ["TARGETS", "capsules"]
+__all__ = ["TARGETS", "CAPTURABLE", "capsules"]
 
 # XLA's element type codes of scalar attributes cygemm reads (XLA_FFI_DataType's).
 cdef enum:
     XLA_PRED = 1
     XLA_S32 = 4
+    XLA_U8 = 6
     XLA_S64 = 5
     XLA_F32 = 11
     XLA_F64 = 12
@@ -173,10 +180,10 @@ cdef object _attribute(int kind, void* item):
     raise TypeError(f"an attribute of XLA kind {kind} that cygemm's handlers do not read")
 
 
-cdef list _arrays(const cg_xla_list* items, str what):
+cdef list _arrays(const cg_xla_list* items, str what, int64_t count):
     cdef int64_t i
     out = []
-    for i in range(items.size):
+    for i in range(count):
         if items.types[i] != CG_XLA_ARG_BUFFER:
             raise TypeError(f"{what} {i}: expected an array")
         out.append(_view(<cg_xla_buffer*>items.items[i], f"{what} {i}"))
@@ -198,21 +205,53 @@ cdef cg_xla_error* _fail(const cg_xla_api* api, object exc) noexcept with gil:
     return api.error_create(&e)
 
 
+cdef int _give_scratch(const cg_xla_list* rets, uintptr_t stream) except -1:
+    """The call's last result, XLA's scratch buffer (uint8, cygemm.jax asks for it), given as
+    the workspace of the call's cuBLAS and cygemm work on XLA's stream: nothing of cygemm's own
+    is allocated or shared with another call, so the call can be traced into a command buffer."""
+    if rets.size < 1 or rets.types[rets.size - 1] != CG_XLA_ARG_BUFFER:
+        raise TypeError("result: expected the call's scratch buffer last")
+    cdef const cg_xla_buffer* b = <const cg_xla_buffer*>rets.items[rets.size - 1]
+    if b.dtype != XLA_U8:
+        raise TypeError(f"result {rets.size - 1}: expected the call's scratch buffer (uint8), got XLA element "
+                        f"type {b.dtype}")
+    cdef int64_t i, nbytes = 1
+    for i in range(b.rank):
+        nbytes *= b.dims[i]
+    return give_workspace(<cudaStream_t>stream, b.data, <size_t>nbytes)
+
+
+cdef unsigned long long _executed = 0
+
+
+def executed():
+    """How many calls the handlers have run (a call XLA replays from a command buffer runs no
+    handler: it adds none)."""
+    return _executed
+
+
 cdef cg_xla_error* _call(cg_xla_call_frame* f, int target, uintptr_t stream) noexcept with gil:
+    global _executed
     cdef int64_t i
+    _executed += 1
     try:
         attrs = {f.attrs.names[i].ptr[:f.attrs.names[i].len].decode(): _attribute(f.attrs.types[i], f.attrs.items[i])
                  for i in range(f.attrs.size)}
-        _RUN[target](stream, _arrays(&f.args, "operand"), _arrays(&f.rets, "result"), attrs)
+        operands = _arrays(&f.args, "operand", f.args.size)
+        results = _arrays(&f.rets, "result", max(f.rets.size - 1, 0))
+        _give_scratch(&f.rets, stream)
+        try:
+            _RUN[target](stream, operands, results, attrs)
+        finally:
+            take_back_workspace()
     except BaseException as exc:
         return _fail(f.api, exc)
     return NULL
 
 
-cdef bint _answered(cg_xla_call_frame* f) noexcept nogil:
-    """Whether this was XLA's question of which FFI version the handler was built for (and its
-    traits: none, so XLA runs the call outside its command buffers; cygemm keeps its own
-    per-stream workspace); answered."""
+cdef bint _answered(cg_xla_call_frame* f, unsigned int traits) noexcept nogil:
+    """Whether this was XLA's question of which FFI version the handler was built for, and its
+    traits; answered."""
     cdef cg_xla_metadata* m
     if f.extension_start == NULL or f.extension_start.type != CG_XLA_EXT_METADATA:
         return False
@@ -221,13 +260,13 @@ cdef bint _answered(cg_xla_call_frame* f) noexcept nogil:
         m.version.struct_size = sizeof(cg_xla_version)
         m.version.extension_start = NULL
         m.version.major, m.version.minor = CG_XLA_FFI_MAJOR, CG_XLA_FFI_MINOR
-        m.traits = 0
+        m.traits = traits
     return True
 
 
 cdef cg_xla_error* _on_the_cpu(cg_xla_call_frame* f) noexcept nogil:
     """Every target's handler on XLA's CPU platform: cygemm's error, not XLA's 'no handler'."""
-    if _answered(f):
+    if _answered(f, 0):
         return NULL
     cdef cg_xla_error_create_args e
     e.struct_size, e.extension_start, e.code = sizeof(cg_xla_error_create_args), NULL, CG_XLA_FAILED_PRECONDITION
@@ -237,8 +276,8 @@ cdef cg_xla_error* _on_the_cpu(cg_xla_call_frame* f) noexcept nogil:
     return f.api.error_create(&e)
 
 
-cdef cg_xla_error* _handle(cg_xla_call_frame* f, int target) noexcept nogil:
-    if _answered(f):
+cdef cg_xla_error* _handle(cg_xla_call_frame* f, int target, unsigned int traits) noexcept nogil:
+    if _answered(f, traits):
         return NULL
     if f.stage != CG_XLA_STAGE_EXECUTE:
         return NULL
@@ -251,30 +290,51 @@ cdef cg_xla_error* _handle(cg_xla_call_frame* f, int target) noexcept nogil:
 
 
 # ---------------------------------------------------------------- one C entry per target
-# (XLA passes a handler nothing but its frame: each target's own function says which it is)
+# (XLA passes a handler nothing but its frame: each target's own function says which it is.)
+# Each call runs in XLA's scratch buffer on XLA's stream, and never times routes or
+# synchronizes inside a capture (cygemm.engine.chooser), so XLA may trace it into a command
+# buffer: the first five targets are registered twice, the second time ("<name>_capturable")
+# saying so. ragged_dot's groups, where cuBLASLt's grouped matmul does not take them (a cuBLASLt
+# before 13.8.1, float32, another GPU), run after reading their sizes to the host, which a
+# capture cannot: the grouped targets run between XLA's graphs.
+
+cdef unsigned int _CB = CG_XLA_TRAIT_COMMAND_BUFFER
 
 cdef cg_xla_error* _h0(cg_xla_call_frame* f) noexcept nogil:
-    return _handle(f, 0)
+    return _handle(f, 0, 0)
 cdef cg_xla_error* _h1(cg_xla_call_frame* f) noexcept nogil:
-    return _handle(f, 1)
+    return _handle(f, 1, 0)
 cdef cg_xla_error* _h2(cg_xla_call_frame* f) noexcept nogil:
-    return _handle(f, 2)
+    return _handle(f, 2, 0)
 cdef cg_xla_error* _h3(cg_xla_call_frame* f) noexcept nogil:
-    return _handle(f, 3)
+    return _handle(f, 3, 0)
 cdef cg_xla_error* _h4(cg_xla_call_frame* f) noexcept nogil:
-    return _handle(f, 4)
+    return _handle(f, 4, 0)
 cdef cg_xla_error* _h5(cg_xla_call_frame* f) noexcept nogil:
-    return _handle(f, 5)
+    return _handle(f, 5, 0)
 cdef cg_xla_error* _h6(cg_xla_call_frame* f) noexcept nogil:
-    return _handle(f, 6)
+    return _handle(f, 6, 0)
+cdef cg_xla_error* _c0(cg_xla_call_frame* f) noexcept nogil:
+    return _handle(f, 0, _CB)
+cdef cg_xla_error* _c1(cg_xla_call_frame* f) noexcept nogil:
+    return _handle(f, 1, _CB)
+cdef cg_xla_error* _c2(cg_xla_call_frame* f) noexcept nogil:
+    return _handle(f, 2, _CB)
+cdef cg_xla_error* _c3(cg_xla_call_frame* f) noexcept nogil:
+    return _handle(f, 3, _CB)
+cdef cg_xla_error* _c4(cg_xla_call_frame* f) noexcept nogil:
+    return _handle(f, 4, _CB)
 
 ctypedef cg_xla_error* (*_handler_t)(cg_xla_call_frame*) noexcept nogil
 cdef _handler_t[7] _HANDLERS = [_h0, _h1, _h2, _h3, _h4, _h5, _h6]
+cdef _handler_t[5] _CAPTURABLE_HANDLERS = [_c0, _c1, _c2, _c3, _c4]
 
 # The targets, in their handlers' order: the XLA name and the Python function that runs one
 # call (stream, operands, results, attributes), set by cygemm.jax.targets.
 TARGETS = ("cygemm_matmul", "cygemm_int_mm", "cygemm_scaled_matmul", "cygemm_dense_forward",
            "cygemm_dense_backward", "cygemm_ragged_dot", "cygemm_ragged_dot_wgrad")
+#: The targets registered a second time, as "<name>_capturable", for XLA's command buffers.
+CAPTURABLE = TARGETS[:5]
 cdef list _RUN = [None] * len(TARGETS)
 
 
@@ -285,8 +345,13 @@ def set_runners(dict runners):
 
 
 def capsules():
-    """{target name: the PyCapsule of its handler}, for ``jax.ffi.register_ffi_target``."""
-    return {name: PyCapsule_New(<void*>_HANDLERS[i], NULL, NULL) for i, name in enumerate(TARGETS)}
+    """{target name: the PyCapsule of its handler}, for ``jax.ffi.register_ffi_target``: every
+    target, and each of CAPTURABLE again as "<name>_capturable" (the handler that tells XLA it
+    may trace the call into a command buffer)."""
+    found = {name: PyCapsule_New(<void*>_HANDLERS[i], NULL, NULL) for i, name in enumerate(TARGETS)}
+    found.update({name + "_capturable": PyCapsule_New(<void*>_CAPTURABLE_HANDLERS[i], NULL, NULL)
+                  for i, name in enumerate(CAPTURABLE)})
+    return found
 
 
 def cpu_capsule():

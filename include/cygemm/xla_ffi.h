@@ -119,7 +119,10 @@ typedef struct {
     cg_xla_attrs attrs;
 } cg_xla_call_frame;
 
-/* What a handler says about itself when XLA asks (the metadata extension). */
+/* What a handler says about itself when XLA asks (the metadata extension). traits: bit 0, its
+ * calls launch the same device work every time and may be traced into XLA's command buffers
+ * (CUDA graphs) and replayed. */
+enum { CG_XLA_TRAIT_COMMAND_BUFFER = 1 };
 typedef struct {
     size_t struct_size;
     cg_xla_version version;

@@ -478,3 +478,18 @@ def test_a_stream_buffer_made_before_a_capture_is_returned_in_it_and_a_new_one_r
         with _context._stream_buffers_lock:                     # (only this test's buffers)
             for key in [k for k in _context._stream_buffers if k[2] == name]:
                 del _context._stream_buffers[key]
+
+
+def test_a_given_workspace_serves_its_stream_and_side_and_no_other_stream():
+    """(cygemm.jax gives XLA's scratch buffer: the first part for XLA's stream, the second for
+    the side stream a forked route works on; any other stream keeps its own.)"""
+    part = _context.PART_BYTES
+    assert part == 32 * 1024 * 1024 + 64 * 1024             # cuBLAS's workspace and the stream's table
+    base = 1 << 30
+    assert _context._given_lookup(0x100, base, 2 * part, 0x200, [0x100, 0x200, 0x300, 0]) == [
+        base, base + part, None, None, True]                  # True: nothing given afterwards
+    # its parts start at the first address cuBLASLt's alignment allows
+    assert _context._given_lookup(0x100, base + 16, part + 240, 0, [0x100])[0] == base + 256
+    with pytest.raises(ValueError, match="workspace: expected at least 33619968 bytes"):
+        _context._given_lookup(0x100, base + 16, part + 239, 0, [0x100])
+    assert _context._given_now() is None

@@ -23,11 +23,12 @@ def test_defaults_and_the_user_cache_folder(tmp_path):
     out = _run("import cygemm; print(cygemm.get_options())", XDG_CACHE_HOME=str(tmp_path),
                CYGEMM_TUNING_CACHE=None, CYGEMM_AUTOTUNE=None, CYGEMM_AUTOTUNE_MIN_MACS=None,
                CYGEMM_TUNING_MODE=None, CYGEMM_MAX_STREAM_WORKSPACES=None, CYGEMM_PLAN_CACHE_SIZE=None,
-               CYGEMM_BATCH_INVARIANCE=None)
+               CYGEMM_BATCH_INVARIANCE=None, CYGEMM_JAX_COMMAND_BUFFERS=None)
     opts = eval(out)
     assert opts == {"autotune": "auto", "autotune_min_macs": 2.0 ** 28, "tuning_mode": "cold", "determinism": "off",
                     "tuning_cache": os.path.join(str(tmp_path), "cygemm", "tuning.jsonl"),
-                    "max_stream_workspaces": 8, "plan_cache_size": 256, "batch_invariance": "families"}
+                    "max_stream_workspaces": 8, "plan_cache_size": 256, "batch_invariance": "families",
+                    "jax_command_buffers": False}
 
 
 def test_without_xdg_the_cache_is_under_home(tmp_path):
@@ -126,3 +127,19 @@ def test_batch_invariance_takes_families_or_cublas_from_set_options_and_the_envi
         cygemm.set_options(**old)
     out = _run("import cygemm; print(cygemm.get_options()['batch_invariance'])", CYGEMM_BATCH_INVARIANCE="cublas")
     assert out.strip() == "cublas"
+
+
+def test_jax_command_buffers_takes_a_bool_from_set_options_and_1_or_0_from_the_environment():
+    old = cygemm.set_options(jax_command_buffers=True)
+    try:
+        assert cygemm.get_options()["jax_command_buffers"] is True
+        with pytest.raises(ValueError, match=r"jax_command_buffers: expected True or False \(in the environment: 1 or "
+                                             r"0\), got 2"):
+            cygemm.set_options(jax_command_buffers=2)
+        assert cygemm.get_options()["jax_command_buffers"] is True
+    finally:
+        cygemm.set_options(**old)
+    assert _run("import cygemm; print(cygemm.get_options()['jax_command_buffers'])",
+                CYGEMM_JAX_COMMAND_BUFFERS="1").strip() == "True"
+    assert _run("import cygemm; print(cygemm.get_options()['jax_command_buffers'])",
+                CYGEMM_JAX_COMMAND_BUFFERS="off").strip() == "False"

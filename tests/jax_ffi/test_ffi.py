@@ -9,6 +9,7 @@ import pytest
 
 pytest.importorskip("jax")
 
+from cygemm.engine import context  # noqa: E402
 from cygemm.engine.arrays import describe_array  # noqa: E402
 from cygemm.jax import ffi, targets  # noqa: E402
 
@@ -77,7 +78,13 @@ class Frame(C.Structure):
 
 HANDLER = C.CFUNCTYPE(C.c_void_p, C.POINTER(Frame))
 # XLA's element type codes (XLA_FFI_DataType) used below.
-F32, BF16, S32, S64, F64, PRED, F8E4M3FN = 11, 16, 4, 5, 12, 1, 20
+F32, BF16, S32, S64, F64, PRED, F8E4M3FN, U8 = 11, 16, 4, 5, 12, 1, 20, 6
+# Every call's last result: XLA's scratch buffer for it, one part (cygemm.jax asks for it).
+SCRATCH = (U8, 0x1000000, (33619968 + 256,))
+# The targets XLA may trace into its command buffers: all but the grouped ones, whose groups
+# may be read to the host (a sync no capture can hold).
+CAPTURABLE = {"cygemm_matmul", "cygemm_int_mm", "cygemm_scaled_matmul", "cygemm_dense_forward",
+              "cygemm_dense_backward"}
 
 
 def _handler(target):
@@ -153,7 +160,7 @@ def recorded(monkeypatch):
 
     def record(stream, args, rets, attrs):
         seen.append((stream, [describe_array(a) if len(a.shape) > 1 else a.shape for a in args],
-                     [describe_array(r) for r in rets], attrs))
+                     [describe_array(r) for r in rets], attrs, context._given_now()))
 
     def fail(stream, args, rets, attrs):
         raise ValueError("b: expected 16 columns, got 15")
@@ -171,7 +178,7 @@ def recorded(monkeypatch):
     ffi.set_runners(targets.RUNNERS)
 
 
-@pytest.mark.parametrize("target", ffi.TARGETS)
+@pytest.mark.parametrize("target", sorted(ffi.capsules()))
 def test_each_handler_answers_xlas_version_question_without_running(target, recorded):
     meta = Metadata(struct_size=C.sizeof(Metadata), traits=0xFFFF)
     ext = MetadataExt(Ext(C.sizeof(MetadataExt), 1, None), C.pointer(meta))
@@ -179,42 +186,94 @@ def test_each_handler_answers_xlas_version_question_without_running(target, reco
     call.frame.ext = C.addressof(ext)
     assert call(target) is None
     assert (meta.version.major, meta.version.minor, meta.version.struct_size) == (0, 1, C.sizeof(Version))
-    assert meta.traits == 0 and not recorded and not call.errors
+    # (the command buffer trait: only a capturable target's second registration claims it)
+    assert meta.traits == (1 if target.endswith("_capturable") else 0) and not recorded and not call.errors
+
+
+def test_the_capturable_registrations_are_of_every_target_but_the_grouped_ones():
+    assert set(ffi.capsules()) == set(ffi.TARGETS) | {t + "_capturable" for t in CAPTURABLE}
+
+
+def test_a_capturable_registration_runs_its_targets_call(recorded):
+    call = Call(args=[(F32, 0x10000, (4, 8)), (F32, 0x20000, (8, 3))], rets=[(F32, 0x40000, (4, 3)), SCRATCH])
+    assert call("cygemm_matmul_capturable") is None and not call.errors
+    assert len(recorded) == 1 and recorded[0][2][0]["ptr"] == 0x40000
+
+
+def test_the_handler_on_the_cpu_claims_no_trait():
+    meta = Metadata(struct_size=C.sizeof(Metadata), traits=0xFFFF)
+    ext = MetadataExt(Ext(C.sizeof(MetadataExt), 1, None), C.pointer(meta))
+    call = Call()
+    call.frame.ext = C.addressof(ext)
+    get = C.pythonapi.PyCapsule_GetPointer
+    get.restype, get.argtypes = C.c_void_p, [C.py_object, C.c_char_p]
+    assert HANDLER(get(ffi.cpu_capsule(), None))(C.byref(call.frame)) is None
+    assert meta.traits == 0 and (meta.version.major, meta.version.minor) == (0, 1)
 
 
 def test_a_handler_reads_arrays_attributes_and_xlas_stream(recorded):
     call = Call(args=[(F32, 0x10000, (4, 8)), (BF16, 0x20000, (2, 8, 3)), (S32, 0x30000, (5,))],
-                rets=[(F32, 0x40000, (4, 3))],
+                rets=[(F32, 0x40000, (4, 3)), SCRATCH],
                 attrs=[("math", "fp32"), ("autotune", ""), ("flag", (PRED, C.c_uint8(1))),
                        ("slope", (F64, C.c_double(0.25))), ("n", (S64, C.c_int64(-7))), ("m", (S32, C.c_int32(9)))])
     assert call("cygemm_matmul") is None and not call.errors
-    ((stream, args, rets, attrs),) = recorded
+    ((stream, args, rets, attrs, given),) = recorded
     assert stream == 0xBEEF
+    assert given == (0xBEEF, 0x1000000, 1) and context._given_now() is None    # the scratch, while it ran
     assert args[0] == dict(ptr=0x10000, batch=1, rows=4, cols=8, batch_stride=0, row_stride=8, col_stride=1,
                            dtype="float32")
     assert args[1] == dict(ptr=0x20000, batch=2, rows=8, cols=3, batch_stride=24, row_stride=3, col_stride=1,
                            dtype="bfloat16")
     assert args[2] == (5,)
-    assert rets[0]["ptr"] == 0x40000 and (rets[0]["rows"], rets[0]["cols"]) == (4, 3)
+    assert len(rets) == 1 and rets[0]["ptr"] == 0x40000 and (rets[0]["rows"], rets[0]["cols"]) == (4, 3)
     assert attrs == {"math": "fp32", "autotune": "", "flag": True, "slope": 0.25, "n": -7, "m": 9}
 
 
 def test_an_exception_becomes_xlas_error_with_its_message(recorded):
-    call = Call(args=[(F32, 0x10000, (4, 8))], rets=[(F32, 0x40000, (4, 3))])
+    call = Call(args=[(F32, 0x10000, (4, 8))], rets=[(F32, 0x40000, (4, 3)), SCRATCH])
     assert call("cygemm_int_mm") == 0xE770
     assert call.errors == [("cygemm: ValueError: b: expected 16 columns, got 15", 3)]
+    assert context._given_now() is None         # (taken back on the error path too)
+
+
+@pytest.mark.parametrize("rets, message", [
+    ([], "result: expected the call's scratch buffer last"),
+    ([(F32, 0x40000, (4, 3))], "result 0: expected the call's scratch buffer (uint8), got XLA element type 11"),
+    ([(F32, 0x40000, (4, 3)), (U8, 0x1000000, (1 << 20,))], "workspace: expected at least 33619968 bytes"),
+    # (128 bytes go to reach cuBLASLt's alignment: one byte short)
+    ([(F32, 0x40000, (4, 3)), (U8, 0x1000080, (33619968 + 127,))],
+     "workspace: expected at least 33619968 bytes (cuBLAS's workspace and cygemm's table) from the first "
+     "256-byte aligned address, got 33620095 bytes at 0x1000080"),
+])
+def test_a_call_without_its_scratch_buffer_is_refused_before_running(recorded, rets, message):
+    call = Call(args=[(F32, 0x10000, (4, 8)), (F32, 0x20000, (8, 3))], rets=rets)
+    assert call("cygemm_matmul") == 0xE770 and not recorded
+    assert len(call.errors) == 1 and message in call.errors[0][0]
+    assert context._given_now() is None
+
+
+@pytest.mark.parametrize("address, nbytes, given", [
+    (0x1000000, 2 * 33619968 + 5, (0xBEEF, 0x1000000, 2)),
+    (0x1000080, 33619968 + 128, (0xBEEF, 0x1000100, 1)),       # its first aligned address
+    (0x1000010, 2 * 33619968 + 256, (0xBEEF, 0x1000100, 2)),
+])
+def test_a_scratch_buffer_is_given_from_its_first_aligned_address_in_whole_parts(recorded, address, nbytes, given):
+    call = Call(args=[(F32, 0x10000, (4, 8)), (F32, 0x20000, (8, 3))],
+                rets=[(F32, 0x40000, (4, 3)), (U8, address, (nbytes,))])
+    assert call("cygemm_matmul") is None and not call.errors
+    assert recorded[0][-1] == given
 
 
 def test_an_exception_without_a_message_is_still_an_error(recorded):
     """(XLA reads NULL as success: the error path never returns it.)"""
-    call = Call(args=[(F32, 0x10000, (4, 8))], rets=[(F32, 0x40000, (4, 3))])
+    call = Call(args=[(F32, 0x10000, (4, 8))], rets=[(F32, 0x40000, (4, 3)), SCRATCH])
     assert call("cygemm_dense_forward") == 0xE770
     assert call.errors == [("cygemm: an error whose message could not be formed", 13)]
 
 
 def test_a_view_past_its_buffer_is_refused():
     from cygemm.engine.arrays import describe_array
-    call = Call()
+    call = Call(rets=[SCRATCH])
     b = call._items([(F32, 0x10000, (3, 256))])
     seen = []
     ffi.set_runners(dict(targets.RUNNERS, cygemm_matmul=lambda s, a, r, t: seen.append(a[0])))
@@ -230,7 +289,7 @@ def test_a_view_past_its_buffer_is_refused():
 
 
 def test_an_element_type_cygemm_does_not_take_is_an_error_naming_the_operand(recorded):
-    call = Call(args=[(F32, 0x10000, (4, 8)), (33, 0x20000, (8, 3))], rets=[(F32, 0x40000, (4, 3))])
+    call = Call(args=[(F32, 0x10000, (4, 8)), (33, 0x20000, (8, 3))], rets=[(F32, 0x40000, (4, 3)), SCRATCH])
     assert call("cygemm_matmul") == 0xE770 and not recorded
     assert call.errors == [("cygemm: TypeError: operand 1: XLA element type 33 is not one cygemm computes with", 3)]
 

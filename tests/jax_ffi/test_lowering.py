@@ -10,6 +10,7 @@ import pytest
 jax = pytest.importorskip("jax")
 import jax.numpy as jnp  # noqa: E402
 
+import cygemm  # noqa: E402
 import cygemm.jax as cj  # noqa: E402
 
 S = jax.ShapeDtypeStruct
@@ -146,6 +147,66 @@ def test_vmap_of_matmul_is_one_broadcast_call_and_of_dense_a_loop():
     text = jax.jit(jax.vmap(lambda x, k: cj.dense(x, k))).trace(S((3, 8, 16), jnp.float32), S((3, 16, 4), jnp.float32)) \
         .lower(lowering_platforms=("cuda",)).as_text()
     assert "stablehlo.while" in text and "@cygemm_dense_forward" in text
+
+
+@pytest.mark.parametrize("sa, sb, in_axes", [
+    ((3, 2, 8, 16), (16, 4), (0, None)),        # vmap's axis on a, b shared: b broadcast, uncopied
+    ((8, 16), (3, 2, 16, 4), (None, 0)),        # on b, whose batch axes outnumber a's
+    ((5, 8, 16), (3, 5, 16, 4), (0, 1)),        # on both, at other axes
+])
+def test_vmap_of_matmul_is_one_call_with_jnps_shapes(sa, sb, in_axes):
+    f = jax.vmap(cj.matmul, in_axes=in_axes)
+    want = jax.eval_shape(jax.vmap(jnp.matmul, in_axes=in_axes), S(sa, jnp.float32), S(sb, jnp.float32))
+    assert jax.eval_shape(f, S(sa, jnp.float32), S(sb, jnp.float32)) == want
+    (call,) = _calls(f, S(sa, jnp.float32), S(sb, jnp.float32))
+    assert f"tensor<{'x'.join(map(str, want.shape))}xf32>, tensor<{ONE}xui8>" in call[2]
+    grads = _calls(jax.vmap(jax.value_and_grad(lambda a, b: cj.matmul(a, b).sum(), argnums=(0, 1)), in_axes=in_axes),
+                   S(sa, jnp.float32), S(sb, jnp.float32))
+    assert [c[0] for c in grads] == ["cygemm_matmul"] * 3 and all(f"tensor<{ONE}xui8>" in c[2] for c in grads)
+
+
+PART = 33619968         # the bytes of one part of a call's scratch: cuBLAS's 32 MiB workspace and a 64 KiB table
+ONE, TWO = PART + 256, 2 * PART + 256       # (and 256 bytes to reach cuBLASLt's alignment)
+
+
+def test_every_call_gets_its_scratch_buffer_from_xla_as_its_last_result():
+    """One part each (the dense backward two: its concurrent branches one each), unbatched under
+    vmap, never returned."""
+    f8, x, k = jnp.float8_e4m3fn, S((16, 32), jnp.bfloat16), S((32, 8), jnp.bfloat16)
+    calls = (_calls(lambda a, b: cj.matmul(a, b), x, k)
+             + _calls(cj.int_mm, S((8, 32), jnp.int8), S((32, 4), jnp.int8))
+             + _calls(lambda a, b, sa, sb: cj.scaled_matmul(a, b, sa, sb, return_amax=True, out_dtype="e4m3"),
+                      S((16, 32), f8), S((32, 16), f8), S((), jnp.float32), S((), jnp.float32))
+             + _calls(jax.grad(lambda x, k: cj.dense(x, k, act="gelu").astype(jnp.float32).sum(), argnums=(0, 1)), x, k)
+             + _calls(jax.grad(lambda l, r, g: cj.ragged_dot(l, r, g).astype(jnp.float32).sum(), argnums=(0, 1)),
+                      x, S((4, 32, 8), jnp.bfloat16), S((4,), jnp.int32)))
+    scratch = {c[0] + ("" if i == 0 else f"#{i}"): re.findall(r"tensor<(\d+)xui8>", c[2]) for i, c in enumerate(calls)
+               if c[0] not in [d[0] for d in calls[:i]]}
+    assert {k.split("#")[0]: v for k, v in scratch.items()} == {
+        "cygemm_matmul": [str(ONE)], "cygemm_int_mm": [str(ONE)], "cygemm_scaled_matmul": [str(ONE)],
+        "cygemm_dense_forward": [str(ONE)], "cygemm_dense_backward": [str(TWO)],
+        "cygemm_ragged_dot": [str(ONE)], "cygemm_ragged_dot_wgrad": [str(ONE)]}
+    for c in calls:         # the scratch is the last result
+        assert c[2].rstrip(")").endswith("xui8>")
+    out, amax = jax.eval_shape(lambda a, b, sa, sb: cj.scaled_matmul(a, b, sa, sb, return_amax=True, out_dtype="e4m3"),
+                               S((16, 32), f8), S((32, 16), f8), S((), jnp.float32), S((), jnp.float32))
+    assert (out.shape, amax.shape) == ((16, 16), ())
+
+
+def test_the_option_calls_the_capturable_registrations_but_ragged_dots():
+    old = cygemm.set_options(jax_command_buffers=True)
+    try:
+        x, k = S((16, 32), jnp.float32), S((32, 8), jnp.float32)
+        calls = (_calls(jax.value_and_grad(lambda x, k: cj.dense(x, cj.matmul(k, k.T), act="relu").sum(), (0, 1)), x,
+                        S((32, 32), jnp.float32))
+                 + _calls(jax.value_and_grad(lambda l, r, g: cj.ragged_dot(l, r, g).sum(), (0, 1)), x,
+                          S((4, 32, 8), jnp.float32), S((4,), jnp.int32)))
+    finally:
+        cygemm.set_options(**old)
+    assert sorted({c[0] for c in calls}) == [
+        "cygemm_dense_backward_capturable", "cygemm_dense_forward_capturable", "cygemm_matmul_capturable",
+        "cygemm_ragged_dot", "cygemm_ragged_dot_wgrad"]
+    assert {c[0] for c in _calls(lambda x, k: cj.dense(x, k), x, k)} == {"cygemm_dense_forward"}     # off again
 
 
 def test_every_target_is_one_the_handlers_serve():

@@ -1,0 +1,83 @@
+"""cygemm.jax inside XLA's command buffers (CUDA graphs), on an NVIDIA GPU: a training step of a
+dense layer and a matmul, jitted with XLA's command buffers taking custom calls and cygemm's
+option ``jax_command_buffers`` on, replays without running cygemm's handlers, gives the bits of
+the same step with the option off (the calls then outside XLA's graphs), and allocates no
+workspace of cygemm's own either way (each call works in XLA's scratch).
+
+Each configuration runs in a process of its own: XLA reads its flags once, when its backend
+starts. Skipped where JAX has no CUDA device."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+
+
+def _jax_gpu():
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False
+
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _jax_gpu(), reason="needs JAX with a CUDA GPU")]
+
+_STEP = textwrap.dedent('''
+    import json, os, sys
+    os.environ["XLA_FLAGS"], os.environ["CYGEMM_JAX_COMMAND_BUFFERS"] = sys.argv[1], sys.argv[3]
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    import jax, jax.numpy as jnp, numpy as np
+    import cygemm.jax as cj
+    from cygemm.engine import context
+    from cygemm.jax import ffi
+
+    def loss(x, k, b, w):
+        h = cj.dense(x, k, b, act="gelu")
+        return (cj.matmul(h, w, math="fp32") ** 2).astype(jnp.float32).sum() * 2.0
+
+    keys = jax.random.split(jax.random.key(7), 4)
+    x, k, w = (jax.random.normal(key, shape, jnp.float32) for key, shape in
+               zip(keys, ((256, 512), (512, 384), (384, 128))))
+    b = jax.random.normal(keys[3], (384,), jnp.float32)
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)))
+    allocated = context.workspace_allocations()
+    jax.block_until_ready(step(x, k, b, w))             # compiles, runs (and records) once
+    executed = ffi.executed()
+    for _ in range(4):                                  # replays, where XLA captured the calls
+        out = jax.block_until_ready(step(x, k, b, w))
+    np.savez(sys.argv[2], *[np.asarray(o) for o in jax.tree_util.tree_leaves(out)])
+    print(json.dumps(dict(handler_runs=ffi.executed() - executed, first_runs=executed,
+                          allocated=context.workspace_allocations() - allocated)))
+''')
+
+# XLA's flags, and cygemm's option: its capturable registrations, or not
+_CAPTURED = ("--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1", "1")
+_UNCAPTURED = ("--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1", "0")
+
+
+def _run(how, tmp_path, name):
+    path = str(tmp_path / f"{name}.npz")
+    flags, option = how
+    done = subprocess.run([sys.executable, "-c", _STEP, flags, path, option], capture_output=True, text=True,
+                          timeout=300,
+                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), np.load(path)
+
+
+def test_a_training_step_replays_from_xlas_command_buffers_with_the_same_bits(tmp_path):
+    captured, got = _run(_CAPTURED, tmp_path, "captured")
+    eager, want = _run(_UNCAPTURED, tmp_path, "uncaptured")
+    # Without command buffers every execution runs every call's handler (the dense forward, the
+    # matmul, its two gradients and the dense backward: 5 a step); with them, a replay runs none.
+    assert eager["first_runs"] == 5 and eager["handler_runs"] == 4 * 5
+    assert captured["handler_runs"] < 4 * captured["first_runs"], captured
+    for key in want.files:
+        assert np.array_equal(got[key].view(np.uint8), want[key].view(np.uint8)), key
+    # Each call worked in XLA's scratch buffer: no workspace of cygemm's own, captured or not.
+    assert captured["allocated"] == 0 and eager["allocated"] == 0
