@@ -272,13 +272,25 @@ cdef int _evict_lru(GemmContext* ctx, bint capture) except -1 nogil:
 cdef enum:
     MAX_CAPTURE_ENTRIES = 16   # remembered capture workspaces (they belong to graphs)
 
-cdef unsigned long long _allocations = 0       # workspaces allocated, by every thread
+cdef extern from *:
+    """
+    static unsigned long long cg_workspace_allocations = 0;      /* by every thread: atomic */
+    static inline void cg_count_allocation(void) {
+    #if defined(_MSC_VER)
+        cg_workspace_allocations++;
+    #else
+        __atomic_fetch_add(&cg_workspace_allocations, 1ULL, __ATOMIC_RELAXED);
+    #endif
+    }
+    """
+    unsigned long long cg_workspace_allocations
+    void cg_count_allocation() noexcept nogil
 
 
 def workspace_allocations():
     """How many workspaces (each a stream's, a capture's or a side stream's) cygemm has
     allocated in this process: calls in a given workspace (cygemm.jax's) add none."""
-    return _allocations
+    return cg_workspace_allocations
 
 
 cdef void _queue_free(void* ptr) noexcept nogil:
@@ -304,7 +316,6 @@ cdef int _give_to_graph(void* ptr, cudaGraph_t graph) except -1 nogil:
 cdef int _workspace_entry(GemmContext* ctx, cudaStream_t stream, bint create=True) except -1 nogil:
     """Index of the workspace entry of `stream` (or of the capture under way on it), made on
     first use (create False: -2 instead of making it)."""
-    global _allocations
     cdef unsigned long long cid = 0
     cdef cudaGraph_t graph = NULL
     _note_capture(stream, &cid)
@@ -336,7 +347,7 @@ cdef int _workspace_entry(GemmContext* ctx, cudaStream_t stream, bint create=Tru
     cdef cudaError_t err = cudaMalloc(&ptr, ctx.workspace_bytes + STREAM_TABLE_BYTES)
     cudaThreadExchangeStreamCaptureMode(&mode)
     check_cuda(err, "cudaMalloc(workspace)")
-    _allocations += 1
+    cg_count_allocation()
     if cid != 0:
         capture_info(stream, &cid, &graph)
         _give_to_graph(ptr, graph)
@@ -362,10 +373,10 @@ cdef int _note_capture(cudaStream_t stream, unsigned long long* cid) except -1 n
 
 cdef void* _workspace_of(GemmContext* ctx, cudaStream_t stream, bint create) except? NULL nogil:
     cdef int i
-    cdef unsigned long long cid = 0
+    # (a given workspace allocates and frees nothing: no capture of its stream is noted, which
+    # would hold the release queue back until a later call on that stream saw it end)
     cdef char* given = _given_for(stream) if cg_given.ptr != NULL else NULL
     if given != NULL:
-        _note_capture(stream, &cid)     # (a call in a given workspace may be captured too)
         return given
     for i in range(ctx.n_workspaces):      # a side stream works in its owner's side workspace
         if ctx.workspaces[i].side == stream and stream != NULL and ctx.workspaces[i].side_ptr != NULL:
@@ -410,7 +421,6 @@ cdef void _destroy_side(StreamWorkspace* w) noexcept nogil:
 
 
 cdef int fork_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t* side, cudaEvent_t* join) except -1 nogil:
-    global _allocations
     if cg_given.ptr != NULL and stream == cg_given.stream:
         return _fork_given(ctx, stream, side, join)
     cdef StreamWorkspace* w = &ctx.workspaces[_workspace_entry(ctx, stream)]
@@ -438,7 +448,7 @@ cdef int fork_side(GemmContext* ctx, cudaStream_t stream, cudaStream_t* side, cu
         if err != cudaSuccess:
             w.side_ptr = NULL
             check_cuda(err, "cudaMalloc(side workspace)")
-        _allocations += 1
+        cg_count_allocation()
         if w.capture_id != 0:          # a capture's entry: its graph owns this one too
             capture_info(stream, &cid, &graph)
             _give_to_graph(w.side_ptr, graph)

@@ -31,6 +31,10 @@ except ImportError as exc:          # (cygemm itself needs no JAX)
     raise ImportError("cygemm.jax needs JAX with CUDA (pip install 'jax[cuda13]', or cygemm's 'jax' extra)") from exc
 import jax.numpy as jnp
 import numpy as np
+try:                                # (the registration's traits; the handlers say them too)
+    from jaxlib.xla_client import CustomCallTargetTraits as _TRAITS
+except ImportError:
+    _TRAITS = None
 
 from cygemm import describe_matmul
 from cygemm.dense import backward_reads
@@ -44,7 +48,10 @@ from cygemm.engine.settings import get_options
 __all__ = ["matmul", "dense", "int_mm", "scaled_matmul", "ragged_dot", "TARGETS"]
 
 for _name, _capsule in capsules().items():
-    jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA")
+    # (a capturable registration's handler says so when XLA asks; its registration says it too)
+    _traits = {} if _TRAITS is None or not _name.endswith("_capturable") else dict(
+        traits=_TRAITS.COMMAND_BUFFER_COMPATIBLE)
+    jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA", **_traits)
     # (on the CPU, cygemm's own error: these run on NVIDIA GPUs)
     jax.ffi.register_ffi_target(_name, cpu_capsule(), platform="cpu")
 
@@ -56,13 +63,15 @@ def _policy(autotune, determinism):
     return dict(autotune=autotune or "", determinism=determinism or "")
 
 
-def _ffi_call(target, results, *, parts=1, **options):
+def _ffi_call(target, results, *, parts=1, sequential=False, **options):
     """``jax.ffi.ffi_call`` of a cygemm target with one more result, XLA's scratch buffer for the
     call, which cygemm works in (cuBLAS's workspace and cygemm's table: ``parts`` of
     :data:`cygemm.engine.context.PART_BYTES`, two giving a dense backward's concurrent branches
     one each, and room to align its start) and the caller never sees: the call allocates nothing
     of its own. With the option ``jax_command_buffers`` on, a target XLA may capture is called
-    by its "_capturable" registration, which tells XLA so."""
+    by its "_capturable" registration, which tells XLA so. sequential: under ``jax.vmap``, one
+    call per batch element (a ``lax.map`` over the batched operands; each call's scratch is
+    its own, never stacked)."""
     single = not isinstance(results, (tuple, list))
     if target in CAPTURABLE and get_options()["jax_command_buffers"]:
         target += "_capturable"         # (the registration that tells XLA it may capture the call)
@@ -70,8 +79,21 @@ def _ffi_call(target, results, *, parts=1, **options):
     call = jax.ffi.ffi_call(target, ((results,) if single else tuple(results)) + (scratch,), **options)
 
     def run(*args, **attrs):
-        out = call(*args, **attrs)
-        return out[0] if single else tuple(out[:-1])
+        def one(*args):
+            out = call(*args, **attrs)
+            return out[0] if single else tuple(out[:-1])
+        if not sequential:
+            return one(*args)
+        one = jax.custom_batching.custom_vmap(one)
+
+        @one.def_vmap
+        def _each(axis_size, in_batched, *args):
+            def element(batched):
+                it = iter(batched)
+                return one(*[next(it) if b else x for x, b in zip(args, in_batched)])
+            out = jax.lax.map(element, [x for x, b in zip(args, in_batched) if b])
+            return out, jax.tree_util.tree_map(lambda _: True, out)
+        return one(*args)
     return run
 
 
@@ -199,7 +221,7 @@ def matmul(a, b, *, math="tf32", autotune=None, determinism=None):
 def _dense_call(x, kernel, bias, act, leaky_slope, math, autotune, determinism, save_z):
     m, n = x.shape[0], kernel.shape[1]
     y = jax.ShapeDtypeStruct((m, n), x.dtype)
-    call = _ffi_call("cygemm_dense_forward", (y, y) if save_z else (y,), vmap_method="sequential")
+    call = _ffi_call("cygemm_dense_forward", (y, y) if save_z else (y,), sequential=True)
     args = (x, kernel) if bias is None else (x, kernel, bias)
     return call(*args, act=act, leaky_slope=np.float64(leaky_slope), save_z=np.bool_(save_z), math=math,
                 **_policy(autotune, determinism))
@@ -225,7 +247,7 @@ def _dense_bwd(act, leaky_slope, math, autotune, determinism, saved, gy):
     saves = backward_reads(act, leaky_slope)
     if saves is not None:       # an activation: dZ's scratch, from XLA
         shapes.append(jax.ShapeDtypeStruct((m, n), x.dtype))
-    call = _ffi_call("cygemm_dense_backward", tuple(shapes), parts=2, vmap_method="sequential")
+    call = _ffi_call("cygemm_dense_backward", tuple(shapes), parts=2, sequential=True)
     grads = call(x, kernel, gy, gy if kept is None else kept, act=act, leaky_slope=np.float64(leaky_slope),
                  has_bias=np.bool_(has_bias), saves=saves or "", math=math,
                  **_policy(autotune, determinism))
@@ -301,7 +323,7 @@ def int_mm(a, b, *, autotune=None, determinism=None):
     _inner(a, b, ("a", "b"), a.shape[1], b.shape[0])
     _options("tf32", autotune, determinism)
     call = _ffi_call("cygemm_int_mm", jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), jnp.int32),
-                     input_layouts=[None, _COLUMNS], vmap_method="sequential")
+                     input_layouts=[None, _COLUMNS], sequential=True)
     return call(a, b, **_policy(autotune, determinism))
 
 
@@ -393,7 +415,7 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out_dtype="bfloat16", bias=None, ac
     if return_amax:
         shapes.append(jax.ShapeDtypeStruct((), jnp.float32))
     layouts = [None, _COLUMNS] + [None] * (len(args) - 2)
-    call = _ffi_call("cygemm_scaled_matmul", tuple(shapes), input_layouts=layouts, vmap_method="sequential")
+    call = _ffi_call("cygemm_scaled_matmul", tuple(shapes), input_layouts=layouts, sequential=True)
     out = call(*args, act=act, fast_accum=np.bool_(fast_accum), scale_mode_a=mode_a if scale_mode else "",
                scale_mode_b=mode_b if scale_mode else "", has_bias=np.bool_(bias is not None),
                has_scale_out=np.bool_(scale_out is not None), has_amax=np.bool_(return_amax),
@@ -421,7 +443,7 @@ def _in_groups(x, total):
 
 def _grouped(lhs, rhs, offsets, w_layout, math, autotune, determinism):
     n = rhs.shape[2] if w_layout == "kn" else rhs.shape[1]
-    call = _ffi_call("cygemm_ragged_dot", jax.ShapeDtypeStruct((lhs.shape[0], n), lhs.dtype), vmap_method="sequential")
+    call = _ffi_call("cygemm_ragged_dot", jax.ShapeDtypeStruct((lhs.shape[0], n), lhs.dtype), sequential=True)
     return call(lhs, rhs, offsets, w_layout=w_layout, math=math, **_policy(autotune, determinism))
 
 
@@ -442,7 +464,7 @@ def _ragged_bwd(math, autotune, determinism, saved, g):
     # d lhs: g's rows times each group's rhs transposed (read in place: the "nk" layout);
     # d rhs: the ragged-K product, lhs[rows].T @ g[rows] per group (zeros for an empty group)
     glhs = _grouped(g, rhs, offsets, "nk", math, autotune, determinism)
-    call = _ffi_call("cygemm_ragged_dot_wgrad", jax.ShapeDtypeStruct(rhs.shape, rhs.dtype), vmap_method="sequential")
+    call = _ffi_call("cygemm_ragged_dot_wgrad", jax.ShapeDtypeStruct(rhs.shape, rhs.dtype), sequential=True)
     grhs = call(lhs, g, offsets, math=math, **_policy(autotune, determinism))
     zero = np.zeros((), jax.dtypes.float0)
     return glhs, grhs, np.zeros(offsets.shape, jax.dtypes.float0), zero

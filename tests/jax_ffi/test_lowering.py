@@ -193,6 +193,19 @@ def test_every_call_gets_its_scratch_buffer_from_xla_as_its_last_result():
     assert (out.shape, amax.shape) == ((16, 16), ())
 
 
+@pytest.mark.parametrize("f, operands, in_axes", [
+    (lambda x, k: cj.dense(x, k), [((3, 8, 16), jnp.float32), ((16, 4), jnp.float32)], (0, None)),
+    (cj.int_mm, [((3, 8, 32), jnp.int8), ((3, 32, 4), jnp.int8)], (0, 0)),
+    (lambda l, r, g: cj.ragged_dot(l, r, g), [((3, 16, 8), jnp.float32), ((4, 8, 2), jnp.float32), ((4,), jnp.int32)],
+     (0, None, None)),
+])
+def test_vmap_of_a_sequential_call_keeps_each_calls_scratch_its_own(f, operands, in_axes):
+    """(one call per element: the scratch is never stacked over the batch, also outside jit)"""
+    jaxpr = str(jax.make_jaxpr(jax.vmap(f, in_axes=in_axes))(*[jnp.zeros(s, d) for s, d in operands]))
+    assert re.findall(r"u8\[(\d+)\]", jaxpr) and not re.findall(r"u8\[\d+,", jaxpr)
+    assert "scan[" in jaxpr
+
+
 def test_the_option_calls_the_capturable_registrations_but_ragged_dots():
     old = cygemm.set_options(jax_command_buffers=True)
     try:
