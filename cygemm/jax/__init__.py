@@ -16,10 +16,10 @@ batches by broadcasting (one call), the others call once per batch element. A ca
 XLA's stream; its results are XLA's buffers, written in place, and it works in a scratch
 buffer XLA allocates with them (one more result of the custom call, never returned): it
 allocates nothing of its own. The handlers are built with cygemm (no jaxlib at build time);
-each execution takes the GIL for cygemm's checks and plan, as an eager call does. All but
-``ragged_dot``'s may be traced into XLA's command buffers (CUDA graphs, where XLA's flags
-enable custom calls there); ``ragged_dot``'s read the group sizes to the host where cuBLASLt's
-grouped matmul does not take the call, so XLA runs them between its graphs.
+each execution takes the GIL for cygemm's checks and plan, as an eager call does. With the
+option ``jax_command_buffers`` on, the calls may be traced into XLA's command buffers (CUDA
+graphs, where XLA's flags let custom calls in), ``ragged_dot``'s where cuBLASLt's grouped
+matmul takes them (else cygemm reads the group sizes to the host, which no capture allows).
 """
 import math as _math
 import warnings
@@ -36,7 +36,7 @@ try:                                # (the registration's traits; the handlers s
 except ImportError:
     _TRAITS = None
 
-from cygemm import describe_matmul
+from cygemm import describe_matmul, describe_moe
 from cygemm.dense import backward_reads
 from cygemm.engine.context import PART_BYTES as _PART_BYTES, ALIGNMENT as _ALIGNMENT
 from cygemm.engine.dtypes import LEVELS, expected, names, row_of_name
@@ -63,17 +63,18 @@ def _policy(autotune, determinism):
     return dict(autotune=autotune or "", determinism=determinism or "")
 
 
-def _ffi_call(target, results, *, parts=1, sequential=False, **options):
+def _ffi_call(target, results, *, parts=1, sequential=False, capturable=True, **options):
     """``jax.ffi.ffi_call`` of a cygemm target with one more result, XLA's scratch buffer for the
     call, which cygemm works in (cuBLAS's workspace and cygemm's table: ``parts`` of
     :data:`cygemm.engine.context.PART_BYTES`, two giving a dense backward's concurrent branches
     one each, and room to align its start) and the caller never sees: the call allocates nothing
-    of its own. With the option ``jax_command_buffers`` on, a target XLA may capture is called
-    by its "_capturable" registration, which tells XLA so. sequential: under ``jax.vmap``, one
+    of its own. With the option ``jax_command_buffers`` on, a call that can be captured
+    (``capturable``) is made by its target's "_capturable" registration, which tells XLA so.
+    sequential: under ``jax.vmap``, one
     call per batch element (a ``lax.map`` over the batched operands; each call's scratch is
     its own, never stacked)."""
     single = not isinstance(results, (tuple, list))
-    if target in CAPTURABLE and get_options()["jax_command_buffers"]:
+    if capturable and target in CAPTURABLE and get_options()["jax_command_buffers"]:
         target += "_capturable"         # (the registration that tells XLA it may capture the call)
     scratch = jax.ShapeDtypeStruct((parts * _PART_BYTES + _ALIGNMENT,), jnp.uint8)
     call = jax.ffi.ffi_call(target, ((results,) if single else tuple(results)) + (scratch,), **options)
@@ -441,9 +442,30 @@ def _in_groups(x, total):
     return jnp.where(jnp.arange(x.shape[0])[:, None] < total, x, jnp.zeros((), x.dtype))
 
 
+class _DeviceOffsets:
+    """G + 1 int32 offsets on the GPU as describe_moe reads them: a layout, never read."""
+
+    def __init__(self, n):
+        self.__cuda_array_interface__ = dict(shape=(n,), typestr="<i4", data=(0x7000_0000_0000, False), version=3,
+                                             strides=None)
+
+
+def _capturable(kind, a, b, out, groups, layout, math, determinism):
+    """Whether a grouped call can be captured: cuBLASLt's grouped matmul takes it (the group
+    sizes read on the GPU); else cygemm would read them to the host, which no capture allows."""
+    if not get_options()["jax_command_buffers"]:
+        return False
+    pair = lambda x: (tuple(x.shape), jnp.dtype(x.dtype).name)      # noqa: E731
+    found = describe_moe(pair(a), pair(b), _DeviceOffsets(groups + 1), pair(out), kind=kind, math=math,
+                         determinism=determinism, capturing=True, **{"w_layout" if kind == "forward" else "dw_layout": layout})
+    return "lt_grouped" in found["routes"]
+
+
 def _grouped(lhs, rhs, offsets, w_layout, math, autotune, determinism):
     n = rhs.shape[2] if w_layout == "kn" else rhs.shape[1]
-    call = _ffi_call("cygemm_ragged_dot", jax.ShapeDtypeStruct((lhs.shape[0], n), lhs.dtype), sequential=True)
+    out = jax.ShapeDtypeStruct((lhs.shape[0], n), lhs.dtype)
+    call = _ffi_call("cygemm_ragged_dot", out, sequential=True,
+                     capturable=_capturable("forward", lhs, rhs, out, rhs.shape[0], w_layout, math, determinism))
     return call(lhs, rhs, offsets, w_layout=w_layout, math=math, **_policy(autotune, determinism))
 
 
@@ -464,7 +486,9 @@ def _ragged_bwd(math, autotune, determinism, saved, g):
     # d lhs: g's rows times each group's rhs transposed (read in place: the "nk" layout);
     # d rhs: the ragged-K product, lhs[rows].T @ g[rows] per group (zeros for an empty group)
     glhs = _grouped(g, rhs, offsets, "nk", math, autotune, determinism)
-    call = _ffi_call("cygemm_ragged_dot_wgrad", jax.ShapeDtypeStruct(rhs.shape, rhs.dtype), sequential=True)
+    out = jax.ShapeDtypeStruct(rhs.shape, rhs.dtype)
+    call = _ffi_call("cygemm_ragged_dot_wgrad", out, sequential=True,
+                     capturable=_capturable("wgrad", lhs, g, out, rhs.shape[0], "kn", math, determinism))
     grhs = call(lhs, g, offsets, math=math, **_policy(autotune, determinism))
     zero = np.zeros((), jax.dtypes.float0)
     return glhs, grhs, np.zeros(offsets.shape, jax.dtypes.float0), zero

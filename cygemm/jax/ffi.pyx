@@ -8,11 +8,12 @@ FFI version it was built for, reads the frame, and calls cygemm's public functio
 stream with the arrays as :class:`ArrayLayout` views of XLA's buffers (nothing is copied; the
 results are XLA's buffers, written in place). Every call's last result is XLA's scratch buffer
 for it, given to cygemm as the call's workspace (cygemm.engine.context.give_workspace): the call
-allocates nothing of its own. The targets whose every route can be captured are registered a
-second time, as "<name>_capturable", telling XLA it may trace them into its command buffers
-(cygemm.jax calls those where the option ``jax_command_buffers`` is on). The call takes the GIL
-for its argument checks and its plan, as an eager call does. An error becomes XLA's error (the
-message cygemm's exception gives), so it surfaces as an ``XlaRuntimeError`` naming it.
+allocates nothing of its own. Every target is registered a second time, as
+"<name>_capturable", telling XLA it may trace the call into its command buffers (cygemm.jax
+calls those where the option ``jax_command_buffers`` is on and the call's route can be
+captured). The call takes the GIL for its argument checks and its plan, as an eager call does.
+An error becomes XLA's error (the message cygemm's exception gives), so it surfaces as an
+``XlaRuntimeError`` naming it.
 
 The FFI's C ABI is declared in ``include/cygemm/xla_ffi.h`` (no jaxlib at build time).
 """
@@ -293,10 +294,9 @@ cdef cg_xla_error* _handle(cg_xla_call_frame* f, int target, unsigned int traits
 # (XLA passes a handler nothing but its frame: each target's own function says which it is.)
 # Each call runs in XLA's scratch buffer on XLA's stream, and never times routes or
 # synchronizes inside a capture (cygemm.engine.chooser), so XLA may trace it into a command
-# buffer: the first five targets are registered twice, the second time ("<name>_capturable")
-# saying so. ragged_dot's groups, where cuBLASLt's grouped matmul does not take them (a cuBLASLt
-# before 13.8.1, float32, another GPU), run after reading their sizes to the host, which a
-# capture cannot: the grouped targets run between XLA's graphs.
+# buffer: every target is registered twice, the second time ("<name>_capturable") saying so.
+# (ragged_dot's, where cuBLASLt's grouped matmul does not take the call, would read the group
+# sizes to the host, which a capture cannot: cygemm.jax calls those by their first name.)
 
 cdef unsigned int _CB = CG_XLA_TRAIT_COMMAND_BUFFER
 
@@ -324,17 +324,21 @@ cdef cg_xla_error* _c3(cg_xla_call_frame* f) noexcept nogil:
     return _handle(f, 3, _CB)
 cdef cg_xla_error* _c4(cg_xla_call_frame* f) noexcept nogil:
     return _handle(f, 4, _CB)
+cdef cg_xla_error* _c5(cg_xla_call_frame* f) noexcept nogil:
+    return _handle(f, 5, _CB)
+cdef cg_xla_error* _c6(cg_xla_call_frame* f) noexcept nogil:
+    return _handle(f, 6, _CB)
 
 ctypedef cg_xla_error* (*_handler_t)(cg_xla_call_frame*) noexcept nogil
 cdef _handler_t[7] _HANDLERS = [_h0, _h1, _h2, _h3, _h4, _h5, _h6]
-cdef _handler_t[5] _CAPTURABLE_HANDLERS = [_c0, _c1, _c2, _c3, _c4]
+cdef _handler_t[7] _CAPTURABLE_HANDLERS = [_c0, _c1, _c2, _c3, _c4, _c5, _c6]
 
 # The targets, in their handlers' order: the XLA name and the Python function that runs one
 # call (stream, operands, results, attributes), set by cygemm.jax.targets.
 TARGETS = ("cygemm_matmul", "cygemm_int_mm", "cygemm_scaled_matmul", "cygemm_dense_forward",
            "cygemm_dense_backward", "cygemm_ragged_dot", "cygemm_ragged_dot_wgrad")
 #: The targets registered a second time, as "<name>_capturable", for XLA's command buffers.
-CAPTURABLE = TARGETS[:5]
+CAPTURABLE = TARGETS
 cdef list _RUN = [None] * len(TARGETS)
 
 

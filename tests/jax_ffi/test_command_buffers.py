@@ -38,24 +38,32 @@ _STEP = textwrap.dedent('''
     from cygemm.jax import ffi
 
     tuning.force_routes(backward="branches")    # the dense backward forks (its side stream in a capture)
+    keys = jax.random.split(jax.random.key(7), 4)
 
-    def loss(x, k, b, w):
+    def dense_step(x, k, b, w):
         h = cj.dense(x, k, b, act="gelu")
         return (cj.matmul(h, w, math="fp32") ** 2).astype(jnp.float32).sum()
 
-    keys = jax.random.split(jax.random.key(7), 4)
-    x, k, w = (jax.random.normal(key, shape, jnp.float32) for key, shape in
-               zip(keys, ((256, 512), (512, 384), (384, 128))))
-    b = jax.random.normal(keys[3], (384,), jnp.float32)
+    def ragged_step(x, w, sizes):
+        return (cj.ragged_dot(x, w, sizes).astype(jnp.float32) ** 2).sum()
+
+    if sys.argv[4] == "dense":
+        loss, argnums = dense_step, (0, 1, 2, 3)
+        args = [jax.random.normal(key, shape, jnp.float32) for key, shape in
+                zip(keys, ((256, 512), (512, 384), (384,), (384, 128)))]
+    else:                                       # 4 experts, one of them empty
+        loss, argnums = ragged_step, (0, 1)
+        args = [jax.random.normal(keys[0], (1024, 256), jnp.bfloat16),
+                jax.random.normal(keys[1], (4, 256, 128), jnp.bfloat16), jnp.array([300, 0, 500, 224], jnp.int32)]
     # (each result through a fusion: the custom calls write XLA's temporaries, whose addresses
     # stay from one execution to the next, so a captured graph can be replayed as it is)
-    grad = jax.value_and_grad(loss, argnums=(0, 1, 2, 3))
+    grad = jax.value_and_grad(loss, argnums=argnums)
     step = jax.jit(lambda *a: jax.tree_util.tree_map(lambda t: t * 2.0, grad(*a)))
     allocated = context.workspace_allocations()
-    jax.block_until_ready(step(x, k, b, w))     # compiles and runs once (XLA's first run is not captured)
+    jax.block_until_ready(step(*args))          # compiles and runs once (XLA's first run is not captured)
     first = ffi.executed()
     for _ in range(4):                          # recorded once, then replayed where XLA captured the calls
-        out = jax.block_until_ready(step(x, k, b, w))
+        out = jax.block_until_ready(step(*args))
     np.savez(sys.argv[2], *[np.asarray(o) for o in jax.tree_util.tree_leaves(out)])
     print(json.dumps(dict(handler_runs=ffi.executed() - first, first_runs=first,
                           allocated=context.workspace_allocations() - allocated)))
@@ -65,9 +73,9 @@ _STEP = textwrap.dedent('''
 _FLAGS = "--xla_gpu_enable_command_buffer=FUSION,CUSTOM_CALL --xla_gpu_graph_min_graph_size=1"
 
 
-def _run(option, tmp_path, name):
+def _run(option, tmp_path, name, step="dense"):
     path = str(tmp_path / f"{name}.npz")
-    done = subprocess.run([sys.executable, "-c", _STEP, _FLAGS, path, option], capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", _STEP, _FLAGS, path, option, step], capture_output=True, text=True,
                           timeout=300, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1]), np.load(path)
@@ -86,4 +94,19 @@ def test_a_training_step_replays_from_xlas_command_buffers_with_the_same_bits(tm
         assert (got[key].dtype, got[key].shape) == (want[key].dtype, want[key].shape), key
         assert got[key].tobytes() == want[key].tobytes(), key
     # Each call worked in XLA's scratch buffer: no workspace of cygemm's own, captured or not.
+    assert captured["allocated"] == 0 and eager["allocated"] == 0
+
+
+def test_a_ragged_dot_step_replays_where_cublaslts_grouped_matmul_takes_it(tmp_path):
+    from cygemm.engine import lt_features
+    why = lt_features.feature_gate("grouped_gemm")
+    if why is not None:
+        pytest.skip(f"cuBLASLt's grouped matmul: {why}")
+    captured, got = _run("1", tmp_path, "captured", "ragged")
+    eager, want = _run("0", tmp_path, "uncaptured", "ragged")
+    # the forward and the backward's two grouped GEMMs: 3 a step
+    assert eager["first_runs"] == 3 and eager["handler_runs"] == 4 * 3, eager
+    assert captured["first_runs"] == 3 and captured["handler_runs"] <= 3, captured
+    for key in want.files:
+        assert got[key].tobytes() == want[key].tobytes(), key
     assert captured["allocated"] == 0 and eager["allocated"] == 0

@@ -222,6 +222,31 @@ def test_the_option_calls_the_capturable_registrations_but_ragged_dots():
     assert {c[0] for c in _calls(lambda x, k: cj.dense(x, k), x, k)} == {"cygemm_dense_forward"}     # off again
 
 
+def test_a_ragged_dot_is_called_capturable_where_cuBLASLts_grouped_matmul_takes_it(monkeypatch):
+    """(no GPU here: describe_moe says where lt_grouped applies; a stand-in answers, and what
+    ragged_dot asks it is checked: device offsets, described inside a capture)"""
+    asked = []
+
+    def describe(a, b, offsets, out, **kw):
+        asked.append((a, b, offsets.__cuda_array_interface__["shape"], out, kw))
+        return {"routes": ["lt_grouped"] if a[1] == "bfloat16" else []}
+    monkeypatch.setattr(cj, "describe_moe", describe)
+    old = cygemm.set_options(jax_command_buffers=True)
+    try:
+        grads = jax.value_and_grad(lambda l, r, g: cj.ragged_dot(l, r, g).astype(jnp.float32).sum(), (0, 1))
+        bf = _calls(grads, S((64, 16), jnp.bfloat16), S((4, 16, 8), jnp.bfloat16), S((4,), jnp.int32))
+        f32 = _calls(grads, S((64, 16), jnp.float32), S((4, 16, 8), jnp.float32), S((4,), jnp.int32))
+    finally:
+        cygemm.set_options(**old)
+    assert [c[0] for c in bf] == ["cygemm_ragged_dot_capturable"] * 2 + ["cygemm_ragged_dot_wgrad_capturable"]
+    assert [c[0] for c in f32] == ["cygemm_ragged_dot"] * 2 + ["cygemm_ragged_dot_wgrad"]
+    fwd, bwd, wgrad = asked[:3]
+    assert fwd[:4] == (((64, 16), "bfloat16"), ((4, 16, 8), "bfloat16"), (5,), ((64, 8), "bfloat16"))
+    assert fwd[4]["kind"] == "forward" and fwd[4]["w_layout"] == "kn" and fwd[4]["capturing"] is True
+    assert bwd[4]["w_layout"] == "nk" and bwd[3] == ((64, 16), "bfloat16")
+    assert wgrad[4]["kind"] == "wgrad" and wgrad[3] == ((4, 16, 8), "bfloat16")
+
+
 def test_every_target_is_one_the_handlers_serve():
     from cygemm.jax.targets import RUNNERS
     assert set(cj.TARGETS) == set(RUNNERS)
