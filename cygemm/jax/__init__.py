@@ -31,71 +31,17 @@ except ImportError as exc:          # (cygemm itself needs no JAX)
     raise ImportError("cygemm.jax needs JAX with CUDA (pip install 'jax[cuda13]', or cygemm's 'jax' extra)") from exc
 import jax.numpy as jnp
 import numpy as np
-try:                                # (the registration's traits; the handlers say them too)
-    from jaxlib.xla_client import CustomCallTargetTraits as _TRAITS
-except ImportError:
-    _TRAITS = None
 
-from cygemm import describe_matmul, describe_moe
+from cygemm import describe_matmul
 from cygemm.dense import backward_reads
-from cygemm.engine.context import PART_BYTES as _PART_BYTES, ALIGNMENT as _ALIGNMENT
 from cygemm.engine.dtypes import LEVELS, expected, names, row_of_name
 from cygemm.fp8 import SCALE_MODES
-from cygemm.jax import targets as _targets  # noqa: F401  (gives the handlers their runners)
-from cygemm.jax.ffi import CAPTURABLE, TARGETS, capsules, cpu_capsule
-from cygemm.engine.settings import get_options
+from cygemm.jax.calls import ffi_call as _ffi_call, grouped_capturable as _capturable, policy as _policy
+from cygemm.jax.ffi import TARGETS
 
 __all__ = ["matmul", "dense", "int_mm", "scaled_matmul", "ragged_dot", "TARGETS"]
 
-for _name, _capsule in capsules().items():
-    # (a capturable registration's handler says so when XLA asks; its registration says it too)
-    _traits = {} if _TRAITS is None or not _name.endswith("_capturable") else dict(
-        traits=_TRAITS.COMMAND_BUFFER_COMPATIBLE)
-    jax.ffi.register_ffi_target(_name, _capsule, platform="CUDA", **_traits)
-    # (on the CPU, cygemm's own error: these run on NVIDIA GPUs)
-    jax.ffi.register_ffi_target(_name, cpu_capsule(), platform="cpu")
-
 _COLUMNS = (1, 0)       # a 2-D operand's layout, major-to-minor: column-major (read along its rows' axis)
-
-
-def _policy(autotune, determinism):
-    """The options as the handlers' string attributes ("": not given)."""
-    return dict(autotune=autotune or "", determinism=determinism or "")
-
-
-def _ffi_call(target, results, *, parts=1, sequential=False, capturable=True, **options):
-    """``jax.ffi.ffi_call`` of a cygemm target with one more result, XLA's scratch buffer for the
-    call, which cygemm works in (cuBLAS's workspace and cygemm's table: ``parts`` of
-    :data:`cygemm.engine.context.PART_BYTES`, two giving a dense backward's concurrent branches
-    one each, and room to align its start) and the caller never sees: the call allocates nothing
-    of its own. With the option ``jax_command_buffers`` on, a call that can be captured
-    (``capturable``) is made by its target's "_capturable" registration, which tells XLA so.
-    sequential: under ``jax.vmap``, one
-    call per batch element (a ``lax.map`` over the batched operands; each call's scratch is
-    its own, never stacked)."""
-    single = not isinstance(results, (tuple, list))
-    if capturable and target in CAPTURABLE and get_options()["jax_command_buffers"]:
-        target += "_capturable"         # (the registration that tells XLA it may capture the call)
-    scratch = jax.ShapeDtypeStruct((parts * _PART_BYTES + _ALIGNMENT,), jnp.uint8)
-    call = jax.ffi.ffi_call(target, ((results,) if single else tuple(results)) + (scratch,), **options)
-
-    def run(*args, **attrs):
-        def one(*args):
-            out = call(*args, **attrs)
-            return out[0] if single else tuple(out[:-1])
-        if not sequential:
-            return one(*args)
-        one = jax.custom_batching.custom_vmap(one)
-
-        @one.def_vmap
-        def _each(axis_size, in_batched, *args):
-            def element(batched):
-                it = iter(batched)
-                return one(*[next(it) if b else x for x, b in zip(args, in_batched)])
-            out = jax.lax.map(element, [x for x, b in zip(args, in_batched) if b])
-            return out, jax.tree_util.tree_map(lambda _: True, out)
-        return one(*args)
-    return run
 
 
 def _sum_to(x, shape):
@@ -440,25 +386,6 @@ def _offsets(group_sizes, m):
 def _in_groups(x, total):
     """x with its rows past the groups' (row >= total) zeroed: jax.lax.ragged_dot's meaning."""
     return jnp.where(jnp.arange(x.shape[0])[:, None] < total, x, jnp.zeros((), x.dtype))
-
-
-class _DeviceOffsets:
-    """G + 1 int32 offsets on the GPU as describe_moe reads them: a layout, never read."""
-
-    def __init__(self, n):
-        self.__cuda_array_interface__ = dict(shape=(n,), typestr="<i4", data=(0x7000_0000_0000, False), version=3,
-                                             strides=None)
-
-
-def _capturable(kind, a, b, out, groups, layout, math, determinism):
-    """Whether a grouped call can be captured: cuBLASLt's grouped matmul takes it (the group
-    sizes read on the GPU); else cygemm would read them to the host, which no capture allows."""
-    if not get_options()["jax_command_buffers"]:
-        return False
-    pair = lambda x: (tuple(x.shape), jnp.dtype(x.dtype).name)      # noqa: E731
-    found = describe_moe(pair(a), pair(b), _DeviceOffsets(groups + 1), pair(out), kind=kind, math=math,
-                         determinism=determinism, capturing=True, **{"w_layout" if kind == "forward" else "dw_layout": layout})
-    return "lt_grouped" in found["routes"]
 
 
 def _grouped(lhs, rhs, offsets, w_layout, math, autotune, determinism):

@@ -12,6 +12,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import cygemm  # noqa: E402
 import cygemm.jax as cj  # noqa: E402
+from cygemm.jax import calls  # noqa: E402
 
 S = jax.ShapeDtypeStruct
 
@@ -230,7 +231,7 @@ def test_a_ragged_dot_is_called_capturable_where_cuBLASLts_grouped_matmul_takes_
     def describe(a, b, offsets, out, **kw):
         asked.append((a, b, offsets.__cuda_array_interface__["shape"], out, kw))
         return {"routes": ["lt_grouped"] if a[1] == "bfloat16" else []}
-    monkeypatch.setattr(cj, "describe_moe", describe)
+    monkeypatch.setattr(calls, "describe_moe", describe)
     old = cygemm.set_options(jax_command_buffers=True)
     try:
         grads = jax.value_and_grad(lambda l, r, g: cj.ragged_dot(l, r, g).astype(jnp.float32).sum(), (0, 1))
