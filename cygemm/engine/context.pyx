@@ -318,7 +318,9 @@ cdef int _workspace_entry(GemmContext* ctx, cudaStream_t stream, bint create=Tru
     first use (create False: -2 instead of making it)."""
     cdef unsigned long long cid = 0
     cdef cudaGraph_t graph = NULL
-    _note_capture(stream, &cid)
+    capture_info(stream, &cid, &graph)
+    if cid != 0 or open_captures() > 0:
+        note_capture_id(stream, cid)
     cdef int i, eager = 0
     ctx.use_counter += 1
     for i in range(ctx.n_workspaces):
@@ -349,7 +351,6 @@ cdef int _workspace_entry(GemmContext* ctx, cudaStream_t stream, bint create=Tru
     check_cuda(err, "cudaMalloc(workspace)")
     cg_count_allocation()
     if cid != 0:
-        capture_info(stream, &cid, &graph)
         _give_to_graph(ptr, graph)
     i = ctx.n_workspaces
     memset(&ctx.workspaces[i], 0, sizeof(StreamWorkspace))
@@ -359,16 +360,6 @@ cdef int _workspace_entry(GemmContext* ctx, cudaStream_t stream, bint create=Tru
     ctx.workspaces[i].last_use = ctx.use_counter
     ctx.n_workspaces += 1
     return i
-
-
-cdef int _note_capture(cudaStream_t stream, unsigned long long* cid) except -1 nogil:
-    """cid: the id of the capture under way on `stream` (0: none), noted for the release queue,
-    which holds back what would invalidate it (cygemm.engine.release)."""
-    cdef cudaGraph_t graph = NULL
-    capture_info(stream, cid, &graph)
-    if cid[0] != 0 or open_captures() > 0:
-        note_capture_id(stream, cid[0])
-    return 0
 
 
 cdef void* _workspace_of(GemmContext* ctx, cudaStream_t stream, bint create) except? NULL nogil:
