@@ -72,9 +72,9 @@ def _check(str name, value, str source):
     if name == "jax_command_buffers":
         if isinstance(value, bool):
             return value
-        if isinstance(value, str) and value.strip().lower() in _ON + _OFF:
+        if isinstance(value, str) and value.strip().lower() in _ON + _OFF + ("false", "no"):
             return value.strip().lower() in _ON
-        raise bad("True or False (in the environment: 1 or 0)")
+        raise bad("True or False (in the environment: 1 or 0, on or off, true or false)")
     if name == "tuning_mode":
         if str(value).lower() not in _TUNING_MODES:
             raise bad("'cold', 'hot' or 'sustained'")
@@ -248,9 +248,10 @@ def set_options(**changes):
         On cuBLASLt 13.10.0.20 (H100, H200) no problem probed was offered an algorithm under
         the flag, so "cublas" refuses there; see :doc:`/reproducibility`.
     jax_command_buffers : bool
-        Whether ``cygemm.jax``'s calls traced from now on (all but ``ragged_dot``'s) tell XLA
-        they may go into its command buffers (CUDA graphs, where XLA's flags let custom calls
-        in), False by default until that is verified on GPUs; see :doc:`/jax`.
+        Whether ``cygemm.jax``'s calls traced from now on tell XLA they may go into its command
+        buffers (CUDA graphs, where XLA's flags let custom calls in; ``ragged_dot``'s where
+        cuBLASLt's grouped matmul takes them), False by default; read while JAX traces, so a
+        function ``jax.jit`` traced already keeps its calls. See :doc:`/jax`.
 
     Returns
     -------

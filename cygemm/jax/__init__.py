@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from cygemm import describe_matmul
+from cygemm.fp8 import describe_scaled_matmul
 from cygemm.dense import backward_reads
 from cygemm.engine.dtypes import LEVELS, expected, names, row_of_name
 from cygemm.fp8 import SCALE_MODES
@@ -225,6 +226,8 @@ def dense(x, kernel, bias=None, *, act="none", leaky_slope=0.01, math="tf32", au
         Differentiable in x, kernel and bias.
     """
     x, kernel = jnp.asarray(x), jnp.asarray(kernel)
+    if isinstance(leaky_slope, bool) or not isinstance(leaky_slope, (int, float, np.integer, np.floating)):
+        raise TypeError(f"leaky_slope: expected a real number, got {type(leaky_slope).__name__} {leaky_slope!r}")
     backward_reads(act, leaky_slope)        # (an unknown activation: ValueError, before tracing further)
     _ndim(kernel, "kernel", (2,))
     if x.ndim == 0:
@@ -272,6 +275,13 @@ def int_mm(a, b, *, autotune=None, determinism=None):
     call = _ffi_call("cygemm_int_mm", jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), jnp.int32),
                      input_layouts=[None, _COLUMNS], sequential=True)
     return call(a, b, **_policy(autotune, determinism))
+
+
+def _laid_out(shape, dtype, strides):
+    """A stand-in of `shape` with element `strides` that describe_* read for its layout alone."""
+    dt = np.dtype(dtype)     # (as_strided keeps only a typestr, which ml_dtypes' FP8 types share: viewed after)
+    raw = np.empty(1, f"V{dt.itemsize}")
+    return np.lib.stride_tricks.as_strided(raw, shape, tuple(st * dt.itemsize for st in strides)).view(dt)
 
 
 def _pad_k(grid, kb4, axis):
@@ -325,15 +335,23 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out_dtype="bfloat16", bias=None, ac
     jax.Array (M, N), or (result, amax) with ``return_amax``
         Not differentiable.
     """
-    row = row_of_name(out_dtype)
-    if row is None:
-        raise ValueError(f"out_dtype: expected a float or FP8 type name, got {out_dtype!r}")
+    outs = names(LEVELS["float"]) + names(LEVELS["fp8"])
+    try:
+        row = row_of_name(out_dtype if isinstance(out_dtype, str) else jnp.dtype(out_dtype).name)
+    except TypeError:
+        row = None
+    if row is None or row["name"] not in outs:
+        raise ValueError(f"out_dtype: expected one of {', '.join(outs)} (a name or a dtype), got {out_dtype!r}")
+    a, b, scale_a, scale_b, bias, scale_out = (None if x is None else jnp.asarray(x)
+                                               for x in (a, b, scale_a, scale_b, bias, scale_out))
     for x, name in ((a, "a"), (b, "b")):
         _ndim(x, name, (2,))
         _dtype(x, name, _FP8, expected(LEVELS["fp8"]))
     _inner(a, b, ("a", "b"), a.shape[1], b.shape[0])
     for x, name in ((scale_a, "scale_a"), (scale_b, "scale_b")) + (((scale_out, "scale_out"),) if scale_out is not None else ()):
         _dtype(x, name, {_F32}, _F32.name)
+    if not (scale_mode is None or isinstance(scale_mode, str) or len(tuple(scale_mode)) == 2):
+        raise ValueError(f"scale_mode: expected one of {sorted(SCALE_MODES)} or a pair of them, got {scale_mode!r}")
     for mode in ((scale_mode,) if isinstance(scale_mode, str) else tuple(scale_mode or ())):
         if mode not in SCALE_MODES:
             raise ValueError(f"scale_mode: expected one of {sorted(SCALE_MODES)} or a pair of them, got {mode!r}")
@@ -357,6 +375,16 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out_dtype="bfloat16", bias=None, ac
         raise ValueError(f"scale_b: a {mode_b!r} grid of b ({k}, {n}) is {blocks[mode_b]}, got {tuple(scale_b.shape)}")
     sa = scale_a.T if mode_a == "1x128" else (_pad_k(scale_a, kb4, 1) if mode_a == "128x128" else scale_a)
     sb = _pad_k(scale_b.T, kb4, 1) if mode_b == "128x128" else scale_b
+    # The eager call's own checks (its formats, out_dtype, act, bias, scale_out, K, flags), of
+    # stand-ins laid out as the handler hands them over (cygemm.jax.targets): no memory read.
+    pair = lambda x: None if x is None else (tuple(x.shape), jnp.dtype(x.dtype).name)     # noqa: E731
+    describe_scaled_matmul(
+        pair(a), _laid_out((k, n), b.dtype, (1, k)), _laid_out((m, kb), _F32, (1, m)) if mode_a == "1x128" else
+        _laid_out((-(-m // 128), kb), _F32, (kb4, 1)) if mode_a == "128x128" else pair(scale_a),
+        _laid_out((kb, -(-n // 128)), _F32, (1, kb4)) if mode_b == "128x128" else pair(scale_b),
+        out=((m, n), row["name"]), bias=pair(bias), act=act, scale_out=pair(scale_out),
+        amax_out=((), _F32.name) if return_amax else None, fast_accum=fast_accum,
+        scale_mode=(mode_a, mode_b) if scale_mode else None, determinism=determinism, autotune=autotune)
     args = [a, b, sa, sb] + ([bias] if bias is not None else []) + ([scale_out] if scale_out is not None else [])
     shapes = [jax.ShapeDtypeStruct((m, n), jnp.dtype(row["name"]))]
     if return_amax:

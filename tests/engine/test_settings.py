@@ -134,12 +134,13 @@ def test_jax_command_buffers_takes_a_bool_from_set_options_and_1_or_0_from_the_e
     try:
         assert cygemm.get_options()["jax_command_buffers"] is True
         with pytest.raises(ValueError, match=r"jax_command_buffers: expected True or False \(in the environment: 1 or "
-                                             r"0\), got 2"):
+                                             r"0, on or off, true or false\), got 2"):
             cygemm.set_options(jax_command_buffers=2)
         assert cygemm.get_options()["jax_command_buffers"] is True
     finally:
         cygemm.set_options(**old)
     assert _run("import cygemm; print(cygemm.get_options()['jax_command_buffers'])",
                 CYGEMM_JAX_COMMAND_BUFFERS="1").strip() == "True"
-    assert _run("import cygemm; print(cygemm.get_options()['jax_command_buffers'])",
-                CYGEMM_JAX_COMMAND_BUFFERS="off").strip() == "False"
+    for word, value in (("off", "False"), ("false", "False"), ("no", "False"), ("true", "True")):
+        assert _run("import cygemm; print(cygemm.get_options()['jax_command_buffers'])",
+                    CYGEMM_JAX_COMMAND_BUFFERS=word).strip() == value

@@ -95,7 +95,7 @@ def test_ragged_dot_has_lax_ragged_dots_meaning_for_what_it_does_not_take():
     ("1x128", (256, 5), (5, 128), [(5, 256), (5, 128)]),
 ])
 def test_scaled_matmul_sends_each_modes_scales_as_cublaslt_reads_them(modes, sa, sb, sent):
-    a, b = S((256, 520), jnp.float8_e4m3fn), S((520, 128), jnp.float8_e4m3fn)
+    a, b = S((256, 528), jnp.float8_e4m3fn), S((528, 128), jnp.float8_e4m3fn)     # (K: 5 blocks, the last short)
     f = lambda a, b, x, y: cj.scaled_matmul(a, b, x, y, scale_mode=modes, out_dtype="float32")  # noqa: E731
     text = jax.jit(f).trace(a, b, S(sa, jnp.float32), S(sb, jnp.float32)).lower(lowering_platforms=("cuda",)).as_text()
     line = next(l for l in text.splitlines() if "@cygemm_scaled_matmul" in l)
@@ -137,6 +137,10 @@ def test_bad_arguments_are_refused_before_tracing_goes_on():
     with pytest.raises(ValueError, match="scale_mode: the scales' shapes"):
         jax.eval_shape(cj.scaled_matmul, S((256, 256), jnp.float8_e4m3fn), S((256, 128), jnp.float8_e4m3fn),
                        S((256, 2), jnp.float32), S((2, 128), jnp.float32))
+    # a dtype object for out_dtype, and Python numbers for per-tensor scales, are taken as the eager call takes them
+    out = jax.eval_shape(lambda a, b: cj.scaled_matmul(a, b, 0.5, 2.0, out_dtype=jnp.float16), S((64, 128), jnp.float8_e4m3fn),
+                         S((128, 32), jnp.float8_e4m3fn))
+    assert (out.shape, out.dtype) == ((64, 32), jnp.float16)
     with pytest.raises(ValueError, match="out_dtype"):
         jax.eval_shape(lambda *t: cj.scaled_matmul(*t, out_dtype="float128"), S((64, 128), jnp.float8_e4m3fn),
                        S((128, 32), jnp.float8_e4m3fn), S((), jnp.float32), S((), jnp.float32))
@@ -253,7 +257,7 @@ def test_every_target_is_one_the_handlers_serve():
     assert set(cj.TARGETS) == set(RUNNERS)
 
 
-F8 = jnp.float8_e4m3fn
+F8, E5 = jnp.float8_e4m3fn, jnp.float8_e5m2
 f32, bf16, i8 = jnp.float32, jnp.bfloat16, jnp.int8
 BAD = [     # (function, its operands' (shape, dtype), keywords, error, message)
     (cj.matmul, [((8, 16), f32), ((17, 4), f32)], {}, ValueError, r"^b: its rows must match a's columns \(16\)"),
@@ -279,6 +283,28 @@ BAD = [     # (function, its operands' (shape, dtype), keywords, error, message)
      ValueError, r"^scale_a, scale_b: rowwise scales"),
     (cj.scaled_matmul, [((64, 128), F8), ((128, 32), F8), ((), f32), ((), f32)], dict(scale_mode="64x64"), ValueError,
      r"^scale_mode: expected one of"),
+    # what the eager scaled_matmul checks, asked of it while tracing (describe_scaled_matmul)
+    (cj.scaled_matmul, [((64, 128), E5), ((128, 32), E5), ((), f32), ((), f32)], {}, TypeError,
+     r"^a/b: cuBLASLt has no E5M2 x E5M2 GEMM"),
+    (cj.scaled_matmul, [((64, 128), F8), ((128, 32), F8), ((), f32), ((), f32)], dict(out_dtype="int8"), ValueError,
+     r"^out_dtype: expected one of float16, bfloat16, float32, float8_e4m3fn, float8_e5m2 \(a name or a dtype\), "
+     r"got 'int8'"),
+    (cj.scaled_matmul, [((64, 128), F8), ((128, 32), F8), ((), f32), ((), f32)], dict(act="tanh"), ValueError,
+     r"^act: FP8 GEMMs \(cuBLASLt epilogues\) apply 'none', 'relu' or 'gelu', got 'tanh'"),
+    (cj.scaled_matmul, [((64, 128), F8), ((128, 32), F8), ((), f32), ((), f32)], dict(bias=jnp.zeros(32, f32)),
+     TypeError, r"^bias: an FP8 GEMM with a bfloat16 output takes a bfloat16 bias, got float32"),
+    (cj.scaled_matmul, [((64, 128), F8), ((128, 32), F8), ((), f32), ((), f32)], dict(bias=jnp.zeros(7, bf16)),
+     ValueError, r"^bias: expected shape \(32,\)"),
+    (cj.scaled_matmul, [((64, 128), F8), ((128, 32), F8), ((), f32), ((), f32)], dict(scale_out=jnp.ones((), f32)),
+     ValueError, r"^scale_out: quantizes an FP8 output; out is bfloat16"),
+    (cj.scaled_matmul, [((64, 20), F8), ((20, 32), F8), ((), f32), ((), f32)], {}, ValueError,
+     r"^a: FP8 GEMMs need K to be a multiple of 16 here, got K = 20"),
+    (cj.scaled_matmul, [((64, 128), F8), ((128, 32), F8), ((), f32), ((), f32)], dict(fast_accum="yes"), TypeError,
+     r"^fast_accum: expected True or False, got 'yes'"),
+    (cj.scaled_matmul, [((64, 128), F8), ((128, 32), F8), ((), f32), ((), f32)],
+     dict(scale_mode=("1x128", "1x128", "tensor")), ValueError, r"^scale_mode: expected one of .* or a pair of them"),
+    (lambda x, k: cj.dense(x, k, act="leaky_relu", leaky_slope="a"), [((8, 16), f32), ((16, 4), f32)], {}, TypeError,
+     r"^leaky_slope: expected a real number, got str 'a'"),
     (cj.int_mm, [((8, 16), f32), ((16, 4), f32)], {}, TypeError, r"^a: expected int8, got float32"),
     (cj.int_mm, [((8, 16), i8), ((15, 4), i8)], {}, ValueError, r"^b: its rows must match a's columns"),
 ]
