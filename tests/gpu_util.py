@@ -87,3 +87,11 @@ def skip_without_lt_grouped():
     why = lt_features.feature_gate("grouped_gemm")
     if why is not None:
         pytest.skip(f"lt_grouped: {why}")
+
+
+def jax_has_gpu(jax):
+    """Whether JAX sees a CUDA GPU (the JAX GPU tests' skip condition)."""
+    try:
+        return bool(jax.devices("gpu"))
+    except RuntimeError:
+        return False

@@ -37,7 +37,7 @@ from cygemm.fp8 import describe_scaled_matmul
 from cygemm.dense import backward_reads
 from cygemm.engine.dtypes import LEVELS, expected, names, row_of_name
 from cygemm.fp8 import SCALE_MODES
-from cygemm.jax.calls import ffi_call as _ffi_call, grouped_capturable as _capturable, policy as _policy
+from cygemm.jax.calls import ffi_call as _ffi_call, grouped_capturable as _capturable, pair as _pair, policy as _policy
 from cygemm.jax.ffi import TARGETS
 
 __all__ = ["matmul", "dense", "int_mm", "scaled_matmul", "ragged_dot", "TARGETS"]
@@ -377,12 +377,11 @@ def scaled_matmul(a, b, scale_a, scale_b, *, out_dtype="bfloat16", bias=None, ac
     sb = _pad_k(scale_b.T, kb4, 1) if mode_b == "128x128" else scale_b
     # The eager call's own checks (its formats, out_dtype, act, bias, scale_out, K, flags), of
     # stand-ins laid out as the handler hands them over (cygemm.jax.targets): no memory read.
-    pair = lambda x: None if x is None else (tuple(x.shape), jnp.dtype(x.dtype).name)     # noqa: E731
     describe_scaled_matmul(
-        pair(a), _laid_out((k, n), b.dtype, (1, k)), _laid_out((m, kb), _F32, (1, m)) if mode_a == "1x128" else
-        _laid_out((-(-m // 128), kb), _F32, (kb4, 1)) if mode_a == "128x128" else pair(scale_a),
-        _laid_out((kb, -(-n // 128)), _F32, (1, kb4)) if mode_b == "128x128" else pair(scale_b),
-        out=((m, n), row["name"]), bias=pair(bias), act=act, scale_out=pair(scale_out),
+        _pair(a), _laid_out((k, n), b.dtype, (1, k)), _laid_out((m, kb), _F32, (1, m)) if mode_a == "1x128" else
+        _laid_out((-(-m // 128), kb), _F32, (kb4, 1)) if mode_a == "128x128" else _pair(scale_a),
+        _laid_out((kb, -(-n // 128)), _F32, (1, kb4)) if mode_b == "128x128" else _pair(scale_b),
+        out=((m, n), row["name"]), bias=_pair(bias), act=act, scale_out=_pair(scale_out),
         amax_out=((), _F32.name) if return_amax else None, fast_accum=fast_accum,
         scale_mode=(mode_a, mode_b) if scale_mode else None, determinism=determinism, autotune=autotune)
     args = [a, b, sa, sb] + ([bias] if bias is not None else []) + ([scale_out] if scale_out is not None else [])

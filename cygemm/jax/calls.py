@@ -10,7 +10,7 @@ from cygemm.engine.settings import get_options
 from cygemm.jax import targets as _targets  # noqa: F401  (gives the handlers their runners)
 from cygemm.jax.ffi import CAPTURABLE, capsules, cpu_capsule
 
-__all__ = ["ffi_call", "grouped_capturable", "policy"]
+__all__ = ["ffi_call", "grouped_capturable", "pair", "policy"]
 
 try:                                # (the registration's traits; the handlers say them too)
     from jaxlib.xla_client import CustomCallTargetTraits as _TRAITS
@@ -78,12 +78,17 @@ class _DeviceOffsets:
                                              strides=None)
 
 
+def pair(x):
+    """x's (shape, dtype name), the stand-in describe_* read for a C-ordered operand's layout
+    (None for None)."""
+    return None if x is None else (tuple(x.shape), jnp.dtype(x.dtype).name)
+
+
 def grouped_capturable(kind, a, b, out, groups, layout, math, determinism):
     """Whether a grouped call can be captured: cuBLASLt's grouped matmul takes it (the group
     sizes read on the GPU); else cygemm would read them to the host, which no capture allows."""
     if not get_options()["jax_command_buffers"]:
         return False
-    pair = lambda x: (tuple(x.shape), jnp.dtype(x.dtype).name)      # noqa: E731
     found = describe_moe(pair(a), pair(b), _DeviceOffsets(groups + 1), pair(out), kind=kind, math=math,
                          determinism=determinism, capturing=True, **{"w_layout" if kind == "forward" else "dw_layout": layout})
     return "lt_grouped" in found["routes"]

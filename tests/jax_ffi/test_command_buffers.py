@@ -17,16 +17,10 @@ import pytest
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")     # (the steps run in processes of their own)
 jax = pytest.importorskip("jax")
+from gpu_util import jax_has_gpu  # noqa: E402
 
 
-def _jax_gpu():
-    try:
-        return bool(jax.devices("gpu"))
-    except RuntimeError:
-        return False
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _jax_gpu(), reason="needs JAX with a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not jax_has_gpu(jax), reason="needs JAX with a CUDA GPU")]
 
 _STEP = textwrap.dedent('''
     import json, os, sys

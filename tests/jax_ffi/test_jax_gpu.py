@@ -9,21 +9,15 @@ import pytest
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")     # (CuPy shares the GPU here)
 jax = pytest.importorskip("jax")
+from gpu_util import jax_has_gpu  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import cygemm  # noqa: E402
 import cygemm.jax as cj  # noqa: E402
 
 
-def _jax_gpu():
-    try:
-        return bool(jax.devices("gpu"))
-    except RuntimeError:
-        return False
-
-
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not _jax_gpu(), reason="needs JAX with a CUDA GPU")]
-cp = pytest.importorskip("cupy") if _jax_gpu() else None
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not jax_has_gpu(jax), reason="needs JAX with a CUDA GPU")]
+cp = pytest.importorskip("cupy") if jax_has_gpu(jax) else None
 
 
 @pytest.fixture
