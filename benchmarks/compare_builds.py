@@ -6,10 +6,12 @@
 
 Bits rows: the same calls through both builds in every determinism mode ("off" with autotune
 off, "run_to_run", "batch_invariant"), on the same seeded operands: whether the results are
-bitwise equal. Host rows: 64^3 float32 calls timed on the host (median of interleaved rounds of 2000 calls
-each, synchronizing at the end of a round, the calls in a shuffled order each round), with
-torch.mm(out=) and cp.matmul(out=) in the same rounds; and each call's new/old ratio per round
-(median, min, max: what one run's figure varies by). Large rows: CUDA-event time per GEMM (median of interleaved rounds, each
+bitwise equal. Host rows: 64^3 float32 calls timed on the host (median of interleaved rounds of 300 calls
+each, enqueued behind a sleeping kernel so that only the host's time counts, the calls in a
+shuffled order each round), with torch.mm(out=) and cp.matmul(out=) in the same rounds; and each
+call's new/old ratio per round (median, min, max: what one run's figure varies by). Where this
+tree is built a second time as `cygemm_same`, its calls join the rounds and new/same is the A/A
+ratio: what the method reads where the code is the same. Large rows: CUDA-event time per GEMM (median of interleaved rounds, each
 contender warmed up, i.e. tuned, first). Writes compare_builds.json and .md to --out.
 """
 import argparse
@@ -22,24 +24,28 @@ import time
 import numpy as np
 
 
-def host_rows(cp, new, old, torch, rounds):
+def host_rows(cp, builds, torch, rounds):
+    """Host time per 64^3 float32 call of each build in `builds` ({"new": module, "old": ...,
+    "same": ...}), cp.matmul and torch.mm, interleaved. Each timed batch of calls is enqueued
+    behind a sleeping kernel that outlasts it, so the figure is the host's alone (what the
+    call costs before the GPU could start), not the GPU's throughput on tiny kernels: a
+    difference of half a microsecond in a 13 us call is otherwise lost in launch gaps."""
+    from benchmarks.common import spin
     rng = np.random.default_rng(0)
     a, b, bias = (cp.asarray(rng.standard_normal(s).astype(np.float32)) for s in ((64, 64), (64, 64), (64,)))
     c = cp.empty((64, 64), cp.float32)
-    calls = {
-        "gemm(a, b, out=c) new": lambda: new.gemm(a, b, c),
-        "gemm(a, b, out=c) old": lambda: old.gemm(a, b, c),
-        "forward_into relu+bias new": lambda: new.gemm_ops.forward_into(a, b, c, bias, act="relu"),
-        "forward_into relu+bias old": lambda: old.gemm_ops.forward_into(a, b, c, bias, act="relu"),
-        "matmul(a, b, out=c) new": lambda: new.matmul(a, b, c),
-        "matmul(a, b, out=c) old": lambda: old.matmul(a, b, c),
-        "cp.matmul(a, b, out=c)": lambda: cp.matmul(a, b, out=c),
-    }
+    calls = {}
+    for tag, m in builds.items():
+        calls[f"gemm(a, b, out=c) {tag}"] = lambda m=m: m.gemm(a, b, c)
+        calls[f"forward_into relu+bias {tag}"] = lambda m=m: m.gemm_ops.forward_into(a, b, c, bias, act="relu")
+        calls[f"matmul(a, b, out=c) {tag}"] = lambda m=m: m.matmul(a, b, c)
+    calls["cp.matmul(a, b, out=c)"] = lambda: cp.matmul(a, b, out=c)
     if torch is not None:
         ta, tb, tc = (torch.as_tensor(x, device="cuda") for x in (a, b, c))
         torch.backends.cuda.matmul.allow_tf32 = True
         calls["torch.mm(a, b, out=c)"] = lambda: torch.mm(ta, tb, out=tc)
-    n = 2000
+    stream = cp.cuda.get_current_stream()
+    n = 300                 # well inside the driver's queue of pending launches: enqueueing never waits
     times = {k: [] for k in calls}
     for fn in calls.values():
         for _ in range(300):
@@ -51,23 +57,28 @@ def host_rows(cp, new, old, torch, rounds):
         shuffle.shuffle(order)          # (no call always runs first, or right after another)
         for name in order:
             fn = calls[name]
+            spin(cp, stream, n * 60)     # 60 us a call: several times any call's host time
             t0 = time.perf_counter()
             for _ in range(n):
                 fn()
+            t1 = time.perf_counter()
             cp.cuda.Device().synchronize()
-            times[name].append((time.perf_counter() - t0) / n * 1e6)
-    return {k: statistics.median(v) for k, v in times.items()}, _paired_ratios(times)
+            times[name].append((t1 - t0) / n * 1e6)
+    return {k: statistics.median(v) for k, v in times.items()}, _paired_ratios(times, list(builds)[1:])
 
 
-def _paired_ratios(times):
-    """Per call, new/old time of each round (both timed in it): the median and the range over
-    the rounds, which says how far one run's figure can be trusted."""
+def _paired_ratios(times, others):
+    """Per call and other build, new/other time of each round (both timed in it): the median
+    and the range over the rounds, which says how far one run's figure can be trusted. The
+    ratio to `same` (this tree built twice) is what the method reads where nothing differs."""
     out = {}
     for name in times:
         if name.endswith(" new"):
             base = name[:-4]
-            ratios = sorted(a / b for a, b in zip(times[name], times[base + " old"]))
-            out[base] = {"median": statistics.median(ratios), "min": ratios[0], "max": ratios[-1]}
+            for other in others:
+                ratios = sorted(a / b for a, b in zip(times[name], times[f"{base} {other}"]))
+                out[f"{base} new/{other}"] = {"median": statistics.median(ratios), "min": ratios[0],
+                                              "max": ratios[-1]}
     return out
 
 
@@ -157,19 +168,27 @@ def main(argv=None):
     p = argparse.ArgumentParser(description="This build of cygemm against another (cygemm_old), interleaved.")
     p.add_argument("--out", default="out", help="folder for compare_builds.json/.md (default: ./out)")
     p.add_argument("--rounds", type=int, default=15, help="interleaved rounds per row (default 15)")
+    p.add_argument("--rows", default="bits,host,large", help="which rows (default bits,host,large)")
     args = p.parse_args(argv)
+    rows = args.rows.split(",")
     import cupy as cp
     import cygemm as new
     import cygemm_old as old
+    builds = {"new": new, "old": old}
+    try:
+        import cygemm_same          # this tree built again (scripts/build_renamed.sh HEAD DIR cygemm_same)
+        builds["same"] = cygemm_same
+    except ImportError:
+        pass
     try:
         import torch
     except ImportError:
         torch = None
     from benchmarks.common import environment
     env = environment(cp, {"torch": getattr(torch, "__version__", None), "new": new.__file__, "old": old.__file__})
-    bits = bits_rows(cp, new, old)
-    host, ratios = host_rows(cp, new, old, torch, args.rounds)
-    large = large_rows(cp, new, old, torch, args.rounds)
+    bits = bits_rows(cp, new, old) if "bits" in rows else {}
+    host, ratios = host_rows(cp, builds, torch, args.rounds) if "host" in rows else ({}, {})
+    large = large_rows(cp, new, old, torch, args.rounds) if "large" in rows else {}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "compare_builds.json"), "w") as f:
         json.dump({"environment": env, "bits": bits, "host_us": host, "host_new_over_old": ratios, "large": large},
@@ -177,15 +196,16 @@ def main(argv=None):
     lines = [f"GPU {env['gpu']}, driver {env['driver']}, cuBLASLt {env['cublasLt']}, CuPy {env['cupy']}, "
              f"torch {env['torch']}, {env['date']}", "", "| host, 64^3 float32 | us per call |", "|---|---|"]
     lines += [f"| {k} | {v:.2f} |" for k, v in host.items()]
-    lines += ["", "| host, new/old per round | median | min | max |", "|---|---|---|---|"]
+    lines += ["", "| host, new/other per round | median | min | max |", "|---|---|---|---|"]
     lines += [f"| {k} | {r['median']:.3f} | {r['min']:.3f} | {r['max']:.3f} |" for k, r in ratios.items()]
     lines += ["", "| large GEMM | new ms | old ms | new/old time | torch ms |", "|---|---|---|---|---|"]
     for shape, r in large.items():
         lines.append(f"| {shape} | {r['new']['ms']:.4f} | {r['old']['ms']:.4f} | "
                      f"{r['new']['ms'] / r['old']['ms']:.3f} | {r.get('torch', {}).get('ms', float('nan')):.4f} |")
-    lines += ["", "| same bits, new and old | " + " | ".join(next(iter(bits.values()))) + " |",
-              "|---|" + "---|" * len(next(iter(bits.values())))]
-    lines += [f"| {k} | " + " | ".join("yes" if v else "**no**" for v in r.values()) + " |" for k, r in bits.items()]
+    if bits:
+        lines += ["", "| same bits, new and old | " + " | ".join(next(iter(bits.values()))) + " |",
+                  "|---|" + "---|" * len(next(iter(bits.values())))]
+        lines += [f"| {k} | " + " | ".join("yes" if v else "**no**" for v in r.values()) + " |" for k, r in bits.items()]
     text = "\n".join(lines)
     with open(os.path.join(args.out, "compare_builds.md"), "w") as f:
         f.write(text + "\n")

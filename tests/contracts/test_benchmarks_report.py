@@ -78,5 +78,7 @@ def test_the_routes_table_lists_timed_choices_beside_promise_verdicts_and_bucket
 
 def test_compare_builds_reports_each_calls_new_over_old_ratio_per_round_with_its_range():
     from benchmarks.compare_builds import _paired_ratios
-    times = {"gemm new": [10.0, 12.0, 11.0], "gemm old": [10.0, 10.0, 10.0], "cp.matmul": [20.0, 21.0, 19.0]}
-    assert _paired_ratios(times) == {"gemm": {"median": 1.1, "min": 1.0, "max": 1.2}}
+    times = {"gemm new": [10.0, 12.0, 11.0], "gemm old": [10.0, 10.0, 10.0], "gemm same": [10.0, 12.0, 11.0],
+             "cp.matmul": [20.0, 21.0, 19.0]}
+    assert _paired_ratios(times, ["old"]) == {"gemm new/old": {"median": 1.1, "min": 1.0, "max": 1.2}}
+    assert _paired_ratios(times, ["old", "same"])["gemm new/same"] == {"median": 1.0, "min": 1.0, "max": 1.0}
