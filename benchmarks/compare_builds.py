@@ -44,6 +44,10 @@ def host_rows(cp, builds, torch, rounds):
         ta, tb, tc = (torch.as_tensor(x, device="cuda") for x in (a, b, c))
         torch.backends.cuda.matmul.allow_tf32 = True
         calls["torch.mm(a, b, out=c)"] = lambda: torch.mm(ta, tb, out=tc)
+    described = {}
+    for tag, m in builds.items():        # what each build says it runs (its route, its kernels)
+        d = m.describe_gemm(a, b, c)
+        described[tag] = {k: v for k, v in d.items() if k in ("route", "kernels", "compute", "determinism")}
     stream = cp.cuda.get_current_stream()
     n = 300                 # well inside the driver's queue of pending launches: enqueueing never waits
     times = {k: [] for k in calls}
@@ -64,7 +68,9 @@ def host_rows(cp, builds, torch, rounds):
             t1 = time.perf_counter()
             cp.cuda.Device().synchronize()
             times[name].append((t1 - t0) / n * 1e6)
-    return {k: statistics.median(v) for k, v in times.items()}, _paired_ratios(times, list(builds)[1:])
+    host = {k: statistics.median(v) for k, v in times.items()}
+    host["described"] = described
+    return host, _paired_ratios(times, list(builds)[1:])
 
 
 def _paired_ratios(times, others):
@@ -195,7 +201,8 @@ def main(argv=None):
                   f, indent=1)
     lines = [f"GPU {env['gpu']}, driver {env['driver']}, cuBLASLt {env['cublasLt']}, CuPy {env['cupy']}, "
              f"torch {env['torch']}, {env['date']}", "", "| host, 64^3 float32 | us per call |", "|---|---|"]
-    lines += [f"| {k} | {v:.2f} |" for k, v in host.items()]
+    lines += [f"| {k} | {v:.2f} |" for k, v in host.items() if k != "described"]
+    lines += [f"| described: {k} | {v} |" for k, v in host.get("described", {}).items()]
     lines += ["", "| host, new/other per round | median | min | max |", "|---|---|---|---|"]
     lines += [f"| {k} | {r['median']:.3f} | {r['min']:.3f} | {r['max']:.3f} |" for k, r in ratios.items()]
     lines += ["", "| large GEMM | new ms | old ms | new/old time | torch ms |", "|---|---|---|---|---|"]
