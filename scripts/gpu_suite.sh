@@ -9,7 +9,7 @@
 # measurements (their tests, with their printed figures); probe: the small-matrix kernel's launch
 # shapes against cuBLAS (benchmarks/small_batched_probe.cu; PROBE: its parts, default all) into
 # DIR/small_batched_probe.txt, with its rows as JSON; compare: this tree against
-# COMPARE_WITH (default 9579766) built beside it, interleaved (benchmarks/compare_builds.py).
+# COMPARE_WITH (default 9579766) and this tree again built beside it, interleaved (benchmarks/compare_builds.py).
 # The GPU property tests run CYGEMM_GPU_PROPERTY_EXAMPLES examples each (default here 500).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,8 +58,12 @@ if [[ $STAGES == *,firstcall,* ]]; then
 fi
 if [[ $STAGES == *,compare,* ]]; then
     echo "== this tree against ${COMPARE_WITH:-9579766}, interleaved"
-    if bash scripts/build_renamed.sh "${COMPARE_WITH:-9579766}" /tmp/cygemm_old > "$LOGS/compare_build.log" 2>&1; then
-        PYTHONPATH=/tmp/cygemm_old${PYTHONPATH:+:$PYTHONPATH} python3 -m benchmarks.compare_builds --out "$OUT_DIR" \
+    # (this tree built a second time joins the rounds: the A/A ratio says what the method reads)
+    if git rev-parse --git-dir > /dev/null 2>&1; then git ls-files -z cygemm setup.py include | tar --null -T - -cf /tmp/cygemm_same.tar
+    else tar --exclude='*.so' --exclude='*.c' --exclude='*.cpp' --exclude=__pycache__ -cf /tmp/cygemm_same.tar cygemm setup.py include; fi
+    if bash scripts/build_renamed.sh "${COMPARE_WITH:-9579766}" /tmp/cygemm_old > "$LOGS/compare_build.log" 2>&1 &&
+            bash scripts/build_renamed.sh /tmp/cygemm_same.tar /tmp/cygemm_same cygemm_same >> "$LOGS/compare_build.log" 2>&1; then
+        PYTHONPATH=/tmp/cygemm_old:/tmp/cygemm_same${PYTHONPATH:+:$PYTHONPATH} python3 -m benchmarks.compare_builds --out "$OUT_DIR" \
             2>&1 | tee "$LOGS/compare.log" | tail -30
         [ "${PIPESTATUS[0]}" = 0 ] || status=1
     else
