@@ -29,7 +29,8 @@ def host_rows(cp, builds, torch, rounds):
     "same": ...}), cp.matmul and torch.mm, interleaved. Each timed batch of calls is enqueued
     behind a sleeping kernel that outlasts it, so the figure is the host's alone (what the
     call costs before the GPU could start), not the GPU's throughput on tiny kernels: a
-    difference of half a microsecond in a 13 us call is otherwise lost in launch gaps."""
+    difference of half a microsecond in a 13 us call is otherwise lost in launch gaps.
+    Returns the medians, the paired ratios, and what each build's describe_gemm says it runs."""
     from benchmarks.common import spin
     rng = np.random.default_rng(0)
     a, b, bias = (cp.asarray(rng.standard_normal(s).astype(np.float32)) for s in ((64, 64), (64, 64), (64,)))
@@ -68,9 +69,7 @@ def host_rows(cp, builds, torch, rounds):
             t1 = time.perf_counter()
             cp.cuda.Device().synchronize()
             times[name].append((t1 - t0) / n * 1e6)
-    host = {k: statistics.median(v) for k, v in times.items()}
-    host["described"] = described
-    return host, _paired_ratios(times, list(builds)[1:])
+    return {k: statistics.median(v) for k, v in times.items()}, _paired_ratios(times, list(builds)[1:]), described
 
 
 def _paired_ratios(times, others):
@@ -193,16 +192,17 @@ def main(argv=None):
     from benchmarks.common import environment
     env = environment(cp, {"torch": getattr(torch, "__version__", None), "new": new.__file__, "old": old.__file__})
     bits = bits_rows(cp, new, old) if "bits" in rows else {}
-    host, ratios = host_rows(cp, builds, torch, args.rounds) if "host" in rows else ({}, {})
+    host, ratios, described = host_rows(cp, builds, torch, args.rounds) if "host" in rows else ({}, {}, {})
     large = large_rows(cp, new, old, torch, args.rounds) if "large" in rows else {}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "compare_builds.json"), "w") as f:
-        json.dump({"environment": env, "bits": bits, "host_us": host, "host_new_over_old": ratios, "large": large},
+        json.dump({"environment": env, "bits": bits, "host_us": host, "host_new_over_old": ratios,
+                   "described": described, "large": large},
                   f, indent=1)
     lines = [f"GPU {env['gpu']}, driver {env['driver']}, cuBLASLt {env['cublasLt']}, CuPy {env['cupy']}, "
              f"torch {env['torch']}, {env['date']}", "", "| host, 64^3 float32 | us per call |", "|---|---|"]
-    lines += [f"| {k} | {v:.2f} |" for k, v in host.items() if k != "described"]
-    lines += [f"| described: {k} | {v} |" for k, v in host.get("described", {}).items()]
+    lines += [f"| {k} | {v:.2f} |" for k, v in host.items()]
+    lines += [f"| described: {k} | {v} |" for k, v in described.items()]
     lines += ["", "| host, new/other per round | median | min | max |", "|---|---|---|---|"]
     lines += [f"| {k} | {r['median']:.3f} | {r['min']:.3f} | {r['max']:.3f} |" for k, r in ratios.items()]
     lines += ["", "| large GEMM | new ms | old ms | new/old time | torch ms |", "|---|---|---|---|---|"]

@@ -82,24 +82,34 @@ _NOT_REPLAYED = pytest.mark.xfail(strict=True, reason="XLA (JAX 0.11.2) called c
                                   "every step on an H100: not yet replayed from its command buffers")
 
 
-@pytest.fixture(scope="module")
-def dense_steps(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("dense_steps")
-    return _run("1", tmp, "captured"), _run("0", tmp, "uncaptured")
+def _both_ways(tmp_path_factory, step):
+    """The step with the option on ((summary, results) "captured") and off ("uncaptured")."""
+    tmp = tmp_path_factory.mktemp(f"{step}_steps")
+    return _run("1", tmp, "captured", step), _run("0", tmp, "uncaptured", step)
 
 
-def test_a_training_step_offered_to_xlas_command_buffers_gives_the_same_bits_and_allocates_nothing(dense_steps):
-    (captured, got), (eager, want) = dense_steps
-    # Every execution outside command buffers runs every call's handler (the dense forward, the
-    # matmul, its two gradients and the dense backward: 5 a step).
-    assert eager["first_runs"] == 5 and eager["handler_runs"] == 4 * 5, eager
-    assert captured["first_runs"] == 5, captured
-    assert sorted(got.files) == sorted(want.files) and len(want.files) == 5
+def _check_same_bits_and_no_allocation(captured, got, eager, want, calls, results):
+    # Every execution outside command buffers runs every call's handler (`calls` a step).
+    assert eager["first_runs"] == calls and eager["handler_runs"] == 4 * calls, eager
+    assert captured["first_runs"] == calls, captured
+    assert sorted(got.files) == sorted(want.files) and len(want.files) == results
     for key in want.files:
         assert (got[key].dtype, got[key].shape) == (want[key].dtype, want[key].shape), key
         assert got[key].tobytes() == want[key].tobytes(), key
     # Each call worked in XLA's scratch buffer: no workspace of cygemm's own, captured or not.
     assert captured["allocated"] == 0 and eager["allocated"] == 0
+
+
+@pytest.fixture(scope="module")
+def dense_steps(tmp_path_factory):
+    return _both_ways(tmp_path_factory, "dense")
+
+
+def test_a_training_step_offered_to_xlas_command_buffers_gives_the_same_bits_and_allocates_nothing(dense_steps):
+    (captured, got), (eager, want) = dense_steps
+    # the dense forward, the matmul, its two gradients and the dense backward: 5 calls a step;
+    # the gradients of x, kernel, bias and w and the loss: 5 results
+    _check_same_bits_and_no_allocation(captured, got, eager, want, calls=5, results=5)
 
 
 @_NOT_REPLAYED
@@ -116,18 +126,14 @@ def ragged_steps(tmp_path_factory):
     why = lt_features.feature_gate("grouped_gemm")
     if why is not None:
         pytest.skip(f"cuBLASLt's grouped matmul: {why}")
-    tmp = tmp_path_factory.mktemp("ragged_steps")
-    return _run("1", tmp, "captured", "ragged"), _run("0", tmp, "uncaptured", "ragged")
+    return _both_ways(tmp_path_factory, "ragged")
 
 
 def test_a_ragged_dot_step_offered_where_cublaslts_grouped_matmul_takes_it_gives_the_same_bits(ragged_steps):
     (captured, got), (eager, want) = ragged_steps
-    # the forward and the backward's two grouped GEMMs: 3 a step
-    assert eager["first_runs"] == 3 and eager["handler_runs"] == 4 * 3, eager
-    assert captured["first_runs"] == 3, captured
-    for key in want.files:
-        assert got[key].tobytes() == want[key].tobytes(), key
-    assert captured["allocated"] == 0 and eager["allocated"] == 0
+    # the forward and the backward's two grouped GEMMs: 3 calls a step; the gradients of x and
+    # w and the loss: 3 results
+    _check_same_bits_and_no_allocation(captured, got, eager, want, calls=3, results=3)
 
 
 @_NOT_REPLAYED
